@@ -1,0 +1,44 @@
+"""softsyn.reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.paths objects.
+
+Every builder takes an `Analysis` and returns text; none recomputes timing or area.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from softsyn.paths import Analysis
+from softsyn.reports.area import report_area
+from softsyn.reports.common import Column, write_atomic
+from softsyn.reports.constraint import report_constraint
+from softsyn.reports.json_io import from_json, to_json
+from softsyn.reports.qor import report_qor
+from softsyn.reports.timing import Row, TIMING_COLUMNS, fold_points, path_rows, report_timing
+
+REPORTS = {
+    "timing": report_timing,
+    "qor": report_qor,
+    "area": report_area,
+    "constraint": report_constraint,
+}
+
+
+def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
+    """Write out_dir/reports/{timing,timing_full,qor,area,constraint}.rpt and out_dir/analysis.json
+    (each atomically); return the paths written. timing.rpt is folded by hierarchy."""
+    out_dir = Path(out_dir)
+    rdir = out_dir / "reports"
+    files = {
+        rdir / "timing.rpt": report_timing(analysis, fold=True),
+        rdir / "timing_full.rpt": report_timing(analysis, fold=False),
+        rdir / "qor.rpt": report_qor(analysis),
+        rdir / "area.rpt": report_area(analysis),
+        rdir / "constraint.rpt": report_constraint(analysis, all_violators=True),
+        out_dir / "analysis.json": to_json(analysis),
+    }
+    return [write_atomic(path, text) for path, text in files.items()]
+
+
+__all__ = [
+    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint",
+    "to_json", "from_json", "fold_points", "path_rows", "Row", "Column", "TIMING_COLUMNS",
+]

@@ -1,0 +1,111 @@
+"""report_area: VRAM by kind and by hierarchy (repeated indexed scopes folded), and its constraint."""
+from __future__ import annotations
+
+from softsyn.paths import Analysis, AreaItem
+from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, fcount, fpercent,
+                                    indexed_scope, render, table_header, table_row, table_rule)
+from softsyn.reports.suggest import area_suggestions
+
+KIND_COLUMNS: list[Column] = [
+    Column("name", "Kind", 30, "left"),
+    Column("bytes", "Bytes", 14, "right", "bytes"),
+    Column("count", "Count", 10, "right", "count"),
+    Column("percent", "Percent", 9, "right", "percent"),
+    Column("pad", "", 2, "left"),
+    Column("detail", "Detail", 40, "left"),
+]
+HIERARCHY_COLUMNS: list[Column] = [Column("name", "Hierarchy", 40, "left"), *KIND_COLUMNS[1:]]
+CONSTRAINT_COLUMNS: list[Column] = [Column("name", "", 40, "left"), Column("bytes", "", 14, "right", "bytes")]
+
+
+def truncate_hierarchy(items: list[AreaItem], depth: int) -> list[AreaItem]:
+    """Aggregate rows whose names agree on the first `depth` dot components (order kept)."""
+    out: dict[str, AreaItem] = {}
+    for item in items:
+        name = ".".join(item.name.split(".")[:depth]) if depth > 0 else item.name
+        if name in out:
+            agg = out[name]
+            agg.bytes += item.bytes
+            agg.count += item.count
+            if agg.detail != item.detail:
+                agg.detail = ""
+        else:
+            out[name] = AreaItem(name, item.bytes, item.count, item.detail)
+    return list(out.values())
+
+
+def fold_hierarchy(items: list[AreaItem]) -> list[tuple[AreaItem, int]]:
+    """Fold rows of repeated indexed scopes (``model.layers.<i>[.rest]``) into
+    ``model.layers.*[.rest] (xN, folded)`` with summed bytes and counts; (item, N) pairs,
+    N = 0 for rows left as they are. Order: where the first member appeared."""
+    groups: dict[str, list[tuple[int, AreaItem]]] = {}
+    order: list[tuple[str, AreaItem | None]] = []
+    for item in items:
+        scope = indexed_scope(item.name)
+        if scope is None:
+            order.append(("", item))
+            continue
+        prefix, index, rest = scope
+        key = f"{prefix}.*{rest}"
+        if key not in groups:
+            groups[key] = []
+            order.append((key, None))
+        groups[key].append((index, item))
+    out: list[tuple[AreaItem, int]] = []
+    for key, item in order:
+        if item is not None:
+            out.append((item, 0))
+            continue
+        members = groups[key]
+        n = len({i for i, _ in members})
+        if n < 2:
+            out.extend((m, 0) for _, m in members)
+            continue
+        total = sum(m.bytes for _, m in members)
+        out.append((AreaItem(f"{key} (x{n}, folded)", total, sum(m.count for _, m in members), ""), n))
+    return out
+
+
+def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
+    area = analysis.area
+    unit = byte_unit_for(area.total, area.limit)
+    whole = area.total or 1.0
+
+    def row(item: AreaItem, detail: str | None = None) -> dict:
+        return {"name": item.name, "bytes": fbytes(item.bytes, unit),
+                "count": fcount(item.count) if item.count else "",
+                "percent": fpercent(item.bytes / whole), "detail": item.detail if detail is None else detail}
+
+    def lines(columns, values) -> list[str]:
+        return table_row(columns, values)
+
+    kind_rows = [line for k in area.by_kind for line in lines(KIND_COLUMNS, row(k))]
+    kind_total = lines(KIND_COLUMNS, row(AreaItem("Total VRAM", area.total, 0), ""))
+
+    hier = fold_hierarchy(truncate_hierarchy(area.by_hierarchy, hierarchy_depth))
+    hier_rows = []
+    for item, n in hier:
+        detail = f"{fbytes(item.bytes / n, unit)} each" if n else None
+        hier_rows += lines(HIERARCHY_COLUMNS, row(item, detail))
+    hier_sum = sum(i.bytes for i, _ in hier)
+    hier_total = lines(HIERARCHY_COLUMNS, row(AreaItem("Total (hierarchy)", hier_sum, sum(i.count for i, _ in hier)),
+                                              "" if abs(hier_sum - area.total) < 0.5 else
+                                              "rows attributed to a scope; the rest is not hierarchical"))
+
+    if area.limit is None:
+        constraint = ["No VRAM constraint (area_constraint) set: unconstrained."]
+    else:
+        rule = table_rule(CONSTRAINT_COLUMNS)
+        c = lambda name, b: lines(CONSTRAINT_COLUMNS, {"name": name, "bytes": fbytes(b, unit)})[0]  # noqa: E731
+        constraint = [c("max_area (VRAM limit)", area.limit), c("total VRAM", area.total), rule,
+                      c(f"slack ({'MET' if area.slack >= 0 else 'VIOLATED'})", area.slack)]
+
+    options = [f"-hierarchy_depth {hierarchy_depth}"]
+    return render("area.j2", banner=banner_lines("area", analysis, options),
+                  kind_header=table_header(KIND_COLUMNS), kind_rule=table_rule(KIND_COLUMNS),
+                  kind_rows=kind_rows, kind_total=kind_total,
+                  hier_header=table_header(HIERARCHY_COLUMNS), hier_rule=table_rule(HIERARCHY_COLUMNS),
+                  hier_rows=hier_rows, hier_total=hier_total, depth=hierarchy_depth,
+                  parameters=fcount(area.parameters), kv_detail=area.kv_detail,
+                  activation_scenario=area.activation_scenario, constraint=constraint,
+                  suggestions=area_suggestions(area))

@@ -1,0 +1,110 @@
+"""Concrete suggestions printed at the end of a report when something violates.
+
+Derived from the result objects only: the op types that carry the critical path's
+delay, how many of its cells are roofline estimates, and what fills VRAM.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from softsyn.reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
+
+_ADVICE: list[tuple[set[str], str]] = [
+    ({"MatMulNBits", "QMoE"},
+     "already low-bit: consider fusing it with its neighbours, measured (table) block sizes, or tensor parallelism"),
+    ({"MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum"},
+     "consider precision int8/int4 weights (MatMulNBits) and fusing projections (QKV, gate/up)"),
+    ({"Conv", "ConvTranspose", "FusedConv", "QLinearConv"},
+     "consider precision fp16/int8 and conv+activation fusion"),
+    ({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PagedAttention", "Softmax"},
+     "consider fused attention (GroupQueryAttention / flash kernels) and a lower-precision KV cache"),
+    ({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+      "SkipSimplifiedLayerNormalization", "RMSNormalization", "RMSNorm", "GroupNormalization"},
+     "consider fusing the norm with its residual Add (SkipSimplifiedLayerNormalization)"),
+    ({"Gather", "GatherElements", "GatherND"},
+     "consider a lower-precision embedding table or fusing the lookup"),
+    ({"Run"},
+     "session run overhead: consider CUDA graphs / IO binding, or batching more tokens per run"),
+]
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Cast", "Transpose",
+                "Reshape", "Concat", "Slice", "Split", "Expand", "Unsqueeze", "Squeeze", "Where",
+                "Sigmoid", "Tanh", "Relu", "Gelu", "FastGelu", "Erf", "Exp", "ReduceMean", "Shape",
+                "Range", "Equal", "Less", "Greater", "And", "Or", "Not", "Cos", "Sin", "Trilu",
+                "ScatterND", "Identity", "Max", "Min", "Softplus", "SiLU", "QuickGelu", "RotaryEmbedding"}
+
+
+def advice_for(op_type: str) -> str:
+    for ops, text in _ADVICE:
+        if op_type in ops:
+            return text
+    if op_type in _ELEMENTWISE:
+        return "consider fusion: many small elementwise kernels each pay launch overhead"
+    return "consider fusion or a faster library cell"
+
+
+def op_shares(path) -> list[tuple[str, float, int]]:
+    """(op type, share of the path's cell delay, cells) sorted by share, largest first."""
+    delay: dict[str, float] = defaultdict(float)
+    cells: dict[str, int] = defaultdict(int)
+    for p in path.points:
+        delay[p.op_type or p.cell.split(".")[0]] += p.incr
+        cells[p.op_type or p.cell.split(".")[0]] += 1
+    total = sum(delay.values())
+    if total <= 0:
+        return []
+    return sorted(((op, d / total, cells[op]) for op, d in delay.items()), key=lambda t: (-t[1], t[0]))
+
+
+def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int = 3) -> list[list[str]]:
+    """One item (a list of lines, first is the headline) per violating group's critical path."""
+    items: list[list[str]] = []
+    for g in groups:
+        if not g.paths:
+            continue
+        path = g.critical
+        if is_unconstrained(path.slack) or path.slack >= 0:
+            continue
+        miss = -path.slack
+        lines = [f"{g.name} misses by {ftime(miss, time_unit, digits, suffix=True)} "
+                 f"(arrival {ftime(path.arrival, time_unit, digits, suffix=True)}, "
+                 f"required {ftime(path.required, time_unit, digits, suffix=True)})."]
+        cell_delay = sum(p.incr for p in path.points)
+        budget = path.required - path.input_delay
+        if budget <= 0:
+            lines.append(f"The I/O delays and uncertainty alone use the whole {ftime(path.clock_period, time_unit, digits, suffix=True)} "
+                         f"period: no cell optimisation can meet it; relax input/output delay or the period.")
+        elif cell_delay > 0:
+            lines.append(f"The path's cells take {ftime(cell_delay, time_unit, digits, suffix=True)}: cut "
+                         f"{fpercent(miss / cell_delay)} of that (to {ftime(cell_delay - miss, time_unit, digits, suffix=True)}).")
+        shares = op_shares(path)[:top]
+        if shares:
+            lines.append("Top cells by share of the path's delay: "
+                         + ", ".join(f"{op} {fpercent(s)} ({n} cell{'s' if n != 1 else ''})" for op, s, n in shares) + ".")
+            for op, s, _ in shares:
+                lines.append(f"- {op} ({fpercent(s)}): {advice_for(op)}.")
+        est = sum(1 for p in path.points if p.source == "est")
+        if est:
+            lines.append(f"- {est} of {len(path.points)} cells on the path are roofline estimates (est): "
+                         f"characterise the library for measured delays before optimising.")
+        items.append(lines)
+    return items
+
+
+def area_suggestions(area) -> list[list[str]]:
+    if area.limit is None or area.slack is None or area.slack >= 0:
+        return []
+    unit = byte_unit_for(area.total, area.limit)
+    total = area.total or 1.0
+    kinds = sorted(area.by_kind, key=lambda k: -k.bytes)[:3]
+    lines = [f"VRAM exceeds the limit by {fbytes(-area.slack, unit)} "
+             f"(total {fbytes(area.total, unit)}, limit {fbytes(area.limit, unit)}).",
+             "Largest: " + ", ".join(f"{k.name} {fpercent(k.bytes / total)}" for k in kinds) + "."]
+    for k in kinds:
+        name = k.name.lower()
+        if name.startswith("weights"):
+            lines.append(f"- {k.name}: consider precision int8/int4 weights (MatMulNBits) or tensor parallelism.")
+        elif name.startswith("kv"):
+            lines.append(f"- {k.name}: consider an fp8/int8 KV cache, a shorter context_len or lower concurrency.")
+        elif name.startswith("activation"):
+            lines.append(f"- {k.name}: consider a smaller prefill chunk (prompt_len) or batch.")
+    return [lines]

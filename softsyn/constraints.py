@@ -1,0 +1,561 @@
+"""Timing, area and accuracy constraints: the SDC of softsyn, written in YAML.
+
+`load_constraints(path)` reads a constraints file and returns a `Constraints`,
+everything converted to SI (seconds, bytes, fractions). Any problem raises a
+`ConstraintsError` whose message is one line::
+
+    constraints.yaml:1: clock_period: unknown time unit 'mss' in '2000mss'; valid units: ns, us (µs), ms, s, min
+    constraints.yaml:3: unknown key 'clok_period'; did you mean 'clock_period'? valid keys: ...
+
+The short form that deployment guides write loads as is::
+
+    clock_period: 2000ms
+    input_delay:
+      image: 100ms
+      text: 10ms
+    output_delay: 50ms
+    area_constraint: 80GB
+
+The full form adds ``target``, ``workload``, ``path_groups``, ``clock_uncertainty``,
+``accuracy``, ``precision``, ``dont_touch`` and ``kv_cache`` (see the `constraints/`
+examples and `KEYS` below).
+
+Decisions:
+
+* Line numbers come from the composed YAML node tree (``yaml.compose`` with the
+  safe loader); every key's 1-based line is kept in ``Constraints.key_lines``
+  (dotted key path -> line) so later stages (which know the netlist's ports) can
+  raise errors pointing at the file with ``Constraints.error(key, message)``.
+* ``input_delay`` / ``output_delay``: a single time is stored under ``"*"``; a
+  mapping may also name ``"*"`` explicitly as the default for other ports.
+* An empty file, a top-level that is not a mapping, duplicate keys and a key with
+  no value (``clock_period:``) are errors. A section with no value
+  (``workload:``) means its defaults.
+* Percentages (``accuracy``) take ``"1%"`` or a fraction in 0..1 (`parse_percent`).
+* Precision and KV dtype names are matched case-insensitively and stored lower case.
+* ``target``: a library name (``cpu-ort``) is kept as written; a relative path
+  (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
+  of the constraints file when the file exists there.
+* Consistency checks: ``precision.default`` must be in ``precision.allowed``;
+  ``clock_uncertainty`` must be smaller than every clock period; ``kv_cache.max_length``
+  must not be below an explicitly given ``workload.context_len``.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from softsyn.errors import SoftsynError
+from softsyn.units import UnitError, parse_bytes, parse_percent, parse_time
+
+__all__ = [
+    "ConstraintsError",
+    "Workload",
+    "PathGroupSpec",
+    "Accuracy",
+    "Precision",
+    "KVCache",
+    "Constraints",
+    "load_constraints",
+    "parse_constraints",
+    "PRECISIONS",
+    "KV_DTYPES",
+    "GROUP_KINDS",
+    "KEYS",
+]
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+KV_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8")
+GROUP_KINDS: tuple[str, ...] = ("prefill", "decode", "encoder")
+MODALITIES: tuple[str, ...] = ("text", "image", "audio")
+
+# Valid keys per section, in the order they are listed in messages.
+KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        "target", "clock_period", "clock_uncertainty", "input_delay", "output_delay",
+        "area_constraint", "workload", "path_groups", "accuracy", "precision",
+        "dont_touch", "kv_cache",
+    ),
+    "workload": ("batch", "prompt_len", "context_len", "concurrency"),
+    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs"),
+    "accuracy": ("max_rel_error", "min_top1"),
+    "precision": ("allowed", "default"),
+    "kv_cache": ("dtype", "max_length"),
+}
+
+# Words people write for a key; only used to suggest the right one.
+_SYNONYMS = {
+    "clock": "clock_period", "period": "clock_period", "latency": "clock_period",
+    "uncertainty": "clock_uncertainty", "jitter": "clock_uncertainty",
+    "area": "area_constraint", "max_area": "area_constraint", "memory": "area_constraint",
+    "vram": "area_constraint", "library": "target", "lib": "target", "device": "target",
+    "groups": "path_groups", "path_group": "path_groups", "scenarios": "path_groups",
+    "dont_use": "dont_touch", "keep": "dont_touch", "kv": "kv_cache",
+    "batch_size": "batch", "seq_len": "prompt_len", "sequence_length": "prompt_len",
+    "context": "context_len", "max_error": "max_rel_error", "rel_error": "max_rel_error",
+    "top1": "min_top1", "dtype": "dtype", "max_len": "max_length", "period_ms": "clock_period",
+}
+
+
+class ConstraintsError(SoftsynError):
+    """A constraints file is wrong; the message is one line: ``file:line: key: what; valid: ...``."""
+
+
+# ------------------------------------------------------------------------------ model
+
+
+@dataclass
+class Workload:
+    batch: int = 1
+    prompt_len: int = 512
+    context_len: int = 512  # decode is timed at this many cached tokens
+    concurrency: int = 1
+
+
+@dataclass
+class PathGroupSpec:
+    name: str
+    clock_period: float | None = None  # s; None: the global clock_period
+    weight: float = 1.0
+    critical_range: float = 0.0  # s
+    kind: str | None = None  # "prefill" | "decode" | "encoder"
+    dims: dict[str, int] = field(default_factory=dict)  # scenario dims, e.g. {"batch": 1, "past": 4096}
+    inputs: list[str] | None = None  # input ports the group uses; None: all
+
+
+@dataclass
+class Accuracy:
+    max_rel_error: float | None = None  # fraction, vs the fp32 reference
+    min_top1: float | None = None  # fraction of top-1 agreement with the fp32 reference
+
+
+@dataclass
+class Precision:
+    allowed: list[str] = field(default_factory=lambda: list(PRECISIONS))
+    default: str | None = None
+
+
+@dataclass
+class KVCache:
+    dtype: str | None = None
+    max_length: int | None = None
+
+
+@dataclass
+class Constraints:
+    source: str
+    clock_period: float | None = None  # s
+    clock_uncertainty: float = 0.0  # s
+    input_delay: dict[str, float] = field(default_factory=dict)  # port | modality | "*" -> s
+    output_delay: dict[str, float] = field(default_factory=dict)  # port | "*" -> s
+    area_constraint: float | None = None  # bytes
+    target: str | None = None
+    workload: Workload = field(default_factory=Workload)
+    path_groups: dict[str, PathGroupSpec] = field(default_factory=dict)
+    accuracy: Accuracy = field(default_factory=Accuracy)
+    precision: Precision = field(default_factory=Precision)
+    dont_touch: list[str] = field(default_factory=list)
+    kv_cache: KVCache = field(default_factory=KVCache)
+    # dotted key path ("path_groups.decode.clock_period") -> 1-based line in `source`
+    key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def default(cls) -> "Constraints":
+        """No constraints file: everything default."""
+        return cls(source="<defaults>")
+
+    def input_delay_for(self, port: str, modality: str | None = None) -> float:
+        """Delay at an input port: by port name, then by modality, then ``"*"``, else 0."""
+        d = self.input_delay
+        if port in d:
+            return d[port]
+        if modality is not None and modality in d:
+            return d[modality]
+        return d.get("*", 0.0)
+
+    def output_delay_for(self, port: str) -> float:
+        """Delay after an output port: by port name, then ``"*"``, else 0."""
+        return self.output_delay.get(port, self.output_delay.get("*", 0.0))
+
+    def period_for(self, group: str) -> float | None:
+        """The group's clock_period, else the global clock_period (None: unconstrained)."""
+        spec = self.path_groups.get(group)
+        if spec is not None and spec.clock_period is not None:
+            return spec.clock_period
+        return self.clock_period
+
+    def line_of(self, key: str) -> int | None:
+        """1-based line of a dotted key path in the source file, or of its nearest parent."""
+        while key:
+            if key in self.key_lines:
+                return self.key_lines[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    def error(self, key: str, message: str) -> ConstraintsError:
+        """A ConstraintsError pointing at ``key`` in the source file (for checks made later,
+        e.g. against the netlist's ports): ``file:line: key: message``."""
+        line = self.line_of(key)
+        where = f"{self.source}:{line}" if line is not None else self.source
+        return ConstraintsError(f"{where}: {key}: {message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (SI units), for reports and netlist.json."""
+        d = asdict(self)
+        d.pop("key_lines", None)
+        return d
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def load_constraints(path: str | os.PathLike | None) -> Constraints:
+    """Read and validate a constraints YAML file. ``None`` gives `Constraints.default()`."""
+    if path is None:
+        return Constraints.default()
+    name = os.fspath(path)
+    p = Path(name)
+    if not p.exists():
+        raise ConstraintsError(f"{name}: constraints file not found")
+    if p.is_dir():
+        raise ConstraintsError(f"{name}: is a directory, expected a constraints YAML file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConstraintsError(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConstraintsError(f"{name}: cannot read: {e.strerror or e}") from None
+    return parse_constraints(text, source=name, base_dir=p.parent)
+
+
+def parse_constraints(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Constraints:
+    """Validate constraints given as YAML text; ``source`` names it in messages."""
+    lines = text.splitlines()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        if e.context_mark is not None and (mark.line >= len(lines) or not lines[mark.line].strip()):
+            mark = e.context_mark  # e.g. an unclosed quote: the problem is at the end of the file
+        line = mark.line + 1 if mark is not None else 1
+        what = " ".join(str(x) for x in (e.context, e.problem) if x)
+        src = lines[mark.line].strip() if mark is not None and mark.line < len(lines) else ""
+        near = f": {src!r}" if src else ""
+        raise ConstraintsError(f"{source}:{line}: YAML syntax error: {' '.join(what.split())}{near}") from None
+    except yaml.YAMLError as e:
+        raise ConstraintsError(f"{source}:1: YAML error: {' '.join(str(e).split())}") from None
+    if root is None:
+        raise ConstraintsError(
+            f"{source}:1: empty constraints file; expected a mapping with keys such as "
+            f"clock_period, input_delay, output_delay, area_constraint"
+        )
+    return _Reader(source, base_dir).read(root)
+
+
+def _describe(node: Node, value: Any = None) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    tag = node.tag.rsplit(":", 1)[-1]
+    return {
+        "null": "nothing",
+        "bool": f"a boolean ({node.value})",
+        "int": f"an integer ({node.value})",
+        "float": f"a number ({node.value})",
+        "str": f"a string ({node.value!r})",
+    }.get(tag, f"{tag} ({node.value!r})")
+
+
+class _Reader:
+    def __init__(self, source: str, base_dir: str | os.PathLike | None):
+        self.source = source
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.constructor = SafeConstructor()
+        self.key_lines: dict[str, int] = {}
+        self.raw: dict[str, str] = {}  # dotted key -> time as written, for messages
+
+    # -- helpers ---------------------------------------------------------------
+
+    def fail(self, node: Node, key: str, message: str) -> ConstraintsError:
+        line = node.start_mark.line + 1
+        prefix = f"{key}: " if key else ""
+        return ConstraintsError(f"{self.source}:{line}: {prefix}{message}")
+
+    def value(self, node: Node) -> Any:
+        return self.constructor.construct_object(node, deep=True)
+
+    def is_null(self, node: Node) -> bool:
+        return isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+    def mapping(self, node: Node, key: str, section: str | None = None, what: str | None = None) -> dict[str, tuple[Node, Node]]:
+        """Entries of a mapping node: name -> (key node, value node). Checks duplicates and,
+        with ``section``, unknown keys (with a suggestion)."""
+        if self.is_null(node):
+            return {}
+        if not isinstance(node, MappingNode):
+            expected = what or "a mapping"
+            if section is not None:
+                expected += " with keys " + ", ".join(KEYS[section])
+            if key:
+                raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
+            raise self.fail(node, "", f"the top level must be {expected}, got {_describe(node)}")
+        self.constructor.flatten_mapping(node)  # YAML merge keys (<<: *anchor)
+        out: dict[str, tuple[Node, Node]] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, ScalarNode):
+                raise self.fail(knode, key, f"keys must be plain names, got {_describe(knode)}")
+            name = knode.value
+            if section is not None and name not in KEYS[section]:
+                raise self.fail(knode, key, self.unknown(name, KEYS[section]))
+            if name in out:
+                first = out[name][0].start_mark.line + 1
+                raise self.fail(knode, key, f"duplicate key {name!r} (first given on line {first})")
+            out[name] = (knode, vnode)
+            self.key_lines[f"{key}.{name}" if key else name] = knode.start_mark.line + 1
+        return out
+
+    @staticmethod
+    def unknown(name: str, valid: tuple[str, ...]) -> str:
+        norm = name.strip().lower().replace("-", "_").replace(" ", "_")
+        guess = norm if norm in valid else _SYNONYMS.get(norm)
+        if guess not in valid:
+            close = difflib.get_close_matches(norm, valid, n=1, cutoff=0.6)
+            guess = close[0] if close else None
+        hint = f"did you mean {guess!r}? " if guess else ""
+        return f"unknown key {name!r}; {hint}valid keys: {', '.join(valid)}"
+
+    def scalar(self, node: Node, key: str, expected: str) -> Any:
+        if isinstance(node, (MappingNode, SequenceNode)):
+            raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
+        if self.is_null(node):
+            raise self.fail(node, key, f"no value given; expected {expected}")
+        return self.value(node)
+
+    def time(self, node: Node, key: str, *, positive: bool = False) -> float:
+        raw = self.scalar(node, key, "a time with a unit, e.g. 600ms")
+        self.raw[key] = str(raw)
+        try:
+            t = parse_time(raw)
+        except UnitError as e:
+            raise self.fail(node, key, str(e)) from None
+        if positive and t <= 0:
+            raise self.fail(node, key, f"must be a positive time, got {raw!r}")
+        if not positive and t < 0:
+            raise self.fail(node, key, f"must not be negative, got {raw!r}")
+        return t
+
+    def size(self, node: Node, key: str) -> int:
+        raw = self.scalar(node, key, "a size with a unit, e.g. 80GB or 80GiB")
+        try:
+            b = parse_bytes(raw)
+        except UnitError as e:
+            raise self.fail(node, key, str(e)) from None
+        if b <= 0:
+            raise self.fail(node, key, f"must be a positive size, got {raw!r}")
+        return b
+
+    def fraction(self, node: Node, key: str, *, at_most_one: bool = False) -> float:
+        raw = self.scalar(node, key, "a percentage like '1%' or a fraction 0..1")
+        try:
+            f = parse_percent(raw)
+        except UnitError as e:
+            raise self.fail(node, key, str(e)) from None
+        if f < 0 or (at_most_one and f > 1):
+            rng = "0%..100%" if at_most_one else "0% or more"
+            raise self.fail(node, key, f"must be within {rng}, got {raw!r}")
+        return f
+
+    def integer(self, node: Node, key: str, minimum: int) -> int:
+        raw = self.scalar(node, key, f"an integer >= {minimum}")
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise self.fail(node, key, f"expected an integer >= {minimum}, got {_describe(node)}")
+        if raw < minimum:
+            raise self.fail(node, key, f"must be an integer >= {minimum}, got {raw}")
+        return raw
+
+    def number(self, node: Node, key: str, minimum: float) -> float:
+        raw = self.scalar(node, key, f"a number >= {minimum:g}")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise self.fail(node, key, f"expected a number >= {minimum:g}, got {_describe(node)}")
+        if not raw >= minimum or raw == float("inf"):
+            raise self.fail(node, key, f"must be a finite number >= {minimum:g}, got {raw}")
+        return float(raw)
+
+    def string(self, node: Node, key: str, expected: str = "a string") -> str:
+        raw = self.scalar(node, key, expected)
+        if not isinstance(raw, str) or not raw.strip():
+            raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
+        return raw.strip()
+
+    def choice(self, node: Node, key: str, valid: tuple[str, ...], what: str) -> str:
+        raw = self.scalar(node, key, f"one of {', '.join(valid)}")
+        name = str(raw).strip().lower() if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else None
+        if name not in valid:
+            close = difflib.get_close_matches(name or "", valid, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise self.fail(node, key, f"unknown {what} {raw!r}; {hint}valid: {', '.join(valid)}")
+        return name
+
+    def string_list(self, node: Node, key: str, expected: str) -> list[str]:
+        """A list of strings; a single string is taken as a one-item list."""
+        if isinstance(node, ScalarNode) and not self.is_null(node):
+            return [self.string(node, key, expected)]
+        if not isinstance(node, SequenceNode):
+            raise self.fail(node, key, f"expected a list of {expected}, got {_describe(node)}")
+        return [self.string(item, f"{key}[{i}]", expected) for i, item in enumerate(node.value)]
+
+    def delays(self, node: Node, key: str) -> dict[str, float]:
+        """A single time (stored under "*") or a mapping port/modality -> time."""
+        if isinstance(node, MappingNode):
+            entries = self.mapping(node, key, what="a time or a mapping of port -> time")
+            return {name: self.time(v, f"{key}.{name}") for name, (_, v) in entries.items()}
+        if isinstance(node, SequenceNode):
+            names = f"port or modality ({', '.join(MODALITIES)})" if key == "input_delay" else "port"
+            raise self.fail(node, key, f"expected a time (e.g. 50ms) or a mapping of {names} -> time, got a list")
+        return {"*": self.time(node, key)}
+
+    # -- sections --------------------------------------------------------------
+
+    def read(self, root: Node) -> Constraints:
+        top = self.mapping(root, "", section="")
+        c = Constraints(source=self.source)
+        c.key_lines = self.key_lines
+        get = lambda k: top[k][1] if k in top else None  # noqa: E731
+
+        if (n := get("target")) is not None:
+            c.target = self.resolve_target(self.string(n, "target", "a library name (e.g. cpu-ort) or path"))
+        if (n := get("clock_period")) is not None:
+            c.clock_period = self.time(n, "clock_period", positive=True)
+        if (n := get("clock_uncertainty")) is not None:
+            c.clock_uncertainty = self.time(n, "clock_uncertainty")
+        if (n := get("input_delay")) is not None:
+            c.input_delay = self.delays(n, "input_delay")
+        if (n := get("output_delay")) is not None:
+            c.output_delay = self.delays(n, "output_delay")
+        if (n := get("area_constraint")) is not None:
+            c.area_constraint = self.size(n, "area_constraint")
+        if (n := get("workload")) is not None:
+            c.workload = self.workload(n)
+        if (n := get("path_groups")) is not None:
+            c.path_groups = self.path_groups(n)
+        if (n := get("accuracy")) is not None:
+            c.accuracy = self.accuracy(n)
+        if (n := get("precision")) is not None:
+            c.precision = self.precision(n)
+        if (n := get("dont_touch")) is not None:
+            c.dont_touch = self.string_list(n, "dont_touch", "hierarchy globs (e.g. lm_head, model.layers.0.*)")
+        if (n := get("kv_cache")) is not None:
+            c.kv_cache = self.kv_cache(n)
+
+        self.check(c, top)
+        return c
+
+    def resolve_target(self, target: str) -> str:
+        looks_like_path = "/" in target or os.sep in target or target.endswith((".yaml", ".yml"))
+        if looks_like_path and self.base_dir is not None and not os.path.isabs(target):
+            candidate = self.base_dir / target
+            if candidate.exists():
+                return str(candidate)
+        return target
+
+    def workload(self, node: Node) -> Workload:
+        e = self.mapping(node, "workload", section="workload")
+        w = Workload()
+        for name, (_, v) in e.items():
+            setattr(w, name, self.integer(v, f"workload.{name}", 1))
+        return w
+
+    def path_groups(self, node: Node) -> dict[str, PathGroupSpec]:
+        groups = self.mapping(node, "path_groups", what="a mapping of group name -> settings")
+        return {name: self.path_group(name, v) for name, (_, v) in groups.items()}
+
+    def path_group(self, name: str, node: Node) -> PathGroupSpec:
+        key = f"path_groups.{name}"
+        if not name.strip():
+            raise self.fail(node, "path_groups", "a path group needs a name")
+        e = self.mapping(node, key, section="path_group")
+        g = PathGroupSpec(name=name)
+        if "clock_period" in e:
+            g.clock_period = self.time(e["clock_period"][1], f"{key}.clock_period", positive=True)
+        if "weight" in e:
+            g.weight = self.number(e["weight"][1], f"{key}.weight", 0.0)
+        if "critical_range" in e:
+            g.critical_range = self.time(e["critical_range"][1], f"{key}.critical_range")
+        if "kind" in e:
+            g.kind = self.choice(e["kind"][1], f"{key}.kind", GROUP_KINDS, "path group kind")
+        if "dims" in e:
+            dims = self.mapping(e["dims"][1], f"{key}.dims", what="a mapping of dim name -> integer")
+            g.dims = {d: self.integer(v, f"{key}.dims.{d}", 0) for d, (_, v) in dims.items()}
+        if "inputs" in e:
+            g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
+        return g
+
+    def accuracy(self, node: Node) -> Accuracy:
+        e = self.mapping(node, "accuracy", section="accuracy")
+        a = Accuracy()
+        if "max_rel_error" in e:
+            a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error")
+        if "min_top1" in e:
+            a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", at_most_one=True)
+        return a
+
+    def precision(self, node: Node) -> Precision:
+        e = self.mapping(node, "precision", section="precision")
+        p = Precision()
+        if "allowed" in e:
+            vnode = e["allowed"][1]
+            items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
+            if isinstance(vnode, MappingNode) or self.is_null(vnode):
+                raise self.fail(vnode, "precision.allowed",
+                                f"expected a list of precisions ({', '.join(PRECISIONS)}), got {_describe(vnode)}")
+            if not items:
+                raise self.fail(vnode, "precision.allowed", f"must name at least one of {', '.join(PRECISIONS)}")
+            allowed: list[str] = []
+            for item in items:
+                name = self.choice(item, "precision.allowed", PRECISIONS, "precision")
+                if name not in allowed:
+                    allowed.append(name)
+            p.allowed = allowed
+        if "default" in e:
+            dnode = e["default"][1]
+            p.default = self.choice(dnode, "precision.default", PRECISIONS, "precision")
+            if p.default not in p.allowed:
+                raise self.fail(dnode, "precision.default",
+                                f"{p.default!r} is not in precision.allowed; valid: {', '.join(p.allowed)}")
+        return p
+
+    def kv_cache(self, node: Node) -> KVCache:
+        e = self.mapping(node, "kv_cache", section="kv_cache")
+        k = KVCache()
+        if "dtype" in e:
+            k.dtype = self.choice(e["dtype"][1], "kv_cache.dtype", KV_DTYPES, "KV cache dtype")
+        if "max_length" in e:
+            k.max_length = self.integer(e["max_length"][1], "kv_cache.max_length", 1)
+        return k
+
+    def check(self, c: Constraints, top: dict[str, tuple[Node, Node]]) -> None:
+        """Checks across keys."""
+        if c.clock_uncertainty > 0:
+            unode = top["clock_uncertainty"][1]
+            periods = [("clock_period", c.clock_period)] + [
+                (f"path_groups.{g.name}.clock_period", g.clock_period) for g in c.path_groups.values()
+            ]
+            for name, period in periods:
+                if period is not None and c.clock_uncertainty >= period:
+                    raise self.fail(unode, "clock_uncertainty",
+                                    f"{self.raw['clock_uncertainty']} is not smaller than {name} "
+                                    f"({self.raw[name]}); nothing would be left of the period")
+        if c.kv_cache.max_length is not None and "workload.context_len" in self.key_lines:
+            if c.kv_cache.max_length < c.workload.context_len:
+                line = self.key_lines["kv_cache.max_length"]
+                raise ConstraintsError(
+                    f"{self.source}:{line}: kv_cache.max_length: {c.kv_cache.max_length} is smaller than "
+                    f"workload.context_len ({c.workload.context_len}); the KV cache must hold the context")

