@@ -10,8 +10,10 @@ from softsyn.paths import Analysis
 from softsyn.reports.area import report_area
 from softsyn.reports.common import Column, write_atomic
 from softsyn.reports.constraint import report_constraint
+from softsyn.reports.fusion import report_fusion
 from softsyn.reports.json_io import from_json, to_json
 from softsyn.reports.qor import report_qor
+from softsyn.reports.signoff import report_signoff
 from softsyn.reports.timing import Row, TIMING_COLUMNS, fold_points, path_rows, report_timing
 
 REPORTS = {
@@ -39,6 +41,6 @@ def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
 
 
 __all__ = [
-    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint",
+    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff", "report_fusion",
     "to_json", "from_json", "fold_points", "path_rows", "Row", "Column", "TIMING_COLUMNS",
 ]

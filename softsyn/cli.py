@@ -9,6 +9,7 @@ import click
 
 from softsyn import __version__
 from softsyn.errors import SoftsynError
+from softsyn.passes import EFFORT
 
 MARKER = "analysis.json"  # a directory holding this file is softsyn output and may be rewritten
 
@@ -48,8 +49,15 @@ def main():
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10),
               help="paths printed per group in the timing report.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
+@click.option("--annotate", "annotate_file", type=click.Path(dir_okay=False),
+              help="back-annotation from `softsyn signoff` (DIR/signoff/annotation.json): measured delays replace "
+                   "the library's for the cells and groups it covers (source annot).")
+@click.option("--materialize", is_flag=True,
+              help="export real-size models with seeded random weights (not weightless), so signoff can run "
+                   "them; needs RAM for the weights.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
-def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir, quiet):
+def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir,
+            annotate_file, materialize, quiet):
     """Time MODEL against its constraints and print timing and QoR reports.
 
     \b
@@ -63,13 +71,17 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     \b
     Prints the worst path of each group (folded by layer) and the QoR summary.
     With -o DIR, also writes DIR/reports/{timing,timing_full,qor,area,
-    constraint}.rpt and DIR/analysis.json for `softsyn report`.
+    constraint}.rpt, DIR/analysis.json for `softsyn report` and
+    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`.
+    With --annotate FILE, measured delays from a signoff replace the
+    library's (back-annotation).
 
     \b
     Examples:
       softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/tiny
       softsyn analyze zoo:qwen3-8b --target h200-ort-cuda --context-len 4096
       softsyn analyze model.onnx -c constraints/guide-short.yaml
+      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --annotate out/tiny/signoff/annotation.json
 
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation, 2 on bad input.
@@ -79,12 +91,20 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 
     out = _prepare_out_dir(out_dir) if out_dir else None
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
-                         batch=batch, prompt_len=prompt_len, context_len=context_len)
+                         annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
+                         **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
     click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
     click.echo(report_qor(analysis))
     if out is not None:
-        for path in write_reports(analysis, out):
+        from softsyn.reports.common import write_atomic
+        from softsyn.signoff import DESIGN_FILE, design_record
+
+        record = design_record(model, constraints_file, target, cache_dir, dict(
+            batch=batch, prompt_len=prompt_len, context_len=context_len), annotate_file, design.netlist,
+            design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
+        written = write_reports(analysis, out) + [write_atomic(out / DESIGN_FILE, json.dumps(record, indent=1) + "\n")]
+        for path in written:
             if not quiet:
                 click.echo(f"[softsyn] wrote {path}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
@@ -135,6 +155,214 @@ def report(kind, directory, group, max_paths, fold, digits):
         click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits))
     else:
         click.echo(REPORTS[kind](analysis))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider to measure on.")
+@click.option("--runs", default=20, show_default=True, type=click.IntRange(min=1),
+              help="timed runs per path group (median and p90 reported).")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0), help="warm-up runs before timing.")
+@click.option("--profile-runs", type=click.IntRange(min=1), help="profiled runs per group (default min(runs, 10), at least 3).")
+@click.option("--group", "groups", multiple=True, help="only this path group (repeatable).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 100), help="rows per error table.")
+@click.option("-o", "--annotation", "annotation_out", type=click.Path(dir_okay=False),
+              help="where to write the back-annotation (default DIR/signoff/annotation.json).")
+@click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
+def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annotation_out, quiet):
+    """Measure the design on the real runtime, compare with the analysis, and back-annotate.
+
+    \b
+    DIRECTORY is the output of `softsyn analyze MODEL -o DIR` (analysis.json +
+    design.json) or of `softsyn compile MODEL -o DIR` (model.onnx +
+    netlist.json + runtime/session.json). For each path group, at its
+    scenario dims: warm-up, then RUNS timed run_with_iobinding calls (inputs
+    and outputs bound on the device; median and p90), and a separate run
+    under ONNX Runtime's profiler for per-node kernel times.
+
+    \b
+    Prints predicted (arrival - input delay) vs measured (median run) per
+    group with both slacks, then per group the op types and cells with the
+    largest error, and for a violated group the cells responsible. Writes
+    DIR/reports/signoff.rpt, DIR/signoff/signoff.json and the
+    back-annotation DIR/signoff/annotation.json (per group: measured kernel
+    time of each netlist cell the runtime ran, the cells it fused or folded
+    away, and the residual on the session.run row) for
+    `softsyn analyze --annotate`.
+
+    \b
+    Examples:
+      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/tiny
+      softsyn signoff out/tiny --runs 50
+      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --annotate out/tiny/signoff/annotation.json
+
+    Exit status: 0 when every group's measured time meets its clock, 1 when
+    a measured group violates, 2 on bad input.
+    """
+    from softsyn.reports import report_signoff
+    from softsyn.signoff import signoff as run_signoff, write_results
+
+    result = run_signoff(directory, provider=provider, runs=runs, warmup=warmup, profile_runs=profile_runs,
+                         annotation_out=annotation_out, progress=not quiet, groups=list(groups) or None)
+    text = report_signoff(result, top=top)
+    click.echo(text)
+    for path in write_results(result, directory, text) + [Path(result.annotation_file)]:
+        if not quiet:
+            click.echo(f"[softsyn] wrote {path}", err=True)
+    sys.exit(1 if result.violated else 0)
+
+
+@main.command("compile")
+@click.argument("model")
+@click.option("-c", "--constraints", "constraints_file", type=click.Path(dir_okay=False),
+              help="constraints.yaml: clocks, path groups, accuracy budget, precision, dont_touch...")
+@click.option("--effort", default="low", show_default=True, type=click.Choice(list(EFFORT)),
+              help="pass script to run (see `softsyn passes`).")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="output DIR (new, empty, or an earlier softsyn output; replaced atomically).")
+@click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
+@click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, quiet):
+    """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
+
+    \b
+    Effort scripts (passes run top to bottom, re-timed after each):
+      low   flatten -> fuse -> precision (fp16 on GPU targets, fp32 on CPU)
+
+    \b
+    Writes, atomically (a failed compile leaves DIR as it was):
+      DIR/model.onnx (+ model.onnx.data)  the compiled model, onnx.checker-clean
+      DIR/netlist.json                    every cell: hierarchy, op, library cell, precision, delay per group
+      DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
+                                          the fp32 reference `softsyn verify` compares against
+      DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
+      DIR/compile.log                     one row per step: elapsed, phase, WNS, TNS, area, worst group
+    The MODEL you gave is never modified. Prints the compile log and QoR.
+
+    \b
+    Example:
+      softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --effort low -o out/tiny
+      softsyn verify out/tiny
+
+    Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
+    violation (the design is still written), 2 on bad input.
+    """
+    from softsyn.compile import check_script, compile_design
+    from softsyn.design import Design
+    from softsyn.emit import compiled_precision
+    from softsyn.measure import onnx_path
+    from softsyn.reports import report_qor
+
+    out = _prepare_out_dir(out_dir)
+    check_script(effort)
+    design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet)
+    reference = {"source": model, "onnx": str(onnx_path(design.netlist).resolve()),
+                 "precision": compiled_precision(design.netlist)}
+    analysis, path = compile_design(design, effort, out, reference)
+    click.echo((path / "compile.log").read_text())
+    click.echo(report_qor(analysis))
+    if not quiet:
+        click.echo(f"[softsyn] wrote {path}", err=True)
+    violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
+    sys.exit(1 if violated else 0)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--seed", default=0, show_default=True, help="seed of the scenario inputs.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="export cache, to re-export the reference if its recorded ONNX file is gone.")
+@click.option("--cpu", is_flag=True, help="run the compiled model on the CPU provider, whatever session.json says.")
+def verify(directory, seed, cache_dir, cpu):
+    """Compare a compiled model with its fp32 reference on the same inputs.
+
+    \b
+    DIRECTORY is a `softsyn compile -o` output. For every scenario (path
+    group) both models run on ONNX Runtime with the same seeded inputs; per
+    output it prints max abs error, rel error = max|compiled - reference| /
+    max|reference|, cosine similarity and, for logits, top-1 agreement,
+    against the accuracy budget (constraints accuracy.max_rel_error, default
+    1e-4 for fp32 and 1e-2 for fp16; accuracy.min_top1 when given).
+
+    Exit status: 0 within budget, 1 on a violation, 2 on bad input.
+    """
+    from softsyn.verify import render, verify as run_verify
+
+    result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu)
+    click.echo(render(result, directory))
+    sys.exit(1 if result.violations else 0)
+
+
+@main.command("passes")
+def list_passes():
+    """List the registered passes and the effort scripts that run them."""
+    from softsyn.passes import load_all
+
+    registered = load_all()
+    width = max((len(n) for n in registered), default=0)
+    for name in sorted(registered):
+        click.echo(f"{name:<{width}}  {registered[name].help}")
+    click.echo("")
+    for effort, script in EFFORT.items():
+        click.echo(f"effort {effort}: {' -> '.join(script)}")
+
+
+@main.command()
+@click.option("--runtime", type=click.Choice(["ort"]), default="ort", show_default=True,
+              help="runtime to characterise (ONNX Runtime).")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="execution provider: cpu (CPUExecutionProvider) or cuda (CUDAExecutionProvider, IO on the GPU).")
+@click.option("--cells", "cells", metavar="PATTERN",
+              help="only cells matching these comma-separated globs on OP or OP.PRECISION "
+                   "(e.g. 'MatMul*', 'GroupQueryAttention.fp16', 'Run').")
+@click.option("--quick", is_flag=True, help="small grid and few samples (CI: the CPU library in under 3 min).")
+@click.option("--note", help="status line recorded in the header (e.g. 'preliminary: shared, noisy machine').")
+@click.option("--list", "list_only", is_flag=True, help="list the cells and their grid/hold-out point counts; measure nothing.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="library YAML to write (resumed if it exists).")
+@click.option("-q", "--quiet", is_flag=True, help="no progress on stderr.")
+def characterize(runtime, provider, cells, quick, note, list_only, output, quiet):
+    """Measure a library's delay tables on this machine's runtime and device.
+
+    \b
+    For every cell the provider runs (MatMul/Gemm at each precision it
+    computes in, MatMulNBits int4/int8 at block 32/64/128, DequantizeLinear
+    fp8/int8, GroupQueryAttention, MultiHeadAttention, the layer norms,
+    RotaryEmbedding, Gelu variants, Gather, Softmax, element-wise ops,
+    reductions, Transpose/Reshape/Concat/..., and the per-call overhead of a
+    run), builds a small ONNX graph per grid point, times it warm with inputs
+    and outputs bound on the device, and writes the cell's delay table with
+    its index axes. Hold-out points between grid points are measured too; the
+    table's own interpolation error is written per cell and in the header.
+
+    \b
+    Resumable: cells already in FILE are skipped, and FILE is rewritten
+    atomically after each cell, so an interrupted run continues where it
+    stopped. Precisions the provider does not compute in (CPU: ORT inserts
+    Casts; CUDA: a node would fall back to the CPU) are listed in the header's
+    not_characterised with the reason.
+
+    \b
+    Examples:
+      softsyn characterize --provider cpu -o softsyn/libs/cpu-ort.yaml
+      softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
+      softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
+    """
+    from softsyn.characterize import characterize as run_characterize, list_cells
+
+    if list_only:
+        rows = list_cells(provider, quick, cells)
+        for name, grid, hold in rows:
+            click.echo(f"{name:<48} {grid:>5} grid + {hold:>3} hold-out points")
+        click.echo(f"{len(rows)} cells, {sum(g + h for _, g, h in rows)} points")
+        return
+    if not output:
+        raise SoftsynError("characterize: -o FILE is required (the library YAML to write or resume)")
+    argv = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("softsyn") else None
+    command = "softsyn " + (argv or f"characterize --runtime {runtime} --provider {provider}"
+                            + (f" --cells '{cells}'" if cells else "") + (" --quick" if quick else "") + f" -o {output}")
+    run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
 
 
 def _prepare_out_dir(out_dir: str) -> Path:

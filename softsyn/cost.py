@@ -1,9 +1,21 @@
-"""Work per cell: FLOPs and bytes moved, from shapes bound to a scenario.
+"""Work per cell: FLOPs, bytes moved and the size indices of its delay table, from bound shapes.
 
-These two numbers feed the roofline estimate (library.delay) and the reports.
-Bytes count what a kernel must touch in memory: every input it reads in full
-(weights included), the output it writes, and nothing for view ops the runtime
-does without a copy. Gather reads only the rows it gathers.
+FLOPs and bytes feed the roofline estimate (library.delay) and the reports. Bytes count what a
+kernel must touch in memory: every input it reads in full (weights included), the output it writes,
+and nothing for view ops the runtime does without a copy. Gather reads only the rows it gathers.
+
+`Work.sizes` are exactly the axes of the library's delay tables (softsyn/cells.py builds the
+characterisation graphs on the same conventions):
+
+| op | sizes |
+|---|---|
+| MatMul, B of rank 2 (a weight), Gemm, FusedMatMul | m (product of the output's leading dims), n, k |
+| MatMul, B of rank >= 3 (two activations) | batch (product of the output's leading dims but the last two), m, n, k |
+| MatMulNBits | m, n, k, block (precision int4/int8 from `bits`) |
+| GroupQueryAttention, MultiHeadAttention, Attention | batch, q_tokens, kv_len, heads, kv_heads, head_dim (tables: q_tokens x kv_len x heads; batch and head_dim by the cell's scale rule) |
+| MoE, QMoE | tokens, experts, k, hidden, inter |
+| reductions, Softmax, norms, TopK | elements = input elements |
+| everything else (element-wise, moves, views, Gather) | elements = output elements |
 """
 from __future__ import annotations
 
@@ -16,6 +28,9 @@ Shapes = dict[str, tuple[int, ...]]
 
 # Ops the runtime executes without moving data (metadata only or buffer reuse).
 VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape"}
+# Ops whose output has their first input's dtype.
+DTYPE_PRESERVING = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Expand",
+                    "Concat", "Split", "Gather", "Tile", "Pad"}
 # Ops that move data without arithmetic.
 MOVE_OPS = {"Transpose", "Concat", "Split", "Slice", "Expand", "Tile", "Pad", "ScatterND", "ScatterElements",
             "GatherND", "GatherElements", "Cast", "CastLike", "Where", "Trilu", "Range", "Resize"}
@@ -35,6 +50,8 @@ PRECISION_BY_DTYPE = {
     ir.DataType.FLOAT8E5M2FNUZ: "fp8", ir.DataType.INT8: "int8", ir.DataType.UINT8: "int8",
     ir.DataType.INT4: "int4", ir.DataType.UINT4: "int4",
 }
+ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
+MOE_OPS = {"MoE", "QMoE"}
 
 
 @dataclass(frozen=True)
@@ -49,9 +66,20 @@ def numel(shape: tuple[int, ...] | None) -> int:
 
 
 def value_bytes(value: ir.Value | None, shapes: Shapes) -> float:
-    if value is None or value.dtype is None:
+    dtype = dtype_of(value)
+    if dtype is None:
         return 0.0
-    return numel(shape_of(value, shapes)) * value.dtype.itemsize
+    return numel(shape_of(value, shapes)) * dtype.itemsize
+
+
+def dtype_of(value: ir.Value | None) -> ir.DataType | None:
+    """A value's dtype; where the exporter left it out, that of the layout op's data input it came from."""
+    while value is not None and value.dtype is None:
+        producer = value.producer()
+        if producer is None or producer.op_type not in DTYPE_PRESERVING or not producer.inputs:
+            return None
+        value = producer.inputs[0]
+    return None if value is None else value.dtype
 
 
 def shape_of(value: ir.Value, shapes: Shapes) -> tuple[int, ...] | None:
@@ -62,7 +90,16 @@ def shape_of(value: ir.Value, shapes: Shapes) -> tuple[int, ...] | None:
 
 
 def precision_of(node: ir.Node) -> str:
-    """The arithmetic precision of a cell: its weight dtype where it has one, else its first float input."""
+    """The arithmetic precision of a cell: its weight dtype where it has one, else its first float input.
+
+    MatMulNBits / QMoE: int4 or int8 from the `bits` / `expert_weight_bits` attribute (the packed weight
+    is uint8 whatever the bit width). Ops without a float tensor (shape arithmetic on int64, bool logic)
+    are "fp32", the library's default precision for such cells.
+    """
+    if node.op_type == "MatMulNBits":
+        return "int8" if node.attributes.get_int("bits", 4) == 8 else "int4"
+    if node.op_type == "QMoE":
+        return "int8" if node.attributes.get_int("expert_weight_bits", 4) == 8 else "int4"
     candidates = [v for v in node.inputs if v is not None and v.dtype is not None]
     weights = [v for v in candidates if v.is_initializer() and v.dtype in PRECISION_BY_DTYPE]
     for v in weights + candidates + [o for o in node.outputs if o.dtype is not None]:
@@ -79,9 +116,17 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
     out_elems = sum(numel(shape_of(o, shapes)) for o in node.outputs)
 
     if op in VIEW_OPS:
-        return Work(0.0, 0.0, {})
+        return Work(0.0, 0.0, {"elements": out_elems})
     if op in ("MatMul", "Gemm", "FusedMatMul") and len(ins) >= 2:
         return _matmul(node, ins, shapes, in_bytes, out_bytes)
+    if op == "MatMulNBits" and ins:
+        return _matmul_nbits(node, ins, shapes, out_bytes)
+    if op in ATTENTION_OPS and ins:
+        return _attention(node, ins, shapes, in_bytes, out_bytes)
+    if op in MOE_OPS and len(ins) >= 3:
+        return _moe(node, ins, shapes, out_bytes)
+    if op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"):
+        return Work(2.0 * out_elems, in_bytes + out_bytes, {"elements": out_elems})
     if op in ("Conv", "ConvTranspose") and len(ins) >= 2:
         w = shape_of(ins[1], shapes) or ()
         per_out = 2 * numel(w[1:]) if len(w) > 1 else 2
@@ -89,7 +134,7 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
     if op == "Gather":
         # Embedding lookups read the gathered rows, not the table.
         indices = value_bytes(ins[1], shapes) if len(ins) > 1 else 0.0
-        return Work(0.0, 2 * out_bytes + indices, {"rows": out_elems})
+        return Work(0.0, 2 * out_bytes + indices, {"elements": out_elems})
     if op in MOVE_OPS:
         return Work(0.0, in_bytes + out_bytes, {"elements": out_elems})
     if op in PER_INPUT_ELEMENT:
@@ -109,6 +154,106 @@ def _matmul(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float,
         k = a[0] if trans_a else a[-1]
     else:
         k = a[-1]
-    m = numel(out[:-1]) if len(out) > 1 else 1
     n = out[-1]
+    if node.op_type == "MatMul" and len(b) >= 3:  # two activations: batched (attention scores, attn x V)
+        m = out[-2] if len(out) > 1 else 1
+        batch = numel(out[:-2]) if len(out) > 2 else 1
+        return Work(2.0 * batch * m * n * k, in_bytes + out_bytes, {"batch": batch, "m": m, "n": n, "k": k})
+    m = numel(out[:-1]) if len(out) > 1 else 1
     return Work(2.0 * m * n * k, in_bytes + out_bytes, {"m": m, "n": n, "k": k})
+
+
+def _itemsize(value: ir.Value | None, default: int = 4) -> int:
+    return value.dtype.itemsize if value is not None and value.dtype is not None else default
+
+
+def _matmul_nbits(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -> Work:
+    """Weight-only quantised MatMul: weight bytes at bits/8 plus per-block scales (and zero points)."""
+    a = shape_of(ins[0], shapes) or ()
+    k = node.attributes.get_int("K", a[-1] if a else 0)
+    n = node.attributes.get_int("N", 0)
+    bits = node.attributes.get_int("bits", 4)
+    block = node.attributes.get_int("block_size", 32)
+    m = numel(a[:-1]) if len(a) > 1 else 1
+    blocks = n * -(-k // block) if block else 0
+    act = _itemsize(ins[0])
+    weight = n * k * bits / 8
+    scales = blocks * _itemsize(ins[2] if len(ins) > 2 else None, act)
+    zeros = blocks * bits / 8 if len(node.inputs) > 3 and node.inputs[3] is not None else 0.0
+    return Work(2.0 * m * n * k, m * k * act + weight + scales + zeros + out_bytes,
+                {"m": m, "n": n, "k": k, "block": block})
+
+
+def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
+    """Fused attention: QK^T and PV (4 * B * H * S * L * D) plus softmax; bytes = Q/K/V/cache in + out.
+
+    GroupQueryAttention: query [B, S, H*D], key/value [B, S, Hkv*D], past [B, Hkv, P, D], kv_len = the
+    present length (P + S, or the shared buffer's total_sequence_length). MultiHeadAttention: key [B, L, H*D]
+    (or 4-D BNSH), plus past. Attention (BERT-style, packed QKV weights): adds the QKV projection.
+    """
+    op = node.op_type
+    q = shape_of(ins[0], shapes) or ()
+    heads = node.attributes.get_int("num_heads", 1)
+    batch = q[0] if len(q) >= 1 else 1
+    seq = q[1] if len(q) >= 2 else 1
+    hidden = q[-1] if q else 0
+    flops_proj = 0.0
+    if op == "Attention":
+        w = shape_of(ins[1], shapes) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        qkv = w[-1] if w else 3 * hidden
+        hidden_q = node.attributes.get_ints("qkv_hidden_sizes", [qkv // 3])[0] if qkv else hidden
+        head_dim = max(1, hidden_q // max(heads, 1))
+        flops_proj = 2.0 * batch * seq * hidden * qkv
+        kv_heads, kv_len = heads, seq
+        past = shape_of(node.inputs[4], shapes) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+        if past and len(past) >= 4:
+            kv_len += past[-2]
+    else:
+        head_dim = max(1, hidden // max(heads, 1))
+        kv_heads = node.attributes.get_int("kv_num_heads", heads) if op == "GroupQueryAttention" else heads
+        present = shape_of(node.outputs[1], shapes) if len(node.outputs) > 1 and node.outputs[1] is not None else None
+        k = shape_of(node.inputs[1], shapes) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if op == "GroupQueryAttention":
+            kv_len = present[-2] if present and len(present) == 4 else seq
+        else:
+            kv_len = (k[-2] if k and len(k) == 4 else k[1] if k and len(k) == 3 else seq)
+            past = shape_of(node.inputs[6], shapes) if len(node.inputs) > 6 and node.inputs[6] is not None else None
+            if past and len(past) == 4:
+                kv_len += past[-2]
+            if present and len(present) == 4:
+                kv_len = present[-2]
+    flops = flops_proj + 4.0 * batch * heads * seq * kv_len * head_dim + 5.0 * batch * heads * seq * kv_len
+    sizes = {"batch": batch, "q_tokens": seq, "kv_len": kv_len, "heads": heads, "kv_heads": kv_heads,
+             "head_dim": head_dim}
+    return Work(flops, in_bytes + out_bytes, sizes)
+
+
+def _moe(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -> Work:
+    """Fused mixture of experts: each token runs k experts (fc1 [+ fc3 gate] -> act -> fc2).
+
+    Inputs: input [T, hidden], router_probs [T, E], fc1_experts_weights [E, hidden, inter] (QMoE: packed
+    uint8, `expert_weight_bits`), ..., fc2, ..., fc3 (optional, gated). Bytes: activations + the weights of
+    the experts touched (min(E, T * k) of E).
+    """
+    x = shape_of(ins[0], shapes) or ()
+    router = shape_of(node.inputs[1], shapes) or ()
+    tokens = numel(x[:-1]) if len(x) > 1 else 1
+    hidden = x[-1] if x else 0
+    experts = router[-1] if router else 1
+    k = node.attributes.get_int("k", 1)
+    bits = node.attributes.get_int("expert_weight_bits", 0) if node.op_type == "QMoE" else 0
+    fc1 = node.inputs[2]
+    fc1_shape = shape_of(fc1, shapes) or ()
+    weight_elems_fc1 = numel(fc1_shape)
+    if bits:
+        weight_elems_fc1 = weight_elems_fc1 * 8 // bits  # packed: elements = bytes * 8 / bits
+    inter = weight_elems_fc1 // max(experts * hidden, 1) if hidden else 0
+    activation_type = node.attributes.get_string("activation_type", "relu") if "activation_type" in node.attributes else "relu"
+    gated = len(node.inputs) > 8 and node.inputs[8] is not None or "swiglu" in activation_type
+    mats = 3 if gated else 2
+    flops = 2.0 * tokens * k * hidden * inter * mats
+    per_expert_bytes = mats * hidden * inter * (bits / 8 if bits else _itemsize(ins[0]))
+    touched = min(experts, tokens * k)
+    act = _itemsize(ins[0])
+    bytes_moved = tokens * hidden * act + tokens * experts * act + touched * per_expert_bytes + out_bytes
+    return Work(flops, bytes_moved, {"tokens": tokens, "experts": experts, "k": k, "hidden": hidden, "inter": inter})

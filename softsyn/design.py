@@ -34,6 +34,8 @@ DEFAULT_GROUPS = {
 
 
 class Design:
+    annotation = None  # softsyn.annotate.Annotation: back-annotated (measured) delays replace the library's
+
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True):
         self.netlist = netlist
         self.constraints = constraints
@@ -42,15 +44,24 @@ class Design:
 
     @classmethod
     def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
-             cache_dir: str | Path | None = None, progress: bool = True, **workload) -> "Design":
-        """Read a model and its constraints; `target` and workload keywords override the constraints file."""
+             cache_dir: str | Path | None = None, progress: bool = True, annotate: str | Path | None = None,
+             materialize: bool = False, **workload) -> "Design":
+        """Read a model and its constraints; `target` and workload keywords override the constraints file.
+        `annotate`: an annotation file from `softsyn signoff` (measured delays, source "annot");
+        `materialize`: real-size models get seeded random weights instead of a weightless export."""
         cons = load_constraints(constraints) if constraints else Constraints.default()
         for key, value in workload.items():
             if value is not None:
                 setattr(cons.workload, key, value)
         library = load_library(target or cons.target or default_library())
-        netlist = read_design(spec, cache_dir=cache_dir, progress=progress)
-        return cls(netlist, cons, library, progress)
+        extra = {"materialize": True} if materialize else {}
+        netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
+        design = cls(netlist, cons, library, progress)
+        if annotate:
+            from softsyn.annotate import load_annotation
+
+            design.annotation = load_annotation(annotate)
+        return design
 
     @functools.cached_property
     def graph(self):
@@ -88,11 +99,17 @@ class Design:
             critical_range=spec.critical_range, inputs=inputs,
             scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
 
+    def invalidate(self) -> None:
+        """Call after a pass changed the netlist: drops cached shapes and the timing graph."""
+        self.netlist.invalidate()
+        self.__dict__.pop("graph", None)
+
     def time(self) -> list[GroupTiming]:
         results = []
         for group in self.groups:
             start = time.perf_counter()
-            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group))
+            annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
+            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation))
             self._log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                       f"{time.perf_counter() - start:.1f} s")
         return results
@@ -111,7 +128,26 @@ class Design:
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())))
+            area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())),
+            notes=self._annotation_notes())
+
+    def _annotation_notes(self) -> list[str]:
+        if self.annotation is None:
+            return []
+        a = self.annotation
+        notes = []
+        for group in self.groups:
+            g = a.for_group(group.name, group.scenario.dims)
+            if g is None:
+                notes.append(f"{group.name}: not back-annotated ({a.path} has no group at dims {group.scenario.dims}); "
+                             "library delays")
+                continue
+            known = sum(1 for n in self.netlist.nodes() if g.delay(n.name) is not None)
+            notes.append(f"{group.name}: back-annotated from {a.path} ({a.provider}, {a.device}, {a.date}): "
+                         f"{len(g.cells)} cells measured, {len(g.absorbed)} absorbed by runtime fusion/folding (0 s), "
+                         f"session.run residual {g.residual * 1e3:.3f} ms; {len(self.netlist.nodes()) - known} "
+                         "cells not in the annotation keep library delays")
+        return notes
 
     def _log(self, message: str) -> None:
         if self.progress:

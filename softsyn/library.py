@@ -34,6 +34,12 @@ Delay lookup rules (`Library.delay`):
   below the first grid point, and on an axis with a single grid point, the edge value is held.
   Callers and reports should treat "table-extrap" as less trustworthy than "table".
 
+Scale rule (optional `scale: {size: reference}` on a cell): sizes folded out of the table (e.g.
+attention's batch and head_dim) scale the work-proportional part of the delay linearly (see
+Cell.scaled); a scaled delay is reported as "table-extrap". The `Run` cell (axis `ios`: graph inputs
++ outputs) gives the fixed cost of one run call (`Library.run_delay`); without it,
+ceilings.run_overhead. Characterised cells also carry `holdout` (measured interpolation error).
+
 Precision fallback (`Library.peak_flops_for`): a precision missing (or null) from `peak_flops` is
 timed at the figure of the precision the runtime actually computes it in:
 - int4 / int8 (weight-only MatMulNBits) and fp8 (DequantizeLinear -> MatMul) dequantise to the
@@ -98,6 +104,8 @@ class Cell:
     bytes_per_weight: float | None = None
     error: float | None = None
     _flat: list[float] = field(default_factory=list, repr=False)
+    scale: dict[str, float] | None = None  # size -> reference value the table was measured at
+    holdout: dict | None = None  # measured interpolation error: median_pct, max_pct, points, ...
 
     @property
     def name(self) -> str:
@@ -135,6 +143,25 @@ class Cell:
                 if self._interp(edge) > self._interp(brackets):
                     brackets = edge
         return self._interp(brackets), extrap
+
+    def scaled(self, value: float, sizes: dict) -> tuple[float, bool]:
+        """Apply the cell's scale rule: (delay, scaled?).
+
+        For each size in `scale` present in `sizes` the work-proportional part of the delay (above the
+        table's smallest entry, its fixed per-node cost) scales linearly with size / reference:
+            delay = floor + (table - floor) * prod(sizes[s] / scale[s])
+        e.g. attention tables measured at batch 1 and one head_dim serve other batches / head_dims.
+        """
+        if not self.scale:
+            return value, False
+        factor = 1.0
+        for k, ref in self.scale.items():
+            if k in sizes and sizes[k] is not None and ref:
+                factor *= max(float(sizes[k]), 1.0) / float(ref)
+        if abs(factor - 1.0) < 1e-12:
+            return value, False
+        floor = min(self._flat)
+        return floor + max(value - floor, 0.0) * factor, True
 
     def _interp(self, brackets: list[tuple[int, int, float]]) -> float:
         """Multilinear interpolation of log(delay) over the 2^d corners of the bracketing cell."""
@@ -223,8 +250,18 @@ class Library:
         cell = self.cell_for(op_type, precision, sizes, implementation)
         if cell is not None:
             value, extrap = cell.lookup(sizes)  # type: ignore[arg-type]
-            return value, ("table-extrap" if extrap else "table")
+            value, scaled = cell.scaled(value, sizes)  # type: ignore[arg-type]
+            return value, ("table-extrap" if extrap or scaled else "table")
         return self.roofline(precision, flops, bytes_moved), "est"
+
+    def run_delay(self, ios: int) -> tuple[float, str]:
+        """(seconds, source) of one run call with `ios` graph inputs + outputs: the `Run` cell's table
+        (axis `ios`) when characterised, else ceilings.run_overhead ("est")."""
+        cell = self.cell_for("Run", "fp32", {"ios": ios})
+        if cell is not None:
+            value, extrap = cell.lookup({"ios": ios})
+            return value, ("table-extrap" if extrap else "table")
+        return self.ceilings.run_overhead, "est"
 
     def describe(self) -> str:
         h = self.header
@@ -340,9 +377,15 @@ def _parse_cell(ctx: _Ctx, i: int, raw) -> Cell:
     bpw = raw.get("bytes_per_weight")
     if bpw is not None:
         bpw = _positive(ctx, f"{key}.bytes_per_weight", bpw)
+    scale = raw.get("scale")
+    if scale is not None:
+        if not isinstance(scale, dict):
+            raise ctx.error(f"{key}.scale", "must be a mapping size -> reference value, e.g. {batch: 1, head_dim: 128}")
+        scale = {str(k): _positive(ctx, f"{key}.scale.{k}", v) for k, v in scale.items()}
+    holdout = raw.get("holdout") if isinstance(raw.get("holdout"), dict) else None
     return Cell(op=str(raw["op"]), precision=precision, implementation=str(raw.get("implementation", "")),
                 axes=list(axes), points=grids, delays=raw["delays"], bytes_per_weight=bpw,
-                error=None if error is None else float(error), _flat=flat)
+                error=None if error is None else float(error), _flat=flat, scale=scale, holdout=holdout)
 
 
 def parse_library(text: str, path: Path) -> Library:

@@ -1,16 +1,34 @@
-"""Measuring a netlist on the real runtime: seeded scenario inputs and warm, repeated runs.
+"""Measuring a netlist on the real runtime: seeded scenario inputs, warm IO-bound runs, per-node profiles.
 
-What the measured interval covers: one `InferenceSession.run` call, wall clock
-on the host, inputs already built as numpy arrays (outputs are allocated and
-returned by the call). No tokenisation or sampling: the constraints' input and
-output delays stand for those, so compare measured against the predicted
-arrival minus the input delay.
+What the measured interval covers (`measure`): one `run_with_iobinding` call, wall clock on the
+host (time.perf_counter before and after). The inputs are bound once before timing (on the device
+for CUDA: `OrtValue.ortvalue_from_numpy(x, "cuda", 0)`), the outputs are bound by name to the same
+device and allocated by ONNX Runtime inside the call; the call returns after the execution
+provider synchronised (ORT synchronises the CUDA stream at the end of a run), so the interval is
+host dispatch + every kernel + the final synchronisation. No copies to or from the host, no
+tokenisation or sampling: the constraints' input and output delays stand for those, so compare
+measured against the predicted arrival minus the input delay. This is the method of
+`shared/reference/h200.md` (wall clock around run_with_iobinding, inputs and outputs on the GPU).
+
+Per-node times (`profile`) come from ONNX Runtime's own profiler (SessionOptions.enable_profiling)
+in a separate session, so profiling never inflates the measured medians: JSON trace events with
+cat "Node" and name "<node>_kernel_time" (args.op_name, dur in µs) per run, runs delimited by the
+cat "Session" "model_run" events. On the CPU provider a kernel time is the kernel's wall time. On
+CUDA the kernels are asynchronous, so a node's kernel_time is its host-side launch time unless the
+profile is taken with CUDA_LAUNCH_BLOCKING=1 (`profile(..., blocking=True)` runs it in a
+subprocess that sets it), which makes each node's time include its GPU execution.
 """
 from __future__ import annotations
 
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +37,10 @@ import onnx_ir as ir
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
 
+MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
+                     "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "
+                     "provider's end-of-run synchronisation; no host<->device copies, no tokenisation or sampling")
+
 
 @dataclass
 class Measurement:
@@ -26,10 +48,47 @@ class Measurement:
     p90: float
     runs: int
     provider: str
+    p10: float = 0.0
+    samples: list[float] = field(default_factory=list)
 
     @property
     def summary(self) -> str:
         return f"median {self.median * 1e3:.3f} ms, p90 {self.p90 * 1e3:.3f} ms over {self.runs} runs ({self.provider})"
+
+
+@dataclass
+class NodeProfile:
+    """One node of the runtime's (optimised) graph: its median kernel time over the profiled runs."""
+
+    name: str
+    op_type: str
+    provider: str
+    median: float  # s, kernel time less the calibrated profiler overhead per kernel (floored at 0)
+    runs: int  # runs the node appeared in
+    raw: float = 0.0  # s, interquartile mean of the profiler's kernel_time durations, as recorded
+
+
+@dataclass
+class Profile:
+    """Per-node kernel times of the graph the runtime actually executed."""
+
+    nodes: dict[str, NodeProfile]  # by runtime node name, in first-execution order
+    run_median: float  # median of the profiler's own "model_run" durations, s
+    kernel_sum_median: float  # median over runs of the sum of the node times, s
+    runs: int
+    provider: str
+    node_time: str  # "kernel" (CPU, or CUDA with CUDA_LAUNCH_BLOCKING) | "host-launch" (async CUDA)
+    trace: str = ""  # path of the JSON trace (kept only when asked)
+    overhead_per_node: float = 0.0  # s, the profiler's own cost per kernel_time event, subtracted from each node
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Profile":
+        data = dict(data)
+        data["nodes"] = {k: NodeProfile(**v) for k, v in data["nodes"].items()}
+        return cls(**data)
 
 
 def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
@@ -65,29 +124,251 @@ def onnx_path(netlist: Netlist) -> Path:
     """The ONNX file behind a netlist (its export cache entry or the file it was read from)."""
     cached = netlist.provenance.get("cache", {}).get("path")
     candidates = [Path(cached) / "model.onnx"] if cached else []
-    candidates.append(Path(netlist.provenance.get("source", "")))
+    candidates += [Path(netlist.provenance.get(k, "")) for k in ("file", "source")]
     for path in candidates:
         if path.suffix == ".onnx" and path.is_file():
             return path
     raise SoftsynError(f"{netlist.name}: no ONNX file on disk to run (provenance: {netlist.provenance.get('source')})")
 
 
-def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
-            provider: str = "cpu") -> Measurement:
-    """Median and p90 of `runs` warm session.run calls."""
+def device_name(provider: str) -> str:
+    """The device in words: CPU model and core count, or the GPU's name."""
+    if provider == "cuda":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20)
+            names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+            if names:
+                return names[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return "CUDA GPU"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def session(model_path: str | Path, provider: str = "cpu", profile_prefix: str | None = None,
+            options: dict | None = None):
+    """An InferenceSession on `provider` ("cpu" | "cuda"); a CUDA session that fell back to the CPU is an error
+    (onnxruntime-gpu lists CUDA even where there is no GPU: check what the session actually got)."""
     import onnxruntime as ort
 
+    so = ort.SessionOptions()
+    for key, value in (options or {}).items():
+        if key == "graph_optimization_level" and isinstance(value, str):
+            value = getattr(ort.GraphOptimizationLevel, value)
+        if hasattr(so, key):
+            setattr(so, key, value)
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(model_path), providers=providers)
-    used = session.get_providers()[0]
+    try:
+        sess = ort.InferenceSession(str(model_path), so, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        raise SoftsynError(f"{model_path}: onnxruntime cannot load it: {type(exc).__name__}: {exc}") from None
+    used = sess.get_providers()[0]
     if provider == "cuda" and used != "CUDAExecutionProvider":
-        raise SoftsynError(f"{model_path}: the CUDA provider did not load (session runs on {used})")
-    for _ in range(warmup):
-        session.run(None, feeds)
+        raise SoftsynError(f"{model_path}: the CUDA provider did not load (the session runs on {used}); "
+                           "is there a GPU and are the CUDA libraries on LD_LIBRARY_PATH?")
+    return sess
+
+
+class BoundRunner:
+    """One session with its inputs bound once (on the device) and outputs bound by name on the device."""
+
+    def __init__(self, sess, feeds: dict[str, np.ndarray], provider: str = "cpu"):
+        import onnxruntime as ort
+
+        self.session = sess
+        self.binding = sess.io_binding()
+        device = "cuda" if provider == "cuda" else "cpu"
+        self._keep = []
+        names = {i.name for i in sess.get_inputs()}
+        for name, array in feeds.items():
+            if name not in names:
+                continue
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+            self._keep.append(value)
+            self.binding.bind_ortvalue_input(name, value)
+        for out in sess.get_outputs():
+            self.binding.bind_output(out.name, device, 0)
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+
+
+def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
+            provider: str = "cpu", options: dict | None = None) -> Measurement:
+    """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see MEASURED_INTERVAL)."""
+    sess = session(model_path, provider, options=options)
+    runner = BoundRunner(sess, feeds, provider)
+    for _ in range(max(warmup, 1)):
+        runner.run()
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        session.run(None, feeds)
+        runner.run()
         times.append(time.perf_counter() - start)
-    times.sort()
-    return Measurement(statistics.median(times), times[min(len(times) - 1, int(0.9 * len(times)))], runs, used)
+    ordered = sorted(times)
+    return Measurement(statistics.median(ordered), _quantile(ordered, 0.9), runs, sess.get_providers()[0],
+                       p10=_quantile(ordered, 0.1), samples=times)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def parse_profile(events: list[dict], warmup: int = 0, provider: str = "CPUExecutionProvider",
+                  node_time: str = "kernel") -> Profile:
+    """Per-node median kernel times from an ONNX Runtime profiler trace (list of trace events).
+
+    Runs are the cat "Session" "model_run" events; a node event belongs to the run whose interval
+    contains its start. The first `warmup` runs are dropped. Without model_run events (a trace cut
+    short) every node event counts as one sample.
+    """
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])[warmup:]
+    per_node: dict[str, list[float]] = {}
+    info: dict[str, tuple[str, str]] = {}
+    per_run_sum = [0.0] * len(runs)
+    starts = [r["ts"] for r in runs]
+    for e in sorted((e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")),
+                    key=lambda e: e["ts"]):
+        if runs:
+            idx = _run_index(starts, runs, e["ts"])
+            if idx is None:
+                continue
+            per_run_sum[idx] += e["dur"] * 1e-6
+        name = e["name"][: -len("_kernel_time")]
+        args = e.get("args", {})
+        per_node.setdefault(name, []).append(e["dur"] * 1e-6)
+        info.setdefault(name, (args.get("op_name", ""), args.get("provider", "")))
+    nodes = {name: NodeProfile(name, info[name][0], info[name][1], _iqm(d), len(d), _iqm(d))
+             for name, d in per_node.items()}
+    run_median = statistics.median(r["dur"] * 1e-6 for r in runs) if runs else 0.0
+    kernel_sum = statistics.median(per_run_sum) if runs else sum(n.median for n in nodes.values())
+    return Profile(nodes, run_median, kernel_sum, len(runs), provider, node_time)
+
+
+def _iqm(values: list[float]) -> float:
+    """Interquartile mean: robust like the median, but resolves below the trace's 1 µs tick."""
+    ordered = sorted(values)
+    n = len(ordered)
+    middle = ordered[n // 4: n - n // 4] or ordered
+    return sum(middle) / len(middle)
+
+
+def calibrate_profiler(provider: str = "cpu", nodes: int = 200, runs: int = 100) -> float:
+    """The profiler's own cost per kernel, s: a chain of `nodes` Adds on a [1, 8] tensor, profiled kernel time
+    (interquartile mean) minus its true per-node time (unprofiled: (T(chain) - T(one Add)) / (nodes - 1))."""
+    key = (provider, nodes)
+    if key in _CALIBRATION:
+        return _CALIBRATION[key]
+    import onnx
+    from onnx import TensorProto, helper
+
+    def chain(n: int) -> bytes:
+        one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+        names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
+        body = [helper.make_node("Add", [names[i], "one"], [names[i + 1]], name=f"add_{i}") for i in range(n)]
+        graph = helper.make_graph(body, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [one])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+
+    feeds = {"x": np.zeros((1, 8), np.float32)}
+    options = {"graph_optimization_level": "ORT_DISABLE_ALL"}
+    with tempfile.TemporaryDirectory(prefix="softsyn-cal-") as tmp:
+        paths = []
+        for n in (1, nodes):
+            path = Path(tmp) / f"chain{n}.onnx"
+            path.write_bytes(chain(n))
+            paths.append(path)
+        short = measure(paths[0], feeds, runs=runs, warmup=5, provider=provider, options=options).median
+        long = measure(paths[1], feeds, runs=runs, warmup=5, provider=provider, options=options).median
+        true_per_node = max(0.0, (long - short) / (nodes - 1))
+        prof = profile(paths[1], feeds, runs=max(5, runs // 10), warmup=2, provider=provider, options=options,
+                       calibrate=False)
+    recorded = statistics.median(n.raw for n in prof.nodes.values())
+    _CALIBRATION[key] = max(0.0, recorded - true_per_node)
+    return _CALIBRATION[key]
+
+
+_CALIBRATION: dict = {}
+
+
+def _run_index(starts: list[float], runs: list[dict], ts: float) -> int | None:
+    import bisect
+
+    i = bisect.bisect_right(starts, ts) - 1
+    if i < 0 or ts > runs[i]["ts"] + runs[i]["dur"]:
+        return None
+    return i
+
+
+def profile(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 10, warmup: int = 2,
+            provider: str = "cpu", options: dict | None = None, keep_trace: str | Path | None = None,
+            blocking: bool = False, calibrate: bool = True) -> Profile:
+    """Profile `runs` warm runs per node (a separate profiling session; see the module docstring).
+
+    The profiler costs a few µs per kernel_time event on the CPU (more than a small kernel takes), so
+    with `calibrate` each node's time is its recorded time less `calibrate_profiler()`'s figure
+    (floored at 0); `NodeProfile.raw` keeps the recorded one.
+    blocking=True (CUDA): run in a subprocess with CUDA_LAUNCH_BLOCKING=1 so node times include the GPU work.
+    """
+    if blocking and provider == "cuda":
+        return _profile_subprocess(model_path, feeds, runs, warmup, provider, options, keep_trace)
+    with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
+        sess = session(model_path, provider, profile_prefix=str(Path(tmp) / "ort"), options=options)
+        runner = BoundRunner(sess, feeds, provider)
+        for _ in range(warmup + runs):
+            runner.run()
+        trace = sess.end_profiling()
+        events = json.loads(Path(trace).read_text())
+        if keep_trace:
+            Path(keep_trace).parent.mkdir(parents=True, exist_ok=True)
+            Path(keep_trace).write_text(json.dumps(events))
+    cuda = provider == "cuda"
+    node_time = "kernel" if not cuda or os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else "host-launch"
+    result = parse_profile(events, warmup=warmup, provider=sess.get_providers()[0], node_time=node_time)
+    result.trace = str(keep_trace or "")
+    if calibrate:
+        result.overhead_per_node = calibrate_profiler(provider)
+        for node in result.nodes.values():
+            node.median = max(0.0, node.raw - result.overhead_per_node)
+    return result
+
+
+def _profile_subprocess(model_path, feeds, runs, warmup, provider, options, keep_trace) -> Profile:
+    with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
+        np.savez(Path(tmp) / "feeds.npz", **feeds)
+        job = {"model": str(model_path), "runs": runs, "warmup": warmup, "provider": provider,
+               "options": options or {}, "keep_trace": str(keep_trace or ""), "out": str(Path(tmp) / "profile.json")}
+        (Path(tmp) / "job.json").write_text(json.dumps(job))
+        env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+        proc = subprocess.run([sys.executable, "-m", "softsyn.measure", str(Path(tmp) / "job.json")], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SoftsynError(f"profiling {model_path} with CUDA_LAUNCH_BLOCKING=1 failed: "
+                               f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        return Profile.from_dict(json.loads((Path(tmp) / "profile.json").read_text()))
+
+
+def _main(job_file: str) -> None:
+    job = json.loads(Path(job_file).read_text())
+    with np.load(Path(job_file).parent / "feeds.npz") as data:
+        feeds = {k: data[k] for k in data.files}
+    result = profile(Path(job["model"]), feeds, job["runs"], job["warmup"], job["provider"], job["options"],
+                     job["keep_trace"] or None)
+    Path(job["out"]).write_text(json.dumps(result.to_dict()))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -25,6 +25,7 @@ from softsyn.library import Library
 from softsyn.netlist import Netlist
 from softsyn.paths import GroupTiming, PathPoint, Scenario, TimingPath
 
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 RUN_CALL = "session.run"  # the pseudo-cell for the runtime's fixed per-call overhead
 STORED_PATHS = 10  # paths per group kept with their full point list (others keep endpoint figures only)
 
@@ -73,14 +74,36 @@ def timing_graph(netlist: Netlist) -> nx.DiGraph:
     return graph
 
 
-def cell_timings(netlist: Netlist, library: Library, shapes: dict) -> list[CellTiming]:
-    """Delay of every cell in execution order under one scenario's shapes."""
+def load_time_constants(netlist: Netlist) -> set[str]:
+    """Nodes whose inputs are all weights or other such nodes (Constant, Transpose of a weight...).
+
+    ONNX Runtime folds these into initializers when the session is created, so a run never pays for them.
+    """
+    folded: set[str] = set()
+    for node in netlist.nodes():
+        if node.op_type in NONDETERMINISTIC:
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        if all(v.is_initializer() or (v.producer() is not None and v.producer().name in folded) for v in inputs):
+            folded.add(node.name)
+    return folded
+
+
+def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None) -> list[CellTiming]:
+    """Delay of every cell in execution order under one scenario's shapes.
+
+    `annotation` (a softsyn.annotate.GroupAnnotation) replaces the library's delay, source "annot",
+    for every node it knows (0 s for nodes the runtime folded or fused away)."""
     cells = []
+    folded = load_time_constants(netlist)
     for node in netlist.nodes():
         work = node_work(node, shapes)
         precision = precision_of(node)
-        if node.op_type == "Constant":  # folded into an initializer when the session loads
-            delay, source = 0.0, "est"
+        annotated = annotation.delay(node.name) if annotation is not None else None
+        if annotated is not None:
+            delay, source = annotated, "annot"
+        elif node.name in folded:  # the runtime computes it once, when the session loads
+            delay, source = 0.0, "folded"
         else:
             delay, source = library.delay(node.op_type, precision, work.flops, work.bytes, work.sizes)
         cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source))
@@ -88,14 +111,17 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict) -> list[CellT
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup) -> GroupTiming:
+               group: PathGroup, annotation=None) -> GroupTiming:
+    """`annotation`: a softsyn.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
+    its residual replaces the library's run_overhead on the session.run row)."""
     shapes = netlist.bind(group.scenario.dims)
-    cells = cell_timings(netlist, library, shapes)
+    cells = cell_timings(netlist, library, shapes, annotation)
 
     port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name)) for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
     launch = port_arrival.get(launch_port, 0.0)
-    run_overhead = library.ceilings.run_overhead
+    ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
+    run_overhead = library.run_delay(ios)[0] if annotation is None else annotation.residual
 
     # Arrival at each cell: max(data predecessors, stream free) + delay; remember which one set the start.
     arrival: dict[str, float] = {name: port_arrival.get(name, 0.0) for name in (p.name for p in netlist.model.graph.inputs)}
@@ -130,17 +156,17 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     for path in paths[:STORED_PATHS]:
         driver = drivers[path.endpoint]
         path.points = _trace(driver.name if driver is not None else None, critical_pred, by_name, arrival,
-                             netlist, launch, run_overhead)
+                             netlist, launch, run_overhead, annotated=annotation is not None)
 
     return GroupTiming(
         name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
         critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
-        estimated_cells=sum(1 for c in cells if c.source == "est" and c.node.op_type != "Constant"),
+        estimated_cells=sum(1 for c in cells if c.source == "est"),
         total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells))
 
 
 def _trace(end: str | None, critical_pred, by_name, arrival, netlist: Netlist, launch: float,
-           run_overhead: float) -> list[PathPoint]:
+           run_overhead: float, annotated: bool = False) -> list[PathPoint]:
     """Walk back from the endpoint's driver along the predecessors that set each start time."""
     chain = []
     name = end
@@ -148,10 +174,12 @@ def _trace(end: str | None, critical_pred, by_name, arrival, netlist: Netlist, l
         chain.append(by_name[name])
         name = critical_pred.get(name)
     chain.reverse()
-    points = [PathPoint(name=RUN_CALL, cell="Run.overhead", incr=run_overhead, arrival=launch + run_overhead,
-                        source="est", hierarchy="", op_type="Run")]
+    # Back-annotated: the row carries the measured residual (host overhead, gaps, runtime-only nodes).
+    points = [PathPoint(name=RUN_CALL, cell="Run.residual" if annotated else "Run.overhead", incr=run_overhead,
+                        arrival=launch + run_overhead, source="annot" if annotated else "est", hierarchy="",
+                        op_type="Run")]
     for c in chain:
-        if c.node.op_type == "Constant":
+        if c.source == "folded":
             continue
         hierarchy = netlist.hierarchy(c.node)
         points.append(PathPoint(

@@ -17,6 +17,7 @@ from softsyn.cost import node_work
 from softsyn.design import Design
 from softsyn.frontends import read_design
 from softsyn.library import load_library
+from softsyn.timing import load_time_constants
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "constraints" / "guide-short.yaml"
@@ -53,9 +54,23 @@ def test_arrival_is_input_delay_plus_every_cell(tiny_analysis):
         assert path.slack == pytest.approx(path.required - path.arrival)
         # one stream: the logits path runs through every executed cell of the netlist
         assert path.endpoint == "logits"
-        executed = [n for n in design.netlist.nodes() if n.op_type != "Constant"]
+        folded = load_time_constants(design.netlist)
+        executed = [n for n in design.netlist.nodes() if n.name not in folded]
         assert len(path.points) == len(executed) + 1  # + the session.run overhead row
         assert all(p.source == "est" for p in path.points)
+
+
+def test_weight_only_subgraphs_are_folded_at_load(tiny):
+    """Constant and Transpose(weight) cost nothing per run: the runtime folds them when the session loads."""
+    x = ir.Value(name="x", shape=ir.Shape([4, 8]), type=ir.TensorType(ir.DataType.FLOAT))
+    w = ir.Value(name="w", shape=ir.Shape([8, 8]), type=ir.TensorType(ir.DataType.FLOAT),
+                 const_value=ir.tensor([[0.0] * 8] * 8, dtype=ir.DataType.FLOAT, name="w"))
+    transpose = ir.node("Transpose", [w], attributes={"perm": [1, 0]}, name="t")
+    matmul = ir.node("MatMul", [x, transpose.outputs[0]], name="mm")
+    graph = ir.Graph([x], matmul.outputs, nodes=[transpose, matmul], initializers=[w], opset_imports={"": 21})
+    from softsyn.netlist import Netlist
+
+    assert load_time_constants(Netlist(ir.Model(graph, ir_version=10), "toy")) == {"t"}
 
 
 def test_prefill_does_more_work_than_decode(tiny_analysis):

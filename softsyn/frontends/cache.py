@@ -73,6 +73,7 @@ def save_entry(nl: Netlist, entry: Path) -> Netlist:
     entry.parent.mkdir(parents=True, exist_ok=True)
     nl.store_meta()
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
+    os.chmod(tmp, 0o755)
     try:
         path = tmp / MODEL_FILE
         if _has_materialised(nl.model):

@@ -143,6 +143,11 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     if optimize is None:
         optimize = not meta
 
+    import inspect
+
+    # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated)
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     class DecoderWithCache(torch.nn.Module):
         def __init__(self, m):
             super().__init__()
@@ -152,12 +157,9 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
             cache = DynamicCache(config=self.m.config)
             for i in range(len(past_kv) // 2):
                 cache.update(past_kv[2 * i], past_kv[2 * i + 1], i)
+            kw = {cache_kw: cache}
             out = self.m(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kw
             )
             present = out.past_key_values
             flat = [out.logits]

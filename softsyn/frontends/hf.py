@@ -164,7 +164,15 @@ def load_transformers_design(
         torch.manual_seed(0)
         model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
     else:
-        model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
     model.eval()
     if moe and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(EXPERTS_IMPL)

@@ -1,0 +1,186 @@
+"""Correlation: analyze + signoff over the zoo; predicted vs measured per model and path group.
+
+    python bench/correlation.py                       # CPU: tiny zoo + MiniLM, ORT CPU provider
+    python bench/correlation.py --provider cuda       # GPU: qwen3-0.6b/1.7b/8b fp16, ORT CUDA provider
+    python bench/correlation.py --models qwen3-tiny --runs 50
+
+For each model: writes constraints with one path group per scenario (clocks left loose: this
+measures correlation, not closure), runs the analysis (`softsyn analyze -o`), then `softsyn
+signoff` on it, and prints predicted (arrival - input delay), measured (median of RUNS warm
+run_with_iobinding calls, inputs and outputs bound on the device; h200.md's method), p90 and
+error = (predicted - measured) / measured, then the median and worst |error| per model and
+overall. Results go to bench/results/correlation-<provider>-<date>.md (with the command,
+versions and device); each model's analyze/signoff directory stays under --work.
+
+GPU: the real-size zoo models are exported with seeded random fp16 weights (read_design(...,
+materialize=True)); that needs RAM for the weights (16 GB for the 8B) and the export takes minutes.
+The target library there is h200-ort-cuda. Per-node profiles on CUDA run with CUDA_LAUNCH_BLOCKING=1.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DECODER_CPU = {
+    "prefill16": {"kind": "prefill", "dims": {"batch": 1, "seq": 16, "past": 0}},
+    "prefill128": {"kind": "prefill", "dims": {"batch": 1, "seq": 128, "past": 0}},
+    "prefill128b4": {"kind": "prefill", "dims": {"batch": 4, "seq": 128, "past": 0}},
+    "decode128": {"kind": "decode", "dims": {"batch": 1, "seq": 1, "past": 128}},
+    "decode512": {"kind": "decode", "dims": {"batch": 1, "seq": 1, "past": 512}},
+    "decode512b4": {"kind": "decode", "dims": {"batch": 4, "seq": 1, "past": 512}},
+}
+ENCODER_CPU = {
+    "enc16": {"kind": "encoder", "dims": {"batch": 1, "seq": 16}},
+    "enc128": {"kind": "encoder", "dims": {"batch": 1, "seq": 128}},
+    "enc128b4": {"kind": "encoder", "dims": {"batch": 4, "seq": 128}},
+}
+DECODER_GPU = {
+    "prefill512": {"kind": "prefill", "dims": {"batch": 1, "seq": 512, "past": 0}},
+    "decode512": {"kind": "decode", "dims": {"batch": 1, "seq": 1, "past": 512}},
+    "decode4096": {"kind": "decode", "dims": {"batch": 1, "seq": 1, "past": 4096}},
+}
+PLANS = {
+    "cpu": {"target": "cpu-ort", "models": {"qwen3-tiny": DECODER_CPU, "llama-tiny": DECODER_CPU,
+                                            "qwen3-moe-tiny": DECODER_CPU, "minilm": ENCODER_CPU}},
+    "cuda": {"target": "h200-ort-cuda", "models": {"qwen3-0.6b": DECODER_GPU, "qwen3-1.7b": DECODER_GPU,
+                                                   "qwen3-8b": DECODER_GPU}},
+}
+
+
+def constraints_yaml(target: str, groups: dict) -> str:
+    lines = [f"target: {target}", "input_delay: 1ms", "output_delay: 0ms", "path_groups:"]
+    for name, g in groups.items():
+        dims = ", ".join(f"{k}: {v}" for k, v in g["dims"].items())
+        lines += [f"  {name}:", f"    kind: {g['kind']}", "    clock_period: 100s", f"    dims: {{{dims}}}"]
+    return "\n".join(lines) + "\n"
+
+
+def analyze_dir(spec: str, constraints: Path, out: Path, materialize: bool) -> None:
+    """What `softsyn analyze SPEC -c CONSTRAINTS -o OUT [--materialize]` writes."""
+    from softsyn.design import Design
+    from softsyn.reports import write_reports
+    from softsyn.reports.common import write_atomic
+    from softsyn.signoff import DESIGN_FILE, design_record
+
+    design = Design.load(spec, constraints, progress=True, materialize=materialize)
+    analysis = design.analyze()
+    write_reports(analysis, out)
+    record = design_record(spec, str(constraints), None, None, {}, None, design.netlist, design.library.name,
+                           materialize)
+    write_atomic(out / DESIGN_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def _versions() -> str:
+    out = []
+    for pkg in ("softsyn", "onnxruntime-gpu", "onnxruntime", "torch", "transformers", "onnx", "onnxscript"):
+        try:
+            out.append(f"{pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--models", nargs="*", help="subset of the plan's models")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "softsyn-correlation",
+                        help="analyze/signoff directories (default $TMPDIR/softsyn-correlation)")
+    parser.add_argument("-o", "--output", type=Path, help="results file (default bench/results/correlation-PROVIDER-DATE.md)")
+    args = parser.parse_args()
+
+    from softsyn.errors import SoftsynError
+    from softsyn.measure import device_name
+    from softsyn.reports import report_signoff
+    from softsyn.signoff import signoff, write_results
+
+    plan = PLANS[args.provider]
+    models = args.models or list(plan["models"])
+    started = datetime.datetime.now().astimezone()
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows, failures = [], []
+    for model in models:
+        groups = plan["models"].get(model) or (DECODER_GPU if args.provider == "cuda" else DECODER_CPU)
+        out = args.work / f"{model}-{args.provider}"
+        out.mkdir(parents=True, exist_ok=True)
+        cons = out / "constraints.yaml"
+        cons.write_text(constraints_yaml(plan["target"], groups))
+        t0 = time.perf_counter()
+        try:
+            analyze_dir(f"zoo:{model}", cons, out, materialize=args.provider == "cuda")
+            result = signoff(out, provider=args.provider, runs=args.runs, warmup=args.warmup)
+        except SoftsynError as exc:
+            print(f"{model}: {exc}", file=sys.stderr)
+            failures.append((model, str(exc)))
+            continue
+        write_results(result, out, report_signoff(result))
+        for g in result.groups:
+            rows.append({"model": model, "group": g.name, "dims": g.dims, "predicted": g.predicted,
+                         "measured": g.measured_median, "p90": g.measured_p90, "error": g.error,
+                         "kernels": g.kernel_sum, "residual": g.residual, "scale": g.kernel_scale})
+        print(f"[bench] {model}: {len(result.groups)} groups in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    lines = table(rows)
+    device = device_name(args.provider)
+    head = [f"# Correlation, {args.provider}: softsyn analyze (library {plan['target']}) vs signoff", "",
+            f"- date: {started.isoformat(timespec='seconds')}",
+            f"- command: `{command}`",
+            f"- device: {device}; provider {'CUDAExecutionProvider' if args.provider == 'cuda' else 'CPUExecutionProvider'}",
+            f"- versions: {_versions()}; Python {platform.python_version()}",
+            f"- runs: {args.runs} timed after {args.warmup} warm-up, median; profile 10 runs per group",
+            "- predicted: arrival at the worst endpoint minus the input delay (session.run overhead + every cell)",
+            "- measured: one run_with_iobinding call, inputs/outputs bound on the device, wall clock, median",
+            "- error: (predicted - measured) / measured; negative = the analysis is optimistic",
+            "- kernels / residual: the signoff's split of the measured run (profiled kernel times less the calibrated "
+            "profiler cost; residual = host overhead, gaps, runtime-only nodes)"]
+    if load is not None:
+        head.append(f"- load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
+                    + (" (shared machine: timings are noisy)" if load[0] > 0.5 else ""))
+    text = "\n".join(head + [""] + lines)
+    if failures:
+        text += "\n\nFailed:\n" + "\n".join(f"- {m}: {e}" for m, e in failures)
+    print(text)
+    output = args.output or ROOT / "bench" / "results" / f"correlation-{args.provider}-{started.date()}.md"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text + "\n")
+    print(f"[bench] wrote {output}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| model | group | scenario | predicted ms | measured ms | p90 ms | error | kernels ms | residual ms |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        dims = ", ".join(f"{k} {v}" for k, v in r["dims"].items())
+        lines.append(f"| {r['model']} | {r['group']} | {dims} | {r['predicted'] * 1e3:.3f} | {r['measured'] * 1e3:.3f} "
+                     f"| {r['p90'] * 1e3:.3f} | {r['error'] * 100:+.1f}% | {r['kernels'] * 1e3:.3f} | "
+                     f"{r['residual'] * 1e3:.3f}{' (scaled)' if r['scale'] < 1 else ''} |")
+    lines += ["", "| model | groups | median abs error | worst error (group) |", "|---|---:|---:|---|"]
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    for model, rs in list(by_model.items()) + ([("all", rows)] if rows else []):
+        worst = max(rs, key=lambda r: abs(r["error"]))
+        lines.append(f"| {model} | {len(rs)} | {statistics.median(abs(r['error']) for r in rs) * 100:.1f}% | "
+                     f"{worst['error'] * 100:+.1f}% ({worst['model'] + ' ' if model == 'all' else ''}{worst['group']}) |")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""report_signoff: predicted (analysis) vs measured (runtime) per path group, op type and cell.
+
+Renders a softsyn.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
+banner, what was measured, one line per group (predicted, measured, error, both slacks), then per
+group the measured breakdown, the op types and the cells with the largest error, and for each
+violated group the cells responsible.
+"""
+from __future__ import annotations
+
+from softsyn.reports.common import BANNER_RULE, INDENT, fpercent, ftime, is_unconstrained
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{x * 100:+.1f}%"
+
+
+def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> str:
+    t = lambda s: ftime(s, unit, digits)  # noqa: E731
+    out = [BANNER_RULE, "Report : signoff", f"        -provider {result.provider} -runs {result.runs} -warmup {result.warmup}",
+           f"Design : {result.design} ({result.kind} output {result.directory})",
+           f"Library: {result.library}" + (f" ({result.library_source})" if result.library_source else ""),
+           f"Runtime: {result.runtime} {result.provider} on {result.device}",
+           f"Model  : {result.model}",
+           f"Date   : {result.date}", BANNER_RULE, ""]
+    out += [f"{INDENT}Measured : {result.measured_interval}; median of {result.runs} warm runs after "
+            f"{result.warmup} warm-up runs.",
+            f"{INDENT}Predicted: {result.predicted_means}.",
+            f"{INDENT}Compared : predicted vs measured median; slack = required - input delay - time "
+            "(the input delay is charged to both).",
+            f"{INDENT}Cells    : profiler kernel times (" + (
+                "kernel wall time" if result.node_time == "kernel" else
+                "host-side launch times: CUDA kernels are asynchronous, so per-cell figures are NOT GPU times") +
+            ") in a separate profiled session; the session.run row carries the residual "
+            "(measured - sum of kernels: host overhead, gaps, synchronisation, runtime-only nodes).",
+            f"{INDENT}Error    : {result.error_means}.", ""]
+    head = (f"{INDENT}{'Group':<10} {'Scenario':<30} {'Budget':>9} {'Predicted':>10} {'Measured':>10} {'p90':>9} "
+            f"{'Error':>8} {'Slack pred':>11} {'Slack meas':>11}  Status")
+    out += [head, INDENT + "-" * (len(head) - len(INDENT))]
+    for g in result.groups:
+        dims = ", ".join(f"{k} {v}" for k, v in g.dims.items())
+        unconstrained = is_unconstrained(g.budget)
+        status = "unconstrained" if unconstrained else (
+            "VIOLATED" if g.violated else "MET") + (" (predicted MET)" if g.violated and g.predicted_slack >= 0 else "")
+        out.append(f"{INDENT}{g.name:<10} {dims:<30} {t(g.budget):>9} {t(g.predicted):>10} {t(g.measured_median):>10} "
+                   f"{t(g.measured_p90):>9} {_pct(g.error):>8} {t(g.predicted_slack):>11} {t(g.measured_slack):>11}  "
+                   f"{status}")
+    out.append(f"{INDENT}(times in {unit})")
+    for g in result.groups:
+        c = g.counts
+        out += ["", f"{INDENT}Path Group '{g.name}': {g.description}", INDENT + "-" * 60,
+                f"{INDENT}Measured {t(g.measured_median)} {unit} (p10 {t(g.measured_p10)}, p90 {t(g.measured_p90)}, "
+                f"{g.runs} runs) = kernels {t(g.kernel_sum)} + residual {t(g.residual)} {unit}",
+                f"{INDENT}Profiled session: model_run {t(g.profiler_run)} {unit}; profiler cost "
+                f"{g.profiler_overhead * 1e6:.2f} us per kernel (calibrated) subtracted from each kernel time",
+                *([f"{INDENT}Kernel times scaled by {g.kernel_scale:.3f}: the profiled kernels summed to more than the "
+                   "timed run (separate sessions on a busy machine); the residual is 0"] if g.kernel_scale < 1 else []),
+                f"{INDENT}Predicted {t(g.predicted)} {unit} = session.run {t(g.predicted_overhead)} + cells "
+                f"{t(g.predicted - g.predicted_overhead)} {unit}",
+                f"{INDENT}Runtime graph: {c['profiled']} kernels profiled; netlist cells matched {c['exact']} by name, "
+                f"{c['fused-anchor']} as fusion anchors, {c['absorbed']} absorbed (folded/fused: 0 s), "
+                f"{c['constant']} constants; {c['runtime-only']} runtime-only kernels (in the residual)",
+                "", f"{INDENT}By op type (largest |measured - predicted| first)",
+                f"{INDENT}{'Op':<26} {'Cells':>6} {'Predicted':>10} {'Measured':>10} {'Delta':>10} {'Error':>8}"]
+        for o in g.by_op[:top]:
+            err = (o.predicted - o.measured) / o.measured if o.measured else float("nan")
+            out.append(f"{INDENT}{o.op_type:<26} {o.cells:>6} {t(o.predicted):>10} {t(o.measured):>10} "
+                       f"{t(o.measured - o.predicted):>10} {_pct(err):>8}")
+        out += ["", f"{INDENT}Cells with the largest error (by instance)",
+                f"{INDENT}{'Instance':<58} {'Op':<14} {'Pred':>8} {'Meas':>8} {'Delta':>8}  Match"]
+        for r in g.cells[:top]:
+            name = r.instance if len(r.instance) <= 58 else "..." + r.instance[-55:]
+            match = r.match + (f" ({r.runtime_op})" if r.runtime_op and r.runtime_op != r.op_type else "")
+            out.append(f"{INDENT}{name:<58} {r.op_type:<14} {t(r.predicted):>8} {t(r.measured):>8} "
+                       f"{t(r.delta):>8}  {match} [{r.source}]")
+        if g.violated:
+            over = g.measured_median - g.budget
+            out += ["", f"{INDENT}VIOLATED: '{g.name}' measured {t(g.measured_median)} {unit} against a budget of "
+                    f"{t(g.budget)} {unit} (slack {t(g.measured_slack)} {unit}); the analysis predicted "
+                    f"{t(g.predicted)} {unit} (slack {t(g.predicted_slack)} {unit}).",
+                    f"{INDENT}Cells responsible (measured - predicted, largest first; {t(over)} {unit} over budget):"]
+            for r in g.responsible():
+                out.append(f"{INDENT}  {r.instance}  {r.op_type}  +{t(r.delta)} {unit}"
+                           f" ({fpercent(r.delta / g.measured_median)} of the run)")
+    if result.notes:
+        out += [""] + [f"{INDENT}Note: {n}" for n in result.notes]
+    out += ["", f"{INDENT}Back-annotation: {result.annotation_file}",
+            f"{INDENT}  re-time with it: softsyn analyze MODEL -c CONSTRAINTS --annotate {result.annotation_file}"]
+    violated = [g.name for g in result.groups if g.violated]
+    out += ["", f"{INDENT}signoff: " + (f"VIOLATED ({', '.join(violated)})" if violated else "all groups MET")]
+    return "\n".join(line.rstrip() for line in out) + "\n"

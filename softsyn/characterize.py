@@ -1,0 +1,474 @@
+"""`softsyn characterize`: measure a library's delay tables on the real runtime and device.
+
+For every cell kind the provider runs (softsyn.cells), build a small ONNX graph per grid point, time
+it warm with inputs and outputs bound on the device (IO binding: OrtValues on "cpu" or "cuda"), and
+write the cell's delay table with its index axes. Method per point:
+
+- The graph holds `copies` independent instances of the op (own weights, same inputs, own bound
+  outputs). The per-node delay is (T(N copies) - T(1 copy)) / (N - 1), timed interleaved sample by
+  sample (drift on a shared machine cancels), median of the samples; a point whose single node is
+  already long (>= LONG x the run overhead) is timed with one copy and the run overhead subtracted.
+- Precisions are recorded only where the provider computes in them: on CPU the optimised graph must
+  not gain Casts (ORT's InsertCastTransformer runs fp16 in fp32), on CUDA the session is created
+  with `session.disable_cpu_ep_fallback` (a node that would run on the CPU fails the cell).
+  Cells that do not run are listed in the header's `not_characterised` with the reason.
+- Interpolation error is measured, not assumed: every cell also measures hold-out points (the
+  geometric midpoints between grid points: along each axis for 1-3-axis tables, plus cell centres)
+  and records the table's own log-log interpolation error against them (`holdout`: median and max
+  |interpolated - measured| / measured, %); the header's `interpolation_error` pools all cells.
+- Resumable: cells already in the output file (and cells recorded as not characterised) are skipped;
+  the file is rewritten atomically (validated by softsyn.library.parse_library first) after each cell.
+- The `Run` cell: the fixed cost of one run call vs the number of graph inputs + outputs (`ios`),
+  measured the way a user runs: `session.run` with numpy feeds on CPU, `run_with_iobinding` on CUDA.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from softsyn import cells as C
+from softsyn.errors import SoftsynError
+
+PLANS = ("cpu", "cuda")
+LONG = 40.0  # a point whose one-copy run exceeds LONG x run overhead is timed with one copy
+# per-provider measurement settings: (quick, full)
+SETTINGS = {
+    "cpu": {"copies": (64, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (9, 25)),
+            "point_budget": (0.10, 0.6), "cell_cap": (6.0, 40.0), "weight_cap": 64 << 20},
+    "cuda": {"copies": (32, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (7, 15)),
+             "point_budget": (0.08, 0.25), "cell_cap": (5.0, 25.0), "weight_cap": 4 << 30},
+}
+
+
+def _log(progress: bool, msg: str, end: str = "\n") -> None:
+    if not progress:
+        return
+    if msg.startswith("\r") or end == "":  # a progress-bar update: only on a terminal
+        if sys.stderr.isatty():
+            print(msg, file=sys.stderr, end=end, flush=True)
+        return
+    if sys.stderr.isatty():
+        msg = "\r\033[K" + msg
+    print(msg, file=sys.stderr, end=end, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ sessions
+
+def _session(model, provider: str, optimized_path: str | None = None):
+    from softsyn.ceilings import _session as ceil_session
+    return ceil_session(model, provider, optimized_path=optimized_path)
+
+
+def _ortvalue(arr, elem: int, device: str):
+    import onnxruntime as ort
+    if isinstance(arr, tuple):  # any contents: allocated on the device
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(arr), elem, device, 0)
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, 0)
+
+
+class Runner:
+    """A session on one cell graph with every input and output bound on the device."""
+
+    def __init__(self, graph: "C.Graph", provider: str):
+        import onnxruntime as ort
+        self.model = C.make_model(graph)
+        self.sess = _session(self.model, provider)
+        device = "cuda" if provider == "cuda" else "cpu"
+        self.io = self.sess.io_binding()
+        self._keep = []
+        for name, (elem, arr) in graph.inputs.items():
+            dev = "cpu" if name in graph.cpu_inputs else device
+            v = _ortvalue(arr, elem, dev)
+            self._keep.append(v)
+            self.io.bind_ortvalue_input(name, v)
+        # output shapes from one plain run (numpy feeds, not timed), or where an input has no numpy form
+        # (bf16, device-only weights) from one run with ORT-allocated outputs; then preallocated and bound
+        if all(not isinstance(a, tuple) for _, a in graph.inputs.values()):
+            outs = self.sess.run([n for n, _ in graph.outputs], {n: a for n, (_, a) in graph.inputs.items()})
+            shapes = {name: np.shape(v) for (name, _), v in zip(graph.outputs, outs)}
+        else:
+            for name, _ in graph.outputs:
+                self.io.bind_output(name, device)
+            self.sess.run_with_iobinding(self.io)
+            shapes = {name: tuple(v.shape()) for (name, _), v in zip(graph.outputs, self.io.get_outputs())}
+            self.io.clear_binding_outputs()
+        for name, elem in graph.outputs:
+            v = C_ort_empty(shapes[name], elem, device)
+            self._keep.append(v)
+            self.io.bind_ortvalue_output(name, v)
+        self.ro = ort.RunOptions()
+
+    def __call__(self):
+        self.sess.run_with_iobinding(self.io, self.ro)
+
+
+def C_ort_empty(shape, elem, device):
+    import onnxruntime as ort
+    return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, device, 0)
+
+
+def _time_pair(fns: dict, samples: int, inner: int) -> dict:
+    """Median seconds per call of each callable, alternating them sample by sample."""
+    per = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(samples):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            per[k].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _graph_bytes(g: "C.Graph") -> int:
+    from onnx import numpy_helper
+    total = 0
+    for t in g.inits:
+        total += len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
+    for elem, arr in g.inputs.values():
+        total += (math.prod(arr) * 2) if isinstance(arr, tuple) else arr.nbytes
+    return total
+
+
+def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: float, budget: float,
+                  quick: bool) -> float:
+    """Per-node delay (s) of `kind` at `sizes`."""
+    st = SETTINGS[ctx.provider]
+    q = 0 if quick else 1
+    one = Runner(kind.build(sizes, 1, ctx), ctx.provider)
+    one()
+    t0 = time.perf_counter()
+    one()
+    t1 = time.perf_counter() - t0
+    per_copy = _graph_bytes(kind.build(sizes, 1, ctx)) if t1 < LONG * run_overhead else 0
+    # many copies for tiny nodes (their delay must stand well above the run-to-run noise), few for big ones
+    copies = st["copies"][q]
+    for bound, n in ((20 * run_overhead, copies), (100 * run_overhead, 16), (math.inf, 4)):
+        if t1 < bound:
+            copies = min(copies, n)
+            break
+    if per_copy:
+        copies = max(1, min(copies, st["weight_cap"] // max(per_copy, 1)))
+    lo, hi = st["samples"][q]
+    if t1 >= LONG * run_overhead or copies < 2:
+        inner = max(1, int(st["min_sample"][q] / max(t1, 1e-7)))
+        samples = int(max(lo, min(hi, budget / max(inner * t1, 1e-7))))
+        t = _time_pair({"one": one}, samples, inner)["one"]
+        return max(t - run_overhead, 1e-9)
+    many = Runner(kind.build(sizes, copies, ctx), ctx.provider)
+    many()
+    t0 = time.perf_counter()
+    many()
+    tn = time.perf_counter() - t0
+    inner = max(1, int(st["min_sample"][q] / max(tn, 1e-7)))
+    samples = int(max(lo, min(hi, budget / max(inner * (t1 + tn), 1e-7))))
+    med = _time_pair({"one": one, "many": many}, samples, inner)
+    d = (med["many"] - med["one"]) / (copies - 1)
+    if d <= 0:  # noise swamped a tiny op: fall back on the one-copy figure minus the run overhead
+        d = max(med["one"] - run_overhead, 1e-9)
+    return d
+
+
+# ------------------------------------------------------------------------------------------ grids
+
+def _grid_points(grids: list[list[float]]) -> list[tuple]:
+    import itertools
+    return list(itertools.product(*grids))
+
+
+def holdout_points(grids: list[list[float]], limit: int) -> list[tuple]:
+    """Geometric midpoints: along each axis (other axes on grid points) and cell centres, deduplicated."""
+    import itertools
+    mids = [[C.geometric_mid(a, b) for a, b in zip(g, g[1:])] for g in grids]
+    pts: list[tuple] = []
+    for a, m in enumerate(mids):
+        for v in m:
+            if v in grids[a]:
+                continue
+            others = [g for g in grids]
+            others[a] = [v]
+            pts.extend(itertools.product(*others))
+    if all(mids):
+        pts.extend(itertools.product(*[[v for v in m] for m in mids]))
+    seen, out = set(), []
+    for p in pts:
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    if len(out) > limit:  # spread the kept ones over the list (deterministic)
+        step = len(out) / limit
+        out = [out[int(i * step)] for i in range(limit)]
+    return out
+
+
+def _in_computes(kind: "C.CellKind", ctx: "C.Ctx") -> str | None:
+    """None if the provider runs the cell natively, else why not."""
+    import onnx
+    sizes = {a: g[0] for a, g in zip(kind.axes, kind.grids[_plan(ctx.provider, True)])}
+    graph = kind.build(sizes, 1, ctx)
+    model = C.make_model(graph)
+    try:
+        if ctx.provider == "cpu":
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "opt.onnx")
+                _session(model, "cpu", optimized_path=path)
+                before = sum(n.op_type == "Cast" for n in model.graph.node)
+                after = [n.op_type for n in onnx.load(path).graph.node]
+            if sum(op == "Cast" for op in after) > before:
+                return f"runs only through inserted Casts ({' -> '.join(after[:6])}): no {kind.precision} kernel"
+        Runner(graph, ctx.provider)()
+    except SoftsynError:
+        raise
+    except Exception as e:  # noqa: BLE001 - NOT_IMPLEMENTED, fallback refused, ...
+        return "does not run: " + (str(e).strip().splitlines() or ["?"])[0][:200]
+    return None
+
+
+def _plan(provider: str, quick: bool) -> str:
+    return provider + ("-quick" if quick else "")
+
+
+# ------------------------------------------------------------------------------------------ YAML
+
+def _num(v) -> str:
+    from softsyn.ceilings import _num as n
+    return n(v)
+
+
+def _flow(v) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_flow(x) for x in v) + "]"
+    if isinstance(v, float):
+        return _num(v) if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6)) else repr(v)
+    return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def _nest(flat: list[float], shape: list[int]):
+    if len(shape) == 1:
+        return list(flat)
+    step = len(flat) // shape[0]
+    return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def render(lib: dict) -> str:
+    from softsyn.ceilings import render_library_yaml
+    head = render_library_yaml({**lib, "cells": []}).rstrip("\n").splitlines()
+    head = [h for h in head if not h.startswith("cells:")]
+    head[0] = (f"# softsyn target library: {lib['library']}. Ceilings by softsyn.ceilings, delay tables by "
+               "softsyn characterize (see softsyn/characterize.py for the methods).")
+    out = head
+    for k in ("characterization", "interpolation_error", "not_characterised"):
+        if k in lib:
+            out.append(f"{k}:")
+            for kk, vv in lib[k].items():
+                out.append(f"  {kk}: {_flow(vv)}")
+    out.append("cells:")
+    for c in lib["cells"]:
+        out.append(f"  - op: {c['op']}")
+        for k in ("precision", "implementation", "axes", "points", "delays", "bytes_per_weight", "error", "scale",
+                  "notes"):
+            if k in c and c[k] is not None or k in ("error",):
+                out.append(f"    {k}: {_flow(c.get(k))}")
+        if "holdout" in c:
+            h = c["holdout"]
+            out.append("    holdout:")
+            for k in ("median_pct", "max_pct", "points", "measured", "interpolated"):
+                out.append(f"      {k}: {_flow(h[k])}")
+        if "measured" in c:
+            out.append(f"    measured: {_flow(c['measured'])}")
+    return "\n".join(out) + "\n"
+
+
+def _write(lib: dict, path: Path) -> None:
+    from softsyn.library import parse_library
+    text = render(lib)
+    parse_library(text, path)  # what we write must load
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _pool_errors(lib: dict) -> dict:
+    errs = []
+    for c in lib["cells"]:
+        h = c.get("holdout")
+        if h and h["points"]:
+            errs += [abs(i - m) / m * 100 for i, m in zip(h["interpolated"], h["measured"])]
+    if not errs:
+        return {"median_pct": None, "max_pct": None, "points": 0}
+    return {"median_pct": round(statistics.median(errs), 1), "max_pct": round(max(errs), 1), "points": len(errs),
+            "method": "held-out geometric midpoints between grid points, measured like grid points; "
+                      "|log-log interpolated - measured| / measured"}
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def characterize(provider: str, output: str | os.PathLike, cells: str | None = None, quick: bool = False,
+                 progress: bool = True, command: str | None = None, note: str | None = None,
+                 holdout_limit: int | None = None) -> dict:
+    """Characterise `provider` into `output` (resuming it if it exists); returns the library dict."""
+    from softsyn.ceilings import measure_ceilings
+    from softsyn.library import Cell
+
+    if provider not in PLANS:
+        raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PLANS)}")
+    path = Path(output)
+    plan = _plan(provider, quick)
+    q = 0 if quick else 1
+    started = time.perf_counter()
+    if path.exists():
+        lib = yaml.safe_load(path.read_text())
+        if not isinstance(lib, dict) or "ceilings" not in lib:
+            raise SoftsynError(f"{path}: exists and is not a library; choose another -o FILE")
+        if str(lib.get("provider")) != {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[provider]:
+            raise SoftsynError(f"{path}: is a library for {lib.get('provider')}, not --provider {provider}")
+        lib.setdefault("notes", {})
+        lib["cells"] = lib.get("cells") or []
+        _log(progress, f"[characterize] resuming {path}: {len(lib['cells'])} cells already measured")
+    else:
+        _log(progress, f"[characterize] measuring ceilings ({provider}{', quick' if quick else ''}) ...")
+        lib = measure_ceilings(provider, quick=quick, progress=progress,
+                               name="cpu-ort" if provider == "cpu" else "h200-ort-cuda", command=command)
+        lib["cells"] = []
+    import onnxruntime as ort
+    lib["command"] = command or lib.get("command")
+    lib.setdefault("characterization", {})
+    ch = lib["characterization"]
+    ch.update({"plan": plan, "date": _dt.date.today().isoformat(), "onnxruntime": ort.__version__})
+    if note:
+        ch["status"] = note
+    ch.setdefault("method", "per-node delay = (T(N copies) - T(1)) / (N - 1), IO bound on the device, "
+                  "interleaved samples, median; long nodes: T(1) - run overhead")
+    lib.setdefault("not_characterised", {})
+    done = {(c["op"], str(c["precision"]), str(c.get("implementation", ""))) for c in lib["cells"]}
+
+    ctx = C.Ctx(provider=provider, row=256 if provider == "cpu" else 1024, head_dim=32 if provider == "cpu" else 128,
+                act="fp32" if provider == "cpu" else "fp16")
+    run_overhead = float(lib["ceilings"]["run_overhead"])
+    kinds = [k for k in C.cell_kinds() if provider in k.providers]
+    kinds.append(None)  # the Run cell
+    if cells:
+        pats = [p.strip() for p in cells.split(",") if p.strip()]
+        kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
+                                         or fnmatchcase_op(k, p) for p in pats)]
+    order = {(k.op, k.precision, k.implementation(provider)) if k else ("Run", "fp32", f"ort-{provider}"): i
+             for i, k in enumerate([k for k in C.cell_kinds() if provider in k.providers] + [None])}
+    total = len(kinds)
+    limit = holdout_limit or (6 if quick else 24)
+    st = SETTINGS[provider]
+    for idx, kind in enumerate(kinds, 1):
+        impl = kind.implementation(provider) if kind else f"ort-{provider}"
+        op, prec = (kind.op, kind.precision) if kind else ("Run", "fp32")
+        key = f"{op}.{prec}.{impl}"
+        if (op, prec, impl) in done or key in lib["not_characterised"]:
+            _log(progress, f"[characterize] {idx:>3}/{total} {key}: already in {path.name}, skipped")
+            continue
+        t_cell = time.perf_counter()
+        if kind is None:
+            entry = _run_cell(provider, plan, lib)
+        else:
+            ctx.precision = kind.precision
+            why = _in_computes(kind, ctx)
+            if why:
+                lib["not_characterised"][key] = why
+                _log(progress, f"[characterize] {idx:>3}/{total} {key}: not characterised: {why[:100]}")
+                _write(lib, path)
+                continue
+            grids = kind.grids[plan]
+            pts = _grid_points(grids)
+            hold = holdout_points(grids, limit)
+            budget = st["point_budget"][q]
+            cap = st["cell_cap"][q]
+            values, hvalues = [], []
+            allpts = [(p, False) for p in pts] + [(p, True) for p in hold]
+            for j, (p, is_hold) in enumerate(allpts):
+                remaining = cap - (time.perf_counter() - t_cell)
+                b = max(0.02, min(budget, remaining / max(1, len(allpts) - j)))
+                sizes = dict(zip(kind.axes, p))
+                (hvalues if is_hold else values).append(measure_point(kind, sizes, ctx, run_overhead, b, quick))
+                _log(progress, f"\r[characterize] {idx:>3}/{total} {key}: point {j + 1}/{len(allpts)} "
+                     f"{time.perf_counter() - started:6.0f} s", end="")
+            entry = {"op": kind.op, "precision": kind.precision, "implementation": impl, "axes": list(kind.axes),
+                     "points": [[int(v) for v in g] for g in grids],
+                     "delays": _nest(values, [len(g) for g in grids]),
+                     "bytes_per_weight": kind.bytes_per_weight, "error": None}
+            if kind.scale:
+                entry["scale"] = {k: (v if v is not None else ctx.head_dim) for k, v in kind.scale.items()}
+            entry["notes"] = kind.notes or None
+            cell = Cell(op=entry["op"], precision=entry["precision"], implementation=impl, axes=entry["axes"],
+                        points=[[float(v) for v in g] for g in grids], delays=entry["delays"], _flat=list(values))
+            interp = [cell.lookup(dict(zip(kind.axes, p)))[0] for p in hold]
+            errs = [abs(i - m) / m * 100 for i, m in zip(interp, hvalues)]
+            entry["holdout"] = {"median_pct": round(statistics.median(errs), 1) if errs else None,
+                                "max_pct": round(max(errs), 1) if errs else None,
+                                "points": [[int(v) for v in p] for p in hold], "measured": hvalues,
+                                "interpolated": interp}
+        entry["measured"] = {"seconds": round(time.perf_counter() - t_cell, 1)}
+        lib["cells"] = sorted(lib["cells"] + [entry], key=lambda c: order.get(
+            (c["op"], str(c["precision"]), str(c.get("implementation", ""))), 10_000))
+        lib["interpolation_error"] = _pool_errors(lib)
+        ch["elapsed_s"] = round(float(ch.get("elapsed_s", 0)) + time.perf_counter() - t_cell, 1)
+        _write(lib, path)
+        h = entry.get("holdout", {})
+        _log(progress, f"[characterize] {idx:>3}/{total} {key}: {time.perf_counter() - t_cell:.1f} s"
+             + (f", hold-out error median {h.get('median_pct')}% max {h.get('max_pct')}%" if h else ""))
+    e = lib.get("interpolation_error", {})
+    _log(progress, f"[characterize] done in {time.perf_counter() - started:.0f} s: {len(lib['cells'])} cells, "
+         f"interpolation error median {e.get('median_pct')}% max {e.get('max_pct')}% over {e.get('points')} "
+         f"held-out points -> {path}")
+    return lib
+
+
+def fnmatchcase_op(kind, pattern: str) -> bool:
+    name = kind.op if kind else "Run"
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _run_cell(provider: str, plan: str, lib: dict) -> dict:
+    """Fixed cost of one run call vs ios = graph inputs + outputs ([1, 8] fp32 Identity per pair)."""
+    from onnx import helper
+    grid = C.run_cell_grid(plan)[0]
+    launch = float(lib["ceilings"]["launch_overhead"])
+    delays = []
+    for ios in grid:
+        pairs = max(1, ios // 2)
+        nodes = [helper.make_node("Identity", [f"x{i}"], [f"y{i}"], name=f"id{i}") for i in range(pairs)]
+        g = C.Graph(nodes, {f"x{i}": (C.FLOAT, np.ones((1, 8), np.float32)) for i in range(pairs)},
+                    [(f"y{i}", C.FLOAT) for i in range(pairs)])
+        if provider == "cpu":
+            sess = _session(C.make_model(g), "cpu")
+            feeds = {f"x{i}": np.ones((1, 8), np.float32) for i in range(pairs)}
+            fn = lambda s=sess, f=feeds: s.run(None, f)  # noqa: E731
+        else:
+            fn = Runner(g, provider)
+        t = _time_pair({"r": fn}, 15, 50)["r"]
+        delays.append(max(t - pairs * launch, 1e-9))
+    return {"op": "Run", "precision": "fp32", "implementation": f"ort-{provider}", "axes": ["ios"],
+            "points": [grid], "delays": delays, "bytes_per_weight": None, "error": None,
+            "notes": ("one " + ("session.run with numpy feeds" if provider == "cpu" else "run_with_iobinding")
+                      + " call vs graph inputs + outputs, minus the Identity nodes' launch overhead")}
+
+
+def list_cells(provider: str, quick: bool, cells: str | None = None) -> list[tuple[str, int, int]]:
+    plan = _plan(provider, quick)
+    out = []
+    for k in C.cell_kinds():
+        if provider not in k.providers:
+            continue
+        if cells and not any(fnmatch.fnmatchcase(k.key, p) or fnmatch.fnmatchcase(k.op, p) for p in cells.split(",")):
+            continue
+        g = k.grids[plan]
+        out.append((f"{k.op}.{k.precision}.{k.implementation(provider)}", len(_grid_points(g)),
+                    len(holdout_points(g, 6 if quick else 24))))
+    return out

@@ -1,0 +1,404 @@
+"""Attention rule: Softmax(Q K^T * scale + mask) V -> com.microsoft.GroupQueryAttention (decoders with a
+KV cache) or com.microsoft.MultiHeadAttention (encoders, no cache).
+
+Robustness comes from checking meaning, not spelling: the walk from the Softmax back to Q and K and
+forward to V is structural (scalar Mul/Div, layout ops), and what the layout chains and the mask
+compute is then *evaluated* on small probe inputs and compared with what the fused op assumes
+(K and V = the cache repeated per query-head group, mask = causal over past + new tokens). So an
+exporter that spells repeat_kv or the causal mask differently still fuses, and a model whose mask is
+not causal (sliding window, prefix-LM, bidirectional) gets a Miss that says which entry differs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.fusion import Rule
+from softsyn.fusion.graph import (MS, attr, cone_inputs, const, consumers, dim, evaluate, insert_before, int64,
+                                  make_node, op, other_input, replace_value, scalar)
+
+LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
+PROBE = {"batch": 2, "seq": 3, "past": 4}
+
+
+def _scalar_strip(v: ir.Value) -> tuple[ir.Value, float]:
+    """Strip Mul/Div by constant scalars; return (inner value, accumulated factor)."""
+    s = 1.0
+    while True:
+        n = op(v, "Mul", "Div")
+        if n is None:
+            return v, s
+        c0, c1 = scalar(n.inputs[0]), scalar(n.inputs[1])
+        if n.op_type == "Mul" and c1 is not None:
+            v, s = n.inputs[0], s * c1
+        elif n.op_type == "Mul" and c0 is not None:
+            v, s = n.inputs[1], s * c0
+        elif n.op_type == "Div" and c1 is not None:
+            v, s = n.inputs[0], s / c1
+        else:
+            return v, s
+
+
+def _reaches_matmul(v: ir.Value, depth: int = 4) -> bool:
+    n = op(v, "MatMul", "Mul", "Div", "Add")
+    if n is None or depth == 0:
+        return False
+    if n.op_type == "MatMul":
+        return const(n.inputs[1]) is None and const(n.inputs[0]) is None
+    return any(_reaches_matmul(i, depth - 1) for i in n.inputs)
+
+
+def _walk_scores(v: ir.Value):
+    """(qk MatMul, bias value or None, scale) or a reason."""
+    bias, scale = None, 1.0
+    for _ in range(8):
+        n = v.producer()
+        if n is None:
+            return "softmax input does not come from a MatMul"
+        if n.op_type == "MatMul":
+            if const(n.inputs[1]) is not None:
+                return "the scores MatMul multiplies by a constant weight (not Q.K^T)"
+            return n, bias, scale
+        if n.op_type in ("Mul", "Div"):
+            inner, s = _scalar_strip(v)
+            if inner is v:
+                return f"scores are scaled by a non-constant ({n.op_type} {n.name})"
+            v, scale = inner, scale * s
+            continue
+        if n.op_type == "Add":
+            a, b = n.inputs
+            if _reaches_matmul(a) and not _reaches_matmul(b):
+                v, extra = a, b
+            elif _reaches_matmul(b) and not _reaches_matmul(a):
+                v, extra = b, a
+            else:
+                return f"cannot tell scores from mask in {n.name}"
+            if bias is not None:
+                return "two additive masks/biases on the scores"
+            bias = extra
+            continue
+        if n.op_type == "Tanh":
+            return "scores are soft-capped (Tanh): softcap attention is not fused"
+        return f"unsupported {n.op_type} ({n.name}) between the scores MatMul and Softmax"
+    return "scores chain too long"
+
+
+def _layout_source(v: ir.Value):
+    """Walk back through layout ops; return (source value, the layout nodes)."""
+    chain = []
+    while True:
+        n = v.producer()
+        if n is None or n.op_type not in LAYOUT:
+            return v, chain
+        chain.append(n)
+        v = n.inputs[0]
+
+
+def _cache_concat(v: ir.Value):
+    """Concat(past, new, axis=-2) with past a graph input: the KV cache append."""
+    n = op(v, "Concat")
+    if n is None or len(n.inputs) != 2 or attr(n, "axis") not in (2, -2):
+        return None
+    past = n.inputs[0]
+    if past.producer() is not None or past.const_value is not None:
+        return None
+    return n
+
+
+def _to_bsd(ctx, anchor, v: ir.Value, new_nodes: list):
+    """A [B,S,N*H] value equal to v [B,N,S,H] viewed as [B,S,N*H]; emits Transpose+Reshape if needed."""
+    tr = op(v, "Transpose")
+    if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3]:
+        y = tr.inputs[0]
+        rs = op(y, "Reshape")
+        if rs is not None:
+            z = rs.inputs[0]
+            if z.shape is not None and y.shape is not None and len(z.shape) == 3 and len(y.shape) == 4 \
+                    and str(z.shape[0]) == str(y.shape[0]) and str(z.shape[1]) == str(y.shape[1]) \
+                    and isinstance(z.shape[2], int) and isinstance(y.shape[2], int) and isinstance(y.shape[3], int) \
+                    and z.shape[2] == y.shape[2] * y.shape[3]:
+                return z
+        r = make_node(anchor, "", "Reshape", [y, int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
+        r.outputs[0].type = v.type
+        new_nodes.append(r)
+        return r.outputs[0]
+    t = make_node(anchor, "", "Transpose", [v], {"perm": [0, 2, 1, 3]})
+    r = make_node(anchor, "", "Reshape", [t.outputs[0], int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
+    t.outputs[0].type = r.outputs[0].type = v.type
+    new_nodes += [t, r]
+    return r.outputs[0]
+
+
+@dataclass
+class _Att:
+    softmax: ir.Node
+    q: ir.Value            # [B, Nq, S, H]
+    k_new: ir.Value        # [B, Nkv, S, H]
+    v_new: ir.Value
+    past_k: ir.Value | None
+    past_v: ir.Value | None
+    present_k: ir.Value | None
+    present_v: ir.Value | None
+    out: ir.Value          # [B, S, Nq*H] value to replace
+    num_heads: int
+    kv_heads: int
+    scale: float
+    mask_input: ir.Value | None
+    causal: bool
+
+
+class AttentionRule(Rule):
+    kind = "attention"
+    target_op = "com.microsoft.GroupQueryAttention | com.microsoft.MultiHeadAttention"
+
+    def anchors(self, ctx):
+        return [n for n in ctx.graph if n.op_type == "Softmax" and _reaches_matmul(n.inputs[0], 5)]
+
+    # ---------------------------------------------------------------- check
+    def check(self, ctx, sm):
+        r = len(sm.inputs[0].shape) if sm.inputs[0].shape is not None else 4
+        if attr(sm, "axis", -1) not in (-1, r - 1):
+            return f"softmax over axis {attr(sm, 'axis')}, not the keys axis"
+        walked = _walk_scores(sm.inputs[0])
+        if isinstance(walked, str):
+            return walked
+        qk, bias, scale = walked
+        # forward: optional NaN guard / Cast, then probs @ V
+        probs = sm.outputs[0]
+        users = consumers(probs)
+        if len(users) == 2 and {u.op_type for u in users} == {"IsNaN", "Where"}:
+            probs = next(u for u in users if u.op_type == "Where").outputs[0]
+            users = consumers(probs)
+        if len(users) != 1 or users[0].op_type != "MatMul" or users[0].inputs[0] is not probs:
+            return f"softmax output feeds {[u.op_type for u in users]}, not MatMul(probs, V)"
+        pv = users[0]
+        t = consumers(pv.outputs[0])
+        if len(t) != 1 or t[0].op_type != "Transpose" or list(attr(t[0], "perm", [])) != [0, 2, 1, 3]:
+            return "attention output is not transposed back to [B, S, N, H]"
+        rs = consumers(t[0].outputs[0])
+        if len(rs) != 1 or rs[0].op_type != "Reshape" or rs[0].outputs[0].shape is None or len(rs[0].outputs[0].shape) != 3:
+            return "attention output is not reshaped to [B, S, N*H]"
+        out = rs[0].outputs[0]
+        q, sq = _scalar_strip(qk.inputs[0])
+        kt, sk = _scalar_strip(qk.inputs[1])
+        vv = pv.inputs[1]
+        if q.shape is None or len(q.shape) != 4:
+            return f"Q is not 4-D [B, N, S, H] (shape {q.shape})"
+        h = dim(q, 3)
+        nq = dim(q, 1)
+        if not isinstance(h, int) or not isinstance(nq, int):
+            return f"Q heads/head size are not static (shape {q.shape})"
+        ksrc, _ = _layout_source(kt)
+        vsrc, _ = _layout_source(vv)
+        kcat, vcat = _cache_concat(ksrc), _cache_concat(vsrc)
+        if (kcat is None) != (vcat is None):
+            return "only one of K and V comes from a KV-cache Concat"
+        feeds = self._probe_feeds(ctx)
+        if isinstance(feeds, str):
+            return feeds
+        # K and V: verify the layout chains compute repeat_kv (and K^T) of the cache
+        if kcat is not None:
+            ksrc, vsrc = kcat.outputs[0], vcat.outputs[0]
+        nkv = dim(ksrc, 1) if kcat is not None else nq
+        if not isinstance(nkv, int) or nq % nkv:
+            return f"K has {nkv} heads, not a divisor of Q's {nq}"
+        if kcat is not None and dim(vsrc, 1) != nkv:
+            return f"K has {nkv} heads but V has {dim(vsrc, 1)}"
+        bad = self._verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None)
+        if bad:
+            return bad
+        mask_input, causal = None, False
+        if bias is not None:
+            res = self._verify_mask(ctx, feeds, bias, nq)
+            if isinstance(res, str):
+                return res
+            mask_input, causal = res
+        if kcat is not None:
+            if not causal:
+                return "decoder attention without a causal mask (GroupQueryAttention is always causal)"
+            if dim(kcat.inputs[0], 3) != h:
+                return f"past key head size {dim(kcat.inputs[0], 3)} differs from Q's {h}"
+            return _Att(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
+                        vcat.outputs[0], out, nq, nkv, scale * sq * sk, mask_input, True)
+        if causal:
+            return "causal attention without a KV cache: not fused (MultiHeadAttention here is bidirectional)"
+        if ctx.netlist.kind == "decoder":
+            return "attention without a KV cache in a decoder: not fused"
+        return _Att(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale * sq * sk, mask_input, False)
+
+    def _probe_feeds(self, ctx):
+        if "probe" not in ctx.cache:
+            from softsyn.measure import scenario_inputs
+
+            nl = ctx.netlist
+            dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}
+            missing = nl.symbolic_dims() - set(dims)
+            dims.update({d: 3 for d in missing})
+            try:
+                arrays = scenario_inputs(nl, dims, seed=7)
+                ctx.cache["probe"] = ({v.name: v for v in ctx.graph.inputs}, arrays, dims)
+            except Exception as exc:
+                ctx.cache["probe"] = f"cannot build probe inputs: {exc}"
+        return ctx.cache["probe"]
+
+    def _eval(self, ctx, feeds, outputs, extra):
+        by_name, arrays, _ = feeds
+        stop = {id(v) for v in extra}
+        need = cone_inputs(outputs, stop)
+        f = dict(extra)
+        for v in need:
+            if v.name not in arrays:
+                raise ValueError(f"cone reads {v.name}")
+            f[v] = arrays[v.name]
+        return evaluate(ctx.graph, outputs, f, dict(ctx.model.opset_imports))
+
+    def _verify_kv(self, ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
+        _, _, dims = feeds
+        b = dims.get("batch", 2)
+        t = dims.get("past", 0) + dims.get("seq", 3) if cached else dims.get("seq", 3)
+        rng = np.random.default_rng(3)
+        if cached:
+            kin = rng.standard_normal((b, nkv, t, h)).astype(np.float32)
+            vin = rng.standard_normal((b, nkv, t, h)).astype(np.float32)
+            exp_k = np.repeat(kin, nq // nkv, axis=1).transpose(0, 1, 3, 2)
+            exp_v = np.repeat(vin, nq // nkv, axis=1)
+        else:  # no cache: the layout walk must reach K and V as [B, T, N*H] projections
+            for name, src in (("K", ksrc), ("V", vsrc)):
+                if src.shape is None or len(src.shape) != 3 or dim(src, 2) != nq * h:
+                    return (f"{name} source {src.name} is not [B, T, {nq * h}] (shape {src.shape}; walk stopped at "
+                            f"{src.producer().op_type if src.producer() else 'an input'})")
+            kin = rng.standard_normal((b, t, nq * h)).astype(np.float32)
+            vin = rng.standard_normal((b, t, nq * h)).astype(np.float32)
+            exp_k = kin.reshape(b, t, nq, h).transpose(0, 2, 3, 1)
+            exp_v = vin.reshape(b, t, nq, h).transpose(0, 2, 1, 3)
+        dt = (ksrc.dtype or ir.DataType.FLOAT).numpy()
+        try:
+            got_k, got_v = self._eval(ctx, feeds, [kt, vv], {ksrc: kin.astype(dt), vsrc: vin.astype(dt)})
+        except Exception as exc:
+            return f"could not evaluate the K/V layout chains: {exc}"
+        if got_k.shape != exp_k.shape or not np.allclose(got_k, exp_k, atol=1e-3):
+            return (f"K operand is not (repeat_kv(cache))^T: got shape {tuple(got_k.shape)}, expected "
+                    f"{tuple(exp_k.shape)} ({nkv} KV heads -> {nq} heads)")
+        if got_v.shape != exp_v.shape or not np.allclose(got_v, exp_v, atol=1e-3):
+            return f"V operand is not repeat_kv(cache): got shape {tuple(got_v.shape)}, expected {tuple(exp_v.shape)}"
+        return None
+
+    def _verify_mask(self, ctx, feeds, bias, nq):
+        by_name, arrays, dims = feeds
+        s, p = dims.get("seq", 3), dims.get("past", 0)
+        try:
+            (m,) = self._eval(ctx, feeds, [bias], {})
+        except Exception as exc:
+            return f"could not evaluate the attention mask: {exc}"
+        m = np.asarray(m, dtype=np.float64)
+        if m.ndim != 4 or m.shape[-2:] != (s, s + p):
+            return f"attention mask has shape {m.shape}, not [B, 1|N, {s}, {s + p}]"
+        allowed = np.arange(s + p)[None, :] <= (p + np.arange(s))[:, None]
+        blocked = m <= -1e4
+        open_ = np.abs(m) < 1e-6
+        mask_inputs = [v for v in cone_inputs([bias]) if "mask" in v.name]
+        mask_input = mask_inputs[0] if len(mask_inputs) == 1 else None
+        if np.all(open_):
+            if mask_input is None:
+                return None, False
+            # key padding? block the last key of batch row 0 and look again
+            probe = dict(arrays)
+            pm = np.array(probe[mask_input.name])
+            pm[0, -1] = 0
+            probe[mask_input.name] = pm
+            try:
+                (m2,) = self._eval(ctx, (by_name, probe, dims), [bias], {})
+            except Exception as exc:
+                return f"could not evaluate the attention mask: {exc}"
+            m2 = np.broadcast_to(np.asarray(m2, dtype=np.float64), (m.shape[0], 1 if m.shape[1] == 1 else m.shape[1], s, s + p))
+            want = np.zeros(m2.shape, dtype=bool)
+            want[0, ..., -1] = True
+            if np.all((m2 <= -1e4) == want) and np.all(np.abs(m2[~want]) < 1e-6):
+                return mask_input, False
+            return f"attention mask from {mask_input.name} is not a key-padding mask (zeroing key {s + p - 1} of row 0 did not block exactly that key)"
+        if np.all(open_[..., allowed]) and np.all(blocked[..., ~allowed]):
+            return mask_input, True
+        bad = np.argwhere(~((open_ & allowed) | (blocked & ~allowed)))[0]
+        i, j = int(bad[-2]), int(bad[-1])
+        return (f"attention mask is not causal+padding: entry [q {i}, k {j}] (past {p}) is {m[tuple(bad)]:.3g}, "
+                f"causal expects {'0' if allowed[i, j] else '-inf'}")
+
+    # ---------------------------------------------------------------- rewrite
+    def rewrite(self, ctx, m: _Att):
+        g = ctx.graph
+        ctx.use_opset(MS, 1)
+        new: list[ir.Node] = []
+        anchor = m.softmax
+        q = _to_bsd(ctx, anchor, m.q, new)
+        if m.past_k is not None:
+            k = _to_bsd(ctx, anchor, m.k_new, new)
+            v = _to_bsd(ctx, anchor, m.v_new, new)
+        else:  # already [B, T, N*H]
+            k, v = m.k_new, m.v_new
+        if m.past_k is not None:
+            seqlens, total = self._lengths(ctx, anchor, m, q, new)
+            node = make_node(anchor, MS, "GroupQueryAttention",
+                             [q, k, v, m.past_k, m.past_v, seqlens, total],
+                             {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)},
+                             num_outputs=3)
+            node.outputs[1].shape, node.outputs[1].type = m.present_k.shape, m.present_k.type
+            node.outputs[2].shape, node.outputs[2].type = m.present_v.shape, m.present_v.type
+        else:
+            inputs = [q, k, v]
+            if m.mask_input is not None:
+                cast = make_node(anchor, "", "Cast", [m.mask_input], {"to": ir.DataType.INT32})
+                new.append(cast)
+                inputs += [None, cast.outputs[0]]   # bias, key_padding_mask [B, T]
+            node = make_node(anchor, MS, "MultiHeadAttention", inputs,
+                             {"num_heads": m.num_heads, "scale": float(m.scale)})
+        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
+        new.append(node)
+        insert_before(g, m.out.producer(), new)
+        replace_value(g, m.out, node.outputs[0])
+        if m.past_k is not None:
+            replace_value(g, m.present_k, node.outputs[1])
+            replace_value(g, m.present_v, node.outputs[2])
+
+    def _lengths(self, ctx, anchor, m: _Att, q, new):
+        """seqlens_k = sum(mask, 1) - 1 (int32 [B]); total_sequence_length = mask.shape[1] (int32 scalar).
+        Without a mask input: both from past length + new tokens. Shared by every layer."""
+        key = ("gqa-lengths", id(m.mask_input) if m.mask_input is not None else id(m.past_k))
+        if key in ctx.cache:
+            return ctx.cache[key]
+        g = ctx.graph
+        if m.mask_input is not None:
+            mask = m.mask_input
+            red = make_node(anchor, "", "ReduceSum", [mask, int64(g, "axis1", [1])], {"keepdims": 0})
+            one = int64(g, "one", 1)
+            if mask.dtype != ir.DataType.INT64:
+                c = make_node(anchor, "", "Cast", [mask], {"to": ir.DataType.INT64})
+                red.replace_input_with(0, c.outputs[0])
+                new.append(c)
+            sub = make_node(anchor, "", "Sub", [red.outputs[0], one])
+            seq32 = make_node(anchor, "", "Cast", [sub.outputs[0]], {"to": ir.DataType.INT32})
+            shp = make_node(anchor, "", "Shape", [mask], {"start": 1, "end": 2})
+            new += [red, sub, seq32, shp]
+            total_src = shp.outputs[0]
+            batch_src = None
+        else:
+            sp = make_node(anchor, "", "Shape", [m.past_k], {"start": 2, "end": 3})
+            sq = make_node(anchor, "", "Shape", [q], {"start": 1, "end": 2})
+            add = make_node(anchor, "", "Add", [sp.outputs[0], sq.outputs[0]])
+            bq = make_node(anchor, "", "Shape", [q], {"start": 0, "end": 1})
+            new += [sp, sq, add, bq]
+            total_src, batch_src = add.outputs[0], bq.outputs[0]
+        sqz = make_node(anchor, "", "Squeeze", [total_src, int64(g, "axis0", [0])])
+        tot32 = make_node(anchor, "", "Cast", [sqz.outputs[0]], {"to": ir.DataType.INT32})
+        new += [sqz, tot32]
+        if batch_src is not None:
+            minus = make_node(anchor, "", "Sub", [total_src, int64(g, "one", [1])])
+            exp = make_node(anchor, "", "Expand", [minus.outputs[0], batch_src])
+            seq32 = make_node(anchor, "", "Cast", [exp.outputs[0]], {"to": ir.DataType.INT32})
+            new += [minus, exp, seq32]
+        for n in new:
+            if n.op_type == "Cast" and n.outputs[0].type is None:
+                n.outputs[0].type = ir.TensorType(ir.DataType(attr(n, "to")))
+        ctx.cache[key] = (seq32.outputs[0], tot32.outputs[0])
+        return ctx.cache[key]

@@ -1,0 +1,246 @@
+"""Graph helpers for fusion rules: producers, consumers, constants, node building, cone evaluation."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.netlist import HIERARCHY_KEY
+
+MS = "com.microsoft"
+_counter = itertools.count()
+
+
+def producer(v: ir.Value | None) -> ir.Node | None:
+    return None if v is None else v.producer()
+
+
+def op(v: ir.Value | None, *types: str) -> ir.Node | None:
+    """The producer of v if its op_type is one of types (standard domain or com.microsoft)."""
+    n = producer(v)
+    if n is not None and n.op_type in types:
+        return n
+    return None
+
+
+def consumers(v: ir.Value) -> list[ir.Node]:
+    seen, out = set(), []
+    for use in v.uses():
+        node = use.node if hasattr(use, "node") else use[0]
+        if id(node) not in seen:
+            seen.add(id(node))
+            out.append(node)
+    return out
+
+
+def is_graph_output(graph: ir.Graph, v: ir.Value) -> bool:
+    return any(o is v for o in graph.outputs)
+
+
+def const(v: ir.Value | None) -> np.ndarray | None:
+    """The constant value of v (initializer or Constant node), else None."""
+    if v is None:
+        return None
+    t = v.const_value
+    if t is None:
+        n = producer(v)
+        if n is not None and n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for name, attr in n.attributes.items():
+                val = attr.value
+                if name == "value":
+                    t = val
+                elif name in ("value_float", "value_int"):
+                    return np.array(val)
+                elif name in ("value_floats", "value_ints"):
+                    return np.array(list(val))
+        if t is None:
+            return None
+    try:
+        return t.numpy()
+    except Exception:  # meta / unreadable external data
+        return None
+
+
+def scalar(v: ir.Value | None) -> float | None:
+    c = const(v)
+    if c is None or c.size != 1:
+        return None
+    return float(c.reshape(()))
+
+
+def attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def other_input(node: ir.Node, v: ir.Value) -> ir.Value | None:
+    ins = list(node.inputs)
+    if len(ins) != 2:
+        return None
+    if ins[0] is v:
+        return ins[1]
+    if ins[1] is v:
+        return ins[0]
+    return None
+
+
+def rank(v: ir.Value | None) -> int | None:
+    if v is None or v.shape is None:
+        return None
+    return len(v.shape)
+
+
+def dim(v: ir.Value | None, i: int):
+    if v is None or v.shape is None or len(v.shape) <= abs(i) - (1 if i < 0 else 0):
+        return None
+    d = v.shape[i]
+    return d if isinstance(d, int) else (d.value if hasattr(d, "value") else None)
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}_fz{next(_counter)}"
+
+
+def make_node(anchor: ir.Node, domain: str, op_type: str, inputs, attrs: dict | None = None,
+              num_outputs: int = 1, name: str | None = None, hierarchy: str | None = None) -> ir.Node:
+    """A new node that inherits the anchor's hierarchy; attrs converted by onnx_ir."""
+    attributes = ir.convenience.convert_attributes(attrs or {})
+    node = ir.Node(domain, op_type, list(inputs), attributes, num_outputs=num_outputs,
+                   name=name or fresh(f"{op_type}"))
+    h = hierarchy if hierarchy is not None else anchor.metadata_props.get(HIERARCHY_KEY, "")
+    node.metadata_props[HIERARCHY_KEY] = h
+    for i, o in enumerate(node.outputs):
+        o.name = fresh(f"{node.name}_out{i}")
+    return node
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    base, k = name, 0
+    while name in graph.initializers:
+        k += 1
+        name = f"{base}_{k}"
+    v = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                 const_value=ir.tensor(array, name=name))
+    graph.register_initializer(v)
+    return v
+
+
+def replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Every use of old now reads new; a graph output keeps its name (new takes it over)."""
+    outs = [i for i, o in enumerate(graph.outputs) if o is old]
+    if outs:
+        name = old.name
+        old.name = fresh(name + "_old")
+        new.name = name
+        if old.shape is not None and new.shape is None:
+            new.shape = old.shape
+        if old.type is not None and new.type is None:
+            new.type = old.type
+        for i in outs:
+            graph.outputs[i] = new
+    ir.convenience.replace_all_uses_with(old, new)
+
+
+def remove_dead(graph: ir.Graph) -> int:
+    """Remove nodes none of whose outputs are used or graph outputs; returns the count removed."""
+    removed = 0
+    outputs = {id(o) for o in graph.outputs}
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph)):
+            if any(id(o) in outputs or o.uses() for o in node.outputs):
+                continue
+            graph.remove(node, safe=True)
+            removed += 1
+            changed = True
+    for name in list(graph.initializers):
+        v = graph.initializers[name]
+        if not v.uses() and id(v) not in outputs and not any(i is v for i in graph.inputs):
+            graph.initializers.pop(name)
+    return removed
+
+
+def insert_before(graph: ir.Graph, anchor: ir.Node, nodes: list[ir.Node]) -> None:
+    graph.insert_before(anchor, nodes)
+
+
+def site(netlist, node: ir.Node) -> str:
+    h = netlist.hierarchy(node) if netlist is not None else node.metadata_props.get(HIERARCHY_KEY, "")
+    return f"{h or '<top>'} ({node.name})"
+
+
+# --------------------------------------------------------------------------- cone evaluation
+def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict[str, int]) -> list[np.ndarray]:
+    """Run the cone of `outputs` on ORT CPU. `feeds` maps ir.Value (graph inputs or any inner value,
+    which then acts as an input) -> numpy array. Raises ValueError naming what the cone needs."""
+    import onnx
+    import onnxruntime as ort
+    from onnx_ir import serde
+
+    fed = {id(v): (v, a) for v, a in feeds.items()}
+    nodes: list[ir.Node] = []
+    seen: set[int] = set()
+    inits: dict[str, ir.Value] = {}
+    stack = list(outputs)
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in fed:
+            continue
+        if v.const_value is not None and v.producer() is None:
+            inits[v.name] = v
+            continue
+        n = v.producer()
+        if n is None:
+            raise ValueError(f"the cone needs graph input {v.name}")
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        nodes.append(n)
+        stack.extend(n.inputs)
+    order = {id(n): i for i, n in enumerate(graph)}
+    nodes.sort(key=lambda n: order.get(id(n), 0))
+    protos = [serde.serialize_node(n) for n in nodes]
+    inputs, feed_np = [], {}
+    for v, a in fed.values():
+        a = np.asarray(a)
+        inputs.append(onnx.helper.make_tensor_value_info(v.name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+        feed_np[v.name] = a
+    init_protos = []
+    for v in inits.values():
+        tp = serde.serialize_tensor(v.const_value)
+        tp.name = v.name
+        init_protos.append(tp)
+    outs = [onnx.helper.make_tensor_value_info(v.name, int(v.dtype) if v.dtype is not None else onnx.TensorProto.FLOAT, None)
+            for v in outputs]
+    g = onnx.helper.make_graph(protos, "cone", inputs, outs, initializer=init_protos)
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, o) for d, o in opsets.items()],
+                                   ir_version=10)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run([v.name for v in outputs], feed_np)
+
+
+def cone_inputs(values: list[ir.Value], stop: set[int] | None = None) -> list[ir.Value]:
+    """Graph inputs (non-constant values without a producer) the cone of `values` reads."""
+    stop = stop or set()
+    found, seen, stack = [], set(), list(values)
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen or id(v) in stop:
+            continue
+        seen.add(id(v))
+        n = v.producer()
+        if n is None:
+            if v.const_value is None:
+                found.append(v)
+            continue
+        stack.extend(n.inputs)
+    return found
+
+
+def int64(graph: ir.Graph, name: str, values) -> ir.Value:
+    return add_initializer(graph, name, np.asarray(values, dtype=np.int64))

@@ -1,0 +1,317 @@
+"""Norm rules: RMSNorm -> SimplifiedLayerNormalization, residual + RMSNorm -> SkipSimplifiedLayerNormalization,
+decomposed LayerNorm -> LayerNormalization, residual + LayerNorm -> com.microsoft.SkipLayerNormalization."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.fusion import Rule
+from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, insert_before, make_node, op,
+                                  other_input, rank, replace_value, scalar)
+
+
+def _axes(ctx, node: ir.Node):
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        c = const(node.inputs[1])
+        return None if c is None else [int(a) for a in np.ravel(c)]
+    a = attr(node, "axes")
+    return None if a is None else list(a)
+
+
+def _last_axis_only(axes, x: ir.Value) -> bool:
+    if axes is None or len(axes) != 1:
+        return False
+    r = rank(x)
+    return axes[0] == -1 or (r is not None and axes[0] == r - 1)
+
+
+def _squared_input(node: ir.Node | None) -> ir.Value | None:
+    """x if node is Pow(x, 2) or Mul(x, x)."""
+    if node is None:
+        return None
+    if node.op_type == "Pow" and scalar(node.inputs[1]) == 2.0:
+        return node.inputs[0]
+    if node.op_type == "Mul" and node.inputs[0] is node.inputs[1]:
+        return node.inputs[0]
+    return None
+
+
+def _only_consumer(v: ir.Value, ctx) -> ir.Node | str:
+    users = consumers(v)
+    if len(users) != 1 or any(o is v for o in ctx.graph.outputs):
+        return f"{v.name} has {len(users)} consumers (an intermediate of the norm is used outside it)"
+    return users[0]
+
+
+def _desc(node: ir.Node | None) -> str:
+    return "nothing" if node is None else f"{node.op_type} ({node.name})"
+
+
+def _weight_mul(y: ir.Value, h) -> tuple[ir.Value | None, ir.Value]:
+    """(gamma, output) if y feeds exactly one Mul by a constant vector, else (None, y)."""
+    users = consumers(y)
+    if len(users) == 1 and users[0].op_type == "Mul":
+        w = other_input(users[0], y)
+        c = const(w)
+        if c is not None and c.ndim == 1 and (h is None or c.shape[0] == h):
+            return w, users[0].outputs[0]
+    return None, y
+
+
+# --------------------------------------------------------------------------- RMSNorm
+@dataclass
+class _RMS:
+    anchor: ir.Node
+    x: ir.Value
+    eps: float
+    gamma: ir.Value | None
+    out: ir.Value
+
+
+def match_rms(ctx, rm: ir.Node) -> _RMS | str:
+    x = _squared_input(op(rm.inputs[0], "Pow", "Mul"))
+    if x is None:
+        return "ReduceMean input is not x**2"
+    if not _last_axis_only(_axes(ctx, rm), x):
+        return f"mean is over axes {_axes(ctx, rm)}, not the last axis only"
+    if attr(rm, "keepdims", 1) != 1:
+        return "ReduceMean keepdims=0"
+    add = _only_consumer(rm.outputs[0], ctx)
+    if isinstance(add, str):
+        return add
+    if add.op_type != "Add":
+        return f"mean(x**2) feeds {_desc(add)}, not Add(eps)"
+    eps = scalar(other_input(add, rm.outputs[0]))
+    if eps is None:
+        return "epsilon is not a constant scalar"
+    sq = _only_consumer(add.outputs[0], ctx)
+    if isinstance(sq, str):
+        return sq
+    if sq.op_type != "Sqrt":
+        return f"mean(x**2)+eps feeds {_desc(sq)}, not Sqrt (no rsqrt form recognised)"
+    nxt = _only_consumer(sq.outputs[0], ctx)
+    if isinstance(nxt, str):
+        return nxt
+    if nxt.op_type == "Reciprocal" or (nxt.op_type == "Div" and scalar(nxt.inputs[0]) == 1.0):
+        mul = _only_consumer(nxt.outputs[0], ctx)
+        if isinstance(mul, str):
+            return mul
+        if mul.op_type != "Mul" or other_input(mul, nxt.outputs[0]) is not x:
+            return f"rsqrt feeds {_desc(mul)}, not Mul(x, rsqrt) of the same x"
+        y = mul.outputs[0]
+    elif nxt.op_type == "Div" and nxt.inputs[1] is sq.outputs[0]:
+        if nxt.inputs[0] is not x:
+            return "x / sqrt(...) divides a different tensor than the one squared"
+        y = nxt.outputs[0]
+    else:
+        return f"sqrt feeds {_desc(nxt)}, not Reciprocal/Div"
+    if x.dtype is not None and x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return f"x has dtype {x.dtype}"
+    h = x.shape[-1] if x.shape is not None and isinstance(x.shape[-1], int) else None
+    gamma, out = _weight_mul(y, h)
+    return _RMS(rm, x, eps, gamma, out)
+
+
+class RMSNormRule(Rule):
+    kind = "rms_norm"
+    target_op = "SimplifiedLayerNormalization"
+
+    def anchors(self, ctx):
+        out = []
+        for n in ctx.graph:
+            if n.op_type != "ReduceMean":
+                continue
+            x = _squared_input(op(n.inputs[0], "Pow", "Mul"))
+            sub = op(x, "Sub")
+            if x is None or (sub is not None and op(sub.inputs[1], "ReduceMean") is not None):
+                continue  # not squared, or centred: a LayerNorm candidate
+            out.append(n)
+        return out
+
+    def check(self, ctx, anchor):
+        m = match_rms(ctx, anchor)
+        if isinstance(m, str):
+            return m
+        # a centred norm (LayerNorm: x is itself x0 - mean(x0)) is not an RMSNorm
+        sub = op(m.x, "Sub")
+        if sub is not None and op(sub.inputs[1], "ReduceMean") is not None:
+            return "x is centred (x - mean(x)): a LayerNorm, not an RMSNorm"
+        return m
+
+    def rewrite(self, ctx, m: _RMS):
+        gamma = m.gamma
+        if gamma is None:
+            h = m.x.shape[-1] if m.x.shape is not None else None
+            if not isinstance(h, int):
+                raise ValueError("no gamma and the hidden size is symbolic")
+            gamma = add_initializer(ctx.graph, "rms_gamma_ones", np.ones(h, dtype=m.x.dtype.numpy()))
+        node = make_node(m.anchor, "", "SimplifiedLayerNormalization", [m.x, gamma],
+                         {"axis": -1, "epsilon": float(m.eps), "stash_type": 1})
+        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
+        insert_before(ctx.graph, m.out.producer(), [node])
+        replace_value(ctx.graph, m.out, node.outputs[0])
+
+
+# --------------------------------------------------------------------------- residual + norm
+def _residual_add(ctx, x: ir.Value) -> ir.Node | None:
+    add = op(x, "Add")
+    if add is None or const(add.inputs[0]) is not None or const(add.inputs[1]) is not None:
+        return None
+    return add
+
+
+def _same_shape(a: ir.Value, b: ir.Value) -> str | None:
+    if a.shape is None or b.shape is None:
+        return "residual operands have unknown shapes"
+    if len(a.shape) != len(b.shape):
+        return f"residual Add broadcasts (ranks {len(a.shape)} and {len(b.shape)})"
+    for da, db in zip(a.shape, b.shape):
+        if str(da) != str(db):
+            return f"residual Add may broadcast (shapes {a.shape} and {b.shape})"
+    return None
+
+
+class SkipRMSNormRule(Rule):
+    kind = "skip_rms_norm"
+    target_op = "com.microsoft.SkipSimplifiedLayerNormalization"
+
+    def anchors(self, ctx):
+        return [n for n in ctx.graph if n.op_type == "SimplifiedLayerNormalization" and _residual_add(ctx, n.inputs[0])]
+
+    def check(self, ctx, norm):
+        add = _residual_add(ctx, norm.inputs[0])
+        bad = _same_shape(add.inputs[0], add.inputs[1])
+        if bad:
+            return bad
+        if rank(add.inputs[0]) not in (2, 3):
+            return f"input has rank {rank(add.inputs[0])}; SkipSimplifiedLayerNormalization takes 2-D or 3-D"
+        if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
+            return "normalises over an axis other than the last"
+        return (norm, add)
+
+    def rewrite(self, ctx, match):
+        norm, add = match
+        ctx.use_opset(MS, 1)
+        node = make_node(norm, MS, "SkipSimplifiedLayerNormalization", [add.inputs[0], add.inputs[1], norm.inputs[1]],
+                         {"epsilon": float(attr(norm, "epsilon", 1e-5))}, num_outputs=4)
+        out, summed = node.outputs[0], node.outputs[3]
+        out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
+        summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
+        insert_before(ctx.graph, norm, [node])
+        replace_value(ctx.graph, norm.outputs[0], out)
+        replace_value(ctx.graph, add.outputs[0], summed)
+
+
+# --------------------------------------------------------------------------- LayerNorm
+@dataclass
+class _LN:
+    anchor: ir.Node
+    x: ir.Value
+    eps: float
+    gamma: ir.Value | None
+    beta: ir.Value | None
+    out: ir.Value
+
+
+class LayerNormRule(Rule):
+    """Decomposed LayerNorm: d = x - mean(x); d / sqrt(mean(d**2) + eps) * gamma + beta."""
+    kind = "layer_norm"
+    target_op = "LayerNormalization"
+
+    def anchors(self, ctx):
+        out = []
+        for n in ctx.graph:
+            if n.op_type != "ReduceMean":
+                continue
+            if any(u.op_type == "Sub" and u.inputs[1] is n.outputs[0] and u.inputs[0] is n.inputs[0]
+                   for u in consumers(n.outputs[0])):
+                out.append(n)
+        return out
+
+    def check(self, ctx, rm):
+        x = rm.inputs[0]
+        if not _last_axis_only(_axes(ctx, rm), x):
+            return f"mean is over axes {_axes(ctx, rm)}, not the last axis only"
+        sub = next(u for u in consumers(rm.outputs[0]) if u.op_type == "Sub")
+        d = sub.outputs[0]
+        sq_means = [u for u in consumers(d) if u.op_type in ("Pow", "Mul") and _squared_input(u) is d]
+        if len(sq_means) != 1:
+            return "no (x - mean)**2 found"
+        rm2 = consumers(sq_means[0].outputs[0])
+        if len(rm2) != 1 or rm2[0].op_type != "ReduceMean":
+            return "variance is not ReduceMean((x - mean)**2)"
+        m = match_rms(ctx, rm2[0])   # same tail as RMSNorm, applied to d
+        if isinstance(m, str):
+            return "variance tail: " + m
+        beta, out = None, m.out
+        if m.gamma is not None:
+            users = consumers(m.out)
+            if len(users) == 1 and users[0].op_type == "Add":
+                b = other_input(users[0], m.out)
+                if const(b) is not None and const(b).ndim == 1:
+                    beta, out = b, users[0].outputs[0]
+        return _LN(rm, x, m.eps, m.gamma, beta, out)
+
+    def rewrite(self, ctx, m: _LN):
+        h = m.x.shape[-1] if m.x.shape is not None else None
+        dt = m.x.dtype.numpy()
+        gamma = m.gamma or add_initializer(ctx.graph, "ln_gamma_ones", np.ones(h, dtype=dt))
+        beta = m.beta or add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=dt))
+        node = make_node(m.anchor, "", "LayerNormalization", [m.x, gamma, beta],
+                         {"axis": -1, "epsilon": float(m.eps), "stash_type": 1})
+        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
+        insert_before(ctx.graph, m.out.producer(), [node])
+        replace_value(ctx.graph, m.out, node.outputs[0])
+
+
+class SkipLayerNormRule(Rule):
+    kind = "skip_layer_norm"
+    target_op = "com.microsoft.SkipLayerNormalization"
+
+    def anchors(self, ctx):
+        return [n for n in ctx.graph if n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx")
+                and _residual_add(ctx, n.inputs[0])]
+
+    def check(self, ctx, norm):
+        add = _residual_add(ctx, norm.inputs[0])
+        bad = _same_shape(add.inputs[0], add.inputs[1])
+        if bad:
+            return bad
+        if rank(add.inputs[0]) not in (2, 3):
+            return f"input has rank {rank(add.inputs[0])}; SkipLayerNormalization takes 2-D or 3-D"
+        if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
+            return "normalises over an axis other than the last"
+        if len(norm.inputs) < 2 or const(norm.inputs[1]) is None:
+            return "gamma is not a constant"
+        # fold a bias Add (Add(MatMul, const bias)) on either operand into the op's bias input
+        a, b, bias = add.inputs[0], add.inputs[1], None
+        for first, second in ((a, b), (b, a)):
+            badd = op(first, "Add")
+            if badd is not None and len(consumers(first)) == 1:
+                for i in (0, 1):
+                    c = const(badd.inputs[1 - i])
+                    if c is not None and c.ndim == 1 and op(badd.inputs[i], "MatMul") is not None:
+                        a, b, bias = badd.inputs[i], second, badd.inputs[1 - i]
+                        break
+            if bias is not None:
+                break
+        return (norm, add, a, b, bias)
+
+    def rewrite(self, ctx, match):
+        norm, add, a, b, bias = match
+        ctx.use_opset(MS, 1)
+        beta = norm.inputs[2] if len(norm.inputs) > 2 and norm.inputs[2] is not None else None
+        if beta is None:
+            h = a.shape[-1]
+            beta = add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=a.dtype.numpy()))
+        inputs = [a, b, norm.inputs[1], beta] + ([bias] if bias is not None else [])
+        node = make_node(norm, MS, "SkipLayerNormalization", inputs,
+                         {"epsilon": float(attr(norm, "epsilon", 1e-5))}, num_outputs=4)
+        out, summed = node.outputs[0], node.outputs[3]
+        out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
+        summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
+        insert_before(ctx.graph, norm, [node])
+        replace_value(ctx.graph, norm.outputs[0], out)
+        replace_value(ctx.graph, add.outputs[0], summed)

@@ -1,0 +1,174 @@
+"""Rotary rule: x*cos + rotate_half(x)*sin -> com.microsoft.RotaryEmbedding with cos/sin caches.
+
+The caches are computed by evaluating the model's own cos/sin subgraph for positions
+0..max_position-1 (so rope scaling variants — linear, llama3, attention factor — come for free),
+and position_ids stays a live input: the fused op is exact for any positions the model is fed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.fusion import Rule
+from softsyn.fusion.graph import (MS, add_initializer, attr, cone_inputs, const, consumers, dim, evaluate,
+                                  insert_before, int64, make_node, op, other_input, replace_value)
+
+
+def _slice_params(n: ir.Node):
+    """(start, end, axis, step) of a constant single-axis Slice, else None."""
+    if n is None or n.op_type != "Slice":
+        return None
+    vals = [const(v) if v is not None else None for v in list(n.inputs)[1:]]
+    while len(vals) < 4:
+        vals.append(None)
+    starts, ends, axes, steps = vals
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    axis = int(np.ravel(axes)[0]) if axes is not None else 0
+    step = int(np.ravel(steps)[0]) if steps is not None else 1
+    return int(np.ravel(starts)[0]), int(np.ravel(ends)[0]), axis, step
+
+
+def _is_rotate_half(concat: ir.Node):
+    """x if concat == Concat(-x[..., h/2:], x[..., :h/2], axis=-1)."""
+    if concat.op_type != "Concat" or len(concat.inputs) != 2:
+        return None
+    neg = op(concat.inputs[0], "Neg")
+    lo = op(concat.inputs[1], "Slice")
+    hi = op(neg.inputs[0], "Slice") if neg is not None else None
+    if hi is None or lo is None or hi.inputs[0] is not lo.inputs[0]:
+        return None
+    return lo.inputs[0]
+
+
+@dataclass
+class _Rot:
+    anchor: ir.Node
+    x: ir.Value
+    cos: ir.Value
+    sin: ir.Value
+    out: ir.Value
+    pos: ir.Value
+    cos_cache: np.ndarray
+    sin_cache: np.ndarray
+
+
+class RotaryRule(Rule):
+    kind = "rotary"
+    target_op = "com.microsoft.RotaryEmbedding"
+
+    def anchors(self, ctx):
+        return [n for n in ctx.graph if n.op_type == "Concat" and len(n.inputs) == 2 and op(n.inputs[0], "Neg") is not None
+                and op(op(n.inputs[0], "Neg").inputs[0], "Slice") is not None]
+
+    def check(self, ctx, concat):
+        x = _is_rotate_half(concat)
+        if x is None:
+            return "Concat(Neg(Slice), ...) is not rotate_half(x): the halves come from different tensors"
+        if attr(concat, "axis") not in (-1, (len(x.shape) - 1) if x.shape is not None else -1):
+            return f"rotate_half concatenates on axis {attr(concat, 'axis')}, not the last"
+        h = dim(x, -1)
+        if not isinstance(h, int):
+            return "head size (last dim of x) is not static"
+        neg = op(concat.inputs[0], "Neg")
+        hi, lo = _slice_params(op(neg.inputs[0], "Slice")), _slice_params(op(concat.inputs[1], "Slice"))
+        r = len(x.shape)
+        if hi is None or lo is None:
+            return "rotate_half slices are not constant"
+        if hi[2] not in (-1, r - 1) or lo[2] not in (-1, r - 1) or hi[3] != 1 or lo[3] != 1:
+            return "rotate_half slices are not contiguous slices of the last axis (interleaved rotary?)"
+        if not (hi[0] == h // 2 and hi[1] >= h and lo[0] == 0 and lo[1] == h // 2):
+            return (f"rotary covers part of the head (slices [{lo[0]}:{lo[1]}] and [{hi[0]}:{hi[1]}] of {h}): "
+                    "partial rotary is not fused")
+        users = consumers(concat.outputs[0])
+        if len(users) != 1 or users[0].op_type != "Mul":
+            return "rotate_half(x) does not feed exactly one Mul(sin)"
+        msin = users[0]
+        sin = other_input(msin, concat.outputs[0])
+        adds = consumers(msin.outputs[0])
+        if len(adds) != 1 or adds[0].op_type != "Add":
+            return "rotate_half(x)*sin does not feed an Add"
+        add = adds[0]
+        mcos = op(other_input(add, msin.outputs[0]), "Mul")
+        if mcos is None or x not in list(mcos.inputs):
+            return "the Add's other operand is not x*cos"
+        cos = other_input(mcos, x)
+        caches = self._caches(ctx, cos, sin, h)
+        if isinstance(caches, str):
+            return caches
+        pos, cc, sc = caches
+        return _Rot(concat, x, cos, sin, add.outputs[0], pos, cc, sc)
+
+    def _caches(self, ctx, cos, sin, h):
+        key = ("rotary", id(cos), id(sin))
+        if key in ctx.cache:
+            return ctx.cache[key]
+        ctx.cache[key] = res = self._compute_caches(ctx, cos, sin, h)
+        return res
+
+    def _compute_caches(self, ctx, cos, sin, h):
+        srcs = cone_inputs([cos, sin])
+        if len(srcs) != 1:
+            return f"cos/sin depend on {', '.join(v.name for v in srcs) or 'no input'}, not on position ids alone"
+        pos = srcs[0]
+        if pos.shape is None or len(pos.shape) != 2 or pos.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+            return f"cos/sin are computed from {pos.name}, which is not [batch, seq] integer position ids"
+        max_pos = int(ctx.netlist.config.get("max_position_embeddings") or 4096)
+        ids = np.arange(max_pos, dtype=pos.dtype.numpy())[None, :]
+        try:
+            c, s = evaluate(ctx.graph, [cos, sin], {pos: ids}, dict(ctx.model.opset_imports))
+        except Exception as exc:
+            return f"could not evaluate the cos/sin subgraph: {exc}"
+        c, s = np.asarray(c), np.asarray(s)
+        if c.shape[-1] != h or c.size != max_pos * h or s.shape != c.shape:
+            return f"cos has shape {c.shape}, expected positions x {h}"
+        c, s = c.reshape(max_pos, h), s.reshape(max_pos, h)
+        if not (np.array_equal(c[:, : h // 2], c[:, h // 2:]) and np.array_equal(s[:, : h // 2], s[:, h // 2:])):
+            return "cos/sin halves differ: not the rotate_half (non-interleaved) layout"
+        # a probe with another batch row must give the same table (no batch-dependent rope)
+        return pos, np.ascontiguousarray(c[:, : h // 2]), np.ascontiguousarray(s[:, : h // 2])
+
+    def rewrite(self, ctx, m: _Rot):
+        g = ctx.graph
+        ctx.use_opset(MS, 1)
+        key = ("rotary-cache", id(m.cos))
+        if key not in ctx.cache:
+            ctx.cache[key] = (add_initializer(g, "rotary.cos_cache", m.cos_cache.astype(m.x.dtype.numpy())),
+                              add_initializer(g, "rotary.sin_cache", m.sin_cache.astype(m.x.dtype.numpy())))
+        cc, sc = ctx.cache[key]
+        pos = m.pos
+        if pos.dtype != ir.DataType.INT64:
+            cast = make_node(m.anchor, "", "Cast", [pos], {"to": ir.DataType.INT64})
+            insert_before(g, m.out.producer(), [cast])
+            pos = cast.outputs[0]
+        x, new = m.x, []
+        tr = op(x, "Transpose")
+        y = tr.inputs[0] if tr is not None else None
+        n_heads = dim(y, 2) if y is not None else None
+        if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3] and isinstance(n_heads, int):
+            # x = BNSH view of y [B,S,N,H]: rotate the [B,S,N*H] form (what GQA/MHA consume), view back
+            h = dim(x, -1)
+            flat = make_node(m.anchor, "", "Reshape", [y, int64(g, "shape_bs_flat", [0, 0, -1])])
+            rot = make_node(m.anchor, MS, "RotaryEmbedding", [flat.outputs[0], pos, cc, sc],
+                            {"interleaved": 0, "num_heads": n_heads})
+            back = make_node(m.anchor, "", "Reshape", [rot.outputs[0], int64(g, "shape_bsnh", [0, 0, n_heads, h])])
+            tr2 = make_node(m.anchor, "", "Transpose", [back.outputs[0]], {"perm": [0, 2, 1, 3]})
+            new = [flat, rot, back, tr2]
+            if y.shape is not None:
+                flat.outputs[0].shape = ir.Shape([y.shape[0], y.shape[1], n_heads * h])
+                rot.outputs[0].shape = flat.outputs[0].shape
+                back.outputs[0].shape = y.shape
+            for n in new:
+                n.outputs[0].type = x.type
+            tr2.outputs[0].shape = m.out.shape
+            result = tr2.outputs[0]
+        else:
+            if x.shape is None or len(x.shape) != 4:
+                raise ValueError("x is neither BNSH 4-D nor a transposed BSNH tensor")
+            rot = make_node(m.anchor, MS, "RotaryEmbedding", [x, pos, cc, sc], {"interleaved": 0})
+            rot.outputs[0].shape, rot.outputs[0].type = m.out.shape, m.out.type
+            new, result = [rot], rot.outputs[0]
+        insert_before(g, m.out.producer(), new)
+        replace_value(g, m.out, result)

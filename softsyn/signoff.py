@@ -1,0 +1,373 @@
+"""Sign-off: run the design on the real runtime, compare with the analysis, back-annotate (PrimeTime + SDF).
+
+`signoff(DIR, provider, runs)` reads an `analyze -o` directory (analysis.json + design.json, which
+records the model spec, constraints, target and ONNX file) or a `compile -o` directory (model.onnx,
+netlist.json, runtime/session.json), and for each path group at its scenario dims:
+
+1. measures the model (softsyn.measure.measure: warm run_with_iobinding calls, median and p90);
+2. profiles it per node in a separate session (ORT's profiler, softsyn.measure.profile);
+3. maps the profile onto the netlist and builds the group's back-annotation (softsyn.annotate);
+4. compares predicted (the analysis's arrival at the worst endpoint minus the input delay: the
+   session.run overhead plus every cell) with measured (the median run), per group, per op type
+   and per cell, and checks the measured slack = required - input delay - measured median.
+
+Writes DIR/signoff/annotation.json (for `softsyn analyze --annotate`), DIR/signoff/signoff.json and
+DIR/reports/signoff.rpt. A group whose measured slack is negative is a violation (exit 1).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from softsyn.annotate import Annotation, group_annotation, new_annotation
+from softsyn.errors import SoftsynError
+from softsyn.measure import MEASURED_INTERVAL, device_name, measure, onnx_path, profile, scenario_inputs
+
+DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
+DESIGN_SCHEMA = "softsyn.design/1"
+ANALYSIS_FILE = "analysis.json"
+PREDICTED_MEANS = ("data arrival at the group's worst endpoint minus the input delay: the runtime's "
+                   "session.run overhead plus every cell on the path (one stream: every cell)")
+ERROR_MEANS = "error = (predicted - measured) / measured; negative: the analysis was optimistic"
+
+
+# ------------------------------------------------------------------------------------------ results
+
+@dataclass
+class CellRow:
+    instance: str  # hierarchy/node, as report_timing prints it
+    node: str
+    op_type: str
+    predicted: float  # s
+    measured: float  # s (0 for cells the runtime absorbed)
+    source: str  # where the predicted delay came from (table/est/annot)
+    match: str  # "exact" | "fused-anchor" | "absorbed" | "residual" (the session.run row)
+    runtime_op: str = ""
+
+    @property
+    def delta(self) -> float:
+        return self.measured - self.predicted
+
+
+@dataclass
+class OpRow:
+    op_type: str
+    cells: int
+    predicted: float
+    measured: float
+
+
+@dataclass
+class GroupResult:
+    name: str
+    description: str
+    dims: dict[str, int]
+    clock_period: float
+    input_delay: float
+    budget: float  # required - input delay: what one run may take, s (inf when unconstrained)
+    predicted: float  # arrival - input delay, s
+    measured_median: float
+    measured_p10: float
+    measured_p90: float
+    runs: int
+    kernel_sum: float  # sum of the matched kernel times (profiled), s
+    residual: float  # measured_median - kernel_sum
+    profiler_run: float  # the profiler's own model_run median, s
+    profiler_overhead: float  # s per kernel, calibrated and subtracted from each kernel time
+    kernel_scale: float  # < 1: profiled kernels summed to more than the timed run and were scaled to it
+    predicted_overhead: float  # the analysis's session.run row
+    counts: dict[str, int]  # exact / fused-anchor / absorbed / runtime-only
+    by_op: list[OpRow]
+    cells: list[CellRow]  # every executed netlist cell + the session.run row, largest |delta| first
+    runtime_only: dict[str, dict]
+
+    @property
+    def predicted_slack(self) -> float:
+        return self.budget - self.predicted
+
+    @property
+    def measured_slack(self) -> float:
+        return self.budget - self.measured_median
+
+    @property
+    def p90_slack(self) -> float:
+        return self.budget - self.measured_p90
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured_median) / self.measured_median if self.measured_median else math.nan
+
+    @property
+    def violated(self) -> bool:
+        return self.measured_slack < 0
+
+    def responsible(self, top: int = 5) -> list[CellRow]:
+        """The cells whose measured delay most exceeds the prediction (what made the measurement miss)."""
+        rows = sorted((c for c in self.cells if c.delta > 0), key=lambda c: -c.delta)
+        return rows[:top]
+
+
+@dataclass
+class SignoffResult:
+    design: str
+    directory: str
+    kind: str  # "analyze" | "compile"
+    library: str
+    library_source: str
+    provider: str
+    device: str
+    runtime: str
+    date: str
+    runs: int
+    warmup: int
+    node_time: str
+    model: str
+    groups: list[GroupResult]
+    annotation_file: str = ""
+    measured_interval: str = MEASURED_INTERVAL
+    predicted_means: str = PREDICTED_MEANS
+    error_means: str = ERROR_MEANS
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def violated(self) -> bool:
+        return any(g.violated for g in self.groups)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for g, obj in zip(data["groups"], self.groups):
+            g.update(predicted_slack=obj.predicted_slack, measured_slack=obj.measured_slack, error=obj.error,
+                     violated=obj.violated)
+        return {"schema": "softsyn.signoff/1", "units": "seconds", **data}
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+@dataclass
+class Target:
+    """What signoff needs from DIR."""
+
+    kind: str
+    design: object  # softsyn.design.Design
+    analysis: object  # softsyn.paths.Analysis
+    onnx: Path
+    session_options: dict
+
+
+def design_record(spec: str, constraints: str | None, target: str | None, cache_dir: str | None,
+                  workload: dict, annotate: str | None, netlist, library: str, materialize: bool = False) -> dict:
+    """DIR/design.json for `analyze -o`: enough to rebuild the same design (and find its ONNX) later."""
+    try:
+        onnx = str(onnx_path(netlist))
+    except SoftsynError:
+        onnx = None
+    absolute = lambda p: str(Path(p).resolve()) if p else None  # noqa: E731
+    return {
+        "schema": DESIGN_SCHEMA,
+        "model": spec,
+        "constraints": absolute(constraints),
+        "target": target,
+        "library": library,
+        "workload": {k: v for k, v in workload.items() if v is not None},
+        "cache_dir": absolute(cache_dir),
+        "annotate": absolute(annotate),
+        "materialize": materialize,
+        "onnx": onnx,
+        "weights": netlist.provenance.get("weights"),
+    }
+
+
+def _bad_dir(directory: Path, why: str) -> SoftsynError:
+    return SoftsynError(f"{directory}: {why}. signoff takes the output directory of `softsyn analyze MODEL -o DIR` "
+                        "(analysis.json + design.json) or of `softsyn compile MODEL -o DIR` (model.onnx + netlist.json)")
+
+
+def load_target(directory: str | Path, progress: bool = False) -> Target:
+    from softsyn.constraints import Constraints, load_constraints
+    from softsyn.design import Design
+    from softsyn.frontends import read_design
+    from softsyn.library import load_library
+    from softsyn.reports import from_json
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise _bad_dir(directory, "no such directory")
+    saved = directory / ANALYSIS_FILE
+    analysis = None
+    if saved.is_file():
+        try:
+            analysis = from_json(saved.read_text())
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _bad_dir(directory, f"{ANALYSIS_FILE} is not a readable softsyn analysis ({exc})") from None
+    record = {}
+    if (directory / DESIGN_FILE).is_file():
+        try:
+            record = json.loads((directory / DESIGN_FILE).read_text())
+        except ValueError as exc:
+            raise _bad_dir(directory, f"{DESIGN_FILE} is not JSON ({exc})") from None
+
+    if (directory / "model.onnx").is_file() and (directory / "netlist.json").is_file():  # compile -o
+        kind = "compile"
+        onnx = directory / "model.onnx"
+        netlist = read_design(str(onnx), progress=progress)
+        meta = _read_json(directory / "netlist.json")
+        cons_file = record.get("constraints") or meta.get("constraints_file") or (
+            analysis.constraints_file if analysis else None)
+        cons = load_constraints(cons_file) if cons_file and Path(cons_file).is_file() else Constraints.default()
+        library = load_library(record.get("library") or meta.get("library") or (analysis.library if analysis else None)
+                               or cons.target or "cpu-ort")
+        design = Design(netlist, cons, library, progress)
+        runtime = _read_json(directory / "runtime" / "session.json")
+        options = runtime.get("session_options", {}) if isinstance(runtime.get("session_options"), dict) else {}
+    elif analysis is not None:  # analyze -o
+        kind = "analyze"
+        spec = record.get("model") or analysis.provenance.get("source")
+        if not spec:
+            raise _bad_dir(directory, f"no {DESIGN_FILE} and the analysis does not name its model")
+        saved_cons = analysis.constraints_file
+        cons_file = record.get("constraints") or (saved_cons if saved_cons and not saved_cons.startswith("<")
+                                                  and saved_cons != "None" else None)
+        if cons_file and not Path(cons_file).is_file():
+            raise SoftsynError(f"{directory}: the constraints file {cons_file} the analysis used is gone")
+        kwargs = dict(constraints=cons_file, target=record.get("library") or analysis.library,
+                      cache_dir=record.get("cache_dir"), progress=progress, annotate=record.get("annotate"),
+                      **record.get("workload", {}))
+        if record.get("materialize"):
+            kwargs["materialize"] = True
+        design = Design.load(spec, **kwargs)
+        onnx = Path(record["onnx"]) if record.get("onnx") and Path(record["onnx"]).is_file() else onnx_path(design.netlist)
+        options = {}
+    else:
+        raise _bad_dir(directory, f"neither {ANALYSIS_FILE} nor model.onnx + netlist.json here")
+    if "meta" in str(design.netlist.provenance.get("weights", "")):
+        raise SoftsynError(f"{directory}: {design.netlist.name} was exported without weights (meta device), so it "
+                           "cannot run; re-run analyze with --materialize (seeded random weights) on a machine with "
+                           "the RAM for them")
+    if analysis is None:
+        analysis = design.analyze()
+    return Target(kind, design, analysis, onnx, options)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------ the flow
+
+def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup: int = 3, profile_runs: int | None = None,
+            annotation_out: str | Path | None = None, progress: bool = True, groups: list[str] | None = None,
+            blocking_profile: bool | None = None) -> SignoffResult:
+    from softsyn.timing import RUN_CALL, cell_timings
+
+    directory = Path(directory)
+    target = load_target(directory, progress=False)
+    design, analysis = target.design, target.analysis
+    netlist = design.netlist
+    nodes = netlist.nodes()
+    netlist_nodes = [(n.name, n.op_type) for n in nodes]
+    instance = {n.name: (f"{netlist.hierarchy(n)}/{n.name}" if netlist.hierarchy(n) else n.name) for n in nodes}
+    device = device_name(provider)
+    blocking = provider == "cuda" if blocking_profile is None else blocking_profile
+    node_time = "kernel" if provider != "cuda" or blocking else "host-launch"
+    annotation: Annotation = new_annotation(netlist.name, str(target.onnx), "", device, node_time, MEASURED_INTERVAL)
+    results = []
+    for group in design.groups:
+        if groups and group.name not in groups:
+            continue
+        try:
+            timing = analysis.group(group.name)
+        except KeyError:
+            timing = None
+        if timing is None or not timing.paths:
+            continue
+        _log(progress, f"signoff {group.scenario.description}: measuring {runs} runs on {provider}")
+        feeds = scenario_inputs(netlist, group.scenario.dims)
+        m = measure(target.onnx, feeds, runs=runs, warmup=warmup, provider=provider, options=target.session_options)
+        prof = profile(target.onnx, feeds, runs=profile_runs or max(3, min(runs, 10)), warmup=2, provider=provider,
+                       options=target.session_options, blocking=blocking)
+        annotation.provider = m.provider
+        ga = group_annotation(group.name, group.scenario.dims, netlist_nodes, prof, m)
+        annotation.groups[group.name] = ga
+
+        # Predicted per cell: the saved analysis's critical path (one stream: every executed cell); any cell it
+        # lacks is re-timed from the design's library.
+        critical = timing.critical
+        saved = {p.name: p for p in critical.points}
+        shapes = None
+        recomputed = {}
+        rows = []
+        run_point = saved.get(RUN_CALL)
+        rows.append(CellRow(RUN_CALL, RUN_CALL, "Run", run_point.incr if run_point else 0.0, ga.residual,
+                            run_point.source if run_point else "est", "residual", "session.run residual"))
+        for node in nodes:
+            if node.op_type == "Constant":
+                continue
+            point = saved.get(instance[node.name])
+            if point is None:
+                if shapes is None:
+                    shapes = netlist.bind(group.scenario.dims)
+                    recomputed = {c.node.name: c for c in cell_timings(netlist, design.library, shapes)}
+                c = recomputed[node.name]
+                predicted, source = c.delay, c.source
+            else:
+                predicted, source = point.incr, point.source
+            cell = ga.cells.get(node.name)
+            rows.append(CellRow(instance[node.name], node.name, node.op_type, predicted,
+                                cell.delay if cell else 0.0, source, cell.match if cell else "absorbed",
+                                cell.runtime_op if cell else ""))
+        by_op: dict[str, OpRow] = {}
+        for r in rows:
+            row = by_op.setdefault(r.op_type, OpRow(r.op_type, 0, 0.0, 0.0))
+            row.cells += 1
+            row.predicted += r.predicted
+            row.measured += r.measured
+        rows.sort(key=lambda r: -abs(r.delta))
+        counts = {"exact": sum(1 for c in ga.cells.values() if c.match == "exact"),
+                  "fused-anchor": sum(1 for c in ga.cells.values() if c.match == "fused-anchor"),
+                  "absorbed": sum(1 for name, op in netlist_nodes if name not in ga.cells and op != "Constant"),
+                  "constant": sum(1 for _, op in netlist_nodes if op == "Constant"),
+                  "runtime-only": len(ga.runtime_only), "profiled": len(prof.nodes)}
+        budget = min(p.required - p.input_delay for p in timing.paths)
+        results.append(GroupResult(
+            name=group.name, description=group.scenario.description, dims=dict(group.scenario.dims),
+            clock_period=timing.clock_period, input_delay=critical.input_delay, budget=budget,
+            predicted=critical.arrival - critical.input_delay, measured_median=m.median, measured_p10=m.p10,
+            measured_p90=m.p90, runs=m.runs, kernel_sum=ga.kernel_sum, residual=ga.residual,
+            profiler_run=prof.run_median, profiler_overhead=prof.overhead_per_node, kernel_scale=ga.kernel_scale, predicted_overhead=run_point.incr if run_point else 0.0, counts=counts,
+            by_op=sorted(by_op.values(), key=lambda o: -abs(o.measured - o.predicted)), cells=rows,
+            runtime_only=ga.runtime_only))
+        _log(progress, f"  predicted {results[-1].predicted * 1e3:.3f} ms, measured {m.summary}")
+    if not results:
+        raise SoftsynError(f"{directory}: no path group to sign off" + (f" among {', '.join(groups)}" if groups else ""))
+
+    out = Path(annotation_out) if annotation_out else directory / "signoff" / "annotation.json"
+    annotation.save(out)
+    return SignoffResult(
+        design=netlist.name, directory=str(directory), kind=target.kind, library=analysis.library,
+        library_source=analysis.library_source, provider=annotation.provider, device=device, runtime=annotation.runtime,
+        date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), runs=runs, warmup=warmup,
+        node_time=node_time, model=str(target.onnx), groups=results, annotation_file=str(out),
+        notes=list(analysis.notes))
+
+
+def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
+    from softsyn.reports.common import write_atomic
+
+    directory = Path(directory)
+    return [write_atomic(directory / "reports" / "signoff.rpt", report_text),
+            write_atomic(directory / "signoff" / "signoff.json", json.dumps(result.to_dict(), indent=1) + "\n")]
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[softsyn] {message}", file=sys.stderr, flush=True)

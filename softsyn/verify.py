@@ -1,0 +1,154 @@
+"""`softsyn verify DIR`: the compiled model against its fp32 reference (Formality's role, by simulation).
+
+Both models run on ONNX Runtime with the same seeded inputs (softsyn.measure.scenario_inputs) at
+every scenario the compile timed. Per output:
+- max abs error  max|c - r|
+- rel error      max|c - r| / max|r|   (one number per tensor: the worst element against the
+                 tensor's scale, so near-zero elements do not blow it up)
+- cosine         cos(c, r) over the flattened tensor, in float64
+- top-1          for logits: fraction of positions where argmax over the vocabulary agrees
+compared with the accuracy budget: constraints `accuracy.max_rel_error` (default by the compiled
+precision, DEFAULT_REL_ERROR) and `accuracy.min_top1` (checked when given).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.emit import MODEL_FILE, SESSION_FILE
+from softsyn.errors import SoftsynError
+from softsyn.measure import scenario_inputs
+from softsyn.netlist import Netlist
+
+DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
+
+
+@dataclass
+class OutputCheck:
+    scenario: str
+    output: str
+    max_abs: float
+    rel: float
+    cosine: float
+    top1: float | None
+    violations: list[str]
+
+
+@dataclass
+class VerifyResult:
+    checks: list[OutputCheck]
+    max_rel_error: float
+    budget_source: str
+    min_top1: float | None
+    provider: str
+    reference: dict
+    precision: str
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{c.scenario}/{c.output}: {v}" for c in self.checks for v in c.violations]
+
+
+def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool) -> tuple[float, float, float, float | None]:
+    c, r = compiled.astype(np.float64), reference.astype(np.float64)
+    diff = np.abs(c - r)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(r).max()) if r.size else 0.0
+    rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    norms = float(np.linalg.norm(c) * np.linalg.norm(r))
+    cosine = float(np.dot(c.ravel(), r.ravel()) / norms) if norms > 0 else float(max_abs == 0)
+    agree = float(np.mean(c.argmax(-1) == r.argmax(-1))) if top1 and r.ndim >= 1 and r.size else None
+    return max_abs, rel, cosine, agree
+
+
+def load_settings(out_dir: Path) -> dict:
+    path = out_dir / SESSION_FILE
+    if not (out_dir / MODEL_FILE).is_file() or not path.is_file():
+        raise SoftsynError(f"{out_dir}: not a compiled design (no {MODEL_FILE} or {SESSION_FILE}); "
+                           f"run `softsyn compile MODEL -o {out_dir}` first")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise SoftsynError(f"{path}: not readable JSON ({exc}); re-run softsyn compile") from None
+
+
+def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
+    """The fp32 reference ONNX: the recorded path, else the source read again (re-exported into the cache)."""
+    ref = settings.get("reference") or {}
+    path = Path(ref.get("onnx", ""))
+    if path.suffix == ".onnx" and path.is_file():
+        return path
+    if not ref.get("source"):
+        raise SoftsynError(f"{SESSION_FILE}: no reference recorded; re-run softsyn compile")
+    from softsyn.frontends import read_design
+    from softsyn.measure import onnx_path
+
+    return onnx_path(read_design(ref["source"], cache_dir=cache_dir, progress=False))
+
+
+def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False) -> VerifyResult:
+    import onnxruntime as ort
+
+    out_dir = Path(out_dir)
+    settings = load_settings(out_dir)
+    ref_path = reference_path(settings, cache_dir)
+    reference = Netlist.from_model(ir.load(str(ref_path)))
+    precision = settings.get("precision", "fp32")
+    budget = settings.get("accuracy") or {}
+    max_rel = budget.get("max_rel_error")
+    source = "accuracy.max_rel_error"
+    if max_rel is None:
+        max_rel, source = DEFAULT_REL_ERROR.get(precision, DEFAULT_REL_ERROR["fp16"]), f"default for {precision}"
+    min_top1 = budget.get("min_top1")
+
+    ref_session = ort.InferenceSession(str(ref_path), providers=["CPUExecutionProvider"])
+    ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
+    providers = ["CPUExecutionProvider"] if cpu else settings.get("providers")
+    session = ort.InferenceSession(str(out_dir / MODEL_FILE), providers=providers)
+    input_types = {i.name: i.type for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    checks = []
+    for scenario, spec in settings["scenarios"].items():
+        feeds = scenario_inputs(reference, spec["dims"], seed=seed)
+        compiled_feeds = {k: v.astype(np.float16) if input_types.get(k) == "tensor(float16)" else v
+                          for k, v in feeds.items()}
+        expected = dict(zip([o.name for o in ref_session.get_outputs()], ref_session.run(None, feeds)))
+        for name, got in zip(names, session.run(None, compiled_feeds)):
+            if name not in expected:
+                raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
+                                   f"{ref_path} (outputs: {', '.join(expected)})")
+            max_abs, rel, cosine, top1 = compare(got, expected[name], top1=name == "logits")
+            violations = []
+            if not rel <= max_rel:
+                violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
+            if top1 is not None and min_top1 is not None and not top1 >= min_top1:
+                violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
+            checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
+    return VerifyResult(checks, max_rel, source, min_top1, session.get_providers()[0],
+                        settings.get("reference") or {}, precision)
+
+
+def render(result: VerifyResult, out_dir: str | Path) -> str:
+    ref = result.reference
+    lines = [f"softsyn verify: {out_dir} ({result.precision}, {result.provider}) vs reference "
+             f"{ref.get('source', '?')} ({ref.get('precision', 'fp32')})",
+             f"Budget: max rel error {result.max_rel_error:.3e} ({result.budget_source}); min top-1 "
+             + (f"{result.min_top1:.4f}" if result.min_top1 is not None else "not set"),
+             "rel error = max|compiled - reference| / max|reference| per output tensor", "",
+             f"  {'Scenario':<10} {'Output':<24} {'Max abs':>10} {'Rel error':>10} {'Cosine':>10} {'Top-1':>7}  Status",
+             f"  {'-' * 10} {'-' * 24} {'-' * 10} {'-' * 10} {'-' * 10} {'-' * 7}  {'-' * 8}"]
+    for c in result.checks:
+        top1 = f"{c.top1:.4f}" if c.top1 is not None else "-"
+        lines.append(f"  {c.scenario:<10} {c.output:<24} {c.max_abs:>10.3e} {c.rel:>10.3e} {c.cosine:>10.6f} "
+                     f"{top1:>7}  {'VIOLATED' if c.violations else 'MET'}")
+    lines.append("")
+    if result.violations:
+        lines += [f"VIOLATED: {v}" for v in result.violations]
+    else:
+        lines.append(f"verify: all {len(result.checks)} outputs within the accuracy budget")
+    return "\n".join(lines)

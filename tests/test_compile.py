@@ -1,0 +1,131 @@
+"""softsyn compile / verify end to end on qwen3-tiny: emitted artifacts, accuracy check, atomic writes."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from softsyn import passes
+from softsyn.cli import main
+from softsyn.emit import check
+from softsyn.errors import SoftsynError
+
+TINY = "zoo:qwen3-tiny"
+GPU_TINY = """\
+target: h200-ort-cuda
+workload: {batch: 1, prompt_len: 16, context_len: 32}
+accuracy: {max_rel_error: 2%, min_top1: 0.9}
+"""
+
+
+def compile_cli(out, *extra):
+    return CliRunner().invoke(main, ["compile", TINY, "--effort", "low", "-o", str(out), "-q", *extra])
+
+
+@pytest.fixture(scope="module")
+def compiled(cache_dir, tmp_path_factory):
+    """qwen3-tiny compiled for the H200 library (flatten, fuse, fp16), as the CLI does it."""
+    root = tmp_path_factory.mktemp("compiled")
+    (root / "gpu-tiny.yaml").write_text(GPU_TINY)
+    result = compile_cli(root / "out", "-c", str(root / "gpu-tiny.yaml"), "--cache-dir", str(cache_dir))
+    assert result.exit_code in (0, 1), result.output + repr(result.exception)
+    return root / "out"
+
+
+def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
+    check(compiled / "model.onnx")  # onnx.checker, path form (ORT's default-domain kernels as runtime ops)
+    session = ort.InferenceSession(str(compiled / "model.onnx"), providers=["CPUExecutionProvider"])
+    types = {i.name: i.type for i in session.get_inputs()}
+    assert types["input_ids"] == "tensor(int64)" and types["past_key_values.0.key"] == "tensor(float16)"
+    assert (compiled / "model.onnx.data").is_file()
+
+    netlist = json.loads((compiled / "netlist.json").read_text())
+    assert netlist["cell_count"] == len(netlist["cells"]) == len(onnx.load(compiled / "model.onnx",
+                                                                        load_external_data=False).graph.node)
+    for cell in netlist["cells"]:
+        assert {"name", "hierarchy", "op", "cell", "precision", "delay", "source"} <= set(cell)
+        assert set(cell["delay"]) == {"prefill", "decode"} and all(d >= 0 for d in cell["delay"].values())
+    assert any(c["op"] == "MatMul" and c["precision"] == "fp16" for c in netlist["cells"])
+    assert any(c["hierarchy"].startswith("model.layers.1") for c in netlist["cells"])
+
+    session_json = json.loads((compiled / "runtime" / "session.json").read_text())
+    assert session_json["providers"][0] == "CUDAExecutionProvider" and session_json["precision"] == "fp16"
+    assert session_json["outputs"]["logits"]["dtype"] == "float16"
+    assert session_json["scenarios"]["decode"]["dims"] == {"batch": 1, "seq": 1, "past": 32}
+    assert session_json["inputs"]["past_key_values.0.key"]["scenarios"]["decode"] == [1, 2, 32, 32]
+    assert session_json["reference"]["source"] == TINY and session_json["reference"]["onnx"].endswith("model.onnx")
+
+    log = (compiled / "compile.log").read_text().splitlines()
+    phases = [line.split()[1] for line in log if line.strip()[:1].isdigit()]
+    assert phases == ["elaborate", "flatten", "fuse", "precision"]
+    for name in ("timing", "qor", "area", "constraint", "fusion"):
+        assert (compiled / "reports" / f"{name}.rpt").is_file()
+    assert not [p.name for p in compiled.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_verify_meets_the_budget(compiled):
+    result = CliRunner().invoke(main, ["verify", str(compiled), "--cpu"])
+    assert result.exit_code == 0, result.output
+    assert "prefill    logits" in result.output and "decode     present.1.value" in result.output
+    assert "VIOLATED" not in result.output
+
+
+def test_verify_names_the_output_a_corrupted_model_breaks(compiled, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(compiled, broken)
+    model = onnx.load(broken / "model.onnx")
+    head = next(t for t in model.graph.initializer if "lm_head" in t.name)
+    data = onnx.numpy_helper.to_array(head)
+    head.CopyFrom(onnx.numpy_helper.from_array((data * 1.5).astype(data.dtype), head.name))
+    onnx.save(model, broken / "model.onnx", save_as_external_data=True, location="model.onnx.data")
+
+    result = CliRunner().invoke(main, ["verify", str(broken), "--cpu"])
+    assert result.exit_code == 1, result.output
+    assert "VIOLATED: prefill/logits: rel error" in result.output
+    assert "present.0.key" in result.output and "VIOLATED: prefill/present" not in result.output
+
+
+def test_failed_compile_leaves_no_directory(cache_dir, tmp_path, monkeypatch):
+    def broken(design):
+        raise RuntimeError("pass blew up")
+
+    passes.load_all()
+    monkeypatch.setitem(passes.PASSES, "precision", passes.Pass("precision", "broken", broken))
+    out = tmp_path / "out"
+    result = compile_cli(out, "--cache-dir", str(cache_dir))
+    assert isinstance(result.exception, RuntimeError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_pass_in_the_script_fails_before_any_work(tmp_path, monkeypatch):
+    passes.load_all()
+    monkeypatch.delitem(passes.PASSES, "fuse")
+    result = compile_cli(tmp_path / "out")
+    assert isinstance(result.exception, SoftsynError)
+    assert "effort low: pass fuse is not registered" in str(result.exception)
+    assert not (tmp_path / "out").exists()
+
+
+def test_foreign_directory_is_refused(tmp_path):
+    (tmp_path / "thesis.tex").write_text("mine")
+    result = compile_cli(tmp_path)
+    assert isinstance(result.exception, SoftsynError) and "not a softsyn output directory" in str(result.exception)
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]
+
+
+def test_compile_rewrites_its_own_output_in_place(cache_dir, compiled, tmp_path):
+    out = tmp_path / "again"
+    shutil.copytree(compiled, out)
+    (out / "stale.txt").write_text("from an older compile")
+    result = compile_cli(out, "--cache-dir", str(cache_dir))  # cpu-ort default: fp32, no precision change
+    assert result.exit_code in (0, 1), result.output + repr(result.exception)
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "runtime" / "session.json").read_text())["precision"] == "fp32"
+    verify = CliRunner().invoke(main, ["verify", str(out)])
+    assert verify.exit_code == 0 and "default for fp32" in verify.output, verify.output
+    np.testing.assert_equal(len(list(tmp_path.iterdir())), 1)

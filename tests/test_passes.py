@@ -1,0 +1,154 @@
+"""Passes: the registry, flatten and precision; each proven equivalent on ORT and checked for structure."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from softsyn.cli import main
+from softsyn.constraints import Constraints, parse_constraints
+from softsyn.design import Design
+from softsyn.errors import SoftsynError
+from softsyn.frontends import read_design
+from softsyn.library import load_library
+from softsyn.measure import scenario_inputs
+from softsyn.netlist import HIERARCHY_KEY, Netlist
+from softsyn.passes import get, load_all, run_pass
+
+SCENARIOS = [{"batch": 1, "seq": 8, "past": 0}, {"batch": 1, "seq": 1, "past": 8}]  # prefill, decode
+
+
+@pytest.fixture
+def tiny(cache_dir):
+    """A fresh netlist per test: passes rewrite it in place."""
+    return read_design("zoo:qwen3-tiny", cache_dir=cache_dir, progress=False)
+
+
+def run_ort(model: ir.Model, feeds: dict, tmp_path) -> list[np.ndarray]:
+    path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.onnx"
+    ir.save(model, str(path), external_data=path.name + ".data")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    types = {i.name: i.type for i in session.get_inputs()}
+    feeds = {k: v.astype(np.float16) if types[k] == "tensor(float16)" else v for k, v in feeds.items()}
+    return [o.astype(np.float32) for o in session.run(None, feeds)]
+
+
+def reference_outputs(netlist: Netlist, tmp_path):
+    feeds = [scenario_inputs(netlist, dims) for dims in SCENARIOS]
+    return feeds, [run_ort(netlist.model, f, tmp_path) for f in feeds]
+
+
+def max_rel_error(got, want) -> float:
+    return max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
+
+
+def assert_no_dead_nodes(model: ir.Model):
+    ports = set(model.graph.outputs)
+    dead = [n.name for n in model.graph if not any(o.uses() or o in ports for o in n.outputs)]
+    assert dead == []
+
+
+def test_registry_lists_passes_with_help():
+    registered = load_all()
+    assert {"flatten", "precision"} <= set(registered)
+    result = CliRunner().invoke(main, ["passes"])
+    assert result.exit_code == 0
+    assert "flatten    inline functions" in result.output and "effort low: flatten -> fuse -> precision" in result.output
+    with pytest.raises(SoftsynError, match="no pass 'nope'; registered passes: .*flatten"):
+        get("nope")
+
+
+def _deoptimise(netlist: Netlist) -> None:
+    """What an unoptimised exporter leaves: an Identity, a constant chain, a multiply by one, a dead cell."""
+    graph = netlist.model.graph
+    matmul = next(n for n in graph if n.op_type == "MatMul")
+    x = matmul.inputs[0]
+    const = [ir.node("Constant", [], attributes={"value": ir.tensor(np.array([v], np.float32))}) for v in (2.0, 0.5)]
+    one = ir.node("Mul", [const[0].outputs[0], const[1].outputs[0]])
+    ident = ir.node("Identity", [x])
+    times_one = ir.node("Mul", [ident.outputs[0], one.outputs[0]])
+    dead = ir.node("Relu", [x])
+    for out in (ident.outputs[0], times_one.outputs[0]):
+        out.dtype, out.shape = x.dtype, x.shape
+    graph.insert_before(matmul, [*const, one, ident, times_one, dead])
+    matmul.replace_input_with(0, times_one.outputs[0])
+    netlist.invalidate()
+
+
+def test_flatten_removes_folds_and_keeps_equivalence(tiny, tmp_path):
+    feeds, want = reference_outputs(tiny, tmp_path)
+    hierarchy = {n.name: n.metadata_props[HIERARCHY_KEY] for n in tiny.nodes()}
+    exported = len(tiny.nodes())
+    _deoptimise(tiny)
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
+
+    counts = run_pass(design, "flatten")
+
+    assert counts["folded"] >= 3 and counts["noop"] >= 1 and counts["dead"] >= 1
+    assert len(tiny.nodes()) == exported  # the dynamo export is already swept: back to it exactly
+    assert_no_dead_nodes(tiny.model)
+    assert {n.name: n.metadata_props[HIERARCHY_KEY] for n in tiny.nodes()} == hierarchy
+    for f, w, dims in zip(feeds, want, SCENARIOS):
+        assert max_rel_error(run_ort(tiny.model, f, tmp_path), w) < 1e-6
+        assert tiny.bind_stats(dims)["unbound"] == 0
+    assert sum(run_pass(design, "flatten").values()) == 0  # a second run finds nothing
+
+
+def test_flatten_inlines_functions_with_their_call_site_hierarchy(tmp_path):
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", 4]))
+    fx = ir.Value(name="fx", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", 4]))
+    body = ir.node("Relu", [fx])
+    function = ir.Function("local", "block", "", graph=ir.Graph([fx], body.outputs, nodes=[body],
+                                                                  opset_imports={"": 18}), attributes=[])
+    call = ir.node("block", [x], domain="local", metadata_props={HIERARCHY_KEY: "model.layers.0.mlp"})
+    out = ir.node("Add", [call.outputs[0], x])
+    out.outputs[0].name, out.outputs[0].dtype, out.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["batch", 4])
+    graph = ir.Graph([x], out.outputs, nodes=[call, out], opset_imports={"": 18, "local": 1})
+    model = ir.Model(graph, ir_version=10, functions=[function])
+    netlist = Netlist.from_model(model, name="fn")
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)}
+    want = run_ort(model, feeds, tmp_path)
+
+    counts = run_pass(Design(netlist, Constraints.default(), load_library("cpu-ort"), progress=False), "flatten")
+
+    assert counts["inlined"] == 1 and not model.functions
+    relu = next(n for n in model.graph if n.op_type == "Relu")
+    assert relu.metadata_props[HIERARCHY_KEY] == "model.layers.0.mlp"
+    np.testing.assert_array_equal(run_ort(model, feeds, tmp_path)[0], want[0])
+
+
+def test_precision_fp16_on_gpu_target(tiny, tmp_path):
+    feeds, want = reference_outputs(tiny, tmp_path)
+    design = Design(tiny, Constraints.default(), load_library("h200-ort-cuda"), progress=False)
+
+    counts = run_pass(design, "precision")
+
+    assert counts["fp32_norm_stats"] == 9 * 5  # 9 RMSNorms (2 layers x 4 + final): Pow, ReduceMean, Add, Sqrt, Reciprocal
+    assert counts["fp32_rotary_angles"] >= 3  # Cast(positions) ... Cos, Sin
+    assert counts["ports_fp16"] == 4 + 5  # past KV in; logits, present KV out
+    graph = tiny.model.graph
+    assert all(v.dtype == ir.DataType.FLOAT16 for v in graph.outputs)
+    assert {v.name: v.dtype for v in graph.inputs}["input_ids"] == ir.DataType.INT64
+    matmul_weights = [v for v in graph.initializers.values() if any(u.op_type == "MatMul" for u, _ in v.uses())]
+    assert matmul_weights and all(v.dtype == ir.DataType.FLOAT16 for v in matmul_weights)
+    assert all(HIERARCHY_KEY in n.metadata_props for n in tiny.nodes())
+    casts = [n for n in tiny.nodes() if n.op_type == "Cast" and n.name.endswith(("_to_float", "_to_float16"))]
+    assert len(casts) == counts["casts_inserted"]
+    assert Counter(n.metadata_props[HIERARCHY_KEY] for n in casts)["model.norm"] == 2  # into and out of the island
+    # ORT CPU runs this fp16 model (its fp16 kernels or its own Cast fallbacks): equivalence within fp16 rounding
+    for f, w, dims in zip(feeds, want, SCENARIOS):
+        assert max_rel_error(run_ort(tiny.model, f, tmp_path), w) < 5e-3
+        assert tiny.bind_stats(dims)["unbound"] == 0
+
+
+def test_precision_is_fp32_on_cpu_and_honours_the_default(tiny):
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
+    nodes = len(tiny.nodes())
+    assert run_pass(design, "precision") == {} and len(tiny.nodes()) == nodes
+    design = Design(tiny, parse_constraints("precision:\n  default: int8\n"), load_library("cpu-ort"), progress=False)
+    with pytest.raises(SoftsynError, match="precision.default: int8 .*valid: fp32, fp16"):
+        run_pass(design, "precision")
