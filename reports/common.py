@@ -202,6 +202,12 @@ def render(template: str, **context) -> str:
 
 # ------------------------------------------------------------------------------------------ files
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, text: str) -> Path:
     """Write text to `path` via a temporary file in the same directory and os.replace."""
     path = Path(path)
@@ -212,6 +218,7 @@ def write_atomic(path: Path, text: str) -> Path:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is as readable as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -75,6 +75,7 @@ class CellKind:
     scale: dict | None = None  # size -> reference value (folded into the table by a scaling rule)
     bytes_per_weight: float | None = None
     notes: str = ""
+    discrete: tuple = ()  # axes with only legal values (no hold-out midpoints along them), e.g. block
 
     @property
     def key(self) -> str:
@@ -549,7 +550,7 @@ def cell_kinds() -> list[CellKind]:
                            _gemm(p), notes="a @ W^T + c (transB=1)"))
     for bits, p in ((4, "int4"), (8, "int8")):
         ks.append(CellKind("MatMulNBits", p, ["m", "n", "k", "block"], NB, matmul_nbits(bits),
-                           bytes_per_weight=bits / 8, notes=f"weight-only {bits}-bit, per-block scales, no zero "
+                           bytes_per_weight=bits / 8, discrete=("block",), notes=f"weight-only {bits}-bit, per-block scales, no zero "
                            "point, activations fp32 (CPU) / fp16 (CUDA)"))
     ks.append(CellKind("DequantizeLinear", "fp8", A, EL, dequantize(FP8, "fp8"), bytes_per_weight=1,
                        notes="fp8 e4m3fn weight -> activation type (the Q/DQ form of an fp8 weight)"))

@@ -187,10 +187,12 @@ def _grid_points(grids: list[list[float]]) -> list[tuple]:
     return list(itertools.product(*grids))
 
 
-def holdout_points(grids: list[list[float]], limit: int) -> list[tuple]:
-    """Geometric midpoints: along each axis (other axes on grid points) and cell centres, deduplicated."""
+def holdout_points(grids: list[list[float]], limit: int, discrete: tuple = ()) -> list[tuple]:
+    """Geometric midpoints: along each axis (other axes on grid points) and cell centres, deduplicated.
+
+    `discrete`: indices of axes with only legal values (block size): no midpoints along them."""
     import itertools
-    mids = [[C.geometric_mid(a, b) for a, b in zip(g, g[1:])] for g in grids]
+    mids = [[] if a in discrete else [C.geometric_mid(x, y) for x, y in zip(g, g[1:])] for a, g in enumerate(grids)]
     pts: list[tuple] = []
     for a, m in enumerate(mids):
         for v in m:
@@ -199,8 +201,8 @@ def holdout_points(grids: list[list[float]], limit: int) -> list[tuple]:
             others = [g for g in grids]
             others[a] = [v]
             pts.extend(itertools.product(*others))
-    if all(mids):
-        pts.extend(itertools.product(*[[v for v in m] for m in mids]))
+    if any(mids):
+        pts.extend(itertools.product(*[m if m else grids[a] for a, m in enumerate(mids)]))
     seen, out = set(), []
     for p in pts:
         if p not in seen:
@@ -270,6 +272,9 @@ def render(lib: dict) -> str:
     out = head
     for k in ("characterization", "interpolation_error", "not_characterised"):
         if k in lib:
+            if not lib[k]:
+                out.append(f"{k}: {{}}")
+                continue
             out.append(f"{k}:")
             for kk, vv in lib[k].items():
                 out.append(f"  {kk}: {_flow(vv)}")
@@ -387,18 +392,28 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                 continue
             grids = kind.grids[plan]
             pts = _grid_points(grids)
-            hold = holdout_points(grids, limit)
+            hold = holdout_points(grids, limit, tuple(kind.axes.index(a) for a in kind.discrete))
             budget = st["point_budget"][q]
             cap = st["cell_cap"][q]
             values, hvalues = [], []
             allpts = [(p, False) for p in pts] + [(p, True) for p in hold]
+            failed = None
             for j, (p, is_hold) in enumerate(allpts):
                 remaining = cap - (time.perf_counter() - t_cell)
                 b = max(0.02, min(budget, remaining / max(1, len(allpts) - j)))
                 sizes = dict(zip(kind.axes, p))
-                (hvalues if is_hold else values).append(measure_point(kind, sizes, ctx, run_overhead, b, quick))
+                try:
+                    (hvalues if is_hold else values).append(measure_point(kind, sizes, ctx, run_overhead, b, quick))
+                except Exception as e:  # noqa: BLE001 - one bad point must not lose the run: record why
+                    failed = f"failed at {sizes}: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
+                    break
                 _log(progress, f"\r[characterize] {idx:>3}/{total} {key}: point {j + 1}/{len(allpts)} "
                      f"{time.perf_counter() - started:6.0f} s", end="")
+            if failed:
+                lib["not_characterised"][key] = failed
+                _log(progress, f"[characterize] {idx:>3}/{total} {key}: not characterised: {failed[:120]}")
+                _write(lib, path)
+                continue
             entry = {"op": kind.op, "precision": kind.precision, "implementation": impl, "axes": list(kind.axes),
                      "points": [[int(v) for v in g] for g in grids],
                      "delays": _nest(values, [len(g) for g in grids]),
@@ -470,5 +485,5 @@ def list_cells(provider: str, quick: bool, cells: str | None = None) -> list[tup
             continue
         g = k.grids[plan]
         out.append((f"{k.op}.{k.precision}.{k.implementation(provider)}", len(_grid_points(g)),
-                    len(holdout_points(g, 6 if quick else 24))))
+                    len(holdout_points(g, 6 if quick else 24, tuple(k.axes.index(a) for a in k.discrete)))))
     return out

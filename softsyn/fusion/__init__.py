@@ -122,7 +122,7 @@ def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[C
                 cov.misses.append(Miss(ctx.site(anchor), f"rewrite failed: {type(exc).__name__}: {exc}"))
                 continue
             cov.fused += 1
-        cov.note = rule.note(ctx)
+        cov.note = rule.note(ctx) if cov.candidates else ""
         remove_dead(ctx.graph)
         netlist.invalidate()
         result.append(cov)

@@ -41,13 +41,13 @@ def _scalar_strip(v: ir.Value) -> tuple[ir.Value, float]:
             return v, s
 
 
-def _reaches_matmul(v: ir.Value, depth: int = 4) -> bool:
-    n = op(v, "MatMul", "Mul", "Div", "Add")
+def _reaches_matmul(v: ir.Value, depth: int = 4, through=("MatMul", "Mul", "Div", "Add")) -> bool:
+    n = op(v, *through)
     if n is None or depth == 0:
         return False
     if n.op_type == "MatMul":
         return const(n.inputs[1]) is None and const(n.inputs[0]) is None
-    return any(_reaches_matmul(i, depth - 1) for i in n.inputs)
+    return any(_reaches_matmul(i, depth - 1, through) for i in n.inputs)
 
 
 def _walk_scores(v: ir.Value):
@@ -154,7 +154,9 @@ class AttentionRule(Rule):
     target_op = "com.microsoft.GroupQueryAttention | com.microsoft.MultiHeadAttention"
 
     def anchors(self, ctx):
-        return [n for n in ctx.graph if n.op_type == "Softmax" and _reaches_matmul(n.inputs[0], 5)]
+        # anchor: every Softmax with a non-constant MatMul within a few elementwise ops upstream
+        wide = ("MatMul", "Mul", "Div", "Add", "Sub", "Tanh", "Where", "Cast")
+        return [n for n in ctx.graph if n.op_type == "Softmax" and _reaches_matmul(n.inputs[0], 5, wide)]
 
     # ---------------------------------------------------------------- check
     def check(self, ctx, sm):

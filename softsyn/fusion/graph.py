@@ -168,7 +168,8 @@ def insert_before(graph: ir.Graph, anchor: ir.Node, nodes: list[ir.Node]) -> Non
 
 def site(netlist, node: ir.Node) -> str:
     h = netlist.hierarchy(node) if netlist is not None else node.metadata_props.get(HIERARCHY_KEY, "")
-    return f"{h or '<top>'} ({node.name})"
+    label = node.name or f"{node.op_type} -> {node.outputs[0].name if node.outputs else '?'}"
+    return f"{h or '<top>'} ({label})"
 
 
 # --------------------------------------------------------------------------- cone evaluation
