@@ -208,7 +208,7 @@ def _time(fn, samples: int, inner: int, warmup: int = 3) -> tuple[float, float, 
     return statistics.median(per), q(0.1), q(0.9)
 
 
-def _time_interleaved(fns: dict, samples: int, inner: int, warmup: int = 3) -> dict:
+def time_interleaved(fns: dict, samples: int, inner: int, warmup: int = 3) -> dict:
     """Like _time for several callables, alternating them sample by sample (shared-machine drift cancels)."""
     for fn in fns.values():
         for _ in range(warmup):
@@ -297,7 +297,7 @@ def _overhead_runners(provider: str, n_nodes: int, cuda_graph: bool = False):
 
 def measure_overheads(provider: str, n_nodes: int, samples: int, inner: int, cuda_graph: bool = False):
     runners = _overhead_runners(provider, n_nodes, cuda_graph)
-    med = _time_interleaved(runners, samples=samples, inner=inner, warmup=5)
+    med = time_interleaved(runners, samples=samples, inner=inner, warmup=5)
     per_node = (med["chain"] - med["one"]) / (n_nodes - 1)
     return per_node, med["one"], med["chain"]
 

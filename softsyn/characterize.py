@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from softsyn import cells as C
+from softsyn.ceilings import time_interleaved
 from softsyn.errors import SoftsynError
 
 PLANS = ("cpu", "cuda")
@@ -117,20 +118,6 @@ def C_ort_empty(shape, elem, device):
     return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, device, 0)
 
 
-def _time_pair(fns: dict, samples: int, inner: int) -> dict:
-    """Median seconds per call of each callable, alternating them sample by sample."""
-    per = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(samples):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            per[k].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in per.items()}
-
-
 def _graph_bytes(g: "C.Graph") -> int:
     from onnx import numpy_helper
     total = 0
@@ -164,7 +151,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
     if t1 >= LONG * run_overhead or copies < 2:
         inner = max(1, int(st["min_sample"][q] / max(t1, 1e-7)))
         samples = int(max(lo, min(hi, budget / max(inner * t1, 1e-7))))
-        t = _time_pair({"one": one}, samples, inner)["one"]
+        t = time_interleaved({"one": one}, samples, inner)["one"]
         return max(t - run_overhead, 1e-9)
     many = Runner(kind.build(sizes, copies, ctx), ctx.provider)
     many()
@@ -173,7 +160,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
     tn = time.perf_counter() - t0
     inner = max(1, int(st["min_sample"][q] / max(tn, 1e-7)))
     samples = int(max(lo, min(hi, budget / max(inner * (t1 + tn), 1e-7))))
-    med = _time_pair({"one": one, "many": many}, samples, inner)
+    med = time_interleaved({"one": one, "many": many}, samples, inner)
     d = (med["many"] - med["one"]) / (copies - 1)
     if d <= 0:  # noise swamped a tiny op: fall back on the one-copy figure minus the run overhead
         d = max(med["one"] - run_overhead, 1e-9)
@@ -467,7 +454,7 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
             fn = lambda s=sess, f=feeds: s.run(None, f)  # noqa: E731
         else:
             fn = Runner(g, provider)
-        t = _time_pair({"r": fn}, 15, 50)["r"]
+        t = time_interleaved({"r": fn}, 15, 50)["r"]
         delays.append(max(t - pairs * launch, 1e-9))
     return {"op": "Run", "precision": "fp32", "implementation": f"ort-{provider}", "axes": ["ios"],
             "points": [grid], "delays": delays, "bytes_per_weight": None, "error": None,

@@ -229,31 +229,27 @@ def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: flo
 
 
 def _moe(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -> Work:
-    """Fused mixture of experts: each token runs k experts (fc1 [+ fc3 gate] -> act -> fc2).
+    """Fused mixture of experts: each token runs k experts, every expert weight read by one multiply-add.
 
-    Inputs: input [T, hidden], router_probs [T, E], fc1_experts_weights [E, hidden, inter] (QMoE: packed
-    uint8, `expert_weight_bits`), ..., fc2, ..., fc3 (optional, gated). Bytes: activations + the weights of
-    the experts touched (min(E, T * k) of E).
+    Counted from the expert weight tensors themselves (fc1 = inputs[2], fc2 = inputs[4], fc3 = inputs[6]
+    when present), so it holds for any layout (ORT 1.31: fc1 [E, 2I, H] interleaved SwiGLU, fc2 [E, H, I])
+    and for QMoE's packed weights (`expert_weight_bits`). Bytes: activations + the weights of the experts
+    touched (min(E, T * k) of E).
     """
     x = shape_of(ins[0], shapes) or ()
     router = shape_of(node.inputs[1], shapes) or ()
     tokens = numel(x[:-1]) if len(x) > 1 else 1
     hidden = x[-1] if x else 0
-    experts = router[-1] if router else 1
+    experts = max(router[-1] if router else 1, 1)
     k = node.attributes.get_int("k", 1)
     bits = node.attributes.get_int("expert_weight_bits", 0) if node.op_type == "QMoE" else 0
-    fc1 = node.inputs[2]
-    fc1_shape = shape_of(fc1, shapes) or ()
-    weight_elems_fc1 = numel(fc1_shape)
-    if bits:
-        weight_elems_fc1 = weight_elems_fc1 * 8 // bits  # packed: elements = bytes * 8 / bits
-    inter = weight_elems_fc1 // max(experts * hidden, 1) if hidden else 0
-    activation_type = node.attributes.get_string("activation_type", "relu") if "activation_type" in node.attributes else "relu"
-    gated = len(node.inputs) > 8 and node.inputs[8] is not None or "swiglu" in activation_type
-    mats = 3 if gated else 2
-    flops = 2.0 * tokens * k * hidden * inter * mats
-    per_expert_bytes = mats * hidden * inter * (bits / 8 if bits else _itemsize(ins[0]))
-    touched = min(experts, tokens * k)
+    weights = [node.inputs[i] for i in (2, 4, 6) if i < len(node.inputs) and node.inputs[i] is not None]
+    stored = sum(numel(shape_of(w, shapes)) for w in weights)  # elements as stored (packed bytes for QMoE)
+    per_expert = stored * (8 // bits if bits else 1) / experts
+    flops = 2.0 * tokens * k * per_expert
     act = _itemsize(ins[0])
+    per_expert_bytes = per_expert * (bits / 8 if bits else act)
+    touched = min(experts, tokens * k)
     bytes_moved = tokens * hidden * act + tokens * experts * act + touched * per_expert_bytes + out_bytes
+    inter = int(per_expert // max(hidden, 1))  # summed width of the expert's matrices
     return Work(flops, bytes_moved, {"tokens": tokens, "experts": experts, "k": k, "hidden": hidden, "inter": inter})

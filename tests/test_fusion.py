@@ -43,9 +43,27 @@ def _fused_pair(name, cache_dir, tmp_path_factory):
                 names=names, ref_names=ref_names, scenarios=scenarios)
 
 
+@pytest.fixture(scope="module")
+def fused_pairs(cache_dir, tmp_path_factory):
+    """Memoised per module: each model is fused and run once, whichever fixture asks for it."""
+    pairs = {}
+
+    def get(name):
+        if name not in pairs:
+            pairs[name] = _fused_pair(name, cache_dir, tmp_path_factory)
+        return pairs[name]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=["qwen3-tiny", "llama-tiny", "qwen3-moe-tiny", "minilm"])
-def fused(request, cache_dir, tmp_path_factory):
-    return _fused_pair(request.param, cache_dir, tmp_path_factory)
+def fused(request, fused_pairs):
+    return fused_pairs(request.param)
+
+
+@pytest.fixture(scope="module")
+def fused_moe(fused_pairs):
+    return fused_pairs("qwen3-moe-tiny")
 
 
 def test_outputs_match_unfused(fused):
@@ -82,13 +100,25 @@ def test_structure(fused):
         assert all(m.reason and m.site for m in c.misses)
 
 
-def test_moe_miss_is_explained(cache_dir, fused):
-    if fused["netlist"].name != "qwen3-moe-tiny":
-        pytest.skip("MoE model only")
-    moe = fused["cov"]["moe"]
-    assert moe.candidates == 2 and moe.fused == 0
-    assert all("TopK" in m.reason and "MoE" in m.reason for m in moe.misses)
-    assert "CPU" in moe.note
+def test_moe_experts_fuse_into_ort_moe(fused_moe):
+    nl, moe = fused_moe["netlist"], fused_moe["cov"]["moe"]
+    assert (moe.candidates, moe.fused, moe.misses) == (2, 2, [])
+    assert moe.target_op == "com.microsoft.MoE" and "CPU" in moe.note
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    assert after["MoE"] == 2 and not after["TopK"] and not after["GatherND"] and not after["Softmax"]
+    for node in (n for n in nl.nodes() if n.op_type == "MoE"):
+        assert node.domain == "com.microsoft" and "mlp" in nl.hierarchy(node)
+        a = {k: v.value for k, v in node.attributes.items()}
+        assert a["k"] == 2 and a["normalize_routing_weights"] == 1  # norm_topk_prob=True
+        assert a["activation_type"] == "swiglu" and a["swiglu_fusion"] == 1
+        assert (a["activation_alpha"], a["activation_beta"]) == (1.0, 0.0)
+        fc1, fc2 = node.inputs[2].const_value.numpy(), node.inputs[4].const_value.numpy()
+        assert fc1.shape == (4, 2 * 64, 128) and fc2.shape == (4, 128, 64)
+        assert node.inputs[1].producer().op_type == "Gemm"  # fed the router logits: the op does softmax+top-k
+    for scenario, ref, got in zip(fused_moe["scenarios"], fused_moe["ref"], fused_moe["got"]):
+        for name, a, b in zip(fused_moe["names"], ref, got):
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-4, (scenario, name, rel)
 
 
 def test_report_text(fused):
@@ -157,3 +187,90 @@ def test_unknown_kind_is_an_error():
         fuse(_odd_attention(), kinds=["bogus"])
     assert {"rms_norm", "skip_rms_norm", "rotary", "attention", "packed_qkv", "gate_up", "bias_gelu", "moe"} <= set(fusion_kinds())
     assert Coverage("x").percent == 100.0 and Miss("a", "b").reason == "b"
+
+
+# ------------------------------------------------------------------ MoE blocks built on the fly
+def _moe_block(act: str = "silu", router: str = "Softmax", hidden: int = 32, inter: int = 16, experts: int = 4,
+               k: int = 2) -> Netlist:
+    """A Qwen3-MoE-style block in the batched_mm export form: Gemm router -> Softmax -> TopK -> v/sum(v);
+    x repeated k times; per-token GatherND of stacked [E, 2I, H] gate_up and [E, H, I] down weights;
+    batched MatMuls, Split gate/up, act(gate)*up; weighted ReduceSum over the k slots."""
+    rng = np.random.default_rng(3)
+    H, I, E = hidden, inter, experts
+    vi = oh.make_tensor_value_info
+    init = [
+        oh.make_tensor("router_w", T.FLOAT, [E, H], rng.standard_normal((E, H)).ravel() * 0.5),
+        oh.make_tensor("experts.gate_up", T.FLOAT, [E, 2 * I, H], rng.standard_normal(E * 2 * I * H) * 0.2),
+        oh.make_tensor("experts.down", T.FLOAT, [E, H, I], rng.standard_normal(E * H * I) * 0.2),
+        oh.make_tensor("k", T.INT64, [1], [k]), oh.make_tensor("m1", T.INT64, [1], [-1]),
+        oh.make_tensor("ax1", T.INT64, [1], [1]), oh.make_tensor("ax2", T.INT64, [1], [2]),
+        oh.make_tensor("rep", T.INT64, [3], [1, k, 1]), oh.make_tensor("flat_h", T.INT64, [2], [-1, H]),
+        oh.make_tensor("slots", T.INT64, [3], [-1, k, H]), oh.make_tensor("sqrt2", T.FLOAT, [], [2 ** 0.5]),
+        oh.make_tensor("one", T.FLOAT, [], [1.0]), oh.make_tensor("half", T.FLOAT, [], [0.5]),
+    ]
+    n = oh.make_node
+    nodes = [
+        n("Gemm", ["x", "router_w"], ["logits"], transB=1),
+        n("Softmax", ["logits"], ["probs"], axis=-1) if router == "Softmax" else n("Sigmoid", ["logits"], ["probs"]),
+        n("TopK", ["probs", "k"], ["top_v", "top_i"], axis=-1),
+        n("ReduceSum", ["top_v", "m1"], ["top_sum"], keepdims=1),
+        n("Div", ["top_v", "top_sum"], ["w"]),
+        n("Unsqueeze", ["x", "ax1"], ["x1"]), n("Expand", ["x1", "rep"], ["xk"]),
+        n("Reshape", ["xk", "flat_h"], ["xr"]), n("Unsqueeze", ["xr", "ax2"], ["xr2"]),
+        n("Reshape", ["top_i", "m1"], ["ids"]), n("Unsqueeze", ["ids", "ax1"], ["ids1"]),
+        n("GatherND", ["experts.gate_up", "ids1"], ["w1"]), n("MatMul", ["w1", "xr2"], ["h3"]),
+        n("Squeeze", ["h3", "ax2"], ["h"]), n("Split", ["h"], ["gate", "up"], axis=1, num_outputs=2),
+    ]
+    if act == "silu":
+        nodes += [n("Sigmoid", ["gate"], ["sg"]), n("Mul", ["gate", "sg"], ["a0"])]
+    else:  # exact GELU: GeGLU experts
+        nodes += [n("Div", ["gate", "sqrt2"], ["gd"]), n("Erf", ["gd"], ["ge"]), n("Add", ["ge", "one"], ["g1"]),
+                  n("Mul", ["gate", "g1"], ["g2"]), n("Mul", ["g2", "half"], ["a0"])]
+    nodes += [
+        n("Mul", ["a0", "up"], ["a"]), n("Unsqueeze", ["a", "ax2"], ["a2"]),
+        n("GatherND", ["experts.down", "ids1"], ["w2"]), n("MatMul", ["w2", "a2"], ["o3"]),
+        n("Squeeze", ["o3", "ax2"], ["o"]),
+        n("Reshape", ["w", "m1"], ["wf"]), n("Unsqueeze", ["wf", "ax1"], ["wf1"]), n("Mul", ["o", "wf1"], ["ow"]),
+        n("Reshape", ["ow", "slots"], ["ow3"]), n("ReduceSum", ["ow3", "ax1"], ["y"], keepdims=0),
+    ]
+    graph = oh.make_graph(nodes, "moe", [vi("x", T.FLOAT, ["tokens", H])], [vi("y", T.FLOAT, ["tokens", H])],
+                          initializer=init)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
+    model = onnx.shape_inference.infer_shapes(model)
+    return Netlist(ir.serde.deserialize_model(model), "moe-block", kind="decoder")
+
+
+def _run_block(nl: Netlist, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    proto = ir.serde.serialize_model(nl.model)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def test_moe_block_built_on_the_fly_fuses():
+    nl = _moe_block()
+    x = np.random.default_rng(0).standard_normal((9, 32)).astype(np.float32)
+    ref = _run_block(nl, x)
+    (cov,) = fuse(nl, "cpu", kinds=["moe"])
+    assert (cov.candidates, cov.fused) == (1, 1)
+    assert [n.op_type for n in nl.nodes()] == ["Gemm", "MoE"]
+    got = _run_block(nl, x)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("variant, target, reason", [
+    (dict(act="gelu"), "cpu", "gated with GELU (erf)"),
+    (dict(router="Sigmoid"), "cpu", "router scores are Sigmoid"),
+    (dict(hidden=8, inter=8), "cuda", "hidden and expert width >= 16"),
+    (dict(hidden=20, inter=18), "cuda", "multiples of 4"),
+])
+def test_moe_block_that_does_not_fit_is_a_miss_with_a_reason(variant, target, reason):
+    nl = _moe_block(**variant)
+    before = [n.op_type for n in nl.nodes()]
+    (cov,) = fuse(nl, target, kinds=["moe"])
+    assert (cov.candidates, cov.fused) == (1, 0)
+    (miss,) = cov.misses
+    assert reason in miss.reason and miss.site == "<top> (TopK -> top_v)"
+    assert [n.op_type for n in nl.nodes()] == before  # left as it was
+    assert reason[:30] in report_fusion([cov])

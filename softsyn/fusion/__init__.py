@@ -73,13 +73,13 @@ class Rule:
 
 
 def _rules():
-    from softsyn.fusion import attention, misc, norms, rotary
+    from softsyn.fusion import attention, misc, moe, norms, rotary
 
     return [
         norms.RMSNormRule(), norms.SkipRMSNormRule(), norms.LayerNormRule(), norms.SkipLayerNormRule(),
         rotary.RotaryRule(), attention.AttentionRule(),
         misc.ProjectionMergeRule("packed_qkv"), misc.ProjectionMergeRule("gate_up"),
-        misc.BiasGeluRule(), misc.MoERule(),
+        misc.BiasGeluRule(), moe.MoERule(),
     ]
 
 

@@ -200,8 +200,7 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
         seen.add(id(n))
         nodes.append(n)
         stack.extend(n.inputs)
-    order = {id(n): i for i, n in enumerate(graph)}
-    nodes.sort(key=lambda n: order.get(id(n), 0))
+    nodes = _topological(graph, nodes)
     protos = [serde.serialize_node(n) for n in nodes]
     inputs, feed_np = [], {}
     for v, a in fed.values():
@@ -210,7 +209,10 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
         feed_np[v.name] = a
     init_protos = []
     for v in inits.values():
-        tp = serde.serialize_tensor(v.const_value)
+        t = v.const_value
+        if isinstance(t, ir.ExternalTensor):  # the cone is loaded from bytes: inline what it reads
+            t = ir.tensor(t.numpy(), name=v.name)
+        tp = serde.serialize_tensor(t)
         tp.name = v.name
         init_protos.append(tp)
     outs = [onnx.helper.make_tensor_value_info(v.name, int(v.dtype) if v.dtype is not None else onnx.TensorProto.FLOAT, None)
@@ -223,6 +225,32 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run([v.name for v in outputs], feed_np)
+
+
+def _topological(graph: ir.Graph, nodes: list[ir.Node]) -> list[ir.Node]:
+    """`nodes` in an order where every producer precedes its consumers; graph order breaks ties, and
+    nodes not (yet) in the graph (a candidate rewrite being checked) come after the ones they read."""
+    order = {id(n): i for i, n in enumerate(graph)}
+    nodes = sorted(nodes, key=lambda n: order.get(id(n), len(order)))
+    inside = {id(n) for n in nodes}
+    placed: set[int] = set()
+    out: list[ir.Node] = []
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if id(n) in placed:
+                continue
+            if expanded:
+                placed.add(id(n))
+                out.append(n)
+                continue
+            stack.append((n, True))
+            for v in reversed(list(n.inputs)):
+                p = v.producer() if v is not None else None
+                if p is not None and id(p) in inside and id(p) not in placed:
+                    stack.append((p, False))
+    return out
 
 
 def cone_inputs(values: list[ir.Value], stop: set[int] | None = None) -> list[ir.Value]:

@@ -1,11 +1,11 @@
-"""Projection merges (packed QKV, gate + up), bias + GELU, and MoE experts."""
+"""Projection merges (packed QKV, gate + up) and bias + GELU. (MoE experts: softsyn/fusion/moe.py.)"""
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
 from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, insert_before, int64, make_node, op,
+from softsyn.fusion.graph import (MS, add_initializer, const, consumers, insert_before, int64, make_node, op,
                                   other_input, replace_value, scalar)
 
 
@@ -149,26 +149,3 @@ class BiasGeluRule(Rule):
         node.outputs[0].type, node.outputs[0].shape = out.type, out.shape
         insert_before(ctx.graph, out.producer(), [node])
         replace_value(ctx.graph, out, node.outputs[0])
-
-
-class MoERule(Rule):
-    """Anchor: every TopK over a Softmax of router logits (the token -> expert routing)."""
-    kind = "moe"
-    target_op = "com.microsoft.MoE"
-
-    def anchors(self, ctx):
-        return [n for n in ctx.graph if n.op_type == "TopK" and op(n.inputs[0], "Softmax", "Sigmoid") is not None]
-
-    def check(self, ctx, topk):
-        experts = [n for n in ctx.graph if n.op_type == "GatherND" and n.inputs[0] is not None
-                   and n.inputs[0].const_value is not None and len(n.inputs[0].shape or ()) == 3
-                   and ctx.netlist.hierarchy(n).startswith(ctx.netlist.hierarchy(topk).rsplit(".", 1)[0])]
-        form = ("per-token gathered expert weights (experts_implementation=batched_mm)" if experts
-                else "an expert loop the rule does not recognise")
-        return (f"router found (TopK k={int(np.ravel(const(topk.inputs[1]))[0]) if const(topk.inputs[1]) is not None else '?'}"
-                f" over {topk.inputs[0].producer().op_type}); the experts are {form}: rewriting them into "
-                f"com.microsoft.MoE (stacked fc1/fc2 weights, SwiGLU) is not implemented yet")
-
-    def note(self, ctx):
-        return ("onnxruntime 1.31 has com.microsoft.MoE on both CPU and CUDA (a CPU session loads and runs it); "
-                "the rewrite from the exported expert graph is the missing piece")

@@ -6,6 +6,8 @@ and position_ids stays a live input: the fused op is exact for any positions the
 """
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,10 +135,13 @@ class RotaryRule(Rule):
     def rewrite(self, ctx, m: _Rot):
         g = ctx.graph
         ctx.use_opset(MS, 1)
-        key = ("rotary-cache", id(m.cos))
+        # one cos/sin table pair for every layer that computes the same rotation (shared, not copied per layer)
+        dtype = m.x.dtype.numpy()
+        key = ("rotary-cache", m.cos_cache.shape, np.dtype(dtype).str, hashlib.sha1(m.cos_cache.tobytes()).hexdigest(),
+               hashlib.sha1(m.sin_cache.tobytes()).hexdigest())
         if key not in ctx.cache:
-            ctx.cache[key] = (add_initializer(g, "rotary.cos_cache", m.cos_cache.astype(m.x.dtype.numpy())),
-                              add_initializer(g, "rotary.sin_cache", m.sin_cache.astype(m.x.dtype.numpy())))
+            ctx.cache[key] = (add_initializer(g, "rotary.cos_cache", m.cos_cache.astype(dtype)),
+                              add_initializer(g, "rotary.sin_cache", m.sin_cache.astype(dtype)))
         cc, sc = ctx.cache[key]
         pos = m.pos
         if pos.dtype != ir.DataType.INT64:

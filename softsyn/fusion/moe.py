@@ -1,0 +1,380 @@
+"""MoE experts -> com.microsoft.MoE.
+
+Anchor: every TopK over a Softmax/Sigmoid (the token -> expert routing), so a router whose experts do
+not fuse is counted and explained. The rule reads the exported expert block by data flow, not by
+spelling:
+
+* router: ``logits -> Softmax(-1) -> TopK(k)``; the top-k values either feed the combine directly
+  (``norm_topk_prob=False``) or through ``v / ReduceSum(v, -1)`` (``norm_topk_prob=True``);
+* experts (transformers ``experts_implementation="batched_mm"``): the top-k indices gather per-token
+  expert weights from stacked ``[E, out, in]`` (or ``[E, in, out]``) constants, batched MatMuls apply
+  them; the gathers whose MatMul reads the token states are FC1 (one fused gate_up split in halves,
+  or separate gate and up), the one that reads the activation is FC2;
+* combine: ``ReduceSum(weights * expert_out)`` over the k slots.
+
+The rewrite is ``MoE(x, router_logits, fc1, , fc2)`` with ``activation_type="swiglu"``,
+``swiglu_fusion=1`` (gate/up interleaved per row: the only SwiGLU layout the CPU kernel takes; the
+CUDA kernel takes it too), ``activation_alpha=1, activation_beta=0`` (so the op's
+``G * sigmoid(alpha G) * (L + beta)`` is exactly ``silu(gate) * up``) and
+``normalize_routing_weights`` from the graph. The op computes softmax + top-k itself, so it is fed the
+router *logits* (the Softmax input), not the probabilities. Before a site is rewritten the candidate
+node is evaluated against the expert graph on ORT CPU with probe tokens; a difference is a miss.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.fusion import Rule
+from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, evaluate, fresh, insert_before, make_node,
+                                  replace_value)
+
+LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}
+PROBE_TOKENS = 7
+
+
+class _Miss(Exception):
+    pass
+
+
+def _single(v: ir.Value, *types: str) -> ir.Node | None:
+    us = consumers(v)
+    return us[0] if len(us) == 1 and us[0].op_type in types else None
+
+
+def _back(v: ir.Value) -> list[ir.Value]:
+    """v and the values it is a layout-only view of (Reshape/Unsqueeze/Expand/... of the data input)."""
+    chain = [v]
+    while True:
+        p = v.producer()
+        if p is None or p.op_type not in LAYOUT or not p.inputs or p.inputs[0] is None:
+            return chain
+        v = p.inputs[0]
+        chain.append(v)
+
+
+def _forward(v: ir.Value) -> ir.Value:
+    """Follow single-consumer layout ops forward (Squeeze/Reshape after a batched MatMul)."""
+    while True:
+        us = consumers(v)
+        if len(us) != 1 or us[0].op_type not in LAYOUT or us[0].inputs[0] is not v:
+            return v
+        v = us[0].outputs[0]
+
+
+def _dtype_np(v: ir.Value):
+    return v.dtype.numpy() if v.dtype is not None else np.float32
+
+
+class MoERule(Rule):
+    kind = "moe"
+    target_op = "com.microsoft.MoE"
+
+    def anchors(self, ctx):
+        return [n for n in ctx.graph if n.op_type == "TopK"
+                and n.inputs[0] is not None and n.inputs[0].producer() is not None
+                and n.inputs[0].producer().op_type in ("Softmax", "Sigmoid")]
+
+    # ------------------------------------------------------------------ check
+    def check(self, ctx, topk):
+        try:
+            return self._match(ctx, topk)
+        except _Miss as m:
+            return str(m)
+
+    def _match(self, ctx, topk):
+        score = topk.inputs[0].producer()
+        if score.op_type == "Sigmoid":
+            raise _Miss("router scores are Sigmoid (DeepSeek/GLM-style gating); com.microsoft.MoE routes by "
+                        "softmax over the logits then top-k")
+        logits = score.inputs[0]
+        if logits is None or logits.shape is None or len(logits.shape) != 2:
+            raise _Miss(f"router logits are not 2-D [tokens, experts] (shape {getattr(logits, 'shape', None)})")
+        axis = attr(score, "axis", -1)
+        if axis not in (-1, 1):
+            raise _Miss(f"router Softmax is over axis {axis}, not the expert axis")
+        if attr(topk, "axis", -1) not in (-1, 1) or attr(topk, "largest", 1) != 1:
+            raise _Miss("TopK is not the largest-k over the expert axis")
+        kc = const(topk.inputs[1])
+        if kc is None or kc.size != 1:
+            raise _Miss("TopK k is not a constant")
+        k = int(np.ravel(kc)[0])
+        raw_logits = logits
+        while raw_logits.producer() is not None and raw_logits.producer().op_type == "Cast":
+            raw_logits = raw_logits.producer().inputs[0]  # fp16 exports upcast before the softmax
+
+        vals, idx = topk.outputs
+        weights, normalize = self._routing_weights(vals)
+
+        # ---- experts: gathers of stacked constants by the top-k indices
+        gathers, biases, seen, stack = [], [], set(), [idx]
+        while stack:
+            v = stack.pop()
+            for u in consumers(v):
+                if id(u) in seen:
+                    continue
+                seen.add(id(u))
+                if u.op_type in LAYOUT and u.inputs[0] is v:
+                    stack.append(u.outputs[0])
+                elif u.op_type in ("GatherND", "Gather") and u.inputs[1] is v:
+                    w = const(u.inputs[0])
+                    if w is None:
+                        raise _Miss("expert weights are gathered from a tensor that is not a readable constant "
+                                    "(meta/external weights): cannot stack fc1/fc2")
+                    if u.op_type == "Gather" and attr(u, "axis", 0) != 0:
+                        raise _Miss("expert weights are gathered along an axis other than the expert axis")
+                    (gathers if w.ndim == 3 else biases).append((u, w))
+                # other uses of the indices (router statistics, say) do not matter to the op
+        if not gathers:
+            raise _Miss("the top-k indices do not gather stacked expert weights (expected "
+                        "experts_implementation=batched_mm; an expert loop/scatter form is not recognised)")
+        if biases:
+            raise _Miss(f"experts have biases ({len(biases)} gathered [E, n] tensors); bias inputs are not "
+                        "implemented in this rewrite")
+        num_experts = {int(w.shape[0]) for _, w in gathers}
+        if len(num_experts) != 1:
+            raise _Miss(f"stacked expert weights disagree on the expert count ({sorted(num_experts)})")
+        E = num_experts.pop()
+        if isinstance(logits.shape[1], int) and logits.shape[1] != E:
+            raise _Miss(f"the router scores {logits.shape[1]} experts but the stacked weights hold {E}")
+
+        router_in = set()
+        rp = raw_logits.producer()
+        if rp is not None and rp.op_type in ("Gemm", "MatMul"):
+            for i in rp.inputs[:2]:
+                if i is not None and const(i) is None:
+                    router_in = {id(v) for v in _back(i)}
+        fc1, fc2, x = [], [], None
+        for g, w in gathers:
+            mm = _single(g.outputs[0], "MatMul")
+            if mm is None:
+                raise _Miss(f"gathered expert weight {g.inputs[0].name} does not feed a (batched) MatMul")
+            pos = 0 if mm.inputs[0] is g.outputs[0] else 1
+            wt = w if pos == 0 else np.transpose(w, (0, 2, 1))  # -> [E, out, in]
+            operand = mm.inputs[1 - pos]
+            hit = next((v for v in _back(operand) if id(v) in router_in), None)
+            entry = (g, wt, mm, _forward(mm.outputs[0]), operand)
+            if hit is not None:
+                if x is not None and hit is not x:
+                    raise _Miss("the expert projections read different token tensors")
+                x = hit
+                fc1.append(entry)
+            else:
+                fc2.append(entry)
+        if x is None:
+            raise _Miss("no expert projection reads the router's token states")
+        if len(fc2) != 1 or len(fc1) not in (1, 2):
+            raise _Miss(f"expected 1-2 input projections and 1 output projection per expert, found "
+                        f"{len(fc1)} and {len(fc2)}")
+        down = fc2[0][1]
+        H, inter = int(down.shape[1]), int(down.shape[2])
+        if x.shape is not None and isinstance(x.shape[-1], int) and x.shape[-1] != H:
+            raise _Miss(f"down projection emits {H} but the tokens have {x.shape[-1]} features")
+
+        gate_w, up_w, act = self._activation(fc1, fc2[0], inter)
+        fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
+
+        out = self._combine(weights, fc2[0][3])
+        if out.shape is None or x.shape is None or len(out.shape) != len(x.shape):
+            raise _Miss(f"the combined expert output (shape {out.shape}) is not shaped like the tokens ({x.shape})")
+        why = self._target_limits(ctx.target, x, H, inter, k, E)
+        if why:
+            raise _Miss(why)
+
+        dt = _dtype_np(x)
+        m = dict(topk=topk, wname=gathers[0][0].inputs[0].name or "experts", x=x, logits=raw_logits, out=out, k=k, normalize=normalize, act=act,
+                 fc1=fc1_w.astype(dt), fc2=down.astype(dt), E=E, H=H, inter=inter)
+        rel = self._verify(ctx, m)
+        tol = 1e-4 if dt == np.float32 else 2e-2
+        if not rel < tol:
+            raise _Miss(f"com.microsoft.MoE differs from the expert graph on probe tokens (max rel {rel:.2e} > "
+                        f"{tol:g}): the expert math is not silu(gate)*up -> down with softmax top-k routing")
+        m["verified_rel"] = rel
+        return m
+
+    def _routing_weights(self, vals):
+        """(value that weights the experts, normalize_routing_weights)."""
+        users = consumers(vals)
+        div = next((u for u in users if u.op_type == "Div" and u.inputs[0] is vals), None)
+        if div is not None:
+            den = div.inputs[1].producer()
+            if den is not None and den.op_type == "Add":  # sum + eps
+                eps = [const(i) for i in den.inputs]
+                small = [c for c in eps if c is not None and c.size == 1 and abs(float(np.ravel(c)[0])) <= 1e-6]
+                den = next((i.producer() for i in den.inputs if const(i) is None), None) if small else den
+            if den is None or den.op_type != "ReduceSum" or den.inputs[0] is not vals:
+                raise _Miss("top-k routing weights are divided by something other than their sum")
+            axes = const(den.inputs[1]) if len(den.inputs) > 1 else attr(den, "axes")
+            if axes is None or [int(a) for a in np.ravel(axes)] not in ([-1], [1]):
+                raise _Miss("top-k routing weights are normalised over an axis other than the k slots")
+            return div.outputs[0], 1
+        return vals, 0
+
+    def _activation(self, fc1, fc2, inter):
+        """(gate [E, I, H], up [E, I, H], name) from the ops between the input and output projections."""
+        a = _back(fc2[4])[-1]  # the activation, before the Unsqueeze for the batched MatMul
+        if len(fc1) == 2:
+            heads = [(e[3], e[1]) for e in fc1]
+        else:
+            y, w = fc1[0][3], fc1[0][1]
+            split = _single(y, "Split")
+            if split is None:
+                raise _Miss(self._ungated(a, y))
+            sizes = const(split.inputs[1]) if len(split.inputs) > 1 and split.inputs[1] is not None else None
+            halves = [inter, inter] if sizes is None else [int(s) for s in sizes]
+            if len(split.outputs) != 2 or halves != [inter, inter] or attr(split, "axis", 0) not in (-1, 1) \
+                    or w.shape[1] != 2 * inter:
+                raise _Miss(f"fused gate/up output is split as {halves} on axis {attr(split, 'axis', 0)}, "
+                            f"not two halves of {inter}")
+            heads = [(split.outputs[0], w[:, :inter]), (split.outputs[1], w[:, inter:])]
+        # the gate is the head the nonlinearity reads; find the ops between each head and the activation
+        act_ops = []
+        for v, _ in heads:
+            ops, stack, seen = [], [v], set()
+            while stack:
+                u = stack.pop()
+                for n in consumers(u):
+                    if id(n) in seen:
+                        continue
+                    seen.add(id(n))
+                    ops.append(n.op_type)
+                    if n.outputs[0] is not a:
+                        stack.append(n.outputs[0])
+            act_ops.append(ops)
+        nonlin = [{"Sigmoid", "Erf", "Tanh", "Relu", "Gelu", "HardSigmoid"} & set(o) for o in act_ops]
+        if sum(bool(s) for s in nonlin) != 1:
+            raise _Miss(f"cannot tell the gate from the up projection (nonlinear ops per head: "
+                        f"{[sorted(s) for s in nonlin]})")
+        gi = 0 if nonlin[0] else 1
+        kind = nonlin[gi]
+        if kind != {"Sigmoid"}:
+            name = "GELU (erf)" if "Erf" in kind or "Gelu" in kind else "GELU (tanh)" if "Tanh" in kind \
+                else "ReLU" if "Relu" in kind else "/".join(sorted(kind))
+            raise _Miss(f"experts are gated with {name} (GeGLU-style); com.microsoft.MoE gates with SiLU only "
+                        f"(activation_type swiglu)")
+        return heads[gi][1], heads[1 - gi][1], "swiglu"
+
+    @staticmethod
+    def _ungated(a, y):
+        p = a.producer()
+        name = p.op_type if p is not None else "?"
+        return (f"experts are not gated (one input projection, activation ends in {name}); only SwiGLU experts "
+                f"are rewritten (the op's plain silu/gelu/relu modes are not wired up)")
+
+    def _combine(self, weights, expert_out):
+        """The ReduceSum(weights * expert_out) over the k slots; its output replaces the expert block."""
+        seen, stack, found = set(), [weights], None
+        from_expert = {id(expert_out)}
+        v = expert_out
+        while True:  # values the expert output flows through before the weighting
+            us = consumers(v)
+            if len(us) != 1 or us[0].op_type not in LAYOUT:
+                break
+            v = us[0].outputs[0]
+            from_expert.add(id(v))
+        while stack:
+            v = stack.pop()
+            for u in consumers(v):
+                if id(u) in seen:
+                    continue
+                seen.add(id(u))
+                if u.op_type in LAYOUT:
+                    stack.append(u.outputs[0])
+                elif u.op_type == "Mul":
+                    other = u.inputs[1] if u.inputs[0] is v else u.inputs[0]
+                    c = const(other)
+                    if c is not None:
+                        raise _Miss(f"routing weights are scaled by a constant ({np.ravel(c)[:1]}, a routed scaling "
+                                    "factor); com.microsoft.MoE has no such input")
+                    if id(other) not in from_expert:
+                        raise _Miss("routing weights multiply something other than the expert output")
+                    r = _forward(u.outputs[0])
+                    red = _single(r, "ReduceSum")
+                    if red is None:
+                        raise _Miss("weighted expert outputs are not summed by one ReduceSum over the k slots")
+                    found = red.outputs[0]
+        if found is None:
+            raise _Miss("routing weights never multiply the expert outputs")
+        return found
+
+    @staticmethod
+    def _target_limits(target, x, H, inter, k, E) -> str:
+        dt = x.dtype
+        if not 1 <= k <= E:
+            return f"top-k {k} outside 1..{E} experts"
+        if target == "cpu":
+            if dt not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+                return f"ORT CPU registers com.microsoft.MoE for float and float16 only, not {dt}"
+            return ""
+        if dt not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            return f"ORT CUDA registers com.microsoft.MoE for float/float16/bfloat16 only, not {dt}"
+        if H < 16 or inter < 16:
+            return f"ORT CUDA MoE (CUTLASS) needs hidden and expert width >= 16, got {H} and {inter}"
+        align = 4 if dt == ir.DataType.FLOAT else 8  # 128-bit alignment of the GEMM dims
+        if H % align or inter % align:
+            return (f"ORT CUDA MoE needs hidden ({H}) and expert width ({inter}) multiples of {align} "
+                    f"(128-bit aligned {dt})")
+        return ""
+
+    # ------------------------------------------------------------------ build / verify / rewrite
+    @staticmethod
+    def _build(m, register=None):
+        def value(name, arr):
+            if register is not None:
+                return register(name, arr)
+            return ir.Value(name=fresh(name), shape=ir.Shape(arr.shape),
+                            type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)), const_value=ir.tensor(arr))
+
+        base = m["wname"]
+        fc1 = value(base + ".moe_fc1", m["fc1"])
+        fc2 = value(base + ".moe_fc2", m["fc2"])
+        nodes, logits = [], m["logits"]
+        if logits.dtype != m["x"].dtype:
+            cast = make_node(m["topk"], "", "Cast", [logits], {"to": int(m["x"].dtype)})
+            cast.outputs[0].type = ir.TensorType(m["x"].dtype)
+            nodes.append(cast)
+            logits = cast.outputs[0]
+        node = make_node(m["topk"], MS, "MoE", [m["x"], logits, fc1, None, fc2],
+                         {"k": m["k"], "activation_type": m["act"], "swiglu_fusion": 1, "activation_alpha": 1.0,
+                          "activation_beta": 0.0, "normalize_routing_weights": m["normalize"]})
+        node.outputs[0].type = m["out"].type
+        node.outputs[0].shape = m["out"].shape
+        nodes.append(node)
+        return nodes
+
+    def _verify(self, ctx, m) -> float:
+        x = m["x"]
+        shape = [PROBE_TOKENS if not isinstance(d, int) else d for d in x.shape]
+        rng = np.random.default_rng(0)
+        xs = rng.standard_normal(shape).astype(_dtype_np(x))
+        opsets = dict(ctx.model.opset_imports)
+        opsets.setdefault(MS, 1)
+        try:
+            (ref,) = evaluate(ctx.graph, [m["out"]], {x: xs}, opsets)
+        except ValueError as e:
+            raise _Miss(f"cannot evaluate the expert block from its token input alone ({e})") from None
+        nodes = self._build(m)
+        try:
+            (got,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], {x: xs}, opsets)
+        finally:  # the probe nodes are not in the graph: drop their uses of graph values
+            for n in nodes:
+                for i in range(len(n.inputs)):
+                    n.replace_input_with(i, None)
+        ref, got = np.asarray(ref, np.float32), np.asarray(got, np.float32)
+        if ref.shape != got.shape:
+            raise _Miss(f"MoE output shape {got.shape} differs from the expert block's {ref.shape}")
+        return float(np.abs(ref - got).max() / (np.abs(ref).max() + 1e-12))
+
+    def rewrite(self, ctx, m):
+        ctx.use_opset(MS, 1)
+        nodes = self._build(m, register=lambda name, arr: add_initializer(ctx.graph, name, arr))
+        insert_before(ctx.graph, m["out"].producer(), nodes)
+        replace_value(ctx.graph, m["out"], nodes[-1].outputs[0])
+
+    def note(self, ctx):
+        if ctx.target == "cuda":
+            return ("ORT 1.31 CUDA MoE: float/float16/bfloat16 (all inputs one dtype; float runs the SM80 CUTLASS "
+                    "path even on SM90), hidden and expert width >= 16 and 128-bit aligned; softmax+top-k on the "
+                    "router logits inside the op (source-read, not run here)")
+        return ("ORT 1.31 CPU MoE: float/float16, SwiGLU only as interleaved gate/up (swiglu_fusion=1), no fc3; "
+                "softmax+top-k on the router logits inside the op")
