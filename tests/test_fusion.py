@@ -274,3 +274,55 @@ def test_moe_block_that_does_not_fit_is_a_miss_with_a_reason(variant, target, re
     assert reason in miss.reason and miss.site == "<top> (TopK -> top_v)"
     assert [n.op_type for n in nl.nodes()] == before  # left as it was
     assert reason[:30] in report_fusion([cov])
+
+
+# ------------------------------------------------------------------ float16 exports (the real-size zoo dtype)
+def _fp16_pair(name, cache_dir, tmp_path_factory):
+    """A tiny zoo config exported like the real-size entries: float16, through the same HF frontend path
+    (HF half-precision RMSNorm upcasts to fp32 and casts back; the router softmax is cast to fp32)."""
+    from softsyn.frontends import hf, zoo
+
+    cfg = zoo.make_config(zoo.ZOO[name])
+    nl = hf.load_transformers_design(cfg, f"{name}-fp16", f"zoo:{name} (float16)", cache_dir, progress=False,
+                                     weights="random", dtype="float16")
+    assert nl.model.graph.inputs[1].dtype == ir.DataType.INT64  # attention_mask; the KV inputs are fp16
+    assert any(v.dtype == ir.DataType.FLOAT16 for v in nl.model.graph.inputs)
+    feeds = [scenario_inputs(nl, d, seed=1) for d in DECODE_SCENARIOS]
+    d = tmp_path_factory.mktemp(f"fuse-{name}-fp16")
+    ref_names, ref = _run(nl.model, d / "ref.onnx", feeds)
+    cov = {c.kind: c for c in fuse(nl, "cpu")}
+    names, got = _run(nl.model, d / "fused.onnx", feeds)
+    return nl, cov, ref_names, ref, names, got
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny"])
+def test_float16_export_fuses_fully_and_matches(name, cache_dir, tmp_path_factory):
+    nl, cov, ref_names, ref, names, got = _fp16_pair(name, cache_dir, tmp_path_factory)
+    layers = nl.config["num_layers"]
+    for c in cov.values():
+        assert not c.misses, (c.kind, [m.reason for m in c.misses])
+        assert c.fused == c.candidates
+    assert cov["attention"].fused == layers
+    assert cov["rms_norm"].fused == 1 + 4 * layers        # input/post norms, q/k norms, final norm
+    assert cov["skip_rms_norm"].fused == 2 * layers
+    assert cov["rotary"].fused == 2 * layers
+    assert cov["packed_qkv"].fused == layers
+    if name == "qwen3-moe-tiny":
+        assert cov["moe"].fused == layers and cov["gate_up"].candidates == 0
+    else:
+        assert cov["gate_up"].fused == layers
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    # the fused norms take the fp16 tensors themselves (they compute in fp32 inside): no Cast wrappers,
+    # no Pow/ReduceMean left; the remaining Casts are the GQA length computations
+    assert not after["Pow"] and not after["ReduceMean"] and not after["Softmax"]
+    norms = [n for n in nl.nodes() if n.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")]
+    assert norms and all(n.inputs[0].dtype == ir.DataType.FLOAT16 and n.outputs[0].dtype == ir.DataType.FLOAT16
+                         for n in norms)
+    assert {n.inputs[2].dtype for n in nl.nodes() if n.op_type == "RotaryEmbedding"} == {ir.DataType.FLOAT16}
+    assert names == ref_names
+    for scenario, r, g in zip(DECODE_SCENARIOS, ref, got):
+        for out, a, b in zip(names, r, g):
+            assert a.dtype == b.dtype == np.float16 and a.shape == b.shape, (scenario, out)
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-2, (scenario, out, rel)   # fp16 tolerance (observed ~1e-3)

@@ -62,6 +62,15 @@ def _forward(v: ir.Value) -> ir.Value:
         v = us[0].outputs[0]
 
 
+def _score_node(topk: ir.Node) -> ir.Node | None:
+    """The Softmax/Sigmoid the TopK ranks, through Casts (fp16 exports upcast the probabilities)."""
+    v = topk.inputs[0] if topk.inputs else None
+    while v is not None and v.producer() is not None and v.producer().op_type == "Cast":
+        v = v.producer().inputs[0]
+    p = v.producer() if v is not None else None
+    return p if p is not None and p.op_type in ("Softmax", "Sigmoid") else None
+
+
 def _dtype_np(v: ir.Value):
     return v.dtype.numpy() if v.dtype is not None else np.float32
 
@@ -71,9 +80,7 @@ class MoERule(Rule):
     target_op = "com.microsoft.MoE"
 
     def anchors(self, ctx):
-        return [n for n in ctx.graph if n.op_type == "TopK"
-                and n.inputs[0] is not None and n.inputs[0].producer() is not None
-                and n.inputs[0].producer().op_type in ("Softmax", "Sigmoid")]
+        return [n for n in ctx.graph if n.op_type == "TopK" and _score_node(n) is not None]
 
     # ------------------------------------------------------------------ check
     def check(self, ctx, topk):
@@ -83,7 +90,7 @@ class MoERule(Rule):
             return str(m)
 
     def _match(self, ctx, topk):
-        score = topk.inputs[0].producer()
+        score = _score_node(topk)
         if score.op_type == "Sigmoid":
             raise _Miss("router scores are Sigmoid (DeepSeek/GLM-style gating); com.microsoft.MoE routes by "
                         "softmax over the logits then top-k")
@@ -175,6 +182,11 @@ class MoERule(Rule):
         fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
 
         out = self._combine(weights, fc2[0][3])
+        if out.dtype is not None and x.dtype is not None and out.dtype != x.dtype:
+            back = _single(out, "Cast")  # fp16 exports sum the k slots in fp32, then cast back
+            if back is None or attr(back, "to") != x.dtype:
+                raise _Miss(f"the combined expert output is {out.dtype}, not cast back to the tokens' {x.dtype}")
+            out = back.outputs[0]
         if out.shape is None or x.shape is None or len(out.shape) != len(x.shape):
             raise _Miss(f"the combined expert output (shape {out.shape}) is not shaped like the tokens ({x.shape})")
         why = self._target_limits(ctx.target, x, H, inter, k, E)

@@ -109,9 +109,29 @@ def match_rms(ctx, rm: ir.Node) -> _RMS | str:
         return f"sqrt feeds {_desc(nxt)}, not Reciprocal/Div"
     if x.dtype is not None and x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         return f"x has dtype {x.dtype}"
+    x, y = _strip_upcast(x, y)
     h = x.shape[-1] if x.shape is not None and isinstance(x.shape[-1], int) else None
     gamma, out = _weight_mul(y, h)
     return _RMS(rm, x, eps, gamma, out)
+
+
+_HALF = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _strip_upcast(x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """HF half-precision norms compute in fp32: x = Cast(x16, to=float) ... y32 -> Cast(to=x16's dtype).
+    If both Casts are there, return (x16, the cast-back output): the fused op takes the half-precision
+    tensor and normalises in fp32 itself (stash_type=1). Otherwise (x, y) unchanged."""
+    up = op(x, "Cast")
+    if up is None or attr(up, "to") != ir.DataType.FLOAT or up.inputs[0] is None:
+        return x, y
+    x16 = up.inputs[0]
+    if x16.dtype not in _HALF:
+        return x, y
+    users = consumers(y)
+    if len(users) != 1 or users[0].op_type != "Cast" or attr(users[0], "to") != x16.dtype:
+        return x, y
+    return x16, users[0].outputs[0]
 
 
 class RMSNormRule(Rule):
