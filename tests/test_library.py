@@ -57,16 +57,16 @@ def test_cpu_and_gpu_libraries():
     cpu, gpu = load_library("cpu-ort"), load_library("h200-ort-cuda")
     assert not cpu.is_gpu and gpu.is_gpu
     assert cpu.header["command"].startswith(("python -m softsyn.ceilings", "softsyn characterize"))
-    assert "h200.md" in gpu.header["source"]
-    assert gpu.ceilings.memory_bandwidth == pytest.approx(4.285e12)
-    assert gpu.ceilings.peak_flops["fp16"] == pytest.approx(751e12)
-    assert gpu.ceilings.peak_flops["bf16"] == pytest.approx(778e12)
-    assert gpu.ceilings.peak_flops["fp8"] == pytest.approx(1410e12)
-    assert gpu.ceilings.launch_overhead == pytest.approx(6.2e-6)
-    assert gpu.ceilings.launch_overhead_graph == pytest.approx(1.1e-6)
-    assert "int4" not in gpu.ceilings.peak_flops and "int8" not in gpu.ceilings.peak_flops
+    assert gpu.header["command"].startswith("softsyn characterize --runtime ort --provider cuda")
+    assert "H200" in gpu.header["device"] and gpu.provider == "CUDAExecutionProvider"
+    # measured under ORT CUDA: HBM copy in the TB/s range, fp16 GEMM in the hundreds of TFLOP/s, launch in µs
+    assert 2e12 < gpu.ceilings.memory_bandwidth < 5e12
+    assert 3e14 < gpu.ceilings.peak_flops["fp16"] < 1e15
+    assert 1e-6 < gpu.ceilings.launch_overhead < 2e-5
+    assert gpu.ceilings.launch_overhead_graph < gpu.ceilings.launch_overhead
+    assert "fp8" not in gpu.ceilings.peak_flops  # not attempted: documented in notes, never guessed
+    assert gpu.peak_flops_for("fp8") == gpu.ceilings.peak_flops["fp16"]
     # Documented fallbacks: weight-only formats compute in the activation type (fp16 on GPU, fp32 on CPU).
-    assert gpu.peak_flops_for("int4") == gpu.ceilings.peak_flops["fp16"]
     assert cpu.peak_flops_for("bf16") == cpu.ceilings.peak_flops["fp32"]  # no bf16 MatMul on ORT CPU
     assert cpu.peak_flops_for("fp16") == cpu.ceilings.peak_flops["fp32"]  # Cast to fp32 on ORT CPU
     assert cpu.peak_flops_for("float32") == cpu.ceilings.peak_flops["fp32"]
