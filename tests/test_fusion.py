@@ -15,7 +15,7 @@ from onnx import helper as oh
 from softsyn.frontends import read_design
 from softsyn.fusion import Coverage, Miss, fuse, fusion_kinds
 from softsyn.measure import scenario_inputs
-from softsyn.netlist import Netlist
+from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.reports import report_fusion
 
 DECODE_SCENARIOS = [{"batch": 2, "seq": 5, "past": 0}, {"batch": 2, "seq": 1, "past": 7}]
@@ -326,3 +326,208 @@ def test_float16_export_fuses_fully_and_matches(name, cache_dir, tmp_path_factor
             a, b = a.astype(np.float64), b.astype(np.float64)
             rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
             assert rel < 1e-2, (scenario, out, rel)   # fp16 tolerance (observed ~1e-3)
+
+
+# ---------------------------------------------------------------- cuda: rotary and q/k norm absorbed into GQA
+def _distinct_qk_norm_weights(model):
+    """Random exports share one all-ones initializer between q_norm and k_norm: give each its own random
+    weight, so a q/k swap or a dropped weight shows in the numbers."""
+    from softsyn.fusion.graph import add_initializer
+
+    rng = np.random.default_rng(5)
+    for node in list(model.graph):
+        h = node.metadata_props.get(HIERARCHY_KEY, "") or node.name
+        for i, v in enumerate(node.inputs):
+            if v is not None and v.const_value is not None and len(v.shape or ()) == 1 and node.op_type == "Mul" \
+                    and ("q_norm" in v.name or "k_norm" in v.name):
+                w = (1 + 0.5 * rng.standard_normal(v.shape[0])).astype(v.dtype.numpy())
+                tag = "q" if "q_norm" in h else "k"
+                node.replace_input_with(i, add_initializer(model.graph, f"{tag}_norm_test.weight", w))
+
+
+def _cuda_fused(name, cache_dir, distinct_norms=False):
+    nl = read_design(f"zoo:{name}", cache_dir=cache_dir, progress=False)
+    ref = read_design(f"zoo:{name}", cache_dir=cache_dir, progress=False).model  # the unfused model (cache hit)
+    if distinct_norms:
+        _distinct_qk_norm_weights(nl.model)
+        _distinct_qk_norm_weights(ref)
+        nl.invalidate()
+    cov = {c.kind: c for c in fuse(nl, "cuda")}
+    return nl, ref, cov
+
+
+def _rms(x, w, eps):
+    x32 = x.astype(np.float32)
+    return (x32 / np.sqrt((x32 * x32).mean(-1, keepdims=True) + eps) * w.astype(np.float32)).astype(x.dtype)
+
+
+def _rope(x, cos, sin, pos):
+    """x [B, S, N, H], non-interleaved (rotate_half) rotary at positions pos [B, S] from [P, H/2] caches."""
+    h2 = x.shape[-1] // 2
+    c, s = cos[pos][:, :, None, :], sin[pos][:, :, None, :]
+    x1, x2 = x[..., :h2], x[..., h2:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def _gqa_reference(node, vals):
+    """numpy GroupQueryAttention (ORT contract): per-head RMSNorm of q/k (q_norm_weight, k_norm_weight), then
+    rotary at positions past + i with past = seqlens_k + 1 - S (right padding / all-ones masks), causal
+    attention over past + new with K/V heads shared by groups. Returns (output, present_key, present_value)."""
+    a = {k: v.value for k, v in node.attributes.items()}
+    q, k, v, pk, pv, seqlens = (vals[i] for i in range(6))
+    n, nkv = a["num_heads"], a["kv_num_heads"]
+    b, s, _ = q.shape
+    h = pk.shape[-1]
+    q, k, v = q.reshape(b, s, n, h), k.reshape(b, s, nkv, h), v.reshape(b, s, nkv, h)
+    if len(vals) > 15 and vals[14] is not None:
+        eps = a.get("qk_norm_epsilon", 1e-6)
+        q, k = _rms(q, vals[14], eps), _rms(k, vals[15], eps)
+    past = seqlens.astype(np.int64) + 1 - s
+    if a.get("do_rotary", 0):
+        pos = past[:, None] + np.arange(s)[None, :]
+        q, k = _rope(q, vals[7], vals[8], pos), _rope(k, vals[7], vals[8], pos)
+    pres_k = np.concatenate([pk, k.transpose(0, 2, 1, 3)], axis=2)
+    pres_v = np.concatenate([pv, v.transpose(0, 2, 1, 3)], axis=2)
+    kk = np.repeat(pres_k, n // nkv, axis=1).astype(np.float64)
+    vv = np.repeat(pres_v, n // nkv, axis=1).astype(np.float64)
+    scores = np.einsum("bnsh,bnth->bnst", q.transpose(0, 2, 1, 3).astype(np.float64), kk) * a["scale"]
+    t = kk.shape[2]
+    allowed = np.arange(t)[None, None, None, :] <= (past[:, None, None, None] + np.arange(s)[None, None, :, None])
+    scores = np.where(allowed, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.einsum("bnst,bnth->bnsh", p, vv).transpose(0, 2, 1, 3).reshape(b, s, n * h)
+    return out.astype(q.dtype), pres_k, pres_v
+
+
+def _run_with_gqa_reference(nl, feeds):
+    """All graph outputs of a cuda-fused model: every GroupQueryAttention by the numpy reference, everything
+    else on ORT CPU (graph.evaluate), layer after layer."""
+    from softsyn.fusion.graph import evaluate
+
+    g, opsets = nl.model.graph, dict(nl.model.opset_imports)
+    known = {v: feeds[v.name] for v in g.inputs}
+    for node in (n for n in g if n.op_type == "GroupQueryAttention"):
+        ins = list(node.inputs)
+        need = [v for v in ins if v is not None and v.const_value is None and v not in known]
+        got = evaluate(g, need, known, opsets) if need else []
+        val = dict(zip(need, got))
+        vals = [None if v is None else (v.const_value.numpy() if v.const_value is not None else known.get(v, val.get(v)))
+                for v in ins]
+        for o, r in zip(node.outputs, _gqa_reference(node, vals)):
+            known[o] = r
+    rest = [o for o in g.outputs if o not in known]
+    got = dict(zip(rest, evaluate(g, rest, known, opsets))) if rest else {}
+    return [np.asarray(known[o] if o in known else got[o]) for o in g.outputs]
+
+
+def _ref_outputs(model, feeds, path):
+    names, (out,) = _run(model, path, [feeds])
+    return names, out
+
+
+def test_cuda_gqa_absorbs_rotary_and_qk_norm_structure(cache_dir):
+    nl, ref, cov = _cuda_fused("qwen3-tiny", cache_dir)
+    layers, h = nl.config["num_layers"], 32
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    assert after["GroupQueryAttention"] == layers and not after["RotaryEmbedding"] and not after["Reshape"]
+    assert after["SimplifiedLayerNormalization"] == 1  # the final norm; no q/k norms left
+    assert not [n for n in nl.nodes() if n.op_type == "SimplifiedLayerNormalization" and "_norm" in nl.hierarchy(n)
+                and ("q_norm" in nl.hierarchy(n) or "k_norm" in nl.hierarchy(n))]
+    assert [v.name for v in nl.model.graph.inputs] == [v.name for v in ref.graph.inputs]  # position_ids stays
+    for node in (n for n in nl.nodes() if n.op_type == "GroupQueryAttention"):
+        ins = list(node.inputs)
+        assert len(ins) == 16 and all(v is None for v in ins[9:14])
+        split = ins[0].producer()
+        assert split.op_type == "Split" and all(ins[i].producer() is split for i in range(3))
+        assert split.inputs[0].producer().op_type == "MatMul"
+        cos, sin = ins[7].const_value.numpy(), ins[8].const_value.numpy()
+        assert cos.shape == sin.shape == (nl.config.get("max_position_embeddings") or 4096, h // 2) or cos.shape[1] == h // 2
+        assert ins[14].const_value.numpy().shape == ins[15].const_value.numpy().shape == (h,)
+        assert "q_norm" in ins[14].name or "k_norm" in ins[14].name
+        a = {k: v.value for k, v in node.attributes.items()}
+        assert set(a) == {"num_heads", "kv_num_heads", "scale", "local_window_size", "softcap", "do_rotary",
+                          "rotary_interleaved", "qk_norm_epsilon"}
+        assert (a["num_heads"], a["kv_num_heads"], a["local_window_size"], a["softcap"], a["do_rotary"],
+                a["rotary_interleaved"]) == (4, 2, -1, 0.0, 1, 0)
+        assert abs(a["qk_norm_epsilon"] - 1e-6) < 1e-9 and abs(a["scale"] - h ** -0.5) < 1e-6
+    att = cov["attention"]
+    assert att.fused == layers and not att.misses
+    assert f"rotary absorbed into GroupQueryAttention (do_rotary=1) {layers}/{layers}" in att.note
+    assert f"q/k RMSNorm absorbed (q_norm_weight/k_norm_weight) {layers}/{layers}" in att.note
+    assert "not absorbed" not in att.note
+
+
+def test_cuda_gqa_with_qk_norm_matches_unfused_by_reference(cache_dir, tmp_path):
+    """ORT CPU refuses q/k-norm GQA, so the fused GQA nodes are computed by a numpy reference from their
+    inputs (the rest of the model on ORT CPU) and compared with the unfused model on ORT CPU."""
+    nl, ref, _ = _cuda_fused("qwen3-tiny", cache_dir, distinct_norms=True)
+    gqa = next(n for n in nl.nodes() if n.op_type == "GroupQueryAttention")
+    assert gqa.inputs[14].name.startswith("q_norm_test") and gqa.inputs[15].name.startswith("k_norm_test")
+    for scenario in DECODE_SCENARIOS:
+        feeds = scenario_inputs(nl, scenario, seed=1)
+        names, want = _ref_outputs(ref, feeds, tmp_path / "ref.onnx")
+        got = _run_with_gqa_reference(nl, feeds)
+        assert [o.name for o in nl.model.graph.outputs] == names
+        for name, a, b in zip(names, want, got):
+            assert a.shape == b.shape, (scenario, name)
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-4, (scenario, name, rel)
+
+
+def test_cuda_gqa_rotary_only_runs_on_cpu_and_matches(cache_dir, tmp_path):
+    """llama-tiny (no q/k norm): do_rotary=1 GQA runs on ORT 1.31 CPU (head size a multiple of 16), so the
+    rotary absorption is checked end to end on the real kernel."""
+    nl, ref, cov = _cuda_fused("llama-tiny", cache_dir)
+    gqas = [n for n in nl.nodes() if n.op_type == "GroupQueryAttention"]
+    assert len(gqas) == nl.config["num_layers"] and not [n for n in nl.nodes() if n.op_type == "RotaryEmbedding"]
+    assert all(n.attributes["do_rotary"].value == 1 and len(n.inputs) == 9 for n in gqas)
+    assert "q/k RMSNorm absorbed (q_norm_weight/k_norm_weight) 0/" in cov["attention"].note
+    feeds = [scenario_inputs(nl, d, seed=1) for d in DECODE_SCENARIOS]
+    names, got = _run(nl.model, tmp_path / "cuda.onnx", feeds)
+    for scenario, f, g in zip(DECODE_SCENARIOS, feeds, got):
+        ref_names, want = _ref_outputs(ref, f, tmp_path / "ref.onnx")
+        assert names == ref_names
+        for name, a, b in zip(names, want, g):
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-4, (scenario, name, rel)
+        # and the reference agrees with the real kernel
+        for name, a, b in zip(names, g, _run_with_gqa_reference(nl, f)):
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-4, (scenario, name, rel)
+
+
+def test_cuda_rotary_on_computed_positions_is_not_absorbed(cache_dir):
+    """Rotary reading a computed position tensor (here position_ids + 3): GQA would rotate at past + i, so it
+    keeps today's unabsorbed form (still fused) and the note says why."""
+    from softsyn.fusion.graph import int64, make_node
+
+    nl = read_design("zoo:qwen3-tiny", cache_dir=cache_dir, progress=False)
+    fuse(nl, "cuda", kinds=["rms_norm", "rotary"])
+    g = nl.model.graph
+    pos = next(v for v in g.inputs if v.name == "position_ids")
+    rots = [n for n in g if n.op_type == "RotaryEmbedding"]
+    add = make_node(rots[0], "", "Add", [pos, int64(g, "three", 3)])
+    add.outputs[0].shape, add.outputs[0].type = pos.shape, pos.type
+    g.insert_before(rots[0], add)
+    for n in rots:
+        n.replace_input_with(1, add.outputs[0])
+    nl.invalidate()
+    cov = {c.kind: c for c in fuse(nl, "cuda")}
+    att = cov["attention"]
+    assert att.fused == att.candidates == 2 and not att.misses  # still fused
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    assert after["RotaryEmbedding"] == 4 and after["GroupQueryAttention"] == 2
+    assert all("do_rotary" not in n.attributes and len(n.inputs) == 7 for n in nl.nodes() if n.op_type == "GroupQueryAttention")
+    assert "rotary absorbed into GroupQueryAttention (do_rotary=1) 0/2" in att.note
+    assert "not the model's position_ids input" in att.note and "GQA (positions from seqlens_k) cannot absorb it" in att.note
+
+
+def test_cpu_gqa_keeps_rotary_and_norms_outside(fused_pairs):
+    nl = fused_pairs("qwen3-tiny")["netlist"]
+    layers = nl.config["num_layers"]
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    assert after["RotaryEmbedding"] == 2 * layers and after["SimplifiedLayerNormalization"] == 1 + 2 * layers
+    for n in (n for n in nl.nodes() if n.op_type == "GroupQueryAttention"):
+        assert len(n.inputs) == 7 and set(n.attributes) == {"num_heads", "kv_num_heads", "scale"}
+    assert fused_pairs("qwen3-tiny")["cov"]["attention"].note == ""
