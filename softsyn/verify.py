@@ -110,6 +110,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     providers = ["CPUExecutionProvider"] if cpu else settings.get("providers")
     session = ort.InferenceSession(str(out_dir / MODEL_FILE), providers=providers)
+    ort_errors = _ort_errors()
     input_types = {i.name: i.type for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     checks = []
@@ -118,7 +119,15 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         compiled_feeds = {k: v.astype(np.float16) if input_types.get(k) == "tensor(float16)" else v
                           for k, v in feeds.items()}
         expected = dict(zip([o.name for o in ref_session.get_outputs()], ref_session.run(None, feeds)))
-        for name, got in zip(names, session.run(None, compiled_feeds)):
+        try:
+            outputs = session.run(None, compiled_feeds)
+        except ort_errors as exc:
+            first = str(exc).splitlines()[0]
+            raise SoftsynError(
+                f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
+                f"verify it on its target (runtime/session.json providers: {', '.join(settings.get('providers') or [])})"
+            ) from None
+        for name, got in zip(names, outputs):
             if name not in expected:
                 raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
                                    f"{ref_path} (outputs: {', '.join(expected)})")
@@ -131,6 +140,13 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
     return VerifyResult(checks, max_rel, source, min_top1, session.get_providers()[0],
                         settings.get("reference") or {}, precision)
+
+
+def _ort_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's run-time failures (kernels a provider lacks, bad shapes): user-facing, not bugs."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return state.Fail, state.InvalidArgument, state.NotImplemented, state.RuntimeException, state.InvalidGraph
 
 
 def render(result: VerifyResult, out_dir: str | Path) -> str:

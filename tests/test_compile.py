@@ -15,6 +15,9 @@ from softsyn.emit import check
 from softsyn.errors import SoftsynError
 
 TINY = "zoo:qwen3-tiny"
+# The GPU-target artifact must also run on ORT CPU for verify here: Llama's GQA (rotary absorbed) does;
+# Qwen3's q/k norms absorbed into GQA run only on CUDA (test_verify_on_a_provider_that_cannot_run_it).
+GPU_MODEL = "zoo:llama-tiny"
 GPU_TINY = """\
 target: h200-ort-cuda
 workload: {batch: 1, prompt_len: 16, context_len: 32}
@@ -22,16 +25,17 @@ accuracy: {max_rel_error: 2%, min_top1: 0.9}
 """
 
 
-def compile_cli(out, *extra):
-    return CliRunner().invoke(main, ["compile", TINY, "--effort", "low", "-o", str(out), "-q", *extra])
+def compile_cli(out, *extra, model=TINY):
+    return CliRunner().invoke(main, ["compile", model, "--effort", "low", "-o", str(out), "-q", *extra])
 
 
 @pytest.fixture(scope="module")
 def compiled(cache_dir, tmp_path_factory):
-    """qwen3-tiny compiled for the H200 library (flatten, fuse, fp16), as the CLI does it."""
+    """llama-tiny compiled for the H200 library (flatten, fuse, fp16), as the CLI does it."""
     root = tmp_path_factory.mktemp("compiled")
     (root / "gpu-tiny.yaml").write_text(GPU_TINY)
-    result = compile_cli(root / "out", "-c", str(root / "gpu-tiny.yaml"), "--cache-dir", str(cache_dir))
+    result = compile_cli(root / "out", "-c", str(root / "gpu-tiny.yaml"), "--cache-dir", str(cache_dir),
+                         model=GPU_MODEL)
     assert result.exit_code in (0, 1), result.output + repr(result.exception)
     return root / "out"
 
@@ -57,7 +61,7 @@ def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
     assert session_json["outputs"]["logits"]["dtype"] == "float16"
     assert session_json["scenarios"]["decode"]["dims"] == {"batch": 1, "seq": 1, "past": 32}
     assert session_json["inputs"]["past_key_values.0.key"]["scenarios"]["decode"] == [1, 2, 32, 32]
-    assert session_json["reference"]["source"] == TINY and session_json["reference"]["onnx"].endswith("model.onnx")
+    assert session_json["reference"]["source"] == GPU_MODEL and session_json["reference"]["onnx"].endswith("model.onnx")
 
     log = (compiled / "compile.log").read_text().splitlines()
     phases = [line.split()[1] for line in log if line.strip()[:1].isdigit()]
@@ -87,6 +91,18 @@ def test_verify_names_the_output_a_corrupted_model_breaks(compiled, tmp_path):
     assert result.exit_code == 1, result.output
     assert "VIOLATED: prefill/logits: rel error" in result.output
     assert "present.0.key" in result.output and "VIOLATED: prefill/present" not in result.output
+
+
+def test_verify_on_a_provider_that_cannot_run_it(cache_dir, tmp_path):
+    """qwen3-tiny for the H200: GQA carries the q/k norms, which only CUDA runs: a clear error, exit 2."""
+    (tmp_path / "gpu-tiny.yaml").write_text(GPU_TINY)
+    out = tmp_path / "out"
+    result = compile_cli(out, "-c", str(tmp_path / "gpu-tiny.yaml"), "--cache-dir", str(cache_dir))
+    assert result.exit_code in (0, 1), result.output
+    result = CliRunner().invoke(main, ["verify", str(out), "--cpu"], standalone_mode=False)
+    assert isinstance(result.exception, SoftsynError)
+    message = str(result.exception)
+    assert "CPUExecutionProvider cannot run the compiled model" in message and "CUDAExecutionProvider" in message
 
 
 def test_failed_compile_leaves_no_directory(cache_dir, tmp_path, monkeypatch):
