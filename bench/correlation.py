@@ -97,6 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--models", nargs="*", help="subset of the plan's models")
+    parser.add_argument("--target", help="library name or YAML path (default: the plan's, cpu-ort / h200-ort-cuda)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "softsyn-correlation",
@@ -109,7 +110,9 @@ def main() -> int:
     from softsyn.reports import report_signoff
     from softsyn.signoff import signoff, write_results
 
-    plan = PLANS[args.provider]
+    plan = dict(PLANS[args.provider])
+    if args.target:
+        plan["target"] = str(Path(args.target).resolve()) if Path(args.target).exists() else args.target
     models = args.models or list(plan["models"])
     started = datetime.datetime.now().astimezone()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])

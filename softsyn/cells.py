@@ -45,6 +45,7 @@ class Ctx:
     head_dim: int  # head_dim of the attention / rotary cells
     act: str  # activation precision of weight-only cells (fp32 on CPU, fp16 on CUDA)
     precision: str = "fp32"  # the precision of the cell being built
+    form: str = "copies"  # "chain": copy i consumes copy i-1's output (cells whose kind has chain=True)
 
 
 def _elem(ctx: "Ctx") -> int:
@@ -61,6 +62,7 @@ class Graph:
     ms_domain: bool = False
     cpu_inputs: tuple = ()  # inputs a CUDA kernel reads from host memory (bound as CPU OrtValues)
     opset: int = OPSET
+    optimize: bool = True  # False: session without graph rewrites (chains ORT would fold: Reshape pairs, ...)
 
 
 @dataclass
@@ -135,6 +137,25 @@ def _node(op, ins, outs, i, domain="", **attrs):
     return helper.make_node(op, ins, outs, name=f"{op.lower()}{i}", domain=domain or None, **attrs)
 
 
+def chained(g: Graph, src: str, optimize: bool = True) -> Graph:
+    """The CHAIN form of a copies graph: node i (i >= 1) reads node i-1's first output instead of graph
+    input `src`; only the last node's first output stays a graph output. So each node consumes its
+    predecessor's output hot in cache and the intermediate tensors live in ORT's arena (reused), as in a
+    real model, instead of N bound graph outputs."""
+    nodes = list(g.nodes)
+    for i in range(1, len(nodes)):
+        prev = nodes[i - 1].output[0]
+        ins = list(nodes[i].input)
+        nodes[i].input[:] = [prev if n == src else n for n in ins]
+    last = nodes[-1].output[0]
+    outs = [(n, e) for n, e in g.outputs if n == last]
+    return Graph(nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize)
+
+
+def _maybe_chain(g: Graph, src: str, ctx: "Ctx") -> Graph:
+    return chained(g, src) if ctx.form == "chain" else g
+
+
 # ------------------------------------------------------------------------------------------ builders
 
 def unary(op, in_elem=None, out_elem=None, domain="", row_wise=False, **attrs):
@@ -143,8 +164,9 @@ def unary(op, in_elem=None, out_elem=None, domain="", row_wise=False, **attrs):
         elem = in_elem or _elem(ctx)
         r, c = _rows_cols(s["elements"], ctx.row if row_wise else 256 if ctx.provider == "cpu" else 1024)
         nodes = [_node(op, ["x"], [f"y{i}"], i, domain, **attrs) for i in range(copies)]
-        return Graph(nodes, {"x": (elem, _data((r, c), elem))}, [(f"y{i}", out_elem or elem) for i in range(copies)],
-                     ms_domain=bool(domain))
+        g = Graph(nodes, {"x": (elem, _data((r, c), elem))}, [(f"y{i}", out_elem or elem) for i in range(copies)],
+                  ms_domain=bool(domain))
+        return _maybe_chain(g, "x", ctx) if (out_elem or elem) == elem else g
     return build
 
 
@@ -158,7 +180,8 @@ def binary(op, in_elem=None, out_elem=None, domain=""):
         else:
             inputs = {"a": (elem, x), "b": (elem, _data((r, c), elem, 2))}
         nodes = [_node(op, ["a", "b"], [f"y{i}"], i, domain) for i in range(copies)]
-        return Graph(nodes, inputs, [(f"y{i}", out_elem or elem) for i in range(copies)], ms_domain=bool(domain))
+        g = Graph(nodes, inputs, [(f"y{i}", out_elem or elem) for i in range(copies)], ms_domain=bool(domain))
+        return _maybe_chain(g, "a", ctx) if (out_elem or elem) == elem else g
     return build
 
 
@@ -166,8 +189,9 @@ def where(s, copies, ctx: Ctx) -> Graph:
     elem = _elem(ctx)
     r, c = _rows_cols(s["elements"], 256)
     nodes = [_node("Where", ["c", "a", "b"], [f"y{i}"], i) for i in range(copies)]
-    return Graph(nodes, {"c": (BOOL, _data((r, c), BOOL)), "a": (elem, _data((r, c), elem)),
-                         "b": (elem, _data((r, c), elem, 3))}, [(f"y{i}", elem) for i in range(copies)])
+    return _maybe_chain(Graph(nodes, {"c": (BOOL, _data((r, c), BOOL)), "a": (elem, _data((r, c), elem)),
+                                      "b": (elem, _data((r, c), elem, 3))}, [(f"y{i}", elem) for i in range(copies)]),
+                        "a", ctx)
 
 
 def cast(s, copies, ctx: Ctx) -> Graph:
@@ -194,7 +218,8 @@ def norm(op, skip=False, bias=False, domain=""):
             if op in ("LayerNormalization", "SimplifiedLayerNormalization"):
                 attrs["axis"] = -1
             nodes.append(_node(op, ins, [f"y{i}"], i, domain, **attrs))
-        return Graph(nodes, inputs, [(f"y{i}", elem) for i in range(copies)], inits, ms_domain=bool(domain))
+        return _maybe_chain(Graph(nodes, inputs, [(f"y{i}", elem) for i in range(copies)], inits,
+                                  ms_domain=bool(domain)), "x", ctx)
     return build
 
 
@@ -209,8 +234,8 @@ def bias_gelu(op):
                 continue
             inits.append(_init(f"b{i}", np.zeros(c), elem))
             nodes.append(_node(op, ["x", f"b{i}"], [f"y{i}"], i, "com.microsoft"))
-        return Graph(nodes, {"x": (elem, _data((r, c), elem))}, [(f"y{i}", elem) for i in range(copies)], inits,
-                     ms_domain=True)
+        return _maybe_chain(Graph(nodes, {"x": (elem, _data((r, c), elem))}, [(f"y{i}", elem) for i in range(copies)],
+                                  inits, ms_domain=True), "x", ctx)
     return build
 
 
@@ -248,7 +273,8 @@ def transpose(s, copies, ctx: Ctx) -> Graph:
     h = min(rest, 4)
     a = max(1, rest // h)
     nodes = [_node("Transpose", ["x"], [f"y{i}"], i, perm=[1, 0, 2]) for i in range(copies)]
-    return Graph(nodes, {"x": (elem, _data((a, h, d), elem))}, [(f"y{i}", elem) for i in range(copies)])
+    g = Graph(nodes, {"x": (elem, _data((a, h, d), elem))}, [(f"y{i}", elem) for i in range(copies)])
+    return chained(g, "x", optimize=False) if ctx.form == "chain" else g  # ORT cancels Transpose pairs
 
 
 def reshape_like(op):
@@ -260,18 +286,34 @@ def reshape_like(op):
             inits.append(_init("shape", np.array([r * c]), INT64))
             attrs_ins = ["shape"]
             x = _data((r, c), elem)
+            if ctx.form == "chain":  # alternate [r*c] <-> [r, c]
+                inits.append(_init("shape_back", np.array([r, c]), INT64))
+                nodes = [_node(op, ["x", "shape" if i % 2 == 0 else "shape_back"], [f"y{i}"], i) for i in range(copies)]
+                return chained(Graph(nodes, {"x": (elem, x)}, [(f"y{i}", elem) for i in range(copies)], inits), "x",
+                               optimize=False)
         elif op == "Unsqueeze":
             inits.append(_init("axes", np.array([0]), INT64))
             attrs_ins = ["axes"]
             x = _data((r, c), elem)
+            if ctx.form == "chain":  # Unsqueeze / Squeeze alternating (two views of the same cost)
+                nodes = [_node("Unsqueeze" if i % 2 == 0 else "Squeeze", ["x", "axes"], [f"y{i}"], i)
+                         for i in range(copies)]
+                return chained(Graph(nodes, {"x": (elem, x)}, [(f"y{i}", elem) for i in range(copies)], inits), "x",
+                               optimize=False)
         elif op == "Squeeze":
             inits.append(_init("axes", np.array([0]), INT64))
             attrs_ins = ["axes"]
             x = _data((1, r, c), elem)
+            if ctx.form == "chain":
+                nodes = [_node("Squeeze" if i % 2 == 0 else "Unsqueeze", ["x", "axes"], [f"y{i}"], i)
+                         for i in range(copies)]
+                return chained(Graph(nodes, {"x": (elem, x)}, [(f"y{i}", elem) for i in range(copies)], inits), "x",
+                               optimize=False)
         elif op == "Identity":
             x = _data((r, c), elem)
         nodes = [_node(op, ["x"] + attrs_ins, [f"y{i}"], i) for i in range(copies)]
-        return Graph(nodes, {"x": (elem, x)}, [(f"y{i}", elem) for i in range(copies)], inits)
+        g = Graph(nodes, {"x": (elem, x)}, [(f"y{i}", elem) for i in range(copies)], inits)
+        return chained(g, "x", optimize=False) if ctx.form == "chain" else g
     return build
 
 
@@ -353,32 +395,41 @@ def matmul(s, copies, ctx: Ctx, precision: str) -> Graph:
     elem = ELEM[precision]
     m, n, k = int(s["m"]), int(s["n"]), int(s["k"])
     inits, nodes, ins = [], [], {"a": (elem, _data((m, k), elem))}
+    chain = ctx.form == "chain"
     for i in range(copies):
+        kk, nn = (n, k) if chain and i % 2 else (k, n)  # chain: alternate W[k, n] and W[n, k]
         if ctx.provider == "cuda":  # no prepacking on CUDA: weights bound on the device (no 2 GB protobuf limit)
-            ins[f"W{i}"] = (elem, (k, n))
+            ins[f"W{i}"] = (elem, (kk, nn))
         else:
-            inits.append(_init(f"W{i}", (_rng(i).random((k, n), dtype=np.float32) - 0.5) * 0.05, elem))
+            inits.append(_init(f"W{i}", (_rng(i).random((kk, nn), dtype=np.float32) - 0.5) * 0.05, elem))
         nodes.append(_node("MatMul", ["a", f"W{i}"], [f"y{i}"], i))
-    return Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)], inits)
+    return _maybe_chain(Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)], inits), "a", ctx)
 
 
 def gemm(s, copies, ctx: Ctx, precision: str) -> Graph:
     elem = ELEM[precision]
     m, n, k = int(s["m"]), int(s["n"]), int(s["k"])
     inits, nodes = [], []
+    chain = ctx.form == "chain"
     for i in range(copies):
-        inits.append(_init(f"W{i}", (_rng(i).random((n, k), dtype=np.float32) - 0.5) * 0.05, elem))
-        inits.append(_init(f"c{i}", np.zeros(n), elem))
+        kk, nn = (n, k) if chain and i % 2 else (k, n)  # chain: alternate W[n, k] and W[k, n]
+        inits.append(_init(f"W{i}", (_rng(i).random((nn, kk), dtype=np.float32) - 0.5) * 0.05, elem))
+        inits.append(_init(f"c{i}", np.zeros(nn), elem))
         nodes.append(_node("Gemm", ["a", f"W{i}", f"c{i}"], [f"y{i}"], i, transB=1))
-    return Graph(nodes, {"a": (elem, _data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)], inits)
+    return _maybe_chain(Graph(nodes, {"a": (elem, _data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)],
+                              inits), "a", ctx)
 
 
 def batched_matmul(s, copies, ctx: Ctx, precision: str) -> Graph:
     elem = ELEM[precision]
     b, m, n, k = int(s["batch"]), int(s["m"]), int(s["n"]), int(s["k"])
-    nodes = [_node("MatMul", ["a", "b"], [f"y{i}"], i) for i in range(copies)]
-    return Graph(nodes, {"a": (elem, _data((b, m, k), elem)), "b": (elem, _data((b, k, n), elem, 1))},
-                 [(f"y{i}", elem) for i in range(copies)])
+    ins = {"a": (elem, _data((b, m, k), elem)), "b": (elem, _data((b, k, n), elem, 1))}
+    if ctx.form != "chain":
+        nodes = [_node("MatMul", ["a", "b"], [f"y{i}"], i) for i in range(copies)]
+        return Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)])
+    ins["b2"] = (elem, _data((b, n, k), elem, 2))  # chain: alternate B[k, n] and B[n, k]
+    nodes = [_node("MatMul", ["a", "b" if i % 2 == 0 else "b2"], [f"y{i}"], i) for i in range(copies)]
+    return chained(Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)]), "a")
 
 
 def matmul_nbits(bits: int):
@@ -434,8 +485,8 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
     pos = np.arange(t, dtype=np.int64).reshape(1, t)
     nodes = [_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], [f"y{i}"], i, "com.microsoft", num_heads=heads)
              for i in range(copies)]
-    return Graph(nodes, {"x": (elem, _data((1, t, heads * d), elem)), "pos": (INT64, pos)},
-                 [(f"y{i}", elem) for i in range(copies)], [cos, sin], ms_domain=True)
+    return _maybe_chain(Graph(nodes, {"x": (elem, _data((1, t, heads * d), elem)), "pos": (INT64, pos)},
+                              [(f"y{i}", elem) for i in range(copies)], [cos, sin], ms_domain=True), "x", ctx)
 
 
 def gqa(precision: str):
@@ -504,7 +555,7 @@ MM = {  # m, n, k: tokens x hidden sizes (CPU zoo: hidden 128-384, intermediate 
     "cuda-quick": [[1, 512], [1024, 12288], [1024, 4096]],
 }
 BMM = {  # batch (heads x batch), m (q tokens), n, k (head_dim or kv length)
-    "cpu": [[1, 4, 16], [1, 16, 128, 512], [32, 128, 512], [32, 128, 512]],
+    "cpu": [[1, 4, 16], [1, 16, 128, 512], [1, 32, 128, 512], [32, 128, 512]],  # n = 1: MoE batched_mm experts
     "cpu-quick": [[1, 16], [1, 128], [32, 512], [32, 512]],
     "cuda": [[1, 8, 32], [1, 128, 512, 2048], [64, 512, 4096], [64, 512, 4096]],
     "cuda-quick": [[1, 32], [1, 512], [64, 4096], [64, 4096]],

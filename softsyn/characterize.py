@@ -4,10 +4,17 @@ For every cell kind the provider runs (softsyn.cells), build a small ONNX graph 
 it warm with inputs and outputs bound on the device (IO binding: OrtValues on "cpu" or "cuda"), and
 write the cell's delay table with its index axes. Method per point:
 
-- The graph holds `copies` independent instances of the op (own weights, same inputs, own bound
-  outputs). The per-node delay is (T(N copies) - T(1 copy)) / (N - 1), timed interleaved sample by
-  sample (drift on a shared machine cancels), median of the samples; a point whose single node is
-  already long (>= LONG x the run overhead) is timed with one copy and the run overhead subtracted.
+- The graph holds `copies` instances of the op. CPU: in CHAIN form where the op allows it (copy i
+  consumes copy i-1's output; shape-changing ops alternate two shapes: MatMul/Gemm W[k, n] / W[n, k],
+  Reshape [r*c] / [r, c], Unsqueeze / Squeeze; view and Transpose chains run without graph rewrites,
+  which would fold them), so each node reads its predecessor's output hot in cache and intermediates
+  live in ORT's arena, as in a real model; only the last output is a graph output. Ops whose output
+  cannot feed their input (compare ops, Cast, reductions, Concat, Slice, Gather, attention, ...) and
+  every CUDA cell use independent copies (own weights, same inputs, own bound outputs).
+  The per-node delay is (T(N copies) - T(1 copy)) / (N - 1). CPU: T(1) and T(N) are timed one session
+  at a time (the other destroyed: a live session's spinning intra-op workers steal the core the timed
+  session's parallel kernels need); CUDA: interleaved sample by sample. Medians; a point whose single
+  node is already long (>= LONG x the run overhead) is timed with one copy and the run overhead subtracted.
 - Precisions are recorded only where the provider computes in them: on CPU the optimised graph must
   not gain Casts (ORT's InsertCastTransformer runs fp16 in fp32), on CUDA the session is created
   with `session.disable_cpu_ep_fallback` (a node that would run on the CPU fails the cell).
@@ -45,9 +52,11 @@ LONG = 40.0  # a point whose one-copy run exceeds LONG x run overhead is timed w
 # per-provider measurement settings: (quick, full)
 SETTINGS = {
     "cpu": {"copies": (64, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (9, 25)),
-            "point_budget": (0.10, 0.6), "cell_cap": (6.0, 40.0), "weight_cap": 64 << 20},
+            "point_budget": (0.10, 0.6), "cell_cap": (6.0, 40.0), "weight_cap": 64 << 20, "timing": "sequential",
+            "form": "chain"},
     "cuda": {"copies": (32, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (7, 15)),
-             "point_budget": (0.08, 0.25), "cell_cap": (5.0, 25.0), "weight_cap": 1 << 30},
+             "point_budget": (0.08, 0.25), "cell_cap": (5.0, 25.0), "weight_cap": 1 << 30, "timing": "interleaved",
+             "form": "copies"},
 }
 # weight_cap: weight bytes inlined in one cell graph; ONNX protobufs cannot exceed 2 GiB ("Failed to
 # serialize proto" on the H200 run of 2026-11-30 with 4 GiB), and building them dominates the cell's time.
@@ -67,9 +76,17 @@ def _log(progress: bool, msg: str, end: str = "\n") -> None:
 
 # ------------------------------------------------------------------------------------------ sessions
 
-def _session(model, provider: str, optimized_path: str | None = None):
+def _session(model, provider: str, optimized_path: str | None = None, optimize: bool = True):
     from softsyn.ceilings import _session as ceil_session
-    return ceil_session(model, provider, optimized_path=optimized_path)
+    if optimize or provider != "cpu":
+        return ceil_session(model, provider, optimized_path=optimized_path)
+    import onnxruntime as ort
+    so = ort.SessionOptions()  # defaults, but no graph rewrites: ORT would fuse a Reshape chain away
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path:
+        so.optimized_model_filepath = optimized_path
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _ortvalue(arr, elem: int, device: str):
@@ -85,7 +102,7 @@ class Runner:
     def __init__(self, graph: "C.Graph", provider: str):
         import onnxruntime as ort
         self.model = C.make_model(graph)
-        self.sess = _session(self.model, provider)
+        self.sess = _session(self.model, provider, optimize=graph.optimize)
         device = "cuda" if provider == "cuda" else "cpu"
         self.io = self.sess.io_binding()
         self._keep = []
@@ -130,17 +147,41 @@ def _graph_bytes(g: "C.Graph") -> int:
     return total
 
 
+def _time_alone(fn, samples: int, inner: int) -> float:
+    """Median time per call of `fn` over `samples` blocks of `inner` calls (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    v = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        v.append((time.perf_counter() - t0) / inner)
+    return statistics.median(v)
+
+
 def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: float, budget: float,
                   quick: bool) -> float:
-    """Per-node delay (s) of `kind` at `sizes`."""
+    """Per-node delay (s) of `kind` at `sizes`.
+
+    CPU ("sequential" timing): T(1) and T(N) are timed one session at a time, the other session destroyed.
+    Each ORT session owns an intra-op thread pool whose workers spin after a run; with two live sessions
+    timed call by call (time_interleaved) one pool's spinning worker takes the core the other's parallel
+    kernel needs (2 cores: MatMul 128x256x128 measured 37 us interleaved vs 20 us alone and 18 us in
+    qwen3-tiny's profile). CUDA keeps interleaved timing (drift cancellation; kernels run on the GPU)."""
+    import gc
     st = SETTINGS[ctx.provider]
     q = 0 if quick else 1
-    one = Runner(kind.build(sizes, 1, ctx), ctx.provider)
+    lo, hi = st["samples"][q]
+    sequential = st["timing"] == "sequential"
+    gc.collect()  # sessions of earlier points: their thread pools must be gone before timing
+    g1 = kind.build(sizes, 1, ctx)
+    one = Runner(g1, ctx.provider)
     one()
     t0 = time.perf_counter()
     one()
     t1 = time.perf_counter() - t0
-    per_copy = _graph_bytes(kind.build(sizes, 1, ctx)) if t1 < LONG * run_overhead else 0
+    per_copy = _graph_bytes(g1) if t1 < LONG * run_overhead else 0
     # many copies for tiny nodes (their delay must stand well above the run-to-run noise), few for big ones
     copies = st["copies"][q]
     for bound, n in ((20 * run_overhead, copies), (100 * run_overhead, 16), (math.inf, 4)):
@@ -149,20 +190,29 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
             break
     if per_copy:
         copies = max(1, min(copies, st["weight_cap"] // max(per_copy, 1)))
-    lo, hi = st["samples"][q]
     if t1 >= LONG * run_overhead or copies < 2:
         inner = max(1, int(st["min_sample"][q] / max(t1, 1e-7)))
         samples = int(max(lo, min(hi, budget / max(inner * t1, 1e-7))))
         t = time_interleaved({"one": one}, samples, inner)["one"]
         return max(t - run_overhead, 1e-9)
+    if sequential:
+        inner1 = max(1, int(st["min_sample"][q] / max(t1, 1e-7)))
+        m1 = _time_alone(one, int(max(lo, min(hi, budget / 3 / max(inner1 * t1, 1e-7)))), inner1)
+        del one
+        gc.collect()
     many = Runner(kind.build(sizes, copies, ctx), ctx.provider)
     many()
     t0 = time.perf_counter()
     many()
     tn = time.perf_counter() - t0
     inner = max(1, int(st["min_sample"][q] / max(tn, 1e-7)))
-    samples = int(max(lo, min(hi, budget / max(inner * (t1 + tn), 1e-7))))
-    med = time_interleaved({"one": one, "many": many}, samples, inner)
+    if sequential:
+        mn = _time_alone(many, int(max(lo, min(hi, 2 * budget / 3 / max(inner * tn, 1e-7)))), inner)
+        del many
+        med = {"one": m1, "many": mn}
+    else:
+        samples = int(max(lo, min(hi, budget / max(inner * (t1 + tn), 1e-7))))
+        med = time_interleaved({"one": one, "many": many}, samples, inner)
     d = (med["many"] - med["one"]) / (copies - 1)
     if d <= 0:  # noise swamped a tiny op: fall back on the one-copy figure minus the run overhead
         d = max(med["one"] - run_overhead, 1e-9)
@@ -342,13 +392,15 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
     ch.update({"plan": plan, "date": _dt.date.today().isoformat(), "onnxruntime": ort.__version__})
     if note:
         ch["status"] = note
-    ch.setdefault("method", "per-node delay = (T(N copies) - T(1)) / (N - 1), IO bound on the device, "
-                  "interleaved samples, median; long nodes: T(1) - run overhead")
+    ch["method"] = ("per-node delay = (T(N copies) - T(1)) / (N - 1), IO bound on the device, median; "
+                    + ("CPU: chain form (copy i consumes copy i-1's output) where the op allows it, else independent "
+                       "copies; T(1) and T(N) timed one session at a time" if provider == "cpu" else
+                       "independent copies, interleaved samples") + "; long nodes: T(1) - run overhead")
     lib.setdefault("not_characterised", {})
     done = {(c["op"], str(c["precision"]), str(c.get("implementation", ""))) for c in lib["cells"]}
 
     ctx = C.Ctx(provider=provider, row=256 if provider == "cpu" else 1024, head_dim=32 if provider == "cpu" else 128,
-                act="fp32" if provider == "cpu" else "fp16")
+                act="fp32" if provider == "cpu" else "fp16", form=st_form(provider))
     run_overhead = float(lib["ceilings"]["run_overhead"])
     kinds = [k for k in C.cell_kinds() if provider in k.providers]
     kinds.append(None)  # the Run cell
@@ -432,6 +484,10 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
          f"interpolation error median {e.get('median_pct')}% max {e.get('max_pct')}% over {e.get('points')} "
          f"held-out points -> {path}")
     return lib
+
+
+def st_form(provider: str) -> str:
+    return SETTINGS[provider]["form"]
 
 
 def fnmatchcase_op(kind, pattern: str) -> bool:

@@ -120,3 +120,38 @@ def test_cli_help():
         assert word.lower() in result.output.lower()
     listing = CliRunner().invoke(main, ["characterize", "--list", "--quick", "--provider", "cuda"])
     assert listing.exit_code == 0 and "GroupQueryAttention.fp16.ort-cuda" in listing.output
+
+
+def test_chain_form_graphs():
+    """CPU cells are built in chain form where the op allows it: copy i reads copy i-1's output, one graph
+    output; shape-changing ops alternate shapes; view/Transpose chains run without ORT's graph rewrites."""
+    import onnxruntime as ort
+
+    from softsyn import cells as C
+
+    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain")
+    kinds = {k.key if not k.variant else k.key: k for k in C.cell_kinds() if "cpu" in k.providers}
+
+    def run(g):
+        so = ort.SessionOptions()
+        if not g.optimize:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        s = ort.InferenceSession(C.make_model(g).SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return s.run(None, {n: a for n, (_, a) in g.inputs.items()})
+
+    for key, sizes in (("Mul.fp32", {"elements": 1000}), ("MatMul.fp32", {"m": 8, "n": 64, "k": 32}),
+                       ("MatMul.fp32.batched", {"batch": 2, "m": 4, "n": 16, "k": 8}),
+                       ("Gemm.fp32", {"m": 8, "n": 64, "k": 32}), ("Reshape.fp32", {"elements": 1024}),
+                       ("Unsqueeze.fp32", {"elements": 64}), ("Transpose.fp32", {"elements": 4096}),
+                       ("SimplifiedLayerNormalization.fp32", {"elements": 1024})):
+        g = kinds[key].build(sizes, 4, ctx)
+        assert len(g.outputs) == 1, key
+        for prev, node in zip(g.nodes, g.nodes[1:]):
+            assert prev.output[0] in node.input, key
+        assert len(run(g)) == 1
+    assert not kinds["Reshape.fp32"].build({"elements": 1024}, 4, ctx).optimize
+    # ops whose output cannot feed their input stay independent copies
+    g = kinds["Equal.fp32"].build({"elements": 64}, 4, ctx)
+    assert len(g.outputs) == 4
+    copies = kinds["MatMul.fp32"].build({"m": 8, "n": 64, "k": 32}, 4, C.Ctx("cpu", 256, 32, "fp32"))
+    assert len(copies.outputs) == 4

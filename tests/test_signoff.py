@@ -1,7 +1,7 @@
 """Sign-off and back-annotation: measure on ORT CPU, compare, annotate, re-time.
 
 Timings on the shared 2-core machine are noisy: these tests assert structure, round trips and
-gross ratios (a roofline estimate several times below the measurement), never tight latencies.
+gross ratios (a deliberately optimistic library far below the measurement), never tight latencies.
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from softsyn.cli import main, run
 from softsyn.measure import parse_profile, profile
 from softsyn.paths import Analysis
 
-# A tiny decoder's prefill at batch 4 x 128 tokens is per-node-overhead and attention bound on ORT CPU:
-# the roofline estimate (~2 ms) is far below the measurement (~15 ms). Decode is cheap; both stay fast.
+# A tiny decoder's prefill at batch 4 x 128 tokens (a few ms on ORT CPU) and a cheap decode.
 CONSTRAINTS = """\
 target: cpu-ort
 input_delay: 1ms
@@ -86,7 +85,6 @@ def test_annotate_round_trip_matches_measurement(signed, tmp_path):
     tmp, cons, out, _ = signed
     ann_file = out / "signoff" / "annotation.json"
     measured = {name: g.measured_median for name, g in load_annotation(ann_file).groups.items()}
-    roofline = Analysis.from_dict(json.loads((out / "analysis.json").read_text()))
     annotated_dir = tmp_path / "annotated"
     result = CliRunner().invoke(main, ["analyze", "zoo:qwen3-tiny", "-c", str(cons), "-o", str(annotated_dir),
                                        "-q", "--annotate", str(ann_file)])
@@ -98,8 +96,6 @@ def test_annotate_round_trip_matches_measurement(signed, tmp_path):
         assert {p.source for p in points} == {"annot"}
         assert points[0].cell == "Run.residual"
         assert _predicted(annotated, name) == pytest.approx(median, rel=0.30)
-    # the roofline misses the prefill by far more than noise; the annotation does not
-    assert not _predicted(roofline, "prefill") == pytest.approx(measured["prefill"], rel=0.30)
     assert json.loads((annotated_dir / "design.json").read_text())["annotate"] == str(ann_file.resolve())
 
 
