@@ -202,7 +202,8 @@ def render(template: str, **context) -> str:
 
 # ------------------------------------------------------------------------------------------ files
 
-def _umask() -> int:
+def umask() -> int:
+    """The process umask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -218,7 +219,7 @@ def write_atomic(path: Path, text: str) -> Path:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is as readable as any file the user writes
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a report is as readable as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         try:

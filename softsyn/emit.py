@@ -25,6 +25,7 @@ from softsyn import __version__
 from softsyn.cost import precision_of
 from softsyn.errors import SoftsynError
 from softsyn.paths import Analysis
+from softsyn.reports.common import umask
 from softsyn.timing import cell_timings
 
 MODEL_FILE = "model.onnx"
@@ -43,7 +44,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict) 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; DIR should read like any folder the user makes
+        tmp.chmod(0o777 & ~umask())  # mkdtemp makes it 0700; DIR should read like any folder the user makes
         _write_model(netlist, tmp)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session_json(design, reference))
@@ -60,12 +61,6 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict) 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _write_model(netlist, folder: Path) -> None:
