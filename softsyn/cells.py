@@ -560,6 +560,13 @@ BMM = {  # batch (heads x batch), m (q tokens), n, k (head_dim or kv length)
     "cuda": [[1, 8, 32], [1, 128, 512, 2048], [64, 512, 4096], [64, 512, 4096]],
     "cuda-quick": [[1, 32], [1, 512], [64, 4096], [64, 4096]],
 }
+BMM_EXPERT = {  # batch (tokens x top-k), m = 1, n, k (hidden / expert intermediate): MoE batched_mm experts
+    # ORT's CPU MatMul loops one GEMM per batch item, and B (the gathered expert weights, batch x k x n) outgrows
+    # the caches at large batch, so the general BMM grid (batch <= 16) cannot speak for batch 1024. m is the single
+    # point 1; the largest B is 1024 x 128 x 128 fp32 = 64 MiB (the chain form's second B doubles the inputs).
+    "cpu": [[16, 128, 1024], [1], [32, 64, 128], [32, 64, 128]],
+    "cpu-quick": [[16, 1024], [1], [32, 128], [32, 128]],
+}
 NB = {  # m, n, k, block
     "cpu": [[1, 16, 128], [256, 2048, 16384], [256, 2048], [32, 64, 128]],
     "cpu-quick": [[1, 128], [256, 2048], [256, 1024], [32, 128]],
@@ -592,6 +599,10 @@ def cell_kinds() -> list[CellKind]:
     A = ["elements"]
     # dense matmuls at every float precision (recorded only where the provider computes in it)
     for p in ("fp32", "fp16", "bf16"):
+        if p == "fp32":  # listed before the general batched cell; Library.cell_for picks the cell covering the sizes
+            ks.append(CellKind("MatMul", p, ["batch", "m", "n", "k"], BMM_EXPERT, _bmm(p), variant="batched-expert",
+                               providers=("cpu",),
+                               notes="MoE per-token experts: [batch, 1, k] @ [batch, k, n], batch = tokens x top-k"))
         ks.append(CellKind("MatMul", p, ["batch", "m", "n", "k"], BMM, _bmm(p), variant="batched",
                            notes="two activations [batch, m, k] @ [batch, k, n] (attention scores, attn x V)"))
         ks.append(CellKind("MatMul", p, ["m", "n", "k"], MM, _mm(p), bytes_per_weight={"fp32": 4}.get(p, 2),

@@ -91,6 +91,9 @@ class Ceilings:
     run_overhead: float  # s per session.run call
 
 
+LINEAR_AXES = ("batch",)  # axes that multiply independent work: linear extrapolation above the grid (Cell.lookup)
+
+
 @dataclass
 class Cell:
     """A characterised delay table for one op x precision x implementation."""
@@ -135,14 +138,40 @@ class Cell:
                 i = min(max(bisect.bisect_right(lg, x) - 1, 0), len(lg) - 2)
             t = (x - lg[i]) / (lg[i + 1] - lg[i])
             brackets.append((i, i + 1, t))
-        # Above the grid the edge segment's slope continues, floored at 0 per axis (a delay never
-        # falls as a size grows past the grid).
+        # Axes that multiply independent work (LINEAR_AXES: batch) above the grid: the table's work above
+        # its floor (smallest entry, the fixed per-node cost) grows in proportion to the size,
+        #     delay = floor + (edge - floor) * size / edge_size,
+        # with `edge` the table at the grid's last point on that axis (ORT CPU loops GEMMs over the batch).
+        factor = 1.0
+        for a, (axis, grid) in enumerate(zip(self.axes, self.points)):
+            lo, hi, t = brackets[a]
+            if axis in LINEAR_AXES and t > 1.0:
+                factor *= max(float(sizes[axis]), 1.0) / grid[-1]
+                brackets[a] = (lo, hi, 1.0)
+        # Other axes above the grid: the edge segment's slope continues, floored at 0 per axis (a delay
+        # never falls as a size grows past the grid).
         for a, (lo, hi, t) in enumerate(brackets):
             if t > 1.0:
                 edge = brackets[:a] + [(lo, hi, 1.0)] + brackets[a + 1:]
                 if self._interp(edge) > self._interp(brackets):
                     brackets = edge
-        return self._interp(brackets), extrap
+        value = self._interp(brackets)
+        if factor != 1.0:
+            floor = min(self._flat)
+            value = floor + max(value - floor, 0.0) * factor
+        return value, extrap
+
+    def outside(self, sizes: dict) -> float:
+        """How far `sizes` lie outside the grid: the sum over axes of |log(size / nearest grid end)|
+        (0: every axis within its grid's range; a single-point axis must match its point)."""
+        d = 0.0
+        for axis, grid in zip(self.axes, self.points):
+            x = max(float(sizes[axis]), 1.0)
+            if x < grid[0]:
+                d += math.log(grid[0] / x)
+            elif x > grid[-1]:
+                d += math.log(x / grid[-1])
+        return d
 
     def scaled(self, value: float, sizes: dict) -> tuple[float, bool]:
         """Apply the cell's scale rule: (delay, scaled?).
@@ -225,8 +254,11 @@ class Library:
 
     def cell_for(self, op_type: str, precision: str, sizes: dict | None = None,
                  implementation: str | None = None) -> Cell | None:
-        """The first cell matching op, precision (and implementation) whose axes are all in `sizes`."""
+        """The first cell matching op, precision (and implementation) whose axes are all in `sizes`; among
+        it and later cells with the same axes (e.g. MatMul.fp32 batched-expert and batched), the one whose grid lies nearest the sizes
+        (Cell.outside, 0 when the grid covers them), the first in library order on a tie."""
         p = _canonical_precision(precision) or precision
+        best, best_d = None, math.inf
         for c in self.cells:
             if c.op != op_type or c.precision != p:
                 continue
@@ -234,8 +266,14 @@ class Library:
                 continue
             if sizes is None or any(a not in sizes or sizes[a] is None for a in c.axes):
                 continue
-            return c
-        return None
+            if best is not None and c.axes != best.axes:
+                continue  # only the most specific match's kind of table (batched before plain MatMul)
+            d = c.outside(sizes)
+            if d < best_d - 1e-12:
+                best, best_d = c, d
+            if d <= 1e-12:
+                break
+        return best
 
     def roofline(self, precision: str, flops: float, bytes_moved: float) -> float:
         """max(flops / peak, bytes / bandwidth) + launch_overhead, seconds."""

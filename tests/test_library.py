@@ -192,3 +192,21 @@ def test_measure_ceilings_cuda_without_gpu_is_a_clean_error():
     from softsyn.ceilings import measure_ceilings
     with pytest.raises(SoftsynError, match="CUDAExecutionProvider.*session runs on"):
         measure_ceilings("cuda", quick=True, progress=False)
+
+
+def test_batch_extrapolates_linearly_and_covering_cell_wins(tmp_path):
+    base = dict(CELL, axes=["batch", "m"], points=[[1, 16], [1, 16]], delays=[[1e-6, 2e-6], [5e-6, 9e-6]],
+                implementation="ort-cpu-batched")
+    expert = dict(CELL, axes=["batch", "m"], points=[[16, 1024], [1]], delays=[[5e-6], [5e-4]],
+                  implementation="ort-cpu-batched-expert")
+    lib = load_library(str(write_lib(tmp_path, cells=[expert, base, CELL])))
+    # Above the batch grid: floor + (edge - floor) * batch / edge_batch (independent work per batch item).
+    d, src = lib.delay("MatMul", "fp32", 1, 1, {"batch": 64, "m": 16, "k": 64}, implementation="ort-cpu-batched")
+    assert src == "table-extrap" and d == pytest.approx(1e-6 + (9e-6 - 1e-6) * 4)
+    # The cell whose grid covers the sizes is chosen among cells with the same axes ...
+    assert lib.cell_for("MatMul", "fp32", {"batch": 256, "m": 1}).implementation == "ort-cpu-batched-expert"
+    assert lib.cell_for("MatMul", "fp32", {"batch": 4, "m": 16}).implementation == "ort-cpu-batched"
+    # ... else the nearest one; never the plain MatMul cell (other axes) for batched sizes.
+    assert lib.cell_for("MatMul", "fp32", {"batch": 32, "m": 16, "k": 64}).implementation == "ort-cpu-batched"
+    assert lib.cell_for("MatMul", "fp32", {"batch": 4096, "m": 1, "k": 64}).implementation == "ort-cpu-batched-expert"
+    assert lib.cell_for("MatMul", "fp32", {"m": 4, "k": 64}).implementation == "ort-cpu"
