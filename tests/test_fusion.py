@@ -531,3 +531,12 @@ def test_cpu_gqa_keeps_rotary_and_norms_outside(fused_pairs):
     for n in (n for n in nl.nodes() if n.op_type == "GroupQueryAttention"):
         assert len(n.inputs) == 7 and set(n.attributes) == {"num_heads", "kv_num_heads", "scale"}
     assert fused_pairs("qwen3-tiny")["cov"]["attention"].note == ""
+
+
+def test_half_precision_attention_scale_is_restored_to_its_exact_value():
+    from softsyn.fusion.attention import _exact_scale
+
+    rounded = float(np.float16(128 ** -0.5))  # what an fp16 export stores: 0.08838 -> 0.08844
+    assert _exact_scale(rounded, 128) == 128 ** -0.5
+    assert _exact_scale(0.125, 128) == 0.125  # a deliberate, different scale is kept
+    assert _exact_scale(rounded, None) == rounded

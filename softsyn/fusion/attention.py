@@ -161,6 +161,18 @@ class _Att:
     causal: bool
 
 
+def _exact_scale(scale: float, head_size) -> float:
+    """1/sqrt(head_size) when `scale` is that value rounded to fp16/bf16 constants by a half-precision export.
+
+    The fused op's `scale` attribute is float32: keeping the exporter's rounding (0.0884249 for head size 128
+    instead of 0.0883883) would move every score by ~4e-4 relative for nothing.
+    """
+    if not isinstance(head_size, int) or head_size <= 0:
+        return scale
+    exact = head_size ** -0.5
+    return exact if abs(scale - exact) <= 4e-3 * exact else scale
+
+
 class AttentionRule(Rule):
     kind = "attention"
     target_op = "com.microsoft.GroupQueryAttention | com.microsoft.MultiHeadAttention"
@@ -235,12 +247,13 @@ class AttentionRule(Rule):
             if dim(kcat.inputs[0], 3) != h:
                 return f"past key head size {dim(kcat.inputs[0], 3)} differs from Q's {h}"
             return _Att(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
-                        vcat.outputs[0], out, nq, nkv, scale * sq * sk, mask_input, True)
+                        vcat.outputs[0], out, nq, nkv, _exact_scale(scale * sq * sk, h), mask_input, True)
         if causal:
             return "causal attention without a KV cache: not fused (MultiHeadAttention here is bidirectional)"
         if ctx.netlist.kind == "decoder":
             return "attention without a KV cache in a decoder: not fused"
-        return _Att(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale * sq * sk, mask_input, False)
+        return _Att(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, _exact_scale(scale * sq * sk, h),
+                    mask_input, False)
 
     def _probe_feeds(self, ctx):
         if "probe" not in ctx.cache:
