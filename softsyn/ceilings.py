@@ -193,7 +193,7 @@ def _bound_runner(sess, inputs: dict, outputs: dict):
     return run
 
 
-def _time(fn, samples: int, inner: int, warmup: int = 3) -> tuple[float, float, float]:
+def time_calls(fn, samples: int, inner: int, warmup: int = 3) -> tuple[float, float, float]:
     """(median, p10, p90) seconds per call over `samples` samples of `inner` calls each."""
     for _ in range(warmup):
         fn()
@@ -231,7 +231,7 @@ def measure_bandwidth(provider: str, nbytes: int, samples: int) -> tuple[float, 
     x = _ortvalue(np.ones(n, np.float32), provider)
     y = _empty([n], "fp32", provider)
     run = _bound_runner(sess, {"x": x}, {"y": y})
-    t, lo, hi = _time(run, samples=samples, inner=1, warmup=3)
+    t, lo, hi = time_calls(run, samples=samples, inner=1, warmup=3)
     bw = 2 * n * 4 / t
     return bw, (f"y = x + 1 on {n * 4 >> 20} MiB fp32, IO bound on {_device(provider)}; read + write / "
                 f"median of {samples} runs ({t * 1e3:.2f} ms, p10-p90 {lo * 1e3:.2f}-{hi * 1e3:.2f} ms)")
@@ -271,9 +271,9 @@ def measure_gemm(provider: str, precision: str, n: int, samples: int) -> tuple[f
     y = _empty([n, n], a_prec, provider)
     run = _bound_runner(sess, {"a": a}, {"y": y})
     run()
-    t1 = _time(run, samples=1, inner=1, warmup=0)[0]
+    t1 = time_calls(run, samples=1, inner=1, warmup=0)[0]
     samples = max(3, min(samples, int(4.0 / max(t1, 1e-6))))  # about 4 s per precision at most
-    t, lo, hi = _time(run, samples=samples, inner=1, warmup=2)
+    t, lo, hi = time_calls(run, samples=samples, inner=1, warmup=2)
     flops = 2.0 * n ** 3
     kind = ("MatMulNBits block 32, activations " + act + ", effective rate") if precision in ("int4", "int8") \
         else "MatMul, weight initializer"

@@ -44,7 +44,7 @@ import numpy as np
 import yaml
 
 from softsyn import cells as C
-from softsyn.ceilings import time_interleaved
+from softsyn.ceilings import time_calls, time_interleaved
 from softsyn.errors import SoftsynError
 
 PLANS = ("cpu", "cuda")
@@ -147,19 +147,6 @@ def _graph_bytes(g: "C.Graph") -> int:
     return total
 
 
-def _time_alone(fn, samples: int, inner: int) -> float:
-    """Median time per call of `fn` over `samples` blocks of `inner` calls (after 3 warm-up calls)."""
-    for _ in range(3):
-        fn()
-    v = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        v.append((time.perf_counter() - t0) / inner)
-    return statistics.median(v)
-
-
 def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: float, budget: float,
                   quick: bool) -> float:
     """Per-node delay (s) of `kind` at `sizes`.
@@ -197,7 +184,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
         return max(t - run_overhead, 1e-9)
     if sequential:
         inner1 = max(1, int(st["min_sample"][q] / max(t1, 1e-7)))
-        m1 = _time_alone(one, int(max(lo, min(hi, budget / 3 / max(inner1 * t1, 1e-7)))), inner1)
+        m1 = time_calls(one, int(max(lo, min(hi, budget / 3 / max(inner1 * t1, 1e-7)))), inner1)[0]
         del one
         gc.collect()
     many = Runner(kind.build(sizes, copies, ctx), ctx.provider)
@@ -207,7 +194,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
     tn = time.perf_counter() - t0
     inner = max(1, int(st["min_sample"][q] / max(tn, 1e-7)))
     if sequential:
-        mn = _time_alone(many, int(max(lo, min(hi, 2 * budget / 3 / max(inner * tn, 1e-7)))), inner)
+        mn = time_calls(many, int(max(lo, min(hi, 2 * budget / 3 / max(inner * tn, 1e-7)))), inner)[0]
         del many
         med = {"one": m1, "many": mn}
     else:
