@@ -26,7 +26,8 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
             f"{result.warmup} warm-up runs.",
             f"{INDENT}Predicted: {result.predicted_means}.",
             f"{INDENT}Compared : predicted vs measured median; slack = required - input delay - time "
-            "(the input delay is charged to both).",
+            "(the input delay is charged to both). Quiet: the fastest of the interleaved rounds' medians, the "
+            "undisturbed machine a library of fastest-pass cells describes; Err q = error against it.",
             f"{INDENT}Cells    : profiler kernel times (" + (
                 "kernel wall time" if result.node_time == "kernel" else
                 "host-side launch times: CUDA kernels are asynchronous, so per-cell figures are NOT GPU times") +
@@ -34,7 +35,7 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
             "(measured - sum of kernels: host overhead, gaps, synchronisation, runtime-only nodes).",
             f"{INDENT}Error    : {result.error_means}.", ""]
     head = (f"{INDENT}{'Group':<10} {'Scenario':<30} {'Budget':>9} {'Predicted':>10} {'Measured':>10} {'p90':>9} "
-            f"{'Error':>8} {'Slack pred':>11} {'Slack meas':>11}  Status")
+            f"{'Quiet':>9} {'Error':>8} {'Err q':>8} {'Slack pred':>11} {'Slack meas':>11}  Status")
     out += [head, INDENT + "-" * (len(head) - len(INDENT))]
     for g in result.groups:
         dims = ", ".join(f"{k} {v}" for k, v in g.dims.items())
@@ -42,14 +43,15 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
         status = "unconstrained" if unconstrained else (
             "VIOLATED" if g.violated else "MET") + (" (predicted MET)" if g.violated and g.predicted_slack >= 0 else "")
         out.append(f"{INDENT}{g.name:<10} {dims:<30} {t(g.budget):>9} {t(g.predicted):>10} {t(g.measured_median):>10} "
-                   f"{t(g.measured_p90):>9} {_pct(g.error):>8} {t(g.predicted_slack):>11} {t(g.measured_slack):>11}  "
+                   f"{t(g.measured_p90):>9} {t(g.measured_quiet):>9} {_pct(g.error):>8} {_pct(g.error_quiet):>8} "
+                   f"{t(g.predicted_slack):>11} {t(g.measured_slack):>11}  "
                    f"{status}")
     out.append(f"{INDENT}(times in {unit})")
     for g in result.groups:
         c = g.counts
         out += ["", f"{INDENT}Path Group '{g.name}': {g.description}", INDENT + "-" * 60,
                 f"{INDENT}Measured {t(g.measured_median)} {unit} (p10 {t(g.measured_p10)}, p90 {t(g.measured_p90)}, "
-                f"{g.runs} runs) = kernels {t(g.kernel_sum)} + residual {t(g.residual)} {unit}",
+                f"quiet {t(g.measured_quiet)}, {g.runs} runs) = kernels {t(g.kernel_sum)} + residual {t(g.residual)} {unit}",
                 f"{INDENT}Profiled session: model_run {t(g.profiler_run)} {unit}; profiler cost "
                 f"{g.profiler_overhead * 1e6:.2f} us per kernel (calibrated) subtracted from each kernel time",
                 *([f"{INDENT}Kernel times scaled by {g.kernel_scale:.3f}: the profiled kernels summed to more than the "

@@ -93,6 +93,23 @@ def _rng(seed=0):
     return np.random.default_rng(seed)
 
 
+TILE = 1 << 20  # big random arrays repeat a random block of this many values: timing does not care, and
+# drawing GBs of weights (MatMulNBits at n = 151936, k = 12288) would dominate a cell's time
+
+
+def _uniform(shape, seed=0) -> np.ndarray:
+    """float32 in [0, 1): an independent draw up to TILE values, a tiled random block beyond."""
+    n = math.prod(shape)
+    if n <= TILE:
+        return _rng(seed).random(shape, dtype=np.float32)
+    return np.resize(_rng(seed).random(TILE, dtype=np.float32), n).reshape(shape)
+
+
+def _bytes(shape, seed=0) -> np.ndarray:
+    n = math.prod(shape)
+    return np.resize(_rng(seed).integers(0, 256, min(n, TILE), dtype=np.uint8), n).reshape(shape)
+
+
 def _data(shape, elem, seed=0):
     if elem == BF16:
         return tuple(shape)  # numpy has no bf16: allocated on the device, contents do not matter
@@ -100,7 +117,7 @@ def _data(shape, elem, seed=0):
         return _rng(seed).random(shape) > 0.5
     if elem in (INT64, INT32):
         return _rng(seed).integers(0, 2, size=shape).astype(NP[elem])
-    return ((_rng(seed).random(shape, dtype=np.float32) - 0.5)).astype(NP[elem])
+    return (_uniform(shape, seed) - 0.5).astype(NP[elem])
 
 
 def _init(name, array, elem):
@@ -375,11 +392,15 @@ def gather(s, copies, ctx: Ctx) -> Graph:
 
 
 def gather_nd(s, copies, ctx: Ctx) -> Graph:
+    """`elements` outputs gathered as rows of 256 from a source of at most 256 rows (cycled): the MoE pattern of
+    per-token expert weights picked from a small expert table (reads stay in cache, the output streams)."""
     elem = _elem(ctx)
     r, c = _rows_cols(s["elements"], 256)
-    idx = np.arange(r, dtype=np.int64).reshape(r, 1)
+    src = min(r, 256)
+    idx = (np.arange(r, dtype=np.int64) % src).reshape(r, 1)
     nodes = [_node("GatherND", ["x", "idx"], [f"y{i}"], i) for i in range(copies)]
-    return Graph(nodes, {"x": (elem, _data((r, c), elem)), "idx": (INT64, idx)}, [(f"y{i}", elem) for i in range(copies)])
+    return Graph(nodes, {"x": (elem, _data((src, c), elem)), "idx": (INT64, idx)},
+                 [(f"y{i}", elem) for i in range(copies)])
 
 
 def range_op(s, copies, ctx: Ctx) -> Graph:
@@ -401,7 +422,7 @@ def matmul(s, copies, ctx: Ctx, precision: str) -> Graph:
         if ctx.provider == "cuda":  # no prepacking on CUDA: weights bound on the device (no 2 GB protobuf limit)
             ins[f"W{i}"] = (elem, (kk, nn))
         else:
-            inits.append(_init(f"W{i}", (_rng(i).random((kk, nn), dtype=np.float32) - 0.5) * 0.05, elem))
+            inits.append(_init(f"W{i}", (_uniform((kk, nn), i) - 0.5) * 0.05, elem))
         nodes.append(_node("MatMul", ["a", f"W{i}"], [f"y{i}"], i))
     return _maybe_chain(Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)], inits), "a", ctx)
 
@@ -411,20 +432,25 @@ def gemm(s, copies, ctx: Ctx, precision: str) -> Graph:
     m, n, k = int(s["m"]), int(s["n"]), int(s["k"])
     inits, nodes = [], []
     chain = ctx.form == "chain"
+    ins = {"a": (elem, _data((m, k), elem))}
     for i in range(copies):
         kk, nn = (n, k) if chain and i % 2 else (k, n)  # chain: alternate W[n, k] and W[k, n]
-        inits.append(_init(f"W{i}", (_rng(i).random((nn, kk), dtype=np.float32) - 0.5) * 0.05, elem))
-        inits.append(_init(f"c{i}", np.zeros(nn), elem))
+        if ctx.provider == "cuda":  # as MatMul: weights bound on the device (one [151936, 12288] fp16 W is 3.7 GB,
+            ins[f"W{i}"] = (elem, (nn, kk))  # past the 2 GiB protobuf limit: "Failed to serialize proto")
+            ins[f"c{i}"] = (elem, (nn,))
+        else:
+            inits.append(_init(f"W{i}", (_uniform((nn, kk), i) - 0.5) * 0.05, elem))
+            inits.append(_init(f"c{i}", np.zeros(nn), elem))
         nodes.append(_node("Gemm", ["a", f"W{i}", f"c{i}"], [f"y{i}"], i, transB=1))
-    return _maybe_chain(Graph(nodes, {"a": (elem, _data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)],
-                              inits), "a", ctx)
+    return _maybe_chain(Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)], inits), "a", ctx)
 
 
-def batched_matmul(s, copies, ctx: Ctx, precision: str) -> Graph:
+def batched_matmul(s, copies, ctx: Ctx, precision: str, chain: bool = True) -> Graph:
+    """[batch, m, k] @ [batch, k, n], both graph inputs; `chain=False`: independent copies on every provider."""
     elem = ELEM[precision]
     b, m, n, k = int(s["batch"]), int(s["m"]), int(s["n"]), int(s["k"])
     ins = {"a": (elem, _data((b, m, k), elem)), "b": (elem, _data((b, k, n), elem, 1))}
-    if ctx.form != "chain":
+    if ctx.form != "chain" or not chain:
         nodes = [_node("MatMul", ["a", "b"], [f"y{i}"], i) for i in range(copies)]
         return Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)])
     ins["b2"] = (elem, _data((b, n, k), elem, 2))  # chain: alternate B[k, n] and B[n, k]
@@ -440,8 +466,8 @@ def matmul_nbits(bits: int):
         blob = block * bits // 8
         inits, nodes = [], []
         for i in range(copies):
-            inits.append(_init(f"B{i}", _rng(i).integers(0, 256, (n, kb, blob)).astype(np.uint8), UINT8))
-            inits.append(_init(f"S{i}", _rng(i).random(n * kb, dtype=np.float32) * 0.01, elem))
+            inits.append(_init(f"B{i}", _bytes((n, kb, blob), i), UINT8))
+            inits.append(_init(f"S{i}", _uniform((n * kb,), i) * 0.01, elem))
             nodes.append(_node("MatMulNBits", ["a", f"B{i}", f"S{i}"], [f"y{i}"], i, "com.microsoft",
                                K=k, N=n, bits=bits, block_size=block))
         return Graph(nodes, {"a": (elem, _data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)], inits,
@@ -479,7 +505,7 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
     e = max(d, int(s["elements"]))
     heads = max(1, min(e // d, 16))
     t = max(1, e // (heads * d))
-    max_pos = 4096
+    max_pos = max(4096, t)  # the cache must cover every position (32 Mi elements = 16384 tokens on CUDA)
     cos = _init("cos", _rng(1).random((max_pos, d // 2), dtype=np.float32), elem)
     sin = _init("sin", _rng(2).random((max_pos, d // 2), dtype=np.float32), elem)
     pos = np.arange(t, dtype=np.int64).reshape(1, t)
@@ -544,6 +570,8 @@ E_GPU_Q = _e(1, 16384, 1 << 22)
 # moves/views: the big end matters less on the tiny zoo, smaller grid on CPU
 E_SMALL_CPU = _e(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 E_SMALL_CPU_Q = _e(1, 256, 65536)
+# GatherND also gathers MoE expert weights per token: outputs of tens of MiB, far beyond the caches
+E_GATHER_CPU = _e(1, 16, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24)
 EL = {"cpu": E_CPU, "cpu-quick": E_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 ES = {"cpu": E_SMALL_CPU, "cpu-quick": E_SMALL_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 
@@ -560,12 +588,12 @@ BMM = {  # batch (heads x batch), m (q tokens), n, k (head_dim or kv length)
     "cuda": [[1, 8, 32], [1, 128, 512, 2048], [64, 512, 4096], [64, 512, 4096]],
     "cuda-quick": [[1, 32], [1, 512], [64, 4096], [64, 4096]],
 }
-BMM_EXPERT = {  # batch (tokens x top-k), m = 1, n, k (hidden / expert intermediate): MoE batched_mm experts
-    # ORT's CPU MatMul loops one GEMM per batch item, and B (the gathered expert weights, batch x k x n) outgrows
-    # the caches at large batch, so the general BMM grid (batch <= 16) cannot speak for batch 1024. m is the single
-    # point 1; the largest B is 1024 x 128 x 128 fp32 = 64 MiB (the chain form's second B doubles the inputs).
-    "cpu": [[16, 128, 1024], [1], [32, 64, 128], [32, 64, 128]],
-    "cpu-quick": [[16, 1024], [1], [32, 128], [32, 128]],
+BMM_EXPERT = {  # batch (tokens x top-k), m, n = 1, k (expert width / hidden): MoE batched_mm experts
+    # transformers' batched_mm exports W_gathered [batch, m, k] @ x [batch, k, 1]: A is the per-token expert weight
+    # GatherND just wrote (batch x m x k, 64 MiB fp32 at the grid's top, beyond the caches), ORT's CPU MatMul loops
+    # one GEMV per batch item over it, so the general BMM grid (batch <= 16, A in cache) cannot speak for it.
+    "cpu": [[16, 128, 1024], [32, 64, 128], [1], [32, 64, 128]],
+    "cpu-quick": [[16, 1024], [32, 128], [1], [32, 128]],
 }
 NB = {  # m, n, k, block
     "cpu": [[1, 16, 128], [256, 2048, 16384], [256, 2048], [32, 64, 128]],
@@ -589,8 +617,8 @@ def _gemm(prec):
     return lambda s, c, ctx: gemm(s, c, ctx, prec)
 
 
-def _bmm(prec):
-    return lambda s, c, ctx: batched_matmul(s, c, ctx, prec)
+def _bmm(prec, chain: bool = True):
+    return lambda s, c, ctx: batched_matmul(s, c, ctx, prec, chain)
 
 
 def cell_kinds() -> list[CellKind]:
@@ -600,9 +628,10 @@ def cell_kinds() -> list[CellKind]:
     # dense matmuls at every float precision (recorded only where the provider computes in it)
     for p in ("fp32", "fp16", "bf16"):
         if p == "fp32":  # listed before the general batched cell; Library.cell_for picks the cell covering the sizes
-            ks.append(CellKind("MatMul", p, ["batch", "m", "n", "k"], BMM_EXPERT, _bmm(p), variant="batched-expert",
-                               providers=("cpu",),
-                               notes="MoE per-token experts: [batch, 1, k] @ [batch, k, n], batch = tokens x top-k"))
+            ks.append(CellKind("MatMul", p, ["batch", "m", "n", "k"], BMM_EXPERT, _bmm(p, chain=False),
+                               variant="batched-expert", providers=("cpu",),
+                               notes="MoE per-token experts: gathered weights [batch, m, k] @ x [batch, k, 1], batch = "
+                                     "tokens x top-k; independent copies (A streamed from memory, as in the model)"))
         ks.append(CellKind("MatMul", p, ["batch", "m", "n", "k"], BMM, _bmm(p), variant="batched",
                            notes="two activations [batch, m, k] @ [batch, k, n] (attention scores, attn x V)"))
         ks.append(CellKind("MatMul", p, ["m", "n", "k"], MM, _mm(p), bytes_per_weight={"fp32": 4}.get(p, 2),
@@ -620,7 +649,7 @@ def cell_kinds() -> list[CellKind]:
     # attention
     for p in ("fp32", "fp16", "bf16"):
         ks.append(CellKind("GroupQueryAttention", p, ["q_tokens", "kv_len", "heads"], ATT, gqa(p),
-                           scale={"batch": 1, "head_dim": None},
+                           scale={"batch": 1, "head_dim": None}, discrete=("heads",),  # heads % kv_heads == 0
                            notes=f"batch 1, kv_heads = heads / {GQA_GROUP}, shared past/present buffer of kv_len positions"))
         ks.append(CellKind("MultiHeadAttention", p, ["q_tokens", "kv_len", "heads"], ATT, mha(p),
                            scale={"batch": 1, "head_dim": None}, notes="batch 1, BSNH query/key/value, no mask"))
@@ -662,7 +691,7 @@ def cell_kinds() -> list[CellKind]:
     fam.append(("Split", ES, split))
     fam.append(("Expand", ES, expand))
     fam.append(("Gather", EL, gather))
-    fam.append(("GatherND", ES, gather_nd))
+    fam.append(("GatherND", {**ES, "cpu": E_GATHER_CPU}, gather_nd))
     fam.append(("Range", {k: ([[1, 16, 256, 4096]] if k.startswith("cpu") else [[1, 4096]]) for k in EL}, range_op))
     int_ops = {"Cast", "Range", "Shape", "And", "Or", "Not"}
     for op, grid, build in fam:

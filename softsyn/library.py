@@ -40,6 +40,14 @@ Cell.scaled); a scaled delay is reported as "table-extrap". The `Run` cell (axis
 + outputs) gives the fixed cost of one run call (`Library.run_delay`); without it,
 ceilings.run_overhead. Characterised cells also carry `holdout` (measured interpolation error).
 
+Host and device (`Library.host_device`): a GPU provider launches kernels asynchronously, so a node costs
+the host its launch (ceilings.launch_overhead: what one more node adds to a run) and the device its
+kernel time, and the two overlap (softsyn.timing schedules both). A cell measured as N independent
+copies reads max(host, device) per node; where its delay stands above HOST_BOUND x the cell's smallest
+entry (its fixed per-node floor) the device dominated and the delay is the kernel time, else the copies
+were host-bound and the device time is the roofline's (bytes / bandwidth, flops / peak) capped at the
+delay. A CPU provider is synchronous: host = the delay, device 0.
+
 Precision fallback (`Library.peak_flops_for`): a precision missing (or null) from `peak_flops` is
 timed at the figure of the precision the runtime actually computes it in:
 - int4 / int8 (weight-only MatMulNBits) and fp8 (DequantizeLinear -> MatMul) dequantise to the
@@ -91,6 +99,7 @@ class Ceilings:
     run_overhead: float  # s per session.run call
 
 
+HOST_BOUND = 1.5  # a GPU cell delay within this factor of its table's floor was host (launch) bound
 LINEAR_AXES = ("batch",)  # axes that multiply independent work: linear extrapolation above the grid (Cell.lookup)
 
 
@@ -291,6 +300,20 @@ class Library:
             value, scaled = cell.scaled(value, sizes)  # type: ignore[arg-type]
             return value, ("table-extrap" if extrap or scaled else "table")
         return self.roofline(precision, flops, bytes_moved), "est"
+
+    def host_device(self, op_type: str, precision: str, flops: float, bytes_moved: float, sizes: dict | None,
+                    delay: float) -> tuple[float, float]:
+        """(host, device) seconds of one node whose library delay is `delay` (see the module docstring)."""
+        if not self.is_gpu:
+            return delay, 0.0
+        cell = self.cell_for(op_type, precision, sizes)
+        floor = min(cell._flat) if cell is not None else self.ceilings.launch_overhead
+        if delay > HOST_BOUND * floor:
+            return self.ceilings.launch_overhead, delay
+        c = self.ceilings
+        compute = flops / self.peak_flops_for(precision) if flops else 0.0
+        memory = bytes_moved / c.memory_bandwidth if bytes_moved else 0.0
+        return c.launch_overhead, min(delay, max(compute, memory))
 
     def run_delay(self, ios: int) -> tuple[float, str]:
         """(seconds, source) of one run call with `ios` graph inputs + outputs: the `Run` cell's table

@@ -50,6 +50,14 @@ class Measurement:
     provider: str
     p10: float = 0.0
     samples: list[float] = field(default_factory=list)
+    round_medians: list[float] = field(default_factory=list)  # one per interleaved round (measure_many)
+
+    @property
+    def quiet(self) -> float:
+        """The fastest round's median: the run time of a machine not disturbed by neighbours, which is what a
+        library characterised as the fastest of its passes predicts (a shared VM drifts 30 % within a minute:
+        a 256^3 numpy matmul took 189 us, then 142 us, 5 s apart)."""
+        return min(self.round_medians) if self.round_medians else self.median
 
     @property
     def summary(self) -> str:
@@ -208,18 +216,43 @@ class BoundRunner:
 def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
             provider: str = "cpu", options: dict | None = None) -> Measurement:
     """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see MEASURED_INTERVAL)."""
+    return measure_many(model_path, [feeds], runs, warmup, provider, options)[0]
+
+
+def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 20, warmup: int = 3,
+                 provider: str = "cpu", options: dict | None = None, rounds: int = 10) -> list[Measurement]:
+    """measure() for several scenarios on ONE session (a big model loads once), interleaved: `rounds` rounds,
+    each timing runs/rounds calls of every scenario in turn, so a drift of the machine (clocks, a neighbour's
+    load) lands on every scenario alike instead of on whichever was timed last. Each scenario's turn starts
+    with `warmup` untimed calls: the first calls after another scenario's run find cold caches (on 2 CPU
+    cores, qwen3-tiny decode after a batch-4 prefill: p90 2x the median without them)."""
     sess = session(model_path, provider, options=options)
-    runner = BoundRunner(sess, feeds, provider)
-    for _ in range(max(warmup, 1)):
-        runner.run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        runner.run()
-        times.append(time.perf_counter() - start)
-    ordered = sorted(times)
-    return Measurement(statistics.median(ordered), _quantile(ordered, 0.9), runs, sess.get_providers()[0],
-                       p10=_quantile(ordered, 0.1), samples=times)
+    runners = [BoundRunner(sess, feeds, provider) for feeds in scenarios]
+    for runner in runners:
+        for _ in range(max(warmup, 1)):
+            runner.run()
+    rounds = max(1, min(rounds, runs))
+    times: list[list[float]] = [[] for _ in runners]
+    by_round: list[list[float]] = [[] for _ in runners]
+    for r in range(rounds):
+        per_round = runs // rounds + (1 if r < runs % rounds else 0)
+        for runner, samples, medians in zip(runners, times, by_round):
+            for _ in range(max(warmup, 1) if r else 0):  # round 0 follows the warm-up above
+                runner.run()
+            this_round = []
+            for _ in range(per_round):
+                start = time.perf_counter()
+                runner.run()
+                this_round.append(time.perf_counter() - start)
+            samples += this_round
+            medians.append(statistics.median(this_round))
+    used = sess.get_providers()[0]
+    out = []
+    for samples, medians in zip(times, by_round):
+        ordered = sorted(samples)
+        out.append(Measurement(statistics.median(ordered), _quantile(ordered, 0.9), len(samples), used,
+                               p10=_quantile(ordered, 0.1), samples=samples, round_medians=medians))
+    return out
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -227,15 +260,19 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 
 def parse_profile(events: list[dict], warmup: int = 0, provider: str = "CPUExecutionProvider",
-                  node_time: str = "kernel") -> Profile:
+                  node_time: str = "kernel", runs_slice: tuple[int, int] | None = None) -> Profile:
     """Per-node median kernel times from an ONNX Runtime profiler trace (list of trace events).
 
     Runs are the cat "Session" "model_run" events; a node event belongs to the run whose interval
-    contains its start. The first `warmup` runs are dropped. Without model_run events (a trace cut
-    short) every node event counts as one sample.
+    contains its start. `runs_slice` (start, stop) keeps those runs only (one scenario of a trace that
+    profiled several in turn); then the first `warmup` of them are dropped. Without model_run events
+    (a trace cut short) every node event counts as one sample.
     """
     runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                  key=lambda e: e["ts"])[warmup:]
+                  key=lambda e: e["ts"])
+    if runs_slice is not None:
+        runs = runs[runs_slice[0]:runs_slice[1]]
+    runs = runs[warmup:]
     per_node: dict[str, list[float]] = {}
     info: dict[str, tuple[str, str]] = {}
     per_run_sum = [0.0] * len(runs)
@@ -247,6 +284,8 @@ def parse_profile(events: list[dict], warmup: int = 0, provider: str = "CPUExecu
             if idx is None:
                 continue
             per_run_sum[idx] += e["dur"] * 1e-6
+        elif runs_slice is not None:
+            continue
         name = e["name"][: -len("_kernel_time")]
         args = e.get("args", {})
         per_node.setdefault(name, []).append(e["dur"] * 1e-6)
@@ -323,13 +362,21 @@ def profile(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 10, warm
     (floored at 0); `NodeProfile.raw` keeps the recorded one.
     blocking=True (CUDA): run in a subprocess with CUDA_LAUNCH_BLOCKING=1 so node times include the GPU work.
     """
+    return profile_many(model_path, [feeds], runs, warmup, provider, options, keep_trace, blocking, calibrate)[0]
+
+
+def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 10, warmup: int = 2,
+                 provider: str = "cpu", options: dict | None = None, keep_trace: str | Path | None = None,
+                 blocking: bool = False, calibrate: bool = True) -> list[Profile]:
+    """profile() for several scenarios on one profiling session: warmup + runs of each in turn, one trace."""
     if blocking and provider == "cuda":
-        return _profile_subprocess(model_path, feeds, runs, warmup, provider, options, keep_trace)
+        return _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace)
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
         sess = session(model_path, provider, profile_prefix=str(Path(tmp) / "ort"), options=options)
-        runner = BoundRunner(sess, feeds, provider)
-        for _ in range(warmup + runs):
-            runner.run()
+        for feeds in scenarios:
+            runner = BoundRunner(sess, feeds, provider)
+            for _ in range(warmup + runs):
+                runner.run()
         trace = sess.end_profiling()
         events = json.loads(Path(trace).read_text())
         if keep_trace:
@@ -337,20 +384,28 @@ def profile(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 10, warm
             Path(keep_trace).write_text(json.dumps(events))
     cuda = provider == "cuda"
     node_time = "kernel" if not cuda or os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else "host-launch"
-    result = parse_profile(events, warmup=warmup, provider=sess.get_providers()[0], node_time=node_time)
-    result.trace = str(keep_trace or "")
-    if calibrate:
-        result.overhead_per_node = calibrate_profiler(provider)
-        for node in result.nodes.values():
-            node.median = max(0.0, node.raw - result.overhead_per_node)
-    return result
+    per = warmup + runs
+    results = []
+    overhead = calibrate_profiler(provider) if calibrate else 0.0
+    for i in range(len(scenarios)):
+        result = parse_profile(events, warmup=warmup, provider=sess.get_providers()[0], node_time=node_time,
+                               runs_slice=(i * per, (i + 1) * per))
+        result.trace = str(keep_trace or "")
+        if calibrate:
+            result.overhead_per_node = overhead
+            for node in result.nodes.values():
+                node.median = max(0.0, node.raw - overhead)
+        results.append(result)
+    return results
 
 
-def _profile_subprocess(model_path, feeds, runs, warmup, provider, options, keep_trace) -> Profile:
+def _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace) -> list[Profile]:
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
-        np.savez(Path(tmp) / "feeds.npz", **feeds)
-        job = {"model": str(model_path), "runs": runs, "warmup": warmup, "provider": provider,
-               "options": options or {}, "keep_trace": str(keep_trace or ""), "out": str(Path(tmp) / "profile.json")}
+        for i, feeds in enumerate(scenarios):
+            np.savez(Path(tmp) / f"feeds{i}.npz", **feeds)
+        job = {"model": str(model_path), "scenarios": len(scenarios), "runs": runs, "warmup": warmup,
+               "provider": provider, "options": options or {}, "keep_trace": str(keep_trace or ""),
+               "out": str(Path(tmp) / "profile.json")}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
         proc = subprocess.run([sys.executable, "-m", "softsyn.measure", str(Path(tmp) / "job.json")], env=env,
@@ -358,16 +413,18 @@ def _profile_subprocess(model_path, feeds, runs, warmup, provider, options, keep
         if proc.returncode != 0:
             raise SoftsynError(f"profiling {model_path} with CUDA_LAUNCH_BLOCKING=1 failed: "
                                f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
-        return Profile.from_dict(json.loads((Path(tmp) / "profile.json").read_text()))
+        return [Profile.from_dict(d) for d in json.loads((Path(tmp) / "profile.json").read_text())]
 
 
 def _main(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
-    with np.load(Path(job_file).parent / "feeds.npz") as data:
-        feeds = {k: data[k] for k in data.files}
-    result = profile(Path(job["model"]), feeds, job["runs"], job["warmup"], job["provider"], job["options"],
-                     job["keep_trace"] or None)
-    Path(job["out"]).write_text(json.dumps(result.to_dict()))
+    scenarios = []
+    for i in range(job["scenarios"]):
+        with np.load(Path(job_file).parent / f"feeds{i}.npz") as data:
+            scenarios.append({k: data[k] for k in data.files})
+    results = profile_many(Path(job["model"]), scenarios, job["runs"], job["warmup"], job["provider"], job["options"],
+                           job["keep_trace"] or None)
+    Path(job["out"]).write_text(json.dumps([r.to_dict() for r in results]))
 
 
 if __name__ == "__main__":

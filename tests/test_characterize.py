@@ -155,3 +155,17 @@ def test_chain_form_graphs():
     assert len(g.outputs) == 4
     copies = kinds["MatMul.fp32"].build({"m": 8, "n": 64, "k": 32}, 4, C.Ctx("cpu", 256, 32, "fp32"))
     assert len(copies.outputs) == 4
+
+
+def test_outlier_points_are_found_against_larger_points():
+    """A point slower than 2x a point at least as large on every axis is a measurement hiccup (re-measured)."""
+    from softsyn.characterize import _suspects
+    # the shipped Cast table of 2026-11-30: 34.9 us at 16 elements between 0.17 us and 0.12 us
+    pts = [(1,), (4,), (16,), (64,), (256,)]
+    assert _suspects(pts, [1.75e-7, 1.7e-7, 3.49e-5, 1.17e-7, 2.19e-7]) == [2]
+    assert _suspects(pts, [1e-7, 1.1e-7, 1.3e-7, 1.2e-7, 2e-7]) == []  # small wiggles are noise, not outliers
+    grid = [(1, 32), (1, 64), (2, 32), (2, 64)]
+    assert _suspects(grid, [1e-6, 2e-6, 9e-6, 3e-6]) == [2]  # (2, 32) is 3x slower than (2, 64)
+    # a discrete axis (block size) is compared only at equal values: larger blocks may be faster
+    assert _suspects([(1, 32), (1, 128)], [9e-6, 1e-6], discrete=(1,)) == []
+

@@ -351,6 +351,35 @@ def test_meta_export_is_weightless(cache_dir):
     assert shapes["present.0.value"] == (1, 2, 129, 16)
 
 
+def test_filled_materialisation_runs_and_matches_the_optimised_graph(cache_dir):
+    """weights="filled": the meta export with seeded weights, then the exporter's optimizer; it runs on ORT."""
+    import onnxruntime as ort
+    from softsyn.frontends import hf
+    from softsyn.measure import onnx_path, scenario_inputs
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(**_SMALL_QWEN3)
+    meta = hf.load_transformers_design(cfg, "meta-small", "test", cache_dir, progress=False, weights="meta")
+    nl = hf.load_transformers_design(cfg, "meta-small", "test", cache_dir, progress=False, weights="filled")
+    assert nl.provenance["weights"].startswith("random seed 0 (filled")
+    assert 0 <= nl.parameter_count() - nl.config["parameters"] <= 32  # + inv_freq and the optimizer's scalars
+    inits = nl.model.graph.initializers
+    # the weight Transposes were folded (as a materialised export's optimizer does) and named after their module;
+    # a tied weight (embedding = lm_head, two uses) keeps its Transpose: ORT folds it at load
+    assert not any(n.op_type == "Transpose" and n.inputs[0] is not None and n.inputs[0].name in inits
+                   and len(n.inputs[0].uses()) == 1 for n in nl.nodes())
+    assert "model.layers.0.mlp.down_proj.weight" in inits and len(nl.nodes()) < len(meta.nodes())
+    norm = inits["model.layers.0.input_layernorm.weight"].const_value.numpy().astype(np.float32)
+    assert abs(norm.mean() - 1) < 0.05 and norm.std() > 0  # trained-like: not the exact ones that would dedup
+    inv_freq = inits["model.rotary_emb.inv_freq"].const_value.numpy()
+    assert inv_freq[0] == 1.0 and 0 < inv_freq[-1] < inv_freq[0]
+    sess = ort.InferenceSession(str(onnx_path(nl)), providers=["CPUExecutionProvider"])
+    logits = sess.run(["logits"], scenario_inputs(nl, DECODE))[0]
+    assert logits.shape == (1, 1, cfg.vocab_size) and np.isfinite(logits.astype(np.float32)).all()
+    again = hf.load_transformers_design(cfg, "meta-small", "test", cache_dir, progress=False, weights="filled")
+    assert again.provenance["cache"]["hit"] is True
+
+
 def test_zoo_real_size_configs():
     """Published Qwen3 dimensions; parameter counts from the meta model (nothing allocated)."""
     from softsyn.frontends import hf

@@ -32,7 +32,8 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
     """Read ``spec`` into a Netlist (exports are cached on disk under ``cache_dir``).
 
     ``materialize=True``: a real-size zoo model (exported weightless by default) gets seeded random
-    weights in its dtype (fp16) instead, so it can run (signoff, benchmarks); needs RAM for them."""
+    weights in its dtype (fp16) filled into the weightless export, then the exporter's optimizer
+    (softsyn.frontends.materialize), so it can run (signoff, benchmarks); needs RAM for them."""
     from softsyn.frontends import hf, onnx_file
 
     spec = str(spec).strip()
@@ -59,7 +60,7 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
             )
         else:
             cfg = _zoo.make_config(entry)
-            weights = "random" if materialize and entry.weights == "meta" else entry.weights
+            weights = "filled" if materialize and entry.weights == "meta" else entry.weights
             nl = hf.load_transformers_design(
                 cfg, zoo_name, f"zoo:{zoo_name}", cache, progress, weights=weights, dtype=entry.dtype
             )

@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from softsyn.netlist import Netlist
 
-FRONTEND_VERSION = "2"
+FRONTEND_VERSION = "3"
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 

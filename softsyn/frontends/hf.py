@@ -89,7 +89,7 @@ def _fingerprint(path: Path | None) -> str | None:
 
 
 def _dtype_name(cfg, weights: str) -> str:
-    if weights != "meta":
+    if weights not in ("meta", "filled"):
         return "float32"
     d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
     d = str(d).replace("torch.", "") if d is not None else ""
@@ -107,8 +107,12 @@ def load_transformers_design(
     dtype: str | None = None,
 ) -> Netlist:
     """Build (or load from cache) the netlist of a transformers model described by ``cfg``."""
+    import copy
+
     import torch
     import transformers
+
+    cfg = copy.deepcopy(cfg)  # building a model sets attributes on its config: the caller's (and the cache key) stay
 
     decoder = is_decoder(cfg)
     kind = "decoder" if decoder else "encoder"
@@ -142,6 +146,8 @@ def load_transformers_design(
     if cached is not None:
         cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
         return cached
+    if weights == "filled":
+        return _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, key)
 
     weights_desc = {
         "random": "random seed 0",
@@ -218,6 +224,30 @@ def load_transformers_design(
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
     if progress:
         print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
+    return nl
+
+
+def _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, key) -> Netlist:
+    """The weightless export (cached) with seeded random weights and the exporter's optimizer applied
+    (softsyn.frontends.materialize): a runnable real-size model without building it in torch."""
+    from softsyn.frontends.materialize import materialize
+
+    base = load_transformers_design(cfg, name, source, cache_dir, progress, folder, weights="meta", dtype=dtype)
+    t0 = time.perf_counter()
+    if progress:
+        print(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer...", end="",
+              file=sys.stderr, flush=True)
+    model = materialize(base.model, cfg)
+    provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
+    provenance.pop("weights_location", None)
+    provenance.pop("cache", None)
+    provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
+    nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
+                 derived_dims=dict(base.derived_dims))
+    nl = _cache.save_entry(nl, entry)
+    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+    if progress:
+        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One H200 session through the `device` tool, step by step (the machine keeps /tmp only while warm, ~30 s
+# between calls, so the calls go back to back). Each call runs `bash bench/h200_session.sh STEP ...`:
+#
+#   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 wheels (the image's are older)
+#   part DIR             carry [DIR] (.ortgpu/p_part00 .. 02): one piece of the onnxruntime-gpu wheel
+#   install DIR          carry [DIR] (.ortgpu/p_part03): last piece, install ORT-GPU + wheels + softsyn
+#   characterize [S]     resume the H200 library from softsyn/libs/h200-ort-cuda.yaml for S seconds (570)
+#   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
+#                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
+#
+# .ortgpu/ comes from ../shared/tools/ort-gpu-parts.sh, .whl/ from `pip download` (README "Benchmarks").
+# Results land in $OUT (the device tool brings them back); the library stays in /tmp/h200-lib.yaml between calls.
+set -euo pipefail
+export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SOFTSYN_CACHE=/tmp/softsyn-cache
+NV=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$NV/cu13/lib:$NV/cudnn/lib
+LIB=/tmp/h200-lib.yaml
+WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+
+softsyn_install() { python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null; }
+
+step=$1
+shift
+case $step in
+wheels)
+    mkdir -p /tmp/whl && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl /tmp/whl/
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv ;;
+part)
+    mkdir -p /tmp/ortw && cp "$1"/part0* /tmp/ortw/ && ls -la /tmp/ortw ;;
+install)
+    cp "$1"/part0* /tmp/ortw/
+    cat /tmp/ortw/part0* > "/tmp/ortw/$WHEEL"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "/tmp/ortw/$WHEEL" /tmp/whl/*.whl
+    softsyn_install
+    python3 -c "import onnxruntime as o, onnx_ir, transformers; print(o.__version__, o.get_available_providers(), onnx_ir.__version__, transformers.__version__)" ;;
+characterize)
+    softsyn_install
+    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    # what plain and compiled fp16 decoders use first (fp16 cells, then the int64/bool/fp32 glue ops), then the rest
+    glue=Cast,Shape,Range,And,Or,Not,Equal,Less,LessOrEqual,Greater,GreaterOrEqual,Where,Concat,Slice,Gather,GatherND
+    glue=$glue,Unsqueeze,Squeeze,Reshape,Identity,Expand,Split,Transpose,Add,Sub,Mul,Div,Neg,Max,Min,Pow,Sqrt,IsNaN
+    glue=$glue,Reciprocal,ReduceMean,ReduceSum,ReduceMax,Softmax,Sigmoid,Cos,Sin,TopK,Exp,Log,Tanh,Relu,Abs,Erf
+    set +e
+    timeout "${1:-570}" bash -c "softsyn characterize --runtime ort --provider cuda --cells '*.fp16*,Run' -o $LIB &&
+        softsyn characterize --runtime ort --provider cuda --cells '$glue' -o $LIB &&
+        softsyn characterize --runtime ort --provider cuda -o $LIB" 2>&1 | tee "$OUT/characterize.log"
+    set -e
+    cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
+correlation)
+    softsyn_install
+    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    name=$(echo "$@" | tr ' ' '_')
+    python3 bench/correlation.py --provider cuda --models "$@" --target $LIB --runs 60 --work /tmp/corr \
+        -o "$OUT/correlation-cuda-$name.md" 2>&1 | tee "$OUT/correlation-$name.log"
+    # what came out, with each model's graph (model.onnx without its weights) so the analysis can be re-run here
+    for m in "$@"; do
+        d=/tmp/corr/$m-cuda
+        [ -f $d/design.json ] || continue
+        cp "$(python3 -c "import json; print(json.load(open('$d/design.json'))['onnx'])")" $d/model-graph.onnx
+    done
+    tar czf "$OUT/corr-$name.tgz" -C /tmp/corr --exclude='*.data' $(for m in "$@"; do echo "$m-cuda"; done)
+    ls -la "$OUT" ;;
+*)
+    echo "unknown step $step" >&2; exit 2 ;;
+esac

@@ -1,0 +1,75 @@
+"""Materialise a weightless (meta-device) export: seeded random weights, then the exporter's optimizer.
+
+A real-size model exported on the meta device has exact shapes and dtypes but no data. To run it
+(signoff, benchmarks) its initializers get seeded random values, and the graph then goes through
+`onnxscript.optimizer.optimize_ir`: the optimisation `torch.onnx.export(optimize=True)` applies to a
+materialised export (it folds the weight Transposes, shape arithmetic and redundant Casts), which the
+meta export had to skip because it cannot read meta tensors. The result has the graph a
+materialised export has, in seconds instead of minutes: no torch model with weights is ever built.
+
+Values: RMSNorm/LayerNorm weights 1 + N(0, initializer_range) (exact ones would be deduplicated across
+layers and their Mul folded away by the optimizer, a graph no trained model has), rotary `inv_freq` the real 1 / theta^(2i/d) (so cos/sin are
+right), every other float tensor N(0, initializer_range) drawn from one seeded pool (the pool is
+sliced at seeded offsets: tensors are random-looking, not independent draws; timing does not care,
+and it keeps 16 GB of fp16 weights a memory-speed fill).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
+
+
+def _pool(seed: int, std: float) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(POOL, dtype=np.float32) * std)
+
+
+def _inv_freq(cfg, n: int) -> np.ndarray:
+    """The rotary embedding's inverse frequencies (default rope): 1 / theta^(2i/d), i < d/2."""
+    theta = float(getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta")
+                  or 10000.0)
+    d = 2 * n
+    return 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+def fill_random(model: ir.Model, cfg, seed: int = 0) -> int:
+    """Give every initializer without data (ExternalTensor of a meta export) seeded values. Returns how many."""
+    from softsyn.frontends.export import META_WEIGHTS
+
+    std = float(getattr(cfg, "initializer_range", 0.02) or 0.02)
+    pool = _pool(seed, std)
+    offsets = np.random.default_rng(seed + 1)
+    filled = 0
+    for v in model.graph.initializers.values():
+        t = v.const_value
+        if not isinstance(t, ir.ExternalTensor) or t.location != META_WEIGHTS:
+            continue
+        shape = tuple(int(d) for d in v.shape)
+        dtype = v.dtype.numpy()
+        n = int(np.prod(shape, dtype=np.int64))
+        if v.name.endswith("inv_freq") and len(shape) == 1:
+            data = _inv_freq(cfg, n)
+        elif "norm" in v.name and len(shape) == 1:  # 1 + noise: all-ones norms would be deduplicated and
+            start = int(offsets.integers(0, POOL))   # their Mul dropped by the optimizer, unlike a trained model's
+            data = 1.0 + np.resize(pool[start:], n)
+        elif v.dtype.is_floating_point():
+            start = int(offsets.integers(0, POOL))
+            data = np.resize(pool[start:], n)  # cyclic past the pool's end
+        else:
+            data = np.zeros(n)
+        v.const_value = ir.Tensor(np.ascontiguousarray(data, dtype=dtype).reshape(shape), name=v.name)
+        filled += 1
+    return filled
+
+
+def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
+    """fill_random + the exporter's optimizer, in place; weights the optimizer folded get their module names."""
+    import onnxscript.optimizer
+
+    from softsyn.frontends.export import _name_folded_weights
+
+    fill_random(model, cfg, seed)
+    onnxscript.optimizer.optimize_ir(model)
+    _name_folded_weights(model)
+    return model
