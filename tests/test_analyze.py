@@ -179,3 +179,60 @@ def test_hand_built_onnx_with_named_dims(tmp_path, cache_dir):
     missing.write_text("clock_period: 1ms\npath_groups:\n  infer:\n    weight: 1\n")
     result = CliRunner().invoke(main, ["analyze", str(path), "-c", str(missing), "-q"], standalone_mode=False)
     assert "path_groups.infer.dims" in str(result.exception) and "n" in str(result.exception)
+
+
+def _chain_onnx(path, ops):
+    """x[8, 64] through `ops` in order ("add": + a constant, "mm": @ W[64, 64]); y = the last output."""
+    f = ir.DataType.FLOAT
+    x = ir.Value(name="x", shape=ir.Shape([8, 64]), type=ir.TensorType(f))
+    w = ir.Value(name="w", shape=ir.Shape([64, 64]), type=ir.TensorType(f),
+                 const_value=ir.tensor([[0.0] * 64] * 64, dtype=f, name="w"))
+    one = ir.Value(name="one", shape=ir.Shape([1]), type=ir.TensorType(f), const_value=ir.tensor([1.0], dtype=f, name="one"))
+    nodes, prev = [], x
+    for i, op in enumerate(ops):
+        node = ir.node("MatMul" if op == "mm" else "Add", [prev, w if op == "mm" else one], name=f"n{i}")
+        node.outputs[0].name, node.outputs[0].shape, node.outputs[0].type = f"t{i}", ir.Shape([8, 64]), ir.TensorType(f)
+        nodes.append(node)
+        prev = node.outputs[0]
+    graph = ir.Graph([x], [prev], nodes=nodes, initializers=[w, one], name="chain", opset_imports={"": 21})
+    ir.save(ir.Model(graph, ir_version=10), path)
+    return path
+
+
+def test_gpu_host_and_device_overlap(tmp_path):
+    """On a GPU library the host issues each node in launch_overhead and kernels overlap it on the device:
+    a long kernel hides the launches behind it; on a CPU library the same cells add up."""
+    import yaml
+
+    cells = [{"op": "Add", "precision": "fp32", "implementation": "t", "axes": ["elements"], "points": [[1, 1e6]],
+              "delays": [5e-6, 5e-6]},  # host-bound: at its floor
+             {"op": "MatMul", "precision": "fp32", "implementation": "t", "axes": ["m", "n", "k"],
+              "points": [[1, 64], [64], [64]], "delays": [[[5e-6]], [[2000e-6]]]}]  # m = 8: 100 us, device-bound
+    ceilings = {"memory_bandwidth": 1e12, "peak_flops": {"fp32": 1e14}, "launch_overhead": 5e-6,
+                "launch_overhead_graph": None, "run_overhead": 10e-6}
+    header = {"library": "toy", "format": 1, "runtime": "onnxruntime 1.31.1", "date": "2026-11-30",
+              "device": "toy", "command": "hand-written for a test", "ceilings": ceilings, "cells": cells}
+    model = _chain_onnx(tmp_path / "chain.onnx", ["mm"] + ["add"] * 10)
+    cons = tmp_path / "c.yaml"
+    cons.write_text("clock_period: 1s\ninput_delay: 0ms\npath_groups:\n  infer: {}\n")
+    arrivals = {}
+    for provider in ("CUDAExecutionProvider", "CPUExecutionProvider"):
+        lib = tmp_path / f"{provider}.yaml"
+        lib.write_text(yaml.safe_dump(dict(header, provider=provider), sort_keys=False))
+        analysis = Design.load(str(model), cons, target=str(lib), progress=False).analyze()
+        path = analysis.group("infer").critical
+        assert sum(p.incr for p in path.points) == pytest.approx(path.arrival - path.input_delay)
+        arrivals[provider] = path.arrival
+    mm = math.exp(math.log(5e-6) + (math.log(2000e-6) - math.log(5e-6)) * math.log(8) / math.log(64))  # log-log
+    assert mm == pytest.approx(100e-6)
+    # CPU: run overhead + every cell in turn
+    assert arrivals["CPUExecutionProvider"] == pytest.approx(10e-6 + mm + 10 * 5e-6)
+    # GPU: the MatMul starts after its launch and runs while the host launches the ten Adds (5 us each, 50 us
+    # < 100 us); each Add then runs for its roofline time behind it
+    adds_device = 10 * (8 * 64 * 4 * 2 / 1e12)  # bytes in + out of each Add at 1 TB/s
+    assert arrivals["CUDAExecutionProvider"] == pytest.approx(10e-6 + 5e-6 + mm + adds_device, rel=1e-3)
+    # ... and when the launches outlast the kernels, the host sets the pace: 11 launches, then the last Add
+    short = _chain_onnx(tmp_path / "short.onnx", ["add"] * 11)
+    path = Design.load(str(short), cons, target=str(tmp_path / "CUDAExecutionProvider.yaml"),
+                       progress=False).analyze().group("infer").critical
+    assert path.arrival == pytest.approx(10e-6 + 11 * 5e-6 + adds_device / 10, rel=1e-3)
