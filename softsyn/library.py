@@ -303,9 +303,13 @@ class Library:
 
     def host_device(self, op_type: str, precision: str, flops: float, bytes_moved: float, sizes: dict | None,
                     delay: float) -> tuple[float, float]:
-        """(host, device) seconds of one node whose library delay is `delay` (see the module docstring)."""
+        """(host, device) seconds of one node whose library delay is `delay` (see the module docstring).
+        View ops (no FLOPs, no bytes: Reshape, Squeeze, ...) alias their input inside a model and launch
+        nothing: host only, whatever their copies-form cell read (a copy into a bound output)."""
         if not self.is_gpu:
             return delay, 0.0
+        if not flops and not bytes_moved:
+            return self.ceilings.launch_overhead, 0.0
         cell = self.cell_for(op_type, precision, sizes)
         floor = min(cell._flat) if cell is not None else self.ceilings.launch_overhead
         if delay > HOST_BOUND * floor:

@@ -236,3 +236,8 @@ def test_gpu_host_and_device_overlap(tmp_path):
     path = Design.load(str(short), cons, target=str(tmp_path / "CUDAExecutionProvider.yaml"),
                        progress=False).analyze().group("infer").critical
     assert path.arrival == pytest.approx(10e-6 + 11 * 5e-6 + adds_device / 10, rel=1e-3)
+    # a view op (no FLOPs, no bytes) aliases its input in a model: it costs the host a launch, the device nothing
+    gpu = load_library(str(tmp_path / "CUDAExecutionProvider.yaml"))
+    assert gpu.host_device("Reshape", "fp32", 0.0, 0.0, {"elements": 1 << 24}, 3e-3) == (5e-6, 0.0)
+    assert load_library(str(tmp_path / "CPUExecutionProvider.yaml")).host_device(
+        "Reshape", "fp32", 0.0, 0.0, {"elements": 1 << 24}, 3e-3) == (3e-3, 0.0)
