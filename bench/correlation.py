@@ -137,6 +137,7 @@ def main() -> int:
             rows.append({"model": model, "group": g.name, "dims": g.dims, "predicted": g.predicted,
                          "measured": g.measured_median, "p90": g.measured_p90, "error": g.error,
                          "quiet": g.measured_quiet, "error_quiet": g.error_quiet,
+                         "machine": result.machine.get("factor"),
                          "kernels": g.kernel_sum, "residual": g.residual, "scale": g.kernel_scale})
         print(f"[bench] {model}: {len(result.groups)} groups in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
@@ -151,6 +152,9 @@ def main() -> int:
             "10 rounds (each round's turn starts with the warm-up count of untimed runs); profile 10 runs per group",
             "- quiet: the fastest round's median, the undisturbed machine that the library (each cell the fastest of its "
             "passes) describes; error q = (predicted - quiet) / quiet",
+            "- machine: softsyn.probe's workload timed before and after each model's measurements over the library's "
+            "fastest probe (> 1: the machine ran slower than when the tables were measured); error q derated = "
+            "(predicted x machine - quiet) / quiet",
             "- predicted: arrival at the worst endpoint minus the input delay (session.run overhead + every cell)",
             "- measured: one run_with_iobinding call, inputs/outputs bound on the device, wall clock, median",
             "- error: (predicted - measured) / measured; negative = the analysis is optimistic",
@@ -171,25 +175,40 @@ def main() -> int:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| model | group | scenario | predicted ms | measured ms | p90 ms | quiet ms | error | error q | kernels ms "
-             "| residual ms |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per group, then per model: errors against the median run, the quiet round, and the quiet round with the
+    prediction derated by the machine factor (softsyn.probe: how much slower than at characterisation the
+    machine ran while measuring; shown only when the library records a probe)."""
+    for r in rows:
+        m = r.get("machine")
+        r["error_derated"] = (r["predicted"] * m - r["quiet"]) / r["quiet"] if m else None
+    derated = any(r["error_derated"] is not None for r in rows)
+    lines = ["| model | group | scenario | predicted ms | measured ms | p90 ms | quiet ms | machine | error | error q "
+             + ("| error q derated " if derated else "") + "| kernels ms | residual ms |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if derated else "") + "---:|---:|"]
     for r in rows:
         dims = ", ".join(f"{k} {v}" for k, v in r["dims"].items())
+        machine = f"{r['machine']:.2f}x" if r.get("machine") else "n/a"
         lines.append(f"| {r['model']} | {r['group']} | {dims} | {r['predicted'] * 1e3:.3f} | {r['measured'] * 1e3:.3f} "
-                     f"| {r['p90'] * 1e3:.3f} | {r['quiet'] * 1e3:.3f} | {r['error'] * 100:+.1f}% | "
-                     f"{r['error_quiet'] * 100:+.1f}% | {r['kernels'] * 1e3:.3f} | "
-                     f"{r['residual'] * 1e3:.3f}{' (scaled)' if r['scale'] < 1 else ''} |")
-    lines += ["", "| model | groups | median abs error (median run) | worst | median abs error q (quiet) | worst q |",
-              "|---|---:|---:|---|---:|---|"]
+                     f"| {r['p90'] * 1e3:.3f} | {r['quiet'] * 1e3:.3f} | {machine} | {r['error'] * 100:+.1f}% | "
+                     f"{r['error_quiet'] * 100:+.1f}% | "
+                     + (f"{r['error_derated'] * 100:+.1f}% | " if derated and r["error_derated"] is not None
+                        else "n/a | " if derated else "")
+                     + f"{r['kernels'] * 1e3:.3f} | {r['residual'] * 1e3:.3f}{' (scaled)' if r['scale'] < 1 else ''} |")
+    keys = [("error", "median run"), ("error_quiet", "quiet")] + ([("error_derated", "quiet, derated")] if derated else [])
+    lines += ["", "| model | groups | " + " | ".join(f"median abs error ({n}) | worst ({n})" for _, n in keys) + " |",
+              "|---|---:|" + "---:|---|" * len(keys)]
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
     for model, rs in list(by_model.items()) + ([("all", rows)] if rows else []):
         cells = []
-        for key in ("error", "error_quiet"):
-            worst = max(rs, key=lambda r: abs(r[key]))
-            cells += [f"{statistics.median(abs(r[key]) for r in rs) * 100:.1f}%",
+        for key, _ in keys:
+            have = [r for r in rs if r.get(key) is not None]
+            if not have:
+                cells += ["n/a", "n/a"]
+                continue
+            worst = max(have, key=lambda r: abs(r[key]))
+            cells += [f"{statistics.median(abs(r[key]) for r in have) * 100:.1f}%",
                       f"{worst[key] * 100:+.1f}% ({worst['model'] + ' ' if model == 'all' else ''}{worst['group']})"]
         lines.append(f"| {model} | {len(rs)} | " + " | ".join(cells) + " |")
     return lines

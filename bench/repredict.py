@@ -38,6 +38,7 @@ def repredict(directory: Path, target: str | None) -> list[dict]:
                      "error": (predicted - g["measured_median"]) / g["measured_median"],
                      "quiet": g["measured_quiet"],
                      "error_quiet": (predicted - g["measured_quiet"]) / g["measured_quiet"],
+                     "machine": (signed.get("machine") or {}).get("factor"),
                      "kernels": g["kernel_sum"], "residual": g["residual"], "scale": g["kernel_scale"]})
     return rows
 

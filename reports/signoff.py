@@ -14,6 +14,17 @@ def _pct(x: float) -> str:
     return "n/a" if x != x else f"{x * 100:+.1f}%"
 
 
+def _machine_line(result) -> list[str]:
+    m = getattr(result, "machine", None) or {}
+    if not m:
+        return []
+    probe = f"probe {m['probe_before_s'] * 1e6:.1f} / {m['probe_after_s'] * 1e6:.1f} us before / after measuring"
+    if m.get("factor"):
+        return [f"{INDENT}Machine  : {probe}; the library's fastest {m['reference_s'] * 1e6:.1f} us: this machine ran "
+                f"{m['factor']:.2f}x the speed the tables describe (> 1: slower; softsyn.probe)."]
+    return [f"{INDENT}Machine  : {probe}; the library records no probe to compare with."]
+
+
 def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> str:
     t = lambda s: ftime(s, unit, digits)  # noqa: E731
     out = [BANNER_RULE, "Report : signoff", f"        -provider {result.provider} -runs {result.runs} -warmup {result.warmup}",
@@ -33,7 +44,7 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
                 "host-side launch times: CUDA kernels are asynchronous, so per-cell figures are NOT GPU times") +
             ") in a separate profiled session; the session.run row carries the residual "
             "(measured - sum of kernels: host overhead, gaps, synchronisation, runtime-only nodes).",
-            f"{INDENT}Error    : {result.error_means}.", ""]
+            f"{INDENT}Error    : {result.error_means}.", *_machine_line(result), ""]
     head = (f"{INDENT}{'Group':<10} {'Scenario':<30} {'Budget':>9} {'Predicted':>10} {'Measured':>10} {'p90':>9} "
             f"{'Quiet':>9} {'Error':>8} {'Err q':>8} {'Slack pred':>11} {'Slack meas':>11}  Status")
     out += [head, INDENT + "-" * (len(head) - len(INDENT))]

@@ -392,11 +392,21 @@ def gather(s, copies, ctx: Ctx) -> Graph:
 
 
 def gather_nd(s, copies, ctx: Ctx) -> Graph:
-    """`elements` outputs gathered as rows of 256 from a source of at most 256 rows (cycled): the MoE pattern of
-    per-token expert weights picked from a small expert table (reads stay in cache, the output streams)."""
+    """`elements` outputs gathered as slices of up to 16 Ki elements (64 KiB fp32: one expert's 128 x 128 weight)
+    from at most 256 source slices, cycled: the MoE pattern of per-token expert weights picked from a small
+    expert table (the reads stay in cache; each slice is one memcpy, so the slice size sets the per-slice
+    overhead: 1 KiB rows read 2x slower than the model's 64 KiB slices). CHAIN form: the source
+    is the previous copy's output (its first rows; the output keeps the shape), so the output lands in a buffer
+    the arena reuses, hot while it fits the caches, as a model's does (independent copies write N fresh
+    outputs: qwen3-moe prefill's 2 MiB gathers read 2.5x slower that way)."""
     elem = _elem(ctx)
-    r, c = _rows_cols(s["elements"], 256)
-    src = min(r, 256)
+    r, c = _rows_cols(s["elements"], 16384)
+    if ctx.form == "chain":
+        idx = (np.arange(r, dtype=np.int64) % min(r, 256)).reshape(r, 1)
+        nodes = [_node("GatherND", ["x", "idx"], [f"y{i}"], i) for i in range(copies)]
+        g = Graph(nodes, {"x": (elem, _data((r, c), elem)), "idx": (INT64, idx)}, [(f"y{i}", elem) for i in range(copies)])
+        return chained(g, "x")
+    src = min(r, 256)  # copies form (CUDA): a separate source of at most 256 rows
     idx = (np.arange(r, dtype=np.int64) % src).reshape(r, 1)
     nodes = [_node("GatherND", ["x", "idx"], [f"y{i}"], i) for i in range(copies)]
     return Graph(nodes, {"x": (elem, _data((src, c), elem)), "idx": (INT64, idx)},
@@ -446,7 +456,10 @@ def gemm(s, copies, ctx: Ctx, precision: str) -> Graph:
 
 
 def batched_matmul(s, copies, ctx: Ctx, precision: str, chain: bool = True) -> Graph:
-    """[batch, m, k] @ [batch, k, n], both graph inputs; `chain=False`: independent copies on every provider."""
+    """[batch, m, k] @ [batch, k, n], both graph inputs; `chain=False`: independent copies on every provider.
+    The copies share A: in the model A is the expert weights GatherND has just written, in cache while it fits
+    (a private A per copy read 2-3x slower than the model below 8 MiB); above the last-level cache (32 MiB and
+    up) the model's A comes from memory and the shared one under-reads it (296 vs 835 us at 1024 x 128 x 64)."""
     elem = ELEM[precision]
     b, m, n, k = int(s["batch"]), int(s["m"]), int(s["n"]), int(s["k"])
     ins = {"a": (elem, _data((b, m, k), elem)), "b": (elem, _data((b, k, n), elem, 1))}
@@ -576,7 +589,10 @@ EL = {"cpu": E_CPU, "cpu-quick": E_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 ES = {"cpu": E_SMALL_CPU, "cpu-quick": E_SMALL_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 
 MM = {  # m, n, k: tokens x hidden sizes (CPU zoo: hidden 128-384, intermediate 256-1536, vocab 1024-30522)
-    "cpu": [[1, 8, 64, 512], [32, 256, 2048, 16384], [32, 256, 2048]],
+    # CPU: points on the zoo's own sizes (tokens 1/4/16/128/512, widths 128/256/384/1024/1536): ORT's CPU GEMM
+    # is not a power law between far-apart points ([16, 384] @ [384, 384]: 25 us measured, 17 us interpolated
+    # from the m {8, 64} x n, k {256, 2048} grid)
+    "cpu": [[1, 4, 16, 128, 512], [32, 128, 256, 384, 1024, 1536, 16384], [32, 128, 256, 384, 1536]],
     "cpu-quick": [[1, 128], [64, 1024], [64, 1024]],
     # real models: hidden 1024-4096, intermediate up to 12288, vocab 151936, tokens 1..512(+)
     "cuda": [[1, 16, 128, 512, 2048], [256, 1024, 4096, 12288, 151936], [256, 1024, 4096, 12288]],

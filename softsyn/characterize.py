@@ -49,6 +49,7 @@ import yaml
 from softsyn import cells as C
 from softsyn.ceilings import time_calls, time_interleaved
 from softsyn.errors import SoftsynError
+from softsyn.probe import speed_probe, summarise
 
 PLANS = ("cpu", "cuda")
 LONG = 40.0  # a point whose one-copy run exceeds LONG x run overhead is timed with one copy
@@ -367,7 +368,7 @@ def render(lib: dict) -> str:
     head[0] = (f"# softsyn target library: {lib['library']}. Ceilings by softsyn.ceilings, delay tables by "
                "softsyn characterize (see softsyn/characterize.py for the methods).")
     out = head
-    for k in ("characterization", "interpolation_error", "not_characterised"):
+    for k in ("characterization", "probe", "interpolation_error", "not_characterised"):
         if k in lib:
             if not lib[k]:
                 out.append(f"{k}: {{}}")
@@ -474,6 +475,8 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
     total = len(kinds)
     limit = holdout_limit or (6 if quick else 24)
     st = SETTINGS[provider]
+    probes: list[float] = []  # the machine's speed before each measured cell (softsyn.probe)
+    previous_probe = lib.get("probe")
     for idx, kind in enumerate(kinds, 1):
         impl = kind.implementation(provider) if kind else f"ort-{provider}"
         op, prec = (kind.op, kind.precision) if kind else ("Run", "fp32")
@@ -481,6 +484,8 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
         if (op, prec, impl) in done or key in lib["not_characterised"]:
             _log(progress, f"[characterize] {idx:>3}/{total} {key}: already in {path.name}, skipped")
             continue
+        probes.append(speed_probe(provider))
+        lib["probe"] = summarise(probes, previous_probe)
         t_cell = time.perf_counter()
         if kind is None:
             entry = _run_cell(provider, plan, lib)

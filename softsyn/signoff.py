@@ -27,6 +27,7 @@ from pathlib import Path
 from softsyn.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
 from softsyn.measure import MEASURED_INTERVAL, device_name, measure_many, onnx_path, profile_many, scenario_inputs
+from softsyn.probe import PROBE_WORKLOAD, speed_probe
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -135,6 +136,7 @@ class SignoffResult:
     model: str
     groups: list[GroupResult]
     annotation_file: str = ""
+    machine: dict = field(default_factory=dict)  # softsyn.probe: probe before/after measuring, library reference
     measured_interval: str = MEASURED_INTERVAL
     predicted_means: str = PREDICTED_MEANS
     error_means: str = ERROR_MEANS
@@ -303,8 +305,10 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
     _log(progress, f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
          + "; ".join(group.scenario.description for group, _ in chosen))
+    probe_before = speed_probe(provider)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
                             options=target.session_options)
+    machine = machine_state(probe_before, speed_probe(provider), design.library)
     _log(progress, "signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""))
     profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
                             provider=provider, options=target.session_options, blocking=blocking)
@@ -369,8 +373,17 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         design=netlist.name, directory=str(directory), kind=target.kind, library=analysis.library,
         library_source=analysis.library_source, provider=annotation.provider, device=device, runtime=annotation.runtime,
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), runs=runs, warmup=warmup,
-        node_time=node_time, model=str(target.onnx), groups=results, annotation_file=str(out),
+        node_time=node_time, model=str(target.onnx), groups=results, annotation_file=str(out), machine=machine,
         notes=list(analysis.notes))
+
+
+def machine_state(before: float, after: float, library) -> dict:
+    """The probe around the measurements against the library's fastest probe (softsyn.probe)."""
+    reference = (library.header.get("probe") or {}).get("fastest_s")
+    now = (before + after) / 2
+    return {"probe_before_s": before, "probe_after_s": after, "reference_s": reference,
+            "factor": now / float(reference) if reference else None,
+            "workload": PROBE_WORKLOAD}
 
 
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:

@@ -79,6 +79,14 @@ def test_signoff_writes_report_and_annotation(signed):
         assert g.residual + g.kernel_sum == pytest.approx(g.measured_median, rel=1e-9)
     saved = json.loads((out / "signoff" / "signoff.json").read_text())
     assert saved["groups"][0]["violated"] is False
+    g = saved["groups"][0]
+    assert g["measured_quiet"] <= g["measured_median"] and "error_quiet" in g  # the fastest round's median
+    # the machine's speed around the measurements, against the library's fastest probe
+    machine = saved["machine"]
+    assert machine["probe_before_s"] > 0 and machine["probe_after_s"] > 0 and "Machine  : probe" in text
+    if machine["reference_s"]:
+        assert machine["factor"] == pytest.approx((machine["probe_before_s"] + machine["probe_after_s"]) / 2
+                                                  / machine["reference_s"])
 
 
 def test_annotate_round_trip_matches_measurement(signed, tmp_path):
@@ -214,3 +222,14 @@ def test_parse_profile_groups_runs_and_drops_warmup():
     assert cells["a"].delay == pytest.approx(14e-6) and cells["a"].match == "fused-anchor"
     assert cells["a"].runtime_nodes == ["a", "a/SomeFusion"]
     assert absorbed == ["c"] and not runtime_only
+
+
+def test_speed_probe_and_its_library_summary():
+    """The machine-speed probe times a fixed workload; a library keeps the fastest over its run (and a resume)."""
+    from softsyn.probe import speed_probe, summarise
+    t = speed_probe("cpu", runs=5)
+    assert 1e-6 < t < 0.5
+    first = summarise([3e-4, 2e-4, 2.5e-4])
+    assert first["fastest_s"] == 2e-4 and first["median_s"] == 2.5e-4 and first["samples"] == 3
+    resumed = summarise([2.2e-4], previous=first)
+    assert resumed["fastest_s"] == 2e-4 and resumed["samples"] == 4

@@ -1,0 +1,72 @@
+"""Machine-speed probe: how fast the machine runs now, against the speed its library was measured at.
+
+Shared machines drift: on the 2-core CPU VM this project is built on, a fixed 256^3 numpy matmul took
+142-149 us in one minute and 178-189 us in the next, and whole sign-offs came out 15-45 % slower
+across every group. A prediction describes the machine the library was characterised on, so a
+sign-off must say what state the machine was in while it measured. The probe is a fixed small ONNX
+Runtime workload (PROBE_WORKLOAD) timed in a few milliseconds: `softsyn characterize` records its
+fastest and median time over the run in the library header (`probe`), and `softsyn signoff` times it
+before and after measuring. machine factor = probe now / the library's fastest probe: 1.0 = the speed
+the tables describe, 1.3 = everything ran about 30 % slower (the probe tracks the slow spells, with
+about +-15 % jitter between a probe and a model measured next to it).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+PROBE_WORKLOAD = ("8 x (MatMul [64, 256] @ W[256, 256] + Add), fp32, one session.run with numpy feeds on the "
+                  "provider; median of 50 warm runs")
+_SESSIONS: dict = {}
+
+
+def _session(provider: str):
+    if provider in _SESSIONS:
+        return _SESSIONS[provider]
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(8):
+        inits.append(numpy_helper.from_array(rng.random((256, 256), dtype=np.float32) * 0.01, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]))
+        nodes.append(helper.make_node("Add", [f"m{i}", "x"], [f"a{i}"]))
+        prev = f"a{i}"
+    graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [64, 256])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+    feeds = {"x": rng.random((64, 256), dtype=np.float32)}
+    _SESSIONS[provider] = (sess, feeds)
+    return sess, feeds
+
+
+def speed_probe(provider: str = "cpu", runs: int = 50) -> float:
+    """Median seconds of one run of the probe workload on `provider` ("cpu" | "cuda")."""
+    sess, feeds = _session(provider)
+    for _ in range(5):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def summarise(samples: list[float], previous: dict | None = None) -> dict:
+    """The library header's `probe` entry from this run's samples (merged with a resumed file's entry)."""
+    out = {"workload": PROBE_WORKLOAD}
+    fastest = min(samples) if samples else None
+    if previous and previous.get("fastest_s"):
+        fastest = min(fastest, float(previous["fastest_s"])) if fastest else float(previous["fastest_s"])
+    out["fastest_s"] = fastest
+    out["median_s"] = statistics.median(samples) if samples else (previous or {}).get("median_s")
+    out["samples"] = len(samples) + int((previous or {}).get("samples", 0))
+    return out
