@@ -46,7 +46,7 @@ kernel time, and the two overlap (softsyn.timing schedules both). A cell measure
 copies reads max(host, device) per node; where its delay stands above HOST_BOUND x the cell's smallest
 entry (its fixed per-node floor) the device dominated and the delay is the kernel time, else the copies
 were host-bound and the device time is the roofline's (bytes / bandwidth, flops / peak) capped at the
-delay. A CPU provider is synchronous: host = the delay, device 0.
+delay, as for a node without a table. A CPU provider is synchronous: host = the delay, device 0.
 
 Precision fallback (`Library.peak_flops_for`): a precision missing (or null) from `peak_flops` is
 timed at the figure of the precision the runtime actually computes it in:
@@ -310,14 +310,13 @@ class Library:
             return delay, 0.0
         if not flops and not bytes_moved:
             return self.ceilings.launch_overhead, 0.0
-        cell = self.cell_for(op_type, precision, sizes)
-        floor = min(cell._flat) if cell is not None else self.ceilings.launch_overhead
-        if delay > HOST_BOUND * floor:
-            return self.ceilings.launch_overhead, delay
         c = self.ceilings
         compute = flops / self.peak_flops_for(precision) if flops else 0.0
         memory = bytes_moved / c.memory_bandwidth if bytes_moved else 0.0
-        return c.launch_overhead, min(delay, max(compute, memory))
+        cell = self.cell_for(op_type, precision, sizes)
+        if cell is not None and delay > HOST_BOUND * min(cell._flat):
+            return c.launch_overhead, delay  # the copies were device-bound: the table is kernel time
+        return c.launch_overhead, min(delay, max(compute, memory))  # host-bound cell, or a roofline estimate
 
     def run_delay(self, ios: int) -> tuple[float, str]:
         """(seconds, source) of one run call with `ios` graph inputs + outputs: the `Run` cell's table
