@@ -25,6 +25,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 def repredict(directory: Path, target: str | None) -> list[dict]:
     from softsyn.design import Design
 
+    needed = [directory / "signoff" / "signoff.json", directory / "model-graph.onnx", directory / "constraints.yaml"]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        print(f"{directory}: not a correlation model directory (missing {', '.join(missing)}); expected what "
+              "bench/h200_session.sh brings back in corr-*.tgz", file=sys.stderr)
+        raise SystemExit(2)
     signed = json.loads((directory / "signoff" / "signoff.json").read_text())
     design = Design.load(str(directory / "model-graph.onnx"), directory / "constraints.yaml",
                          target=target or signed["library"], progress=False)

@@ -15,7 +15,7 @@ def _pct(x: float) -> str:
 
 
 def _machine_line(result) -> list[str]:
-    m = getattr(result, "machine", None) or {}
+    m = result.machine
     if not m:
         return []
     probe = f"probe {m['probe_before_s'] * 1e6:.1f} / {m['probe_after_s'] * 1e6:.1f} us before / after measuring"

@@ -401,16 +401,11 @@ def gather_nd(s, copies, ctx: Ctx) -> Graph:
     outputs: qwen3-moe prefill's 2 MiB gathers read 2.5x slower that way)."""
     elem = _elem(ctx)
     r, c = _rows_cols(s["elements"], 16384)
-    if ctx.form == "chain":
-        idx = (np.arange(r, dtype=np.int64) % min(r, 256)).reshape(r, 1)
-        nodes = [_node("GatherND", ["x", "idx"], [f"y{i}"], i) for i in range(copies)]
-        g = Graph(nodes, {"x": (elem, _data((r, c), elem)), "idx": (INT64, idx)}, [(f"y{i}", elem) for i in range(copies)])
-        return chained(g, "x")
-    src = min(r, 256)  # copies form (CUDA): a separate source of at most 256 rows
-    idx = (np.arange(r, dtype=np.int64) % src).reshape(r, 1)
+    src = r if ctx.form == "chain" else min(r, 256)  # chain: the source is the previous output, of the output's shape
+    idx = (np.arange(r, dtype=np.int64) % min(r, 256)).reshape(r, 1)
     nodes = [_node("GatherND", ["x", "idx"], [f"y{i}"], i) for i in range(copies)]
-    return Graph(nodes, {"x": (elem, _data((src, c), elem)), "idx": (INT64, idx)},
-                 [(f"y{i}", elem) for i in range(copies)])
+    return _maybe_chain(Graph(nodes, {"x": (elem, _data((src, c), elem)), "idx": (INT64, idx)},
+                              [(f"y{i}", elem) for i in range(copies)]), "x", ctx)
 
 
 def range_op(s, copies, ctx: Ctx) -> Graph:

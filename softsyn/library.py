@@ -294,28 +294,43 @@ class Library:
     def delay(self, op_type: str, precision: str, flops: float, bytes_moved: float,
               sizes: dict[str, int] | None = None, *, implementation: str | None = None) -> tuple[float, str]:
         """(seconds, source) of one node: "table" / "table-extrap" from a matching cell, else "est"."""
-        cell = self.cell_for(op_type, precision, sizes, implementation)
-        if cell is not None:
-            value, extrap = cell.lookup(sizes)  # type: ignore[arg-type]
-            value, scaled = cell.scaled(value, sizes)  # type: ignore[arg-type]
-            return value, ("table-extrap" if extrap or scaled else "table")
-        return self.roofline(precision, flops, bytes_moved), "est"
+        return self._cell_delay(self.cell_for(op_type, precision, sizes, implementation), precision, flops,
+                                bytes_moved, sizes)
+
+    def node_timing(self, op_type: str, precision: str, flops: float, bytes_moved: float,
+                    sizes: dict | None) -> tuple[float, str, float, float]:
+        """(delay, source, host, device) of one node with one cell lookup: `delay` and `host_device` together."""
+        cell = self.cell_for(op_type, precision, sizes)
+        delay, source = self._cell_delay(cell, precision, flops, bytes_moved, sizes)
+        return (delay, source) + self._split(cell, precision, flops, bytes_moved, delay)
 
     def host_device(self, op_type: str, precision: str, flops: float, bytes_moved: float, sizes: dict | None,
                     delay: float) -> tuple[float, float]:
         """(host, device) seconds of one node whose library delay is `delay` (see the module docstring).
         View ops (no FLOPs, no bytes: Reshape, Squeeze, ...) alias their input inside a model and launch
         nothing: host only, whatever their copies-form cell read (a copy into a bound output)."""
+        cell = self.cell_for(op_type, precision, sizes) if self.is_gpu else None
+        return self._split(cell, precision, flops, bytes_moved, delay)
+
+    def _cell_delay(self, cell: Cell | None, precision: str, flops: float, bytes_moved: float,
+                    sizes: dict | None) -> tuple[float, str]:
+        if cell is not None:
+            value, extrap = cell.lookup(sizes)  # type: ignore[arg-type]
+            value, scaled = cell.scaled(value, sizes)  # type: ignore[arg-type]
+            return value, ("table-extrap" if extrap or scaled else "table")
+        return self.roofline(precision, flops, bytes_moved), "est"
+
+    def _split(self, cell: Cell | None, precision: str, flops: float, bytes_moved: float,
+               delay: float) -> tuple[float, float]:
         if not self.is_gpu:
             return delay, 0.0
-        if not flops and not bytes_moved:
-            return self.ceilings.launch_overhead, 0.0
         c = self.ceilings
-        compute = flops / self.peak_flops_for(precision) if flops else 0.0
-        memory = bytes_moved / c.memory_bandwidth if bytes_moved else 0.0
-        cell = self.cell_for(op_type, precision, sizes)
+        if not flops and not bytes_moved:
+            return c.launch_overhead, 0.0
         if cell is not None and delay > HOST_BOUND * min(cell._flat):
             return c.launch_overhead, delay  # the copies were device-bound: the table is kernel time
+        compute = flops / self.peak_flops_for(precision) if flops else 0.0
+        memory = bytes_moved / c.memory_bandwidth if bytes_moved else 0.0
         return c.launch_overhead, min(delay, max(compute, memory))  # host-bound cell, or a roofline estimate
 
     def run_delay(self, ios: int) -> tuple[float, str]:

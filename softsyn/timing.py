@@ -116,8 +116,8 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
         elif node.name in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
         else:
-            delay, source = library.delay(node.op_type, precision, work.flops, work.bytes, work.sizes)
-            host, device = library.host_device(node.op_type, precision, work.flops, work.bytes, work.sizes, delay)
+            delay, source, host, device = library.node_timing(node.op_type, precision, work.flops, work.bytes,
+                                                              work.sizes)
         cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
                                 delay if host is None else host, device))
     return cells

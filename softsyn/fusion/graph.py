@@ -34,6 +34,22 @@ def consumers(v: ir.Value) -> list[ir.Node]:
     return out
 
 
+def downstream(start: ir.Value, follow):
+    """Every node reachable forward from `start`, once, with the value it read: yields (node, value);
+    `follow(node, value)` gives the output the walk continues from (None: it stops at that node)."""
+    seen, stack = set(), [start]
+    while stack:
+        v = stack.pop()
+        for n in consumers(v):
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            yield n, v
+            nxt = follow(n, v)
+            if nxt is not None:
+                stack.append(nxt)
+
+
 def is_graph_output(graph: ir.Graph, v: ir.Value) -> bool:
     return any(o is v for o in graph.outputs)
 

@@ -26,8 +26,8 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, evaluate, fresh, insert_before, make_node,
-                                  replace_value)
+from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
+                                  insert_before, make_node, replace_value)
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}
 PROBE_TOKENS = 7
@@ -114,24 +114,18 @@ class MoERule(Rule):
         weights, normalize = self._routing_weights(vals)
 
         # ---- experts: gathers of stacked constants by the top-k indices
-        gathers, biases, seen, stack = [], [], set(), [idx]
-        while stack:
-            v = stack.pop()
-            for u in consumers(v):
-                if id(u) in seen:
-                    continue
-                seen.add(id(u))
-                if u.op_type in LAYOUT and u.inputs[0] is v:
-                    stack.append(u.outputs[0])
-                elif u.op_type in ("GatherND", "Gather") and u.inputs[1] is v:
-                    w = const(u.inputs[0])
-                    if w is None:
-                        raise _Miss("expert weights are gathered from a tensor that is not a readable constant "
-                                    "(meta/external weights): cannot stack fc1/fc2")
-                    if u.op_type == "Gather" and attr(u, "axis", 0) != 0:
-                        raise _Miss("expert weights are gathered along an axis other than the expert axis")
-                    (gathers if w.ndim == 3 else biases).append((u, w))
-                # other uses of the indices (router statistics, say) do not matter to the op
+        gathers, biases = [], []
+        through_layout = lambda u, v: u.outputs[0] if u.op_type in LAYOUT and u.inputs[0] is v else None  # noqa: E731
+        for u, v in downstream(idx, through_layout):
+            if u.op_type in ("GatherND", "Gather") and u.inputs[1] is v:
+                w = const(u.inputs[0])
+                if w is None:
+                    raise _Miss("expert weights are gathered from a tensor that is not a readable constant "
+                                "(meta/external weights): cannot stack fc1/fc2")
+                if u.op_type == "Gather" and attr(u, "axis", 0) != 0:
+                    raise _Miss("expert weights are gathered along an axis other than the expert axis")
+                (gathers if w.ndim == 3 else biases).append((u, w))
+            # other uses of the indices (router statistics, say) do not matter to the op
         if not gathers:
             raise _Miss("the top-k indices do not gather stacked expert weights (expected "
                         "experts_implementation=batched_mm; an expert loop/scatter form is not recognised)")
@@ -240,19 +234,8 @@ class MoERule(Rule):
                             f"not two halves of {inter}")
             heads = [(split.outputs[0], w[:, :inter]), (split.outputs[1], w[:, inter:])]
         # the gate is the head the nonlinearity reads; find the ops between each head and the activation
-        act_ops = []
-        for v, _ in heads:
-            ops, stack, seen = [], [v], set()
-            while stack:
-                u = stack.pop()
-                for n in consumers(u):
-                    if id(n) in seen:
-                        continue
-                    seen.add(id(n))
-                    ops.append(n.op_type)
-                    if n.outputs[0] is not a:
-                        stack.append(n.outputs[0])
-            act_ops.append(ops)
+        up_to_a = lambda n, _: n.outputs[0] if n.outputs[0] is not a else None  # noqa: E731
+        act_ops = [[n.op_type for n, _ in downstream(v, up_to_a)] for v, _ in heads]
         nonlin = [{"Sigmoid", "Erf", "Tanh", "Relu", "Gelu", "HardSigmoid"} & set(o) for o in act_ops]
         if sum(bool(s) for s in nonlin) != 1:
             raise _Miss(f"cannot tell the gate from the up projection (nonlinear ops per head: "
@@ -275,7 +258,7 @@ class MoERule(Rule):
 
     def _combine(self, weights, expert_out):
         """The ReduceSum(weights * expert_out) over the k slots; its output replaces the expert block."""
-        seen, stack, found = set(), [weights], None
+        found = None
         from_expert = {id(expert_out)}
         v = expert_out
         while True:  # values the expert output flows through before the weighting
@@ -284,27 +267,21 @@ class MoERule(Rule):
                 break
             v = us[0].outputs[0]
             from_expert.add(id(v))
-        while stack:
-            v = stack.pop()
-            for u in consumers(v):
-                if id(u) in seen:
-                    continue
-                seen.add(id(u))
-                if u.op_type in LAYOUT:
-                    stack.append(u.outputs[0])
-                elif u.op_type == "Mul":
-                    other = u.inputs[1] if u.inputs[0] is v else u.inputs[0]
-                    c = const(other)
-                    if c is not None:
-                        raise _Miss(f"routing weights are scaled by a constant ({np.ravel(c)[:1]}, a routed scaling "
-                                    "factor); com.microsoft.MoE has no such input")
-                    if id(other) not in from_expert:
-                        raise _Miss("routing weights multiply something other than the expert output")
-                    r = _forward(u.outputs[0])
-                    red = _single(r, "ReduceSum")
-                    if red is None:
-                        raise _Miss("weighted expert outputs are not summed by one ReduceSum over the k slots")
-                    found = red.outputs[0]
+        through_layout = lambda u, _: u.outputs[0] if u.op_type in LAYOUT else None  # noqa: E731
+        for u, v in downstream(weights, through_layout):
+            if u.op_type == "Mul":
+                other = u.inputs[1] if u.inputs[0] is v else u.inputs[0]
+                c = const(other)
+                if c is not None:
+                    raise _Miss(f"routing weights are scaled by a constant ({np.ravel(c)[:1]}, a routed scaling "
+                                "factor); com.microsoft.MoE has no such input")
+                if id(other) not in from_expert:
+                    raise _Miss("routing weights multiply something other than the expert output")
+                r = _forward(u.outputs[0])
+                red = _single(r, "ReduceSum")
+                if red is None:
+                    raise _Miss("weighted expert outputs are not summed by one ReduceSum over the k slots")
+                found = red.outputs[0]
         if found is None:
             raise _Miss("routing weights never multiply the expert outputs")
         return found

@@ -134,6 +134,14 @@ def _strip_upcast(x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
     return x16, users[0].outputs[0]
 
 
+def _replace_norm(ctx, anchor: ir.Node, out: ir.Value, op_type: str, inputs: list, eps: float) -> None:
+    """One `op_type` node (last axis, fp32 stash) computing `out`, placed before out's producer, in its place."""
+    node = make_node(anchor, "", op_type, inputs, {"axis": -1, "epsilon": float(eps), "stash_type": 1})
+    node.outputs[0].shape, node.outputs[0].type = out.shape, out.type
+    insert_before(ctx.graph, out.producer(), [node])
+    replace_value(ctx.graph, out, node.outputs[0])
+
+
 class RMSNormRule(Rule):
     kind = "rms_norm"
     target_op = "SimplifiedLayerNormalization"
@@ -167,11 +175,7 @@ class RMSNormRule(Rule):
             if not isinstance(h, int):
                 raise ValueError("no gamma and the hidden size is symbolic")
             gamma = add_initializer(ctx.graph, "rms_gamma_ones", np.ones(h, dtype=m.x.dtype.numpy()))
-        node = make_node(m.anchor, "", "SimplifiedLayerNormalization", [m.x, gamma],
-                         {"axis": -1, "epsilon": float(m.eps), "stash_type": 1})
-        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
-        insert_before(ctx.graph, m.out.producer(), [node])
-        replace_value(ctx.graph, m.out, node.outputs[0])
+        _replace_norm(ctx, m.anchor, m.out, "SimplifiedLayerNormalization", [m.x, gamma], m.eps)
 
 
 # --------------------------------------------------------------------------- residual + norm
@@ -193,6 +197,30 @@ def _same_shape(a: ir.Value, b: ir.Value) -> str | None:
     return None
 
 
+def _skip_check(norm: ir.Node, add: ir.Node, op_type: str) -> str | None:
+    """Why the residual Add + norm cannot become com.microsoft `op_type`, or None."""
+    bad = _same_shape(add.inputs[0], add.inputs[1])
+    if bad:
+        return bad
+    if rank(add.inputs[0]) not in (2, 3):
+        return f"input has rank {rank(add.inputs[0])}; {op_type} takes 2-D or 3-D"
+    if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
+        return "normalises over an axis other than the last"
+    return None
+
+
+def _emit_skip(ctx, norm: ir.Node, add: ir.Node, op_type: str, inputs: list) -> None:
+    """com.microsoft `op_type` in place of norm (output 0) and of the residual Add (output 3, the sum)."""
+    ctx.use_opset(MS, 1)
+    node = make_node(norm, MS, op_type, inputs, {"epsilon": float(attr(norm, "epsilon", 1e-5))}, num_outputs=4)
+    out, summed = node.outputs[0], node.outputs[3]
+    out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
+    summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
+    insert_before(ctx.graph, norm, [node])
+    replace_value(ctx.graph, norm.outputs[0], out)
+    replace_value(ctx.graph, add.outputs[0], summed)
+
+
 class SkipRMSNormRule(Rule):
     kind = "skip_rms_norm"
     target_op = "com.microsoft.SkipSimplifiedLayerNormalization"
@@ -202,26 +230,11 @@ class SkipRMSNormRule(Rule):
 
     def check(self, ctx, norm):
         add = _residual_add(ctx, norm.inputs[0])
-        bad = _same_shape(add.inputs[0], add.inputs[1])
-        if bad:
-            return bad
-        if rank(add.inputs[0]) not in (2, 3):
-            return f"input has rank {rank(add.inputs[0])}; SkipSimplifiedLayerNormalization takes 2-D or 3-D"
-        if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
-            return "normalises over an axis other than the last"
-        return (norm, add)
+        return _skip_check(norm, add, "SkipSimplifiedLayerNormalization") or (norm, add)
 
     def rewrite(self, ctx, match):
         norm, add = match
-        ctx.use_opset(MS, 1)
-        node = make_node(norm, MS, "SkipSimplifiedLayerNormalization", [add.inputs[0], add.inputs[1], norm.inputs[1]],
-                         {"epsilon": float(attr(norm, "epsilon", 1e-5))}, num_outputs=4)
-        out, summed = node.outputs[0], node.outputs[3]
-        out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
-        summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
-        insert_before(ctx.graph, norm, [node])
-        replace_value(ctx.graph, norm.outputs[0], out)
-        replace_value(ctx.graph, add.outputs[0], summed)
+        _emit_skip(ctx, norm, add, "SkipSimplifiedLayerNormalization", [add.inputs[0], add.inputs[1], norm.inputs[1]])
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -279,11 +292,7 @@ class LayerNormRule(Rule):
         dt = m.x.dtype.numpy()
         gamma = m.gamma or add_initializer(ctx.graph, "ln_gamma_ones", np.ones(h, dtype=dt))
         beta = m.beta or add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=dt))
-        node = make_node(m.anchor, "", "LayerNormalization", [m.x, gamma, beta],
-                         {"axis": -1, "epsilon": float(m.eps), "stash_type": 1})
-        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
-        insert_before(ctx.graph, m.out.producer(), [node])
-        replace_value(ctx.graph, m.out, node.outputs[0])
+        _replace_norm(ctx, m.anchor, m.out, "LayerNormalization", [m.x, gamma, beta], m.eps)
 
 
 class SkipLayerNormRule(Rule):
@@ -296,13 +305,9 @@ class SkipLayerNormRule(Rule):
 
     def check(self, ctx, norm):
         add = _residual_add(ctx, norm.inputs[0])
-        bad = _same_shape(add.inputs[0], add.inputs[1])
+        bad = _skip_check(norm, add, "SkipLayerNormalization")
         if bad:
             return bad
-        if rank(add.inputs[0]) not in (2, 3):
-            return f"input has rank {rank(add.inputs[0])}; SkipLayerNormalization takes 2-D or 3-D"
-        if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
-            return "normalises over an axis other than the last"
         if len(norm.inputs) < 2 or const(norm.inputs[1]) is None:
             return "gamma is not a constant"
         # fold a bias Add (Add(MatMul, const bias)) on either operand into the op's bias input
@@ -321,17 +326,9 @@ class SkipLayerNormRule(Rule):
 
     def rewrite(self, ctx, match):
         norm, add, a, b, bias = match
-        ctx.use_opset(MS, 1)
         beta = norm.inputs[2] if len(norm.inputs) > 2 and norm.inputs[2] is not None else None
         if beta is None:
             h = a.shape[-1]
             beta = add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=a.dtype.numpy()))
         inputs = [a, b, norm.inputs[1], beta] + ([bias] if bias is not None else [])
-        node = make_node(norm, MS, "SkipLayerNormalization", inputs,
-                         {"epsilon": float(attr(norm, "epsilon", 1e-5))}, num_outputs=4)
-        out, summed = node.outputs[0], node.outputs[3]
-        out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
-        summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
-        insert_before(ctx.graph, norm, [node])
-        replace_value(ctx.graph, norm.outputs[0], out)
-        replace_value(ctx.graph, add.outputs[0], summed)
+        _emit_skip(ctx, norm, add, "SkipLayerNormalization", inputs)
