@@ -93,6 +93,10 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+# a measurement stands when the machine-speed probe before and after it read within this factor of the library's
+# fastest probe: the VM's slow phases (ORT's two-thread work 1.4-1.7x slower for minutes) otherwise decide the error
+SPEED_BAND = 1.25
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
@@ -100,11 +104,19 @@ def main() -> int:
     parser.add_argument("--target", help="library name or YAML path (default: the plan's, cpu-ort / h200-ort-cuda)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--settle", type=float, default=180.0,
+                        help="seconds to wait before each model for the machine to run at the library's probe speed")
+    parser.add_argument("--retries", type=int,
+                        help=f"measure a model again when the probe before or after it read slower than {SPEED_BAND}x "
+                             "the library's (the attempt nearest the library's speed is kept); default 2 on the CPU, "
+                             "0 on CUDA (a real-size sign-off takes minutes)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "softsyn-correlation",
                         help="analyze/signoff directories (default $TMPDIR/softsyn-correlation)")
     parser.add_argument("-o", "--output", type=Path, help="results file (default bench/results/correlation-PROVIDER-DATE.md)")
     args = parser.parse_args()
 
+    if args.retries is None:
+        args.retries = 2 if args.provider == "cpu" else 0
     from softsyn.errors import SoftsynError
     from softsyn.measure import device_name
     from softsyn.reports import report_signoff
@@ -117,7 +129,10 @@ def main() -> int:
     started = datetime.datetime.now().astimezone()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    rows, failures = [], []
+    from softsyn.library import load_library
+    from softsyn.probe import settle
+    reference = (load_library(plan["target"]).header.get("probe") or {}).get("fastest_s")
+    rows, failures, settles = [], [], []
     for model in models:
         groups = plan["models"].get(model) or (DECODER_GPU if args.provider == "cuda" else DECODER_CPU)
         out = args.work / f"{model}-{args.provider}"
@@ -127,11 +142,27 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             analyze_dir(f"zoo:{model}", cons, out, materialize=args.provider == "cuda")
-            result = signoff(out, provider=args.provider, runs=args.runs, warmup=args.warmup)
+            attempts = []  # (slowest probe / library's, result): the first measured at the library's speed stands
+            for _ in range(1 + args.retries):
+                readings, waited, ok = settle(args.provider, timeout=args.settle, reference=reference)
+                print(f"[bench] machine before {model}: probe {readings[-1] * 1e6:.0f} us"
+                      + (f" (library {reference * 1e6:.0f} us)" if reference else "") + f" after {waited:.0f} s"
+                      + ("" if ok else ": did not settle at the library's speed, measuring anyway"), file=sys.stderr)
+                result = signoff(out, provider=args.provider, runs=args.runs, warmup=args.warmup)
+                m = result.machine
+                slowest = max(m["probe_before_s"], m["probe_after_s"]) / reference if reference else 1.0
+                attempts.append((slowest, result))
+                if slowest <= SPEED_BAND:
+                    break
+                print(f"[bench] {model}: the machine slowed to {slowest:.2f}x the library's probe while measuring: "
+                      "measuring again", file=sys.stderr)
+            slowest, result = min(attempts, key=lambda a: a[0])
         except SoftsynError as exc:
             print(f"{model}: {exc}", file=sys.stderr)
             failures.append((model, str(exc)))
             continue
+        settles.append(f"{model}: {len(attempts)} attempt(s) (slowest probe " + ", ".join(
+            f"{a:.2f}x" for a, _ in attempts) + f"; kept {slowest:.2f}x)")
         write_results(result, out, report_signoff(result))
         for g in result.groups:
             rows.append({"model": model, "group": g.name, "dims": g.dims, "predicted": g.predicted,
@@ -163,6 +194,10 @@ def main() -> int:
     if load is not None:
         head.append(f"- load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
                     + (" (shared machine: timings are noisy)" if load[0] > 0.5 else ""))
+    head.append("- machine state: before each attempt the probe must read steady and within 1.15x the library's fastest "
+                f"{reference * 1e6 if reference else float('nan'):.0f} us (softsyn.probe.settle, at most {args.settle:.0f} s); "
+                f"a model whose probe before or after its measurement read slower than {SPEED_BAND}x is measured again "
+                f"(at most {args.retries} times; the attempt nearest the library's speed is kept): " + "; ".join(settles))
     text = "\n".join(head + [""] + lines)
     if failures:
         text += "\n\nFailed:\n" + "\n".join(f"- {m}: {e}" for m, e in failures)

@@ -3,13 +3,18 @@
 # between calls, so the calls go back to back). Each call runs `bash bench/h200_session.sh STEP ...`:
 #
 #   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 wheels (the image's are older)
-#   part DIR             carry [DIR] (.ortgpu/p_part00 .. 02): one piece of the onnxruntime-gpu wheel
-#   install DIR          carry [DIR] (.ortgpu/p_part03): last piece, install ORT-GPU + wheels + softsyn
+#   part DIR             carry [DIR] (.ortgpu/q_part00 .. 03): one piece of the onnxruntime-gpu wheel
+#   install DIR          carry [DIR] (.ortgpu/q_part04): last piece, install ORT-GPU + wheels + softsyn
 #   characterize [S]     resume the H200 library from softsyn/libs/h200-ort-cuda.yaml for S seconds (570)
+#   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
+#                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
-# .ortgpu/ comes from ../shared/tools/ort-gpu-parts.sh, .whl/ from `pip download` (README "Benchmarks").
+# .ortgpu/ comes from ../shared/tools/ort-gpu-parts.sh, re-cut into 50 MiB pieces (its 63 MiB ones plus the working
+# tree pass the device's 64 MiB carry limit): for K in 00 01 02 03 04: .ortgpu/q_partK/partK from
+#   cd .ortgpu && split -b 50M -d -a 2 onnxruntime_gpu-1.31.1-*.whl part && for f in part0*; do mkdir q_$f; mv $f q_$f/; done
+# .whl/ from `pip download` (README "Benchmarks").
 # Results land in $OUT (the device tool brings them back); the library stays in /tmp/h200-lib.yaml between calls.
 set -euo pipefail
 export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SOFTSYN_CACHE=/tmp/softsyn-cache
@@ -48,6 +53,15 @@ characterize)
         softsyn characterize --runtime ort --provider cuda --cells '$glue' -o $LIB &&
         softsyn characterize --runtime ort --provider cuda -o $LIB" 2>&1 | tee "$OUT/characterize.log"
     set -e
+    cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
+fresh)
+    softsyn_install
+    [ -f $LIB.fresh ] || rm -f $LIB  # the first call starts from nothing (a resumed call keeps what it measured)
+    touch $LIB.fresh
+    set +e
+    timeout "${1:-570}" softsyn characterize --runtime ort --provider cuda -o $LIB 2>&1 | tee -a "$OUT/characterize.log"
+    set -e
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
 correlation)
     softsyn_install

@@ -169,3 +169,64 @@ def test_outlier_points_are_found_against_larger_points():
     # a discrete axis (block size) is compared only at equal values: larger blocks may be faster
     assert _suspects([(1, 32), (1, 128)], [9e-6, 1e-6], discrete=(1,)) == []
 
+
+
+def test_a_direct_sample_does_not_beat_the_copies():
+    """A pass that fell back on one direct copy timed its weights hot: the copies' marginal cost stands."""
+    from softsyn.characterize import Sample, best_delay
+    copies = [Sample(70e-6, 70e-6 + 27 * 88e-6, 28), Sample(69e-6, 69e-6 + 27 * 86e-6, 28)]
+    direct = Sample(69e-6, direct=True)
+    assert best_delay(copies + [direct], 3e-6) == pytest.approx(86e-6, rel=0.02)
+    assert best_delay([direct, Sample(72e-6, direct=True)], 3e-6) == pytest.approx(66e-6)
+
+
+def test_passes_combine_by_the_fastest_or_the_median():
+    """CUDA keeps the fastest pass (noise only adds time); the CPU takes the median pass (its VM also has fast
+    phases, which the fastest of the passes would make the table's)."""
+    from softsyn.characterize import SETTINGS, Sample, best_delay
+    fast, typical, busy = (Sample(10e-6, 10e-6 + 63 * d, 64) for d in (1e-6, 2e-6, 5e-6))
+    assert best_delay([busy, fast, typical], 0.0) == pytest.approx(1e-6)
+    assert best_delay([busy, fast, typical], 0.0, "median") == pytest.approx(2e-6)
+    assert best_delay([Sample(3e-3, direct=True), Sample(2e-3, direct=True), Sample(1e-3, direct=True)], 0.0,
+                      "median") == pytest.approx(2e-3)
+    assert SETTINGS["cpu"]["combine"] == "median" and SETTINGS["cpu"]["passes"][1] >= 3
+    assert SETTINGS["cuda"]["combine"] == "fastest"
+
+
+def test_weight_cells_cycle_their_weights_past_the_cache():
+    """CPU weight cells take as many copies as weight_cap holds (cold weights, as in a model larger than the L3),
+    whatever their run time; cells without weights keep the run-time rule."""
+    from softsyn import cells as C
+    from softsyn.characterize import SETTINGS, _graph_bytes, measure_point
+
+    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
+    kind = next(k for k in C.cell_kinds() if k.key == "MatMul.fp32" and "cpu" in k.providers)
+    sizes = {"m": 16, "n": 1536, "k": 384}  # minilm's FFN: 2.4 MB of weights, ~70 us hot
+    cap = SETTINGS["cpu"]["weight_cap"]
+    sample = measure_point(kind, sizes, ctx, 3e-6, 0.05, quick=True)
+    assert not sample.direct
+    assert sample.copies == min(64, cap // _graph_bytes(kind.build(sizes, 1, ctx)))
+    assert sample.copies * 1536 * 384 * 4 > 32 << 20  # more weight than the L3 holds
+
+
+def test_one_and_many_copies_share_their_inputs():
+    """A point's one-copy and N-copy runners bind the same input arrays once (softsyn.cells._data memoises)."""
+    from softsyn import cells as C
+    from softsyn.characterize import Runner
+
+    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
+    kind = next(k for k in C.cell_kinds() if k.key == "Add.fp32")
+    g1, g4 = kind.build({"elements": 4096}, 1, ctx), kind.build({"elements": 4096}, 4, ctx)
+    assert g1.inputs["a"][1] is g4.inputs["a"][1]
+    uploaded: dict = {}
+    one, many = Runner(g1, "cpu", uploaded), Runner(g4, "cpu", uploaded)
+    one(), many()
+    assert len(uploaded) == len(g1.inputs)
+
+
+def test_settle_waits_for_the_reference_speed_and_says_when_it_gave_up():
+    from softsyn.probe import settle
+    readings, waited, ok = settle("cpu", timeout=20, tolerance=10.0)  # any 3 readings agree within 10x
+    assert ok and len(readings) == 3 and waited < 20
+    readings, waited, ok = settle("cpu", timeout=1.0, reference=1e-9)  # no machine runs the probe in 1 ns
+    assert not ok and waited >= 1.0 and len(readings) >= 2
