@@ -230,3 +230,22 @@ def test_settle_waits_for_the_reference_speed_and_says_when_it_gave_up():
     assert ok and len(readings) == 3 and waited < 20
     readings, waited, ok = settle("cpu", timeout=1.0, reference=1e-9)  # no machine runs the probe in 1 ns
     assert not ok and waited >= 1.0 and len(readings) >= 2
+
+
+def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch):
+    """Passes are probe-gated: a cell whose every pass started slow against the run's fastest probe is measured again
+    at the end of the plan, and the measurement whose passes ran faster stands (one entry per cell)."""
+    import softsyn.characterize as ch
+
+    path = tmp_path / "lib.yaml"
+    ch.characterize("cpu", path, cells="Neg,Abs", quick=True, progress=False)  # ceilings + both cells, real probes
+    data = yaml.safe_load(path.read_text())
+    data["cells"] = []
+    path.write_text(ch.render(data))
+    # Neg's two passes start in a slow phase (3x), Abs's at speed; Neg again at speed
+    readings = iter([3e-4, 3e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4])
+    monkeypatch.setattr(ch, "speed_probe", lambda provider: next(readings))
+    lib = ch.characterize("cpu", path, cells="Neg,Abs", quick=True, progress=False)
+    neg = [c for c in lib["cells"] if c["op"] == "Neg"]
+    assert len(neg) == 1 and neg[0]["measured"]["pass_probes_us"] == [100, 100]
+    assert [c["measured"]["pass_probes_us"] for c in lib["cells"] if c["op"] == "Abs"] == [[100, 100]]
