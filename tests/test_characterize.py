@@ -249,3 +249,17 @@ def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch
     neg = [c for c in lib["cells"] if c["op"] == "Neg"]
     assert len(neg) == 1 and neg[0]["measured"]["pass_probes_us"] == [100, 100]
     assert [c["measured"]["pass_probes_us"] for c in lib["cells"] if c["op"] == "Abs"] == [[100, 100]]
+
+
+def test_runner_takes_output_shapes_from_an_ort_allocated_run():
+    """The path every CUDA runner takes (and any graph whose input has no host data): output shapes from one run with
+    outputs allocated by ORT, then preallocated and bound."""
+    from softsyn import cells as C
+    from softsyn.characterize import Runner
+
+    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
+    g = next(k for k in C.cell_kinds() if k.key == "Add.fp32").build({"elements": 4096}, 2, ctx)
+    g.inputs["a"] = (g.inputs["a"][0], tuple(g.inputs["a"][1].shape))  # device-only allocation, no host data
+    runner = Runner(g, "cpu")
+    runner()
+    assert [tuple(v.shape()) for v in runner.io.get_outputs()] == [(16, 256), (16, 256)]
