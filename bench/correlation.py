@@ -97,6 +97,7 @@ def _versions() -> str:
 # fastest probe: the VM's slow phases (ORT's two-thread work 1.4-1.7x slower for minutes) otherwise decide the error
 SPEED_BAND = 1.25
 
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
@@ -130,8 +131,12 @@ def main() -> int:
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     from softsyn.library import load_library
-    from softsyn.probe import settle
-    reference = (load_library(plan["target"]).header.get("probe") or {}).get("fastest_s")
+    from softsyn.probe import SETTLE_NEAR, settle
+    try:
+        reference = (load_library(plan["target"]).header.get("probe") or {}).get("fastest_s")
+    except SoftsynError as exc:
+        print(f"correlation: {exc}", file=sys.stderr)
+        return 2
     rows, failures, settles = [], [], []
     for model in models:
         groups = plan["models"].get(model) or (DECODER_GPU if args.provider == "cuda" else DECODER_CPU)
@@ -142,7 +147,7 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             analyze_dir(f"zoo:{model}", cons, out, materialize=args.provider == "cuda")
-            attempts = []  # (slowest probe / library's, result): the first measured at the library's speed stands
+            attempts = []  # (slowest probe / library's, result): the first within SPEED_BAND stands
             for _ in range(1 + args.retries):
                 readings, waited, ok = settle(args.provider, timeout=args.settle, reference=reference)
                 print(f"[bench] machine before {model}: probe {readings[-1] * 1e6:.0f} us"
@@ -194,7 +199,7 @@ def main() -> int:
     if load is not None:
         head.append(f"- load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
                     + (" (shared machine: timings are noisy)" if load[0] > 0.5 else ""))
-    head.append("- machine state: before each attempt the probe must read steady and within 1.15x the library's fastest "
+    head.append(f"- machine state: before each attempt the probe must read steady and within {SETTLE_NEAR}x the library's fastest "
                 f"{reference * 1e6 if reference else float('nan'):.0f} us (softsyn.probe.settle, at most {args.settle:.0f} s); "
                 f"a model whose probe before or after its measurement read slower than {SPEED_BAND}x is measured again "
                 f"(at most {args.retries} times; the attempt nearest the library's speed is kept): " + "; ".join(settles))

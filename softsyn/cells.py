@@ -98,17 +98,19 @@ TILE = 1 << 20  # big random arrays repeat a random block of this many values: t
 # drawing GBs of weights (MatMulNBits at n = 151936, k = 12288) would dominate a cell's time
 
 
-def _uniform(shape, seed=0) -> np.ndarray:
-    """float32 in [0, 1): an independent draw up to TILE values, a tiled random block beyond."""
+def _tiled(draw: Callable[[int], np.ndarray], shape) -> np.ndarray:
+    """An independent draw up to TILE values, a tiled random block beyond."""
     n = math.prod(shape)
-    if n <= TILE:
-        return _rng(seed).random(shape, dtype=np.float32)
-    return np.resize(_rng(seed).random(TILE, dtype=np.float32), n).reshape(shape)
+    return np.resize(draw(min(n, TILE)), n).reshape(shape)
+
+
+def _uniform(shape, seed=0) -> np.ndarray:
+    """float32 in [0, 1)."""
+    return _tiled(lambda k: _rng(seed).random(k, dtype=np.float32), shape)
 
 
 def _bytes(shape, seed=0) -> np.ndarray:
-    n = math.prod(shape)
-    return np.resize(_rng(seed).integers(0, 256, min(n, TILE), dtype=np.uint8), n).reshape(shape)
+    return _tiled(lambda k: _rng(seed).integers(0, 256, k, dtype=np.uint8), shape)
 
 
 def _data(shape, elem, seed=0):

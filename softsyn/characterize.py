@@ -23,8 +23,11 @@ write the cell's delay table with its index axes. Method per point:
   geometric midpoints between grid points: along each axis for 1-3-axis tables, plus cell centres)
   and records the table's own log-log interpolation error against them (`holdout`: median and max
   |interpolated - measured| / measured, %); the header's `interpolation_error` pools all cells.
-- Noise: on the CPU every grid is measured twice (the fastest pass stands), and on every provider a point
-  measured more than OUTLIER x slower than a point at least as large on every axis is re-measured.
+- Noise: on the CPU every grid is measured in three passes, each started with a machine-speed probe
+  (softsyn.probe); passes that started slow (PASS_GATE) are dropped and the rest combined by their median,
+  and a cell whose every pass started slow against the run's fastest probe is measured again at the end of
+  the plan. On every provider a point measured more than OUTLIER x slower than a point at least as large on
+  every axis is re-measured.
 - Resumable: cells already in the output file (and cells recorded as not characterised) are skipped;
   the file is rewritten atomically (validated by softsyn.library.parse_library first) after each cell.
 - The `Run` cell: the fixed cost of one run call vs the number of graph inputs + outputs (`ios`),
@@ -127,7 +130,8 @@ class Runner:
         uploaded = {} if uploaded is None else uploaded
         for name, (elem, arr) in graph.inputs.items():
             dev = "cpu" if name in graph.cpu_inputs else device
-            key = (arr if isinstance(arr, tuple) else id(arr), elem, dev, name if isinstance(arr, tuple) else "")
+            # a device-only allocation (a shape) is the same input only under the same name
+            key = (name, arr, dev) if isinstance(arr, tuple) else (id(arr), dev)
             if key not in uploaded:
                 uploaded[key] = (arr, _ortvalue(arr, elem, dev))  # the array is kept: its id stays unique
             v = uploaded[key][1]
@@ -172,10 +176,7 @@ def _init_bytes(g: "C.Graph") -> int:
 
 
 def _graph_bytes(g: "C.Graph") -> int:
-    from onnx import numpy_helper
-    total = 0
-    for t in g.inits:
-        total += len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
+    total = _init_bytes(g)
     for elem, arr in g.inputs.values():
         total += (math.prod(arr) * 2) if isinstance(arr, tuple) else arr.nbytes
     return total
@@ -241,10 +242,10 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
     one = Runner(g1, ctx.provider, uploaded)
     one()
     t1 = statistics.median(_timed(one) for _ in range(3))  # one call can catch a hiccup and flip the choices below
-    per_copy = _graph_bytes(g1)
-    cold = st["cold_weights"] and _init_bytes(g1) > 0 and 2 * per_copy <= st["weight_cap"]
     if copies is None:
-        if cold:  # as many weights as the cap holds, long nodes too: they cycle past the cache (cold_weights)
+        per_copy = _graph_bytes(g1)
+        if st["cold_weights"] and _init_bytes(g1) > 0 and 2 * per_copy <= st["weight_cap"]:
+            # as many weights as the cap holds, long nodes too: they cycle past the cache (cold_weights)
             copies = min(st["copies"][q], st["weight_cap"] // per_copy)
         elif t1 >= LONG * run_overhead:
             copies = 1

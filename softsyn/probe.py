@@ -72,15 +72,17 @@ def summarise(samples: list[float], previous: dict | None = None) -> dict:
     return out
 
 
+SETTLE_NEAR = 1.15  # settle(): "at the library's speed" = the probe within this factor of the library's fastest
+
 
 def settle(provider: str = "cpu", timeout: float = 60.0, tolerance: float = 0.05, window: int = 3,
-           reference: float | None = None, near: float = 1.15) -> tuple[list[float], float, bool]:
+           reference: float | None = None, near: float = SETTLE_NEAR) -> tuple[list[float], float, bool]:
     """Run the probe until `window` readings in a row agree within `tolerance` and, given the library's fastest
     probe `reference`, their median is within `near` x of it; or until `timeout` seconds pass.
 
     A VM left idle runs its first minute of work slow, and this 2-core VM has slow phases of minutes in which ORT's
     two-thread workloads run 1.7x slower (the CPU correlation of 2026-11-30, session 3: probe 283-289 us for a
-    whole run vs the library's 165 us; the single-threaded numpy probe stayed normal). A benchmark that compares
+    whole run vs the library's 155 us; the single-threaded numpy probe stayed normal). A benchmark that compares
     against the library measures at the library's speed or says it could not. Returns the readings (s), the
     seconds spent and whether the machine settled (at the reference speed where one is given)."""
     start = time.perf_counter()
