@@ -141,10 +141,15 @@ def matmul_model(m: int, k: int, n: int, precision: str, act: str = "fp32", rng=
 # ------------------------------------------------------------------------------------------ sessions
 
 def _session(model, provider: str, cuda_graph: bool = False, optimized_path: str | None = None,
-             cpu_fallback: bool = False):
+             cpu_fallback: bool = False, external: dict | None = None):
+    """A session with the defaults a user gets; `external`: name -> (elem, host array) for the model's initializers
+    that reference external data (softsyn.cells.make_model), copied in by ORT when the session loads."""
     import onnxruntime as ort
-    so = ort.SessionOptions()  # the defaults a user gets
+    so = ort.SessionOptions()
     so.log_severity_level = 3
+    if external:
+        so.add_external_initializers(list(external), [ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, elem)
+                                                      for elem, a in external.values()])
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     if provider == "cuda":

@@ -120,7 +120,7 @@ def _data(shape, elem, seed=0):
     return _data_memo(tuple(int(d) for d in shape), elem, seed)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)  # GroupQueryAttention draws five inputs: four thrashed between a point's two graphs
 def _data_memo(shape, elem, seed):
     if elem == BF16:
         return tuple(shape)  # numpy has no bf16: allocated on the device, contents do not matter
@@ -129,6 +129,53 @@ def _data_memo(shape, elem, seed):
     if elem in (INT64, INT32):
         return _rng(seed).integers(0, 2, size=shape).astype(NP[elem])
     return (_uniform(shape, seed) - 0.5).astype(NP[elem])
+
+
+@dataclass(frozen=True)
+class Blob:
+    """An initializer whose contents do not matter to timing (random weights), drawn only when a model is made.
+
+    make_model draws each Blob (random bytes for 8-bit types, uniform [0, scale) for floats) into the protobuf; with
+    `external` (the CUDA plan's shared_weights) every Blob of one type, shape and scale reads the same host array
+    through ORT's external initializers instead: no protobuf of hundreds of MiB to build, serialise and parse
+    (MatMulNBits on the H200 spent ~1.3 s per point on that, 170 s a cell). ORT still copies the array into each
+    initializer, so every copy keeps its own weight buffer on the device."""
+
+    name: str
+    elem: int
+    shape: tuple
+    seed: int = 0
+    scale: float = 1.0
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(NP.get(self.elem, np.uint8)).itemsize
+
+
+@functools.lru_cache(maxsize=8)
+def blob_array(elem: int, shape: tuple, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    """A Blob's contents (read-only: handed out again for the same arguments). FP8: the e4m3fn bit pattern of 1.0."""
+    if elem == FP8:
+        return np.full(shape, 0x38, np.uint8)
+    if elem in (UINT8, INT8):
+        return _bytes(shape, seed).view(NP[elem])
+    return (_uniform(shape, seed) * scale).astype(NP[elem])
+
+
+def _blob_tensor(b: Blob, external: dict | None):
+    from onnx import TensorProto, helper
+    if external is None:
+        arr = blob_array(b.elem, b.shape, b.seed, b.scale)
+        if b.elem in NP:
+            return _init(b.name, arr, b.elem)
+        return helper.make_tensor(b.name, b.elem, b.shape, arr.tobytes(), raw=True)
+    external[b.name] = (b.elem, blob_array(b.elem, b.shape, 0, b.scale))  # one array for every copy
+    t = TensorProto(name=b.name, data_type=b.elem, dims=b.shape)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "shared-weights"), ("offset", "0"), ("length", str(b.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
 
 
 def _init(name, array, elem):
@@ -146,7 +193,9 @@ def _rows_cols(e: int, row: int) -> tuple[int, int]:
     return max(1, round(e / row)), row
 
 
-def make_model(g: Graph):
+def make_model(g: Graph, external: dict | None = None):
+    """The graph's ONNX model. `external`: a dict that receives name -> (elem, array) for every Blob, which the model
+    then references as external data (the session adds the arrays: softsyn.ceilings._session)."""
     from onnx import helper
     opsets = [helper.make_opsetid("", g.opset)]
     if g.ms_domain:
@@ -156,7 +205,8 @@ def make_model(g: Graph):
         shape = list(arr) if isinstance(arr, tuple) else list(np.shape(arr))
         ins.append(helper.make_tensor_value_info(name, elem, shape))
     outs = [helper.make_tensor_value_info(name, elem, None) for name, elem in g.outputs]
-    graph = helper.make_graph(g.nodes, "cell", ins, outs, g.inits)
+    inits = [_blob_tensor(t, external) if isinstance(t, Blob) else t for t in g.inits]
+    graph = helper.make_graph(g.nodes, "cell", ins, outs, inits)
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
 
 
@@ -397,7 +447,7 @@ def gather(s, copies, ctx: Ctx) -> Graph:
     idx = _rng(5).integers(0, vocab, size=(1, t)).astype(np.int64)
     inits, nodes = [], []
     for i in range(copies):
-        inits.append(_init(f"E{i}", _rng(i).random((vocab, h), dtype=np.float32), elem))
+        inits.append(Blob(f"E{i}", elem, (vocab, h), i))
         nodes.append(_node("Gather", [f"E{i}", "idx"], [f"y{i}"], i, axis=0))
     return Graph(nodes, {"idx": (INT64, idx)}, [(f"y{i}", elem) for i in range(copies)], inits)
 
@@ -485,8 +535,8 @@ def matmul_nbits(bits: int):
         blob = block * bits // 8
         inits, nodes = [], []
         for i in range(copies):
-            inits.append(_init(f"B{i}", _bytes((n, kb, blob), i), UINT8))
-            inits.append(_init(f"S{i}", _uniform((n * kb,), i) * 0.01, elem))
+            inits.append(Blob(f"B{i}", UINT8, (n, kb, blob), i))
+            inits.append(Blob(f"S{i}", elem, (n * kb,), i, 0.01))
             nodes.append(_node("MatMulNBits", ["a", f"B{i}", f"S{i}"], [f"y{i}"], i, "com.microsoft",
                                K=k, N=n, bits=bits, block_size=block))
         return Graph(nodes, {"a": (elem, _data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)], inits,
@@ -497,16 +547,11 @@ def matmul_nbits(bits: int):
 def dequantize(qelem: int, precision: str):
     """DequantizeLinear of a weight initializer (per-tensor scale) to the activation type."""
     def build(s, copies, ctx: Ctx) -> Graph:
-        from onnx import helper
         elem = ELEM[ctx.act]
         r, c = _rows_cols(s["elements"], 1024)
         inits, nodes = [], []
         for i in range(copies):
-            if qelem == FP8:
-                vals = np.full(r * c, 0x38, np.uint8)  # e4m3fn bit pattern of 1.0
-                inits.append(helper.make_tensor(f"q{i}", FP8, [r, c], vals.tobytes(), raw=True))
-            else:
-                inits.append(_init(f"q{i}", _rng(i).integers(-8, 8, (r, c)).astype(np.int8), INT8))
+            inits.append(Blob(f"q{i}", qelem, (r, c), i))
             inits.append(_init(f"s{i}", np.array(0.01), elem))
             nodes.append(_node("DequantizeLinear", [f"q{i}", f"s{i}"], [f"y{i}"], i))
         # a dummy data input keeps the graph's inputs non-empty (IO binding needs one)

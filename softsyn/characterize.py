@@ -60,10 +60,10 @@ LONG = 40.0  # a point whose one-copy run exceeds LONG x run overhead is timed w
 SETTINGS = {
     "cpu": {"copies": (64, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (9, 25)),
             "point_budget": (0.10, 0.6), "cell_cap": (6.0, 40.0), "weight_cap": 64 << 20, "timing": "sequential",
-            "form": "chain", "passes": (2, 3), "combine": "median", "cold_weights": True},
+            "form": "chain", "passes": (2, 3), "combine": "median", "cold_weights": True, "shared_weights": False},
     "cuda": {"copies": (32, 64), "min_sample": (1e-3, 2e-3), "samples": ((5, 9), (7, 15)),
              "point_budget": (0.08, 0.2), "cell_cap": (5.0, 15.0), "weight_cap": 256 << 20, "timing": "interleaved",
-             "form": "copies", "passes": (1, 1), "combine": "fastest", "cold_weights": False},
+             "form": "copies", "passes": (1, 1), "combine": "fastest", "cold_weights": False, "shared_weights": True},
 }
 # passes / combine: the whole grid is measured `passes` times and each point combines its passes (best_delay): on a
 # shared VM a busy spell of a few seconds inflated whole stretches of a one-pass CPU table 2-3x (MatMul m=8 n=256 k=32:
@@ -75,6 +75,9 @@ SETTINGS = {
 # from memory, as every layer of a model whose weights exceed the cache does (minilm's 90 MB; a copy count chosen by
 # run time alone kept 16 x 2.4 MB mostly in cache: 51 us in the table vs 86 us in the model's profile). Models whose
 # weights fit the cache read theirs hot: their small matrices stay under the cache in the cell too.
+# shared_weights: random weights (cells.Blob) reach the session as one host array per type and shape, through ORT's
+# external initializers, not inlined in the protobuf (the CUDA plan's 256 MiB cell graphs; the CPU plan keeps the
+# inlined weights its shipped library was measured with).
 # weight_cap: weight bytes inlined in one cell graph; ONNX protobufs cannot exceed 2 GiB ("Failed to
 # serialize proto" on the H200 run of 2026-11-30 with 4 GiB), and serialising, parsing and uploading them
 # dominates a CUDA cell's time (the full H200 plan must fit 15 minutes).
@@ -94,10 +97,11 @@ def _log(progress: bool, msg: str, end: str = "\n") -> None:
 
 # ------------------------------------------------------------------------------------------ sessions
 
-def _session(model, provider: str, optimized_path: str | None = None, optimize: bool = True):
+def _session(model, provider: str, optimized_path: str | None = None, optimize: bool = True,
+             external: dict | None = None):
     from softsyn.ceilings import _session as ceil_session
     if optimize or provider != "cpu":
-        return ceil_session(model, provider, optimized_path=optimized_path)
+        return ceil_session(model, provider, optimized_path=optimized_path, external=external)
     import onnxruntime as ort
     so = ort.SessionOptions()  # defaults, but no graph rewrites: ORT would fuse a Reshape chain away
     so.log_severity_level = 3
@@ -122,8 +126,9 @@ class Runner:
 
     def __init__(self, graph: "C.Graph", provider: str, uploaded: dict | None = None):
         import onnxruntime as ort
-        self.model = C.make_model(graph)
-        self.sess = _session(self.model, provider, optimize=graph.optimize)
+        external = {} if SETTINGS[provider]["shared_weights"] else None
+        self.model = C.make_model(graph, external)
+        self.sess = _session(self.model, provider, optimize=graph.optimize, external=external)
         device = "cuda" if provider == "cuda" else "cpu"
         self.io = self.sess.io_binding()
         self._keep = []
@@ -172,7 +177,8 @@ def _timed(fn) -> float:
 
 def _init_bytes(g: "C.Graph") -> int:
     from onnx import numpy_helper
-    return sum(len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes for t in g.inits)
+    return sum(t.nbytes if isinstance(t, C.Blob) else len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
+               for t in g.inits)
 
 
 def _graph_bytes(g: "C.Graph") -> int:

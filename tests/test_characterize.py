@@ -263,3 +263,33 @@ def test_runner_takes_output_shapes_from_an_ort_allocated_run():
     runner = Runner(g, "cpu")
     runner()
     assert [tuple(v.shape()) for v in runner.io.get_outputs()] == [(16, 256), (16, 256)]
+
+
+@pytest.mark.parametrize("key, sizes, precision", [("MatMulNBits.int4", {"m": 4, "n": 256, "k": 256, "block": 32}, "int4"),
+                                                   ("DequantizeLinear.fp8", {"elements": 4096}, "fp8"),
+                                                   ("Gather.fp32", {"elements": 2048}, "fp32")])
+def test_shared_weights_reach_the_session_as_external_initializers(monkeypatch, key, sizes, precision):
+    """The CUDA plan's random weights (cells.Blob) are not inlined in the protobuf: every copy's initializer references
+    one host array per type and shape, which ORT copies in; the copies compute what inlined copies of that array do."""
+    import numpy as np
+    from onnx import TensorProto
+
+    from softsyn import cells as C
+    from softsyn.characterize import SETTINGS, Runner
+
+    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision=precision)
+    kind = next(k for k in C.cell_kinds() if k.key == key)
+    graph = kind.build(sizes, 3, ctx)
+    inlined = Runner(graph, "cpu")
+    monkeypatch.setitem(SETTINGS["cpu"], "shared_weights", True)
+    shared = Runner(graph, "cpu")
+    blobs = [t.name for t in graph.inits if isinstance(t, C.Blob)]
+    assert len(blobs) >= 3
+    by_name = {t.name: t for t in shared.model.graph.initializer}
+    assert all(by_name[n].data_location == TensorProto.EXTERNAL and not by_name[n].raw_data for n in blobs)
+    assert len(shared.model.SerializeToString()) < 4096 < len(inlined.model.SerializeToString())
+    inlined(), shared()
+    first = inlined.io.get_outputs()[0].numpy()
+    assert [o.numpy().shape for o in shared.io.get_outputs()] == [o.numpy().shape for o in inlined.io.get_outputs()]
+    for out in shared.io.get_outputs()[:3]:  # every copy reads copy 0's weights
+        np.testing.assert_array_equal(out.numpy(), first)
