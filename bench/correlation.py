@@ -185,7 +185,8 @@ def main() -> int:
             f"- device: {device}; provider {'CUDAExecutionProvider' if args.provider == 'cuda' else 'CPUExecutionProvider'}",
             f"- versions: {_versions()}; Python {platform.python_version()}",
             f"- runs: {args.runs} per group after {args.warmup} warm-up, one session per model, groups interleaved in "
-            "10 rounds (each round's turn starts with the warm-up count of untimed runs); profile 10 runs per group",
+            "10 rounds (each round's turn starts with untimed runs until the group's run time settles: blocks of the "
+            "warm-up count until one is within 5 % of the block before, softsyn.measure.warm_up); profile 10 runs per group",
             "- quiet: the fastest round's median, the undisturbed machine that the library (each cell the fastest of its "
             "passes) describes; error q = (predicted - quiet) / quiet",
             "- machine: softsyn.probe's workload timed before and after each model's measurements over the library's "

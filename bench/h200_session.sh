@@ -8,6 +8,7 @@
 #   characterize [S]     resume the H200 library from softsyn/libs/h200-ort-cuda.yaml for S seconds (570)
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
+#   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
@@ -63,6 +64,11 @@ fresh)
     set -e
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
+drift)
+    softsyn_install
+    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    python3 bench/launch_drift.py --provider cuda --seconds "${1:-120}" --target $LIB -o "$OUT/launch-drift.md" 2>&1 |
+        grep -v "No registered plugin EP" ;;
 correlation)
     softsyn_install
     [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB

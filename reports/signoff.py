@@ -33,8 +33,8 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
            f"Runtime: {result.runtime} {result.provider} on {result.device}",
            f"Model  : {result.model}",
            f"Date   : {result.date}", BANNER_RULE, ""]
-    out += [f"{INDENT}Measured : {result.measured_interval}; median of {result.runs} warm runs after "
-            f"{result.warmup} warm-up runs.",
+    out += [f"{INDENT}Measured : {result.measured_interval}; median of {result.runs} warm runs, each group's turn "
+            f"after untimed runs in blocks of {result.warmup} until its run time settled.",
             f"{INDENT}Predicted: {result.predicted_means}.",
             f"{INDENT}Compared : predicted vs measured median; slack = required - input delay - time "
             "(the input delay is charged to both). Quiet: the fastest of the interleaved rounds' medians, the "

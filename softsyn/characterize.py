@@ -31,7 +31,8 @@ write the cell's delay table with its index axes. Method per point:
 - Resumable: cells already in the output file (and cells recorded as not characterised) are skipped;
   the file is rewritten atomically (validated by softsyn.library.parse_library first) after each cell.
 - The `Run` cell: the fixed cost of one run call vs the number of graph inputs + outputs (`ios`),
-  measured the way a user runs: `session.run` with numpy feeds on CPU, `run_with_iobinding` on CUDA.
+  measured the way the signoff measures a model: `run_with_iobinding`, inputs bound once, outputs allocated by
+  the runtime (softsyn.measure.BoundRunner).
 """
 from __future__ import annotations
 
@@ -227,6 +228,12 @@ def best_delay(samples: list[Sample], run_overhead: float, combine: str = "faste
     return Sample(min(s.one for s in same), min(s.many for s in same), n).delay(run_overhead)
 
 
+def _build(kind: "C.CellKind", sizes: dict, copies: int, ctx: "C.Ctx") -> "C.Graph":
+    """The cell graph as measured: on the CPU ("chain" form), ops that cannot chain run as arena intermediates."""
+    g = kind.build(sizes, copies, ctx)
+    return C.intermediates(g) if ctx.form == "chain" and g.form == "copies" else g
+
+
 def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: float, budget: float,
                   quick: bool, copies: int | None = None) -> Sample:
     """T(1) and T(N) of `kind` at `sizes` (Sample.delay: the per-node delay, s); `copies` fixes N (later passes
@@ -243,7 +250,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
     lo, hi = st["samples"][q]
     sequential = st["timing"] == "sequential"
     gc.collect()  # sessions of earlier points: their thread pools must be gone before timing
-    g1 = kind.build(sizes, 1, ctx)
+    g1 = _build(kind, sizes, 1, ctx)
     uploaded: dict = {}
     one = Runner(g1, ctx.provider, uploaded)
     one()
@@ -271,7 +278,7 @@ def measure_point(kind: "C.CellKind", sizes: dict, ctx: "C.Ctx", run_overhead: f
         m1 = time_calls(one, int(max(lo, min(hi, budget / 3 / max(inner1 * t1, 1e-7)))), inner1)[0]
         del one
         gc.collect()
-    many = Runner(kind.build(sizes, copies, ctx), ctx.provider, uploaded)
+    many = Runner(_build(kind, sizes, copies, ctx), ctx.provider, uploaded)
     many()
     t0 = time.perf_counter()
     many()
@@ -657,8 +664,12 @@ def fnmatchcase_op(kind, pattern: str) -> bool:
 
 
 def _run_cell(provider: str, plan: str, lib: dict) -> dict:
-    """Fixed cost of one run call vs ios = graph inputs + outputs ([1, 8] fp32 Identity per pair)."""
+    """Fixed cost of one run call vs ios = graph inputs + outputs ([1, 8] fp32 Identity per pair), timed the way the
+    signoff times a model (a CPU Run cell timed through session.run with numpy feeds read 7.3 us at qwen3-moe-tiny's
+    12 inputs + outputs, its IO-bound run ~2 us)."""
     from onnx import helper
+
+    from softsyn.measure import BoundRunner
     grid = C.run_cell_grid(plan)[0]
     launch = float(lib["ceilings"]["launch_overhead"])
     delays = []
@@ -667,18 +678,15 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
         nodes = [helper.make_node("Identity", [f"x{i}"], [f"y{i}"], name=f"id{i}") for i in range(pairs)]
         g = C.Graph(nodes, {f"x{i}": (C.FLOAT, np.ones((1, 8), np.float32)) for i in range(pairs)},
                     [(f"y{i}", C.FLOAT) for i in range(pairs)])
-        if provider == "cpu":
-            sess = _session(C.make_model(g), "cpu")
-            feeds = {f"x{i}": np.ones((1, 8), np.float32) for i in range(pairs)}
-            fn = lambda s=sess, f=feeds: s.run(None, f)  # noqa: E731
-        else:
-            fn = Runner(g, provider)
+        feeds = {f"x{i}": np.ones((1, 8), np.float32) for i in range(pairs)}
+        fn = BoundRunner(_session(C.make_model(g), provider), feeds, provider).run
         t = time_interleaved({"r": fn}, 15, 50)["r"]
         delays.append(max(t - pairs * launch, 1e-9))
     return {"op": "Run", "precision": "fp32", "implementation": f"ort-{provider}", "axes": ["ios"],
             "points": [grid], "delays": delays, "bytes_per_weight": None, "error": None,
-            "notes": ("one " + ("session.run with numpy feeds" if provider == "cpu" else "run_with_iobinding")
-                      + " call vs graph inputs + outputs, minus the Identity nodes' launch overhead")}
+            "notes": "one run_with_iobinding call as the signoff times it (softsyn.measure.BoundRunner: inputs bound "
+                     "once, outputs allocated by the runtime) vs graph inputs + outputs, minus the Identity nodes' "
+                     "launch overhead"}
 
 
 def list_cells(provider: str, quick: bool, cells: str | None = None) -> list[tuple[str, int, int]]:

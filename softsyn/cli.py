@@ -163,7 +163,8 @@ def report(kind, directory, group, max_paths, fold, digits):
               help="ONNX Runtime execution provider to measure on.")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(min=1),
               help="timed runs per path group (median and p90 reported).")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0), help="warm-up runs before timing.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
+              help="warm-up block: untimed runs before each timed turn, in blocks of this many until one is within 5 %% of the block before.")
 @click.option("--profile-runs", type=click.IntRange(min=1), help="profiled runs per group (default min(runs, 10), at least 3).")
 @click.option("--group", "groups", multiple=True, help="only this path group (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 100), help="rows per error table.")

@@ -21,6 +21,7 @@ subprocess that sets it), which makes each node's time include its GPU execution
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -219,31 +220,54 @@ def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warm
     return measure_many(model_path, [feeds], runs, warmup, provider, options)[0]
 
 
+SETTLED = 1.05  # warm-up: a block of calls no more than this much faster than the block before it has settled
+WARM_CAP = 10  # warm-up: at most this many blocks of `warmup` calls per turn
+
+
+def warm_up(runner: "BoundRunner", warmup: int) -> int:
+    """Untimed calls until the scenario's run time stops falling: blocks of `warmup` calls until a block's median is
+    within SETTLED of the block before it (WARM_CAP blocks at most); returns the calls made. A fixed count left
+    timed calls in the recovery tail after another scenario's run: qwen3-moe-tiny decode128 after a batch-4 prefill
+    on 2 CPU cores read 515, 323, 263, 214, 205, 188, 176, 168, 164, 160 us over its first ten calls, 149 us by the
+    twentieth, 142 us from then on; with 5 warm-up calls its timed ones read 168-182 us against 132-141 us alone."""
+    block, previous, calls = max(warmup, 1), math.inf, 0
+    for _ in range(WARM_CAP):
+        median = statistics.median(_timed_calls(runner, block))
+        calls += block
+        if median * SETTLED >= previous:
+            break
+        previous = median
+    return calls
+
+
+def _timed_calls(runner: "BoundRunner", n: int) -> list[float]:
+    """Wall-clock seconds of `n` calls, one by one."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        runner.run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 20, warmup: int = 3,
                  provider: str = "cpu", options: dict | None = None, rounds: int = 10) -> list[Measurement]:
     """measure() for several scenarios on ONE session (a big model loads once), interleaved: `rounds` rounds,
     each timing runs/rounds calls of every scenario in turn, so a drift of the machine (clocks, a neighbour's
     load) lands on every scenario alike instead of on whichever was timed last. Each scenario's turn starts
-    with `warmup` untimed calls: the first calls after another scenario's run find cold caches (on 2 CPU
-    cores, qwen3-tiny decode after a batch-4 prefill: p90 2x the median without them)."""
+    with untimed calls until its run time has settled (warm_up): the first calls after another scenario's run
+    find cold caches and a reshaped memory arena (on 2 CPU cores, qwen3-tiny decode after a batch-4 prefill: p90
+    2x the median without them)."""
     sess = session(model_path, provider, options=options)
     runners = [BoundRunner(sess, feeds, provider) for feeds in scenarios]
-    for runner in runners:
-        for _ in range(max(warmup, 1)):
-            runner.run()
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
     for r in range(rounds):
         per_round = runs // rounds + (1 if r < runs % rounds else 0)
         for runner, samples, medians in zip(runners, times, by_round):
-            for _ in range(max(warmup, 1) if r else 0):  # round 0 follows the warm-up above
-                runner.run()
-            this_round = []
-            for _ in range(per_round):
-                start = time.perf_counter()
-                runner.run()
-                this_round.append(time.perf_counter() - start)
+            warm_up(runner, warmup)
+            this_round = _timed_calls(runner, per_round)
             samples += this_round
             medians.append(statistics.median(this_round))
     used = sess.get_providers()[0]

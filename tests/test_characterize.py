@@ -293,3 +293,24 @@ def test_shared_weights_reach_the_session_as_external_initializers(monkeypatch, 
     assert [o.numpy().shape for o in shared.io.get_outputs()] == [o.numpy().shape for o in inlined.io.get_outputs()]
     for out in shared.io.get_outputs()[:3]:  # every copy reads copy 0's weights
         np.testing.assert_array_equal(out.numpy(), first)
+
+
+def test_cells_that_cannot_chain_run_as_arena_intermediates():
+    """On the CPU a copies-form cell keeps only its last node's outputs as graph outputs (the other copies' outputs
+    are allocated and freed by ORT's arena, as a model's intermediates are) and runs without graph rewrites (they
+    would merge the identical copies); chained cells and CUDA cells are left as they are."""
+    from softsyn import cells as C
+    from softsyn.characterize import Runner, _build
+
+    cpu = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
+    concat = next(k for k in C.cell_kinds() if k.key == "Concat.fp32")
+    g = _build(concat, {"elements": 64}, 4, cpu)
+    assert (g.form, g.optimize, [n for n, _ in g.outputs]) == ("intermediates", False, [g.nodes[-1].output[0]])
+    assert len(g.nodes) == 4
+    runner = Runner(g, "cpu")
+    runner()
+    assert len(runner.sess.get_outputs()) == 1
+    add = next(k for k in C.cell_kinds() if k.key == "Add.fp32")
+    assert _build(add, {"elements": 64}, 4, cpu).form == "chain"
+    gpu = C.Ctx(provider="cuda", row=1024, head_dim=128, act="fp16", form="copies", precision="fp32")
+    assert _build(concat, {"elements": 64}, 4, gpu).form == "copies"

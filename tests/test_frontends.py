@@ -392,3 +392,30 @@ def test_zoo_real_size_configs():
     assert abs(counts["qwen3-8b"] / 1e9 - 8.19) < 0.005
     assert abs(counts["qwen3-1.7b"] / 1e9 - 1.72) < 0.01  # tied embeddings counted once
     assert abs(counts["qwen3-0.6b"] / 1e9 - 0.596) < 0.01
+
+
+def test_anchored_matching_gives_the_optimizer_s_own_graph(cache_dir):
+    """materialize() runs onnxscript's optimizer with multi-output patterns anchored before their graph scan
+    (anchored_multi_output_matching): the same graph and weights as the optimizer unpatched, and the matcher
+    restored afterwards."""
+    import onnx
+    import onnxscript.optimizer
+    from onnxscript.rewriter import _matcher
+
+    from softsyn.frontends.export import _name_folded_weights
+    from softsyn.frontends.hf import load_transformers_design
+    from softsyn.frontends.materialize import fill_random, materialize
+
+    cfg = zoo.make_config(zoo.ZOO["qwen3-tiny"])
+    base = load_transformers_design(cfg, "qwen3-tiny", "zoo:qwen3-tiny", cache_dir, progress=False, weights="meta")
+    proto = ir.to_proto(base.model).SerializeToString()
+    patched, plain = (ir.from_proto(onnx.load_from_string(proto)) for _ in range(2))
+    original = _matcher.SimplePatternMatcher.match
+    materialize(patched, cfg)
+    assert _matcher.SimplePatternMatcher.match is original
+    fill_random(plain, cfg)
+    onnxscript.optimizer.optimize_ir(plain)
+    _name_folded_weights(plain)
+    assert len(patched.graph) < len(base.model.graph)  # the optimizer did rewrite it
+    assert ir.to_proto(patched).SerializeToString(deterministic=True) == \
+        ir.to_proto(plain).SerializeToString(deterministic=True)

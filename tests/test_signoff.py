@@ -233,3 +233,26 @@ def test_speed_probe_and_its_library_summary():
     assert first["fastest_s"] == 2e-4 and first["median_s"] == 2.5e-4 and first["samples"] == 3
     resumed = summarise([2.2e-4], previous=first)
     assert resumed["fastest_s"] == 2e-4 and resumed["samples"] == 4
+
+
+def test_warm_up_runs_until_the_run_time_settles():
+    """Each timed turn starts after untimed calls in blocks until a block is no longer > 5 % faster than the one
+    before: a scenario still recovering from another's run (caches, arena) is not timed in its recovery tail."""
+    import time
+
+    from softsyn.measure import WARM_CAP, warm_up
+
+    class Recovering:  # 8, 6, 4, 2 ms, then 1 ms per call: settled from the fifth call on
+        def __init__(self, times_ms):
+            self.times, self.calls = list(times_ms), 0
+
+        def run(self):
+            time.sleep(self.times[min(self.calls, len(self.times) - 1)] / 1000)
+            self.calls += 1
+
+    runner = Recovering([8, 6, 4, 2, 1])
+    assert warm_up(runner, 2) == 8  # blocks of 2: 7, 3, 1, 1 ms medians; the fourth is no faster
+    steady = Recovering([1])
+    assert warm_up(steady, 3) == 6  # two blocks: the second tells the first was settled
+    falling = Recovering([30 * 0.9 ** i for i in range(40)])  # 10 % faster every call: never settles
+    assert warm_up(falling, 1) == WARM_CAP
