@@ -44,7 +44,7 @@ def repredict(directory: Path, target: str | None) -> list[dict]:
                      "error": (predicted - g["measured_median"]) / g["measured_median"],
                      "quiet": g["measured_quiet"],
                      "error_quiet": (predicted - g["measured_quiet"]) / g["measured_quiet"],
-                     "machine": (signed.get("machine") or {}).get("factor"),
+                     "machine": (signed.get("machine") or {}).get("factor"), "provider": signed["provider"],
                      "kernels": g["kernel_sum"], "residual": g["residual"], "scale": g["kernel_scale"]})
     return rows
 
@@ -60,7 +60,7 @@ def main() -> int:
     for d in args.dirs:
         rows += repredict(d, str(Path(args.target).resolve()) if args.target and Path(args.target).exists()
                           else args.target)
-    print("\n".join(table(rows)))
+    print("\n".join(table(rows, derate=all(r["provider"].startswith("CPU") for r in rows))))
     return 0
 
 

@@ -501,9 +501,13 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                                name="cpu-ort" if provider == "cpu" else "h200-ort-cuda", command=command)
         lib["cells"] = []
     import onnxruntime as ort
-    lib["command"] = command or lib.get("command")
     lib.setdefault("characterization", {})
     ch = lib["characterization"]
+    if not lib.get("command"):
+        lib["command"] = command
+    elif command and command != lib["command"] and command not in ch.get("resumed_with", []):
+        # the library's command stays the one that started it; a resumed run (other --cells) is listed after it
+        ch["resumed_with"] = ch.get("resumed_with", []) + [command]
     ch.update({"plan": plan, "date": _dt.date.today().isoformat(), "onnxruntime": ort.__version__})
     if note:
         ch["status"] = note

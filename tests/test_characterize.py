@@ -62,6 +62,21 @@ def test_resume_skips_measured_cells(quick_lib):
     assert [c["delays"] for c in after["cells"]] == [c["delays"] for c in yaml.safe_load(before)["cells"]]
 
 
+def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
+    """The command that started a library stays its `command`; a resumed run with other cells is listed after it."""
+    import shutil
+
+    from softsyn.characterize import characterize
+
+    path = tmp_path / "lib.yaml"
+    shutil.copy(quick_lib, path)
+    first = yaml.safe_load(path.read_text())["command"]
+    characterize("cpu", path, cells="Neg", quick=True, progress=False, command="softsyn characterize --cells Neg")
+    after = yaml.safe_load(path.read_text())
+    assert after["command"] == first
+    assert after["characterization"]["resumed_with"] == ["softsyn characterize --cells Neg"]
+
+
 def test_design_timing_uses_table_delays(quick_lib):
     """A netlist's MatMul and Add get (table) delays from the characterised library."""
     from softsyn.timing import cell_timings
