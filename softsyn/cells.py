@@ -46,7 +46,7 @@ class Ctx:
     head_dim: int  # head_dim of the attention / rotary cells
     act: str  # activation precision of weight-only cells (fp32 on CPU, fp16 on CUDA)
     precision: str = "fp32"  # the precision of the cell being built
-    form: str = "copies"  # "chain": copy i consumes copy i-1's output (cells whose kind has chain=True)
+    form: str = "copies"  # "chain" (the CPU plan): copy i consumes copy i-1's output where the op allows it
 
 
 def _elem(ctx: "Ctx") -> int:
@@ -59,12 +59,12 @@ class Graph:
     nodes: list
     inputs: dict  # name -> (elem, np.ndarray | shape); a shape means "any contents" (e.g. bf16)
     outputs: list  # [(name, elem)]
-    inits: list = field(default_factory=list)
+    inits: list = field(default_factory=list)  # TensorProtos, and Blobs (random weights drawn by make_model)
     ms_domain: bool = False
     cpu_inputs: tuple = ()  # inputs a CUDA kernel reads from host memory (bound as CPU OrtValues)
     opset: int = OPSET
     optimize: bool = True  # False: session without graph rewrites (chains ORT would fold: Reshape pairs, ...)
-    form: str = "copies"  # "chain" (chained), "intermediates" (intermediates) or independent "copies"
+    form: str = "copies"  # independent "copies", or the "chain" / "intermediates" form chained() / intermediates() make
 
 
 @dataclass

@@ -9,8 +9,10 @@ write the cell's delay table with its index axes. Method per point:
   Reshape [r*c] / [r, c], Unsqueeze / Squeeze; view and Transpose chains run without graph rewrites,
   which would fold them), so each node reads its predecessor's output hot in cache and intermediates
   live in ORT's arena, as in a real model; only the last output is a graph output. Ops whose output
-  cannot feed their input (compare ops, Cast, reductions, Concat, Slice, Gather, attention, ...) and
-  every CUDA cell use independent copies (own weights, same inputs, own bound outputs).
+  cannot feed their input (compare ops, Cast, reductions, Concat, Slice, Gather, attention, ...) use
+  independent copies (own weights, same inputs): on the CPU as arena INTERMEDIATES (only the last copy's
+  outputs are graph outputs; no graph rewrites, which would merge the copies), on CUDA each with its own
+  bound outputs.
   The per-node delay is (T(N copies) - T(1 copy)) / (N - 1). CPU: T(1) and T(N) are timed one session
   at a time (the other destroyed: a live session's spinning intra-op workers steal the core the timed
   session's parallel kernels need); CUDA: interleaved sample by sample. Medians; a point whose single
@@ -669,8 +671,8 @@ def fnmatchcase_op(kind, pattern: str) -> bool:
 
 def _run_cell(provider: str, plan: str, lib: dict) -> dict:
     """Fixed cost of one run call vs ios = graph inputs + outputs ([1, 8] fp32 Identity per pair), timed the way the
-    signoff times a model (a CPU Run cell timed through session.run with numpy feeds read 7.3 us at qwen3-moe-tiny's
-    12 inputs + outputs, its IO-bound run ~2 us)."""
+    signoff times a model (through session.run with numpy feeds the CPU cell read 3.2-15.8 us over 2-32 ios, as
+    the signoff runs them 1.0-1.5 us; the H200's with preallocated outputs 96-130 us, as the signoff 9-18 us)."""
     from onnx import helper
 
     from softsyn.measure import BoundRunner
