@@ -4,7 +4,7 @@
 
 A plain-export decoder on the H200 is host-bound (2,600-3,300 kernel launches per step), so its predicted time is
 mostly ceilings.launch_overhead x kernels, a figure of the host at the time the library was measured. This bench
-samples, every few seconds for --seconds, what one more node adds to a run (softsyn.ceilings' 400-Add chain minus a
+samples, every few seconds for --seconds, what one more node adds to a run (softsyn.ceilings' Add chain minus a
 1-Add graph, sessions built once) and softsyn.probe's workload, with the load average, and prints each sample and
 the spread against the library's figures: how far a prediction can move on this machine without any model change.
 """
@@ -21,18 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CHAIN = 400  # nodes in the chain graph (softsyn.ceilings' CUDA plan)
-
-
-def sample_launch(runners: dict, samples: int = 20, inner: int = 10) -> float:
-    """Seconds one more node adds to a run: (T(chain) - T(1 node)) / (CHAIN - 1), interleaved medians."""
-    from softsyn.ceilings import time_interleaved
-    med = time_interleaved(runners, samples=samples, inner=inner, warmup=3)
-    return (med["chain"] - med["one"]) / (CHAIN - 1)
-
 
 def main(argv: list[str] | None = None) -> int:
-    from softsyn.ceilings import _overhead_runners
+    from softsyn.ceilings import _PLAN, overhead_runners, time_overheads
+    from softsyn.errors import SoftsynError
     from softsyn.library import load_library
     from softsyn.probe import speed_probe
 
@@ -44,15 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", help="also write the table (Markdown) here")
     args = ap.parse_args(argv)
 
-    lib = load_library(args.target) if args.target else None
+    try:
+        lib = load_library(args.target) if args.target else None
+    except SoftsynError as exc:
+        print(f"launch_drift: {exc}", file=sys.stderr)
+        return 2
     lib_launch = lib.ceilings.launch_overhead if lib else None
     lib_probe = (lib.header.get("probe") or {}).get("fastest_s") if lib else None
-    runners = _overhead_runners(args.provider, CHAIN)
+    chain = _PLAN[args.provider]["chain_n"][0]  # the ceilings' own chain length on this provider
+    runners = overhead_runners(args.provider, chain)
     rows, start = [], time.perf_counter()
     print(f"[drift] sampling launch overhead and probe on {args.provider} for {args.seconds:.0f} s", file=sys.stderr)
     while time.perf_counter() - start < args.seconds or not rows:
         t = time.perf_counter() - start
-        launch, probe = sample_launch(runners), speed_probe(args.provider)
+        launch = time_overheads(runners, chain, samples=20, inner=10, warmup=3)[0]
+        probe = speed_probe(args.provider)
         rows.append((t, launch, probe, os.getloadavg()[0]))
         print(f"[drift] {t:6.1f} s  launch {launch * 1e6:5.2f} us  probe {probe * 1e6:6.1f} us  "
               f"load {rows[-1][3]:.2f}", file=sys.stderr)

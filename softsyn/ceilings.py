@@ -286,7 +286,8 @@ def measure_gemm(provider: str, precision: str, n: int, samples: int) -> tuple[f
                        f"p10-p90 {lo * 1e3:.2f}-{hi * 1e3:.2f} ms)")
 
 
-def _overhead_runners(provider: str, n_nodes: int, cuda_graph: bool = False):
+def overhead_runners(provider: str, n_nodes: int, cuda_graph: bool = False):
+    """Runners of a 1-Add graph ("one") and an n_nodes-Add chain ("chain") on a [1, 8] tensor."""
     shape = [1, 8]
     x_np = np.ones(shape, np.float32)
     runners = {}
@@ -300,11 +301,15 @@ def _overhead_runners(provider: str, n_nodes: int, cuda_graph: bool = False):
     return runners
 
 
-def measure_overheads(provider: str, n_nodes: int, samples: int, inner: int, cuda_graph: bool = False):
-    runners = _overhead_runners(provider, n_nodes, cuda_graph)
-    med = time_interleaved(runners, samples=samples, inner=inner, warmup=5)
+def time_overheads(runners: dict, n_nodes: int, samples: int, inner: int, warmup: int = 5):
+    """(per-node launch overhead, 1-node run, n_nodes-chain run), seconds, from overhead_runners' sessions."""
+    med = time_interleaved(runners, samples=samples, inner=inner, warmup=warmup)
     per_node = (med["chain"] - med["one"]) / (n_nodes - 1)
     return per_node, med["one"], med["chain"]
+
+
+def measure_overheads(provider: str, n_nodes: int, samples: int, inner: int, cuda_graph: bool = False):
+    return time_overheads(overhead_runners(provider, n_nodes, cuda_graph), n_nodes, samples, inner)
 
 
 # ------------------------------------------------------------------------------------------ header

@@ -8,7 +8,9 @@ Runtime workload (PROBE_WORKLOAD) timed in a few milliseconds: `softsyn characte
 fastest and median time over the run in the library header (`probe`), and `softsyn signoff` times it
 before and after measuring. machine factor = probe now / the library's fastest probe: 1.0 = the speed
 the tables describe, 1.3 = everything ran about 30 % slower (the probe tracks the slow spells, with
-about +-15 % jitter between a probe and a model measured next to it).
+about +-15 % jitter between a probe and a model measured next to it). That holds on the CPU; on a GPU the
+probe reports the host's state only (the H200 read 1.7-1.87x while its models ran within -1..-13 % of the
+predictions: their time is kernel launches, bench/launch_drift.py).
 """
 from __future__ import annotations
 
