@@ -4,11 +4,11 @@
     python bench/compare_peers.py --provider cuda --model qwen3-1.7b \\
         --genai .whl/onnxruntime_genai-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl     # H200: + genai builder
 
-Variants (same seeded inputs for all: softsyn.measure.scenario_inputs, seed 0):
+Variants (same seeded inputs for all: softsyn.runtime.measure.scenario_inputs, seed 0):
   compiled     `softsyn compile zoo:MODEL --effort low` for the target (cpu-ort | h200-ort-cuda), through
-               softsyn.compile.compile_design on the same netlist the plain variant comes from, run with the
+               softsyn.flow.compile.compile_design on the same netlist the plain variant comes from, run with the
                session options it emits (runtime/session.json)
-  plain        the netlist's cached export (softsyn.measure.onnx_path: torch.onnx.export(dynamo=True))
+  plain        the netlist's cached export (softsyn.runtime.measure.onnx_path: torch.onnx.export(dynamo=True))
   ort_fusions  plain + onnxscript.rewriter.ort_fusions.optimize_for_ort, saved to WORK/ort_fusions/
   builder      onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder -i HF -o OUT
                -p fp16 -e cuda`; fp32/cpu with --provider cpu) on an HF folder holding the zoo config, the
@@ -25,10 +25,10 @@ max_length positions: its past inputs are bound to buffers of --kv-buffer positi
 KV in the first `past` positions, and its present outputs are bound to those same buffers (genai's own
 layout); every run writes the same slots, so a fixed binding is idempotent.
 
-Method (shared/reference/h200.md; softsyn.measure's measured interval): one session per variant, per
-scenario one IO binding made once (softsyn.measure.BoundRunner: inputs on the device, outputs bound by
+Method (shared/reference/h200.md; softsyn.runtime.measure's measured interval): one session per variant, per
+scenario one IO binding made once (softsyn.runtime.measure.BoundRunner: inputs on the device, outputs bound by
 name on the device and allocated by ORT), wall clock (perf_counter) around each run_with_iobinding call:
-softsyn.measure.measure's interval, but with sessions and bindings kept across rounds (measure() opens a
+softsyn.runtime.measure.measure's interval, but with sessions and bindings kept across rounds (measure() opens a
 session per call, which would rule out interleaving a 1.7B model).
 Warm-up, then ROUNDS rounds; in each round, per scenario, every variant runs RUNS times, variants in a
 rotating order (round-robin), so load from other processes hits all variants alike. Reported: median,
@@ -104,7 +104,7 @@ def short_error(exc: BaseException) -> str:
 class Variant:
     name: str
     path: Path | None = None
-    options: dict | None = None  # SessionOptions attributes (softsyn.measure.session)
+    options: dict | None = None  # SessionOptions attributes (softsyn.runtime.measure.session)
     error: str = ""
     prep_seconds: float = 0.0
     nodes: int | None = None
@@ -287,12 +287,12 @@ def make_ort_fusions(plain: Path, out: Path) -> tuple[Path, dict]:
 
 def make_compiled(netlist, target: str, out: Path) -> tuple[Path, dict, str]:
     """softsyn compile --effort low on `netlist` (modified in place: do it after everything else reads it)."""
-    from softsyn.compile import compile_design
-    from softsyn.constraints import Constraints
+    from softsyn.flow.compile import compile_design
+    from softsyn.constraints.model import Constraints
     from softsyn.design import Design
     from softsyn.emit import SESSION_FILE, compiled_precision
-    from softsyn.library import load_library
-    from softsyn.measure import onnx_path
+    from softsyn.library.model import load_library
+    from softsyn.runtime.measure import onnx_path
 
     design = Design(netlist, Constraints.default(), load_library(target), progress=True)
     reference = {"source": f"zoo:{netlist.name}", "onnx": str(onnx_path(netlist).resolve()),
@@ -332,11 +332,11 @@ def builder_pairs(genai_config: dict) -> list[tuple[str, str]]:
 
 def bind(variant: Variant, sess, feeds: dict[str, np.ndarray], dims: dict[str, int], provider: str,
          kv_buffer: int):
-    """A softsyn.measure.BoundRunner; for the builder with a shared KV buffer, past inputs and present outputs
+    """A softsyn.runtime.measure.BoundRunner; for the builder with a shared KV buffer, past inputs and present outputs
     are re-bound to one buffer of kv_buffer positions per tensor (the first `past` positions = the feed)."""
     import onnxruntime as ort
 
-    from softsyn.measure import BoundRunner
+    from softsyn.runtime.measure import BoundRunner
 
     cfg = variant.genai_config
     shared = bool(cfg and cfg.get("search", {}).get("past_present_share_buffer"))
@@ -435,7 +435,7 @@ def versions_line(genai: str) -> str:
 
 def stats(samples: list[float]) -> dict:
     ordered = sorted(samples)
-    q = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731 - softsyn.measure's quantile
+    q = lambda f: ordered[min(len(ordered) - 1, int(f * len(ordered)))]  # noqa: E731 - softsyn.runtime.measure's quantile
     return {"median": statistics.median(ordered), "p10": q(0.1), "p90": q(0.9), "n": len(ordered)}
 
 
@@ -490,7 +490,7 @@ def main() -> int:
     t_start = time.perf_counter()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load0 = os.getloadavg()
-    from softsyn.measure import device_name, onnx_path, scenario_inputs, session
+    from softsyn.runtime.measure import device_name, onnx_path, scenario_inputs, session
 
     found: dict[str, Variant] = {name: Variant(name) for name in variants}
     job = None
@@ -668,7 +668,7 @@ def main() -> int:
                if args.measure_on and args.measure_on != args.provider else ""),
             f"- versions: {versions_line(genai_ver)}",
             f"- model: zoo:{model}, seeded random weights (seed 0), "
-            f"{netlist.provenance.get('dtype', '?')} export; scenario inputs softsyn.measure.scenario_inputs(seed 0)",
+            f"{netlist.provenance.get('dtype', '?')} export; scenario inputs softsyn.runtime.measure.scenario_inputs(seed 0)",
             f"- method: one session per variant (default SessionOptions; compiled: its runtime/session.json), IO binding "
             f"made once per scenario (inputs on the device, outputs bound on the device), wall clock around "
             f"run_with_iobinding; {warmup} warm-up runs, then {rounds} rounds x {runs} runs per variant per scenario, "

@@ -73,7 +73,7 @@ def analyze_dir(spec: str, constraints: Path, out: Path, materialize: bool) -> N
     from softsyn.design import Design
     from softsyn.reports import write_reports
     from softsyn.reports.common import write_atomic
-    from softsyn.signoff import DESIGN_FILE, design_record
+    from softsyn.flow.signoff import DESIGN_FILE, design_record
 
     design = Design.load(spec, constraints, progress=True, materialize=materialize)
     analysis = design.analyze()
@@ -119,9 +119,9 @@ def main() -> int:
     if args.retries is None:
         args.retries = 2 if args.provider == "cpu" else 0
     from softsyn.errors import SoftsynError
-    from softsyn.measure import device_name
+    from softsyn.runtime.measure import device_name
     from softsyn.reports import report_signoff
-    from softsyn.signoff import signoff, write_results
+    from softsyn.flow.signoff import signoff, write_results
 
     plan = dict(PLANS[args.provider])
     if args.target:
@@ -130,8 +130,8 @@ def main() -> int:
     started = datetime.datetime.now().astimezone()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    from softsyn.library import load_library
-    from softsyn.probe import SETTLE_NEAR, settle
+    from softsyn.library.model import load_library
+    from softsyn.characterize.probe import SETTLE_NEAR, settle
     try:
         reference = (load_library(plan["target"]).header.get("probe") or {}).get("fastest_s")
     except SoftsynError as exc:
@@ -186,10 +186,10 @@ def main() -> int:
             f"- versions: {_versions()}; Python {platform.python_version()}",
             f"- runs: {args.runs} per group after {args.warmup} warm-up, one session per model, groups interleaved in "
             "10 rounds (each round's turn starts with untimed runs until the group's run time settles: blocks of the "
-            "warm-up count until one is within 5 % of the block before, softsyn.measure.warm_up); profile 10 runs per group",
+            "warm-up count until one is within 5 % of the block before, softsyn.runtime.measure.warm_up); profile 10 runs per group",
             "- quiet: the fastest round's median, the undisturbed machine that the library (each cell the fastest of its "
             "passes) describes; error q = (predicted - quiet) / quiet",
-            "- machine: softsyn.probe's workload timed before and after each model's measurements over the library's "
+            "- machine: softsyn.characterize.probe's workload timed before and after each model's measurements over the library's "
             "fastest probe (> 1: the machine ran slower than when the tables were measured); error q derated = "
             "(predicted x machine - quiet) / quiet" + ("" if args.provider == "cpu" else
             "; not on a GPU: the probe's host work does not scale a GPU run (2026-11-30, H200: 1.7-1.87x while the quiet "
@@ -203,7 +203,7 @@ def main() -> int:
         head.append(f"- load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
                     + (" (shared machine: timings are noisy)" if load[0] > 0.5 else ""))
     head.append(f"- machine state: before each attempt the probe must read steady and within {SETTLE_NEAR}x the library's fastest "
-                f"{reference * 1e6 if reference else float('nan'):.0f} us (softsyn.probe.settle, at most {args.settle:.0f} s); "
+                f"{reference * 1e6 if reference else float('nan'):.0f} us (softsyn.characterize.probe.settle, at most {args.settle:.0f} s); "
                 f"a model whose probe before or after its measurement read slower than {SPEED_BAND}x is measured again "
                 f"(at most {args.retries} times; the attempt nearest the library's speed is kept): " + "; ".join(settles))
     text = "\n".join(head + [""] + lines)
@@ -219,7 +219,7 @@ def main() -> int:
 
 def table(rows: list[dict], derate: bool = True) -> list[str]:
     """Per group, then per model: errors against the median run, the quiet round, and the quiet round with the
-    prediction derated by the machine factor (softsyn.probe: how much slower than at characterisation the
+    prediction derated by the machine factor (softsyn.characterize.probe: how much slower than at characterisation the
     machine ran while measuring; shown only when the library records a probe, and with `derate`: on the H200 the
     probe read 1.7-1.87x while the quiet errors were -0.8 % to -12.8 %, so it derates nothing there)."""
     for r in rows:

@@ -5,7 +5,7 @@
 Predicted = the group's data arrival at its worst endpoint minus the input
 delay (the session.run overhead plus every cell), i.e. what one session.run
 call should take. Measured = median of RUNS warm session.run calls on the
-same netlist at the same scenario dims (softsyn.measure says what that covers).
+same netlist at the same scenario dims (softsyn.runtime.measure says what that covers).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import platform
 import onnxruntime
 
 from softsyn.design import Design
-from softsyn.measure import measure, onnx_path, scenario_inputs
+from softsyn.runtime.measure import measure, onnx_path, scenario_inputs
 
 
 def main() -> None:

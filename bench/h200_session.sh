@@ -5,7 +5,7 @@
 #   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 wheels (the image's are older)
 #   part DIR             carry [DIR] (.ortgpu/q_part00 .. 03): one piece of the onnxruntime-gpu wheel
 #   install DIR          carry [DIR] (.ortgpu/q_part04): last piece, install ORT-GPU + wheels + softsyn
-#   characterize [S]     resume the H200 library from softsyn/libs/h200-ort-cuda.yaml for S seconds (570)
+#   characterize [S]     resume the H200 library from softsyn/library/libs/h200-ort-cuda.yaml for S seconds (570)
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
@@ -44,7 +44,7 @@ install)
     python3 -c "import onnxruntime as o, onnx_ir, transformers; print(o.__version__, o.get_available_providers(), onnx_ir.__version__, transformers.__version__)" ;;
 characterize)
     softsyn_install
-    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     # what plain and compiled fp16 decoders use first (fp16 cells, then the int64/bool/fp32 glue ops), then the rest
     glue=Cast,Shape,Range,And,Or,Not,Equal,Less,LessOrEqual,Greater,GreaterOrEqual,Where,Concat,Slice,Gather,GatherND
     glue=$glue,Unsqueeze,Squeeze,Reshape,Identity,Expand,Split,Transpose,Add,Sub,Mul,Div,Neg,Max,Min,Pow,Sqrt,IsNaN
@@ -66,12 +66,12 @@ fresh)
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
 drift)
     softsyn_install
-    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     python3 bench/launch_drift.py --provider cuda --seconds "${1:-120}" --target $LIB -o "$OUT/launch-drift.md" 2>&1 |
         grep -v "No registered plugin EP" ;;
 correlation)
     softsyn_install
-    [ -f $LIB ] || cp softsyn/libs/h200-ort-cuda.yaml $LIB
+    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     name=$(echo "$@" | tr ' ' '_')
     python3 bench/correlation.py --provider cuda --models "$@" --target $LIB --runs 60 --work /tmp/corr \
         -o "$OUT/correlation-cuda-$name.md" 2>&1 | tee "$OUT/correlation-$name.log"

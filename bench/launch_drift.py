@@ -1,11 +1,11 @@
 """How steady is the host that launches the kernels? Samples the launch overhead and the machine-speed probe.
 
-    python bench/launch_drift.py --provider cuda --seconds 120 --target softsyn/libs/h200-ort-cuda.yaml
+    python bench/launch_drift.py --provider cuda --seconds 120 --target softsyn/library/libs/h200-ort-cuda.yaml
 
 A plain-export decoder on the H200 is host-bound (2,600-3,300 kernel launches per step), so its predicted time is
 mostly ceilings.launch_overhead x kernels, a figure of the host at the time the library was measured. This bench
-samples, every few seconds for --seconds, what one more node adds to a run (softsyn.ceilings' Add chain minus a
-1-Add graph, sessions built once) and softsyn.probe's workload, with the load average, and prints each sample and
+samples, every few seconds for --seconds, what one more node adds to a run (softsyn.characterize.ceilings' Add chain minus a
+1-Add graph, sessions built once) and softsyn.characterize.probe's workload, with the load average, and prints each sample and
 the spread against the library's figures: how far a prediction can move on this machine without any model change.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from softsyn.ceilings import _PLAN, overhead_runners, time_overheads
+    from softsyn.characterize.ceilings import _PLAN, overhead_runners, time_overheads
     from softsyn.errors import SoftsynError
-    from softsyn.library import load_library
-    from softsyn.probe import speed_probe
+    from softsyn.library.model import load_library
+    from softsyn.characterize.probe import speed_probe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--provider", choices=("cpu", "cuda"), default="cuda")

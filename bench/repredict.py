@@ -1,6 +1,6 @@
 """Re-predict stored sign-off measurements with another library (no device needed).
 
-    python bench/repredict.py WORK/qwen3-0.6b-cuda WORK/qwen3-1.7b-cuda --target softsyn/libs/h200-ort-cuda.yaml
+    python bench/repredict.py WORK/qwen3-0.6b-cuda WORK/qwen3-1.7b-cuda --target softsyn/library/libs/h200-ort-cuda.yaml
 
 Each argument is a model directory that bench/correlation.py left under --work (bench/h200_session.sh
 brings them back from the H200 as corr-MODELS.tgz): constraints.yaml, signoff/signoff.json (the device's

@@ -1,4 +1,4 @@
-"""softsyn.reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.paths objects.
+"""softsyn.reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.timing.results objects.
 
 Every builder takes an `Analysis` and returns text; none recomputes timing or area.
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from softsyn.paths import Analysis
+from softsyn.timing.results import Analysis
 from softsyn.reports.area import report_area
 from softsyn.reports.common import Column, write_atomic
 from softsyn.reports.constraint import report_constraint

@@ -11,7 +11,7 @@ RULE = "-" * 78
 
 
 def report_fusion(coverage, design: str | None = None, target: str | None = None, max_misses: int = 50) -> str:
-    """Text report of a list of softsyn.fusion.Coverage (the `fuse` pass's result)."""
+    """Text report of a list of softsyn.passes.fuse.rules.Coverage (the `fuse` pass's result)."""
     lines = [BANNER_RULE, "Report : fusion"]
     if target:
         lines.append(f"        -target {target}")

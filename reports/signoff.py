@@ -1,6 +1,6 @@
 """report_signoff: predicted (analysis) vs measured (runtime) per path group, op type and cell.
 
-Renders a softsyn.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
+Renders a softsyn.flow.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
 banner, what was measured, one line per group (predicted, measured, error, both slacks), then per
 group the measured breakdown, the op types and the cells with the largest error, and for each
 violated group the cells responsible.
@@ -21,7 +21,7 @@ def _machine_line(result) -> list[str]:
     probe = f"probe {m['probe_before_s'] * 1e6:.1f} / {m['probe_after_s'] * 1e6:.1f} us before / after measuring"
     if m.get("factor") and result.provider.startswith("CPU"):
         return [f"{INDENT}Machine  : {probe}; the library's fastest {m['reference_s'] * 1e6:.1f} us: this machine ran "
-                f"{m['factor']:.2f}x the speed the tables describe (> 1: slower; softsyn.probe)."]
+                f"{m['factor']:.2f}x the speed the tables describe (> 1: slower; softsyn.characterize.probe)."]
     if m.get("factor"):  # the probe's host work does not scale a GPU run (H200 2026-11-30: 1.7-1.87x, errors -1..-13 %)
         return [f"{INDENT}Machine  : {probe}; the library's fastest {m['reference_s'] * 1e6:.1f} us ({m['factor']:.2f}x): "
                 "the host's state, not a factor for this GPU run (bench/launch_drift.py samples the launch overhead)."]

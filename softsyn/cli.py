@@ -98,7 +98,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     click.echo(report_qor(analysis))
     if out is not None:
         from softsyn.reports.common import write_atomic
-        from softsyn.signoff import DESIGN_FILE, design_record
+        from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
             batch=batch, prompt_len=prompt_len, context_len=context_len), annotate_file, design.netlist,
@@ -202,7 +202,7 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     a measured group violates, 2 on bad input.
     """
     from softsyn.reports import report_signoff
-    from softsyn.signoff import signoff as run_signoff, write_results
+    from softsyn.flow.signoff import signoff as run_signoff, write_results
 
     result = run_signoff(directory, provider=provider, runs=runs, warmup=warmup, profile_runs=profile_runs,
                          annotation_out=annotation_out, progress=not quiet, groups=list(groups) or None)
@@ -250,10 +250,10 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, qui
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation (the design is still written), 2 on bad input.
     """
-    from softsyn.compile import check_script, compile_design
+    from softsyn.flow.compile import check_script, compile_design
     from softsyn.design import Design
     from softsyn.emit import compiled_precision
-    from softsyn.measure import onnx_path
+    from softsyn.runtime.measure import onnx_path
     from softsyn.reports import report_qor
 
     out = _prepare_out_dir(out_dir)
@@ -289,7 +289,7 @@ def verify(directory, seed, cache_dir, cpu):
 
     Exit status: 0 within budget, 1 on a violation, 2 on bad input.
     """
-    from softsyn.verify import render, verify as run_verify
+    from softsyn.flow.verify import render, verify as run_verify
 
     result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu)
     click.echo(render(result, directory))
@@ -346,11 +346,11 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
 
     \b
     Examples:
-      softsyn characterize --provider cpu -o softsyn/libs/cpu-ort.yaml
+      softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
     """
-    from softsyn.characterize import characterize as run_characterize, list_cells
+    from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
     if list_only:
         rows = list_cells(provider, quick, cells)

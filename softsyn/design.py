@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from softsyn import __version__
-from softsyn.area import area
-from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
+from softsyn.timing.area import area
+from softsyn.constraints.model import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
-from softsyn.library import Library, default_library, load_library
-from softsyn.netlist import Netlist
-from softsyn.paths import Analysis, GroupTiming, Scenario
-from softsyn.timing import PathGroup, time_group, timing_graph
+from softsyn.library.model import Library, default_library, load_library
+from softsyn.netlist.model import Netlist
+from softsyn.timing.results import Analysis, GroupTiming, Scenario
+from softsyn.timing.sta import PathGroup, time_group, timing_graph
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
 DEFAULT_GROUPS = {
@@ -34,7 +34,7 @@ DEFAULT_GROUPS = {
 
 
 class Design:
-    annotation = None  # softsyn.annotate.Annotation: back-annotated (measured) delays replace the library's
+    annotation = None  # softsyn.flow.annotate.Annotation: back-annotated (measured) delays replace the library's
 
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True):
         self.netlist = netlist
@@ -58,7 +58,7 @@ class Design:
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress)
         if annotate:
-            from softsyn.annotate import load_annotation
+            from softsyn.flow.annotate import load_annotation
 
             design.annotation = load_annotation(annotate)
         return design

@@ -22,11 +22,11 @@ import onnx
 import onnx_ir as ir
 
 from softsyn import __version__
-from softsyn.cost import precision_of
+from softsyn.timing.cost import precision_of
 from softsyn.errors import SoftsynError
-from softsyn.paths import Analysis
+from softsyn.timing.results import Analysis
 from softsyn.reports.common import umask
-from softsyn.timing import cell_timings
+from softsyn.timing.sta import cell_timings
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

@@ -12,8 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from softsyn.cli import main
-from softsyn.cost import node_work, precision_of
-from softsyn.library import load_library
+from softsyn.timing.cost import node_work, precision_of
+from softsyn.library.model import load_library
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
     """The command that started a library stays its `command`; a resumed run with other cells is listed after it."""
     import shutil
 
-    from softsyn.characterize import characterize
+    from softsyn.characterize.plan import characterize
 
     path = tmp_path / "lib.yaml"
     shutil.copy(quick_lib, path)
@@ -79,7 +79,7 @@ def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
 
 def test_design_timing_uses_table_delays(quick_lib):
     """A netlist's MatMul and Add get (table) delays from the characterised library."""
-    from softsyn.timing import cell_timings
+    from softsyn.timing.sta import cell_timings
 
     x = ir.Value(name="x", shape=ir.Shape([4, 64]), type=ir.TensorType(ir.DataType.FLOAT))
     w = ir.Value(name="w", shape=ir.Shape([64, 128]), type=ir.TensorType(ir.DataType.FLOAT),
@@ -102,7 +102,7 @@ def test_design_timing_uses_table_delays(quick_lib):
 
 def test_cost_size_axes_match_cell_axes():
     """Every characterised cell's axes are what cost.node_work reports for that op."""
-    from softsyn import cells as C
+    from softsyn.characterize import recipes as C
 
     for kind in C.cell_kinds():
         if kind.op in ("MatMul", "Gemm", "MatMulNBits", "GroupQueryAttention", "MultiHeadAttention"):
@@ -142,7 +142,7 @@ def test_chain_form_graphs():
     output; shape-changing ops alternate shapes; view/Transpose chains run without ORT's graph rewrites."""
     import onnxruntime as ort
 
-    from softsyn import cells as C
+    from softsyn.characterize import recipes as C
 
     ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain")
     kinds = {k.key if not k.variant else k.key: k for k in C.cell_kinds() if "cpu" in k.providers}
@@ -174,7 +174,7 @@ def test_chain_form_graphs():
 
 def test_outlier_points_are_found_against_larger_points():
     """A point slower than 2x a point at least as large on every axis is a measurement hiccup (re-measured)."""
-    from softsyn.characterize import _suspects
+    from softsyn.characterize.plan import _suspects
     # the shipped Cast table of 2026-11-30: 34.9 us at 16 elements between 0.17 us and 0.12 us
     pts = [(1,), (4,), (16,), (64,), (256,)]
     assert _suspects(pts, [1.75e-7, 1.7e-7, 3.49e-5, 1.17e-7, 2.19e-7]) == [2]
@@ -188,7 +188,7 @@ def test_outlier_points_are_found_against_larger_points():
 
 def test_a_direct_sample_does_not_beat_the_copies():
     """A pass that fell back on one direct copy timed its weights hot: the copies' marginal cost stands."""
-    from softsyn.characterize import Sample, best_delay
+    from softsyn.characterize.plan import Sample, best_delay
     copies = [Sample(70e-6, 70e-6 + 27 * 88e-6, 28), Sample(69e-6, 69e-6 + 27 * 86e-6, 28)]
     direct = Sample(69e-6, direct=True)
     assert best_delay(copies + [direct], 3e-6) == pytest.approx(86e-6, rel=0.02)
@@ -198,7 +198,7 @@ def test_a_direct_sample_does_not_beat_the_copies():
 def test_passes_combine_by_the_fastest_or_the_median():
     """CUDA keeps the fastest pass (noise only adds time); the CPU takes the median pass (its VM also has fast
     phases, which the fastest of the passes would make the table's)."""
-    from softsyn.characterize import SETTINGS, Sample, best_delay
+    from softsyn.characterize.plan import SETTINGS, Sample, best_delay
     fast, typical, busy = (Sample(10e-6, 10e-6 + 63 * d, 64) for d in (1e-6, 2e-6, 5e-6))
     assert best_delay([busy, fast, typical], 0.0) == pytest.approx(1e-6)
     assert best_delay([busy, fast, typical], 0.0, "median") == pytest.approx(2e-6)
@@ -211,8 +211,8 @@ def test_passes_combine_by_the_fastest_or_the_median():
 def test_weight_cells_cycle_their_weights_past_the_cache():
     """CPU weight cells take as many copies as weight_cap holds (cold weights, as in a model larger than the L3),
     whatever their run time; cells without weights keep the run-time rule."""
-    from softsyn import cells as C
-    from softsyn.characterize import SETTINGS, _graph_bytes, measure_point
+    from softsyn.characterize import recipes as C
+    from softsyn.characterize.plan import SETTINGS, _graph_bytes, measure_point
 
     ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
     kind = next(k for k in C.cell_kinds() if k.key == "MatMul.fp32" and "cpu" in k.providers)
@@ -225,9 +225,9 @@ def test_weight_cells_cycle_their_weights_past_the_cache():
 
 
 def test_one_and_many_copies_share_their_inputs():
-    """A point's one-copy and N-copy runners bind the same input arrays once (softsyn.cells._data memoises)."""
-    from softsyn import cells as C
-    from softsyn.characterize import Runner
+    """A point's one-copy and N-copy runners bind the same input arrays once (softsyn.characterize.recipes._data memoises)."""
+    from softsyn.characterize import recipes as C
+    from softsyn.characterize.plan import Runner
 
     ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
     kind = next(k for k in C.cell_kinds() if k.key == "Add.fp32")
@@ -240,7 +240,7 @@ def test_one_and_many_copies_share_their_inputs():
 
 
 def test_settle_waits_for_the_reference_speed_and_says_when_it_gave_up():
-    from softsyn.probe import settle
+    from softsyn.characterize.probe import settle
     readings, waited, ok = settle("cpu", timeout=20, tolerance=10.0)  # any 3 readings agree within 10x
     assert ok and len(readings) == 3 and waited < 20
     readings, waited, ok = settle("cpu", timeout=1.0, reference=1e-9)  # no machine runs the probe in 1 ns
@@ -250,7 +250,7 @@ def test_settle_waits_for_the_reference_speed_and_says_when_it_gave_up():
 def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch):
     """Passes are probe-gated: a cell whose every pass started slow against the run's fastest probe is measured again
     at the end of the plan, and the measurement whose passes ran faster stands (one entry per cell)."""
-    import softsyn.characterize as ch
+    import softsyn.characterize.plan as ch
 
     path = tmp_path / "lib.yaml"
     ch.characterize("cpu", path, cells="Neg,Abs", quick=True, progress=False)  # ceilings + both cells, real probes
@@ -269,8 +269,8 @@ def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch
 def test_runner_takes_output_shapes_from_an_ort_allocated_run():
     """The path every CUDA runner takes (and any graph whose input has no host data): output shapes from one run with
     outputs allocated by ORT, then preallocated and bound."""
-    from softsyn import cells as C
-    from softsyn.characterize import Runner
+    from softsyn.characterize import recipes as C
+    from softsyn.characterize.plan import Runner
 
     ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
     g = next(k for k in C.cell_kinds() if k.key == "Add.fp32").build({"elements": 4096}, 2, ctx)
@@ -289,8 +289,8 @@ def test_shared_weights_reach_the_session_as_external_initializers(monkeypatch, 
     import numpy as np
     from onnx import TensorProto
 
-    from softsyn import cells as C
-    from softsyn.characterize import SETTINGS, Runner
+    from softsyn.characterize import recipes as C
+    from softsyn.characterize.plan import SETTINGS, Runner
 
     ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision=precision)
     kind = next(k for k in C.cell_kinds() if k.key == key)
@@ -314,8 +314,8 @@ def test_cells_that_cannot_chain_run_as_arena_intermediates():
     """On the CPU a copies-form cell keeps only its last node's outputs as graph outputs (the other copies' outputs
     are allocated and freed by ORT's arena, as a model's intermediates are) and runs without graph rewrites (they
     would merge the identical copies); chained cells and CUDA cells are left as they are."""
-    from softsyn import cells as C
-    from softsyn.characterize import Runner, _build
+    from softsyn.characterize import recipes as C
+    from softsyn.characterize.plan import Runner, _build
 
     cpu = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
     concat = next(k for k in C.cell_kinds() if k.key == "Concat.fp32")

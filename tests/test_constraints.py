@@ -1,11 +1,11 @@
-"""softsyn.constraints: loading, defaults, and one-line errors that name file, line and key."""
+"""softsyn.constraints.model: loading, defaults, and one-line errors that name file, line and key."""
 import math
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from softsyn.constraints import (
+from softsyn.constraints.model import (
     PRECISIONS,
     Accuracy,
     Constraints,

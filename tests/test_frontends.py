@@ -14,7 +14,7 @@ import pytest
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.frontends import zoo
-from softsyn.netlist import Netlist
+from softsyn.netlist.model import Netlist
 
 PREFILL = {"batch": 1, "seq": 16, "past": 0}
 _CACHE_KW = "cache"  # transformers 5.2x; older versions call it past_key_values
@@ -355,7 +355,7 @@ def test_filled_materialisation_runs_and_matches_the_optimised_graph(cache_dir):
     """weights="filled": the meta export with seeded weights, then the exporter's optimizer; it runs on ORT."""
     import onnxruntime as ort
     from softsyn.frontends import hf
-    from softsyn.measure import onnx_path, scenario_inputs
+    from softsyn.runtime.measure import onnx_path, scenario_inputs
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(**_SMALL_QWEN3)

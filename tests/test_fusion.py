@@ -13,9 +13,9 @@ from onnx import TensorProto as T
 from onnx import helper as oh
 
 from softsyn.frontends import read_design
-from softsyn.fusion import Coverage, Miss, fuse, fusion_kinds
-from softsyn.measure import scenario_inputs
-from softsyn.netlist import HIERARCHY_KEY, Netlist
+from softsyn.passes.fuse.rules import Coverage, Miss, fuse, fusion_kinds
+from softsyn.runtime.measure import scenario_inputs
+from softsyn.netlist.model import HIERARCHY_KEY, Netlist
 from softsyn.reports import report_fusion
 
 DECODE_SCENARIOS = [{"batch": 2, "seq": 5, "past": 0}, {"batch": 2, "seq": 1, "past": 7}]
@@ -332,7 +332,7 @@ def test_float16_export_fuses_fully_and_matches(name, cache_dir, tmp_path_factor
 def _distinct_qk_norm_weights(model):
     """Random exports share one all-ones initializer between q_norm and k_norm: give each its own random
     weight, so a q/k swap or a dropped weight shows in the numbers."""
-    from softsyn.fusion.graph import add_initializer
+    from softsyn.passes.fuse.graph import add_initializer
 
     rng = np.random.default_rng(5)
     for node in list(model.graph):
@@ -403,7 +403,7 @@ def _gqa_reference(node, vals):
 def _run_with_gqa_reference(nl, feeds):
     """All graph outputs of a cuda-fused model: every GroupQueryAttention by the numpy reference, everything
     else on ORT CPU (graph.evaluate), layer after layer."""
-    from softsyn.fusion.graph import evaluate
+    from softsyn.passes.fuse.graph import evaluate
 
     g, opsets = nl.model.graph, dict(nl.model.opset_imports)
     known = {v: feeds[v.name] for v in g.inputs}
@@ -500,7 +500,7 @@ def test_cuda_gqa_rotary_only_runs_on_cpu_and_matches(cache_dir, tmp_path):
 def test_cuda_rotary_on_computed_positions_is_not_absorbed(cache_dir):
     """Rotary reading a computed position tensor (here position_ids + 3): GQA would rotate at past + i, so it
     keeps today's unabsorbed form (still fused) and the note says why."""
-    from softsyn.fusion.graph import int64, make_node
+    from softsyn.passes.fuse.graph import int64, make_node
 
     nl = read_design("zoo:qwen3-tiny", cache_dir=cache_dir, progress=False)
     fuse(nl, "cuda", kinds=["rms_norm", "rotary"])
@@ -534,7 +534,7 @@ def test_cpu_gqa_keeps_rotary_and_norms_outside(fused_pairs):
 
 
 def test_half_precision_attention_scale_is_restored_to_its_exact_value():
-    from softsyn.fusion.attention import _exact_scale
+    from softsyn.passes.fuse.attention import _exact_scale
 
     rounded = float(np.float16(128 ** -0.5))  # what an fp16 export stores: 0.08838 -> 0.08844
     assert _exact_scale(rounded, 128) == 128 ** -0.5

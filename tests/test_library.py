@@ -1,6 +1,6 @@
 """Library loading, validation, roofline and delay-table rules, and the ceilings measurement.
 
-Table rules under test (see softsyn.library's docstring): inside the grid a cell gives source
+Table rules under test (see softsyn.library.model's docstring): inside the grid a cell gives source
 "table" with log-log multilinear interpolation; outside it gives "table-extrap" (edge value held
 below the grid, edge slope continued, floored at 0, above it); a cell whose axes are not all in
 `sizes` does not match and the roofline ("est") is used.
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from softsyn.errors import SoftsynError
-from softsyn.library import (Ceilings, Library, default_library, load_library, parse_library,
+from softsyn.library.model import (Ceilings, Library, default_library, load_library, parse_library,
                              shipped_libraries)
 
 HEADER = {
@@ -56,7 +56,7 @@ def test_shipped_libraries_load_and_validate():
 def test_cpu_and_gpu_libraries():
     cpu, gpu = load_library("cpu-ort"), load_library("h200-ort-cuda")
     assert not cpu.is_gpu and gpu.is_gpu
-    assert cpu.header["command"].startswith(("python -m softsyn.ceilings", "softsyn characterize"))
+    assert cpu.header["command"].startswith(("python -m softsyn.characterize.ceilings", "softsyn characterize"))
     assert gpu.header["command"].startswith("softsyn characterize --runtime ort --provider cuda")
     assert "H200" in gpu.header["device"] and gpu.provider == "CUDAExecutionProvider"
     # measured under ORT CUDA: HBM copy in the TB/s range, fp16 GEMM in the hundreds of TFLOP/s, launch in µs
@@ -168,7 +168,7 @@ def test_null_run_overhead_falls_back_and_strings_parse(tmp_path):
 
 
 def test_measure_ceilings_quick_cpu(tmp_path):
-    from softsyn.ceilings import measure_ceilings, render_library_yaml
+    from softsyn.characterize.ceilings import measure_ceilings, render_library_yaml
     t0 = time.perf_counter()
     lib = measure_ceilings("cpu", quick=True, progress=False)
     assert time.perf_counter() - t0 < 15
@@ -189,7 +189,7 @@ def test_measure_ceilings_cuda_without_gpu_is_a_clean_error():
     import shutil
     if shutil.which("nvidia-smi"):
         pytest.skip("a GPU may be present: this checks the no-GPU path only")
-    from softsyn.ceilings import measure_ceilings
+    from softsyn.characterize.ceilings import measure_ceilings
     with pytest.raises(SoftsynError, match="CUDAExecutionProvider.*session runs on"):
         measure_ceilings("cuda", quick=True, progress=False)
 

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from softsyn.annotate import load_annotation, match_profile
+from softsyn.flow.annotate import load_annotation, match_profile
 from softsyn.cli import main, run
-from softsyn.measure import parse_profile, profile
-from softsyn.paths import Analysis
+from softsyn.runtime.measure import parse_profile, profile
+from softsyn.timing.results import Analysis
 
 # A tiny decoder's prefill at batch 4 x 128 tokens (a few ms on ORT CPU) and a cheap decode.
 CONSTRAINTS = """\
@@ -111,7 +111,7 @@ def _optimistic_library(tmp: Path) -> Path:
     """cpu-ort with ceilings 100x too good and no tables: its predictions are far below any measurement."""
     from importlib.resources import files
 
-    lib = yaml.safe_load(files("softsyn.libs").joinpath("cpu-ort.yaml").read_text())
+    lib = yaml.safe_load(files("softsyn.library.libs").joinpath("cpu-ort.yaml").read_text())
     c = lib["ceilings"]
     c["memory_bandwidth"] = float(c["memory_bandwidth"]) * 100
     c["peak_flops"] = {k: float(v) * 100 for k, v in c["peak_flops"].items() if v is not None}
@@ -226,7 +226,7 @@ def test_parse_profile_groups_runs_and_drops_warmup():
 
 def test_speed_probe_and_its_library_summary():
     """The machine-speed probe times a fixed workload; a library keeps the fastest over its run (and a resume)."""
-    from softsyn.probe import speed_probe, summarise
+    from softsyn.characterize.probe import speed_probe, summarise
     t = speed_probe("cpu", runs=5)
     assert 1e-6 < t < 0.5
     first = summarise([3e-4, 2e-4, 2.5e-4])
@@ -240,7 +240,7 @@ def test_warm_up_runs_until_the_run_time_settles():
     before: a scenario still recovering from another's run (caches, arena) is not timed in its recovery tail."""
     import time
 
-    from softsyn.measure import WARM_CAP, warm_up
+    from softsyn.runtime.measure import WARM_CAP, warm_up
 
     class Recovering:  # 8, 6, 4, 2 ms, then 1 ms per call: settled from the fifth call on
         def __init__(self, times_ms):

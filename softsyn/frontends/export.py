@@ -17,7 +17,7 @@ import warnings
 
 import onnx_ir as ir
 
-from softsyn.netlist import annotate_hierarchy
+from softsyn.netlist.model import annotate_hierarchy
 
 DYNAMO = "torch.onnx.export(dynamo=True)"
 META_WEIGHTS = "weights.not-materialised"  # external-data location of meta (weightless) initializers
@@ -92,7 +92,7 @@ def make_weightless(model: ir.Model) -> int:
 def _name_folded_weights(model: ir.Model) -> int:
     """Give weights the optimizer folded (e.g. Transpose(q_proj.weight) -> "val_82") their module name
     back: "model.layers.0.self_attn.q_proj.weight". Only float tensors with one consuming scope."""
-    from softsyn.netlist import HIERARCHY_KEY
+    from softsyn.netlist.model import HIERARCHY_KEY
 
     g = model.graph
     renamed = 0

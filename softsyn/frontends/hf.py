@@ -10,7 +10,7 @@ from pathlib import Path
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
-from softsyn.netlist import Netlist
+from softsyn.netlist.model import Netlist
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))

@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.netlist import Netlist
+from softsyn.netlist.model import Netlist
 
 MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
                      "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "
@@ -432,7 +432,7 @@ def _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, 
                "out": str(Path(tmp) / "profile.json")}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
-        proc = subprocess.run([sys.executable, "-m", "softsyn.measure", str(Path(tmp) / "job.json")], env=env,
+        proc = subprocess.run([sys.executable, "-m", "softsyn.runtime.measure", str(Path(tmp) / "job.json")], env=env,
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise SoftsynError(f"profiling {model_path} with CUDA_LAUNCH_BLOCKING=1 failed: "

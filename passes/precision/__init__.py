@@ -4,12 +4,12 @@ The default is the library's native activation precision: fp16 on GPU targets, f
 (where ORT runs fp16 MatMuls as Cast -> fp32 -> Cast, so fp16 buys nothing). The constraints'
 `precision.default` overrides it. fp32 is the export's precision: the pass changes nothing.
 fp16 converts weights, activations and the float ports (past KV in, logits and present KV out),
-keeping fp32 islands where fp16 loses more than rounding (softsyn.fp16).
+keeping fp32 islands where fp16 loses more than rounding (softsyn.passes.precision.fp16).
 """
 from __future__ import annotations
 
 from softsyn.errors import SoftsynError
-from softsyn.fp16 import to_fp16
+from softsyn.passes.precision.fp16 import to_fp16
 from softsyn.passes import register
 
 UNIFORM = ("fp32", "fp16")

@@ -4,10 +4,10 @@
 records the model spec, constraints, target and ONNX file) or a `compile -o` directory (model.onnx,
 netlist.json, runtime/session.json), and for each path group at its scenario dims:
 
-1. measures the model (softsyn.measure.measure_many: warm run_with_iobinding calls, median and p90; one
+1. measures the model (softsyn.runtime.measure.measure_many: warm run_with_iobinding calls, median and p90; one
    session for every group, timed in interleaved rounds);
-2. profiles it per node in a separate session (ORT's profiler, softsyn.measure.profile_many);
-3. maps the profile onto the netlist and builds the group's back-annotation (softsyn.annotate);
+2. profiles it per node in a separate session (ORT's profiler, softsyn.runtime.measure.profile_many);
+3. maps the profile onto the netlist and builds the group's back-annotation (softsyn.flow.annotate);
 4. compares predicted (the analysis's arrival at the worst endpoint minus the input delay: the
    session.run overhead plus every cell) with measured (the median run), per group, per op type
    and per cell, and checks the measured slack = required - input delay - measured median.
@@ -24,10 +24,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from softsyn.annotate import Annotation, group_annotation, new_annotation
+from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
-from softsyn.measure import MEASURED_INTERVAL, device_name, measure_many, onnx_path, profile_many, scenario_inputs
-from softsyn.probe import PROBE_WORKLOAD, speed_probe
+from softsyn.runtime.measure import MEASURED_INTERVAL, device_name, measure_many, onnx_path, profile_many, scenario_inputs
+from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -73,7 +73,7 @@ class GroupResult:
     budget: float  # required - input delay: what one run may take, s (inf when unconstrained)
     predicted: float  # arrival - input delay, s
     measured_median: float
-    measured_quiet: float  # the fastest interleaved round's median (softsyn.measure.Measurement.quiet)
+    measured_quiet: float  # the fastest interleaved round's median (softsyn.runtime.measure.Measurement.quiet)
     measured_p10: float
     measured_p90: float
     runs: int
@@ -136,7 +136,7 @@ class SignoffResult:
     model: str
     groups: list[GroupResult]
     annotation_file: str = ""
-    machine: dict = field(default_factory=dict)  # softsyn.probe: probe before/after measuring, library reference
+    machine: dict = field(default_factory=dict)  # softsyn.characterize.probe: probe before/after measuring, library reference
     measured_interval: str = MEASURED_INTERVAL
     predicted_means: str = PREDICTED_MEANS
     error_means: str = ERROR_MEANS
@@ -151,7 +151,7 @@ class SignoffResult:
         for g, obj in zip(data["groups"], self.groups):
             g.update(predicted_slack=obj.predicted_slack, measured_slack=obj.measured_slack, error=obj.error,
                      error_quiet=obj.error_quiet, violated=obj.violated)
-        return {"schema": "softsyn.signoff/1", "units": "seconds", **data}
+        return {"schema": "softsyn.flow.signoff/1", "units": "seconds", **data}
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -162,7 +162,7 @@ class Target:
 
     kind: str
     design: object  # softsyn.design.Design
-    analysis: object  # softsyn.paths.Analysis
+    analysis: object  # softsyn.timing.results.Analysis
     onnx: Path
     session_options: dict
 
@@ -196,10 +196,10 @@ def _bad_dir(directory: Path, why: str) -> SoftsynError:
 
 
 def load_target(directory: str | Path, progress: bool = False) -> Target:
-    from softsyn.constraints import Constraints, load_constraints
+    from softsyn.constraints.model import Constraints, load_constraints
     from softsyn.design import Design
     from softsyn.frontends import read_design
-    from softsyn.library import load_library
+    from softsyn.library.model import load_library
     from softsyn.reports import from_json
 
     directory = Path(directory)
@@ -276,7 +276,7 @@ def _read_json(path: Path) -> dict:
 def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup: int = 3, profile_runs: int | None = None,
             annotation_out: str | Path | None = None, progress: bool = True, groups: list[str] | None = None,
             blocking_profile: bool | None = None) -> SignoffResult:
-    from softsyn.timing import RUN_CALL, cell_timings
+    from softsyn.timing.sta import RUN_CALL, cell_timings
 
     directory = Path(directory)
     target = load_target(directory, progress=False)
@@ -378,7 +378,7 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
 
 
 def machine_state(before: float, after: float, library) -> dict:
-    """The probe around the measurements against the library's fastest probe (softsyn.probe)."""
+    """The probe around the measurements against the library's fastest probe (softsyn.characterize.probe)."""
     reference = (library.header.get("probe") or {}).get("fastest_s")
     now = (before + after) / 2
     return {"probe_before_s": before, "probe_after_s": after, "reference_s": reference,

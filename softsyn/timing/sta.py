@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import networkx as nx
 import onnx_ir as ir
 
-from softsyn.constraints import Constraints
-from softsyn.cost import Work, node_work, precision_of
-from softsyn.library import Library
-from softsyn.netlist import Netlist
-from softsyn.paths import GroupTiming, PathPoint, Scenario, TimingPath
+from softsyn.constraints.model import Constraints
+from softsyn.timing.cost import Work, node_work, precision_of
+from softsyn.library.model import Library
+from softsyn.netlist.model import Netlist
+from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 RUN_CALL = "session.run"  # the pseudo-cell for the runtime's fixed per-call overhead
@@ -102,7 +102,7 @@ def load_time_constants(netlist: Netlist) -> set[str]:
 def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None) -> list[CellTiming]:
     """Delay of every cell in execution order under one scenario's shapes.
 
-    `annotation` (a softsyn.annotate.GroupAnnotation) replaces the library's delay, source "annot",
+    `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
     for every node it knows (0 s for nodes the runtime folded or fused away)."""
     cells = []
     folded = load_time_constants(netlist)
@@ -125,7 +125,7 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
                group: PathGroup, annotation=None) -> GroupTiming:
-    """`annotation`: a softsyn.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
+    """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
     its residual replaces the library's run_overhead on the session.run row)."""
     shapes = netlist.bind(group.scenario.dims)
     cells = cell_timings(netlist, library, shapes, annotation)

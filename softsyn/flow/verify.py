@@ -1,6 +1,6 @@
 """`softsyn verify DIR`: the compiled model against its fp32 reference (Formality's role, by simulation).
 
-Both models run on ONNX Runtime with the same seeded inputs (softsyn.measure.scenario_inputs) at
+Both models run on ONNX Runtime with the same seeded inputs (softsyn.runtime.measure.scenario_inputs) at
 every scenario the compile timed. Per output:
 - max abs error  max|c - r|
 - rel error      max|c - r| / max|r|   (one number per tensor: the worst element against the
@@ -22,8 +22,8 @@ import onnx_ir as ir
 
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
-from softsyn.measure import scenario_inputs
-from softsyn.netlist import Netlist
+from softsyn.runtime.measure import scenario_inputs
+from softsyn.netlist.model import Netlist
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
 
@@ -86,7 +86,7 @@ def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
     if not ref.get("source"):
         raise SoftsynError(f"{SESSION_FILE}: no reference recorded; re-run softsyn compile")
     from softsyn.frontends import read_design
-    from softsyn.measure import onnx_path
+    from softsyn.runtime.measure import onnx_path
 
     return onnx_path(read_design(ref["source"], cache_dir=cache_dir, progress=False))
 

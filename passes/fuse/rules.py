@@ -46,7 +46,7 @@ class FusionContext:
         self.cache: dict = {}
 
     def site(self, node) -> str:
-        from softsyn.fusion.graph import site
+        from softsyn.passes.fuse.graph import site
 
         return site(self.netlist, node)
 
@@ -73,7 +73,7 @@ class Rule:
 
 
 def _rules():
-    from softsyn.fusion import attention, misc, moe, norms, rotary
+    from softsyn.passes.fuse import attention, misc, moe, norms, rotary
 
     return [
         norms.RMSNormRule(), norms.SkipRMSNormRule(), norms.LayerNormRule(), norms.SkipLayerNormRule(),
@@ -89,7 +89,7 @@ def fusion_kinds() -> list[str]:
 
 def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[Coverage]:
     """Fuse in place; `target` "cpu" | "cuda" picks provider-legal ops. One Coverage per kind run."""
-    from softsyn.fusion.graph import remove_dead
+    from softsyn.passes.fuse.graph import remove_dead
 
     if target not in ("cpu", "cuda"):
         raise ValueError(f"fuse: target must be 'cpu' or 'cuda', not {target!r}")

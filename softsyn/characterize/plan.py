@@ -1,6 +1,6 @@
 """`softsyn characterize`: measure a library's delay tables on the real runtime and device.
 
-For every cell kind the provider runs (softsyn.cells), build a small ONNX graph per grid point, time
+For every cell kind the provider runs (softsyn.characterize.recipes), build a small ONNX graph per grid point, time
 it warm with inputs and outputs bound on the device (IO binding: OrtValues on "cpu" or "cuda"), and
 write the cell's delay table with its index axes. Method per point:
 
@@ -26,15 +26,15 @@ write the cell's delay table with its index axes. Method per point:
   and records the table's own log-log interpolation error against them (`holdout`: median and max
   |interpolated - measured| / measured, %); the header's `interpolation_error` pools all cells.
 - Noise: on the CPU every grid is measured in three passes, each started with a machine-speed probe
-  (softsyn.probe); passes that started slow (PASS_GATE) are dropped and the rest combined by their median,
+  (softsyn.characterize.probe); passes that started slow (PASS_GATE) are dropped and the rest combined by their median,
   and a cell whose every pass started slow against the run's fastest probe is measured again at the end of
   the plan. On every provider a point measured more than OUTLIER x slower than a point at least as large on
   every axis is re-measured.
 - Resumable: cells already in the output file (and cells recorded as not characterised) are skipped;
-  the file is rewritten atomically (validated by softsyn.library.parse_library first) after each cell.
+  the file is rewritten atomically (validated by softsyn.library.model.parse_library first) after each cell.
 - The `Run` cell: the fixed cost of one run call vs the number of graph inputs + outputs (`ios`),
   measured the way the signoff measures a model: `run_with_iobinding`, inputs bound once, outputs allocated by
-  the runtime (softsyn.measure.BoundRunner).
+  the runtime (softsyn.runtime.measure.BoundRunner).
 """
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from softsyn import cells as C
-from softsyn.ceilings import time_calls, time_interleaved
+from softsyn.characterize import recipes as C
+from softsyn.characterize.ceilings import time_calls, time_interleaved
 from softsyn.errors import SoftsynError
-from softsyn.probe import speed_probe, summarise
+from softsyn.characterize.probe import speed_probe, summarise
 
 PLANS = ("cpu", "cuda")
 LONG = 40.0  # a point whose one-copy run exceeds LONG x run overhead is timed with one copy
@@ -102,7 +102,7 @@ def _log(progress: bool, msg: str, end: str = "\n") -> None:
 
 def _session(model, provider: str, optimized_path: str | None = None, optimize: bool = True,
              external: dict | None = None):
-    from softsyn.ceilings import _session as ceil_session
+    from softsyn.characterize.ceilings import _session as ceil_session
     if optimize or provider != "cpu":
         return ceil_session(model, provider, optimized_path=optimized_path, external=external)
     import onnxruntime as ort
@@ -125,7 +125,7 @@ class Runner:
     """A session on one cell graph with every input and output bound on the device.
 
     `uploaded`: OrtValues of inputs already on the device, by data identity, shared by the runners of one point
-    (its one-copy and N-copy graphs read the same input arrays: softsyn.cells._data hands them out again)."""
+    (its one-copy and N-copy graphs read the same input arrays: softsyn.characterize.recipes._data hands them out again)."""
 
     def __init__(self, graph: "C.Graph", provider: str, uploaded: dict | None = None):
         import onnxruntime as ort
@@ -400,7 +400,7 @@ def _plan(provider: str, quick: bool) -> str:
 # ------------------------------------------------------------------------------------------ YAML
 
 def _num(v) -> str:
-    from softsyn.ceilings import _num as n
+    from softsyn.characterize.ceilings import _num as n
     return n(v)
 
 
@@ -420,11 +420,11 @@ def _nest(flat: list[float], shape: list[int]):
 
 
 def render(lib: dict) -> str:
-    from softsyn.ceilings import render_library_yaml
+    from softsyn.characterize.ceilings import render_library_yaml
     head = render_library_yaml({**lib, "cells": []}).rstrip("\n").splitlines()
     head = [h for h in head if not h.startswith("cells:")]
-    head[0] = (f"# softsyn target library: {lib['library']}. Ceilings by softsyn.ceilings, delay tables by "
-               "softsyn characterize (see softsyn/characterize.py for the methods).")
+    head[0] = (f"# softsyn target library: {lib['library']}. Ceilings by softsyn.characterize.ceilings, delay tables by "
+               "softsyn characterize (see softsyn/characterize/plan.py for the methods).")
     out = head
     for k in ("characterization", "probe", "interpolation_error", "not_characterised"):
         if k in lib:
@@ -452,7 +452,7 @@ def render(lib: dict) -> str:
 
 
 def _write(lib: dict, path: Path) -> None:
-    from softsyn.library import parse_library
+    from softsyn.library.model import parse_library
     text = render(lib)
     parse_library(text, path)  # what we write must load
     tmp = path.with_name(path.name + ".tmp")
@@ -479,8 +479,8 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                  progress: bool = True, command: str | None = None, note: str | None = None,
                  holdout_limit: int | None = None) -> dict:
     """Characterise `provider` into `output` (resuming it if it exists); returns the library dict."""
-    from softsyn.ceilings import measure_ceilings
-    from softsyn.library import Cell
+    from softsyn.characterize.ceilings import measure_ceilings
+    from softsyn.library.model import Cell
 
     if provider not in PLANS:
         raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PLANS)}")
@@ -539,7 +539,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
     total = len(kinds)
     limit = holdout_limit or (6 if quick else 24)
     st = SETTINGS[provider]
-    probes: list[float] = []  # the machine's speed before each measured cell (softsyn.probe)
+    probes: list[float] = []  # the machine's speed before each measured cell (softsyn.characterize.probe)
     previous_probe = lib.get("probe")
     # a cell whose every pass started in a slow phase of the machine (probe > PASS_GATE x the run's fastest, known
     # at the end of the plan) is measured once more then; the measurement whose passes ran faster stands
@@ -675,7 +675,7 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
     the signoff runs them 1.0-1.5 us; the H200's with preallocated outputs 96-130 us, as the signoff 9-18 us)."""
     from onnx import helper
 
-    from softsyn.measure import BoundRunner
+    from softsyn.runtime.measure import BoundRunner
     grid = C.run_cell_grid(plan)[0]
     launch = float(lib["ceilings"]["launch_overhead"])
     delays = []
@@ -690,7 +690,7 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
         delays.append(max(t - pairs * launch, 1e-9))
     return {"op": "Run", "precision": "fp32", "implementation": f"ort-{provider}", "axes": ["ios"],
             "points": [grid], "delays": delays, "bytes_per_weight": None, "error": None,
-            "notes": "one run_with_iobinding call as the signoff times it (softsyn.measure.BoundRunner: inputs bound "
+            "notes": "one run_with_iobinding call as the signoff times it (softsyn.runtime.measure.BoundRunner: inputs bound "
                      "once, outputs allocated by the runtime) vs graph inputs + outputs, minus the Identity nodes' "
                      "launch overhead"}
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, attr, cone_inputs, const, consumers, dim, evaluate, insert_before, int64,
+from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.graph import (MS, attr, cone_inputs, const, consumers, dim, evaluate, insert_before, int64,
                                   make_node, op, other_input, replace_value, scalar)
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
@@ -257,7 +257,7 @@ class AttentionRule(Rule):
 
     def _probe_feeds(self, ctx):
         if "probe" not in ctx.cache:
-            from softsyn.measure import scenario_inputs
+            from softsyn.runtime.measure import scenario_inputs
 
             nl = ctx.netlist
             dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}

@@ -1,7 +1,7 @@
 """Cell kinds for characterisation: one small ONNX graph builder per op x precision, and its size grids.
 
 A `CellKind` names a library cell (op, precision, implementation variant), the size axes its delay
-table is indexed by (exactly the keys `softsyn.cost.node_work(...).sizes` gives that op), one grid
+table is indexed by (exactly the keys `softsyn.timing.cost.node_work(...).sizes` gives that op), one grid
 per axis and per plan (cpu, cpu-quick, cuda, cuda-quick), and a `build(sizes, copies, ctx)` that
 returns a graph holding `copies` independent instances of the op (each with its own weights),
 all fed from the same graph inputs and each writing its own graph output. Characterisation times
@@ -18,7 +18,7 @@ Conventions that the size axes rely on (they are what cost.py computes for real 
 - MatMulNBits: m, n, k, block (block_size); precision int4 / int8 by the `bits` attribute.
 - GroupQueryAttention / MultiHeadAttention: q_tokens, kv_len, heads, measured at batch 1 and a
   fixed head_dim (and kv_heads = heads / GQA_GROUP); batch and head_dim enter through the cell's
-  `scale` rule (see softsyn.library).
+  `scale` rule (see softsyn.library.model).
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def _rows_cols(e: int, row: int) -> tuple[int, int]:
 
 def make_model(g: Graph, external: dict | None = None):
     """The graph's ONNX model. `external`: a dict that receives name -> (elem, array) for every Blob, which the model
-    then references as external data (the session adds the arrays: softsyn.ceilings._session)."""
+    then references as external data (the session adds the arrays: softsyn.characterize.ceilings._session)."""
     from onnx import helper
     opsets = [helper.make_opsetid("", g.opset)]
     if g.ms_domain:

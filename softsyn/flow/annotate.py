@@ -7,7 +7,7 @@ ONNX Runtime rewrites the graph when a session starts (constant folding, fusions
 executes is not the netlist. The annotation keeps the round trip exact by construction, per group:
 
 - ``cells``: netlist node -> measured kernel time (the profiler's, less its calibrated own cost per
-  kernel: softsyn.measure.calibrate_profiler). A netlist node matches a profiled node by name
+  kernel: softsyn.runtime.measure.calibrate_profiler). A netlist node matches a profiled node by name
   ("exact"), or is the anchor of a runtime fusion whose name starts with the netlist name + "/"
   (e.g. "node_MatMul_240/MatMulScaleFusion/": "fused-anchor", the fused kernel's whole time);
 - ``absorbed``: netlist nodes the runtime never ran as their own kernel (folded, or fused into an

@@ -8,7 +8,7 @@ from softsyn.passes import register
 
 @register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE into runtime kernels")
 def run(design) -> dict[str, int]:
-    from softsyn.fusion import fuse
+    from softsyn.passes.fuse.rules import fuse
 
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, insert_before, make_node, op,
+from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, insert_before, make_node, op,
                                   other_input, rank, replace_value, scalar)
 
 

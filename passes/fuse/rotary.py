@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, attr, cone_inputs, const, consumers, dim, evaluate,
+from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.graph import (MS, add_initializer, attr, cone_inputs, const, consumers, dim, evaluate,
                                   insert_before, int64, make_node, op, other_input, replace_value)
 
 

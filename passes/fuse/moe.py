@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
+from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
                                   insert_before, make_node, replace_value)
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}

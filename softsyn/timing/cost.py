@@ -4,7 +4,7 @@ FLOPs and bytes feed the roofline estimate (library.delay) and the reports. Byte
 kernel must touch in memory: every input it reads in full (weights included), the output it writes,
 and nothing for view ops the runtime does without a copy. Gather reads only the rows it gathers.
 
-`Work.sizes` are exactly the axes of the library's delay tables (softsyn/cells.py builds the
+`Work.sizes` are exactly the axes of the library's delay tables (softsyn/characterize/recipes.py builds the
 characterisation graphs on the same conventions):
 
 | op | sizes |

@@ -1,11 +1,11 @@
-"""Projection merges (packed QKV, gate + up) and bias + GELU. (MoE experts: softsyn/fusion/moe.py.)"""
+"""Projection merges (packed QKV, gate + up) and bias + GELU. (MoE experts: passes/fuse/moe.py.)"""
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.fusion import Rule
-from softsyn.fusion.graph import (MS, add_initializer, const, consumers, insert_before, int64, make_node, op,
+from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.graph import (MS, add_initializer, const, consumers, insert_before, int64, make_node, op,
                                   other_input, replace_value, scalar)
 
 

@@ -1,6 +1,6 @@
 """Target libraries: what a runtime x device can do, Liberty in spirit.
 
-A library is one YAML file per runtime x device (`softsyn/libs/*.yaml` ship with the package; any
+A library is one YAML file per runtime x device (`softsyn/library/libs/*.yaml` ship with the package; any
 other path loads too). It has a header (library, format, runtime, provider, device, date, and the
 `command` that measured it or the `source` it was copied from), measured `ceilings` and `cells`:
 
@@ -42,7 +42,7 @@ ceilings.run_overhead. Characterised cells also carry `holdout` (measured interp
 
 Host and device (`Library.host_device`): a GPU provider launches kernels asynchronously, so a node costs
 the host its launch (ceilings.launch_overhead: what one more node adds to a run) and the device its
-kernel time, and the two overlap (softsyn.timing schedules both). A cell measured as N independent
+kernel time, and the two overlap (softsyn.timing.sta schedules both). A cell measured as N independent
 copies reads max(host, device) per node; where its delay stands above HOST_BOUND x the cell's smallest
 entry (its fixed per-node floor) the device dominated and the delay is the kernel time, else the copies
 were host-bound and the device time is the roofline's (bytes / bandwidth, flops / peak) capped at the
@@ -350,8 +350,8 @@ class Library:
 # --------------------------------------------------------------------------------------------- loading
 
 def shipped_libraries() -> list[str]:
-    """Names of the libraries shipped in softsyn/libs (package data)."""
-    root = importlib.resources.files("softsyn.libs")
+    """Names of the libraries shipped in softsyn/library/libs (package data)."""
+    root = importlib.resources.files("softsyn.library.libs")
     return sorted(e.name[:-5] for e in root.iterdir() if e.name.endswith(".yaml"))
 
 
@@ -530,7 +530,7 @@ def load_library(name_or_path: str | os.PathLike) -> Library:
             raise SoftsynError(f"{path}: library file not found; {_shipped_hint()}")
         text = path.read_text()
     else:
-        res = importlib.resources.files("softsyn.libs") / f"{spec}.yaml"
+        res = importlib.resources.files("softsyn.library.libs") / f"{spec}.yaml"
         if not res.is_file():
             raise SoftsynError(f"unknown library {spec!r}: not a shipped library or a .yaml file; {_shipped_hint()}")
         path = Path(str(res))
