@@ -120,23 +120,23 @@ class Variant:
 # builder: HF folder, genai shim, generation (a background thread running subprocesses)
 
 def make_hf_folder(model: str, folder: Path) -> None:
-    """The zoo config + the weights softsyn exports (torch.manual_seed(0), from_config in the zoo dtype) + a
-    minimal WordLevel tokenizer, saved as a Hugging Face folder (what the genai builder reads)."""
-    import torch
+    """The zoo config + the seeded weights softsyn materialises (softsyn.frontends.hf.write_seeded_folder: the
+    same values, parameter by parameter) + a minimal WordLevel tokenizer, saved as a Hugging Face folder (what
+    the genai builder reads)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    from softsyn.frontends import zoo
+    from softsyn.frontends import read_design, zoo
     from softsyn.frontends.export import torch_num_threads
+    from softsyn.frontends.hf import write_seeded_folder
 
     entry = zoo.ZOO[model]
     cfg = zoo.make_config(entry)
     torch_num_threads()
-    torch.manual_seed(0)  # as softsyn.frontends.hf.load_transformers_design does for weights="random"
-    net = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, entry.dtype))
+    meta = read_design(f"zoo:{model}", progress=False)  # the weightless export the materialised netlist is filled from
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    net.save_pretrained(str(tmp))
+    write_seeded_folder(cfg, meta.model, tmp, entry.dtype)
     vocab = {"<unk>": 0, "<|endoftext|>": 1, **{f"tok{i}": i for i in range(2, 256)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -269,3 +269,35 @@ def read_config(path: Path):
         return AutoConfig.for_model(**data), folder
     except Exception as e:
         raise SoftsynError(f"{cfg_file}: transformers cannot build config: {e}") from None
+
+
+def write_seeded_folder(cfg, meta_model, folder: Path, dtype: str = "float16", seed: int = 0) -> int:
+    """Save a Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model` (the
+    model's weightless export): the same values, parameter by parameter (softsyn.frontends.materialize.
+    seeded_weights), so a peer built from the folder computes the same function as softsyn's materialised
+    netlist. Tied parameters (lm_head = embed_tokens) take the value of the name the export kept.
+    Returns the number of parameters written."""
+    import copy
+
+    import torch
+
+    from softsyn.frontends.materialize import seeded_weights
+
+    cfg = copy.deepcopy(cfg)
+    values = seeded_weights(meta_model, cfg, seed)
+    net = _auto_class(is_decoder(cfg)).from_config(cfg, dtype=getattr(torch, dtype))
+    names_by_storage: dict[int, list[str]] = {}
+    for name, p in net.named_parameters(remove_duplicate=False):
+        names_by_storage.setdefault(p.data_ptr(), []).append(name)
+    written = 0
+    with torch.no_grad():
+        for names in names_by_storage.values():
+            known = [n for n in names if n in values]
+            if not known:
+                raise SoftsynError(f"{folder}: parameter {names[0]} has no initializer in the export "
+                                   f"({len(values)} weights there); cannot write the same weights")
+            param = net.get_parameter(names[0])
+            param.copy_(torch.from_numpy(values[known[-1]]).to(param.dtype))
+            written += 1
+    net.save_pretrained(str(folder))
+    return written

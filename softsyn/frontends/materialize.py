@@ -10,12 +10,14 @@ materialised export has, in seconds instead of minutes: no torch model with weig
 Values: RMSNorm/LayerNorm weights 1 + N(0, initializer_range) (exact ones would be deduplicated across
 layers and their Mul folded away by the optimizer, a graph no trained model has), rotary `inv_freq` the real 1 / theta^(2i/d) (so cos/sin are
 right), every other float tensor N(0, initializer_range) drawn from one seeded pool (the pool is
-sliced at seeded offsets: tensors are random-looking, not independent draws; timing does not care,
-and it keeps 16 GB of fp16 weights a memory-speed fill).
+sliced at an offset seeded by the tensor's name: tensors are random-looking, not independent draws; timing
+does not care, and it keeps 16 GB of fp16 weights a memory-speed fill). `seeded_weights` is the one source of
+these values: the HF folder that peers build from (`hf.write_seeded_folder`) holds the same weights.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 import numpy as np
 import onnx_ir as ir
@@ -23,7 +25,7 @@ import onnx_ir as ir
 POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
 
 
-def _pool(seed: int, std: float) -> np.ndarray:
+def seed_pool(seed: int, std: float) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(POOL, dtype=np.float32) * std)
 
 
@@ -35,34 +37,48 @@ def _inv_freq(cfg, n: int) -> np.ndarray:
     return 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
 
 
-def fill_random(model: ir.Model, cfg, seed: int = 0) -> int:
-    """Give every initializer without data (ExternalTensor of a meta export) seeded values. Returns how many."""
+def _offset(seed: int, name: str) -> int:
+    """Where `name`'s values start in the pool: a function of the name alone, so a tensor's values do not depend
+    on which other tensors the graph has or in which order (the HF-folder writer draws by parameter name too)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % POOL
+
+
+def seeded_value(name: str, shape: tuple[int, ...], dtype, cfg, pool: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The seeded random value of one weight, by its name (a torch parameter's fully qualified name)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if name.endswith("inv_freq") and len(shape) == 1:
+        data = _inv_freq(cfg, n)
+    elif "norm" in name and len(shape) == 1:  # 1 + noise: all-ones norms would be deduplicated and
+        data = 1.0 + np.resize(pool[_offset(seed, name):], n)  # their Mul dropped by the optimizer, unlike a trained model's
+    elif np.issubdtype(np.dtype(dtype), np.floating):
+        data = np.resize(pool[_offset(seed, name):], n)  # cyclic past the pool's end
+    else:
+        data = np.zeros(n)
+    return np.ascontiguousarray(data, dtype=dtype).reshape(shape)
+
+
+def seeded_weights(model: ir.Model, cfg, seed: int = 0) -> dict[str, np.ndarray]:
+    """The one source of seeded random weights: a value for every weightless (meta) initializer of an export,
+    keyed by its name. `fill_random` puts them into the ONNX model; `softsyn.frontends.hf.write_seeded_folder`
+    puts the same values into a Hugging Face folder (what peers such as onnxruntime-genai's builder read)."""
     from softsyn.frontends.export import META_WEIGHTS
 
-    std = float(getattr(cfg, "initializer_range", 0.02) or 0.02)
-    pool = _pool(seed, std)
-    offsets = np.random.default_rng(seed + 1)
-    filled = 0
+    pool = seed_pool(seed, float(getattr(cfg, "initializer_range", 0.02) or 0.02))
+    out = {}
     for v in model.graph.initializers.values():
         t = v.const_value
-        if not isinstance(t, ir.ExternalTensor) or t.location != META_WEIGHTS:
-            continue
-        shape = tuple(int(d) for d in v.shape)
-        dtype = v.dtype.numpy()
-        n = int(np.prod(shape, dtype=np.int64))
-        if v.name.endswith("inv_freq") and len(shape) == 1:
-            data = _inv_freq(cfg, n)
-        elif "norm" in v.name and len(shape) == 1:  # 1 + noise: all-ones norms would be deduplicated and
-            start = int(offsets.integers(0, POOL))   # their Mul dropped by the optimizer, unlike a trained model's
-            data = 1.0 + np.resize(pool[start:], n)
-        elif v.dtype.is_floating_point():
-            start = int(offsets.integers(0, POOL))
-            data = np.resize(pool[start:], n)  # cyclic past the pool's end
-        else:
-            data = np.zeros(n)
-        v.const_value = ir.Tensor(np.ascontiguousarray(data, dtype=dtype).reshape(shape), name=v.name)
-        filled += 1
-    return filled
+        if isinstance(t, ir.ExternalTensor) and t.location == META_WEIGHTS:
+            out[v.name] = seeded_value(v.name, tuple(int(d) for d in v.shape), v.dtype.numpy(), cfg, pool, seed)
+    return out
+
+
+def fill_random(model: ir.Model, cfg, seed: int = 0) -> int:
+    """Give every initializer without data (ExternalTensor of a meta export) its seeded value. Returns how many."""
+    values = seeded_weights(model, cfg, seed)
+    for name, data in values.items():
+        model.graph.initializers[name].const_value = ir.Tensor(data, name=name)
+    return len(values)
 
 
 @contextlib.contextmanager

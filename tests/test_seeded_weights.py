@@ -1,0 +1,50 @@
+"""One source of seeded weights: the materialised netlist and the HF folder peers build from compute the same function."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from softsyn.frontends import hf
+from softsyn.frontends.zoo import ZOO
+from softsyn.runtime.measure import onnx_path, scenario_inputs
+
+
+@pytest.fixture(scope="module")
+def tied_tiny(tmp_path_factory, cache_dir):
+    """A tiny Qwen3 with tied embeddings taken down the real-size path: weightless export, then filled."""
+    cfg = AutoConfig.for_model("qwen3", **dict(ZOO["qwen3-tiny"].config, tie_word_embeddings=True))
+    meta = hf.load_transformers_design(cfg, "tied-tiny", "test", cache_dir, progress=False, weights="meta",
+                                       dtype="float32")
+    filled = hf.load_transformers_design(cfg, "tied-tiny", "test", cache_dir, progress=False, weights="filled",
+                                         dtype="float32")
+    folder = tmp_path_factory.mktemp("hf") / "tied-tiny"
+    written = hf.write_seeded_folder(cfg, meta.model, folder, "float32")
+    return cfg, filled, folder, written
+
+
+def test_the_hf_folder_holds_the_materialised_weights(tied_tiny):
+    cfg, filled, folder, written = tied_tiny
+    assert written == sum(1 for _ in AutoModelForCausalLM.from_config(cfg).parameters())
+    feeds = scenario_inputs(filled, {"batch": 1, "seq": 7, "past": 0})
+    sess = ort.InferenceSession(str(onnx_path(filled)), providers=["CPUExecutionProvider"])
+    logits = sess.run(["logits"], feeds)[0]
+    net = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = net(input_ids=torch.from_numpy(feeds["input_ids"]), use_cache=False).logits.numpy()
+    rel = np.abs(logits - ref).max() / np.abs(ref).max()
+    assert rel < 1e-4, rel
+    assert (logits.argmax(-1) == ref.argmax(-1)).mean() == 1.0
+
+
+def test_a_weight_s_value_depends_on_its_name_alone(tied_tiny):
+    """Values are keyed by name, so the writer and the export agree whatever order each walks the weights in."""
+    from softsyn.frontends.materialize import seed_pool, seeded_value
+
+    pool = seed_pool(0, 0.02)
+    a = seeded_value("model.layers.0.mlp.up_proj.weight", (4, 3), np.float32, None, pool)
+    b = seeded_value("model.layers.0.mlp.up_proj.weight", (4, 3), np.float32, None, pool)
+    c = seeded_value("model.layers.1.mlp.up_proj.weight", (4, 3), np.float32, None, pool)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
