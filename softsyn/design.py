@@ -17,6 +17,7 @@ from softsyn import __version__
 from softsyn.timing.area import area
 from softsyn.constraints.model import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
+from softsyn.frontends.roles import ROLES
 from softsyn.library.model import Library, default_library, load_library
 from softsyn.netlist.model import Netlist
 from softsyn.timing.results import Analysis, GroupTiming, Scenario
@@ -28,6 +29,7 @@ DEFAULT_GROUPS = {
         "prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len, "past": 0},
         "decode": lambda w: {"batch": w.batch, "seq": 1, "past": w.context_len},
     },
+    "causal": {"prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len}},  # a decoder without a KV cache
     "encoder": {"encoder": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
     "generic": {"default": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
 }
@@ -85,8 +87,9 @@ class Design:
         missing = sorted(self.netlist.symbolic_dims() - set(dims))
         if missing:
             raise self.constraints.error(
-                f"path_groups.{spec.name}.dims", f"the netlist's dims {', '.join(missing)} have no value in this "
-                f"scenario; give them, e.g. dims: {{{', '.join(f'{d}: 1' for d in missing)}}}")
+                f"path_groups.{spec.name}.dims", f"the netlist's dims {', '.join(missing)} have no role softsyn could "
+                f"infer from the ports (roles: {', '.join(ROLES)}) and no value in this scenario; "
+                f"give them, e.g. dims: {{{', '.join(f'{d}: 1' for d in missing)}}}")
         ports = [v.name for v in self.netlist.model.graph.inputs]
         inputs = spec.inputs or ports
         unknown = [p for p in inputs if p not in ports]

@@ -1,0 +1,53 @@
+"""Plain ONNX files of the architectures users bring, built on the fly: tiny random-weight transformers models
+exported with `torch.onnx.export(dynamo=True)` and dynamic dims, as a user would (the exporter names the dims
+`s0`, `s1`, ...). Not softsyn's own export: no KV cache, no renamed ports, the exporter's defaults."""
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILIES = {  # name -> (transformers config class, kwargs, model class, inputs: "tokens" | "image")
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, vocab_size=512), "GPT2LMHeadModel",
+             "tokens"),
+    "bert": ("BertConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                vocab_size=512, max_position_embeddings=128), "BertModel", "tokens"),
+    "vit": ("ViTConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                              image_size=32, patch_size=8, num_channels=3), "ViTModel", "image"),
+    "phi3": ("Phi3Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=128, vocab_size=512, max_position_embeddings=128,
+                                pad_token_id=0), "Phi3ForCausalLM", "tokens"),
+    "mistral": ("MistralConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                                      max_position_embeddings=128, head_dim=16), "MistralForCausalLM", "tokens"),
+    "qwen2": ("Qwen2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  intermediate_size=128, vocab_size=512, max_position_embeddings=128),
+              "Qwen2ForCausalLM", "tokens"),
+    "llama": ("LlamaConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  intermediate_size=128, vocab_size=512, max_position_embeddings=128,
+                                  head_dim=16), "LlamaForCausalLM", "tokens"),
+}
+DECODERS = ("gpt2", "phi3", "mistral", "qwen2", "llama")
+
+
+def export_family(name: str, folder: Path) -> Path:
+    """`folder/NAME.onnx`: the family's tiny model (seed 0), exported once per folder."""
+    import torch
+    import transformers
+
+    path = folder / f"{name}.onnx"
+    if path.exists():
+        return path
+    cfg_cls, kwargs, model_cls, inputs = FAMILIES[name]
+    cfg = getattr(transformers, cfg_cls)(**kwargs)
+    cfg.use_cache = False  # one forward, no cache in or out: the plain file a user exports
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    if inputs == "image":
+        args = (torch.randn(1, 3, kwargs["image_size"], kwargs["image_size"]),)
+        dynamic = ({0: torch.export.Dim.DYNAMIC},)
+    else:
+        args = (torch.randint(0, kwargs["vocab_size"], (2, 16)),)
+        dynamic = ({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC},)
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=dynamic, external_data=False)
+    return path
