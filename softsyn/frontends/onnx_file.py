@@ -7,7 +7,7 @@ import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
-from softsyn.netlist.model import Netlist
+from softsyn.netlist.model import NETLIST_META_KEY, Netlist, annotate_hierarchy
 
 
 def _guess_kind(model: ir.Model) -> str:
@@ -29,6 +29,8 @@ def load_onnx(path: Path) -> Netlist:
         raise SoftsynError(f"{path}: cannot load ONNX model: {type(e).__name__}: {e}") from None
     found = roles.find_roles(model)
     roles.apply_roles(model, found.renames)
+    if NETLIST_META_KEY not in model.metadata_props:
+        annotate_hierarchy(model, prefix="")  # a plain export's scopes start at the model itself (no softsyn wrapper)
     nl = Netlist.from_model(model)
     stored = bool(nl.provenance)
     for role, expr in found.derived.items():
