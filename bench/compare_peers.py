@@ -299,7 +299,7 @@ def make_compiled(netlist, target: str, out: Path) -> tuple[Path, dict, str]:
                  "precision": compiled_precision(netlist)}
     _, path = compile_design(design, "low", out, reference)
     session = json.loads((path / SESSION_FILE).read_text())
-    coverage = ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in getattr(design, "coverage", None) or []
+    coverage = ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in design.pass_reports.get("fuse", [])
                          if c.candidates)
     return path / session["model"], session.get("session_options") or {}, coverage
 

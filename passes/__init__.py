@@ -1,10 +1,15 @@
-"""softsyn.passes: netlist transformations, one module per pass (Yosys style).
+"""softsyn.passes: netlist transformations, one module per pass (Yosys style), and the effort levels.
 
-Each pass module registers itself with `register(name, help)` on a function
-`run(design) -> dict[str, int]` that returns counts of what it changed. Effort
-levels are scripts: ordered lists of pass names (DESIGN.md, "Compile loop").
-`run_pass` logs a header line and the counts; it re-times nothing (the compile
-loop decides when to re-time).
+A pass is a function `run(design) -> PassResult`, registered with `register(name, help)`. It changes
+the design only through the Design's API (its netlist, then `design.netlist_changed()`), returns the
+counts of what it changed and, optionally, a report object. `run_pass` logs a header line and the
+counts through `design.log` and files the report under the pass's name in `design.pass_reports`; it
+re-times nothing (the compile loop decides when to re-time).
+
+Effort levels are labelled scripts: an `Effort` is an ordered tuple of `Step`s, each a pass name and
+what that step does at this level, read top to bottom. Each level extends the one below it
+(`Effort("medium", ..., LOW.steps + (...))`), so the CLI's help, `softsyn passes` and the compile
+log all render the same data.
 """
 from __future__ import annotations
 
@@ -17,20 +22,61 @@ from softsyn.errors import SoftsynError
 
 PASSES: dict[str, "Pass"] = {}
 
-# Effort levels: pass scripts read top to bottom; each level extends the one below it.
-LOW = ["flatten", "fuse", "precision"]  # map: standard fusions, uniform default precision
-EFFORT: dict[str, list[str]] = {"low": LOW}
+
+@dataclass(frozen=True)
+class PassResult:
+    counts: dict[str, int]  # what the pass changed, by kind ("folded": 12); empty when it changed nothing
+    report: object | None = None  # what reports read after the compile (fuse: its list of Coverage)
 
 
 @dataclass(frozen=True)
 class Pass:
     name: str
     help: str
-    run: Callable[..., dict[str, int]]
+    run: Callable[..., PassResult]
+
+
+@dataclass(frozen=True)
+class Step:
+    pass_name: str
+    what: str  # what this step does at its effort level, in a line
+
+
+@dataclass(frozen=True)
+class Effort:
+    name: str
+    help: str  # what the level is for, in a line
+    steps: tuple[Step, ...]
+
+    @property
+    def script(self) -> tuple[str, ...]:
+        return tuple(step.pass_name for step in self.steps)
+
+    def script_text(self) -> str:
+        return " -> ".join(self.script)
+
+    def step_lines(self) -> list[str]:
+        """One line per step, numbered in script order: pass name, what it does at this level."""
+        width = max(len(step.pass_name) for step in self.steps)
+        return [f"{i}. {step.pass_name:<{width}}  {step.what}" for i, step in enumerate(self.steps, 1)]
+
+
+LOW = Effort("low", "map: standard fusions, uniform default precision", (
+    Step("flatten", "inline, constant-fold, sweep dead, no-op and duplicate nodes"),
+    Step("fuse", "standard fusions: norms, rotary, attention, projections, GELU, MoE"),
+    Step("precision", "one uniform precision: fp16 on GPU targets, fp32 on CPU"),
+))
+EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW,)}
+
+
+def effort(name: str) -> Effort:
+    if name not in EFFORTS:
+        raise SoftsynError(f"no effort level {name!r}; valid: {', '.join(EFFORTS)}")
+    return EFFORTS[name]
 
 
 def register(name: str, help: str):
-    """Decorator: make `run(design) -> counts` available as the pass `name`."""
+    """Decorator: make `run(design) -> PassResult` available as the pass `name`."""
     def wrap(run):
         if name in PASSES:
             raise ValueError(f"pass {name!r} registered twice")
@@ -53,11 +99,13 @@ def get(name: str) -> Pass:
     return PASSES[name]
 
 
-def run_pass(design, name: str) -> dict[str, int]:
-    """Run one pass on the design: header line, the pass, then its counts."""
+def run_pass(design, name: str) -> PassResult:
+    """Run one pass on the design: header line, the pass, its counts; its report goes to design.pass_reports."""
     p = get(name)
-    design._log(f"pass {name}: {p.help}")
-    counts = p.run(design)
-    shown = ", ".join(f"{kind} {n}" for kind, n in counts.items()) or "no change"
-    design._log(f"pass {name}: {shown}")
-    return counts
+    design.log(f"pass {name}: {p.help}")
+    result = p.run(design)
+    shown = ", ".join(f"{kind} {n}" for kind, n in result.counts.items()) or "no change"
+    design.log(f"pass {name}: {shown}")
+    if result.report is not None:
+        design.pass_reports[name] = result.report
+    return result

@@ -16,7 +16,7 @@ from onnxscript.rewriter import RewritePass
 from onnxscript.rewriter.rules import common as rules
 
 from softsyn.netlist.model import HIERARCHY_KEY
-from softsyn.passes import register
+from softsyn.passes import PassResult, register
 
 # Rewrites that only remove work: x+0, x*1, Cast to the same type, Expand/Transpose that change nothing,
 # back-to-back Casts/Reshapes/Transposes/Unsqueezes, Slices that take everything, Dropout at inference.
@@ -31,7 +31,7 @@ MAX_ROUNDS = 3  # folding can expose no-ops and vice versa; tiny and large expor
 
 
 @register("flatten", "inline functions, constant-fold, remove dead, no-op and duplicate nodes")
-def run(design) -> dict[str, int]:
+def run(design) -> PassResult:
     model = design.netlist.model
     driver_hierarchy = {o.name: h for n in model.graph for o in n.outputs
                         if o is not None and (h := n.metadata_props.get(HIERARCHY_KEY)) is not None}
@@ -55,8 +55,8 @@ def run(design) -> dict[str, int]:
                                                                                  size_limit=0))
     common.RemoveUnusedOpsetsPass()(model)
     _restore_hierarchy(model, driver_hierarchy)
-    design.invalidate()
-    return counts
+    design.netlist_changed()
+    return PassResult(counts)
 
 
 class _FoldAndSweep(ir.passes.InPlacePass):

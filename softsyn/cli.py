@@ -9,9 +9,28 @@ import click
 
 from softsyn import __version__
 from softsyn.errors import SoftsynError
-from softsyn.passes import EFFORT
+from softsyn.passes import EFFORTS
 
 MARKER = "analysis.json"  # a directory holding this file is softsyn output and may be rewritten
+
+
+def _effort_help() -> str:
+    """The effort levels for compile's --help: name and help, then its numbered steps."""
+    width = max(len(name) for name in EFFORTS) + 2
+    lines = []
+    for level in EFFORTS.values():
+        lines.append(f"  {level.name:<{width}}{level.help}")
+        lines += [f"  {'':<{width}}{line}" for line in level.step_lines()]
+    return "\n    ".join(lines)
+
+
+def _help_with(**fields):
+    """Fill {field} markers of a command's docstring before click reads it (click takes the help from it)."""
+    def fill(f):
+        for key, text in fields.items():
+            f.__doc__ = f.__doc__.replace("{" + key + "}", text)
+        return f
+    return fill
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -218,19 +237,20 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.argument("model")
 @click.option("-c", "--constraints", "constraints_file", type=click.Path(dir_okay=False),
               help="constraints.yaml: clocks, path groups, accuracy budget, precision, dont_touch...")
-@click.option("--effort", default="low", show_default=True, type=click.Choice(list(EFFORT)),
+@click.option("--effort", default="low", show_default=True, type=click.Choice(list(EFFORTS)),
               help="pass script to run (see `softsyn passes`).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output DIR (new, empty, or an earlier softsyn output; replaced atomically).")
 @click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
+@_help_with(efforts=_effort_help())
 def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
     Effort scripts (passes run top to bottom, re-timed after each):
-      low   flatten -> fuse -> precision (fp16 on GPU targets, fp32 on CPU)
+    {efforts}
 
     \b
     Writes, atomically (a failed compile leaves DIR as it was):
@@ -250,14 +270,14 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, qui
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation (the design is still written), 2 on bad input.
     """
-    from softsyn.flow.compile import check_script, compile_design
+    from softsyn.flow.compile import check_effort, compile_design
     from softsyn.design import Design
     from softsyn.emit import compiled_precision
     from softsyn.runtime.measure import onnx_path
     from softsyn.reports import report_qor
 
     out = _prepare_out_dir(out_dir)
-    check_script(effort)
+    check_effort(effort)
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet)
     reference = {"source": model, "onnx": str(onnx_path(design.netlist).resolve()),
                  "precision": compiled_precision(design.netlist)}
@@ -305,9 +325,11 @@ def list_passes():
     width = max((len(n) for n in registered), default=0)
     for name in sorted(registered):
         click.echo(f"{name:<{width}}  {registered[name].help}")
-    click.echo("")
-    for effort, script in EFFORT.items():
-        click.echo(f"effort {effort}: {' -> '.join(script)}")
+    for level in EFFORTS.values():
+        click.echo("")
+        click.echo(f"effort {level.name}: {level.script_text()}")
+        for line in [level.help, *level.step_lines()]:
+            click.echo(f"  {line}")
 
 
 @main.command()

@@ -1,15 +1,17 @@
 """The coordinator: one Design owns the netlist, constraints, library and timing.
 
-Passes receive the Design and return what they changed; reports render the
-Analysis it produces. Path groups are resolved here, from the constraints and
-the kind of netlist: a decoder LLM gets `prefill` (TTFT) and `decode` (TPOT)
-by default, an encoder one `encoder` group.
+Passes receive the Design and change it only through this API: they edit
+`design.netlist`, then call `design.netlist_changed()`, which drops everything
+derived from the netlist; their reports land in `design.pass_reports` (filled
+by `softsyn.passes.run_pass`). Reports render the Analysis it produces. Path
+groups are resolved here, from the constraints and the kind of netlist: a
+decoder LLM gets `prefill` (TTFT) and `decode` (TPOT) by default, an encoder
+one `encoder` group.
 """
 from __future__ import annotations
 
 import datetime
 import functools
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library.model import Library, default_library, load_library
 from softsyn.netlist.model import Netlist
+from softsyn.progress import log as progress_log
 from softsyn.timing.results import Analysis, GroupTiming, Scenario
 from softsyn.timing.sta import PathGroup, time_group, timing_graph
 
@@ -43,6 +46,7 @@ class Design:
         self.constraints = constraints
         self.library = library
         self.progress = progress
+        self.pass_reports: dict[str, object] = {}  # pass name -> the report its PassResult carried (fuse: coverage)
 
     @classmethod
     def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
@@ -64,6 +68,9 @@ class Design:
 
             design.annotation = load_annotation(annotate)
         return design
+
+    # Cached views of the netlist; netlist_changed() drops every one of them.
+    NETLIST_VIEWS = ("graph", "groups")
 
     @functools.cached_property
     def graph(self):
@@ -102,10 +109,15 @@ class Design:
             critical_range=spec.critical_range, inputs=inputs,
             scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
 
-    def invalidate(self) -> None:
-        """Call after a pass changed the netlist: drops cached shapes and the timing graph."""
+    def netlist_changed(self) -> None:
+        """Call after changing the netlist: drops what was derived from it, so the next use rebuilds it.
+
+        That is the netlist's node list and bound shapes, the timing graph (cells and nets), and the path
+        groups (their dims are the netlist's symbolic dims, their inputs its ports).
+        """
         self.netlist.invalidate()
-        self.__dict__.pop("graph", None)
+        for view in self.NETLIST_VIEWS:
+            self.__dict__.pop(view, None)
 
     def time(self) -> list[GroupTiming]:
         results = []
@@ -113,8 +125,8 @@ class Design:
             start = time.perf_counter()
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation))
-            self._log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
-                      f"{time.perf_counter() - start:.1f} s")
+            self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
+                     f"{time.perf_counter() - start:.1f} s")
         return results
 
     def analyze(self) -> Analysis:
@@ -152,6 +164,6 @@ class Design:
                          "cells not in the annotation keep library delays")
         return notes
 
-    def _log(self, message: str) -> None:
-        if self.progress:
-            print(f"[softsyn] {message}", file=sys.stderr, flush=True)
+    def log(self, message: str) -> None:
+        """A progress line on stderr, unless the design was loaded quiet."""
+        progress_log(message, enabled=self.progress)

@@ -49,13 +49,14 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict) 
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session_json(design, reference))
         from softsyn import reports
+        from softsyn.reports.compile_log import report_compile_log
 
         reports.write_reports(analysis, tmp)
-        coverage = getattr(design, "coverage", None)
+        coverage = design.pass_reports.get("fuse")
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
-        (tmp / "compile.log").write_text(log.render())
+        (tmp / "compile.log").write_text(report_compile_log(log))
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

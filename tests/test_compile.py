@@ -13,6 +13,9 @@ from softsyn import passes
 from softsyn.cli import main
 from softsyn.emit import check
 from softsyn.errors import SoftsynError
+from softsyn.flow.compile import CompileLog, LogRow
+from softsyn.passes import LOW
+from softsyn.reports.compile_log import COMPILE_LOG_COLUMNS, compile_log_json, report_compile_log
 
 TINY = "zoo:qwen3-tiny"
 # The GPU-target artifact must also run on ORT CPU for verify here: Llama's GQA (rotary absorbed) does;
@@ -23,6 +26,21 @@ target: h200-ort-cuda
 workload: {batch: 1, prompt_len: 16, context_len: 32}
 accuracy: {max_rel_error: 2%, min_top1: 0.9}
 """
+
+
+# DIR/compile.log as it has always been written (trailing blanks included: the layout is fixed-width).
+COMPILE_LOG = "\n".join([
+    'softsyn compile: design qwen3-tiny, library cpu-ort, effort low',
+    'script: flatten -> fuse -> precision',
+    '',
+    '   ELAPSED                 WORST NEG   TOTAL NEG                      ',
+    '      TIME  PHASE         SLACK (ms)  SLACK (ms)          AREA   CELLS  WORST GROUP',
+    '  --------  ------------  ----------  ----------  ------------  ------  -----------',
+    '   0:00:00  elaborate        -12.346     -45.600       3.40 GB     228  decode',
+    '   0:01:05  flatten            0.000       0.000       1.23 MB     228  ',
+    '   1:02:05  fuse           -1500.000  -20250.000         999 B      52  prefill',
+    '   1:06:40  precision_long_name       0.000       0.000      16.38 GB  123456  ',
+]) + "\n"
 
 
 def compile_cli(out, *extra, model=TINY):
@@ -69,6 +87,22 @@ def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
     for name in ("timing", "qor", "area", "constraint", "fusion"):
         assert (compiled / "reports" / f"{name}.rpt").is_file()
     assert not [p.name for p in compiled.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_compile_log_renders_its_columns_as_text_and_json():
+    log = CompileLog("qwen3-tiny", "cpu-ort", LOW)
+    log.rows = [LogRow(0.4, "elaborate", -0.0123456, -0.0456, 3.4e9, "decode", 228),
+                LogRow(65.2, "flatten", 0.0, 0.0, 1.23e6, "", 228),
+                LogRow(3725.9, "fuse", -1.5, -20.25, 999.0, "prefill", 52),
+                LogRow(4000, "precision_long_name", 0.0, 0.0, 16.38e9, "", 123456)]
+    assert report_compile_log(log) == COMPILE_LOG
+
+    data = json.loads(compile_log_json(log))
+    assert data["effort"] == "low" and data["script"] == ["flatten", "fuse", "precision"]
+    assert [c["key"] for c in data["columns"]] == [c.key for c in COMPILE_LOG_COLUMNS]
+    assert data["rows"][0] == {"elapsed": 0.4, "phase": "elaborate", "wns": -0.0123456, "tns": -0.0456,
+                               "area": 3.4e9, "worst_group": "decode", "cells": 228}
+    assert data["units"]["wns"] == "s" and len(data["rows"]) == 4
 
 
 def test_verify_meets_the_budget(compiled):

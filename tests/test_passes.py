@@ -17,7 +17,8 @@ from softsyn.frontends import read_design
 from softsyn.library.model import load_library
 from softsyn.runtime.measure import scenario_inputs
 from softsyn.netlist.model import HIERARCHY_KEY, Netlist
-from softsyn.passes import get, load_all, run_pass
+from softsyn import passes
+from softsyn.passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass
 
 SCENARIOS = [{"batch": 1, "seq": 8, "past": 0}, {"batch": 1, "seq": 1, "past": 8}]  # prefill, decode
 
@@ -62,6 +63,49 @@ def test_registry_lists_passes_with_help():
         get("nope")
 
 
+def test_passes_command_prints_each_effort_level_from_its_steps():
+    result = CliRunner().invoke(main, ["passes"])
+    level = EFFORTS["low"]
+    assert level.script == ("flatten", "fuse", "precision")
+    assert f"effort low: flatten -> fuse -> precision\n  {level.help}\n" in result.output
+    for i, step in enumerate(level.steps, 1):
+        assert f"  {i}. {step.pass_name:<9}  {step.what}\n" in result.output
+    helptext = CliRunner().invoke(main, ["compile", "--help"]).output
+    assert f"low  {level.help}" in helptext and f"1. flatten    {level.steps[0].what}" in helptext
+
+
+def test_a_higher_effort_level_extends_the_one_below():
+    """The shape the compile loop's medium/high/ultra slot into: LOW's steps, then its own."""
+    medium = Effort("medium", "test level", LOW.steps + (Step("fuse", "again"),))
+    assert medium.script == ("flatten", "fuse", "precision", "fuse")
+    assert medium.step_lines()[-1] == "4. fuse       again"
+    with pytest.raises(SoftsynError, match="no effort level 'ultra'; valid: low"):
+        passes.effort("ultra")
+
+
+def test_run_pass_logs_counts_and_files_the_report(tiny, monkeypatch, capsys):
+    load_all()
+    monkeypatch.setitem(passes.PASSES, "probe", Pass("probe", "a test pass", lambda d: PassResult({"x": 2}, "r")))
+    monkeypatch.setitem(passes.PASSES, "quiet", Pass("quiet", "changes nothing", lambda d: PassResult({})))
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=True)
+
+    assert run_pass(design, "probe") == PassResult({"x": 2}, "r")
+    run_pass(design, "quiet")
+
+    assert design.pass_reports == {"probe": "r"}
+    assert capsys.readouterr().err == ("[softsyn] pass probe: a test pass\n[softsyn] pass probe: x 2\n"
+                                       "[softsyn] pass quiet: changes nothing\n[softsyn] pass quiet: no change\n")
+
+
+def test_netlist_changed_drops_every_view_of_the_netlist(tiny):
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
+    graph, groups, shapes = design.graph, design.groups, tiny.bind(SCENARIOS[0])
+    assert design.graph is graph and design.groups is groups and tiny.bind(SCENARIOS[0]) is shapes
+    design.netlist_changed()
+    assert design.graph is not graph and design.groups is not groups and tiny.bind(SCENARIOS[0]) is not shapes
+    assert [g.name for g in design.groups] == [g.name for g in groups]
+
+
 def _deoptimise(netlist: Netlist) -> None:
     """What an unoptimised exporter leaves: an Identity, a constant chain, a multiply by one, a dead cell."""
     graph = netlist.model.graph
@@ -86,7 +130,7 @@ def test_flatten_removes_folds_and_keeps_equivalence(tiny, tmp_path):
     _deoptimise(tiny)
     design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
 
-    counts = run_pass(design, "flatten")
+    counts = run_pass(design, "flatten").counts
 
     assert counts["folded"] >= 3 and counts["noop"] >= 1 and counts["dead"] >= 1
     assert len(tiny.nodes()) == exported  # the dynamo export is already swept: back to it exactly
@@ -95,7 +139,7 @@ def test_flatten_removes_folds_and_keeps_equivalence(tiny, tmp_path):
     for f, w, dims in zip(feeds, want, SCENARIOS):
         assert max_rel_error(run_ort(tiny.model, f, tmp_path), w) < 1e-6
         assert tiny.bind_stats(dims)["unbound"] == 0
-    assert sum(run_pass(design, "flatten").values()) == 0  # a second run finds nothing
+    assert sum(run_pass(design, "flatten").counts.values()) == 0  # a second run finds nothing
 
 
 def test_flatten_inlines_functions_with_their_call_site_hierarchy(tmp_path):
@@ -113,7 +157,8 @@ def test_flatten_inlines_functions_with_their_call_site_hierarchy(tmp_path):
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)}
     want = run_ort(model, feeds, tmp_path)
 
-    counts = run_pass(Design(netlist, Constraints.default(), load_library("cpu-ort"), progress=False), "flatten")
+    design = Design(netlist, Constraints.default(), load_library("cpu-ort"), progress=False)
+    counts = run_pass(design, "flatten").counts
 
     assert counts["inlined"] == 1 and not model.functions
     relu = next(n for n in model.graph if n.op_type == "Relu")
@@ -125,7 +170,7 @@ def test_precision_fp16_on_gpu_target(tiny, tmp_path):
     feeds, want = reference_outputs(tiny, tmp_path)
     design = Design(tiny, Constraints.default(), load_library("h200-ort-cuda"), progress=False)
 
-    counts = run_pass(design, "precision")
+    counts = run_pass(design, "precision").counts
 
     assert counts["fp32_norm_stats"] == 9 * 5  # 9 RMSNorms (2 layers x 4 + final): Pow, ReduceMean, Add, Sqrt, Reciprocal
     assert counts["fp32_rotary_angles"] >= 3  # Cast(positions) ... Cos, Sin
@@ -148,7 +193,7 @@ def test_precision_fp16_on_gpu_target(tiny, tmp_path):
 def test_precision_is_fp32_on_cpu_and_honours_the_default(tiny):
     design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
     nodes = len(tiny.nodes())
-    assert run_pass(design, "precision") == {} and len(tiny.nodes()) == nodes
+    assert run_pass(design, "precision").counts == {} and len(tiny.nodes()) == nodes
     design = Design(tiny, parse_constraints("precision:\n  default: int8\n"), load_library("cpu-ort"), progress=False)
     with pytest.raises(SoftsynError, match="precision.default: int8 .*valid: fp32, fp16"):
         run_pass(design, "precision")

@@ -1,25 +1,86 @@
-"""The `fuse` pass: norms, rotary, attention (GQA/MHA), projections, GELU, MoE -> runtime kernels."""
+"""The `fuse` pass: norms, rotary, attention (GQA/MHA), projections, GELU, MoE -> runtime kernels.
+
+This module is the rule list and the only module that imports the rule files. Rules run in RULES
+order: norms and rotary before attention, which on cuda absorbs the fused rotary and q/k norms. The rule
+contract is softsyn.passes.fuse.base; the graph helpers rules share are softsyn.passes.fuse.graph.
+"""
 from __future__ import annotations
 
-import sys
+from softsyn.passes import PassResult, register
+from softsyn.passes.fuse.attention import AttentionRule
+from softsyn.passes.fuse.base import Coverage, FusionContext, Miss, Rule
+from softsyn.passes.fuse.gelu import BiasGeluRule
+from softsyn.passes.fuse.graph import remove_dead
+from softsyn.passes.fuse.moe import MoERule
+from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
+from softsyn.passes.fuse.projections import ProjectionMergeRule
+from softsyn.passes.fuse.rotary import RotaryRule
 
-from softsyn.passes import register
+RULES: tuple[Rule, ...] = (
+    RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
+    RotaryRule(), AttentionRule(),
+    ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
+    BiasGeluRule(), MoERule(),
+)
+TARGETS = ("cpu", "cuda")
 
 
 @register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE into runtime kernels")
-def run(design) -> dict[str, int]:
-    from softsyn.passes.fuse.rules import fuse
-
+def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())
     coverages = fuse(design.netlist, target)
-    design.coverage = coverages
-    for attr in ("graph", "groups"):  # cached timing structures of the old netlist
-        design.__dict__.pop(attr, None)
+    design.netlist_changed()
     after = len(design.netlist.nodes())
-    if getattr(design, "progress", False):
-        missed = sum(c.candidates - c.fused for c in coverages)
-        print(f"[softsyn] fuse ({target}): {before} -> {after} cells; "
-              + ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in coverages if c.candidates)
-              + (f"; {missed} missed (see the fusion report)" if missed else ""), file=sys.stderr, flush=True)
-    return {c.kind: c.fused for c in coverages}
+    missed = sum(c.candidates - c.fused for c in coverages)
+    design.log(f"fuse ({target}): {before} -> {after} cells; "
+               + ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in coverages if c.candidates)
+               + (f"; {missed} missed (see the fusion report)" if missed else ""))
+    return PassResult({c.kind: c.fused for c in coverages}, report=coverages)
+
+
+def fusion_kinds() -> list[str]:
+    return [r.kind for r in RULES]
+
+
+def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[Coverage]:
+    """Fuse in place; `target` "cpu" | "cuda" picks provider-legal ops. One Coverage per kind run."""
+    if target not in TARGETS:
+        raise ValueError(f"fuse: target must be 'cpu' or 'cuda', not {target!r}")
+    rules = list(RULES)
+    if kinds is not None:
+        unknown = sorted(set(kinds) - {r.kind for r in rules})
+        if unknown:
+            raise ValueError(f"fuse: unknown kind(s) {', '.join(unknown)}; valid: {', '.join(r.kind for r in rules)}")
+        rules = [r for r in rules if r.kind in kinds]
+    ctx = FusionContext(netlist, target)
+    result = []
+    for rule in rules:
+        cov = Coverage(rule.kind, target_op=rule.target_op)
+        anchors = rule.anchors(ctx)
+        cov.candidates = len(anchors)
+        for anchor in anchors:
+            if getattr(anchor, "graph", ctx.graph) is None:  # consumed by an earlier rewrite
+                cov.misses.append(Miss(ctx.site(anchor), "site was removed by an earlier rewrite"))
+                continue
+            try:
+                match = rule.check(ctx, anchor)
+            except Exception as exc:  # a check that crashes is a miss with its reason, never silence
+                match = f"check failed: {type(exc).__name__}: {exc}"
+            if isinstance(match, str):
+                cov.misses.append(Miss(ctx.site(anchor), match))
+                continue
+            try:
+                rule.rewrite(ctx, match)
+            except Exception as exc:
+                cov.misses.append(Miss(ctx.site(anchor), f"rewrite failed: {type(exc).__name__}: {exc}"))
+                continue
+            cov.fused += 1
+        cov.note = rule.note(ctx) if cov.candidates else ""
+        remove_dead(ctx.graph)
+        netlist.invalidate()
+        result.append(cov)
+    return result
+
+
+__all__ = ["Coverage", "FusionContext", "Miss", "RULES", "Rule", "fuse", "fusion_kinds"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.base import Rule
 from softsyn.passes.fuse.graph import (MS, attr, cone_inputs, const, consumers, dim, evaluate, insert_before, int64,
                                   make_node, op, other_input, replace_value, scalar)
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.base import Rule
 from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
-                                  insert_before, make_node, replace_value)
+                                       insert_before, make_node, replace_value)
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}
 PROBE_TOKENS = 7

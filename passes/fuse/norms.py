@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.rules import Rule
+from softsyn.passes.fuse.base import Rule
 from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, insert_before, make_node, op,
-                                  other_input, rank, replace_value, scalar)
+                                       other_input, rank, replace_value, scalar)
 
 
 def _axes(ctx, node: ir.Node):

@@ -9,8 +9,8 @@ keeping fp32 islands where fp16 loses more than rounding (softsyn.passes.precisi
 from __future__ import annotations
 
 from softsyn.errors import SoftsynError
+from softsyn.passes import PassResult, register
 from softsyn.passes.precision.fp16 import to_fp16
-from softsyn.passes import register
 
 UNIFORM = ("fp32", "fp16")
 
@@ -24,9 +24,9 @@ def default_precision(design) -> str:
 
 
 @register("precision", "uniform default precision: fp16 on GPU targets (fp32 islands for norms, rotary), fp32 on CPU")
-def run(design) -> dict[str, int]:
+def run(design) -> PassResult:
     if default_precision(design) == "fp32":
-        return {}
+        return PassResult({})
     counts = to_fp16(design.netlist.model, design.constraints.dont_touch).counts()
-    design.invalidate()
-    return counts
+    design.netlist_changed()
+    return PassResult(counts)
