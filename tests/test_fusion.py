@@ -540,3 +540,201 @@ def test_half_precision_attention_scale_is_restored_to_its_exact_value():
     assert _exact_scale(rounded, 128) == 128 ** -0.5
     assert _exact_scale(0.125, 128) == 0.125  # a deliberate, different scale is kept
     assert _exact_scale(rounded, None) == rounded
+
+
+# ---------------------------------------------------------------- real width (qwen3-1.7b layer shapes), weightless
+# qwen3-1.7b's layers at their real width (hidden 2048, 16/8 heads, head 128, MLP 6144), 2 of its 28, vocab cut to
+# 1024: built like zoo:qwen3-1.7b with materialize=True (weightless fp16 export, seeded weights filled in, then the
+# exporter's optimizer), whose graph differs from a direct torch export's (a no-op view after probs @ V survives).
+TWO_LAYERS = dict(num_hidden_layers=2, vocab_size=1024)
+
+
+def _zoo_2layers(cache_dir, weights: str, name: str = "qwen3-1.7b", dtype: str = "float16"):
+    """A zoo config cut to 2 layers (vocab 1024) through the HF frontend: weights "meta" (weightless export) or
+    "filled" (what materialize=True does: seeded weights filled into it, then the exporter's optimizer)."""
+    from softsyn.frontends import hf, zoo
+
+    cfg = zoo.make_config(zoo.ZOO[name])
+    for k, v in TWO_LAYERS.items():
+        setattr(cfg, k, v)
+    return hf.load_transformers_design(cfg, f"{name}-2layers", f"zoo:{name} (2 layers)", cache_dir, progress=False,
+                                       weights=weights, dtype=dtype)
+
+
+def _flatten(nl):
+    from softsyn.passes import get
+
+    class _D:  # what the flatten pass uses of a Design
+        netlist = nl
+
+        def invalidate(self):
+            nl.invalidate()
+
+    get("flatten").run(_D())
+    return nl
+
+
+@pytest.fixture(scope="module")
+def real_width(cache_dir):
+    """Memoised per module: (unfused materialised netlist, its cuda-fused copy, cuda coverage)."""
+    ref = _zoo_2layers(cache_dir, "filled")
+    nl = _zoo_2layers(cache_dir, "filled")  # cache hit: a second, independent netlist
+    cov = {c.kind: c for c in fuse(nl, "cuda")}
+    return ref, nl, cov
+
+
+def test_real_width_fp16_cuda_fuses_everything(real_width):
+    ref, nl, cov = real_width
+    layers = nl.config["num_layers"]
+    assert nl.config["hidden_size"] == 2048 and nl.config["head_dim"] == 128
+    for c in cov.values():
+        assert c.fused == c.candidates and not c.misses, (c.kind, [m.reason for m in c.misses])
+    assert cov["attention"].fused == layers and cov["rotary"].fused == 2 * layers
+    assert cov["packed_qkv"].fused == cov["gate_up"].fused == layers
+    assert f"rotary absorbed into GroupQueryAttention (do_rotary=1) {layers}/{layers}" in cov["attention"].note
+    assert f"q/k RMSNorm absorbed (q_norm_weight/k_norm_weight) {layers}/{layers}" in cov["attention"].note
+    after = collections.Counter(n.op_type for n in nl.nodes())
+    assert after["GroupQueryAttention"] == layers and not after["Softmax"] and not after["Reshape"]
+    for node in (n for n in nl.nodes() if n.op_type == "GroupQueryAttention"):
+        a = {k: v.value for k, v in node.attributes.items()}
+        assert (a["num_heads"], a["kv_num_heads"], a["do_rotary"]) == (16, 8, 1)
+        assert abs(a["scale"] - 128 ** -0.5) < 1e-7
+        assert node.inputs[7].const_value.numpy().shape == (40960, 64)
+
+
+def test_real_width_fp16_cuda_matches_unfused(real_width, tmp_path):
+    """The cuda graph (GQA with rotary and q/k norms absorbed, CUDA-only) by the numpy GQA reference, the rest on
+    ORT CPU, against the unfused model on ORT CPU: fp16 noise only."""
+    ref, nl, _ = real_width
+    assert len([n for n in nl.nodes() if n.op_type == "GroupQueryAttention"]) == nl.config["num_layers"]
+    for scenario in DECODE_SCENARIOS:
+        feeds = scenario_inputs(nl, scenario, seed=1)
+        names, want = _ref_outputs(ref.model, feeds, tmp_path / "ref.onnx")
+        got = _run_with_gqa_reference(nl, feeds)
+        assert [o.name for o in nl.model.graph.outputs] == names
+        for name, a, b in zip(names, want, got):
+            assert a.dtype == np.float16 and a.shape == b.shape, (scenario, name)
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-2, (scenario, name, rel)   # fp16 rounding (observed <= 1.4e-3)
+
+
+def test_real_width_fp16_cpu_runs_and_matches_unfused(cache_dir, real_width, tmp_path):
+    """The same model fused for cpu (rotary and norms outside GQA) runs on the ORT CPU kernels themselves."""
+    ref, _, _ = real_width
+    nl = _zoo_2layers(cache_dir, "filled")
+    cov = {c.kind: c for c in fuse(nl, "cpu")}
+    assert cov["attention"].fused == cov["attention"].candidates == 2 and not cov["attention"].misses
+    feeds = [scenario_inputs(nl, d, seed=1) for d in DECODE_SCENARIOS]
+    names, got = _run(nl.model, tmp_path / "fused.onnx", feeds)
+    ref_names, want = _run(ref.model, tmp_path / "ref.onnx", feeds)
+    assert names == ref_names
+    for scenario, w, g in zip(DECODE_SCENARIOS, want, got):
+        for name, a, b in zip(names, w, g):
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            rel = np.abs(a - b).max() / (np.abs(a).max() + 1e-12)
+            assert rel < 1e-2, (scenario, name, rel)
+
+
+def weightless(v) -> bool:
+    """An initializer of a weightless export: shape and dtype, data never written (frontends.export.META_WEIGHTS)."""
+    from softsyn.frontends.export import META_WEIGHTS
+
+    return v is not None and isinstance(v.const_value, ir.ExternalTensor) and v.const_value.location == META_WEIGHTS
+
+
+def _load_time_transposes(nl) -> int:
+    """Transposes of a weight (a weightless export cannot fold them; ORT does when the session loads)."""
+    return sum(1 for n in nl.nodes() if n.op_type == "Transpose" and n.inputs[0].producer() is None
+               and n.inputs[0].const_value is not None)
+
+
+@pytest.mark.parametrize("name,dtype", [("qwen3-tiny", "float32"), ("qwen3-1.7b", "float16")])
+def test_weightless_netlist_fuses_like_the_materialised_one(cache_dir, name, dtype):
+    """zoo:qwen3-1.7b without materialize is a weightless export (meta weights: shapes and dtypes, no data). After
+    flatten (as compile runs it) it fuses like the materialised export of the same model: same coverage, same cells
+    (but the weight Transposes it cannot fold), the new weights (rotary caches, merged projections) weightless."""
+    meta = _flatten(_zoo_2layers(cache_dir, "meta", name, dtype))
+    full = _flatten(_zoo_2layers(cache_dir, "filled", name, dtype))
+    assert all(weightless(v) for v in meta.model.graph.initializers.values() if v.name.endswith(".weight"))
+    cov_meta = {c.kind: c for c in fuse(meta, "cuda")}
+    cov_full = {c.kind: c for c in fuse(full, "cuda")}
+    layers = meta.config["num_layers"]
+    for kind, c in cov_meta.items():
+        assert not c.misses, (kind, [m.reason for m in c.misses])
+        assert (c.fused, c.candidates) == (cov_full[kind].fused, cov_full[kind].candidates), kind
+    assert cov_meta["rotary"].fused == 2 * layers and cov_meta["attention"].fused == layers
+    assert cov_meta["packed_qkv"].fused == cov_meta["gate_up"].fused == layers
+    assert cov_meta["attention"].note == cov_full["attention"].note
+    ops_meta = collections.Counter(n.op_type for n in meta.nodes())
+    ops_full = collections.Counter(n.op_type for n in full.nodes())
+    ops_meta["Transpose"] -= _load_time_transposes(meta)
+    ops_full["Transpose"] -= _load_time_transposes(full)
+    assert ops_meta == ops_full
+    gqa_meta = [n for n in meta.nodes() if n.op_type == "GroupQueryAttention"]
+    gqa_full = [n for n in full.nodes() if n.op_type == "GroupQueryAttention"]
+    for a, b in zip(gqa_meta, gqa_full):
+        assert {k: v.value for k, v in a.attributes.items()} == {k: v.value for k, v in b.attributes.items()}
+        assert [None if v is None else (v.dtype, tuple(v.shape) if v.shape is not None else None) for v in a.inputs] \
+            == [None if v is None else (v.dtype, tuple(v.shape) if v.shape is not None else None) for v in b.inputs]
+        assert weightless(a.inputs[7]) and weightless(a.inputs[8])    # cos/sin caches
+        assert weightless(a.inputs[14]) and weightless(a.inputs[15])  # the model's q/k norm weights
+        split = a.inputs[0].producer()
+        assert split.op_type == "Split" and weightless(split.inputs[0].producer().inputs[1])
+
+
+# ---------------------------------------------------------------- plain exports: positions are not token ids
+def _plain_export(arch: str, path):
+    """A tiny random transformers model exported as it is: torch.onnx.export(model, (input_ids,), dynamo=True),
+    batch and sequence dynamic, no KV cache and no position_ids input (the model computes arange(seq) itself)."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls = {"mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                          "phi3": ("Phi3Config", "Phi3ForCausalLM")}[arch]
+    cfg = getattr(transformers, cfg_cls)(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                                         max_position_embeddings=256, use_cache=False, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 7))
+    dims = {"input_ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}}
+    with torch.no_grad():
+        torch.onnx.export(model, (ids,), dynamo=True, dynamic_shapes=dims, verbose=False).save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_exports(tmp_path_factory):
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            made[arch] = _plain_export(arch, tmp_path_factory.mktemp(f"plain-{arch}") / f"{arch}.onnx")
+        return made[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "phi3"])
+def test_plain_export_rotary_reads_positions_not_token_ids(arch, plain_exports, tmp_path):
+    import onnxruntime as ort
+
+    path = plain_exports(arch)
+    nl = read_design(str(path), progress=False)
+    assert [v.name for v in nl.model.graph.inputs] == ["input_ids"]
+    cov = {c.kind: c for c in fuse(nl, "cpu")}
+    assert cov["rotary"].fused == cov["rotary"].candidates == 4, [m.reason for m in cov["rotary"].misses]
+    ids = next(v for v in nl.model.graph.inputs if v.name == "input_ids")
+    rots = [n for n in nl.nodes() if n.op_type == "RotaryEmbedding"]
+    assert len(rots) == 4 and all(n.inputs[1] is not ids for n in rots)
+    ir.save(nl.model, str(tmp_path / "fused.onnx"))
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    fused = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 7), (1, 13)):
+        feeds = {"input_ids": rng.integers(0, 512, (b, s)).astype(np.int64)}
+        want, have = ref.run(None, feeds)[0], fused.run(None, feeds)[0]
+        per_pos = np.abs(want - have).max(axis=(0, 2)) / np.abs(want).max()
+        assert per_pos.max() < 1e-5, (arch, b, s, per_pos)   # at every position, not only position 0

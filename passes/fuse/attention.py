@@ -16,8 +16,8 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (MS, attr, cone_inputs, const, consumers, dim, evaluate, insert_before, int64,
-                                  make_node, op, other_input, replace_value, scalar)
+from softsyn.passes.fuse.graph import (MS, attr, cone_inputs, const, const_shape, consumers, dim, evaluate,
+                                       insert_before, int64, is_graph_output, make_node, op, replace_value, scalar)
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
 PROBE = {"batch": 2, "seq": 3, "past": 4}
@@ -106,6 +106,23 @@ def _layout_source(v: ir.Value):
             return v, chain
         chain.append(n)
         v = n.inputs[0]
+
+
+def _output_chain(graph, v: ir.Value):
+    """Forward from probs @ V [B, N, S, H] through single-use layout ops to the first 3-D value (the [B, S, N*H]
+    the fused op replaces), or a reason. Which layout it computes is checked on a probe (_verify_out)."""
+    chain = []
+    while v.shape is None or len(v.shape) != 3:
+        users = consumers(v)
+        if len(users) != 1 or users[0].op_type not in LAYOUT or len(chain) == 6 or is_graph_output(graph, v):
+            if not any(n.op_type == "Transpose" for n in chain):
+                return (f"attention output is not transposed back to [B, S, N, H] (probs@V "
+                        f"{'-> ' + ' -> '.join(n.op_type for n in chain) + ' ' if chain else ''}feeds "
+                        f"{[u.op_type for u in users]})")
+            return f"attention output is not reshaped to [B, S, N*H] (after {' -> '.join(n.op_type for n in chain)})"
+        chain.append(users[0])
+        v = users[0].outputs[0]
+    return v
 
 
 def _cache_concat(v: ir.Value):
@@ -200,13 +217,9 @@ class AttentionRule(Rule):
         if len(users) != 1 or users[0].op_type != "MatMul" or users[0].inputs[0] is not probs:
             return f"softmax output feeds {[u.op_type for u in users]}, not MatMul(probs, V)"
         pv = users[0]
-        t = consumers(pv.outputs[0])
-        if len(t) != 1 or t[0].op_type != "Transpose" or list(attr(t[0], "perm", [])) != [0, 2, 1, 3]:
-            return "attention output is not transposed back to [B, S, N, H]"
-        rs = consumers(t[0].outputs[0])
-        if len(rs) != 1 or rs[0].op_type != "Reshape" or rs[0].outputs[0].shape is None or len(rs[0].outputs[0].shape) != 3:
-            return "attention output is not reshaped to [B, S, N*H]"
-        out = rs[0].outputs[0]
+        out = _output_chain(ctx.graph, pv.outputs[0])
+        if isinstance(out, str):
+            return out
         q, sq = _scalar_strip(qk.inputs[0])
         kt, sk = _scalar_strip(qk.inputs[1])
         vv = pv.inputs[1]
@@ -232,7 +245,8 @@ class AttentionRule(Rule):
             return f"K has {nkv} heads, not a divisor of Q's {nq}"
         if kcat is not None and dim(vsrc, 1) != nkv:
             return f"K has {nkv} heads but V has {dim(vsrc, 1)}"
-        bad = self._verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None)
+        bad = self._verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None) \
+            or self._verify_out(ctx, feeds, pv.outputs[0], out, nq, h)
         if bad:
             return bad
         mask_input, causal = None, False
@@ -316,6 +330,23 @@ class AttentionRule(Rule):
             if not err <= _tol(exp.dtype):
                 return (f"{name} operand is not {what}: values differ (max rel {err:.2e} > {_tol(exp.dtype):g}, "
                         f"shape {tuple(exp.shape)}, {nkv} KV heads -> {nq} heads)")
+        return None
+
+    def _verify_out(self, ctx, feeds, ctx_v, out, nq, h):
+        """The layout chain from probs @ V [B, N, S, H] to `out` computes transpose(0, 2, 1, 3) + reshape to
+        [B, S, N*H] (what the fused op outputs), however the exporter spells it (e.g. a no-op view first)."""
+        _, _, dims = feeds
+        b, s = dims.get("batch", 2), dims.get("seq", 3)
+        x = np.random.default_rng(4).standard_normal((b, nq, s, h)).astype((ctx_v.dtype or ir.DataType.FLOAT).numpy())
+        try:
+            (got,) = self._eval(ctx, feeds, [out], {ctx_v: x})
+        except Exception as exc:
+            return f"could not evaluate the attention output chain to {out.name}: {exc}"
+        exp = x.transpose(0, 2, 1, 3).reshape(b, s, nq * h)
+        got = np.asarray(got)
+        if got.shape != exp.shape or not np.array_equal(got, exp):
+            return (f"attention output {out.name} is not probs@V transposed back to [B, S, N, H] and reshaped to "
+                    f"[B, S, N*H] (probe: shape {tuple(got.shape)}, expected {tuple(exp.shape)})")
         return None
 
     def _verify_mask(self, ctx, feeds, bias, nq):
@@ -538,8 +569,7 @@ def _head_norm(flat: ir.Value, heads: int, h: int, name: str):
         return f"{name} norm is not per-head RMSNorm: it normalises shape {a.shape}, not [B, S, {heads}, {h}]"
     if attr(norm, "axis", -1) not in (-1, 3):
         return f"{name} norm is not per-head RMSNorm: axis {attr(norm, 'axis')}"
-    if len(norm.inputs) < 2 or norm.inputs[1] is None or const(norm.inputs[1]) is None \
-            or const(norm.inputs[1]).shape != (h,):
+    if len(norm.inputs) < 2 or norm.inputs[1] is None or const_shape(norm.inputs[1]) != (h,):
         return f"{name} norm is not per-head RMSNorm: weight is not a constant [{h}]"
     if attr(norm, "stash_type", 1) != 1:
         return f"{name} norm computes in its input type (stash_type {attr(norm, 'stash_type')}), GQA's in float"
@@ -575,9 +605,8 @@ def _absorb(ctx, q: ir.Value, k: ir.Value, nq: int, nkv: int):
         return bad
     cos, sin = qrot.inputs[2], qrot.inputs[3]
     h = dim(qflat, 2) // nq if isinstance(dim(qflat, 2), int) else None
-    cc = const(cos)
-    if h is None or cc is None or cc.ndim != 2 or cc.shape[1] * 2 != h or const(sin) is None \
-            or const(sin).shape != cc.shape:
+    cc = const_shape(cos)  # shapes only: a weightless netlist's caches have no data
+    if h is None or cc is None or len(cc) != 2 or cc[1] * 2 != h or const_shape(sin) != cc:
         return f"cos/sin caches are not constant [max_pos, {h}/2]"
     if cos.dtype != q.dtype or sin.dtype != q.dtype:
         return f"cos/sin cache dtype {cos.dtype} differs from Q's {q.dtype}"

@@ -78,6 +78,59 @@ def const(v: ir.Value | None) -> np.ndarray | None:
         return None
 
 
+def weightless(v: ir.Value | None) -> bool:
+    """v is an initializer whose data cannot be read: a meta (weightless) export's weights, which keep exact
+    shape and dtype but point at external data that was never written."""
+    return v is not None and v.producer() is None and v.const_value is not None and const(v) is None
+
+
+def const_shape(v: ir.Value | None) -> tuple[int, ...] | None:
+    """The shape of a constant (initializer or Constant node) whether or not its data is readable, else None.
+    For checks that need a weight's shape, not its values, so weightless netlists pass them too."""
+    c = const(v)
+    if c is not None:
+        return tuple(c.shape)
+    if weightless(v) and v.shape is not None and all(isinstance(d, int) for d in v.shape):
+        return tuple(v.shape)
+    return None
+
+
+def add_weightless(graph: ir.Graph, name: str, shape, dtype: ir.DataType) -> ir.Value:
+    """A new initializer with shape and dtype only, like a meta export's weights (see frontends.export)."""
+    from softsyn.frontends.export import META_WEIGHTS
+
+    base, k = name, 0
+    while name in graph.initializers:
+        k += 1
+        name = f"{base}_{k}"
+    shape = ir.Shape([int(d) for d in shape])
+    nbytes = int(np.prod(list(shape), dtype=np.int64)) * dtype.itemsize
+    v = ir.Value(name=name, shape=shape, type=ir.TensorType(dtype),
+                 const_value=ir.ExternalTensor(location=META_WEIGHTS, offset=0, length=nbytes, dtype=dtype,
+                                               shape=shape, name=name))
+    graph.register_initializer(v)
+    return v
+
+
+def placeholders(values: list[ir.Value], seed: int = 0) -> dict:
+    """Seeded stand-ins (uniform in [0.5, 1.5)) for the weightless initializers the cone of `values` reads, as
+    `evaluate` feeds: a weightless netlist's constant subgraph (e.g. the rotary inv_freq buffer) can then be run
+    to check its structure; what it computes from them is not the model's data."""
+    rng = np.random.default_rng(seed)
+    out, seen, stack = {}, set(), list(values)
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if weightless(v):
+            shape = tuple(int(d) for d in v.shape)
+            out[v] = (0.5 + rng.random(shape)).astype(v.dtype.numpy())
+        elif v.producer() is not None:
+            stack.extend(v.producer().inputs)
+    return out
+
+
 def scalar(v: ir.Value | None) -> float | None:
     c = const(v)
     if c is None or c.size != 1:

@@ -8,8 +8,8 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, insert_before, make_node, op,
-                                       other_input, rank, replace_value, scalar)
+from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, insert_before, make_node,
+                                  op, other_input, rank, replace_value, scalar)
 
 
 def _axes(ctx, node: ir.Node):
@@ -54,8 +54,8 @@ def _weight_mul(y: ir.Value, h) -> tuple[ir.Value | None, ir.Value]:
     users = consumers(y)
     if len(users) == 1 and users[0].op_type == "Mul":
         w = other_input(users[0], y)
-        c = const(w)
-        if c is not None and c.ndim == 1 and (h is None or c.shape[0] == h):
+        c = const_shape(w)  # readable or weightless (meta) weight: the fused op takes the same initializer
+        if c is not None and len(c) == 1 and (h is None or c[0] == h):
             return w, users[0].outputs[0]
     return None, y
 

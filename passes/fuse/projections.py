@@ -5,8 +5,32 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (add_initializer, const, consumers, insert_before, int64, make_node,
-                                       other_input, replace_value)
+from softsyn.passes.fuse.graph import (add_initializer, add_weightless, attr, const, consumers, insert_before, int64,
+                                       make_node, op, other_input, replace_value, weightless)
+
+
+def _weight(v: ir.Value | None):
+    """(initializer, transposed) if v is a 2-D weight: an initializer (readable or weightless) or, as a weightless
+    export leaves it (its Transposes cannot be folded), Transpose(perm 1,0) of one; else None."""
+    t = op(v, "Transpose")
+    transposed = t is not None and list(attr(t, "perm", [1, 0])) == [1, 0] and t.domain in ("", "ai.onnx")
+    w = t.inputs[0] if transposed else v
+    if w is None or w.producer() is not None or w.const_value is None or w.shape is None or len(w.shape) != 2:
+        return None
+    return w, transposed
+
+
+def _weight_array(v: ir.Value):
+    """The [in, out] values of weight v, or None if they are not readable (weightless)."""
+    w, transposed = _weight(v)
+    c = const(w)
+    return None if c is None else (c.T if transposed else c)
+
+
+def _weight_shape(v: ir.Value) -> tuple[int, int]:
+    w, transposed = _weight(v)
+    rows, cols = (int(d) for d in w.shape)
+    return (cols, rows) if transposed else (rows, cols)
 
 
 def _projections(ctx):
@@ -14,9 +38,7 @@ def _projections(ctx):
     groups: dict[int, list[ir.Node]] = {}
     order = []
     for n in ctx.graph:
-        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.inputs[1] is not None \
-                and n.inputs[1].producer() is None and n.inputs[1].const_value is not None \
-                and n.inputs[1].shape is not None and len(n.inputs[1].shape) == 2:
+        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and _weight(n.inputs[1]) is not None:
             key = id(n.inputs[0])
             if key not in groups:
                 groups[key] = []
@@ -32,6 +54,8 @@ def _bias_of(mm: ir.Node):
         c = const(b)
         if c is not None and c.ndim == 1:
             return users[0], c
+        if weightless(b) and len(b.shape) == 1:
+            return users[0], b  # a weightless bias: its shape, no data
     return None, None
 
 
@@ -54,14 +78,19 @@ class ProjectionMergeRule(Rule):
         group = ctx.cache[("proj", self.kind)][id(anchor)]
         if any(n.graph is None for n in group):
             return "a projection of the group was rewritten by an earlier rule"
-        ws = [const(n.inputs[1]) for n in group]
+        ws = [_weight_array(n.inputs[1]) for n in group]
         if any(w is None for w in ws):
-            return "weights are not materialised (meta/external data not readable): cannot concatenate"
-        if len({w.shape[0] for w in ws}) != 1 or len({w.dtype for w in ws}) != 1:
-            return f"weights differ in input size or dtype: {[w.shape for w in ws]}"
+            if not all(weightless(_weight(n.inputs[1])[0]) for n in group):
+                return "weights are not readable (external data missing), and not all weightless: cannot concatenate"
+            # a weightless (meta) netlist: the merged weight is weightless too, with the concatenated shape
+            ws = [None] * len(group)
+        shapes = [_weight_shape(n.inputs[1]) for n in group]
+        dtypes = {_weight(n.inputs[1])[0].dtype for n in group}
+        if len({r for r, _ in shapes}) != 1 or len(dtypes) != 1:
+            return f"weights differ in input size or dtype: {shapes}"
         biases = [_bias_of(n) for n in group]
         has_bias = [b[0] is not None for b in biases]
-        if any(has_bias) and not all(has_bias):
+        if (any(has_bias) and not all(has_bias)) or len({isinstance(c, ir.Value) for _, c in biases}) > 1:
             biases = [(None, None)] * len(group)  # merge the MatMuls only; the bias Adds stay
         return group, ws, biases
 
@@ -69,16 +98,23 @@ class ProjectionMergeRule(Rule):
         group, ws, biases = match
         g = ctx.graph
         x = group[0].inputs[0]
-        sizes = [int(w.shape[1]) for w in ws]
-        name = (group[0].inputs[1].name or "proj") + f".merged{len(group)}"
-        w = add_initializer(g, name, np.concatenate(ws, axis=1))
+        sizes = [_weight_shape(n.inputs[1])[1] for n in group]
+        first = _weight(group[0].inputs[1])[0]
+        name = (first.name or "proj") + f".merged{len(group)}"
+        if ws[0] is None:
+            w = add_weightless(g, name, (_weight_shape(group[0].inputs[1])[0], sum(sizes)), first.dtype)
+        else:
+            w = add_initializer(g, name, np.concatenate(ws, axis=1))
         mm = make_node(group[0], "", "MatMul", [x, w])
         mm.outputs[0].type = group[0].outputs[0].type
         new = [mm]
         src = mm.outputs[0]
         outs = [n.outputs[0] for n in group]
         if biases[0][0] is not None:
-            b = add_initializer(g, name + ".bias", np.concatenate([c for _, c in biases]))
+            if isinstance(biases[0][1], ir.Value):
+                b = add_weightless(g, name + ".bias", (sum(int(c.shape[0]) for _, c in biases),), biases[0][1].dtype)
+            else:
+                b = add_initializer(g, name + ".bias", np.concatenate([c for _, c in biases]))
             add = make_node(group[0], "", "Add", [src, b])
             add.outputs[0].type = src.type
             new.append(add)

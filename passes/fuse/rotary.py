@@ -3,6 +3,13 @@
 The caches are computed by evaluating the model's own cos/sin subgraph for positions
 0..max_position-1 (so rope scaling variants — linear, llama3, attention factor — come for free),
 and position_ids stays a live input: the fused op is exact for any positions the model is fed.
+
+The positions the fused op reads are the ones the model's own cos/sin subgraph reads: the nearest integer
+tensor every path from cos/sin to the graph inputs goes through — the ``position_ids`` input when the model
+reads it, else what the model computes (e.g. ``arange(seq)`` from ``Shape(input_ids)`` in a plain export with
+no position input, or positions derived from the attention mask). A graph input read only through ``Shape``
+(token ids) is never taken as positions. On a weightless (meta) netlist the subgraph's weights (``inv_freq``)
+have no data: it is evaluated on placeholders to check its structure and the caches are weightless too.
 """
 from __future__ import annotations
 
@@ -14,8 +21,11 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (MS, add_initializer, attr, cone_inputs, const, consumers, dim, evaluate,
-                                  insert_before, int64, make_node, op, other_input, replace_value)
+from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, consumers, dim,
+                                       evaluate, insert_before, int64, make_node, op, other_input, placeholders,
+                                  replace_value)
+
+_INT = (ir.DataType.INT64, ir.DataType.INT32)
 
 
 def _slice_params(n: ir.Node):
@@ -45,6 +55,27 @@ def _is_rotate_half(concat: ir.Node):
     return lo.inputs[0]
 
 
+def _position_source(cos: ir.Value, sin: ir.Value):
+    """The position tensor cos/sin are computed from: the nearest (breadth-first from cos/sin) integer value of
+    rank 1 ([S]) or 2 ([B|1, S]) whose values the subgraph reads (not only its Shape) and that cuts every path
+    from cos/sin to the graph inputs. None if there is none."""
+    seen, frontier = set(), [cos, sin]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            if v is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if v.dtype in _INT and v.shape is not None and len(v.shape) in (1, 2) and v.const_value is None \
+                    and not cone_inputs([cos, sin], stop={id(v)}):
+                return v
+            n = v.producer()
+            if n is not None and n.op_type != "Shape":  # Shape reads only the shape of its input
+                nxt.extend(n.inputs)
+        frontier = nxt
+    return None
+
+
 @dataclass
 class _Rot:
     anchor: ir.Node
@@ -55,6 +86,7 @@ class _Rot:
     pos: ir.Value
     cos_cache: np.ndarray
     sin_cache: np.ndarray
+    weightless: bool = False  # computed from placeholders of weightless weights: the caches get no data either
 
 
 class RotaryRule(Rule):
@@ -100,8 +132,8 @@ class RotaryRule(Rule):
         caches = self._caches(ctx, cos, sin, h)
         if isinstance(caches, str):
             return caches
-        pos, cc, sc = caches
-        return _Rot(concat, x, cos, sin, add.outputs[0], pos, cc, sc)
+        pos, cc, sc, meta = caches
+        return _Rot(concat, x, cos, sin, add.outputs[0], pos, cc, sc, meta)
 
     def _caches(self, ctx, cos, sin, h):
         key = ("rotary", id(cos), id(sin))
@@ -112,15 +144,15 @@ class RotaryRule(Rule):
 
     def _compute_caches(self, ctx, cos, sin, h):
         srcs = cone_inputs([cos, sin])
-        if len(srcs) != 1:
-            return f"cos/sin depend on {', '.join(v.name for v in srcs) or 'no input'}, not on position ids alone"
-        pos = srcs[0]
-        if pos.shape is None or len(pos.shape) != 2 or pos.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
-            return f"cos/sin are computed from {pos.name}, which is not [batch, seq] integer position ids"
+        pos = _position_source(cos, sin) if srcs else None
+        if pos is None:
+            return (f"cos/sin depend on {', '.join(v.name for v in srcs) or 'no input'}, not on one integer "
+                    "[batch, seq] position tensor")
         max_pos = int(ctx.netlist.config.get("max_position_embeddings") or 4096)
-        ids = np.arange(max_pos, dtype=pos.dtype.numpy())[None, :]
+        ids = np.arange(max_pos, dtype=pos.dtype.numpy()).reshape((1, max_pos)[2 - len(pos.shape):])
+        weights = placeholders([cos, sin])
         try:
-            c, s = evaluate(ctx.graph, [cos, sin], {pos: ids}, dict(ctx.model.opset_imports))
+            c, s = evaluate(ctx.graph, [cos, sin], {pos: ids, **weights}, dict(ctx.model.opset_imports))
         except Exception as exc:
             return f"could not evaluate the cos/sin subgraph: {exc}"
         c, s = np.asarray(c), np.asarray(s)
@@ -130,7 +162,46 @@ class RotaryRule(Rule):
         if not (np.array_equal(c[:, : h // 2], c[:, h // 2:]) and np.array_equal(s[:, : h // 2], s[:, h // 2:])):
             return "cos/sin halves differ: not the rotate_half (non-interleaved) layout"
         # a probe with another batch row must give the same table (no batch-dependent rope)
-        return pos, np.ascontiguousarray(c[:, : h // 2]), np.ascontiguousarray(s[:, : h // 2])
+        return pos, np.ascontiguousarray(c[:, : h // 2]), np.ascontiguousarray(s[:, : h // 2]), bool(weights)
+
+    def _positions(self, ctx, m: _Rot) -> ir.Value:
+        """m.pos as the op wants it: int64 [B, S]. A computed [S] or [1, S] (e.g. arange(seq)) is expanded to
+        the batch (read from a graph input with x's batch dim); one Cast/Expand per position tensor, placed right
+        after it and shared by every layer."""
+        key = ("rotary-pos", id(m.pos))
+        if key in ctx.cache:
+            return ctx.cache[key]
+        g, pos, new = ctx.graph, m.pos, []
+
+        def add(op_type, inputs, attrs=None):
+            new.append(make_node(m.anchor, "", op_type, inputs, attrs))
+            new[-1].outputs[0].type = ir.TensorType(ir.DataType.INT64)
+            return new[-1].outputs[0]
+
+        if pos.dtype != ir.DataType.INT64:
+            pos = add("Cast", [pos], {"to": ir.DataType.INT64})
+        batch = m.x.shape[0] if m.x.shape is not None else None
+        if len(m.pos.shape) == 1 or (dim(m.pos, 0) == 1 and batch != 1):
+            if len(m.pos.shape) == 1:
+                pos = add("Unsqueeze", [pos, int64(g, "axis0", [0])])
+            # the batch size from a graph input with the same batch dim (shared by all layers), else from x
+            name = getattr(batch, "value", None)
+            src = next((v for v in g.inputs if name and v.shape is not None and len(v.shape)
+                        and getattr(v.shape[0], "value", None) == name), None)
+            if src is None and not isinstance(batch, int):  # batch from this layer's x: not shared
+                src, key = m.x, None
+            b = int64(g, "batch", [batch]) if isinstance(batch, int) else add("Shape", [src], {"start": 0, "end": 1})
+            shape = add("Concat", [b, add("Shape", [pos], {"start": -1})], {"axis": 0})
+            pos = add("Expand", [pos, shape])
+            pos.shape = ir.Shape([batch, m.pos.shape[-1]])
+        if new and key is None:  # just before this rotary
+            insert_before(g, m.out.producer(), new)
+        elif new:  # right after the positions are computed (a graph input: first), so every layer can read it
+            where = m.pos.producer()
+            g.insert_after(where, new) if where is not None else insert_before(g, next(iter(g)), new)
+        if key is not None:
+            ctx.cache[key] = pos
+        return pos
 
     def rewrite(self, ctx, m: _Rot):
         g = ctx.graph
@@ -140,14 +211,14 @@ class RotaryRule(Rule):
         key = ("rotary-cache", m.cos_cache.shape, np.dtype(dtype).str, hashlib.sha1(m.cos_cache.tobytes()).hexdigest(),
                hashlib.sha1(m.sin_cache.tobytes()).hexdigest())
         if key not in ctx.cache:
-            ctx.cache[key] = (add_initializer(g, "rotary.cos_cache", m.cos_cache.astype(dtype)),
-                              add_initializer(g, "rotary.sin_cache", m.sin_cache.astype(dtype)))
+            if m.weightless:
+                ctx.cache[key] = tuple(add_weightless(g, f"rotary.{n}_cache", m.cos_cache.shape, m.x.dtype)
+                                       for n in ("cos", "sin"))
+            else:
+                ctx.cache[key] = (add_initializer(g, "rotary.cos_cache", m.cos_cache.astype(dtype)),
+                                  add_initializer(g, "rotary.sin_cache", m.sin_cache.astype(dtype)))
         cc, sc = ctx.cache[key]
-        pos = m.pos
-        if pos.dtype != ir.DataType.INT64:
-            cast = make_node(m.anchor, "", "Cast", [pos], {"to": ir.DataType.INT64})
-            insert_before(g, m.out.producer(), [cast])
-            pos = cast.outputs[0]
+        pos = self._positions(ctx, m)
         x, new = m.x, []
         tr = op(x, "Transpose")
         y = tr.inputs[0] if tr is not None else None
