@@ -567,7 +567,7 @@ def _flatten(nl):
     class _D:  # what the flatten pass uses of a Design
         netlist = nl
 
-        def invalidate(self):
+        def netlist_changed(self):
             nl.invalidate()
 
     get("flatten").run(_D())

@@ -151,7 +151,7 @@ class SignoffResult:
         for g, obj in zip(data["groups"], self.groups):
             g.update(predicted_slack=obj.predicted_slack, measured_slack=obj.measured_slack, error=obj.error,
                      error_quiet=obj.error_quiet, violated=obj.violated)
-        return {"schema": "softsyn.flow.signoff/1", "units": "seconds", **data}
+        return {"schema": "softsyn.signoff/1", "units": "seconds", **data}
 
 
 # ------------------------------------------------------------------------------------------ inputs

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from softsyn.errors import SoftsynError
 
 HIERARCHY_KEY = "softsyn.hierarchy"
-NETLIST_META_KEY = "softsyn.netlist.model"
+NETLIST_META_KEY = "softsyn.netlist"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 
