@@ -2,17 +2,19 @@
 SOFTSYN_UPDATE_GOLDEN=1 rewrites them), and their tables as column data."""
 from __future__ import annotations
 
-import copy
+import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from softsyn.flow.signoff import CellRow, GroupResult, OpRow, SignoffResult
-from softsyn.flow.verify import OutputCheck, VerifyResult, render
-from softsyn.passes.fuse.rules import Coverage, Miss
-from softsyn.reports import report_fusion, report_signoff
+from softsyn.flow.verify import OutputCheck, VerifyResult
+from softsyn.reports import fusion_table, report_fusion, report_signoff, report_verify, verify_table
+from softsyn.reports.common import Column, fixed_line
+from softsyn.reports.signoff import cell_table, group_table, op_table
 
 GOLDEN = Path(__file__).parent / "golden"
 MS = 1e-3
@@ -28,6 +30,26 @@ def check_golden(name: str, text: str) -> None:
 
 
 # -------------------------------------------------------------------------------- fusion
+
+@dataclass
+class Miss:
+    """What report_fusion reads of softsyn.passes.fuse's Miss."""
+
+    site: str
+    reason: str
+
+
+@dataclass
+class Coverage:
+    """What report_fusion reads of softsyn.passes.fuse's Coverage (the fuse pass's result per kind)."""
+
+    kind: str
+    candidates: int = 0
+    fused: int = 0
+    misses: list[Miss] = field(default_factory=list)
+    target_op: str = ""
+    note: str = ""
+
 
 def make_coverage() -> list[Coverage]:
     return [
@@ -147,11 +169,53 @@ def verify_met(result: VerifyResult) -> VerifyResult:
 
 
 VERIFY_CASES = {
-    "verify.rpt": lambda r: render(r, "out/tiny") + "\n",
-    "verify_met.rpt": lambda r: render(verify_met(r), "out/tiny") + "\n",
+    "verify.rpt": lambda r: report_verify(r, "out/tiny"),
+    "verify_met.rpt": lambda r: report_verify(verify_met(r), "out/tiny"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(VERIFY_CASES))
 def test_verify_golden(name):
     check_golden(name, VERIFY_CASES[name](make_verify()))
+
+
+# -------------------------------------------------------------------------------- tables as data
+
+def test_fixed_line_lays_out_like_format_specs():
+    cols = (Column("a", "A", 6), Column("n", "N", 5, "right", "number", fmt="{:.1f}", gap=1),
+            Column("t", "T", 7, "right", "time", gap=1), Column("s", "S", 4, gap=2, missing="-"))
+    row = {"a": "abcdefgh", "n": 2.25, "t": 1.5e-3}
+    assert fixed_line(cols, row) == f"{'abcdefgh':<6} {2.25:>5.1f} {'1.500':>7}  -"
+    assert fixed_line(cols, row, unit="us", digits=0) == f"{'abcdefgh':<6} {2.25:>5.1f} {'1500':>7}  -"
+    clipped = Column("a", "A", 8, clip=True)
+    assert fixed_line((clipped, cols[1]), {"a": "model.layers.0", "n": 1.0}) == "...ers.0   1.0"
+
+
+def test_tables_render_the_rows_their_json_holds():
+    result, verify, coverage = make_signoff(), make_verify(), make_coverage()
+    tables = {"fusion": (fusion_table(coverage), report_fusion(coverage)),
+              "groups": (group_table(result), report_signoff(result)),
+              "ops": (op_table(result.groups[0]), report_signoff(result)),
+              "cells": (cell_table(result.groups[0]), report_signoff(result)),
+              "verify": (verify_table(verify), report_verify(verify, "out/tiny"))}
+    for name, (table, text) in tables.items():
+        data = json.loads(json.dumps(table.to_dict()))
+        keys = [c["key"] for c in data["columns"]]
+        assert all(list(row) == keys for row in data["rows"]), name
+        lines = text.splitlines()
+        for line in [table.header(), *table.lines()]:
+            assert any(l.strip() == line.strip() for l in lines), (name, line)
+        assert len(data["rows"]) == len(table.lines()), name
+
+
+def test_table_rows_hold_si_values():
+    result = signoff_no_probe(make_signoff())
+    decode, prefill = group_table(result).rows
+    assert decode["measured"] == pytest.approx(2.1e-3) and decode["status"] == "VIOLATED (predicted MET)"
+    assert prefill["budget"] == math.inf and prefill["error"] is None  # measured 0: printed n/a
+    assert [r["error"] for r in op_table(result.groups[0]).rows][-1] is None
+    assert cell_table(result.groups[0]).rows[1]["instance"].endswith("longer_than_the_column")  # clipped in text only
+    rows = verify_table(make_verify()).rows
+    assert rows[1]["top1"] is None and rows[2]["rel"] == math.inf and rows[0]["status"] == "MET"
+    kinds = fusion_table(make_coverage()).rows
+    assert kinds[2]["percent"] is None and kinds[1]["missed"] == 1
