@@ -1,6 +1,7 @@
 """softsyn.reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.timing.results objects.
 
-Every builder takes an `Analysis` and returns text; none recomputes timing or area.
+Every builder takes a result (an `Analysis`, fusion coverage, a signoff or verify result) and returns
+text; none recomputes timing or area. Tables are column data (softsyn.reports.columns).
 """
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from pathlib import Path
 
 from softsyn.timing.results import Analysis
 from softsyn.reports.area import report_area
-from softsyn.reports.common import Column, write_atomic
+from softsyn.reports.columns import TIMING_COLUMNS
+from softsyn.reports.common import Column, Table, write_atomic
 from softsyn.reports.constraint import report_constraint
-from softsyn.reports.fusion import report_fusion
+from softsyn.reports.fusion import fusion_table, report_fusion
 from softsyn.reports.json_io import from_json, to_json
 from softsyn.reports.qor import report_qor
 from softsyn.reports.signoff import report_signoff
-from softsyn.reports.timing import Row, TIMING_COLUMNS, fold_points, path_rows, report_timing
+from softsyn.reports.timing import Row, fold_points, path_rows, report_timing
+from softsyn.reports.verify import report_verify, verify_table
 
 REPORTS = {
     "timing": report_timing,
@@ -41,6 +44,7 @@ def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
 
 
 __all__ = [
-    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff", "report_fusion",
-    "to_json", "from_json", "fold_points", "path_rows", "Row", "Column", "TIMING_COLUMNS",
+    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff",
+    "report_fusion", "report_verify", "fusion_table", "verify_table", "to_json", "from_json", "fold_points",
+    "path_rows", "Row", "Column", "Table", "TIMING_COLUMNS",
 ]

@@ -2,20 +2,10 @@
 from __future__ import annotations
 
 from softsyn.timing.results import Analysis, AreaItem
-from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, fcount, fpercent,
-                                    indexed_scope, render, table_header, table_row, table_rule)
+from softsyn.reports.columns import AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_LIMIT_COLUMNS
+from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope, render,
+                                    table_header, table_row, table_rule)
 from softsyn.reports.suggest import area_suggestions
-
-KIND_COLUMNS: list[Column] = [
-    Column("name", "Kind", 30, "left"),
-    Column("bytes", "Bytes", 14, "right", "bytes"),
-    Column("count", "Count", 10, "right", "count"),
-    Column("percent", "Percent", 9, "right", "percent"),
-    Column("pad", "", 2, "left"),
-    Column("detail", "Detail", 40, "left"),
-]
-HIERARCHY_COLUMNS: list[Column] = [Column("name", "Hierarchy", 40, "left"), *KIND_COLUMNS[1:]]
-CONSTRAINT_COLUMNS: list[Column] = [Column("name", "", 40, "left"), Column("bytes", "", 14, "right", "bytes")]
 
 
 def truncate_hierarchy(items: list[AreaItem], depth: int) -> list[AreaItem]:
@@ -79,32 +69,33 @@ def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
     def lines(columns, values) -> list[str]:
         return table_row(columns, values)
 
-    kind_rows = [line for k in area.by_kind for line in lines(KIND_COLUMNS, row(k))]
-    kind_total = lines(KIND_COLUMNS, row(AreaItem("Total VRAM", area.total, 0), ""))
+    kind_rows = [line for k in area.by_kind for line in lines(AREA_KIND_COLUMNS, row(k))]
+    kind_total = lines(AREA_KIND_COLUMNS, row(AreaItem("Total VRAM", area.total, 0), ""))
 
     hier = fold_hierarchy(truncate_hierarchy(area.by_hierarchy, hierarchy_depth))
     hier_rows = []
     for item, n in hier:
         detail = f"{fbytes(item.bytes / n, unit)} each" if n else None
-        hier_rows += lines(HIERARCHY_COLUMNS, row(item, detail))
+        hier_rows += lines(AREA_HIERARCHY_COLUMNS, row(item, detail))
     hier_sum = sum(i.bytes for i, _ in hier)
-    hier_total = lines(HIERARCHY_COLUMNS, row(AreaItem("Total (hierarchy)", hier_sum, sum(i.count for i, _ in hier)),
-                                              "" if abs(hier_sum - area.total) < 0.5 else
-                                              "rows attributed to a scope; the rest is not hierarchical"))
+    hier_total = lines(AREA_HIERARCHY_COLUMNS,
+                       row(AreaItem("Total (hierarchy)", hier_sum, sum(i.count for i, _ in hier)),
+                           "" if abs(hier_sum - area.total) < 0.5 else
+                           "rows attributed to a scope; the rest is not hierarchical"))
 
     if area.limit is None:
         constraint = ["No VRAM constraint (area_constraint) set: unconstrained."]
     else:
-        rule = table_rule(CONSTRAINT_COLUMNS)
-        c = lambda name, b: lines(CONSTRAINT_COLUMNS, {"name": name, "bytes": fbytes(b, unit)})[0]  # noqa: E731
+        rule = table_rule(AREA_LIMIT_COLUMNS)
+        c = lambda name, b: lines(AREA_LIMIT_COLUMNS, {"name": name, "bytes": fbytes(b, unit)})[0]  # noqa: E731
         constraint = [c("max_area (VRAM limit)", area.limit), c("total VRAM", area.total), rule,
                       c(f"slack ({'MET' if area.slack >= 0 else 'VIOLATED'})", area.slack)]
 
     options = [f"-hierarchy_depth {hierarchy_depth}"]
     return render("area.j2", banner=banner_lines("area", analysis, options),
-                  kind_header=table_header(KIND_COLUMNS), kind_rule=table_rule(KIND_COLUMNS),
+                  kind_header=table_header(AREA_KIND_COLUMNS), kind_rule=table_rule(AREA_KIND_COLUMNS),
                   kind_rows=kind_rows, kind_total=kind_total,
-                  hier_header=table_header(HIERARCHY_COLUMNS), hier_rule=table_rule(HIERARCHY_COLUMNS),
+                  hier_header=table_header(AREA_HIERARCHY_COLUMNS), hier_rule=table_rule(AREA_HIERARCHY_COLUMNS),
                   hier_rows=hier_rows, hier_total=hier_total, depth=hierarchy_depth,
                   parameters=fcount(area.parameters), kv_detail=area.kv_detail,
                   activation_scenario=area.activation_scenario, constraint=constraint,

@@ -1,8 +1,13 @@
-"""Shared pieces of the text reports: banner, units, column layouts, jinja2 environment.
+"""Shared pieces of the text reports: banner, units, tables, jinja2 environment.
 
-Column layouts are data (`Column`), so the same rows render as fixed-width text here
-and as JSON/HTML elsewhere. Every number in the result objects is SI; conversion to
-the printed unit happens only in this module (through `softsyn.units`).
+Tables are data: a `Column` says what a row value is and how it prints, a `Table` holds the
+rows (SI values) and renders them as fixed-width text here and as JSON/HTML through
+`Table.to_dict`. Every table's columns are defined in softsyn.reports.columns. Two text
+layouts exist: the DC layout (`table_row`: a column's width includes its padding, an
+overflowing value borrows the next column's padding) and the format-spec layout
+(`fixed_line`: `gap` blanks, then the value padded to its width; an overflowing value pushes
+the rest of the row right, as f"{x:<10}" does). Conversion to the printed unit happens only
+in this module (through `softsyn.units`).
 """
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jinja2
@@ -24,19 +30,45 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 @dataclass(frozen=True)
 class Column:
-    """One column of a table: `key` selects the row value, `kind` says how it is printed."""
+    """One column of a table: `key` selects the row value, `kind` says what it is, `fmt` how it prints."""
 
     key: str
     title: str
     width: int
     align: str = "left"  # "left" | "right"
-    kind: str = "text"  # "text" | "time" | "bytes" | "count" | "percent"
+    kind: str = "text"  # "text" | "time" (s) | "bytes" | "count" | "percent" (a fraction) | "number"
+    fmt: str = ""  # str.format template of a number, e.g. "{:.3e}"; "" prints str(value); "time" uses ftime
+    missing: str = ""  # text of an absent value (None)
+    gap: int = 0  # format-spec layout only: blanks before the column
+    clip: bool = False  # format-spec layout only: a longer text keeps its tail after "..."
 
     def header(self, time_unit: str = "ms") -> str:
         return f"{self.title} ({time_unit})" if self.kind == "time" else self.title
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "title": self.title, "width": self.width, "align": self.align, "kind": self.kind}
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows (dicts keyed by Column.key: SI values, None where there is none) and the columns that
+    print them; the text report and the JSON (`to_dict`) read the same rows."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[dict, ...]
+
+    def header(self) -> str:
+        return fixed_line(self.columns, {c.key: c.title for c in self.columns})
+
+    def dashes(self) -> str:
+        """Each column's width in dashes, under its title."""
+        return fixed_line(self.columns, {c.key: "-" * c.width for c in self.columns})
+
+    def lines(self, unit: str = "ms", digits: int = 3) -> list[str]:
+        return [fixed_line(self.columns, row, unit, digits) for row in self.rows]
+
+    def to_dict(self) -> dict:
+        return {"columns": [c.to_dict() for c in self.columns], "rows": [dict(r) for r in self.rows]}
 
 
 # ------------------------------------------------------------------------------------------ units
@@ -90,21 +122,42 @@ def fpercent(fraction: float, digits: int = 1) -> str:
 
 # ------------------------------------------------------------------------------------------ tables
 
-def format_cell(col: Column, value) -> str:
+def format_cell(col: Column, value, unit: str = "ms", digits: int = 3) -> str:
+    """A row value as text: text as it is, a time in `unit` with `digits` decimals, a number by `col.fmt`."""
     if value is None:
-        return ""
-    return str(value)
+        return col.missing
+    if isinstance(value, str):
+        return value
+    if col.kind == "time":
+        return ftime(value, unit, digits)
+    return col.fmt.format(value) if col.fmt else str(value)
 
 
-def table_header(columns: list[Column], time_unit: str = "ms") -> str:
+def fixed_line(columns: Sequence[Column], values: dict, unit: str = "ms", digits: int = 3) -> str:
+    """One row in the format-spec layout. A left-aligned last column is not padded (its padding
+    would be trailing blanks)."""
+    out = ""
+    for i, col in enumerate(columns):
+        text = format_cell(col, values.get(col.key), unit, digits)
+        if col.clip and len(text) > col.width:
+            text = "..." + text[len(text) - col.width + 3:]
+        out += " " * col.gap
+        if col.align == "right":
+            out += text.rjust(col.width)
+        else:
+            out += text if i == len(columns) - 1 else text.ljust(col.width)
+    return out
+
+
+def table_header(columns: Sequence[Column], time_unit: str = "ms") -> str:
     return _join(columns, [c.header(time_unit) for c in columns])
 
 
-def table_rule(columns: list[Column]) -> str:
+def table_rule(columns: Sequence[Column]) -> str:
     return "-" * sum(c.width for c in columns)
 
 
-def table_row(columns: list[Column], values: dict) -> list[str]:
+def table_row(columns: Sequence[Column], values: dict) -> list[str]:
     """One row as text lines: a left-aligned value too long for its column goes on its own
     line and the rest of the row follows on the next line (DC prints long pin names so)."""
     texts = [format_cell(c, values.get(c.key)) for c in columns]
@@ -117,7 +170,7 @@ def table_row(columns: list[Column], values: dict) -> list[str]:
     return lines
 
 
-def _join(columns: list[Column], texts: list[str]) -> str:
+def _join(columns: Sequence[Column], texts: list[str]) -> str:
     """Place each text in its column; a column that overflows borrows from the next one's
     padding, so right-aligned numbers stay in place whenever they can."""
     out = ""

@@ -1,30 +1,16 @@
 """report_constraint [-all_violators]: one section per constraint kind, a row per object."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from softsyn.timing.results import Analysis
-from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained,
-                                    render, table_row, table_rule)
+from softsyn.reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
+from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
+                                    table_row, table_rule)
 from softsyn.reports.suggest import area_suggestions, timing_suggestions
 
-DELAY_COLUMNS: list[Column] = [
-    Column("object", "Endpoint", 30, "left"),
-    Column("required", "Required Path Delay", 20, "right", "time"),
-    Column("actual", "Actual Path Delay", 20, "right", "time"),
-    Column("slack", "Slack", 14, "right", "time"),
-    Column("pad", "", 2, "left"),
-    Column("status", "", 10, "left"),
-]
-AREA_COLUMNS: list[Column] = [
-    Column("object", "Design", 30, "left"),
-    Column("required", "Required Area", 20, "right", "bytes"),
-    Column("actual", "Actual Area", 20, "right", "bytes"),
-    Column("slack", "Slack", 14, "right", "bytes"),
-    Column("pad", "", 2, "left"),
-    Column("status", "", 10, "left"),
-]
 
-
-def _header(columns: list[Column], unit: str) -> list[str]:
+def _header(columns: Sequence[Column], unit: str) -> list[str]:
     """Two header lines: 'Required'/'Actual' over 'Path Delay (ms)', as DC stacks them."""
     top, bottom = {}, {}
     for c in columns:
@@ -56,17 +42,17 @@ def report_constraint(analysis: Analysis, all_violators: bool = True, significan
             rows.append({"object": p.endpoint, "required": t(p.required), "actual": t(p.arrival),
                          "slack": t(p.slack), "status": "(MET)" if p.slack >= 0 else "(VIOLATED)"})
         if rows:
-            sections.append({"title": f"max_delay/setup ('{g.name}' group)", "header": _header(DELAY_COLUMNS, unit),
-                             "rule": table_rule(DELAY_COLUMNS),
-                             "rows": [line for r in rows for line in table_row(DELAY_COLUMNS, r)]})
+            sections.append({"title": f"max_delay/setup ('{g.name}' group)",
+                             "header": _header(CONSTRAINT_DELAY_COLUMNS, unit), "rule": table_rule(CONSTRAINT_DELAY_COLUMNS),
+                             "rows": [line for r in rows for line in table_row(CONSTRAINT_DELAY_COLUMNS, r)]})
     area = analysis.area
     if area.limit is not None and (not all_violators or area.slack < 0):
         bunit = byte_unit_for(area.total, area.limit)
         b = lambda x: fbytes(x, bunit)[: -len(bunit) - 1]  # noqa: E731  (unit is in the header)
         row = {"object": analysis.design, "required": b(area.limit), "actual": b(area.total),
                "slack": b(area.slack), "status": "(MET)" if area.slack >= 0 else "(VIOLATED)"}
-        sections.append({"title": "max_area (VRAM)", "header": _header(AREA_COLUMNS, bunit),
-                         "rule": table_rule(AREA_COLUMNS), "rows": table_row(AREA_COLUMNS, row)})
+        sections.append({"title": "max_area (VRAM)", "header": _header(CONSTRAINT_AREA_COLUMNS, bunit),
+                         "rule": table_rule(CONSTRAINT_AREA_COLUMNS), "rows": table_row(CONSTRAINT_AREA_COLUMNS, row)})
     if not all_violators:
         sections.append({"title": "accuracy", "header": [], "rule": "", "rows": ["not checked"]})
     options = ["-all_violators"] if all_violators else []

@@ -5,33 +5,42 @@ rule's structural anchor found and did not fuse, with the reason its check gave.
 """
 from __future__ import annotations
 
-from softsyn.reports.common import BANNER_RULE
+from softsyn.reports.columns import FUSION_COLUMNS
+from softsyn.reports.common import BANNER_RULE, Table
 
 RULE = "-" * 78
 
 
+def _percent(fused: int, candidates: int) -> float | None:
+    return 100.0 * fused / candidates if candidates else None
+
+
+def fusion_table(coverage) -> Table:
+    """One row per fusion kind of a list of softsyn.passes.fuse Coverage (the `fuse` pass's result:
+    kind, candidates, fused, misses, target_op, note)."""
+    return Table(FUSION_COLUMNS, tuple(
+        {"kind": c.kind, "candidates": c.candidates, "fused": c.fused, "missed": c.candidates - c.fused,
+         "percent": _percent(c.fused, c.candidates), "target_op": c.target_op} for c in coverage))
+
+
+def fusion_total(coverage) -> Table:
+    """The Total row: the kinds summed (no runtime op)."""
+    candidates = sum(c.candidates for c in coverage)
+    fused = sum(c.fused for c in coverage)
+    return Table(FUSION_COLUMNS[:-1], ({"kind": "Total", "candidates": candidates, "fused": fused,
+                                        "missed": candidates - fused, "percent": _percent(fused, candidates)},))
+
+
 def report_fusion(coverage, design: str | None = None, target: str | None = None, max_misses: int = 50) -> str:
-    """Text report of a list of softsyn.passes.fuse.rules.Coverage (the `fuse` pass's result)."""
+    """Text report of a list of Coverage: the kinds table, its total, kind notes and up to max_misses misses."""
+    kinds = fusion_table(coverage)
     lines = [BANNER_RULE, "Report : fusion"]
     if target:
         lines.append(f"        -target {target}")
     if design:
         lines.append(f"Design : {design}")
-    lines += [BANNER_RULE, ""]
-    lines.append(f"{'Fusion kind':<16}{'Candidates':>11}{'Fused':>7}{'Missed':>8}{'Coverage':>10}  Runtime op")
-    lines.append(RULE)
-    total_c = total_f = 0
-    for c in coverage:
-        missed = c.candidates - c.fused
-        pct = f"{c.percent:.0f}%" if c.candidates else "-"
-        op = getattr(c, "target_op", "") or ""
-        lines.append(f"{c.kind:<16}{c.candidates:>11}{c.fused:>7}{missed:>8}{pct:>10}  {op}")
-        total_c += c.candidates
-        total_f += c.fused
-    lines.append(RULE)
-    pct = f"{100.0 * total_f / total_c:.0f}%" if total_c else "-"
-    lines.append(f"{'Total':<16}{total_c:>11}{total_f:>7}{total_c - total_f:>8}{pct:>10}")
-    notes = [c for c in coverage if getattr(c, "note", "")]
+    lines += [BANNER_RULE, "", kinds.header(), RULE, *kinds.lines(), RULE, *fusion_total(coverage).lines()]
+    notes = [c for c in coverage if c.note]
     if notes:
         lines += ["", "Notes:"]
         lines += [f"  {c.kind}: {c.note}" for c in notes]

@@ -3,15 +3,61 @@
 Renders a softsyn.flow.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
 banner, what was measured, one line per group (predicted, measured, error, both slacks), then per
 group the measured breakdown, the op types and the cells with the largest error, and for each
-violated group the cells responsible.
+violated group the cells responsible. The three tables (group_table, op_table, cell_table) are
+column data: the text here and a JSON reader print the same rows.
 """
 from __future__ import annotations
 
-from softsyn.reports.common import BANNER_RULE, INDENT, fpercent, ftime, is_unconstrained
+import math
+
+from softsyn.reports.columns import SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_OP_COLUMNS
+from softsyn.reports.common import BANNER_RULE, INDENT, Table, fpercent, ftime, is_unconstrained
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{x * 100:+.1f}%"
+def _defined(x: float) -> float | None:
+    """An error of a zero measurement is NaN; the tables print it as n/a and JSON as null."""
+    return None if math.isnan(x) else x
+
+
+def _status(g) -> str:
+    if is_unconstrained(g.budget):
+        return "unconstrained"
+    return ("VIOLATED" if g.violated else "MET") + (" (predicted MET)" if g.violated and g.predicted_slack >= 0 else "")
+
+
+def group_table(result) -> Table:
+    """One row per path group of a softsyn.flow.signoff.SignoffResult: budget, predicted, measured, errors, slacks."""
+    return Table(SIGNOFF_GROUP_COLUMNS, tuple(
+        {"group": g.name, "scenario": ", ".join(f"{k} {v}" for k, v in g.dims.items()), "budget": g.budget,
+         "predicted": g.predicted, "measured": g.measured_median, "p90": g.measured_p90, "quiet": g.measured_quiet,
+         "error": _defined(g.error), "error_quiet": _defined(g.error_quiet), "predicted_slack": g.predicted_slack,
+         "measured_slack": g.measured_slack, "status": _status(g)} for g in result.groups))
+
+
+def op_table(group, top: int = 10) -> Table:
+    """A group's `top` op types, largest |measured - predicted| first (the order GroupResult.by_op keeps)."""
+    return Table(SIGNOFF_OP_COLUMNS, tuple(
+        {"op_type": o.op_type, "cells": o.cells, "predicted": o.predicted, "measured": o.measured,
+         "delta": o.measured - o.predicted, "error": (o.predicted - o.measured) / o.measured if o.measured else None}
+        for o in group.by_op[:top]))
+
+
+def cell_table(group, top: int = 10) -> Table:
+    """A group's `top` cells by |error|; Match says how the profile matched the cell, and the delay's source."""
+    def match(r) -> str:
+        runtime_op = f" ({r.runtime_op})" if r.runtime_op and r.runtime_op != r.op_type else ""
+        return f"{r.match}{runtime_op} [{r.source}]"
+
+    return Table(SIGNOFF_CELL_COLUMNS, tuple(
+        {"instance": r.instance, "op_type": r.op_type, "predicted": r.predicted, "measured": r.measured,
+         "delta": r.delta, "match": match(r)} for r in group.cells[:top]))
+
+
+def _indented(table: Table, unit: str, digits: int, rule: bool = False) -> list[str]:
+    """A table's header (and a rule as wide), then its rows, each line indented."""
+    head = table.header()
+    return [INDENT + head, *([INDENT + "-" * len(head)] if rule else []),
+            *(INDENT + line for line in table.lines(unit, digits))]
 
 
 def _machine_line(result) -> list[str]:
@@ -48,19 +94,7 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
             ") in a separate profiled session; the session.run row carries the residual "
             "(measured - sum of kernels: host overhead, gaps, synchronisation, runtime-only nodes).",
             f"{INDENT}Error    : {result.error_means}.", *_machine_line(result), ""]
-    head = (f"{INDENT}{'Group':<10} {'Scenario':<30} {'Budget':>9} {'Predicted':>10} {'Measured':>10} {'p90':>9} "
-            f"{'Quiet':>9} {'Error':>8} {'Err q':>8} {'Slack pred':>11} {'Slack meas':>11}  Status")
-    out += [head, INDENT + "-" * (len(head) - len(INDENT))]
-    for g in result.groups:
-        dims = ", ".join(f"{k} {v}" for k, v in g.dims.items())
-        unconstrained = is_unconstrained(g.budget)
-        status = "unconstrained" if unconstrained else (
-            "VIOLATED" if g.violated else "MET") + (" (predicted MET)" if g.violated and g.predicted_slack >= 0 else "")
-        out.append(f"{INDENT}{g.name:<10} {dims:<30} {t(g.budget):>9} {t(g.predicted):>10} {t(g.measured_median):>10} "
-                   f"{t(g.measured_p90):>9} {t(g.measured_quiet):>9} {_pct(g.error):>8} {_pct(g.error_quiet):>8} "
-                   f"{t(g.predicted_slack):>11} {t(g.measured_slack):>11}  "
-                   f"{status}")
-    out.append(f"{INDENT}(times in {unit})")
+    out += [*_indented(group_table(result), unit, digits, rule=True), f"{INDENT}(times in {unit})"]
     for g in result.groups:
         c = g.counts
         out += ["", f"{INDENT}Path Group '{g.name}': {g.description}", INDENT + "-" * 60,
@@ -76,18 +110,9 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
                 f"{c['fused-anchor']} as fusion anchors, {c['absorbed']} absorbed (folded/fused: 0 s), "
                 f"{c['constant']} constants; {c['runtime-only']} runtime-only kernels (in the residual)",
                 "", f"{INDENT}By op type (largest |measured - predicted| first)",
-                f"{INDENT}{'Op':<26} {'Cells':>6} {'Predicted':>10} {'Measured':>10} {'Delta':>10} {'Error':>8}"]
-        for o in g.by_op[:top]:
-            err = (o.predicted - o.measured) / o.measured if o.measured else float("nan")
-            out.append(f"{INDENT}{o.op_type:<26} {o.cells:>6} {t(o.predicted):>10} {t(o.measured):>10} "
-                       f"{t(o.measured - o.predicted):>10} {_pct(err):>8}")
-        out += ["", f"{INDENT}Cells with the largest error (by instance)",
-                f"{INDENT}{'Instance':<58} {'Op':<14} {'Pred':>8} {'Meas':>8} {'Delta':>8}  Match"]
-        for r in g.cells[:top]:
-            name = r.instance if len(r.instance) <= 58 else "..." + r.instance[-55:]
-            match = r.match + (f" ({r.runtime_op})" if r.runtime_op and r.runtime_op != r.op_type else "")
-            out.append(f"{INDENT}{name:<58} {r.op_type:<14} {t(r.predicted):>8} {t(r.measured):>8} "
-                       f"{t(r.delta):>8}  {match} [{r.source}]")
+                *_indented(op_table(g, top), unit, digits),
+                "", f"{INDENT}Cells with the largest error (by instance)",
+                *_indented(cell_table(g, top), unit, digits)]
         if g.violated:
             over = g.measured_median - g.budget
             out += ["", f"{INDENT}VIOLATED: '{g.name}' measured {t(g.measured_median)} {unit} against a budget of "

@@ -4,16 +4,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from softsyn.timing.results import Analysis, PathPoint, TimingPath
-from softsyn.reports.common import (Column, INDENT, banner_lines, ftime, indexed_scope, is_unconstrained,
-                                    render, table_header, table_row, table_rule)
+from softsyn.reports.columns import TIMING_COLUMNS
+from softsyn.reports.common import banner_lines, ftime, indexed_scope, is_unconstrained, render, table_header, table_row
 from softsyn.reports.suggest import timing_suggestions
-
-TIMING_COLUMNS: list[Column] = [
-    Column("point", "Point", 48, "left"),
-    Column("cell", "Cell", 34, "left"),
-    Column("incr", "Incr", 12, "right", "time"),
-    Column("path", "Path", 11, "right", "time"),
-]
 
 
 @dataclass

@@ -309,10 +309,11 @@ def verify(directory, seed, cache_dir, cpu):
 
     Exit status: 0 within budget, 1 on a violation, 2 on bad input.
     """
-    from softsyn.flow.verify import render, verify as run_verify
+    from softsyn.flow.verify import verify as run_verify
+    from softsyn.reports import report_verify
 
     result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu)
-    click.echo(render(result, directory))
+    click.echo(report_verify(result, directory), nl=False)
     sys.exit(1 if result.violations else 0)
 
 

@@ -148,23 +148,3 @@ def _ort_errors() -> tuple[type[Exception], ...]:
 
     return state.Fail, state.InvalidArgument, state.NotImplemented, state.RuntimeException, state.InvalidGraph
 
-
-def render(result: VerifyResult, out_dir: str | Path) -> str:
-    ref = result.reference
-    lines = [f"softsyn verify: {out_dir} ({result.precision}, {result.provider}) vs reference "
-             f"{ref.get('source', '?')} ({ref.get('precision', 'fp32')})",
-             f"Budget: max rel error {result.max_rel_error:.3e} ({result.budget_source}); min top-1 "
-             + (f"{result.min_top1:.4f}" if result.min_top1 is not None else "not set"),
-             "rel error = max|compiled - reference| / max|reference| per output tensor", "",
-             f"  {'Scenario':<10} {'Output':<24} {'Max abs':>10} {'Rel error':>10} {'Cosine':>10} {'Top-1':>7}  Status",
-             f"  {'-' * 10} {'-' * 24} {'-' * 10} {'-' * 10} {'-' * 10} {'-' * 7}  {'-' * 8}"]
-    for c in result.checks:
-        top1 = f"{c.top1:.4f}" if c.top1 is not None else "-"
-        lines.append(f"  {c.scenario:<10} {c.output:<24} {c.max_abs:>10.3e} {c.rel:>10.3e} {c.cosine:>10.6f} "
-                     f"{top1:>7}  {'VIOLATED' if c.violations else 'MET'}")
-    lines.append("")
-    if result.violations:
-        lines += [f"VIOLATED: {v}" for v in result.violations]
-    else:
-        lines.append(f"verify: all {len(result.checks)} outputs within the accuracy budget")
-    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""Every report table's columns, in one place: the text reports print them and a JSON or HTML
+consumer reads the same definitions (`Column.to_dict`) next to the rows (softsyn.reports.common.Table).
+
+Timing, area and constraint tables use the DC layout (a width includes the column's padding);
+fusion, signoff and verify use the format-spec layout (`gap` blanks, then the width).
+"""
+from __future__ import annotations
+
+from softsyn.reports.common import Column
+
+# ------------------------------------------------------------------------------------------ DC layout
+
+TIMING_COLUMNS: tuple[Column, ...] = (
+    Column("point", "Point", 48, "left"),
+    Column("cell", "Cell", 34, "left"),
+    Column("incr", "Incr", 12, "right", "time"),
+    Column("path", "Path", 11, "right", "time"),
+)
+
+AREA_KIND_COLUMNS: tuple[Column, ...] = (
+    Column("name", "Kind", 30, "left"),
+    Column("bytes", "Bytes", 14, "right", "bytes"),
+    Column("count", "Count", 10, "right", "count"),
+    Column("percent", "Percent", 9, "right", "percent"),
+    Column("pad", "", 2, "left"),
+    Column("detail", "Detail", 40, "left"),
+)
+AREA_HIERARCHY_COLUMNS: tuple[Column, ...] = (Column("name", "Hierarchy", 40, "left"), *AREA_KIND_COLUMNS[1:])
+AREA_LIMIT_COLUMNS: tuple[Column, ...] = (Column("name", "", 40, "left"), Column("bytes", "", 14, "right", "bytes"))
+
+CONSTRAINT_DELAY_COLUMNS: tuple[Column, ...] = (
+    Column("object", "Endpoint", 30, "left"),
+    Column("required", "Required Path Delay", 20, "right", "time"),
+    Column("actual", "Actual Path Delay", 20, "right", "time"),
+    Column("slack", "Slack", 14, "right", "time"),
+    Column("pad", "", 2, "left"),
+    Column("status", "", 10, "left"),
+)
+CONSTRAINT_AREA_COLUMNS: tuple[Column, ...] = (
+    Column("object", "Design", 30, "left"),
+    Column("required", "Required Area", 20, "right", "bytes"),
+    Column("actual", "Actual Area", 20, "right", "bytes"),
+    Column("slack", "Slack", 14, "right", "bytes"),
+    Column("pad", "", 2, "left"),
+    Column("status", "", 10, "left"),
+)
+
+# ------------------------------------------------------------------------------------------ format-spec layout
+
+FUSION_COLUMNS: tuple[Column, ...] = (
+    Column("kind", "Fusion kind", 16),
+    Column("candidates", "Candidates", 11, "right", "count"),
+    Column("fused", "Fused", 7, "right", "count"),
+    Column("missed", "Missed", 8, "right", "count"),
+    Column("percent", "Coverage", 10, "right", "number", fmt="{:.0f}%", missing="-"),  # 0..100, as Coverage.percent
+    Column("target_op", "Runtime op", 40, gap=2),
+)
+
+
+def _time(key: str, title: str, width: int) -> Column:
+    return Column(key, title, width, "right", "time", gap=1)
+
+
+def _error(key: str, title: str) -> Column:
+    """(predicted - measured) / measured; None (measured 0) prints n/a."""
+    return Column(key, title, 8, "right", "percent", fmt="{:+.1%}", missing="n/a", gap=1)
+
+
+SIGNOFF_GROUP_COLUMNS: tuple[Column, ...] = (
+    Column("group", "Group", 10),
+    Column("scenario", "Scenario", 30, gap=1),
+    _time("budget", "Budget", 9),
+    _time("predicted", "Predicted", 10),
+    _time("measured", "Measured", 10),
+    _time("p90", "p90", 9),
+    _time("quiet", "Quiet", 9),
+    _error("error", "Error"),
+    _error("error_quiet", "Err q"),
+    _time("predicted_slack", "Slack pred", 11),
+    _time("measured_slack", "Slack meas", 11),
+    Column("status", "Status", 24, gap=2),
+)
+SIGNOFF_OP_COLUMNS: tuple[Column, ...] = (
+    Column("op_type", "Op", 26),
+    Column("cells", "Cells", 6, "right", "count", gap=1),
+    _time("predicted", "Predicted", 10),
+    _time("measured", "Measured", 10),
+    _time("delta", "Delta", 10),
+    _error("error", "Error"),
+)
+SIGNOFF_CELL_COLUMNS: tuple[Column, ...] = (
+    Column("instance", "Instance", 58, clip=True),
+    Column("op_type", "Op", 14, gap=1),
+    _time("predicted", "Pred", 8),
+    _time("measured", "Meas", 8),
+    _time("delta", "Delta", 8),
+    Column("match", "Match", 40, gap=2),
+)
+
+VERIFY_COLUMNS: tuple[Column, ...] = (
+    Column("scenario", "Scenario", 10),
+    Column("output", "Output", 24, gap=1),
+    Column("max_abs", "Max abs", 10, "right", "number", fmt="{:.3e}", gap=1),
+    Column("rel", "Rel error", 10, "right", "number", fmt="{:.3e}", gap=1),
+    Column("cosine", "Cosine", 10, "right", "number", fmt="{:.6f}", gap=1),
+    Column("top1", "Top-1", 7, "right", "percent", fmt="{:.4f}", missing="-", gap=1),
+    Column("status", "Status", 8, gap=2),
+)
