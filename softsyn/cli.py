@@ -243,9 +243,12 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
               help="output DIR (new, empty, or an earlier softsyn output; replaced atomically).")
 @click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
+@click.option("--plan", is_flag=True,
+              help="weightless compile: the design, reports, netlist.json and runtime settings, no model.onnx "
+                   "(what a model too big to materialise on this machine gets).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @_help_with(efforts=_effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, quiet):
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -278,16 +281,39 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, qui
 
     out = _prepare_out_dir(out_dir)
     check_effort(effort)
-    design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet)
+    plan = plan or _plan_instead(model, quiet)
+    design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
+                         materialize=not plan)
     reference = {"source": model, "onnx": str(onnx_path(design.netlist).resolve()),
                  "precision": compiled_precision(design.netlist)}
-    analysis, path = compile_design(design, effort, out, reference)
+    analysis, path = compile_design(design, effort, out, reference, plan=plan)
     click.echo((path / "compile.log").read_text())
     click.echo(report_qor(analysis))
     if not quiet:
         click.echo(f"[softsyn] wrote {path}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
     sys.exit(1 if violated else 0)
+
+
+def _plan_instead(model: str, quiet: bool) -> bool:
+    """Whether a model without weights of its own is too big to materialise here (then it gets the plan)."""
+    from softsyn.frontends import seeded_weight_bytes
+    from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
+    from softsyn.units import fmt_bytes
+
+    need = seeded_weight_bytes(model)
+    if need is None:
+        return False
+    ram = available_memory()
+    if ram is not None and need * MATERIALISE_FACTOR > ram:
+        click.echo(f"[softsyn] {model}: its seeded weights ({fmt_bytes(need)}) need about "
+                   f"{fmt_bytes(need * MATERIALISE_FACTOR)} of RAM to materialise (estimate) and this machine has "
+                   f"{fmt_bytes(ram)} available: writing the weightless plan (--plan), no model.onnx", err=True)
+        return True
+    if not quiet:
+        click.echo(f"[softsyn] {model} has no weights of its own: compiling it with seeded random weights "
+                   f"({fmt_bytes(need)}; timing does not depend on their values)", err=True)
+    return False
 
 
 @main.command()

@@ -35,19 +35,22 @@ ORT_DOMAIN = "com.microsoft"
 ORT_IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; the exporter writes 10
 
 
-def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict) -> Path:
+def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
+    """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     netlist = design.netlist
-    if str(netlist.provenance.get("weights", "")).startswith("meta"):
+    if not plan and str(netlist.provenance.get("weights", "")).startswith("meta"):
         raise SoftsynError(f"design {netlist.name}: weights are not materialised ({netlist.provenance['weights']}); "
-                           "a compiled model needs real weights: compile an ONNX file or a model folder with weights")
+                           "a compiled model needs real weights: compile an ONNX file or a model folder with weights, "
+                           "or ask for the weightless plan (--plan)")
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o777 & ~umask())  # mkdtemp makes it 0700; DIR should read like any folder the user makes
-        _write_model(netlist, tmp)
+        if not plan:
+            _write_model(netlist, tmp)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
-        _write_json(tmp / SESSION_FILE, session_json(design, reference))
+        _write_json(tmp / SESSION_FILE, session_json(design, reference, plan))
         from softsyn import reports
         from softsyn.reports.compile_log import report_compile_log
 
@@ -156,8 +159,8 @@ def compiled_precision(netlist) -> str:
     return found.most_common(1)[0][0] if found else "fp32"
 
 
-def session_json(design, reference: dict) -> dict:
-    """ORT settings to run DIR/model.onnx as compiled, plus what `softsyn verify` needs."""
+def session_json(design, reference: dict, plan: bool = False) -> dict:
+    """ORT settings to run DIR/model.onnx as compiled, plus what `softsyn verify` needs (a plan: no model)."""
     netlist, library, cons = design.netlist, design.library, design.constraints
     shapes = {g.name: netlist.bind(g.scenario.dims) for g in design.groups}
     graph = netlist.model.graph
@@ -165,7 +168,8 @@ def session_json(design, reference: dict) -> dict:
     kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
     return {
         "format": 1,
-        "model": MODEL_FILE,
+        "model": None if plan else MODEL_FILE,
+        "plan": plan,
         "providers": providers,
         "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
         "inputs": _ports(graph.inputs, shapes),

@@ -55,10 +55,12 @@ def check_effort(name: str) -> Effort:
     return level
 
 
-def compile_design(design: Design, effort: str, out_dir: str | Path, reference: dict) -> tuple[Analysis, Path]:
+def compile_design(design: Design, effort: str, out_dir: str | Path, reference: dict,
+                   plan: bool = False) -> tuple[Analysis, Path]:
     """Run the effort script on the design, then emit everything into out_dir (atomically).
 
     `reference` says what `softsyn verify` compares against (the fp32 source: spec and ONNX path).
+    `plan`: the netlist may be weightless; everything but the model itself is written.
     """
     from softsyn.emit import emit
 
@@ -70,5 +72,5 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
         passes.run_pass(design, name)
         analysis = design.analyze()
         log.add(name, analysis, len(design.netlist.nodes()))
-    path = emit(design, analysis, out_dir, log, reference)
+    path = emit(design, analysis, out_dir, log, reference, plan=plan)
     return analysis, path

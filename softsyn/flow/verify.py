@@ -68,6 +68,9 @@ def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool) -> tuple[fl
 
 def load_settings(out_dir: Path) -> dict:
     path = out_dir / SESSION_FILE
+    if path.is_file() and '"plan": true' in path.read_text():
+        raise SoftsynError(f"{out_dir}: a weightless plan (softsyn compile --plan) has no model to run; compile "
+                           "without --plan, on a machine with RAM for its weights, to verify it")
     if not (out_dir / MODEL_FILE).is_file() or not path.is_file():
         raise SoftsynError(f"{out_dir}: not a compiled design (no {MODEL_FILE} or {SESSION_FILE}); "
                            f"run `softsyn compile MODEL -o {out_dir}` first")

@@ -31,9 +31,10 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
                 materialize: bool = False) -> Netlist:
     """Read ``spec`` into a Netlist (exports are cached on disk under ``cache_dir``).
 
-    ``materialize=True``: a real-size zoo model (exported weightless by default) gets seeded random
-    weights in its dtype (fp16) filled into the weightless export, then the exporter's optimizer
-    (softsyn.frontends.materialize), so it can run (signoff, benchmarks); needs RAM for them."""
+    ``materialize=True``: a real-size model (a zoo entry, or an HF folder/config without weights, exported
+    weightless by default) gets seeded random weights in its dtype (fp16) filled into the weightless export,
+    then the exporter's optimizer (softsyn.frontends.materialize), so it can run (compile, signoff,
+    benchmarks); needs RAM for them (`seeded_weight_bytes` says how much before anything is exported)."""
     from softsyn.frontends import hf, onnx_file
 
     spec = str(spec).strip()
@@ -70,13 +71,34 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
         return onnx_file.load_onnx(path)
     if path.is_dir() and (path / "config.json").is_file():
         cfg, folder = hf.read_config(path)
-        return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder)
+        return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder,
+                                           materialize=materialize)
     if path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
-        return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder)
+        return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder,
+                                           materialize=materialize)
     if path.is_dir():
         raise _bad_spec(spec, "folder has no config.json")
     if path.exists():
         raise _bad_spec(spec, "not an .onnx file, a config.json or a model folder")
     raise _bad_spec(spec, "no such file, folder or zoo model")
+
+
+def seeded_weight_bytes(spec: str) -> int | None:
+    """Bytes of seeded weights `read_design(spec, materialize=True)` would make, found before any export
+    (None: the model brings its weights, or is built in torch at fp32: a tiny zoo model, an ONNX file)."""
+    from softsyn.frontends import hf
+
+    spec = str(spec).strip()
+    name = spec[4:] if spec.startswith("zoo:") else spec
+    path = Path(spec).expanduser()
+    if name in _zoo.ZOO and (spec.startswith("zoo:") or not path.exists()):
+        entry = _zoo.ZOO[name]
+        if entry.weights != "meta":
+            return None
+        return hf.seeded_weight_bytes(_zoo.make_config(entry), "meta", entry.dtype)
+    if path.is_dir() and (path / "config.json").is_file() or path.is_file() and path.suffix.lower() == ".json":
+        cfg, folder = hf.read_config(path)
+        return hf.seeded_weight_bytes(cfg, None, None, folder)
+    return None

@@ -88,6 +88,19 @@ def _fingerprint(path: Path | None) -> str | None:
     return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
 
 
+def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Path | None = None) -> int | None:
+    """Bytes of the seeded weights a materialised read of this model makes (None: it brings its own weights or
+    is small enough to build in torch, at fp32). Counted on the meta device: nothing is allocated."""
+    if weights not in (None, "meta") or (weights is None and _weights_in(folder) is not None):
+        return None
+    n_params = _count_meta_params(cfg, is_decoder(cfg))
+    if weights is None and n_params * 4 <= MATERIALISE_LIMIT:
+        return None
+    import numpy as np
+
+    return n_params * np.dtype(dtype or _dtype_name(cfg, "meta")).itemsize
+
+
 def _dtype_name(cfg, weights: str) -> str:
     if weights not in ("meta", "filled"):
         return "float32"
@@ -105,8 +118,12 @@ def load_transformers_design(
     folder: Path | None = None,
     weights: str | None = None,
     dtype: str | None = None,
+    materialize: bool = False,
 ) -> Netlist:
-    """Build (or load from cache) the netlist of a transformers model described by ``cfg``."""
+    """Build (or load from cache) the netlist of a transformers model described by ``cfg``.
+
+    ``materialize``: a model too large to build in torch (exported weightless, "meta") gets seeded random
+    weights filled into that export instead ("filled"), so it runs."""
     import copy
 
     import torch
@@ -122,7 +139,7 @@ def load_transformers_design(
     if weights is None:
         n_params = _count_meta_params(cfg, decoder)
         if n_params * 4 > MATERIALISE_LIMIT:
-            weights = "meta"
+            weights = "filled" if materialize else "meta"
         else:
             weights = "pretrained" if weight_file is not None else "random"
     if weights == "pretrained" and weight_file is None:

@@ -127,3 +127,19 @@ def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
         onnxscript.optimizer.optimize_ir(model)
     _name_folded_weights(model)
     return model
+
+
+# Peak resident memory of a materialised compile over the bytes of its weights: the filled export, the optimizer's
+# folded copies and the serialised data file. An estimate; bench/results/compile-real-size-*.md records it measured.
+MATERIALISE_FACTOR = 2.5
+
+
+def available_memory() -> int | None:
+    """Bytes of RAM this process can still take (Linux MemAvailable), None where it cannot be read."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
