@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 from softsyn.reports.area import report_area
 from softsyn.reports.common import Column, write_atomic
 from softsyn.reports.constraint import report_constraint

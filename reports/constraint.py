@@ -1,7 +1,7 @@
 """report_constraint [-all_violators]: one section per constraint kind, a row per object."""
 from __future__ import annotations
 
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained,
                                     render, table_row, table_rule)
 from softsyn.reports.suggest import area_suggestions, timing_suggestions

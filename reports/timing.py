@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from softsyn.timing.results import Analysis, PathPoint, TimingPath
+from softsyn.timing import Analysis, PathPoint, TimingPath
 from softsyn.reports.common import (Column, INDENT, banner_lines, ftime, indexed_scope, is_unconstrained,
                                     render, table_header, table_row, table_rule)
 from softsyn.reports.suggest import timing_suggestions

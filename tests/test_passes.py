@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from softsyn.cli import main
-from softsyn.constraints.model import Constraints, parse_constraints
+from softsyn.constraints import Constraints, parse_constraints
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
-from softsyn.library.model import load_library
+from softsyn.library import load_library
 from softsyn.runtime.measure import scenario_inputs
-from softsyn.netlist.model import HIERARCHY_KEY, Netlist
+from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.passes import get, load_all, run_pass
 
 SCENARIOS = [{"batch": 1, "seq": 8, "past": 0}, {"batch": 1, "seq": 1, "past": 8}]  # prefill, decode

@@ -15,7 +15,7 @@ from softsyn import passes
 from softsyn.passes import EFFORT
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 from softsyn.units import fmt_bytes
 
 @dataclass

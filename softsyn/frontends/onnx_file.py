@@ -6,7 +6,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 
 def _guess_kind(model: ir.Model) -> str:
