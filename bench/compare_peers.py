@@ -288,10 +288,10 @@ def make_ort_fusions(plain: Path, out: Path) -> tuple[Path, dict]:
 def make_compiled(netlist, target: str, out: Path) -> tuple[Path, dict, str]:
     """softsyn compile --effort low on `netlist` (modified in place: do it after everything else reads it)."""
     from softsyn.flow.compile import compile_design
-    from softsyn.constraints.model import Constraints
+    from softsyn.constraints import Constraints
     from softsyn.design import Design
     from softsyn.emit import SESSION_FILE, compiled_precision
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.runtime.measure import onnx_path
 
     design = Design(netlist, Constraints.default(), load_library(target), progress=True)

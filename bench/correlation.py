@@ -130,7 +130,7 @@ def main() -> int:
     started = datetime.datetime.now().astimezone()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.characterize.probe import SETTLE_NEAR, settle
     try:
         reference = (load_library(plan["target"]).header.get("probe") or {}).get("fastest_s")

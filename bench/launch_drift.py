@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str] | None = None) -> int:
     from softsyn.characterize.ceilings import _PLAN, overhead_runners, time_overheads
     from softsyn.errors import SoftsynError
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.characterize.probe import speed_probe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

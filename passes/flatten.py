@@ -15,7 +15,7 @@ from onnxscript.optimizer import fold_constants
 from onnxscript.rewriter import RewritePass
 from onnxscript.rewriter.rules import common as rules
 
-from softsyn.netlist.model import HIERARCHY_KEY
+from softsyn.netlist import HIERARCHY_KEY
 from softsyn.passes import PassResult, register
 
 # Rewrites that only remove work: x+0, x*1, Cast to the same type, Expand/Transpose that change nothing,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 from softsyn.reports.area import report_area
 from softsyn.reports.columns import TIMING_COLUMNS
 from softsyn.reports.common import Column, Table, write_atomic

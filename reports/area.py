@@ -1,7 +1,7 @@
 """report_area: VRAM by kind and by hierarchy (repeated indexed scopes folded), and its constraint."""
 from __future__ import annotations
 
-from softsyn.timing.results import Analysis, AreaItem
+from softsyn.timing import Analysis, AreaItem
 from softsyn.reports.columns import AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_LIMIT_COLUMNS
 from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope, render,
                                     table_header, table_row, table_rule)

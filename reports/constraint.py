@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 from softsyn.reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
 from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
                                     table_row, table_rule)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 
 SCHEMA = "softsyn.analysis/1"
 UNITS = {"time": "s", "bytes": "B", "flops": "FLOP", "area": "B (VRAM)",

@@ -1,7 +1,7 @@
 """report_qor: DC's quality-of-results summary, per path group, then cells, area and rules."""
 from __future__ import annotations
 
-from softsyn.timing.results import Analysis, AreaResult
+from softsyn.timing import Analysis, AreaResult
 from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
                                     render)
 from softsyn.reports.suggest import area_suggestions, timing_suggestions

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from softsyn.timing.results import Analysis, PathPoint, TimingPath
+from softsyn.timing import Analysis, PathPoint, TimingPath
 from softsyn.reports.columns import TIMING_COLUMNS
 from softsyn.reports.common import banner_lines, ftime, indexed_scope, is_unconstrained, render, table_header, table_row
 from softsyn.reports.suggest import timing_suggestions

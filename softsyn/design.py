@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 
 from softsyn import __version__
-from softsyn.timing.area import area
-from softsyn.constraints.model import Constraints, PathGroupSpec, load_constraints
+from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
-from softsyn.library.model import Library, default_library, load_library
-from softsyn.netlist.model import Netlist
+from softsyn.library import Library, default_library, load_library
+from softsyn.netlist import Netlist
 from softsyn.progress import log as progress_log
-from softsyn.timing.results import Analysis, GroupTiming, Scenario
-from softsyn.timing.sta import PathGroup, time_group, timing_graph
+from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
+from softsyn.timing.area import area
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
 DEFAULT_GROUPS = {

@@ -22,11 +22,9 @@ import onnx
 import onnx_ir as ir
 
 from softsyn import __version__
-from softsyn.timing.cost import precision_of
 from softsyn.errors import SoftsynError
-from softsyn.timing.results import Analysis
 from softsyn.reports.common import umask
-from softsyn.timing.sta import cell_timings
+from softsyn.timing import Analysis, cell_timings, precision_of
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

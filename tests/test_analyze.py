@@ -12,12 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from softsyn.cli import main
-from softsyn.constraints.model import parse_constraints
-from softsyn.timing.cost import node_work
+from softsyn.constraints import parse_constraints
 from softsyn.design import Design
 from softsyn.frontends import read_design
-from softsyn.library.model import load_library
-from softsyn.timing.sta import load_time_constants
+from softsyn.library import load_library
+from softsyn.timing import load_time_constants, node_work
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "constraints" / "guide-short.yaml"
@@ -31,7 +30,7 @@ def tiny(cache_dir):
 
 @pytest.fixture(scope="session")
 def tiny_analysis(tiny):
-    from softsyn.constraints.model import load_constraints
+    from softsyn.constraints import load_constraints
 
     design = Design(tiny, load_constraints(CPU_TINY), load_library("cpu-ort"), progress=False)
     return design, design.analyze()
@@ -68,7 +67,7 @@ def test_weight_only_subgraphs_are_folded_at_load(tiny):
     transpose = ir.node("Transpose", [w], attributes={"perm": [1, 0]}, name="t")
     matmul = ir.node("MatMul", [x, transpose.outputs[0]], name="mm")
     graph = ir.Graph([x], matmul.outputs, nodes=[transpose, matmul], initializers=[w], opset_imports={"": 21})
-    from softsyn.netlist.model import Netlist
+    from softsyn.netlist import Netlist
 
     assert load_time_constants(Netlist(ir.Model(graph, ir_version=10), "toy")) == {"t"}
 

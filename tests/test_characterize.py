@@ -12,8 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from softsyn.cli import main
-from softsyn.timing.cost import node_work, precision_of
-from softsyn.library.model import load_library
+from softsyn.library import load_library
+from softsyn.timing import node_work, precision_of
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
 
 def test_design_timing_uses_table_delays(quick_lib):
     """A netlist's MatMul and Add get (table) delays from the characterised library."""
-    from softsyn.timing.sta import cell_timings
+    from softsyn.timing import cell_timings
 
     x = ir.Value(name="x", shape=ir.Shape([4, 64]), type=ir.TensorType(ir.DataType.FLOAT))
     w = ir.Value(name="w", shape=ir.Shape([64, 128]), type=ir.TensorType(ir.DataType.FLOAT),

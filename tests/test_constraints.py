@@ -1,11 +1,11 @@
-"""softsyn.constraints.model: loading, defaults, and one-line errors that name file, line and key."""
+"""softsyn.constraints: loading, defaults, and one-line errors that name file, line and key."""
 import math
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from softsyn.constraints.model import (
+from softsyn.constraints import (
     PRECISIONS,
     Accuracy,
     Constraints,
@@ -264,3 +264,18 @@ def test_parse_constraints_source_and_merge_keys():
     assert c.path_groups["b"].weight == 2.0 and c.path_groups["b"].critical_range == pytest.approx(1e-3)
     assert math.isclose(c.period_for("b"), 0.005)
     assert c.path_groups["a"].clock_period is None
+
+
+def test_yaml_reader_indexes_keys_and_names_the_nearest_parent_line():
+    """The one YAML reader (constraints and libraries): dotted key paths with list indices -> lines, and an error
+    about a key without a line of its own points at its nearest parent's."""
+    import yaml
+
+    from softsyn.constraints import YamlReader
+
+    reader = YamlReader("f.yaml")
+    reader.index(yaml.compose("a:\n  b: [1, 2]\n  c:\n    - x: 1\n", Loader=yaml.SafeLoader))
+    assert reader.key_lines == {"a": 1, "a.b": 2, "a.b.0": 2, "a.b.1": 2, "a.c": 3, "a.c.0": 4, "a.c.0.x": 4}
+    assert str(reader.at("a.c.0.y", "missing")) == "f.yaml:4: a.c.0.y: missing"
+    assert str(reader.at("z", "missing")) == "f.yaml: z: missing"
+    assert type(reader.at("z", "x")) is SoftsynError

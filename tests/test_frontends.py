@@ -14,7 +14,7 @@ import pytest
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.frontends import zoo
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 PREFILL = {"batch": 1, "seq": 16, "past": 0}
 _CACHE_KW = "cache"  # transformers 5.2x; older versions call it past_key_values
@@ -388,7 +388,7 @@ def test_zoo_real_size_configs():
     for name in ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"):
         entry = zoo.ZOO[name]
         assert entry.weights == "meta" and entry.dtype == "float16"
-        counts[name] = hf._count_meta_params(zoo.make_config(entry), True)
+        counts[name] = hf.count_meta_params(zoo.make_config(entry), True)
     assert abs(counts["qwen3-8b"] / 1e9 - 8.19) < 0.005
     assert abs(counts["qwen3-1.7b"] / 1e9 - 1.72) < 0.01  # tied embeddings counted once
     assert abs(counts["qwen3-0.6b"] / 1e9 - 0.596) < 0.01
@@ -402,7 +402,7 @@ def test_anchored_matching_gives_the_optimizer_s_own_graph(cache_dir):
     import onnxscript.optimizer
     from onnxscript.rewriter import _matcher
 
-    from softsyn.frontends.export import _name_folded_weights
+    from softsyn.frontends.export import name_folded_weights
     from softsyn.frontends.hf import load_transformers_design
     from softsyn.frontends.materialize import fill_random, materialize
 
@@ -415,7 +415,7 @@ def test_anchored_matching_gives_the_optimizer_s_own_graph(cache_dir):
     assert _matcher.SimplePatternMatcher.match is original
     fill_random(plain, cfg)
     onnxscript.optimizer.optimize_ir(plain)
-    _name_folded_weights(plain)
+    name_folded_weights(plain)
     assert len(patched.graph) < len(base.model.graph)  # the optimizer did rewrite it
     assert ir.to_proto(patched).SerializeToString(deterministic=True) == \
         ir.to_proto(plain).SerializeToString(deterministic=True)

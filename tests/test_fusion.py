@@ -15,7 +15,7 @@ from onnx import helper as oh
 from softsyn.frontends import read_design
 from softsyn.passes.fuse import Coverage, Miss, fuse, fusion_kinds
 from softsyn.runtime.measure import scenario_inputs
-from softsyn.netlist.model import HIERARCHY_KEY, Netlist
+from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.reports import report_fusion
 
 DECODE_SCENARIOS = [{"batch": 2, "seq": 5, "past": 0}, {"batch": 2, "seq": 1, "past": 7}]

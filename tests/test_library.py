@@ -1,6 +1,6 @@
 """Library loading, validation, roofline and delay-table rules, and the ceilings measurement.
 
-Table rules under test (see softsyn.library.model's docstring): inside the grid a cell gives source
+Table rules under test (see softsyn.library.interp's docstring): inside the grid a cell gives source
 "table" with log-log multilinear interpolation; outside it gives "table-extrap" (edge value held
 below the grid, edge slope continued, floored at 0, above it); a cell whose axes are not all in
 `sizes` does not match and the roofline ("est") is used.
@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from softsyn.errors import SoftsynError
-from softsyn.library.model import (Ceilings, Library, default_library, load_library, parse_library,
-                             shipped_libraries)
+from softsyn.library import Ceilings, Library, default_library, load_library, parse_library, shipped_libraries
 
 HEADER = {
     "library": "toy", "format": 1, "runtime": "onnxruntime 1.31.1", "provider": "CPUExecutionProvider",
@@ -157,6 +156,50 @@ def test_errors_name_file_and_key(tmp_path):
         load_library("no-such-lib")
     with pytest.raises(SoftsynError, match="missing.yaml.*not found.*shipped libraries"):
         load_library(str(tmp_path / "missing.yaml"))
+
+
+LINES_LIB = """\
+library: toy
+format: 1
+runtime: onnxruntime 1.31.1
+provider: CPUExecutionProvider
+device: toy cpu
+date: 2026-11-30
+command: hand-written for a test
+ceilings:
+  memory_bandwidth: 1.0e10
+  peak_flops: {fp32: 1.0e11}
+  launch_overhead: 1.0e-6
+cells:
+  - op: MatMul
+    precision: fp32
+    axes: [m]
+    points: [[1, 4]]
+    delays: [1e-5, 4.0e-5]
+"""
+
+
+def test_errors_name_the_line_of_the_key_or_its_parent(tmp_path):
+    """Library errors come from the shared YAML reader: ``file:line: key: what``, the line of the key, or of its
+    nearest parent for a key that is missing."""
+    path = tmp_path / "lines.yaml"
+    with pytest.raises(SoftsynError) as e:
+        parse_library(LINES_LIB.replace("launch_overhead: 1.0e-6", "launch_overhead: -1"), path)
+    assert str(e.value) == f"{path}:11: ceilings.launch_overhead: must be a positive number (SI units), got -1"
+    with pytest.raises(SoftsynError) as e:
+        parse_library(LINES_LIB.replace("    axes: [m]\n", ""), path)
+    assert str(e.value) == f"{path}:13: cells.0.axes: missing"
+    with pytest.raises(SoftsynError) as e:
+        parse_library(LINES_LIB.replace("command: hand-written for a test\n", ""), path)
+    assert str(e.value).startswith(f"{path}: command: missing: say how")
+
+
+def test_string_delays_are_numbers_in_the_table(tmp_path):
+    """A delay YAML 1.1 reads as a string ("1e-5", no dot) is validated into a float the table looks up."""
+    lib = parse_library(LINES_LIB, tmp_path / "lines.yaml")
+    cell = lib.cells[0]
+    assert cell.delays == [1e-5, 4e-5] and cell.floor == 1e-5
+    assert lib.delay("MatMul", "fp32", 1, 1, {"m": 2}) == (pytest.approx(2e-5), "table")
 
 
 def test_null_run_overhead_falls_back_and_strings_parse(tmp_path):

@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from softsyn.cli import main
-from softsyn.constraints.model import Constraints, parse_constraints
+from softsyn.constraints import Constraints, parse_constraints
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
-from softsyn.library.model import load_library
+from softsyn.library import load_library
 from softsyn.runtime.measure import scenario_inputs
-from softsyn.netlist.model import HIERARCHY_KEY, Netlist
+from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn import passes
 from softsyn.passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass
 

@@ -22,8 +22,7 @@ except ImportError:  # from a bare checkout: map reports/ onto softsyn.reports
     sys.modules["softsyn.reports"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["softsyn.reports"])
 
-from softsyn.timing.results import (Analysis, AreaItem, AreaResult, GroupTiming, PathPoint, Scenario,
-                           TimingPath)
+from softsyn.timing import Analysis, AreaItem, AreaResult, GroupTiming, PathPoint, Scenario, TimingPath
 from softsyn.reports import (REPORTS, fold_points, from_json, report_area, report_constraint,
                              report_qor, report_timing, to_json, write_reports)
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from softsyn.flow.annotate import load_annotation, match_profile
 from softsyn.cli import main, run
 from softsyn.runtime.measure import parse_profile, profile
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 
 # A tiny decoder's prefill at batch 4 x 128 tokens (a few ms on ORT CPU) and a cheap decode.
 CONSTRAINTS = """\

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.netlist.model import HIERARCHY_KEY
+from softsyn.netlist import HIERARCHY_KEY
 
 MS = "com.microsoft"
 _counter = itertools.count()

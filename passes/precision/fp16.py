@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.netlist.model import HIERARCHY_KEY
+from softsyn.netlist import HIERARCHY_KEY
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)

@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = render_library_yaml(lib)
     if args.output:
-        from softsyn.library.model import parse_library
+        from softsyn.library import parse_library
         parse_library(text, Path(args.output))  # what we write must load
         tmp = Path(args.output).with_suffix(".yaml.tmp")
         tmp.write_text(text)

@@ -452,7 +452,7 @@ def render(lib: dict) -> str:
 
 
 def _write(lib: dict, path: Path) -> None:
-    from softsyn.library.model import parse_library
+    from softsyn.library import parse_library
     text = render(lib)
     parse_library(text, path)  # what we write must load
     tmp = path.with_name(path.name + ".tmp")
@@ -480,7 +480,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                  holdout_limit: int | None = None) -> dict:
     """Characterise `provider` into `output` (resuming it if it exists); returns the library dict."""
     from softsyn.characterize.ceilings import measure_ceilings
-    from softsyn.library.model import Cell
+    from softsyn.library import Cell
 
     if provider not in PLANS:
         raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PLANS)}")

@@ -22,10 +22,10 @@ examples and `KEYS` below).
 
 Decisions:
 
-* Line numbers come from the composed YAML node tree (``yaml.compose`` with the
-  safe loader); every key's 1-based line is kept in ``Constraints.key_lines``
-  (dotted key path -> line) so later stages (which know the netlist's ports) can
-  raise errors pointing at the file with ``Constraints.error(key, message)``.
+* Line numbers come from the composed YAML node tree (`softsyn.constraints.reader`);
+  every key's 1-based line is kept in ``Constraints.key_lines`` (dotted key path ->
+  line) so later stages (which know the netlist's ports) can raise errors pointing
+  at the file with ``Constraints.error(key, message)``.
 * ``input_delay`` / ``output_delay``: a single time is stored under ``"*"``; a
   mapping may also name ``"*"`` explicitly as the default for other ports.
 * An empty file, a top-level that is not a mapping, duplicate keys and a key with
@@ -42,18 +42,16 @@ Decisions:
 """
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.constructor import SafeConstructor
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
+from softsyn.constraints.reader import YamlReader, describe, error_at, line_of
 from softsyn.errors import SoftsynError
-from softsyn.units import UnitError, parse_bytes, parse_percent, parse_time
 
 __all__ = [
     "ConstraintsError",
@@ -193,18 +191,12 @@ class Constraints:
 
     def line_of(self, key: str) -> int | None:
         """1-based line of a dotted key path in the source file, or of its nearest parent."""
-        while key:
-            if key in self.key_lines:
-                return self.key_lines[key]
-            key = key.rpartition(".")[0]
-        return None
+        return line_of(self.key_lines, key)
 
     def error(self, key: str, message: str) -> ConstraintsError:
         """A ConstraintsError pointing at ``key`` in the source file (for checks made later,
         e.g. against the netlist's ports): ``file:line: key: message``."""
-        line = self.line_of(key)
-        where = f"{self.source}:{line}" if line is not None else self.source
-        return ConstraintsError(f"{where}: {key}: {message}")
+        return error_at(self.source, self.key_lines, key, message, ConstraintsError)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (SI units), for reports and netlist.json."""
@@ -259,158 +251,12 @@ def parse_constraints(text: str, source: str = "<string>", base_dir: str | os.Pa
     return _Reader(source, base_dir).read(root)
 
 
-def _describe(node: Node, value: Any = None) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    tag = node.tag.rsplit(":", 1)[-1]
-    return {
-        "null": "nothing",
-        "bool": f"a boolean ({node.value})",
-        "int": f"an integer ({node.value})",
-        "float": f"a number ({node.value})",
-        "str": f"a string ({node.value!r})",
-    }.get(tag, f"{tag} ({node.value!r})")
+class _Reader(YamlReader):
+    """The constraints file's sections, read node by node."""
 
-
-class _Reader:
     def __init__(self, source: str, base_dir: str | os.PathLike | None):
-        self.source = source
+        super().__init__(source, ConstraintsError, _SYNONYMS)
         self.base_dir = Path(base_dir) if base_dir is not None else None
-        self.constructor = SafeConstructor()
-        self.key_lines: dict[str, int] = {}
-        self.raw: dict[str, str] = {}  # dotted key -> time as written, for messages
-
-    # -- helpers ---------------------------------------------------------------
-
-    def fail(self, node: Node, key: str, message: str) -> ConstraintsError:
-        line = node.start_mark.line + 1
-        prefix = f"{key}: " if key else ""
-        return ConstraintsError(f"{self.source}:{line}: {prefix}{message}")
-
-    def value(self, node: Node) -> Any:
-        return self.constructor.construct_object(node, deep=True)
-
-    def is_null(self, node: Node) -> bool:
-        return isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"
-
-    def mapping(self, node: Node, key: str, section: str | None = None, what: str | None = None) -> dict[str, tuple[Node, Node]]:
-        """Entries of a mapping node: name -> (key node, value node). Checks duplicates and,
-        with ``section``, unknown keys (with a suggestion)."""
-        if self.is_null(node):
-            return {}
-        if not isinstance(node, MappingNode):
-            expected = what or "a mapping"
-            if section is not None:
-                expected += " with keys " + ", ".join(KEYS[section])
-            if key:
-                raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
-            raise self.fail(node, "", f"the top level must be {expected}, got {_describe(node)}")
-        self.constructor.flatten_mapping(node)  # YAML merge keys (<<: *anchor)
-        out: dict[str, tuple[Node, Node]] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, ScalarNode):
-                raise self.fail(knode, key, f"keys must be plain names, got {_describe(knode)}")
-            name = knode.value
-            if section is not None and name not in KEYS[section]:
-                raise self.fail(knode, key, self.unknown(name, KEYS[section]))
-            if name in out:
-                first = out[name][0].start_mark.line + 1
-                raise self.fail(knode, key, f"duplicate key {name!r} (first given on line {first})")
-            out[name] = (knode, vnode)
-            self.key_lines[f"{key}.{name}" if key else name] = knode.start_mark.line + 1
-        return out
-
-    @staticmethod
-    def unknown(name: str, valid: tuple[str, ...]) -> str:
-        norm = name.strip().lower().replace("-", "_").replace(" ", "_")
-        guess = norm if norm in valid else _SYNONYMS.get(norm)
-        if guess not in valid:
-            close = difflib.get_close_matches(norm, valid, n=1, cutoff=0.6)
-            guess = close[0] if close else None
-        hint = f"did you mean {guess!r}? " if guess else ""
-        return f"unknown key {name!r}; {hint}valid keys: {', '.join(valid)}"
-
-    def scalar(self, node: Node, key: str, expected: str) -> Any:
-        if isinstance(node, (MappingNode, SequenceNode)):
-            raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
-        if self.is_null(node):
-            raise self.fail(node, key, f"no value given; expected {expected}")
-        return self.value(node)
-
-    def time(self, node: Node, key: str, *, positive: bool = False) -> float:
-        raw = self.scalar(node, key, "a time with a unit, e.g. 600ms")
-        self.raw[key] = str(raw)
-        try:
-            t = parse_time(raw)
-        except UnitError as e:
-            raise self.fail(node, key, str(e)) from None
-        if positive and t <= 0:
-            raise self.fail(node, key, f"must be a positive time, got {raw!r}")
-        if not positive and t < 0:
-            raise self.fail(node, key, f"must not be negative, got {raw!r}")
-        return t
-
-    def size(self, node: Node, key: str) -> int:
-        raw = self.scalar(node, key, "a size with a unit, e.g. 80GB or 80GiB")
-        try:
-            b = parse_bytes(raw)
-        except UnitError as e:
-            raise self.fail(node, key, str(e)) from None
-        if b <= 0:
-            raise self.fail(node, key, f"must be a positive size, got {raw!r}")
-        return b
-
-    def fraction(self, node: Node, key: str, *, at_most_one: bool = False) -> float:
-        raw = self.scalar(node, key, "a percentage like '1%' or a fraction 0..1")
-        try:
-            f = parse_percent(raw)
-        except UnitError as e:
-            raise self.fail(node, key, str(e)) from None
-        if f < 0 or (at_most_one and f > 1):
-            rng = "0%..100%" if at_most_one else "0% or more"
-            raise self.fail(node, key, f"must be within {rng}, got {raw!r}")
-        return f
-
-    def integer(self, node: Node, key: str, minimum: int) -> int:
-        raw = self.scalar(node, key, f"an integer >= {minimum}")
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise self.fail(node, key, f"expected an integer >= {minimum}, got {_describe(node)}")
-        if raw < minimum:
-            raise self.fail(node, key, f"must be an integer >= {minimum}, got {raw}")
-        return raw
-
-    def number(self, node: Node, key: str, minimum: float) -> float:
-        raw = self.scalar(node, key, f"a number >= {minimum:g}")
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            raise self.fail(node, key, f"expected a number >= {minimum:g}, got {_describe(node)}")
-        if not raw >= minimum or raw == float("inf"):
-            raise self.fail(node, key, f"must be a finite number >= {minimum:g}, got {raw}")
-        return float(raw)
-
-    def string(self, node: Node, key: str, expected: str = "a string") -> str:
-        raw = self.scalar(node, key, expected)
-        if not isinstance(raw, str) or not raw.strip():
-            raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
-        return raw.strip()
-
-    def choice(self, node: Node, key: str, valid: tuple[str, ...], what: str) -> str:
-        raw = self.scalar(node, key, f"one of {', '.join(valid)}")
-        name = str(raw).strip().lower() if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else None
-        if name not in valid:
-            close = difflib.get_close_matches(name or "", valid, n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise self.fail(node, key, f"unknown {what} {raw!r}; {hint}valid: {', '.join(valid)}")
-        return name
-
-    def string_list(self, node: Node, key: str, expected: str) -> list[str]:
-        """A list of strings; a single string is taken as a one-item list."""
-        if isinstance(node, ScalarNode) and not self.is_null(node):
-            return [self.string(node, key, expected)]
-        if not isinstance(node, SequenceNode):
-            raise self.fail(node, key, f"expected a list of {expected}, got {_describe(node)}")
-        return [self.string(item, f"{key}[{i}]", expected) for i, item in enumerate(node.value)]
 
     def delays(self, node: Node, key: str) -> dict[str, float]:
         """A single time (stored under "*") or a mapping port/modality -> time."""
@@ -425,7 +271,7 @@ class _Reader:
     # -- sections --------------------------------------------------------------
 
     def read(self, root: Node) -> Constraints:
-        top = self.mapping(root, "", section="")
+        top = self.mapping(root, "", KEYS[""])
         c = Constraints(source=self.source)
         c.key_lines = self.key_lines
         get = lambda k: top[k][1] if k in top else None  # noqa: E731
@@ -467,7 +313,7 @@ class _Reader:
         return target
 
     def workload(self, node: Node) -> Workload:
-        e = self.mapping(node, "workload", section="workload")
+        e = self.mapping(node, "workload", KEYS["workload"])
         w = Workload()
         for name, (_, v) in e.items():
             setattr(w, name, self.integer(v, f"workload.{name}", 1))
@@ -481,7 +327,7 @@ class _Reader:
         key = f"path_groups.{name}"
         if not name.strip():
             raise self.fail(node, "path_groups", "a path group needs a name")
-        e = self.mapping(node, key, section="path_group")
+        e = self.mapping(node, key, KEYS["path_group"])
         g = PathGroupSpec(name=name)
         if "clock_period" in e:
             g.clock_period = self.time(e["clock_period"][1], f"{key}.clock_period", positive=True)
@@ -499,7 +345,7 @@ class _Reader:
         return g
 
     def accuracy(self, node: Node) -> Accuracy:
-        e = self.mapping(node, "accuracy", section="accuracy")
+        e = self.mapping(node, "accuracy", KEYS["accuracy"])
         a = Accuracy()
         if "max_rel_error" in e:
             a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error")
@@ -508,14 +354,14 @@ class _Reader:
         return a
 
     def precision(self, node: Node) -> Precision:
-        e = self.mapping(node, "precision", section="precision")
+        e = self.mapping(node, "precision", KEYS["precision"])
         p = Precision()
         if "allowed" in e:
             vnode = e["allowed"][1]
             items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
             if isinstance(vnode, MappingNode) or self.is_null(vnode):
                 raise self.fail(vnode, "precision.allowed",
-                                f"expected a list of precisions ({', '.join(PRECISIONS)}), got {_describe(vnode)}")
+                                f"expected a list of precisions ({', '.join(PRECISIONS)}), got {describe(vnode)}")
             if not items:
                 raise self.fail(vnode, "precision.allowed", f"must name at least one of {', '.join(PRECISIONS)}")
             allowed: list[str] = []
@@ -533,7 +379,7 @@ class _Reader:
         return p
 
     def kv_cache(self, node: Node) -> KVCache:
-        e = self.mapping(node, "kv_cache", section="kv_cache")
+        e = self.mapping(node, "kv_cache", KEYS["kv_cache"])
         k = KVCache()
         if "dtype" in e:
             k.dtype = self.choice(e["dtype"][1], "kv_cache.dtype", KV_DTYPES, "KV cache dtype")
@@ -555,7 +401,5 @@ class _Reader:
                                     f"({self.raw[name]}); nothing would be left of the period")
         if c.kv_cache.max_length is not None and "workload.context_len" in self.key_lines:
             if c.kv_cache.max_length < c.workload.context_len:
-                line = self.key_lines["kv_cache.max_length"]
-                raise ConstraintsError(
-                    f"{self.source}:{line}: kv_cache.max_length: {c.kv_cache.max_length} is smaller than "
-                    f"workload.context_len ({c.workload.context_len}); the KV cache must hold the context")
+                raise self.at("kv_cache.max_length", f"{c.kv_cache.max_length} is smaller than workload.context_len "
+                              f"({c.workload.context_len}); the KV cache must hold the context")

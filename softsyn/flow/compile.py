@@ -14,7 +14,7 @@ from softsyn import passes
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.passes import Effort
-from softsyn.timing.results import Analysis
+from softsyn.timing import Analysis
 
 
 @dataclass(frozen=True)

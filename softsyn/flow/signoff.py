@@ -196,10 +196,10 @@ def _bad_dir(directory: Path, why: str) -> SoftsynError:
 
 
 def load_target(directory: str | Path, progress: bool = False) -> Target:
-    from softsyn.constraints.model import Constraints, load_constraints
+    from softsyn.constraints import Constraints, load_constraints
     from softsyn.design import Design
     from softsyn.frontends import read_design
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.reports import from_json
 
     directory = Path(directory)
@@ -276,7 +276,7 @@ def _read_json(path: Path) -> dict:
 def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup: int = 3, profile_runs: int | None = None,
             annotation_out: str | Path | None = None, progress: bool = True, groups: list[str] | None = None,
             blocking_profile: bool | None = None) -> SignoffResult:
-    from softsyn.timing.sta import RUN_CALL, cell_timings
+    from softsyn.timing import RUN_CALL, cell_timings
 
     directory = Path(directory)
     target = load_target(directory, progress=False)

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
 from softsyn.runtime.measure import scenario_inputs
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from softsyn.errors import SoftsynError
 from softsyn.frontends import zoo as _zoo
 from softsyn.frontends.cache import default_cache_dir
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 __all__ = ["read_design", "default_cache_dir", "zoo_names"]
 

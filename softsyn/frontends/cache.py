@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 FRONTEND_VERSION = "3"
 MODEL_FILE = "model.onnx"

@@ -17,7 +17,7 @@ import warnings
 
 import onnx_ir as ir
 
-from softsyn.netlist.model import annotate_hierarchy
+from softsyn.netlist import HIERARCHY_KEY, annotate_hierarchy
 
 DYNAMO = "torch.onnx.export(dynamo=True)"
 META_WEIGHTS = "weights.not-materialised"  # external-data location of meta (weightless) initializers
@@ -89,11 +89,9 @@ def make_weightless(model: ir.Model) -> int:
     return replaced
 
 
-def _name_folded_weights(model: ir.Model) -> int:
+def name_folded_weights(model: ir.Model) -> int:
     """Give weights the optimizer folded (e.g. Transpose(q_proj.weight) -> "val_82") their module name
     back: "model.layers.0.self_attn.q_proj.weight". Only float tensors with one consuming scope."""
-    from softsyn.netlist.model import HIERARCHY_KEY
-
     g = model.graph
     renamed = 0
     for name in list(g.initializers):
@@ -123,7 +121,7 @@ def _name_folded_weights(model: ir.Model) -> int:
 def _finish(model: ir.Model, graph_name: str) -> ir.Model:
     _strip_prefix(model)
     annotate_hierarchy(model, prefix=SCOPE_PREFIX)
-    _name_folded_weights(model)
+    name_folded_weights(model)
     make_weightless(model)
     model.graph.name = graph_name
     return model

@@ -10,7 +10,7 @@ from pathlib import Path
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
@@ -62,7 +62,8 @@ def _auto_class(decoder: bool):
     return AutoModelForCausalLM if decoder else AutoModel
 
 
-def _count_meta_params(cfg, decoder: bool) -> int:
+def count_meta_params(cfg, decoder: bool) -> int:
+    """Parameters of the model ``cfg`` describes, counted on the meta device (no weights allocated)."""
     import torch
 
     with torch.device("meta"):
@@ -93,7 +94,7 @@ def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Pat
     is small enough to build in torch, at fp32). Counted on the meta device: nothing is allocated."""
     if weights not in (None, "meta") or (weights is None and _weights_in(folder) is not None):
         return None
-    n_params = _count_meta_params(cfg, is_decoder(cfg))
+    n_params = count_meta_params(cfg, is_decoder(cfg))
     if weights is None and n_params * 4 <= MATERIALISE_LIMIT:
         return None
     import numpy as np
@@ -137,7 +138,7 @@ def load_transformers_design(
     weight_file = _weights_in(folder)
     n_params = None
     if weights is None:
-        n_params = _count_meta_params(cfg, decoder)
+        n_params = count_meta_params(cfg, decoder)
         if n_params * 4 > MATERIALISE_LIMIT:
             weights = "filled" if materialize else "meta"
         else:

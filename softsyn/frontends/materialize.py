@@ -120,12 +120,12 @@ def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
     """fill_random + the exporter's optimizer, in place; weights the optimizer folded get their module names."""
     import onnxscript.optimizer
 
-    from softsyn.frontends.export import _name_folded_weights
+    from softsyn.frontends.export import name_folded_weights
 
     fill_random(model, cfg, seed)
     with anchored_multi_output_matching():
         onnxscript.optimizer.optimize_ir(model)
-    _name_folded_weights(model)
+    name_folded_weights(model)
     return model
 
 

@@ -7,7 +7,7 @@ import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
-from softsyn.netlist.model import NETLIST_META_KEY, Netlist, annotate_hierarchy
+from softsyn.netlist import NETLIST_META_KEY, Netlist, annotate_hierarchy
 
 
 def _guess_kind(model: ir.Model) -> str:

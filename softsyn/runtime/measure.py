@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.netlist.model import Netlist
+from softsyn.netlist import Netlist
 
 MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
                      "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "

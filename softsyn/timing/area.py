@@ -13,9 +13,9 @@ from collections import defaultdict
 
 import onnx_ir as ir
 
-from softsyn.constraints.model import Constraints
+from softsyn.constraints import Constraints
+from softsyn.netlist import Netlist
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
-from softsyn.netlist.model import Netlist
 from softsyn.timing.results import AreaItem, AreaResult
 
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")

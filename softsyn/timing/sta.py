@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import networkx as nx
 import onnx_ir as ir
 
-from softsyn.constraints.model import Constraints
+from softsyn.constraints import Constraints
+from softsyn.library import Library
+from softsyn.netlist import Netlist
 from softsyn.timing.cost import Work, node_work, precision_of
-from softsyn.library.model import Library
-from softsyn.netlist.model import Netlist
 from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}

@@ -1,0 +1,197 @@
+"""Reading target libraries: one YAML file per runtime x device, validated into a `Library`.
+
+`softsyn/library/libs/*.yaml` ship with the package (`shipped_libraries`, `load_library("cpu-ort")`); any
+other path loads too. A file has a header (library, format, runtime, provider, device, date, and the
+`command` that measured it or the `source` it was copied from), measured `ceilings` and `cells`:
+
+    ceilings:                        # SI units
+      memory_bandwidth: 1.2e10       # B/s (read + write of a large copy)
+      peak_flops: {fp32: 4.5e11, int4: 3e11}   # FLOP/s per precision the provider computes in
+      launch_overhead: 2.0e-6        # s per node executed by the runtime (eager)
+      launch_overhead_graph: null    # s per node inside a CUDA graph (GPU only)
+      run_overhead: 2.0e-5           # s per session.run call; null -> launch_overhead (documented fallback)
+
+A cell is a measured delay table (Liberty's lu_table, one axis per problem-size index; lookup rules in
+softsyn.library.interp):
+
+    - op: MatMul
+      precision: fp16
+      implementation: ort-cuda
+      axes: [m, n, k]                # the keys of `sizes` that cost.node_work gives the op
+      points: [[1, 16, 256], [4096], [1024, 4096]]   # one increasing grid per axis (index_1, index_2, ...)
+      delays: [[[..,..]], ...]       # seconds, nested row-major: shape len(points[0]) x len(points[1]) x ...
+      bytes_per_weight: 2
+      error: null                    # relative error the cell adds (quantised formats), null if none
+      scale: {batch: 1}              # optional: sizes folded out of the table, at their reference values
+
+Every error is one line naming the file, the line and the dotted key (``cells.3.points.1``), through the
+shared YAML reader (softsyn.constraints.reader).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.resources
+import math
+import os
+from pathlib import Path
+
+import yaml
+
+from softsyn.constraints import YamlReader
+from softsyn.errors import SoftsynError
+from softsyn.library.model import PRECISIONS, Ceilings, Cell, Library, canonical_precision
+
+FORMAT_VERSION = 1
+HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "ceilings")
+
+
+def shipped_libraries() -> list[str]:
+    """Names of the libraries shipped in softsyn/library/libs (package data)."""
+    root = importlib.resources.files("softsyn.library.libs")
+    return sorted(e.name[:-5] for e in root.iterdir() if e.name.endswith(".yaml"))
+
+
+def default_library() -> str:
+    return "cpu-ort"
+
+
+def _shipped_hint() -> str:
+    return f"shipped libraries: {', '.join(shipped_libraries())}"
+
+
+def _positive(reader: YamlReader, key: str, value, allow_null: bool = False) -> float | None:
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)  # YAML 1.1 reads "1e10" (no dot) as a string
+        except (TypeError, ValueError):
+            raise reader.at(key, f"must be a positive number (SI units), got {value!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise reader.at(key, f"must be a positive number (SI units), got {value!r}")
+    return float(value)
+
+
+def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
+    key = f"cells.{i}"
+    if not isinstance(raw, dict):
+        raise reader.at(key, "a cell must be a mapping with op, precision, implementation, axes, points, delays")
+    for k in ("op", "precision", "axes", "points", "delays"):
+        if k not in raw:
+            raise reader.at(f"{key}.{k}", "missing")
+    precision = canonical_precision(raw["precision"])
+    if precision is None:
+        raise reader.at(f"{key}.precision", f"unknown precision {raw['precision']!r}; valid: {', '.join(PRECISIONS)}")
+    axes = raw["axes"]
+    if not isinstance(axes, list) or not axes or not all(isinstance(a, str) for a in axes):
+        raise reader.at(f"{key}.axes", "must be a non-empty list of size names, e.g. [m, n, k]")
+    points = raw["points"]
+    if not isinstance(points, list) or len(points) != len(axes):
+        raise reader.at(f"{key}.points", f"must be a list of {len(axes)} grids, one per axis {axes}")
+    grids = []
+    for a, grid in enumerate(points):
+        if not isinstance(grid, list) or not grid:
+            raise reader.at(f"{key}.points.{a}", "must be a non-empty list of sizes")
+        g = [_positive(reader, f"{key}.points.{a}", v) for v in grid]
+        if any(y <= x for x, y in zip(g, g[1:])):
+            raise reader.at(f"{key}.points.{a}", f"grid for axis {axes[a]!r} must be strictly increasing, got {grid}")
+        grids.append(g)
+
+    def table(node, depth: int, where: str):
+        """The delays as nested lists of floats, checked against the grids' shape."""
+        if depth == len(grids):
+            return _positive(reader, f"{key}.delays", node)
+        if not isinstance(node, list) or len(node) != len(grids[depth]):
+            raise reader.at(f"{key}.delays", f"shape must be {' x '.join(str(len(g)) for g in grids)} "
+                            f"(nested, row-major); wrong length at {where or 'top level'}")
+        return [table(sub, depth + 1, f"{where}[{j}]") for j, sub in enumerate(node)]
+
+    delays = table(raw["delays"], 0, "")
+    error = raw.get("error")
+    if error is not None and (not isinstance(error, (int, float)) or error < 0):
+        raise reader.at(f"{key}.error", f"must be null or a non-negative relative error, got {error!r}")
+    bpw = raw.get("bytes_per_weight")
+    if bpw is not None:
+        bpw = _positive(reader, f"{key}.bytes_per_weight", bpw)
+    scale = raw.get("scale")
+    if scale is not None:
+        if not isinstance(scale, dict):
+            raise reader.at(f"{key}.scale", "must be a mapping size -> reference value, e.g. {batch: 1, head_dim: 128}")
+        scale = {str(k): _positive(reader, f"{key}.scale.{k}", v) for k, v in scale.items()}
+    holdout = raw.get("holdout") if isinstance(raw.get("holdout"), dict) else None
+    return Cell(op=str(raw["op"]), precision=precision, implementation=str(raw.get("implementation", "")),
+                axes=list(axes), points=grids, delays=delays, bytes_per_weight=bpw,
+                error=None if error is None else float(error), scale=scale, holdout=holdout)
+
+
+def parse_library(text: str, path: Path) -> Library:
+    """Validate and build a Library from YAML text (errors name the file, line and key)."""
+    reader = YamlReader(str(path))
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        reader.index(root)
+        data = reader.data(root)
+    except yaml.YAMLError as e:
+        raise SoftsynError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SoftsynError(f"{path}: a library must be a YAML mapping with keys {', '.join(HEADER_KEYS)}")
+    for k in HEADER_KEYS:
+        if data.get(k) in (None, ""):
+            raise reader.at(k, "missing (a library header needs " + ", ".join(HEADER_KEYS) + ")")
+    if "command" not in data and "source" not in data:
+        raise reader.at("command", "missing: say how the ceilings were measured (`command`, or `source` if copied)")
+    if data["format"] != FORMAT_VERSION:
+        raise reader.at("format", f"unsupported format {data['format']!r}; this softsyn reads format {FORMAT_VERSION}")
+    c = data["ceilings"]
+    if not isinstance(c, dict):
+        raise reader.at("ceilings", "must be a mapping")
+    for k in ("memory_bandwidth", "peak_flops", "launch_overhead"):
+        if c.get(k) is None:
+            raise reader.at(f"ceilings.{k}", "missing")
+    bw = _positive(reader, "ceilings.memory_bandwidth", c["memory_bandwidth"])
+    pf_raw = c["peak_flops"]
+    if not isinstance(pf_raw, dict) or not pf_raw:
+        raise reader.at("ceilings.peak_flops", "must be a mapping precision -> FLOP/s, e.g. {fp32: 4.5e11}")
+    peak: dict[str, float] = {}
+    for p, v in pf_raw.items():
+        cp = canonical_precision(p)
+        if cp is None:
+            raise reader.at(f"ceilings.peak_flops.{p}", f"unknown precision; valid: {', '.join(PRECISIONS)}")
+        if v is not None:  # null: the provider does not compute in it (falls back, see peak_flops_for)
+            peak[cp] = _positive(reader, f"ceilings.peak_flops.{p}", v)
+    if not peak:
+        raise reader.at("ceilings.peak_flops", "no precision has a figure")
+    launch = _positive(reader, "ceilings.launch_overhead", c["launch_overhead"])
+    launch_graph = _positive(reader, "ceilings.launch_overhead_graph", c.get("launch_overhead_graph"), allow_null=True)
+    run = _positive(reader, "ceilings.run_overhead", c.get("run_overhead"), allow_null=True)
+    if run is None:  # documented fallback: one node's launch
+        run = launch
+    cells_raw = data.get("cells") or []
+    if not isinstance(cells_raw, list):
+        raise reader.at("cells", "must be a list of cells")
+    cells = [_parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
+    header = {k: v for k, v in data.items() if k not in ("ceilings", "cells")}
+    if isinstance(header["date"], (_dt.date, _dt.datetime)):
+        header["date"] = header["date"].isoformat()
+    header = {k: (str(v) if k in ("runtime", "provider", "device", "library") else v) for k, v in header.items()}
+    ceilings = Ceilings(memory_bandwidth=bw, peak_flops=peak, launch_overhead=launch,
+                        launch_overhead_graph=launch_graph, run_overhead=run)
+    return Library(name=str(data["library"]), header=header, ceilings=ceilings, cells=cells, path=path)
+
+
+def load_library(name_or_path: str | os.PathLike) -> Library:
+    """Load a shipped library by name ("cpu-ort", "h200-ort-cuda") or any library YAML by path."""
+    spec = os.fspath(name_or_path)
+    looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec or "/" in spec
+    if looks_like_path or os.path.isfile(spec):
+        path = Path(spec)
+        if not path.is_file():
+            raise SoftsynError(f"{path}: library file not found; {_shipped_hint()}")
+        text = path.read_text()
+    else:
+        res = importlib.resources.files("softsyn.library.libs") / f"{spec}.yaml"
+        if not res.is_file():
+            raise SoftsynError(f"unknown library {spec!r}: not a shipped library or a .yaml file; {_shipped_hint()}")
+        path = Path(str(res))
+        text = res.read_text()
+    return parse_library(text, path)
