@@ -26,9 +26,10 @@ def scope_from_name_scopes(raw: str, prefix: str = "m") -> str:
         return ""
     if not isinstance(scopes, (list, tuple)):
         return ""
+    scopes = scopes[:-1]  # the last entry is the node's own fx name, not a module
     deepest = ""
     for s in scopes:
-        if not isinstance(s, str) or s == "":
+        if not isinstance(s, str) or s == "" or s.startswith("_empty_nn_module_stack"):  # torch: no module
             continue
         if deepest == "" or s.startswith(deepest + "."):
             deepest = s
