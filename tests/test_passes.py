@@ -15,7 +15,7 @@ from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.library.model import load_library
-from softsyn.runtime.measure import scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
 from softsyn.netlist.model import HIERARCHY_KEY, Netlist
 from softsyn.passes import get, load_all, run_pass
 
