@@ -4,7 +4,7 @@
     python bench/compare_peers.py --provider cuda --model qwen3-1.7b \\
         --genai .whl/onnxruntime_genai-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl     # H200: + genai builder
 
-Variants (same seeded inputs for all: softsyn.runtime.measure.scenario_inputs, seed 0):
+Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, seed 0):
   compiled     `softsyn compile zoo:MODEL --effort low` for the target (cpu-ort | h200-ort-cuda), through
                softsyn.flow.compile.compile_design on the same netlist the plain variant comes from, run with the
                session options it emits (runtime/session.json)
@@ -26,8 +26,8 @@ KV in the first `past` positions, and its present outputs are bound to those sam
 layout); every run writes the same slots, so a fixed binding is idempotent.
 
 Method (shared/reference/h200.md; softsyn.runtime.measure's measured interval): one session per variant, per
-scenario one IO binding made once (softsyn.runtime.measure.BoundRunner: inputs on the device, outputs bound by
-name on the device and allocated by ORT), wall clock (perf_counter) around each run_with_iobinding call:
+scenario one IO binding made once (softsyn.runtime.binding.BoundRunner.from_feeds: inputs on the device, outputs
+bound by name on the device and allocated by ORT), wall clock (perf_counter) around each run_with_iobinding call:
 softsyn.runtime.measure.measure's interval, but with sessions and bindings kept across rounds (measure() opens a
 session per call, which would rule out interleaving a 1.7B model).
 Warm-up, then ROUNDS rounds; in each round, per scenario, every variant runs RUNS times, variants in a
@@ -104,7 +104,7 @@ def short_error(exc: BaseException) -> str:
 class Variant:
     name: str
     path: Path | None = None
-    options: dict | None = None  # SessionOptions attributes (softsyn.runtime.measure.session)
+    options: dict | None = None  # SessionOptions attributes (softsyn.runtime.session.open_model)
     error: str = ""
     prep_seconds: float = 0.0
     nodes: int | None = None
@@ -332,16 +332,16 @@ def builder_pairs(genai_config: dict) -> list[tuple[str, str]]:
 
 def bind(variant: Variant, sess, feeds: dict[str, np.ndarray], dims: dict[str, int], provider: str,
          kv_buffer: int):
-    """A softsyn.runtime.measure.BoundRunner; for the builder with a shared KV buffer, past inputs and present outputs
+    """A softsyn.runtime.binding.BoundRunner; for the builder with a shared KV buffer, past inputs and present outputs
     are re-bound to one buffer of kv_buffer positions per tensor (the first `past` positions = the feed)."""
     import onnxruntime as ort
 
-    from softsyn.runtime.measure import BoundRunner
+    from softsyn.runtime.binding import BoundRunner
 
     cfg = variant.genai_config
     shared = bool(cfg and cfg.get("search", {}).get("past_present_share_buffer"))
     if not shared:
-        return BoundRunner(sess, variant_feeds(sess, feeds), provider), {}
+        return BoundRunner.from_feeds(sess, variant_feeds(sess, feeds), provider), {}
     pairs = builder_pairs(cfg)
     past_names = {p for p, _ in pairs}
     total = dims["past"] + dims["seq"]
@@ -349,7 +349,7 @@ def bind(variant: Variant, sess, feeds: dict[str, np.ndarray], dims: dict[str, i
         raise ValueError(f"--kv-buffer {kv_buffer} < past + seq = {total}")
     types = {i.name: i for i in sess.get_inputs()}
     plain = {k: v for k, v in feeds.items() if k not in past_names}
-    runner = BoundRunner(sess, variant_feeds(_Inputs(sess, exclude=past_names), plain), provider)
+    runner = BoundRunner.from_feeds(sess, variant_feeds(_Inputs(sess, exclude=past_names), plain), provider)
     dec = cfg["model"]["decoder"]
     device = "cuda" if provider == "cuda" else "cpu"
     present_of = {}
@@ -361,7 +361,7 @@ def bind(variant: Variant, sess, feeds: dict[str, np.ndarray], dims: dict[str, i
         if past in feeds and dims["past"]:
             buf[:, :, : dims["past"]] = feeds[past]
         value = ort.OrtValue.ortvalue_from_numpy(buf, device, 0)
-        runner._keep.append(value)
+        runner.keep.append(value)
         runner.binding.bind_ortvalue_input(past, value)
         runner.binding.bind_ortvalue_output(present, value)  # replaces the by-name binding: shared buffer
         present_of[present] = total
@@ -490,7 +490,9 @@ def main() -> int:
     t_start = time.perf_counter()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     load0 = os.getloadavg()
-    from softsyn.runtime.measure import device_name, onnx_path, scenario_inputs, session
+    from softsyn.runtime.inputs import scenario_inputs
+    from softsyn.runtime.measure import onnx_path
+    from softsyn.runtime.session import device_name, open_model
 
     found: dict[str, Variant] = {name: Variant(name) for name in variants}
     job = None
@@ -572,7 +574,7 @@ def main() -> int:
             continue
         t = time.perf_counter()
         try:
-            sess = session(v.path, provider, options=v.options)
+            sess = open_model(v.path, provider, options=v.options)
             sessions[name] = sess
             runners[name], kv_lengths[name] = {}, {}
             for scen, dims in scenarios.items():
@@ -668,7 +670,8 @@ def main() -> int:
                if args.measure_on and args.measure_on != args.provider else ""),
             f"- versions: {versions_line(genai_ver)}",
             f"- model: zoo:{model}, seeded random weights (seed 0), "
-            f"{netlist.provenance.get('dtype', '?')} export; scenario inputs softsyn.runtime.measure.scenario_inputs(seed 0)",
+            f"{netlist.provenance.get('dtype', '?')} export; scenario inputs "
+            "softsyn.runtime.inputs.scenario_inputs(seed 0)",
             f"- method: one session per variant (default SessionOptions; compiled: its runtime/session.json), IO binding "
             f"made once per scenario (inputs on the device, outputs bound on the device), wall clock around "
             f"run_with_iobinding; {warmup} warm-up runs, then {rounds} rounds x {runs} runs per variant per scenario, "

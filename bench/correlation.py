@@ -119,7 +119,7 @@ def main() -> int:
     if args.retries is None:
         args.retries = 2 if args.provider == "cpu" else 0
     from softsyn.errors import SoftsynError
-    from softsyn.runtime.measure import device_name
+    from softsyn.runtime.session import device_name
     from softsyn.reports import report_signoff
     from softsyn.flow.signoff import signoff, write_results
 

@@ -16,7 +16,8 @@ import platform
 import onnxruntime
 
 from softsyn.design import Design
-from softsyn.runtime.measure import measure, onnx_path, scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.measure import measure, onnx_path
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from softsyn.characterize.ceilings import _PLAN, overhead_runners, time_overheads
+    from softsyn.characterize.ceilings import CEILING_PLANS, overhead_runners, time_overheads
     from softsyn.errors import SoftsynError
     from softsyn.library import load_library
     from softsyn.characterize.probe import speed_probe
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lib_launch = lib.ceilings.launch_overhead if lib else None
     lib_probe = (lib.header.get("probe") or {}).get("fastest_s") if lib else None
-    chain = _PLAN[args.provider]["chain_n"][0]  # the ceilings' own chain length on this provider
+    chain = CEILING_PLANS[args.provider].chain_n  # the ceilings' own chain length on this provider
     runners = overhead_runners(args.provider, chain)
     rows, start = [], time.perf_counter()
     print(f"[drift] sampling launch overhead and probe on {args.provider} for {args.seconds:.0f} s", file=sys.stderr)

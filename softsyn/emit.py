@@ -24,13 +24,13 @@ import onnx_ir as ir
 from softsyn import __version__
 from softsyn.errors import SoftsynError
 from softsyn.reports.common import umask
+from softsyn.runtime.session import IR_VERSION
 from softsyn.timing import Analysis, cell_timings, precision_of
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 SESSION_FILE = "runtime/session.json"
 ORT_DOMAIN = "com.microsoft"
-ORT_IR_VERSION = 10  # onnxruntime 1.31 loads IR <= 13; the exporter writes 10
 
 
 def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
@@ -68,7 +68,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
 def _write_model(netlist, folder: Path) -> None:
     netlist.store_meta()
     model = netlist.model
-    model.ir_version = min(model.ir_version, ORT_IR_VERSION)
+    model.ir_version = min(model.ir_version, IR_VERSION)
     path = folder / MODEL_FILE
     ir.save(model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
     try:

@@ -102,9 +102,9 @@ def test_design_timing_uses_table_delays(quick_lib):
 
 def test_cost_size_axes_match_cell_axes():
     """Every characterised cell's axes are what cost.node_work reports for that op."""
-    from softsyn.characterize import recipes as C
+    from softsyn.characterize.catalogue import cell_kinds
 
-    for kind in C.cell_kinds():
+    for kind in cell_kinds():
         if kind.op in ("MatMul", "Gemm", "MatMulNBits", "GroupQueryAttention", "MultiHeadAttention"):
             continue  # checked by the explicit shapes below
         assert kind.axes == ["elements"], kind.key
@@ -116,7 +116,7 @@ def test_cost_size_axes_match_cell_axes():
     gqa.outputs[1].shape = ir.Shape([1, 2, 40, 32])
     sizes = node_work(gqa, {}).sizes
     assert sizes == {"batch": 1, "q_tokens": 8, "kv_len": 40, "heads": 4, "kv_heads": 2, "head_dim": 32}
-    gqa_kind = next(c for c in C.cell_kinds() if c.op == "GroupQueryAttention")
+    gqa_kind = next(c for c in cell_kinds() if c.op == "GroupQueryAttention")
     assert set(gqa_kind.axes) <= set(sizes) and set(gqa_kind.scale) <= set(sizes)
     a = ir.Value(name="a", shape=ir.Shape([3, 256]), type=ir.TensorType(f))
     b = ir.Value(name="b", shape=ir.Shape([64, 8, 16]), type=ir.TensorType(ir.DataType.UINT8))
@@ -142,16 +142,17 @@ def test_chain_form_graphs():
     output; shape-changing ops alternate shapes; view/Transpose chains run without ORT's graph rewrites."""
     import onnxruntime as ort
 
-    from softsyn.characterize import recipes as C
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx, make_model
 
-    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain")
-    kinds = {k.key if not k.variant else k.key: k for k in C.cell_kinds() if "cpu" in k.providers}
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain")
+    kinds = {k.key if not k.variant else k.key: k for k in cell_kinds() if "cpu" in k.providers}
 
     def run(g):
         so = ort.SessionOptions()
         if not g.optimize:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        s = ort.InferenceSession(C.make_model(g).SerializeToString(), so, providers=["CPUExecutionProvider"])
+        s = ort.InferenceSession(make_model(g).SerializeToString(), so, providers=["CPUExecutionProvider"])
         return s.run(None, {n: a for n, (_, a) in g.inputs.items()})
 
     for key, sizes in (("Mul.fp32", {"elements": 1000}), ("MatMul.fp32", {"m": 8, "n": 64, "k": 32}),
@@ -168,27 +169,27 @@ def test_chain_form_graphs():
     # ops whose output cannot feed their input stay independent copies
     g = kinds["Equal.fp32"].build({"elements": 64}, 4, ctx)
     assert len(g.outputs) == 4
-    copies = kinds["MatMul.fp32"].build({"m": 8, "n": 64, "k": 32}, 4, C.Ctx("cpu", 256, 32, "fp32"))
+    copies = kinds["MatMul.fp32"].build({"m": 8, "n": 64, "k": 32}, 4, Ctx("cpu", 256, 32, "fp32"))
     assert len(copies.outputs) == 4
 
 
 def test_outlier_points_are_found_against_larger_points():
     """A point slower than 2x a point at least as large on every axis is a measurement hiccup (re-measured)."""
-    from softsyn.characterize.plan import _suspects
+    from softsyn.characterize.runner import suspects
     # the shipped Cast table of 2026-11-30: 34.9 us at 16 elements between 0.17 us and 0.12 us
     pts = [(1,), (4,), (16,), (64,), (256,)]
-    assert _suspects(pts, [1.75e-7, 1.7e-7, 3.49e-5, 1.17e-7, 2.19e-7]) == [2]
-    assert _suspects(pts, [1e-7, 1.1e-7, 1.3e-7, 1.2e-7, 2e-7]) == []  # small wiggles are noise, not outliers
+    assert suspects(pts, [1.75e-7, 1.7e-7, 3.49e-5, 1.17e-7, 2.19e-7]) == [2]
+    assert suspects(pts, [1e-7, 1.1e-7, 1.3e-7, 1.2e-7, 2e-7]) == []  # small wiggles are noise, not outliers
     grid = [(1, 32), (1, 64), (2, 32), (2, 64)]
-    assert _suspects(grid, [1e-6, 2e-6, 9e-6, 3e-6]) == [2]  # (2, 32) is 3x slower than (2, 64)
+    assert suspects(grid, [1e-6, 2e-6, 9e-6, 3e-6]) == [2]  # (2, 32) is 3x slower than (2, 64)
     # a discrete axis (block size) is compared only at equal values: larger blocks may be faster
-    assert _suspects([(1, 32), (1, 128)], [9e-6, 1e-6], discrete=(1,)) == []
+    assert suspects([(1, 32), (1, 128)], [9e-6, 1e-6], discrete=(1,)) == []
 
 
 
 def test_a_direct_sample_does_not_beat_the_copies():
     """A pass that fell back on one direct copy timed its weights hot: the copies' marginal cost stands."""
-    from softsyn.characterize.plan import Sample, best_delay
+    from softsyn.characterize.runner import Sample, best_delay
     copies = [Sample(70e-6, 70e-6 + 27 * 88e-6, 28), Sample(69e-6, 69e-6 + 27 * 86e-6, 28)]
     direct = Sample(69e-6, direct=True)
     assert best_delay(copies + [direct], 3e-6) == pytest.approx(86e-6, rel=0.02)
@@ -198,39 +199,41 @@ def test_a_direct_sample_does_not_beat_the_copies():
 def test_passes_combine_by_the_fastest_or_the_median():
     """CUDA keeps the fastest pass (noise only adds time); the CPU takes the median pass (its VM also has fast
     phases, which the fastest of the passes would make the table's)."""
-    from softsyn.characterize.plan import SETTINGS, Sample, best_delay
+    from softsyn.characterize.runner import SETTINGS, Sample, best_delay
     fast, typical, busy = (Sample(10e-6, 10e-6 + 63 * d, 64) for d in (1e-6, 2e-6, 5e-6))
     assert best_delay([busy, fast, typical], 0.0) == pytest.approx(1e-6)
     assert best_delay([busy, fast, typical], 0.0, "median") == pytest.approx(2e-6)
     assert best_delay([Sample(3e-3, direct=True), Sample(2e-3, direct=True), Sample(1e-3, direct=True)], 0.0,
                       "median") == pytest.approx(2e-3)
-    assert SETTINGS["cpu"]["combine"] == "median" and SETTINGS["cpu"]["passes"][1] >= 3
-    assert SETTINGS["cuda"]["combine"] == "fastest"
+    assert SETTINGS["cpu"].combine == "median" and SETTINGS["cpu"].passes >= 3
+    assert SETTINGS["cuda"].combine == "fastest"
 
 
 def test_weight_cells_cycle_their_weights_past_the_cache():
     """CPU weight cells take as many copies as weight_cap holds (cold weights, as in a model larger than the L3),
     whatever their run time; cells without weights keep the run-time rule."""
-    from softsyn.characterize import recipes as C
-    from softsyn.characterize.plan import SETTINGS, _graph_bytes, measure_point
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.runner import SETTINGS, graph_bytes, measure_point
 
-    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
-    kind = next(k for k in C.cell_kinds() if k.key == "MatMul.fp32" and "cpu" in k.providers)
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
+    kind = next(k for k in cell_kinds() if k.key == "MatMul.fp32" and "cpu" in k.providers)
     sizes = {"m": 16, "n": 1536, "k": 384}  # minilm's FFN: 2.4 MB of weights, ~70 us hot
-    cap = SETTINGS["cpu"]["weight_cap"]
+    cap = SETTINGS["cpu"].weight_cap
     sample = measure_point(kind, sizes, ctx, 3e-6, 0.05, quick=True)
     assert not sample.direct
-    assert sample.copies == min(64, cap // _graph_bytes(kind.build(sizes, 1, ctx)))
+    assert sample.copies == min(64, cap // graph_bytes(kind.build(sizes, 1, ctx)))
     assert sample.copies * 1536 * 384 * 4 > 32 << 20  # more weight than the L3 holds
 
 
 def test_one_and_many_copies_share_their_inputs():
-    """A point's one-copy and N-copy runners bind the same input arrays once (softsyn.characterize.recipes._data memoises)."""
-    from softsyn.characterize import recipes as C
-    from softsyn.characterize.plan import Runner
+    """A point's one-copy and N-copy runners bind the same input arrays once (softsyn.characterize.cellgraph.data memoises)."""
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.runner import Runner
 
-    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
-    kind = next(k for k in C.cell_kinds() if k.key == "Add.fp32")
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
+    kind = next(k for k in cell_kinds() if k.key == "Add.fp32")
     g1, g4 = kind.build({"elements": 4096}, 1, ctx), kind.build({"elements": 4096}, 4, ctx)
     assert g1.inputs["a"][1] is g4.inputs["a"][1]
     uploaded: dict = {}
@@ -251,12 +254,13 @@ def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch
     """Passes are probe-gated: a cell whose every pass started slow against the run's fastest probe is measured again
     at the end of the plan, and the measurement whose passes ran faster stands (one entry per cell)."""
     import softsyn.characterize.plan as ch
+    from softsyn.characterize.writer import render_library_yaml
 
     path = tmp_path / "lib.yaml"
     ch.characterize("cpu", path, cells="Neg,Abs", quick=True, progress=False)  # ceilings + both cells, real probes
     data = yaml.safe_load(path.read_text())
     data["cells"] = []
-    path.write_text(ch.render(data))
+    path.write_text(render_library_yaml(data))
     # Neg's two passes start in a slow phase (3x), Abs's at speed; Neg again at speed
     readings = iter([3e-4, 3e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4])
     monkeypatch.setattr(ch, "speed_probe", lambda provider: next(readings))
@@ -269,15 +273,16 @@ def test_a_cell_measured_in_a_slow_phase_is_measured_again(tmp_path, monkeypatch
 def test_runner_takes_output_shapes_from_an_ort_allocated_run():
     """The path every CUDA runner takes (and any graph whose input has no host data): output shapes from one run with
     outputs allocated by ORT, then preallocated and bound."""
-    from softsyn.characterize import recipes as C
-    from softsyn.characterize.plan import Runner
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.runner import Runner
 
-    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
-    g = next(k for k in C.cell_kinds() if k.key == "Add.fp32").build({"elements": 4096}, 2, ctx)
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
+    g = next(k for k in cell_kinds() if k.key == "Add.fp32").build({"elements": 4096}, 2, ctx)
     g.inputs["a"] = (g.inputs["a"][0], tuple(g.inputs["a"][1].shape))  # device-only allocation, no host data
     runner = Runner(g, "cpu")
     runner()
-    assert [tuple(v.shape()) for v in runner.io.get_outputs()] == [(16, 256), (16, 256)]
+    assert [tuple(v.shape()) for v in runner.binding.get_outputs()] == [(16, 256), (16, 256)]
 
 
 @pytest.mark.parametrize("key, sizes, precision", [("MatMulNBits.int4", {"m": 4, "n": 256, "k": 256, "block": 32}, "int4"),
@@ -289,24 +294,28 @@ def test_shared_weights_reach_the_session_as_external_initializers(monkeypatch, 
     import numpy as np
     from onnx import TensorProto
 
-    from softsyn.characterize import recipes as C
-    from softsyn.characterize.plan import SETTINGS, Runner
+    from dataclasses import replace
 
-    ctx = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision=precision)
-    kind = next(k for k in C.cell_kinds() if k.key == key)
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Blob, Ctx
+    from softsyn.characterize.runner import SETTINGS, Runner
+
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision=precision)
+    kind = next(k for k in cell_kinds() if k.key == key)
     graph = kind.build(sizes, 3, ctx)
     inlined = Runner(graph, "cpu")
-    monkeypatch.setitem(SETTINGS["cpu"], "shared_weights", True)
+    monkeypatch.setitem(SETTINGS, "cpu", replace(SETTINGS["cpu"], shared_weights=True))
     shared = Runner(graph, "cpu")
-    blobs = [t.name for t in graph.inits if isinstance(t, C.Blob)]
+    blobs = [t.name for t in graph.inits if isinstance(t, Blob)]
     assert len(blobs) >= 3
     by_name = {t.name: t for t in shared.model.graph.initializer}
     assert all(by_name[n].data_location == TensorProto.EXTERNAL and not by_name[n].raw_data for n in blobs)
     assert len(shared.model.SerializeToString()) < 4096 < len(inlined.model.SerializeToString())
     inlined(), shared()
-    first = inlined.io.get_outputs()[0].numpy()
-    assert [o.numpy().shape for o in shared.io.get_outputs()] == [o.numpy().shape for o in inlined.io.get_outputs()]
-    for out in shared.io.get_outputs()[:3]:  # every copy reads copy 0's weights
+    first = inlined.binding.get_outputs()[0].numpy()
+    assert ([o.numpy().shape for o in shared.binding.get_outputs()]
+            == [o.numpy().shape for o in inlined.binding.get_outputs()])
+    for out in shared.binding.get_outputs()[:3]:  # every copy reads copy 0's weights
         np.testing.assert_array_equal(out.numpy(), first)
 
 
@@ -314,18 +323,19 @@ def test_cells_that_cannot_chain_run_as_arena_intermediates():
     """On the CPU a copies-form cell keeps only its last node's outputs as graph outputs (the other copies' outputs
     are allocated and freed by ORT's arena, as a model's intermediates are) and runs without graph rewrites (they
     would merge the identical copies); chained cells and CUDA cells are left as they are."""
-    from softsyn.characterize import recipes as C
-    from softsyn.characterize.plan import Runner, _build
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.runner import Runner, cell_graph
 
-    cpu = C.Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
-    concat = next(k for k in C.cell_kinds() if k.key == "Concat.fp32")
-    g = _build(concat, {"elements": 64}, 4, cpu)
+    cpu = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="chain", precision="fp32")
+    concat = next(k for k in cell_kinds() if k.key == "Concat.fp32")
+    g = cell_graph(concat, {"elements": 64}, 4, cpu)
     assert (g.form, g.optimize, [n for n, _ in g.outputs]) == ("intermediates", False, [g.nodes[-1].output[0]])
     assert len(g.nodes) == 4
     runner = Runner(g, "cpu")
     runner()
-    assert len(runner.sess.get_outputs()) == 1
-    add = next(k for k in C.cell_kinds() if k.key == "Add.fp32")
-    assert _build(add, {"elements": 64}, 4, cpu).form == "chain"
-    gpu = C.Ctx(provider="cuda", row=1024, head_dim=128, act="fp16", form="copies", precision="fp32")
-    assert _build(concat, {"elements": 64}, 4, gpu).form == "copies"
+    assert len(runner.session.get_outputs()) == 1
+    add = next(k for k in cell_kinds() if k.key == "Add.fp32")
+    assert cell_graph(add, {"elements": 64}, 4, cpu).form == "chain"
+    gpu = Ctx(provider="cuda", row=1024, head_dim=128, act="fp16", form="copies", precision="fp32")
+    assert cell_graph(concat, {"elements": 64}, 4, gpu).form == "copies"

@@ -355,7 +355,8 @@ def test_filled_materialisation_runs_and_matches_the_optimised_graph(cache_dir):
     """weights="filled": the meta export with seeded weights, then the exporter's optimizer; it runs on ORT."""
     import onnxruntime as ort
     from softsyn.frontends import hf
-    from softsyn.runtime.measure import onnx_path, scenario_inputs
+    from softsyn.runtime.inputs import scenario_inputs
+    from softsyn.runtime.measure import onnx_path
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(**_SMALL_QWEN3)

@@ -14,7 +14,7 @@ from onnx import helper as oh
 
 from softsyn.frontends import read_design
 from softsyn.passes.fuse import Coverage, Miss, fuse, fusion_kinds
-from softsyn.runtime.measure import scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.reports import report_fusion
 

@@ -211,7 +211,8 @@ def test_null_run_overhead_falls_back_and_strings_parse(tmp_path):
 
 
 def test_measure_ceilings_quick_cpu(tmp_path):
-    from softsyn.characterize.ceilings import measure_ceilings, render_library_yaml
+    from softsyn.characterize.ceilings import measure_ceilings
+    from softsyn.characterize.writer import render_library_yaml
     t0 = time.perf_counter()
     lib = measure_ceilings("cpu", quick=True, progress=False)
     assert time.perf_counter() - t0 < 15

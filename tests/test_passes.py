@@ -15,7 +15,7 @@ from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.library import load_library
-from softsyn.runtime.measure import scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn import passes
 from softsyn.passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass

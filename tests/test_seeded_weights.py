@@ -9,7 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from softsyn.frontends import hf
 from softsyn.frontends.zoo import ZOO
-from softsyn.runtime.measure import onnx_path, scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.measure import onnx_path
 
 
 @pytest.fixture(scope="module")

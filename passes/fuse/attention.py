@@ -271,7 +271,7 @@ class AttentionRule(Rule):
 
     def _probe_feeds(self, ctx):
         if "probe" not in ctx.cache:
-            from softsyn.runtime.measure import scenario_inputs
+            from softsyn.runtime.inputs import scenario_inputs
 
             nl = ctx.netlist
             dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}

@@ -246,8 +246,9 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
     """Run the cone of `outputs` on ORT CPU. `feeds` maps ir.Value (graph inputs or any inner value,
     which then acts as an input) -> numpy array. Raises ValueError naming what the cone needs."""
     import onnx
-    import onnxruntime as ort
     from onnx_ir import serde
+
+    from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
     fed = {id(v): (v, a) for v, a in feeds.items()}
     nodes: list[ir.Node] = []
@@ -288,11 +289,8 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
             for v in outputs]
     g = onnx.helper.make_graph(protos, "cone", inputs, outs, initializer=init_protos)
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, o) for d, o in opsets.items()],
-                                   ir_version=10)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                                   ir_version=IR_VERSION)
+    sess = open_session(model, SessionSettings(optimize=False, intra_op_threads=1))
     return sess.run([v.name for v in outputs], feed_np)
 
 

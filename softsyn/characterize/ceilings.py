@@ -35,41 +35,45 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import importlib.metadata
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from softsyn.characterize.catalogue import plan_name
+from softsyn.characterize.cellgraph import ELEM, FLOAT, NP, tensor
+from softsyn.characterize.writer import render_library_yaml, write_library
 from softsyn.errors import SoftsynError
+from softsyn.progress import log
+from softsyn.runtime.binding import BoundRunner, device_of, empty, to_device
+from softsyn.runtime.session import IR_VERSION, OPSET, PROVIDERS, SessionSettings, describe_device, open_session
 
-IR_VERSION = 10  # onnx 1.23 writes 14 by default; ORT 1.31 reads at most 13
-OPSET = 17
 
-_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+@dataclass(frozen=True)
+class CeilingPlan:
+    """The sizes one plan measures the ceilings at."""
 
-# (full, quick) sizes and sample counts per provider.
-_PLAN = {
-    "cpu": {
-        "bw_bytes": (256 << 20, 64 << 20), "gemm_n": (2048, 768), "chain_n": (200, 100),
-        "precisions": ("fp32", "fp64", "fp16", "bf16", "int8", "int4"),
-    },
-    "cuda": {
-        "bw_bytes": (1 << 30, 256 << 20), "gemm_n": (8192, 4096), "chain_n": (400, 200),
-        "precisions": ("fp32", "fp16", "bf16", "int8", "int4"),
-    },
+    bandwidth_bytes: int  # the y = x + 1 tensor
+    gemm_n: int  # the n of the n^3 MatMul
+    chain_n: int  # Adds in the launch-overhead chain
+    precisions: tuple[str, ...]  # the GEMM precisions tried
+
+
+_CPU_PRECISIONS = ("fp32", "fp64", "fp16", "bf16", "int8", "int4")
+_CUDA_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+CEILING_PLANS = {  # by plan name (softsyn.characterize.catalogue.plan_name)
+    "cpu": CeilingPlan(256 << 20, 2048, 200, _CPU_PRECISIONS),
+    "cpu-quick": CeilingPlan(64 << 20, 768, 100, _CPU_PRECISIONS),
+    "cuda": CeilingPlan(1 << 30, 8192, 400, _CUDA_PRECISIONS),
+    "cuda-quick": CeilingPlan(256 << 20, 4096, 200, _CUDA_PRECISIONS),
 }
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[ceilings] {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------ graphs
@@ -89,23 +93,10 @@ def _model(nodes, inputs, outputs, inits, ms_domain: bool = False):
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
 
 
-_ELEM = {"fp32": 1, "fp16": 10, "bf16": 16, "fp64": 11}  # onnx.TensorProto element types
-_NP = {"fp32": np.float32, "fp16": np.float16, "fp64": np.float64}
-
-
-def _tensor(name: str, array: np.ndarray, precision: str):
-    """An initializer in `precision` (bf16 from the top 16 bits of fp32, numpy has no bf16)."""
-    _, TensorProto, helper, numpy_helper = _onnx()
-    if precision == "bf16":
-        bits = (array.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, bits.tobytes(), raw=True)
-    return numpy_helper.from_array(array.astype(_NP[precision]), name)
-
-
 def add_model(shape, n_nodes: int = 1, precision: str = "fp32"):
     """x -> (+1) -> ... n_nodes times -> y."""
     _, _, helper, _ = _onnx()
-    elem = _ELEM[precision]
+    elem = ELEM[precision]
     nodes, prev = [], "x"
     for i in range(n_nodes):
         out = "y" if i == n_nodes - 1 else f"t{i}"
@@ -113,7 +104,7 @@ def add_model(shape, n_nodes: int = 1, precision: str = "fp32"):
         prev = out
     return _model(nodes, [helper.make_tensor_value_info("x", elem, list(shape))],
                   [helper.make_tensor_value_info("y", elem, list(shape))],
-                  [_tensor("one", np.array(1.0, np.float32), precision)])
+                  [tensor("one", np.array(1.0, np.float32), elem)])
 
 
 def matmul_model(m: int, k: int, n: int, precision: str, act: str = "fp32", rng=None):
@@ -125,14 +116,14 @@ def matmul_model(m: int, k: int, n: int, precision: str, act: str = "fp32", rng=
         kb = (k + block - 1) // block
         blob = block * bits // 8
         b = numpy_helper.from_array(rng.integers(0, 256, (n, kb, blob), dtype=np.uint8), "B")
-        s = _tensor("S", (rng.random(n * kb, dtype=np.float32) * 0.01), act)
+        s = tensor("S", (rng.random(n * kb, dtype=np.float32) * 0.01), ELEM[act])
         node = helper.make_node("MatMulNBits", ["a", "B", "S"], ["y"], domain="com.microsoft", name="mm",
                                 K=k, N=n, bits=bits, block_size=block)
-        elem = _ELEM[act]
+        elem = ELEM[act]
         return _model([node], [helper.make_tensor_value_info("a", elem, [m, k])],
                       [helper.make_tensor_value_info("y", elem, [m, n])], [b, s], ms_domain=True)
-    elem = _ELEM[precision]
-    w = _tensor("W", (rng.random((k, n), dtype=np.float32) - 0.5) * 0.05, precision)
+    elem = ELEM[precision]
+    w = tensor("W", (rng.random((k, n), dtype=np.float32) - 0.5) * 0.05, elem)
     node = helper.make_node("MatMul", ["a", "W"], ["y"], name="mm")
     return _model([node], [helper.make_tensor_value_info("a", elem, [m, k])],
                   [helper.make_tensor_value_info("y", elem, [m, n])], [w])
@@ -140,62 +131,10 @@ def matmul_model(m: int, k: int, n: int, precision: str, act: str = "fp32", rng=
 
 # ------------------------------------------------------------------------------------------ sessions
 
-def _session(model, provider: str, cuda_graph: bool = False, optimized_path: str | None = None,
-             cpu_fallback: bool = False, external: dict | None = None):
-    """A session with the defaults a user gets; `external`: name -> (elem, host array) for the model's initializers
-    that reference external data (softsyn.characterize.recipes.make_model), copied in by ORT when the session loads."""
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if external:
-        so.add_external_initializers(list(external), [ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, elem)
-                                                      for elem, a in external.values()])
-    if optimized_path:
-        so.optimized_model_filepath = optimized_path
-    if provider == "cuda":
-        if not cpu_fallback:
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        opts = {"device_id": "0"}
-        if cuda_graph:
-            opts["enable_cuda_graph"] = "1"
-        providers = [("CUDAExecutionProvider", opts)]
-    else:
-        providers = ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-    got = sess.get_providers()
-    if got[0] != _PROVIDERS[provider]:
-        raise SoftsynError(f"asked for {_PROVIDERS[provider]} but the session runs on {got}: "
-                           "no usable device/runtime here (see reference/stack-notes.md)")
-    return sess
-
-
-def _device(provider: str) -> str:
-    return "cuda" if provider == "cuda" else "cpu"
-
-
-def _ortvalue(array: np.ndarray, provider: str):
-    import onnxruntime as ort
-    return ort.OrtValue.ortvalue_from_numpy(array, _device(provider), 0)
-
-
-def _empty(shape, precision: str, provider: str):
-    import onnxruntime as ort
-    return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), _ELEM[precision], _device(provider), 0)
-
-
-def _bound_runner(sess, inputs: dict, outputs: dict):
-    """A zero-argument callable running `sess` on bound OrtValues (no allocation, no transfer)."""
-    import onnxruntime as ort
-    io = sess.io_binding()
-    for name, v in inputs.items():
-        io.bind_ortvalue_input(name, v)
-    for name, v in outputs.items():
-        io.bind_ortvalue_output(name, v)
-    ro = ort.RunOptions()
-
-    def run():
-        sess.run_with_iobinding(io, ro)  # the CUDA EP synchronises its stream at the end of a run
-    return run
+def session_settings(provider: str, **changes) -> SessionSettings:
+    """Characterisation's sessions: the defaults a user gets, ORT's log at errors only, and on CUDA no CPU fallback
+    (a node the GPU cannot run fails the session instead of timing the CPU)."""
+    return replace(SessionSettings(provider=provider, log_severity=3, cpu_fallback=False), **changes)
 
 
 def time_calls(fn, samples: int, inner: int, warmup: int = 3) -> tuple[float, float, float]:
@@ -214,7 +153,7 @@ def time_calls(fn, samples: int, inner: int, warmup: int = 3) -> tuple[float, fl
 
 
 def time_interleaved(fns: dict, samples: int, inner: int, warmup: int = 3) -> dict:
-    """Like _time for several callables, alternating them sample by sample (shared-machine drift cancels)."""
+    """Like time_calls for several callables, alternating them sample by sample (shared-machine drift cancels)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -232,13 +171,13 @@ def time_interleaved(fns: dict, samples: int, inner: int, warmup: int = 3) -> di
 
 def measure_bandwidth(provider: str, nbytes: int, samples: int) -> tuple[float, str]:
     n = nbytes // 4
-    sess = _session(add_model([n]), provider)
-    x = _ortvalue(np.ones(n, np.float32), provider)
-    y = _empty([n], "fp32", provider)
-    run = _bound_runner(sess, {"x": x}, {"y": y})
+    device = device_of(provider)
+    sess = open_session(add_model([n]), session_settings(provider))
+    run = BoundRunner.from_values(sess, {"x": to_device(np.ones(n, np.float32), device)},
+                                  {"y": empty([n], FLOAT, device)})
     t, lo, hi = time_calls(run, samples=samples, inner=1, warmup=3)
     bw = 2 * n * 4 / t
-    return bw, (f"y = x + 1 on {n * 4 >> 20} MiB fp32, IO bound on {_device(provider)}; read + write / "
+    return bw, (f"y = x + 1 on {n * 4 >> 20} MiB fp32, IO bound on {device}; read + write / "
                 f"median of {samples} runs ({t * 1e3:.2f} ms, p10-p90 {lo * 1e3:.2f}-{hi * 1e3:.2f} ms)")
 
 
@@ -249,7 +188,7 @@ def _computes_in(precision: str, provider: str) -> str | None:
     import onnx
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "opt.onnx")
-        _session(matmul_model(8, 64, 64, precision), provider, optimized_path=path)
+        open_session(matmul_model(8, 64, 64, precision), session_settings(provider, optimized_model_filepath=path))
         ops = [n.op_type for n in onnx.load(path).graph.node]
     if "Cast" in ops:
         return f"runs only through inserted Casts to fp32 ({' -> '.join(ops)}): no {precision} kernel"
@@ -262,19 +201,20 @@ def measure_gemm(provider: str, precision: str, n: int, samples: int) -> tuple[f
         why_not = _computes_in(precision, provider)
         if why_not:
             return None, why_not
-        sess = _session(matmul_model(n, n, n, precision, act=act), provider)
+        sess = open_session(matmul_model(n, n, n, precision, act=act), session_settings(provider))
     except SoftsynError:
         raise
     except Exception as e:  # NOT_IMPLEMENTED and friends: the provider has no kernel
         msg = str(e).strip().splitlines()[0][:160]
         return None, f"does not run: {msg}"
     a_prec = act if precision in ("int4", "int8") else precision
+    device = device_of(provider)
     if a_prec == "bf16":
-        a = _empty([n, n], "bf16", provider)  # numpy has no bf16; contents do not change GEMM time
+        a = empty([n, n], ELEM["bf16"], device)  # numpy has no bf16; contents do not change GEMM time
     else:
-        a = _ortvalue((np.random.default_rng(1).random((n, n), dtype=np.float32) - 0.5).astype(_NP[a_prec]), provider)
-    y = _empty([n, n], a_prec, provider)
-    run = _bound_runner(sess, {"a": a}, {"y": y})
+        a = to_device((np.random.default_rng(1).random((n, n), dtype=np.float32) - 0.5).astype(NP[ELEM[a_prec]]),
+                      device)
+    run = BoundRunner.from_values(sess, {"a": a}, {"y": empty([n, n], ELEM[a_prec], device)})
     run()
     t1 = time_calls(run, samples=1, inner=1, warmup=0)[0]
     samples = max(3, min(samples, int(4.0 / max(t1, 1e-6))))  # about 4 s per precision at most
@@ -292,12 +232,14 @@ def overhead_runners(provider: str, n_nodes: int, cuda_graph: bool = False):
     x_np = np.ones(shape, np.float32)
     runners = {}
     for key, count in (("one", 1), ("chain", n_nodes)):
-        sess = _session(add_model(shape, count), provider, cuda_graph=cuda_graph)
+        sess = open_session(add_model(shape, count), session_settings(provider, cuda_graph=cuda_graph))
         if provider == "cpu":
             feeds = {"x": x_np}
             runners[key] = (lambda s=sess: s.run(None, feeds))
         else:
-            runners[key] = _bound_runner(sess, {"x": _ortvalue(x_np, provider)}, {"y": _empty(shape, "fp32", provider)})
+            device = device_of(provider)
+            runners[key] = BoundRunner.from_values(sess, {"x": to_device(x_np, device)},
+                                                   {"y": empty(shape, FLOAT, device)})
     return runners
 
 
@@ -314,45 +256,6 @@ def measure_overheads(provider: str, n_nodes: int, samples: int, inner: int, cud
 
 # ------------------------------------------------------------------------------------------ header
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cpu_isa() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    keep = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni", "amx_bf16",
-            "amx_int8")
-    return [f for f in keep if f in flags]
-
-
-def _describe_device(provider: str) -> str:
-    if provider == "cuda":
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
-            line = out.strip().splitlines()[0]
-            return f"{line} (nvidia-smi name, memory, driver)"
-        except (OSError, IndexError, subprocess.SubprocessError):
-            return "unknown CUDA device (nvidia-smi unavailable)"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    isa = _cpu_isa()
-    return f"{_cpu_model()}, {cores} cores" + (f" ({', '.join(isa)})" if isa else "")
-
-
 def _ort_package() -> str:
     for dist in ("onnxruntime-gpu", "onnxruntime"):
         try:
@@ -366,34 +269,34 @@ def measure_ceilings(provider: str = "cpu", quick: bool = False, progress: bool 
                      name: str | None = None, command: str | None = None) -> dict:
     """Measure ceilings on this machine; returns a library mapping (header, ceilings, cells: [])."""
     import onnxruntime as ort
-    if provider not in _PLAN:
-        raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(_PLAN)}")
-    plan = _PLAN[provider]
-    sel = 1 if quick else 0
+    if provider not in PROVIDERS:
+        raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
+    plan = CEILING_PLANS[plan_name(provider, quick)]
+    say = functools.partial(log, enabled=progress, tag="ceilings")
     notes: dict[str, str] = {}
     started = time.perf_counter()
 
     if provider == "cuda":  # is the CUDA EP really there? (checked on the session, never the available list)
-        _session(add_model([1, 8]), provider, cpu_fallback=True)
-    nbytes = plan["bw_bytes"][sel]
-    _log(progress, f"memory bandwidth ({nbytes >> 20} MiB) ...")
+        open_session(add_model([1, 8]), session_settings(provider, cpu_fallback=True))
+    nbytes = plan.bandwidth_bytes
+    say(f"memory bandwidth ({nbytes >> 20} MiB) ...")
     bw, notes["memory_bandwidth"] = measure_bandwidth(provider, nbytes, samples=8 if quick else 60)
-    _log(progress, f"  {bw / 1e9:.1f} GB/s")
+    say(f"  {bw / 1e9:.1f} GB/s")
 
     peak: dict[str, float | None] = {}
-    gemm_n = plan["gemm_n"][sel]
-    for p in plan["precisions"]:
-        _log(progress, f"GEMM {p} ({gemm_n}^3) ...")
+    gemm_n = plan.gemm_n
+    for p in plan.precisions:
+        say(f"GEMM {p} ({gemm_n}^3) ...")
         rate, notes[f"peak_flops.{p}"] = measure_gemm(provider, p, gemm_n, samples=4 if quick else 30)
         peak[p] = rate
-        _log(progress, f"  {rate / 1e9:.1f} GFLOP/s" if rate else f"  {notes[f'peak_flops.{p}']}")
+        say(f"  {rate / 1e9:.1f} GFLOP/s" if rate else f"  {notes[f'peak_flops.{p}']}")
 
     if provider == "cuda":
         notes["peak_flops.fp8"] = ("not attempted: standard ONNX MatMul has no FP8 kernel in ORT; "
                                    "the GemmFloat8 contrib op is not characterised yet")
-    n_nodes = plan["chain_n"][sel]
+    n_nodes = plan.chain_n
     samples, inner = (10, 10) if quick else (60, 25)
-    _log(progress, f"per-node and per-run overhead ({n_nodes}-Add chain vs 1 Add) ...")
+    say(f"per-node and per-run overhead ({n_nodes}-Add chain vs 1 Add) ...")
     launch, one, chain = measure_overheads(provider, n_nodes, samples, inner)
     path = "session.run with numpy feeds" if provider == "cpu" else "run_with_iobinding, IO on device"
     notes["launch_overhead"] = (f"({n_nodes}-Add chain {chain * 1e6:.1f} us - 1-Add graph {one * 1e6:.1f} us) / "
@@ -401,11 +304,11 @@ def measure_ceilings(provider: str = "cpu", quick: bool = False, progress: bool 
                                 f"x {inner} runs")
     run_overhead = one - launch if one > launch else one
     notes["run_overhead"] = f"1-Add graph {one * 1e6:.1f} us - one launch_overhead; {path}"
-    _log(progress, f"  launch {launch * 1e6:.2f} us/node, run {run_overhead * 1e6:.2f} us")
+    say(f"  launch {launch * 1e6:.2f} us/node, run {run_overhead * 1e6:.2f} us")
 
     launch_graph = None
     if provider == "cuda":
-        _log(progress, "per-node overhead inside a CUDA graph ...")
+        say("per-node overhead inside a CUDA graph ...")
         try:
             launch_graph, g_one, g_chain = measure_overheads(provider, n_nodes, samples, inner, cuda_graph=True)
             notes["launch_overhead_graph"] = (f"same chain with CUDA EP enable_cuda_graph=1: "
@@ -415,13 +318,13 @@ def measure_ceilings(provider: str = "cpu", quick: bool = False, progress: bool 
     else:
         notes["launch_overhead_graph"] = "not applicable (no CUDA graphs on the CPU provider)"
 
-    ep = _PROVIDERS[provider]
+    ep = PROVIDERS[provider]
     lib = {
         "library": name or ("cpu-ort" if provider == "cpu" else "cuda-ort"),
         "format": 1,
         "runtime": f"onnxruntime {ort.__version__}",
         "provider": ep,
-        "device": _describe_device(provider),
+        "device": describe_device(provider),
         "date": _dt.date.today().isoformat(),
         "command": command or f"softsyn.characterize.ceilings.measure_ceilings(provider={provider!r}, quick={quick})",
         "environment": (f"{_ort_package()}, numpy {np.__version__}, python {platform.python_version()}, "
@@ -440,54 +343,13 @@ def measure_ceilings(provider: str = "cpu", quick: bool = False, progress: bool 
         "notes": notes,
         "cells": [],
     }
-    _log(progress, f"done in {time.perf_counter() - started:.1f} s")
+    say(f"done in {time.perf_counter() - started:.1f} s")
     return lib
-
-
-# ------------------------------------------------------------------------------------------ YAML
-
-def _num(v) -> str:
-    """3 significant digits, always with a dot and a signed exponent (PyYAML reads "1e10" as a string)."""
-    if v is None:
-        return "null"
-    mant, exp = f"{v:.2e}".split("e")
-    mant = mant.rstrip("0")
-    mant = mant + "0" if mant.endswith(".") else mant
-    return f"{mant}e{int(exp):+03d}"
-
-
-def render_library_yaml(lib: dict) -> str:
-    """The library as YAML, each ceiling commented with how it was measured."""
-    import yaml
-
-    def scalar(v) -> str:
-        return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
-
-    notes = lib.get("notes", {})
-    c = lib["ceilings"]
-    out = [f"# softsyn target library: {lib['library']}. Generated by softsyn.characterize.ceilings; see its docstring for the methods.",
-           "# SI units: B/s, FLOP/s, s. null: not measured / the provider does not compute in it (see notes)."]
-    for k in ("library", "format", "runtime", "provider", "device", "date", "command", "environment",
-              "session_options", "quick"):
-        if k in lib:
-            out.append(f"{k}: {scalar(lib[k])}")
-    out.append("ceilings:")
-    out.append(f"  memory_bandwidth: {_num(c['memory_bandwidth'])}   # B/s: {notes.get('memory_bandwidth', '')}")
-    out.append("  peak_flops:   # FLOP/s")
-    for p, v in c["peak_flops"].items():
-        out.append(f"    {p}: {_num(v)}   # {notes.get(f'peak_flops.{p}', '')}")
-    for k in ("launch_overhead", "launch_overhead_graph", "run_overhead"):
-        out.append(f"  {k}: {_num(c[k])}   # s: {notes.get(k, '')}")
-    out.append("notes:")
-    for k, v in notes.items():
-        out.append(f"  {k}: {scalar(v)}")
-    out.append("cells: []   # delay tables: filled by characterisation")
-    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m softsyn.characterize.ceilings", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--provider", choices=sorted(_PLAN), default="cpu")
+    ap.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
     ap.add_argument("-o", "--output", help="library YAML to write (default: print)")
     ap.add_argument("--name", help="library name (default: cpu-ort / cuda-ort)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer samples (seconds, noisier)")
@@ -500,16 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     except SoftsynError as e:
         print(f"softsyn: error: {e}", file=sys.stderr)
         return 2
-    text = render_library_yaml(lib)
     if args.output:
-        from softsyn.library import parse_library
-        parse_library(text, Path(args.output))  # what we write must load
-        tmp = Path(args.output).with_suffix(".yaml.tmp")
-        tmp.write_text(text)
-        tmp.replace(args.output)
+        write_library(lib, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(render_library_yaml(lib))
     return 0
 
 

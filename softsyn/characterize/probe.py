@@ -19,15 +19,18 @@ import time
 
 import numpy as np
 
+from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
+
 PROBE_WORKLOAD = ("8 x (MatMul [64, 256] @ W[256, 256] + Add), fp32, one session.run with numpy feeds on the "
                   "provider; median of 50 warm runs")
 _SESSIONS: dict = {}
 
 
-def _session(provider: str):
+def _probe_session(provider: str):
+    """The probe's session and feeds on `provider`, made once per process. Its provider is not checked: the sessions
+    that measure (signoff's, characterisation's) check theirs."""
     if provider in _SESSIONS:
         return _SESSIONS[provider]
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -39,11 +42,8 @@ def _session(provider: str):
         prev = f"a{i}"
     graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [64, 256])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+    sess = open_session(model, SessionSettings(provider=provider, log_severity=3, require_provider=False))
     feeds = {"x": rng.random((64, 256), dtype=np.float32)}
     _SESSIONS[provider] = (sess, feeds)
     return sess, feeds
@@ -51,7 +51,7 @@ def _session(provider: str):
 
 def speed_probe(provider: str = "cpu", runs: int = 50) -> float:
     """Median seconds of one run of the probe workload on `provider` ("cpu" | "cuda")."""
-    sess, feeds = _session(provider)
+    sess, feeds = _probe_session(provider)
     for _ in range(5):
         sess.run(None, feeds)
     times = []

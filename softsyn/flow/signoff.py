@@ -20,14 +20,16 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
-from softsyn.runtime.measure import MEASURED_INTERVAL, device_name, measure_many, onnx_path, profile_many, scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
+from softsyn.runtime.session import device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
+from softsyn.progress import log
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -303,13 +305,14 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         raise SoftsynError(f"{directory}: no path group to sign off" + (f" among {', '.join(groups)}" if groups else ""))
     # One session measures every group, interleaved; one profiling session (a subprocess on CUDA) profiles them.
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
-    _log(progress, f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
-         + "; ".join(group.scenario.description for group, _ in chosen))
+    log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
+        + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
     probe_before = speed_probe(provider)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
                             options=target.session_options)
     machine = machine_state(probe_before, speed_probe(provider), design.library)
-    _log(progress, "signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""))
+    log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
+        enabled=progress)
     profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
                             provider=provider, options=target.session_options, blocking=blocking)
     results = []
@@ -365,7 +368,7 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
             profiler_run=prof.run_median, profiler_overhead=prof.overhead_per_node, kernel_scale=ga.kernel_scale, predicted_overhead=run_point.incr if run_point else 0.0, counts=counts,
             by_op=sorted(by_op.values(), key=lambda o: -abs(o.measured - o.predicted)), cells=rows,
             runtime_only=ga.runtime_only))
-        _log(progress, f"  {group.name}: predicted {results[-1].predicted * 1e3:.3f} ms, measured {m.summary}")
+        log(f"  {group.name}: predicted {results[-1].predicted * 1e3:.3f} ms, measured {m.summary}", enabled=progress)
 
     out = Path(annotation_out) if annotation_out else directory / "signoff" / "annotation.json"
     annotation.save(out)
@@ -393,7 +396,3 @@ def write_results(result: SignoffResult, directory: str | Path, report_text: str
     return [write_atomic(directory / "reports" / "signoff.rpt", report_text),
             write_atomic(directory / "signoff" / "signoff.json", json.dumps(result.to_dict(), indent=1) + "\n")]
 
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[softsyn] {message}", file=sys.stderr, flush=True)

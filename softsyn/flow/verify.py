@@ -1,6 +1,6 @@
 """`softsyn verify DIR`: the compiled model against its fp32 reference (Formality's role, by simulation).
 
-Both models run on ONNX Runtime with the same seeded inputs (softsyn.runtime.measure.scenario_inputs) at
+Both models run on ONNX Runtime with the same seeded inputs (softsyn.runtime.inputs.scenario_inputs) at
 every scenario the compile timed. Per output:
 - max abs error  max|c - r|
 - rel error      max|c - r| / max|r|   (one number per tensor: the worst element against the
@@ -22,7 +22,8 @@ import onnx_ir as ir
 
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
-from softsyn.runtime.measure import scenario_inputs
+from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.session import SessionSettings, open_session, provider_of
 from softsyn.netlist import Netlist
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
@@ -109,10 +110,10 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         max_rel, source = DEFAULT_REL_ERROR.get(precision, DEFAULT_REL_ERROR["fp16"]), f"default for {precision}"
     min_top1 = budget.get("min_top1")
 
-    ref_session = ort.InferenceSession(str(ref_path), providers=["CPUExecutionProvider"])
+    ref_session = open_session(ref_path)
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
-    providers = ["CPUExecutionProvider"] if cpu else settings.get("providers")
-    session = ort.InferenceSession(str(out_dir / MODEL_FILE), providers=providers)
+    target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
+    session = open_session(out_dir / MODEL_FILE, SessionSettings(provider=target, require_provider=False))
     ort_errors = _ort_errors()
     input_types = {i.name: i.type for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]

@@ -1,13 +1,13 @@
-"""Measuring a netlist on the real runtime: seeded scenario inputs, warm IO-bound runs, per-node profiles.
+"""Measuring a model on the real runtime: warm IO-bound runs and per-node profiles.
 
 What the measured interval covers (`measure`): one `run_with_iobinding` call, wall clock on the
 host (time.perf_counter before and after). The inputs are bound once before timing (on the device
 for CUDA: `OrtValue.ortvalue_from_numpy(x, "cuda", 0)`), the outputs are bound by name to the same
-device and allocated by ONNX Runtime inside the call; the call returns after the execution
-provider synchronised (ORT synchronises the CUDA stream at the end of a run), so the interval is
-host dispatch + every kernel + the final synchronisation. No copies to or from the host, no
-tokenisation or sampling: the constraints' input and output delays stand for those, so compare
-measured against the predicted arrival minus the input delay. This is the method of
+device and allocated by ONNX Runtime inside the call (softsyn.runtime.binding.BoundRunner.from_feeds);
+the call returns after the execution provider synchronised (ORT synchronises the CUDA stream at the
+end of a run), so the interval is host dispatch + every kernel + the final synchronisation. No
+copies to or from the host, no tokenisation or sampling: the constraints' input and output delays
+stand for those, so compare measured against the predicted arrival minus the input delay. This is the method of
 `shared/reference/h200.md` (wall clock around run_with_iobinding, inputs and outputs on the GPU).
 
 Per-node times (`profile`) come from ONNX Runtime's own profiler (SessionOptions.enable_profiling)
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,10 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
+from softsyn.runtime.binding import BoundRunner
+from softsyn.runtime.session import IR_VERSION, open_model
 
 MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
                      "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "
@@ -100,35 +100,6 @@ class Profile:
         return cls(**data)
 
 
-def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs for every graph input at the scenario's dims.
-
-    Token ids are drawn below the vocabulary size, masks are all ones, and
-    position ids continue after the cached tokens, so a decoder runs the path
-    it runs in service.
-    """
-    rng = np.random.default_rng(seed)
-    shapes = netlist.bind(dims)
-    vocab = int(netlist.config.get("vocab_size") or 1000)
-    past = dims.get("past", 0)
-    feeds = {}
-    for value in netlist.model.graph.inputs:
-        shape = shapes.get(value.name)
-        if shape is None:
-            raise SoftsynError(f"input {value.name}: no concrete shape under dims {dims}")
-        dtype = ir.DataType(value.dtype).numpy()
-        if value.name == "position_ids":
-            feeds[value.name] = np.broadcast_to(np.arange(past, past + shape[-1], dtype=dtype), shape).copy()
-        elif "mask" in value.name:
-            feeds[value.name] = np.ones(shape, dtype=dtype)
-        elif np.issubdtype(dtype, np.integer):
-            high = vocab if "ids" in value.name and "type" not in value.name else 2
-            feeds[value.name] = rng.integers(0, high, size=shape, dtype=dtype)
-        else:
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
-
-
 def onnx_path(netlist: Netlist) -> Path:
     """The ONNX file behind a netlist (its export cache entry or the file it was read from)."""
     cached = netlist.provenance.get("cache", {}).get("path")
@@ -138,80 +109,6 @@ def onnx_path(netlist: Netlist) -> Path:
         if path.suffix == ".onnx" and path.is_file():
             return path
     raise SoftsynError(f"{netlist.name}: no ONNX file on disk to run (provenance: {netlist.provenance.get('source')})")
-
-
-def device_name(provider: str) -> str:
-    """The device in words: CPU model and core count, or the GPU's name."""
-    if provider == "cuda":
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20)
-            names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-            if names:
-                return names[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-        return "CUDA GPU"
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores"
-
-
-def session(model_path: str | Path, provider: str = "cpu", profile_prefix: str | None = None,
-            options: dict | None = None):
-    """An InferenceSession on `provider` ("cpu" | "cuda"); a CUDA session that fell back to the CPU is an error
-    (onnxruntime-gpu lists CUDA even where there is no GPU: check what the session actually got)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    for key, value in (options or {}).items():
-        if key == "graph_optimization_level" and isinstance(value, str):
-            value = getattr(ort.GraphOptimizationLevel, value)
-        if hasattr(so, key):
-            setattr(so, key, value)
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    try:
-        sess = ort.InferenceSession(str(model_path), so, providers=providers)
-    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-        raise SoftsynError(f"{model_path}: onnxruntime cannot load it: {type(exc).__name__}: {exc}") from None
-    used = sess.get_providers()[0]
-    if provider == "cuda" and used != "CUDAExecutionProvider":
-        raise SoftsynError(f"{model_path}: the CUDA provider did not load (the session runs on {used}); "
-                           "is there a GPU and are the CUDA libraries on LD_LIBRARY_PATH?")
-    return sess
-
-
-class BoundRunner:
-    """One session with its inputs bound once (on the device) and outputs bound by name on the device."""
-
-    def __init__(self, sess, feeds: dict[str, np.ndarray], provider: str = "cpu"):
-        import onnxruntime as ort
-
-        self.session = sess
-        self.binding = sess.io_binding()
-        device = "cuda" if provider == "cuda" else "cpu"
-        self._keep = []
-        names = {i.name for i in sess.get_inputs()}
-        for name, array in feeds.items():
-            if name not in names:
-                continue
-            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
-            self._keep.append(value)
-            self.binding.bind_ortvalue_input(name, value)
-        for out in sess.get_outputs():
-            self.binding.bind_output(out.name, device, 0)
-
-    def run(self) -> None:
-        self.session.run_with_iobinding(self.binding)
 
 
 def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
@@ -224,7 +121,7 @@ SETTLED = 1.05  # warm-up: a block of calls no more than this much faster than t
 WARM_CAP = 10  # warm-up: at most this many blocks of `warmup` calls per turn
 
 
-def warm_up(runner: "BoundRunner", warmup: int) -> int:
+def warm_up(runner: BoundRunner, warmup: int) -> int:
     """Untimed calls until the scenario's run time stops falling: blocks of `warmup` calls until a block's median is
     within SETTLED of the block before it (WARM_CAP blocks at most); returns the calls made. A fixed count left
     timed calls in the recovery tail after another scenario's run: qwen3-moe-tiny decode128 after a batch-4 prefill
@@ -240,7 +137,7 @@ def warm_up(runner: "BoundRunner", warmup: int) -> int:
     return calls
 
 
-def _timed_calls(runner: "BoundRunner", n: int) -> list[float]:
+def _timed_calls(runner: BoundRunner, n: int) -> list[float]:
     """Wall-clock seconds of `n` calls, one by one."""
     times = []
     for _ in range(n):
@@ -258,8 +155,8 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     with untimed calls until its run time has settled (warm_up): the first calls after another scenario's run
     find cold caches and a reshaped memory arena (on 2 CPU cores, qwen3-tiny decode after a batch-4 prefill: p90
     2x the median without them)."""
-    sess = session(model_path, provider, options=options)
-    runners = [BoundRunner(sess, feeds, provider) for feeds in scenarios]
+    sess = open_model(model_path, provider, options)
+    runners = [BoundRunner.from_feeds(sess, feeds, provider) for feeds in scenarios]
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
@@ -335,7 +232,6 @@ def calibrate_profiler(provider: str = "cpu", nodes: int = 200, runs: int = 100)
     key = (provider, nodes)
     if key in _CALIBRATION:
         return _CALIBRATION[key]
-    import onnx
     from onnx import TensorProto, helper
 
     def chain(n: int) -> bytes:
@@ -344,7 +240,7 @@ def calibrate_profiler(provider: str = "cpu", nodes: int = 200, runs: int = 100)
         body = [helper.make_node("Add", [names[i], "one"], [names[i + 1]], name=f"add_{i}") for i in range(n)]
         graph = helper.make_graph(body, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [one])
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION).SerializeToString()
 
     feeds = {"x": np.zeros((1, 8), np.float32)}
     options = {"graph_optimization_level": "ORT_DISABLE_ALL"}
@@ -396,9 +292,9 @@ def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     if blocking and provider == "cuda":
         return _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace)
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
-        sess = session(model_path, provider, profile_prefix=str(Path(tmp) / "ort"), options=options)
+        sess = open_model(model_path, provider, options, profile_prefix=str(Path(tmp) / "ort"))
         for feeds in scenarios:
-            runner = BoundRunner(sess, feeds, provider)
+            runner = BoundRunner.from_feeds(sess, feeds, provider)
             for _ in range(warmup + runs):
                 runner.run()
         trace = sess.end_profiling()

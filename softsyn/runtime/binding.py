@@ -1,0 +1,85 @@
+"""IO binding: OrtValues on the provider's device and the one bound runner every timing loop calls.
+
+A BoundRunner's `run()` (also its `__call__`, so timing loops take it as any zero-argument callable) is exactly
+one `run_with_iobinding` call: the inputs were bound before, on the device, so no host data is copied inside it.
+The outputs are bound either
+
+- preallocated (`from_values`, characterisation's cells and ceilings): no allocation inside the call, or
+- by name on the device (`from_feeds`, how the signoff times a model): ONNX Runtime allocates them in each call,
+  as a serving loop that keeps its outputs on the device does.
+
+The CUDA provider synchronises its stream at the end of a run, so the call covers every kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def device_of(provider: str) -> str:
+    """The OrtValue device of a provider: "cuda" or "cpu"."""
+    return "cuda" if provider == "cuda" else "cpu"
+
+
+def to_device(array: np.ndarray, device: str):
+    """An OrtValue holding a copy of `array` on `device` ("cpu" | "cuda")."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+
+
+def empty(shape, elem: int, device: str):
+    """An OrtValue of `shape` and onnx element type `elem` allocated on `device`, contents undefined."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, device, 0)
+
+
+class BoundRunner:
+    """One session with its inputs and outputs bound once; `run()` is one run_with_iobinding call.
+
+    `run_options`: an ort.RunOptions passed to every call (None: the runtime makes its default one in the call)."""
+
+    def __init__(self, sess, run_options=None):
+        self.session = sess
+        self.binding = sess.io_binding()
+        self.run_options = run_options
+        self.keep: list = []  # the OrtValues the binding refers to, alive as long as the runner
+
+    @classmethod
+    def from_values(cls, sess, inputs: dict, outputs: dict) -> "BoundRunner":
+        """Inputs and preallocated outputs bound as the OrtValues given (no allocation, no transfer in the call)."""
+        import onnxruntime as ort
+
+        runner = cls(sess, ort.RunOptions())
+        for name, value in inputs.items():
+            runner.bind_input(name, value)
+        for name, value in outputs.items():
+            runner.bind_output(name, value)
+        return runner
+
+    @classmethod
+    def from_feeds(cls, sess, feeds: dict[str, np.ndarray], provider: str = "cpu") -> "BoundRunner":
+        """Inputs copied to the device once (feeds the session has no input for are left out), outputs bound by name
+        on the device and allocated by the runtime in each call."""
+        runner = cls(sess)
+        device = device_of(provider)
+        names = {i.name for i in sess.get_inputs()}
+        for name, array in feeds.items():
+            if name in names:
+                runner.bind_input(name, to_device(array, device))
+        for out in sess.get_outputs():
+            runner.binding.bind_output(out.name, device, 0)
+        return runner
+
+    def bind_input(self, name: str, value) -> None:
+        self.keep.append(value)
+        self.binding.bind_ortvalue_input(name, value)
+
+    def bind_output(self, name: str, value) -> None:
+        self.keep.append(value)
+        self.binding.bind_ortvalue_output(name, value)
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding, self.run_options)
+
+    __call__ = run

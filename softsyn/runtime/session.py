@@ -1,0 +1,168 @@
+"""The one ONNX Runtime session factory: every InferenceSession softsyn opens is made here, from SessionSettings.
+
+`open_session(model, settings)` builds the SessionOptions and the provider list from a frozen SessionSettings and
+checks what the session got: onnxruntime-gpu lists CUDA even on machines without a GPU and silently falls back to
+the CPU, so the provider is read from `session.get_providers()` after creation, never from
+`get_available_providers()`. `open_model(path, ...)` is the form for a model file the user gave (signoff, verify,
+benches): a file the runtime cannot load is a SoftsynError naming it.
+
+The device in words (`device_name`, `describe_device`) and the provider-name mapping (`PROVIDERS`) live here too,
+as do the IR version and opset of the models softsyn builds for ORT.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from softsyn.errors import SoftsynError
+
+IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads at most 13, and the exporter writes 10
+OPSET = 17
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    provider: str = "cpu"  # "cpu" | "cuda" (PROVIDERS)
+    optimize: bool = True  # False: no graph rewrites (ORT_DISABLE_ALL), e.g. chains ORT would fold away
+    optimized_model_filepath: str | None = None  # where ORT writes the graph it optimised
+    profile_prefix: str | None = None  # enables ORT's profiler; its JSON trace is named from this prefix
+    cuda_graph: bool = False  # the CUDA EP's enable_cuda_graph
+    cpu_fallback: bool = True  # False (CUDA): a node the GPU cannot run fails the session (disable_cpu_ep_fallback)
+    require_provider: bool = True  # a session that did not get `provider` is an error (False: the fallback is accepted)
+    log_severity: int | None = None  # the session's log_severity_level (3: errors only); None: ORT's default
+    intra_op_threads: int | None = None  # intra_op_num_threads; None: ORT's default (one per physical core)
+    options: tuple[tuple[str, object], ...] = ()  # more SessionOptions attributes by name (runtime/session.json's)
+
+
+def provider_of(execution_provider: str) -> str:
+    """The short provider name ("cpu" | "cuda") of an execution provider's name."""
+    for name, ep in PROVIDERS.items():
+        if ep == execution_provider:
+            return name
+    raise SoftsynError(f"execution provider {execution_provider}: softsyn runs {', '.join(PROVIDERS.values())}")
+
+
+def open_session(model, settings: SessionSettings = SessionSettings(), external: dict | None = None):
+    """An InferenceSession on `model` (a path, serialised bytes or an onnx.ModelProto) as `settings` say.
+
+    `external`: name -> (elem, host array) for initializers the model references as external data
+    (softsyn.characterize.cellgraph.make_model), copied in by ORT when the session loads. A model ORT cannot load
+    raises ORT's own exception (characterisation records that as a missing kernel); a session on another provider
+    than asked for is a SoftsynError unless `settings.require_provider` is off."""
+    import onnxruntime as ort
+
+    if settings.provider not in PROVIDERS:
+        raise SoftsynError(f"unknown provider {settings.provider!r}; valid: {', '.join(PROVIDERS)}")
+    so = ort.SessionOptions()
+    if settings.log_severity is not None:
+        so.log_severity_level = settings.log_severity
+    if not settings.optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if settings.intra_op_threads is not None:
+        so.intra_op_num_threads = settings.intra_op_threads
+    for key, value in settings.options:
+        if key == "graph_optimization_level" and isinstance(value, str):
+            value = getattr(ort.GraphOptimizationLevel, value)
+        if hasattr(so, key):
+            setattr(so, key, value)
+    if settings.optimized_model_filepath:
+        so.optimized_model_filepath = settings.optimized_model_filepath
+    if settings.profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = settings.profile_prefix
+    if external:
+        so.add_external_initializers(list(external), [ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, elem)
+                                                      for elem, a in external.values()])
+    providers: list = ["CPUExecutionProvider"]
+    if settings.provider == "cuda":
+        cuda = {"device_id": "0"}
+        if settings.cuda_graph:
+            cuda["enable_cuda_graph"] = "1"
+        # ORT adds the CPU provider itself unless the fallback is disabled, which then holds only if it is not listed
+        providers = [("CUDAExecutionProvider", cuda)] + (["CPUExecutionProvider"] if settings.cpu_fallback else [])
+        if not settings.cpu_fallback:
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    source = str(model) if isinstance(model, (str, Path)) else model
+    if hasattr(source, "SerializeToString"):
+        source = source.SerializeToString()
+    sess = ort.InferenceSession(source, so, providers=providers)
+    got = sess.get_providers()
+    if settings.require_provider and got[0] != PROVIDERS[settings.provider]:
+        where = f"{model}: " if isinstance(model, (str, Path)) else ""
+        raise SoftsynError(f"{where}asked for {PROVIDERS[settings.provider]} but the session runs on {got}: is there "
+                           "a GPU, and are the CUDA libraries on LD_LIBRARY_PATH?")
+    return sess
+
+
+def open_model(model_path: str | Path, provider: str = "cpu", options: dict | None = None,
+               profile_prefix: str | None = None):
+    """A session on a model file the user gave, on `provider` with `options` (SessionOptions attributes by name, as
+    runtime/session.json records them); a file the runtime cannot load is a SoftsynError naming it."""
+    settings = SessionSettings(provider=provider, options=tuple((options or {}).items()), profile_prefix=profile_prefix)
+    try:
+        return open_session(model_path, settings)
+    except SoftsynError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        raise SoftsynError(f"{model_path}: onnxruntime cannot load it: {type(exc).__name__}: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------ the device
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_isa() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    keep = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni", "amx_bf16",
+            "amx_int8")
+    return [f for f in keep if f in flags]
+
+
+def _nvidia_smi(fields: str) -> str:
+    """nvidia-smi's first line for the query `fields` ("" where it does not run)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return next((line.strip() for line in out.splitlines() if line.strip()), "")
+
+
+def device_name(provider: str) -> str:
+    """The device in words, for reports: CPU model and core count, or the GPU's name."""
+    if provider == "cuda":
+        return _nvidia_smi("name") or "CUDA GPU"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def describe_device(provider: str) -> str:
+    """The device in words, for a library header: the GPU's name, memory and driver, or the CPU model, the cores
+    this process may use and the ISA extensions the kernels can use."""
+    if provider == "cuda":
+        line = _nvidia_smi("name,memory.total,driver_version")
+        return f"{line} (nvidia-smi name, memory, driver)" if line else "unknown CUDA device (nvidia-smi unavailable)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    isa = _cpu_isa()
+    return f"{cpu_model()}, {cores} cores" + (f" ({', '.join(isa)})" if isa else "")
