@@ -177,6 +177,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
                                                        if v.name in kv_ports), None),
                      "max_length": cons.kv_cache.max_length} if kv_ports else None,
         "precision": compiled_precision(netlist),
+        "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,

@@ -197,3 +197,22 @@ def test_precision_is_fp32_on_cpu_and_honours_the_default(tiny):
     design = Design(tiny, parse_constraints("precision:\n  default: int8\n"), load_library("cpu-ort"), progress=False)
     with pytest.raises(SoftsynError, match="precision.default: int8 .*valid: fp32, fp16"):
         run_pass(design, "precision")
+
+
+def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):
+    """The uniform map realises fp16 for a bf16 request when fp16 is allowed, logs it, and reports both;
+    without fp16 allowed it is a one-line constraints error."""
+    from softsyn.constraints import parse_constraints
+    from softsyn.errors import SoftsynError
+    from softsyn.passes.precision import default_precision
+
+    class _D:
+        library = load_library("h200-ort-cuda")
+
+        def __init__(self, text):
+            self.constraints = parse_constraints(text, "c.yaml")
+
+    assert default_precision(_D("precision: {default: bf16, allowed: [bf16, fp16]}\n")) == ("bf16", "fp16")
+    assert default_precision(_D("precision: {default: fp16}\n")) == ("fp16", "fp16")
+    with pytest.raises(SoftsynError, match=r"c.yaml: precision.default: bf16 is not .* \(or bf16 with fp16 in "):
+        default_precision(_D("precision: {default: bf16, allowed: [bf16, int4]}\n"))

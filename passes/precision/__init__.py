@@ -13,20 +13,35 @@ from softsyn.passes import PassResult, register
 from softsyn.passes.precision.fp16 import to_fp16
 
 UNIFORM = ("fp32", "fp16")
+# A requested precision the uniform map does not realise, and the one it realises instead when the constraints allow
+# it: bf16 and fp16 carry the same bytes, and ORT's CPU provider has no bf16 MatMul to verify a bf16 artifact on.
+# Per-cell bf16 comes with the compile loop's precision moves; the substitution is logged and reported, never silent.
+SUBSTITUTE = {"bf16": "fp16"}
 
 
-def default_precision(design) -> str:
-    chosen = design.constraints.precision.default or ("fp16" if design.library.is_gpu else "fp32")
-    if chosen not in UNIFORM:
-        raise SoftsynError(f"{design.constraints.source}: precision.default: {chosen} is not a uniform precision "
-                           f"the low-effort compile maps; valid: {', '.join(UNIFORM)}")
-    return chosen
+def default_precision(design) -> tuple[str, str]:
+    """(requested, realised) uniform precision."""
+    cons = design.constraints
+    chosen = cons.precision.default or ("fp16" if design.library.is_gpu else "fp32")
+    if chosen in UNIFORM:
+        return chosen, chosen
+    instead = SUBSTITUTE.get(chosen)
+    if instead is not None and instead in cons.precision.allowed:
+        return chosen, instead
+    raise SoftsynError(f"{cons.source}: precision.default: {chosen} is not a uniform precision the low-effort "
+                       f"compile maps; valid: {', '.join(UNIFORM)}"
+                       + (f" (or {chosen} with {instead} in precision.allowed)" if instead else ""))
 
 
 @register("precision", "uniform default precision: fp16 on GPU targets (fp32 islands for norms, rotary), fp32 on CPU")
 def run(design) -> PassResult:
-    if default_precision(design) == "fp32":
-        return PassResult({})
+    requested, realised = default_precision(design)
+    report = {"requested": requested, "realised": realised}
+    if requested != realised:
+        design.log(f"precision: requested {requested}, realised {realised} (the low-effort map is uniform "
+                   f"{'/'.join(UNIFORM)}; {realised} is in precision.allowed)")
+    if realised == "fp32":
+        return PassResult({}, report)
     counts = to_fp16(design.netlist.model, design.constraints.dont_touch).counts()
     design.netlist_changed()
-    return PassResult(counts)
+    return PassResult(counts, report)
