@@ -133,10 +133,17 @@ def make_hf_folder(model: str, folder: Path) -> None:
     entry = zoo.ZOO[model]
     cfg = zoo.make_config(entry)
     torch_num_threads()
-    meta = read_design(f"zoo:{model}", progress=False)  # the weightless export the materialised netlist is filled from
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_seeded_folder(cfg, meta.model, tmp, entry.dtype)
+    if entry.weights == "meta":  # real size: the values filled into the weightless export the netlist comes from
+        meta = read_design(f"zoo:{model}", progress=False)
+        write_seeded_folder(cfg, meta.model, tmp, entry.dtype)
+    else:  # tiny: built in torch, as softsyn.frontends.hf.load_transformers_design builds weights="random"
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, entry.dtype)).save_pretrained(str(tmp))
     vocab = {"<unk>": 0, "<|endoftext|>": 1, **{f"tok{i}": i for i in range(2, 256)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -9,6 +9,9 @@
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
+#   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
+#                        the table and the compiled artifact's fusion report
+#   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
@@ -32,7 +35,8 @@ step=$1
 shift
 case $step in
 wheels)
-    mkdir -p /tmp/whl && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl /tmp/whl/
+    mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl /tmp/whl/
+    cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv ;;
 part)
     mkdir -p /tmp/ortw && cp "$1"/part0* /tmp/ortw/ && ls -la /tmp/ortw ;;
@@ -69,6 +73,16 @@ drift)
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     python3 bench/launch_drift.py --provider cuda --seconds "${1:-120}" --target $LIB -o "$OUT/launch-drift.md" 2>&1 |
         grep -v "No registered plugin EP" ;;
+peers)
+    softsyn_install
+    model=${1:-qwen3-1.7b}
+    python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
+        --work /tmp/peers -o "$OUT/compare-peers-cuda-$model.md" 2>&1 | tee "$OUT/compare-peers-$model.log" |
+        grep -v "No registered plugin EP"
+    cp /tmp/peers/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
+families)
+    softsyn_install
+    python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
 correlation)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

@@ -69,3 +69,13 @@ def test_a_dim_no_port_explains_is_named_with_the_roles(tmp_path):
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()
     assert "\n" not in line and "dims k have no role" in line and "roles: batch, seq, past" in line
+
+
+def test_seeded_token_ids_stay_inside_a_plain_file_s_embedding(family_dir):
+    """A plain file records no vocab size: ids are drawn below the embedding table they index (through views)."""
+    from softsyn.frontends import read_design
+    from softsyn.runtime.inputs import scenario_inputs
+
+    nl = read_design(str(export_family("gpt2", family_dir)), progress=False)
+    ids = scenario_inputs(nl, {"batch": 2, "seq": 64})["input_ids"]
+    assert ids.max() < FAMILIES["gpt2"][1]["vocab_size"] and ids.max() > 256

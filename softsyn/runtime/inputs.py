@@ -17,7 +17,7 @@ def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> di
     """
     rng = np.random.default_rng(seed)
     shapes = netlist.bind(dims)
-    vocab = int(netlist.config.get("vocab_size") or 1000)
+    vocab = netlist.config.get("vocab_size")
     past = dims.get("past", 0)
     feeds = {}
     for value in netlist.model.graph.inputs:
@@ -30,8 +30,33 @@ def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> di
         elif "mask" in value.name:
             feeds[value.name] = np.ones(shape, dtype=dtype)
         elif np.issubdtype(dtype, np.integer):
-            high = vocab if "ids" in value.name and "type" not in value.name else 2
+            high = (int(vocab or table_rows(value) or 1000)
+                    if "ids" in value.name and "type" not in value.name else 2)
             feeds[value.name] = rng.integers(0, high, size=shape, dtype=dtype)
         else:
             feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
+
+
+VIEWS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity")
+
+
+def table_rows(ids: ir.Value) -> int | None:
+    """Rows of the smallest embedding table that `ids` indexes, through view ops (a plain file records no vocab
+    size): ids drawn below it are valid for every Gather they feed."""
+    rows: list[int] = []
+    frontier, seen = [ids], set()
+    while frontier:
+        v = frontier.pop()
+        for use in v.uses():
+            node = use.node
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "Gather" and use.idx == 1:
+                shape = node.inputs[0].shape
+                if shape is not None and len(shape) >= 1 and isinstance(shape[0], int):
+                    rows.append(int(shape[0]))
+            elif node.op_type in VIEWS and use.idx == 0:
+                frontier.extend(o for o in node.outputs if o is not None)
+    return min(rows) if rows else None
