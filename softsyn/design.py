@@ -89,7 +89,8 @@ class Design:
         base = defaults.get(spec.kind or spec.name)
         dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
         dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims()}
-        dims.update(spec.dims)
+        renamed = self.netlist.provenance.get("dims") or {}  # the exporter's dim names still bind their roles
+        dims.update({renamed.get(k, k): v for k, v in spec.dims.items()})
         missing = sorted(self.netlist.symbolic_dims() - set(dims))
         if missing:
             raise self.constraints.error(

@@ -56,7 +56,7 @@ def test_a_plain_export_analyses_with_guide_constraints(family, family_dir, guid
 
 
 def test_a_dim_no_port_explains_is_named_with_the_roles(tmp_path):
-    """An input dim no role fits is reported with its name, and the error says which roles softsyn binds."""
+    """Dims of a port softsyn does not know keep their names (no guess), and the error names them with the roles."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -68,7 +68,7 @@ def test_a_dim_no_port_explains_is_named_with_the_roles(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "softsyn.cli", "analyze", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()
-    assert "\n" not in line and "dims k have no role" in line and "roles: batch, seq, past" in line
+    assert "\n" not in line and "dims k, n have no role" in line and "roles: batch, seq, past" in line
 
 
 def test_seeded_token_ids_stay_inside_a_plain_file_s_embedding(family_dir):

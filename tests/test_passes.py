@@ -216,3 +216,32 @@ def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):
     assert default_precision(_D("precision: {default: fp16}\n")) == ("fp16", "fp16")
     with pytest.raises(SoftsynError, match=r"c.yaml: precision.default: bf16 is not .* \(or bf16 with fp16 in "):
         default_precision(_D("precision: {default: bf16, allowed: [bf16, int4]}\n"))
+
+
+def test_dont_touch_cells_of_an_fp16_source_stay_fp16_and_load(tmp_path):
+    """A real-size export is fp16 already: its dont_touch cells (a tied embedding / lm_head) keep their fp16,
+    no Cast to fp32 feeds them, and the converted model loads and runs in ORT (it did not: a Transpose declared
+    fp16 read an fp32 Cast)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from softsyn.passes.precision.fp16 import to_fp16
+
+    w = ir.Value(name="w", shape=ir.Shape([16, 8]), type=ir.TensorType(ir.DataType.FLOAT16),
+                 const_value=ir.tensor(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float16), name="w"))
+    ids = ir.Value(name="ids", shape=ir.Shape([1, 4]), type=ir.TensorType(ir.DataType.INT64))
+    gather = ir.node("Gather", [w, ids], name="emb")
+    trans = ir.node("Transpose", [w], attributes={"perm": [1, 0]}, name="t")
+    mm = ir.node("MatMul", [gather.outputs[0], trans.outputs[0]], name="mm")
+    for n, h, shape in ((gather, "model.embed_tokens", [1, 4, 8]), (trans, "lm_head", [8, 16]), (mm, "lm_head", [1, 4, 16])):
+        n.metadata_props[HIERARCHY_KEY] = h
+        n.outputs[0].name, n.outputs[0].shape = f"{n.name}_out", ir.Shape(shape)
+        n.outputs[0].type = ir.TensorType(ir.DataType.FLOAT16)
+    graph = ir.Graph([ids], [mm.outputs[0]], nodes=[gather, trans, mm], initializers=[w], opset_imports={"": 17})
+    model = ir.Model(graph, ir_version=10)
+    to_fp16(model, ["lm_head", "model.embed_tokens"])
+    assert not [n for n in graph if n.op_type == "Cast"]
+    path = tmp_path / "m.onnx"
+    ir.save(model, str(path))
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": np.array([[1, 2, 3, 4]])})
+    assert out[0].dtype == np.float16 and out[0].shape == (1, 4, 16)

@@ -77,7 +77,7 @@ def to_fp16(model: ir.Model, dont_touch: list[str] = ()) -> Fp16Result:
 
     casts: dict[tuple[int, ir.DataType], ir.Value] = {}
     for node in list(graph):
-        want = F32 if node in keep else F16
+        want = F32 if node in keep and not _computes_in_half(node) else F16
         for i, value in enumerate(node.inputs):
             if value is not None and value.dtype in (F32, F16) and value.dtype != want and _is_float_operand(node, i):
                 node.replace_input_with(i, _cast(graph, value, want, node, casts, result))
@@ -117,6 +117,11 @@ def _fp32_islands(graph: ir.Graph, dont_touch, islands: dict[str, int]) -> set[i
                 keep.add(node)
                 islands["dont_touch"] = islands.get("dont_touch", 0) + 1
     return keep
+
+
+def _computes_in_half(node: ir.Node) -> bool:
+    """A kept cell of a source that is fp16 already (a real-size fp16 export): kept as it is, in fp16."""
+    return any(o is not None and o.dtype == F16 for o in node.outputs)
 
 
 def _is_square(value: ir.Value | None) -> bool:

@@ -86,10 +86,6 @@ def find_roles(model: ir.Model) -> Roles:
                 roles.derived["total"] = "past + seq"
             else:
                 place(m, "seq")
-    for v in inputs:  # any other input's leading symbolic dim is the batch when the ports agree on one
-        dims = [_sym(d) for d in v.shape or ()]
-        if dims and dims[0] is not None and dims[0] not in found and "batch" not in found.values():
-            place(dims[0], "batch")
     roles.renames = {k: r for k, r in found.items() if k != r}
     for v in inputs:
         for d in v.shape or ():
