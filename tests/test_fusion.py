@@ -534,12 +534,12 @@ def test_cpu_gqa_keeps_rotary_and_norms_outside(fused_pairs):
 
 
 def test_half_precision_attention_scale_is_restored_to_its_exact_value():
-    from softsyn.passes.fuse.attention import _exact_scale
+    from softsyn.passes.fuse.attention import exact_scale
 
     rounded = float(np.float16(128 ** -0.5))  # what an fp16 export stores: 0.08838 -> 0.08844
-    assert _exact_scale(rounded, 128) == 128 ** -0.5
-    assert _exact_scale(0.125, 128) == 0.125  # a deliberate, different scale is kept
-    assert _exact_scale(rounded, None) == rounded
+    assert exact_scale(rounded, 128) == 128 ** -0.5
+    assert exact_scale(0.125, 128) == 0.125  # a deliberate, different scale is kept
+    assert exact_scale(rounded, None) == rounded
 
 
 # ---------------------------------------------------------------- real width (qwen3-1.7b layer shapes), weightless

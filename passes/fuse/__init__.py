@@ -2,7 +2,9 @@
 
 This module is the rule list and the only module that imports the rule files. Rules run in RULES
 order: norms and rotary before attention, which on cuda absorbs the fused rotary and q/k norms. The rule
-contract is softsyn.passes.fuse.base; the graph helpers rules share are softsyn.passes.fuse.graph.
+contract is softsyn.passes.fuse.base; the graph helpers rules share are softsyn.passes.fuse.graph. Attention
+is one kind with one op rule per target op: `attention` matches every site once, then GroupQueryAttention
+(`gqa`, with `gqa_absorb` on cuda) or MultiHeadAttention (`mha`) takes it.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from softsyn.passes import PassResult, register
 from softsyn.passes.fuse.attention import AttentionRule
 from softsyn.passes.fuse.base import Coverage, FusionContext, Miss, Rule
 from softsyn.passes.fuse.gelu import BiasGeluRule
+from softsyn.passes.fuse.gqa import GroupQueryAttentionRule
 from softsyn.passes.fuse.graph import remove_dead
+from softsyn.passes.fuse.mha import MultiHeadAttentionRule
 from softsyn.passes.fuse.moe import MoERule
 from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
 from softsyn.passes.fuse.projections import ProjectionMergeRule
@@ -18,7 +22,7 @@ from softsyn.passes.fuse.rotary import RotaryRule
 
 RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
-    RotaryRule(), AttentionRule(),
+    RotaryRule(), AttentionRule(GroupQueryAttentionRule(), MultiHeadAttentionRule()),
     ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
     BiasGeluRule(), MoERule(),
 )
