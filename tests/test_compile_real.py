@@ -74,3 +74,21 @@ def test_plan_writes_the_fused_design_without_a_model(planned, compiled, cache_d
     assert {"RotaryEmbedding", "SimplifiedLayerNormalization"} <= cells or "GroupQueryAttention" in cells
     verify = cli("verify", str(out), cache_dir=cache_dir)
     assert verify.returncode == 2 and "weightless plan" in verify.stderr
+
+
+def test_a_cuda_artifact_with_absorbed_qk_norms_verifies_on_the_cpu(tmp_path, cache_dir):
+    """GQA with Qwen3's q/k norms absorbed runs on CUDA only; verify checks it here through its CPU view."""
+    (tmp_path / "gpu.yaml").write_text("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 16, context_len: 32}\n"
+                                       "accuracy: {max_rel_error: 2%}\n")
+    out = tmp_path / "out"
+    proc = cli("compile", "zoo:qwen3-tiny", "-c", str(tmp_path / "gpu.yaml"), "-o", str(out), cache_dir=cache_dir)
+    assert proc.returncode in (0, 1), proc.stderr
+    import onnx
+
+    gqa = [n for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+           if n.op_type == "GroupQueryAttention"]
+    assert gqa and all(len(n.input) > 15 and n.input[14] for n in gqa)  # q/k norms absorbed
+    verify = cli("verify", str(out), cache_dir=cache_dir)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert f"CPU view: q/k norms run outside {len(gqa)} GroupQueryAttention nodes" in verify.stdout
+    assert not list(out.glob(".cpu-view-*"))

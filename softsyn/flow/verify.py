@@ -114,6 +114,11 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
     session = open_session(out_dir / MODEL_FILE, SessionSettings(provider=target, require_provider=False))
+    provider = session.get_providers()[0]
+    if provider == "CPUExecutionProvider":
+        session, viewed = _cpu_view_session(out_dir)
+        if viewed:
+            provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"
     ort_errors = _ort_errors()
     input_types = {i.name: i.type for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
@@ -142,8 +147,26 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             if top1 is not None and min_top1 is not None and not top1 >= min_top1:
                 violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
             checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
-    return VerifyResult(checks, max_rel, source, min_top1, session.get_providers()[0],
-                        settings.get("reference") or {}, precision)
+    return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+
+
+def _cpu_view_session(out_dir: Path):
+    """(CPU session, GQA nodes changed): the compiled model, or its CPU view (softsyn.flow.cpu_view) where it
+    absorbed what only GPU kernels run; the view file lives beside the weights only while the session loads."""
+    import onnx
+
+    from softsyn.flow.cpu_view import expand_qk_norms
+
+    proto = onnx.load(str(out_dir / MODEL_FILE), load_external_data=False)
+    changed = expand_qk_norms(proto)
+    if not changed:
+        return open_session(out_dir / MODEL_FILE, SessionSettings(provider="cpu")), 0
+    view = out_dir / f".cpu-view-{MODEL_FILE}"
+    try:
+        onnx.save(proto, str(view))
+        return open_session(view, SessionSettings(provider="cpu")), changed
+    finally:
+        view.unlink(missing_ok=True)
 
 
 def _ort_errors() -> tuple[type[Exception], ...]:
