@@ -20,7 +20,7 @@ from softsyn.frontends import read_design
 from softsyn.library.model import Library, default_library, load_library
 from softsyn.netlist.model import Netlist
 from softsyn.timing.results import Analysis, GroupTiming, Scenario
-from softsyn.timing.sta import PathGroup, time_group, timing_graph
+from softsyn.timing.sta import PathGroup, time_group, timing_graph, unmodelled_warnings
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
 DEFAULT_GROUPS = {
@@ -129,7 +129,7 @@ class Design:
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
             area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())),
-            notes=self._annotation_notes())
+            notes=self._annotation_notes(), warnings=unmodelled_warnings(self.netlist, self.library))
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:
