@@ -218,6 +218,7 @@ def banner_lines(report: str, analysis, options: list[str], scenarios: list[str]
     ]
     lines += [f"Scenario: {s}" for s in (scenarios or [])]
     lines.append(BANNER_RULE)
+    lines += [f"Warning: {w}" for w in analysis.warnings]
     return lines
 
 

@@ -1,17 +1,22 @@
 """The `softsyn` command line: each command reads like a man page under --help."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import click
 
-from softsyn import __version__
+from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
 from softsyn.passes import EFFORTS
 
-MARKER = "analysis.json"  # a directory holding this file is softsyn output and may be rewritten
+ANALYSIS_FILE = "analysis.json"
+# OSErrors that are the machine refusing (full disk, read-only, permissions), not a softsyn bug: exit 2
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _effort_help() -> str:
@@ -35,7 +40,9 @@ def _help_with(**fields):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="softsyn")
-def main():
+@click.option("--debug", is_flag=True, help="on an internal error (exit status 3), print Python's trace; "
+                                            "may be given anywhere on the line.")
+def main(debug):
     """softsyn - timing-driven synthesis of neural-network inference.
 
     \b
@@ -50,8 +57,13 @@ def main():
     qwen3-1.7b, qwen3-8b, minilm (optionally prefixed "zoo:").
 
     \b
-    Exit codes: 0 success, 1 timing or area violated, 2 bad input.
+    Exit codes: 0 success, 1 timing or area violated, 2 bad input (one
+    line naming the file, line, key or node), 3 internal error (rerun with
+    --debug for the trace). Output directories hold softsyn-manifest.json,
+    the list of what softsyn wrote there; only those files are ever
+    replaced, and a non-empty directory without one is refused.
     """
+    del debug  # read by run(), which maps exceptions to exit codes and prints the trace
 
 
 @main.command()
@@ -59,7 +71,8 @@ def main():
 @click.option("-c", "--constraints", "constraints_file", type=click.Path(dir_okay=False),
               help="constraints.yaml: clock_period, input/output delays, area_constraint, path_groups...")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
-              help="write DIR/reports/*.rpt and DIR/analysis.json (an existing DIR must be softsyn output).")
+              help="write DIR/reports/*.rpt and DIR/analysis.json (DIR: new, empty or an earlier analyze output; "
+                   "replaced atomically, files softsyn did not write are kept).")
 @click.option("--target", help="library name or .yaml path; overrides the constraints' target "
                                "(shipped: cpu-ort, h200-ort-cuda).")
 @click.option("--batch", type=click.IntRange(min=1), help="workload batch size (overrides the constraints).")
@@ -108,24 +121,28 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     from softsyn.design import Design
     from softsyn.reports import report_qor, report_timing, write_reports
 
-    out = _prepare_out_dir(out_dir) if out_dir else None
+    if out_dir:
+        outdir.check(out_dir, "analyze", _given_paths(model))
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
                          annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
                          **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
     click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
     click.echo(report_qor(analysis))
-    if out is not None:
+    if out_dir:
         from softsyn.reports.common import write_atomic
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
             batch=batch, prompt_len=prompt_len, context_len=context_len), annotate_file, design.netlist,
             design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
-        written = write_reports(analysis, out) + [write_atomic(out / DESIGN_FILE, json.dumps(record, indent=1) + "\n")]
+        with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
+                            inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
+            written = write_reports(analysis, staged.path) + [
+                write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1) + "\n")]
         for path in written:
             if not quiet:
-                click.echo(f"[softsyn] wrote {path}", err=True)
+                click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
     sys.exit(1 if violated else 0)
 
@@ -156,12 +173,12 @@ def report(kind, directory, group, max_paths, fold, digits):
     """
     from softsyn.reports import REPORTS, from_json, to_json
 
-    saved = Path(directory) / MARKER
+    saved = Path(directory) / ANALYSIS_FILE
     if not saved.is_file():
-        raise SoftsynError(f"{directory}: no {MARKER} here; run `softsyn analyze MODEL -o {directory}` first")
+        raise SoftsynError(f"{directory}: no {ANALYSIS_FILE} here; run `softsyn analyze MODEL -o {directory}` first")
     try:
         analysis = from_json(saved.read_text())
-    except (ValueError, TypeError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         raise SoftsynError(f"{saved}: not a readable softsyn analysis ({exc}); re-run softsyn analyze") from None
     if group is not None:
         try:
@@ -223,11 +240,18 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     from softsyn.reports import report_signoff
     from softsyn.flow.signoff import signoff as run_signoff, write_results
 
-    result = run_signoff(directory, provider=provider, runs=runs, warmup=warmup, profile_runs=profile_runs,
-                         annotation_out=annotation_out, progress=not quiet, groups=list(groups) or None)
-    text = report_signoff(result, top=top)
-    click.echo(text)
-    for path in write_results(result, directory, text) + [Path(result.annotation_file)]:
+    out = outdir.check(directory, "signoff")
+    annotation = Path(annotation_out).absolute() if annotation_out else out / "signoff" / "annotation.json"
+    inside = out in annotation.parents
+    with outdir.replace(out, "signoff", "", progress=not quiet) as staged:
+        result = run_signoff(directory, provider=provider, runs=runs, warmup=warmup, profile_runs=profile_runs,
+                             annotation_out=staged.path / annotation.relative_to(out) if inside else annotation,
+                             progress=not quiet, groups=list(groups) or None)
+        result.annotation_file = str(annotation)
+        text = report_signoff(result, top=top)
+        click.echo(text)
+        written = [out / p.relative_to(staged.path) for p in write_results(result, staged.path, text)]
+    for path in written + [annotation]:
         if not quiet:
             click.echo(f"[softsyn] wrote {path}", err=True)
     sys.exit(1 if result.violated else 0)
@@ -240,7 +264,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--effort", default="low", show_default=True, type=click.Choice(list(EFFORTS)),
               help="pass script to run (see `softsyn passes`).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="output DIR (new, empty, or an earlier softsyn output; replaced atomically).")
+              help="output DIR (new, empty, or an earlier softsyn output; replaced atomically, files softsyn "
+                   "did not write are kept).")
 @click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
 @click.option("--plan", is_flag=True,
@@ -256,14 +281,17 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     {efforts}
 
     \b
-    Writes, atomically (a failed compile leaves DIR as it was):
+    Writes, atomically (a failed or killed compile leaves DIR as it was):
       DIR/model.onnx (+ model.onnx.data)  the compiled model, onnx.checker-clean
       DIR/netlist.json                    every cell: hierarchy, op, library cell, precision, delay per group
       DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
                                           the fp32 reference `softsyn verify` compares against
       DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
       DIR/compile.log                     one row per step: elapsed, phase, WNS, TNS, area, worst group
-    The MODEL you gave is never modified. Prints the compile log and QoR.
+      DIR/softsyn-manifest.json           what softsyn wrote (only those files are ever replaced)
+    The MODEL you gave is never modified, and may not be inside DIR. The
+    model is refused (exit 2) when ONNX Runtime cannot load it with the
+    target's providers. Prints the compile log and QoR.
 
     \b
     Example:
@@ -275,18 +303,21 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     """
     from softsyn.flow.compile import check_effort, compile_design
     from softsyn.design import Design
-    from softsyn.emit import compiled_precision
-    from softsyn.runtime.measure import onnx_path
+    from softsyn.emit import require_weights
+    from softsyn.flow.verify import reference_record
+    from softsyn.frontends.onnx_file import check_external_data
     from softsyn.reports import report_qor
 
-    out = _prepare_out_dir(out_dir)
+    out = outdir.check(out_dir, "compile", _given_paths(model))
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
                          materialize=not plan)
-    reference = {"source": model, "onnx": str(onnx_path(design.netlist).resolve()),
-                 "precision": compiled_precision(design.netlist)}
-    analysis, path = compile_design(design, effort, out, reference, plan=plan)
+    if not plan:
+        require_weights(design.netlist)
+        check_external_data(design.netlist.model, design.netlist.provenance.get("file") or model)
+    outdir.check(out, "compile", outdir.input_paths(design.netlist.provenance))
+    analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan)
     click.echo((path / "compile.log").read_text())
     click.echo(report_qor(analysis))
     if not quiet:
@@ -415,30 +446,59 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
     run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
 
 
-def _prepare_out_dir(out_dir: str) -> Path:
-    """Refuse to write into a directory the user made for something else."""
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
-        raise SoftsynError(f"{out}: exists and is not a softsyn output directory (no {MARKER}); "
-                           "choose a new or empty directory so nothing of yours is overwritten")
-    return out
+def _given_paths(model: str) -> list[Path]:
+    """MODEL when it names a file or folder (a zoo name does not)."""
+    path = Path(model).expanduser()
+    return [path] if not model.startswith("zoo:") and path.exists() else []
 
 
-def run():
-    """Entry point: user errors print one line and exit 2, never a traceback."""
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Entry point. Exit 0 met, 1 violated, 2 bad input, 3 internal error; every error is one line on
+    stderr ("softsyn: error: ..." or "softsyn: internal error: ..."), the trace only with --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:  # a global flag, honoured wherever it is on the line
+        args = ["--debug"] + [a for a in args if a != "--debug"]
     try:
-        main(standalone_mode=False)
+        code = main.main(args, prog_name="softsyn", standalone_mode=False)
     except SoftsynError as exc:
-        click.echo(f"softsyn: error: {exc}", err=True)
-        sys.exit(2)
-    except click.exceptions.Exit as exc:
+        _fail(debug, f"softsyn: error: {_one_line(exc)}", 2)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help())
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "softsyn"
+        _fail(False, f"softsyn: error: {where}: {_one_line(exc.format_message())} (see {where} --help)", 2)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("Aborted!", err=True)
-        sys.exit(130)
+        _fail(False, f"softsyn: error: {_one_line(exc.format_message())}", 2)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail(False, "softsyn: interrupted", 130)
+    except BrokenPipeError:  # the reader of our output went away (`softsyn report ... | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            _internal(debug, exc)
+        _fail(debug, f"softsyn: error: {exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror}", 2)
+    except Exception as exc:
+        _internal(debug, exc)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _internal(debug: bool, exc: Exception) -> None:
+    hint = "" if debug else " (rerun with --debug for the trace)"
+    _fail(debug, f"softsyn: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}", 3)
+
+
+def _fail(debug: bool, line: str, code: int) -> None:
+    if debug:
+        traceback.print_exc()
+    click.echo(line, err=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

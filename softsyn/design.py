@@ -24,6 +24,7 @@ from softsyn.netlist import Netlist
 from softsyn.progress import log as progress_log
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
 from softsyn.timing.area import area
+from softsyn.timing.sta import unmodelled_warnings
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
 DEFAULT_GROUPS = {
@@ -144,7 +145,7 @@ class Design:
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
             area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())),
-            notes=self._annotation_notes())
+            notes=self._annotation_notes(), warnings=unmodelled_warnings(self.netlist, self.library))
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

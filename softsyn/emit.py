@@ -1,30 +1,31 @@
-"""Emit a compiled design: everything is built in a temp folder next to DIR, then renamed into place.
+"""Emit a compiled design into DIR through softsyn.outdir (staged beside DIR, swapped in whole, with its manifest).
 
-    DIR/model.onnx (+ model.onnx.data)   the compiled netlist, checked by onnx.checker (path form)
+    DIR/model.onnx (+ model.onnx.data)   the compiled netlist, checked by onnx.checker (path form) and
+                                         loaded by ONNX Runtime with the target's providers
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports)
     DIR/compile.log                      one row per step
+    DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
 
-A failed emit removes its temp folder, so DIR is either the previous complete output or the
-new one, never half of each.
+A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
+export cache is (no run facts or absolute paths in it: softsyn.frontends.cache.design_provenance).
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
+import re
 from collections import Counter
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
-from softsyn import __version__
+from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
-from softsyn.reports.common import umask
-from softsyn.runtime.session import IR_VERSION
+from softsyn.frontends.cache import design_provenance
+from softsyn.netlist import NETLIST_META_KEY
+from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.timing import Analysis, cell_timings, precision_of
 
 MODEL_FILE = "model.onnx"
@@ -33,48 +34,82 @@ SESSION_FILE = "runtime/session.json"
 ORT_DOMAIN = "com.microsoft"
 
 
-def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
-    """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
-    netlist = design.netlist
-    if not plan and str(netlist.provenance.get("weights", "")).startswith("meta"):
+def require_weights(netlist) -> None:
+    """A compiled model needs real weights (SoftsynError for a weightless export)."""
+    if str(netlist.provenance.get("weights", "")).startswith("meta"):
         raise SoftsynError(f"design {netlist.name}: weights are not materialised ({netlist.provenance['weights']}); "
                            "a compiled model needs real weights: compile an ONNX file or a model folder with weights, "
                            "or ask for the weightless plan (--plan)")
-    out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp.chmod(0o777 & ~umask())  # mkdtemp makes it 0700; DIR should read like any folder the user makes
+
+
+def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
+    """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
+    from softsyn import reports
+    from softsyn.reports.compile_log import report_compile_log
+
+    netlist = design.netlist
+    if not plan:
+        require_weights(netlist)
+    with outdir.replace(out_dir, "compile", netlist.name, model=str(reference.get("source", "")),
+                        inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
+        tmp = staged.path
+        session = session_json(design, reference, plan)
         if not plan:
             _write_model(netlist, tmp)
+            check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
-        _write_json(tmp / SESSION_FILE, session_json(design, reference, plan))
-        from softsyn import reports
-        from softsyn.reports.compile_log import report_compile_log
-
+        _write_json(tmp / SESSION_FILE, session)
         reports.write_reports(analysis, tmp)
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return staged.out
 
 
 def _write_model(netlist, folder: Path) -> None:
-    netlist.store_meta()
     model = netlist.model
+    model.metadata_props[NETLIST_META_KEY] = json.dumps(
+        {**netlist.to_meta(), "provenance": design_provenance(netlist.provenance)}, sort_keys=True, default=str)
     model.ir_version = min(model.ir_version, IR_VERSION)
     path = folder / MODEL_FILE
     ir.save(model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
     try:
         check(path)
     except onnx.checker.ValidationError as exc:
-        raise SoftsynError(f"design {netlist.name}: the compiled model fails onnx.checker: {exc}") from None
+        first = " ".join(str(exc).split())
+        raise SoftsynError(f"design {netlist.name}: the compiled model fails onnx.checker: {first}") from None
+
+
+# How ONNX Runtime says a node has no kernel: an op a provider lacks, an unknown ONNX op, an unknown domain op
+_NO_KERNEL = [re.compile(r"implementation for (?P<op>[\w.]+)\(\d+\) node with name '(?P<node>[^']*)'"),
+              re.compile(r'In Node, \("(?P<node>[^"]*)", (?P<op>[\w.]+), "(?P<domain>[^"]*)"'),
+              re.compile(r"(?P<domain>[\w.]*):(?P<op>\w+)\(-?\d+\) is not a registered function/op")]
+
+
+def check_loads(path: Path, providers: list[str], design: str) -> None:
+    """ONNX Runtime creates a session on the emitted model with the target's providers (as
+    runtime/session.json says): an artifact the runtime cannot load is refused, naming the node."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)  # a provider this machine lacks logs an error, then ORT falls back to the CPU
+    try:
+        open_session(path, SessionSettings(provider=provider_of(providers[0]), require_provider=False))
+        return
+    except ort_errors() as exc:
+        text = re.sub(r"Load model from \S+ failed:", "", " ".join(str(exc).split()))
+    why = text
+    found = next((m for m in (p.search(text) for p in _NO_KERNEL) if m), None)
+    if found is not None:
+        op, domain = found["op"], found.groupdict().get("domain")
+        nodes = [n.name for n in onnx.load(str(path), load_external_data=False).graph.node
+                 if n.op_type == op and (domain is None or n.domain == domain)]
+        node = found.groupdict().get("node") or (nodes[0] if nodes else "?")
+        more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
+        why = f"node {node} (op {domain + ':' if domain else ''}{op}) has no kernel{more}"
+    raise SoftsynError(f"design {design}: ONNX Runtime ({', '.join(providers)}) cannot load the compiled model: "
+                       f"{why}; nothing was written")
 
 
 def check(path: Path) -> None:
@@ -105,20 +140,17 @@ def check(path: Path) -> None:
         view.unlink(missing_ok=True)
 
 
+def ort_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's own exception types (a kernel a provider lacks, a graph it cannot load, bad feeds):
+    about the model or the machine, not bugs in softsyn."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """rename(2) of a folder cannot replace a non-empty one: move the old output aside first."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def netlist_json(design, analysis: Analysis) -> dict:

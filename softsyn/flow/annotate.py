@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,9 +152,11 @@ def match_profile(netlist_nodes: list[tuple[str, str]], profile) -> tuple[dict[s
 
     Exact name first; otherwise the longest netlist name N with runtime name starting "N/" (ORT names a
     fused node after its anchor: "node_silu/QuickGeluFusion/"). Everything else is absorbed (netlist
-    side) or runtime-only (profile side).
+    side) or runtime-only (profile side). A name several netlist nodes share identifies none of them:
+    those nodes are neither matched nor absorbed (they keep their library delays).
     """
-    names = {name for name, _ in netlist_nodes}
+    counts = Counter(name for name, _ in netlist_nodes)
+    names = {name for name, n in counts.items() if n == 1}
     cells: dict[str, AnnotatedCell] = {}
     runtime_only: dict[str, dict] = {}
     for rt_name, node in profile.nodes.items():
@@ -177,7 +180,7 @@ def match_profile(netlist_nodes: list[tuple[str, str]], profile) -> tuple[dict[s
             cell.runtime_nodes.append(rt_name)
             if match == "fused-anchor":
                 cell.match = match
-    absorbed = [name for name, _ in netlist_nodes if name not in cells]
+    absorbed = [name for name, _ in netlist_nodes if name not in cells and name in names]
     return cells, absorbed, runtime_only
 
 

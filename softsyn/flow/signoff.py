@@ -20,6 +20,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -286,7 +288,8 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     netlist = design.netlist
     nodes = netlist.nodes()
     netlist_nodes = [(n.name, n.op_type) for n in nodes]
-    instance = {n.name: (f"{netlist.hierarchy(n)}/{n.name}" if netlist.hierarchy(n) else n.name) for n in nodes}
+    instances = [f"{netlist.hierarchy(n)}/{n.name}" if netlist.hierarchy(n) else n.name for n in nodes]
+    unique = {name for name, count in Counter(instances).items() if count == 1}  # what a saved point can name
     device = device_name(provider)
     blocking = provider == "cuda" if blocking_profile is None else blocking_profile
     node_time = "kernel" if provider != "cuda" or blocking else "host-launch"
@@ -326,25 +329,25 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         critical = timing.critical
         saved = {p.name: p for p in critical.points}
         shapes = None
-        recomputed = {}
+        recomputed = []
         rows = []
         run_point = saved.get(RUN_CALL)
         rows.append(CellRow(RUN_CALL, RUN_CALL, "Run", run_point.incr if run_point else 0.0, ga.residual,
                             run_point.source if run_point else "est", "residual", "session.run residual"))
-        for node in nodes:
+        for i, (node, instance) in enumerate(zip(nodes, instances)):
             if node.op_type == "Constant":
                 continue
-            point = saved.get(instance[node.name])
+            point = saved.get(instance) if instance in unique else None
             if point is None:
                 if shapes is None:
                     shapes = netlist.bind(group.scenario.dims)
-                    recomputed = {c.node.name: c for c in cell_timings(netlist, design.library, shapes)}
-                c = recomputed[node.name]
+                    recomputed = cell_timings(netlist, design.library, shapes)
+                c = recomputed[i]
                 predicted, source = c.delay, c.source
             else:
                 predicted, source = point.incr, point.source
             cell = ga.cells.get(node.name)
-            rows.append(CellRow(instance[node.name], node.name, node.op_type, predicted,
+            rows.append(CellRow(instance, node.name, node.op_type, predicted,
                                 cell.delay if cell else 0.0, source, cell.match if cell else "absorbed",
                                 cell.runtime_op if cell else ""))
         by_op: dict[str, OpRow] = {}

@@ -9,6 +9,12 @@ every scenario the compile timed. Per output:
 - top-1          for logits: fraction of positions where argmax over the vocabulary agrees
 compared with the accuracy budget: constraints `accuracy.max_rel_error` (default by the compiled
 precision, DEFAULT_REL_ERROR) and `accuracy.min_top1` (checked when given).
+
+The reference is recorded as the model spec and its content key (the export cache key, or the ONNX
+file's sha256), never as a path into the cache: verify reads the spec again (a cache hit, or a fresh
+export) and checks the key. A broken artifact (unreadable settings, a missing or truncated data file,
+a model ONNX Runtime cannot load, outputs that do not match the reference's) is a SoftsynError
+naming what is broken.
 """
 from __future__ import annotations
 
@@ -18,10 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
-from softsyn.emit import MODEL_FILE, SESSION_FILE
+from softsyn import outdir
+from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
+from softsyn.frontends.onnx_file import check_external_data, name_nodes
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.session import SessionSettings, open_session, provider_of
 from softsyn.netlist import Netlist
@@ -84,23 +93,103 @@ def load_settings(out_dir: Path) -> dict:
         raise SoftsynError(f"{out_dir}: not a compiled design (no {MODEL_FILE} or {SESSION_FILE}); "
                            f"run `softsyn compile MODEL -o {out_dir}` first")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise SoftsynError(f"{path}: not readable JSON ({exc}); re-run softsyn compile") from None
+    problem = _settings_problem(settings)
+    if problem:
+        raise SoftsynError(f"{path}: {problem}; re-run softsyn compile")
+    return settings
+
+
+def _settings_problem(settings) -> str | None:
+    """What is wrong with runtime/session.json for verify, None when nothing."""
+    if not isinstance(settings, dict):
+        return "not a JSON object"
+    scenarios = settings.get("scenarios")
+    if not isinstance(scenarios, dict) or not scenarios:
+        return "scenarios: missing or not an object of path groups"
+    for name, spec in scenarios.items():
+        dims = spec.get("dims") if isinstance(spec, dict) else None
+        if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
+            return f"scenarios.{name}.dims: not an object of dim sizes"
+    providers = settings.get("providers")
+    if not isinstance(providers, list) or not providers or not all(isinstance(p, str) for p in providers):
+        return "providers: not a list of ONNX Runtime provider names"
+    for key in ("reference", "accuracy"):
+        if not isinstance(settings.get(key) or {}, dict):
+            return f"{key}: not an object"
+    budget = settings.get("accuracy") or {}
+    for key in ("max_rel_error", "min_top1"):
+        value = budget.get(key)
+        if value is not None and (type(value) not in (int, float) or not value >= 0):
+            return f"accuracy.{key}: not a non-negative number"
+    if not isinstance(settings.get("precision", "fp32"), str):
+        return "precision: not a string"
+    return None
+
+
+def content_key(netlist: Netlist) -> str:
+    """The identity of a design's source: its export cache key, or the sha256 of the ONNX file it was read from."""
+    key = (netlist.provenance.get("cache") or {}).get("key")
+    if key:
+        return key
+    file = netlist.provenance.get("file")
+    return f"sha256:{outdir.sha256(Path(file))}" if file else ""
+
+
+def reference_record(spec: str, netlist: Netlist) -> dict:
+    """runtime/session.json's `reference`, relocatable: the spec (a path made absolute), its content key and
+    the precision the reference runs in."""
+    path = Path(spec).expanduser()
+    source = str(path.resolve()) if not spec.startswith("zoo:") and path.exists() else spec
+    return {"source": source, "key": content_key(netlist), "precision": compiled_precision(netlist)}
 
 
 def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
-    """The fp32 reference ONNX: the recorded path, else the source read again (re-exported into the cache)."""
+    """The fp32 reference ONNX: the recorded source read again (through the export cache), checked
+    against the recorded content key."""
     ref = settings.get("reference") or {}
-    path = Path(ref.get("onnx", ""))
-    if path.suffix == ".onnx" and path.is_file():
-        return path
-    if not ref.get("source"):
+    source, key = ref.get("source"), ref.get("key")
+    if not isinstance(source, str) or not source:
         raise SoftsynError(f"{SESSION_FILE}: no reference recorded; re-run softsyn compile")
     from softsyn.frontends import read_design
     from softsyn.runtime.measure import onnx_path
 
-    return onnx_path(read_design(ref["source"], cache_dir=cache_dir, progress=False))
+    netlist = read_design(source, cache_dir=cache_dir, progress=False)
+    found = content_key(netlist)
+    if key and found != key:
+        raise SoftsynError(f"reference {source}: its content key is now {found[:23]}, the compile recorded {key[:23]} "
+                           "(the model file or the exporter's package versions changed); re-run softsyn compile")
+    return onnx_path(netlist)
+
+
+def _load(path: Path, what: str) -> Netlist:
+    """A model verify runs, read and its external data checked (SoftsynError naming the file)."""
+    try:
+        model = ir.load(str(path))
+    except Exception as exc:  # protobuf and onnx-ir raise many types for a file that is not a valid model
+        raise SoftsynError(f"{path}: the {what} is not a readable ONNX model ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())}); re-run softsyn compile") from None
+    check_external_data(model, path)
+    return Netlist.from_model(model)
+
+
+def _session(path: Path, provider: str, what: str):
+    """A session on `path` (the target's provider, the CPU where this machine lacks it), or one line naming why not."""
+    try:
+        return open_session(path, SessionSettings(provider=provider, require_provider=False))
+    except ort_errors() as exc:
+        first = " ".join(str(exc).split())
+    if "same node name" in first:  # ONNX allows repeated node names, ORT does not: run a renamed copy in memory
+        model = ir.from_proto(onnx.load(str(path)))
+        name_nodes(model.graph)
+        try:
+            return open_session(ir.to_proto(model).SerializeToString(), SessionSettings(provider=provider,
+                                                                                      require_provider=False))
+        except (ValueError, *ort_errors()):  # over protobuf's 2 GB, or still not loadable
+            pass
+    raise SoftsynError(f"{path}: ONNX Runtime cannot load the {what} ({first})")
 
 
 def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False) -> VerifyResult:
@@ -108,8 +197,9 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
 
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
+    _load(out_dir / MODEL_FILE, "compiled model")
     ref_path = reference_path(settings, cache_dir)
-    reference = Netlist.from_model(ir.load(str(ref_path)))
+    reference = _load(ref_path, "reference")
     precision = settings.get("precision", "fp32")
     budget = settings.get("accuracy") or {}
     max_rel = budget.get("max_rel_error")
@@ -118,16 +208,15 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         max_rel, source = DEFAULT_REL_ERROR.get(precision, DEFAULT_REL_ERROR["fp16"]), f"default for {precision}"
     min_top1 = budget.get("min_top1")
 
-    ref_session = open_session(ref_path)
+    ref_session = _session(ref_path, "cpu", "reference")
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
-    session = open_session(out_dir / MODEL_FILE, SessionSettings(provider=target, require_provider=False))
+    session = _session(out_dir / MODEL_FILE, target, "compiled model")
     provider = session.get_providers()[0]
     if provider == "CPUExecutionProvider":
         session, viewed = _cpu_view_session(out_dir)
         if viewed:
             provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"
-    ort_errors = _ort_errors()
     input_types = {i.name: i.type for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     checks = []
@@ -138,7 +227,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         expected = dict(zip([o.name for o in ref_session.get_outputs()], ref_session.run(None, feeds)))
         try:
             outputs = session.run(None, compiled_feeds)
-        except ort_errors as exc:
+        except ort_errors() as exc:
             first = str(exc).splitlines()[0]
             raise SoftsynError(
                 f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
@@ -148,6 +237,9 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             if name not in expected:
                 raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
                                    f"{ref_path} (outputs: {', '.join(expected)})")
+            if got.shape != expected[name].shape:
+                raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
+                                   f"{scenario}, the reference's {list(expected[name].shape)}")
             max_abs, rel, cosine, top1 = compare(got, expected[name], top1=name == "logits", max_rel=max_rel)
             violations = []
             if not rel <= max_rel:
@@ -176,10 +268,4 @@ def _cpu_view_session(out_dir: Path):
     finally:
         view.unlink(missing_ok=True)
 
-
-def _ort_errors() -> tuple[type[Exception], ...]:
-    """ONNX Runtime's run-time failures (kernels a provider lacks, bad shapes): user-facing, not bugs."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    return state.Fail, state.InvalidArgument, state.NotImplemented, state.RuntimeException, state.InvalidGraph
 

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
@@ -46,7 +47,8 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
     if spec.startswith("zoo:"):
         zoo_name = spec[4:]
         if zoo_name not in _zoo.ZOO:
-            raise _bad_spec(spec, f"no zoo model {zoo_name!r}")
+            close = difflib.get_close_matches(zoo_name, _zoo.names(), n=1, cutoff=0.5)
+            raise _bad_spec(spec, f"no zoo model {zoo_name!r}" + (f" (did you mean zoo:{close[0]}?)" if close else ""))
     path = Path(spec).expanduser()
     if zoo_name is None and not path.exists() and spec in _zoo.ZOO:
         zoo_name = spec

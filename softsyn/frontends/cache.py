@@ -21,6 +21,9 @@ from softsyn.netlist import Netlist
 FRONTEND_VERSION = "3"
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
+# Provenance keys that describe a run on one machine, not the design: where the cache entry is and
+# whether it was a hit, how long the export took, the absolute path a file was read from.
+RUN_FACTS = ("cache", "export_seconds", "materialise_seconds", "file")
 
 
 def default_cache_dir() -> Path:
@@ -38,6 +41,11 @@ def versions() -> dict:
         except PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def design_provenance(provenance: dict) -> dict:
+    """Provenance without RUN_FACTS: what an artifact may record and stay the same wherever it was made."""
+    return {k: v for k, v in provenance.items() if k not in RUN_FACTS}
 
 
 def content_key(material: dict) -> str:

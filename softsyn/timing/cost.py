@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import onnx.defs
 import onnx_ir as ir
 
 Shapes = dict[str, tuple[int, ...]]
@@ -52,6 +53,10 @@ PRECISION_BY_DTYPE = {
 }
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
 MOE_OPS = {"MoE", "QMoE"}
+# Ops with a rule of their own in node_work; any other standard ONNX op counts 1 FLOP per output element.
+MODELLED = (VIEW_OPS | MOVE_OPS | set(PER_INPUT_ELEMENT) | set(PER_OUTPUT_ELEMENT) | ATTENTION_OPS | MOE_OPS
+            | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "QuantizeLinear", "DequantizeLinear",
+               "DynamicQuantizeLinear", "Conv", "ConvTranspose", "Gather"})
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,18 @@ def precision_of(node: ir.Node) -> str:
     return "fp32"
 
 
+def has_cost_model(node: ir.Node) -> bool:
+    """Whether node_work knows the op: a rule of its own, or a standard ONNX op (an element-wise count)."""
+    if node.op_type in MODELLED:
+        return True
+    return node.domain in ("", "ai.onnx") and onnx.defs.has(node.op_type)
+
+
 def node_work(node: ir.Node, shapes: Shapes) -> Work:
+    """FLOPs, bytes and table sizes of one cell; 0 work for an op the cost model does not know (has_cost_model)."""
     op = node.op_type
+    if not has_cost_model(node):
+        return Work(0.0, 0.0, {})
     ins = [v for v in node.inputs if v is not None]
     out_bytes = sum(value_bytes(o, shapes) for o in node.outputs)
     in_bytes = sum(value_bytes(v, shapes) for v in ins)

@@ -135,6 +135,7 @@ class Analysis:
     area: AreaResult
     cell_counts: dict[str, int]  # op type -> count
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the figures cannot be trusted for (every report's banner)
 
     @property
     def wns(self) -> float:

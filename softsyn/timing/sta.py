@@ -22,6 +22,7 @@ runtime's fixed per-call overhead.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import networkx as nx
@@ -30,12 +31,13 @@ import onnx_ir as ir
 from softsyn.constraints import Constraints
 from softsyn.library import Library
 from softsyn.netlist import Netlist
-from softsyn.timing.cost import Work, node_work, precision_of
+from softsyn.timing.cost import Work, has_cost_model, node_work, precision_of
 from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 RUN_CALL = "session.run"  # the pseudo-cell for the runtime's fixed per-call overhead
 STORED_PATHS = 10  # paths per group kept with their full point list (others keep endpoint figures only)
+UNMODELLED = "no-model"  # the source of a cell whose op has no library cell and no cost model
 
 
 @dataclass
@@ -63,39 +65,42 @@ class CellTiming:
 
 
 def timing_graph(netlist: Netlist) -> nx.DiGraph:
-    """Cells and ports as a DAG: an edge for every net from its driver to each load."""
+    """Cells and ports as a DAG: an edge for every net from its driver to each load.
+
+    Cells are keyed by the node itself (identity: names repeat, or are empty, in files that are valid
+    ONNX), ports by ("in", name) and ("out", name)."""
     graph = nx.DiGraph()
     for port in netlist.model.graph.inputs:
-        graph.add_node(port.name, kind="input")
+        graph.add_node(("in", port.name), kind="input")
     for node in netlist.nodes():
-        graph.add_node(node.name, kind="cell")
+        graph.add_node(node, kind="cell")
         for value in node.inputs:
             if value is None:
                 continue
             driver = value.producer()
             if driver is not None:
-                graph.add_edge(driver.name, node.name, net=value.name)
+                graph.add_edge(driver, node, net=value.name)
             elif value.is_graph_input():
-                graph.add_edge(value.name, node.name, net=value.name)
+                graph.add_edge(("in", value.name), node, net=value.name)
     for port in netlist.model.graph.outputs:
-        graph.add_node(f"{port.name} (out)", kind="output")
+        graph.add_node(("out", port.name), kind="output")
         driver = port.producer()
-        graph.add_edge(driver.name if driver is not None else port.name, f"{port.name} (out)", net=port.name)
+        graph.add_edge(driver if driver is not None else ("in", port.name), ("out", port.name), net=port.name)
     return graph
 
 
-def load_time_constants(netlist: Netlist) -> set[str]:
+def load_time_constants(netlist: Netlist) -> set[ir.Node]:
     """Nodes whose inputs are all weights or other such nodes (Constant, Transpose of a weight...).
 
     ONNX Runtime folds these into initializers when the session is created, so a run never pays for them.
     """
-    folded: set[str] = set()
+    folded: set[ir.Node] = set()
     for node in netlist.nodes():
         if node.op_type in NONDETERMINISTIC:
             continue
         inputs = [v for v in node.inputs if v is not None]
-        if all(v.is_initializer() or (v.producer() is not None and v.producer().name in folded) for v in inputs):
-            folded.add(node.name)
+        if all(v.is_initializer() or v.producer() in folded for v in inputs):
+            folded.add(node)
     return folded
 
 
@@ -103,24 +108,40 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
     """Delay of every cell in execution order under one scenario's shapes.
 
     `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
-    for every node it knows (0 s for nodes the runtime folded or fused away)."""
+    for every node it knows (0 s for nodes the runtime folded or fused away); it knows nodes by name, so
+    a node whose name another node shares keeps its library delay. A cell of an op neither the library
+    nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model"."""
     cells = []
     folded = load_time_constants(netlist)
+    shared = {name for name, n in Counter(n.name for n in netlist.nodes()).items() if n > 1}
     for node in netlist.nodes():
         work = node_work(node, shapes)
         precision = precision_of(node)
-        annotated = annotation.delay(node.name) if annotation is not None else None
+        annotated = annotation.delay(node.name) if annotation is not None and node.name not in shared else None
         host, device = None, 0.0
         if annotated is not None:  # measured per-node times add up to the measured run: serial
             delay, source = annotated, "annot"
-        elif node.name in folded:  # the runtime computes it once, when the session loads
+        elif node in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
         else:
             delay, source, host, device = library.node_timing(node.op_type, precision, work.flops, work.bytes,
                                                               work.sizes)
+            if source == "est" and not has_cost_model(node):
+                source = UNMODELLED
         cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
                                 delay if host is None else host, device))
     return cells
+
+
+def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
+    """One line per op type whose cells have no library cell and no cost model (their delays are guesses)."""
+    folded = load_time_constants(netlist)
+    ops = Counter((n.op_type, n.domain) for n in netlist.nodes() if n not in folded and not has_cost_model(n)
+                  and library.cell_for(n.op_type, precision_of(n), {}) is None)
+    return [f"{count} cell{'s' if count != 1 else ''} of op {op}{f' ({domain})' if domain else ''} "
+            f"{'have' if count != 1 else 'has'} no library cell and no cost model: 0 assumed "
+            f"(0 FLOPs, 0 bytes: the launch overhead only), source {UNMODELLED}"
+            for (op, domain), count in sorted(ops.items())]
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
@@ -137,32 +158,32 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     run_overhead = library.run_delay(ios)[0] if annotation is None else annotation.residual
 
     # Arrival at each cell: max(data predecessors, stream free, issued by the host) + device time; remember
-    # which one set the start (the host's issue order follows the stream order: its last cell).
-    arrival: dict[str, float] = {name: port_arrival.get(name, 0.0) for name in (p.name for p in netlist.model.graph.inputs)}
-    critical_pred: dict[str, str | None] = {}
+    # which one set the start (the host's issue order follows the stream order: its last cell). Keyed by the
+    # timing graph's keys: nodes by identity, ports as ("in", name).
+    arrival: dict = {("in", p.name): port_arrival.get(p.name, 0.0) for p in netlist.model.graph.inputs}
+    critical_pred: dict = {}
     stream_free = {0: launch + run_overhead}
-    stream_last: dict[int, str | None] = {0: None}
+    stream_last: dict = {0: None}
     host_free, host_last = launch + run_overhead, None
-    by_name = {c.node.name: c for c in cells}
     for c in cells:
-        name = c.node.name
+        node = c.node
         host_free += c.host
         start, pred = stream_free[c.stream], stream_last[c.stream]
         if host_free > start:
             start, pred = host_free, host_last
-        for p in graph.predecessors(name):
+        for p in graph.predecessors(node):
             if arrival.get(p, 0.0) > start:
                 start, pred = arrival[p], p
-        arrival[name] = start + c.device
-        critical_pred[name] = pred
-        stream_free[c.stream], stream_last[c.stream] = arrival[name], name
-        host_last = name
+        arrival[node] = start + c.device
+        critical_pred[node] = pred
+        stream_free[c.stream], stream_last[c.stream] = arrival[node], node
+        host_last = node
 
     period = group.clock_period
     paths = []
     for port in netlist.model.graph.outputs:
         driver = port.producer()
-        end = arrival[driver.name] if driver is not None else arrival.get(port.name, launch)
+        end = arrival[driver] if driver is not None else arrival.get(("in", port.name), launch)
         output_delay = constraints.output_delay_for(port.name)
         required = math.inf if period is None else period - constraints.clock_uncertainty - output_delay
         paths.append(TimingPath(
@@ -172,10 +193,10 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
             points=[], arrival=end, required=required, slack=required - end))
     paths.sort(key=lambda p: (p.slack, -p.arrival))
     drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
+    timed = {c.node: c for c in cells}
     for path in paths[:STORED_PATHS]:
-        driver = drivers[path.endpoint]
-        path.points = _trace(driver.name if driver is not None else None, critical_pred, by_name, arrival,
-                             netlist, launch, run_overhead, annotated=annotation is not None)
+        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, launch, run_overhead,
+                             annotated=annotation is not None)
 
     return GroupTiming(
         name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
@@ -184,14 +205,16 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
         total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells))
 
 
-def _trace(end: str | None, critical_pred, by_name, arrival, netlist: Netlist, launch: float,
+def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist, launch: float,
            run_overhead: float, annotated: bool = False) -> list[PathPoint]:
-    """Walk back from the endpoint's driver along the predecessors that set each start time."""
+    """Walk back from the endpoint's driver along the predecessors that set each start time. A cell's
+    critical predecessor was timed before it, so the walk visits each cell once at most; the bound
+    keeps it finite whatever the graph holds."""
     chain = []
-    name = end
-    while name is not None and name in by_name:
-        chain.append(by_name[name])
-        name = critical_pred.get(name)
+    key = end
+    while key is not None and key in timed and len(chain) < len(timed):
+        chain.append(timed[key])
+        key = critical_pred.get(key)
     chain.reverse()
     # Back-annotated: the row carries the measured residual (host overhead, gaps, runtime-only nodes).
     points = [PathPoint(name=RUN_CALL, cell="Run.residual" if annotated else "Run.overhead", incr=run_overhead,
@@ -206,7 +229,7 @@ def _trace(end: str | None, critical_pred, by_name, arrival, netlist: Netlist, l
         # host/device schedule on a GPU), so a path's increments sum to its arrival
         points.append(PathPoint(
             name=f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name, cell=c.cell,
-            incr=arrival[c.node.name] - previous, arrival=arrival[c.node.name], source=c.source,
+            incr=arrival[c.node] - previous, arrival=arrival[c.node], source=c.source,
             hierarchy=hierarchy, op_type=c.node.op_type, flops=c.work.flops, bytes=c.work.bytes))
-        previous = arrival[c.node.name]
+        previous = arrival[c.node]
     return points
