@@ -130,7 +130,7 @@ def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
 
 
 # Peak resident memory of a materialised compile over the bytes of its weights: the filled export, the optimizer's
-# folded copies and the serialised data file. An estimate; bench/results/compile-real-size-*.md records it measured.
+# folded copies and the serialised data file. An estimate (measured 2.15: docs/decisions/2026-12-01-real-size-compile.md).
 MATERIALISE_FACTOR = 2.5
 
 
