@@ -129,12 +129,16 @@ def test_verify_names_the_output_a_corrupted_model_breaks(compiled, tmp_path):
     assert "present.0.key" in result.output and "VIOLATED: prefill/present" not in result.output
 
 
-def test_verify_on_a_provider_that_cannot_run_it(cache_dir, tmp_path):
-    """qwen3-tiny for the H200: GQA carries the q/k norms, which only CUDA runs: a clear error, exit 2."""
+def test_verify_on_a_provider_that_cannot_run_it(cache_dir, tmp_path, monkeypatch):
+    """qwen3-tiny for the H200: GQA carries the q/k norms, which only CUDA runs; without verify's CPU view
+    (softsyn.flow.cpu_view, tested in test_compile_real) the CPU provider cannot run it: a clear error, exit 2."""
+    import softsyn.flow.cpu_view as cpu_view
+
     (tmp_path / "gpu-tiny.yaml").write_text(GPU_TINY)
     out = tmp_path / "out"
     result = compile_cli(out, "-c", str(tmp_path / "gpu-tiny.yaml"), "--cache-dir", str(cache_dir))
     assert result.exit_code in (0, 1), result.output
+    monkeypatch.setattr(cpu_view, "expand_qk_norms", lambda model: 0)
     result = CliRunner().invoke(main, ["verify", str(out), "--cpu"], standalone_mode=False)
     assert isinstance(result.exception, SoftsynError)
     message = str(result.exception)

@@ -15,7 +15,7 @@ FLOORS = {"units": 1, "errors": 1, "progress": 1,
           "netlist": 2, "frontends": 2, "constraints": 2, "library": 2,
           "timing": 3, "runtime": 3,
           "passes": 4, "characterize": 4, "design": 4,
-          "flow": 5, "emit": 5, "reports": 5,
+          "flow": 5, "emit": 5, "reports": 5, "outdir": 5,
           "cli": 6}
 UPWARD = {("design", "softsyn.flow.annotate")}  # the one upward arrow: Design.load reads a back-annotation
 

@@ -143,7 +143,9 @@ def reference_record(spec: str, netlist: Netlist) -> dict:
     the precision the reference runs in."""
     path = Path(spec).expanduser()
     source = str(path.resolve()) if not spec.startswith("zoo:") and path.exists() else spec
-    return {"source": source, "key": content_key(netlist), "precision": compiled_precision(netlist)}
+    filled = "filled into the weightless export" in str(netlist.provenance.get("weights", ""))
+    return {"source": source, "key": content_key(netlist), "precision": compiled_precision(netlist),
+            "materialize": filled}  # read it again the way compile read it: seeded weights in the weightless export
 
 
 def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
@@ -156,7 +158,7 @@ def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
     from softsyn.frontends import read_design
     from softsyn.runtime.measure import onnx_path
 
-    netlist = read_design(source, cache_dir=cache_dir, progress=False)
+    netlist = read_design(source, cache_dir=cache_dir, progress=False, materialize=bool(ref.get("materialize")))
     found = content_key(netlist)
     if key and found != key:
         raise SoftsynError(f"reference {source}: its content key is now {found[:23]}, the compile recorded {key[:23]} "
