@@ -11,7 +11,8 @@ from __future__ import annotations
 from softsyn.passes import PassResult, register
 from softsyn.passes.fuse.attention import AttentionRule
 from softsyn.passes.fuse.base import Coverage, FusionContext, Miss, Rule
-from softsyn.passes.fuse.gelu import BiasGeluRule
+from softsyn.passes.fuse.cost import KEPT, BoundScenario, CostCheck
+from softsyn.passes.fuse.gelu import GeluRule
 from softsyn.passes.fuse.gqa import GroupQueryAttentionRule
 from softsyn.passes.fuse.graph import remove_dead
 from softsyn.passes.fuse.mha import MultiHeadAttentionRule
@@ -19,12 +20,13 @@ from softsyn.passes.fuse.moe import MoERule
 from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
 from softsyn.passes.fuse.projections import ProjectionMergeRule
 from softsyn.passes.fuse.rotary import RotaryRule
+from softsyn.passes.precision import default_precision
 
 RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
     RotaryRule(), AttentionRule(GroupQueryAttentionRule(), MultiHeadAttentionRule()),
     ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
-    BiasGeluRule(), MoERule(),
+    GeluRule(), MoERule(),
 )
 TARGETS = ("cpu", "cuda")
 
@@ -33,22 +35,34 @@ TARGETS = ("cpu", "cuda")
 def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())
-    coverages = fuse(design.netlist, target)
+    coverages = fuse(design.netlist, target, cost=cost_check(design))
     design.netlist_changed()
     after = len(design.netlist.nodes())
-    missed = sum(c.candidates - c.fused for c in coverages)
+    kept = sum(1 for c in coverages for m in c.misses if m.reason.startswith(KEPT))
+    missed = sum(c.candidates - c.fused for c in coverages) - kept
     design.log(f"fuse ({target}): {before} -> {after} cells; "
                + ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in coverages if c.candidates)
+               + (f"; {kept} kept (the library times the fused cells slower)" if kept else "")
                + (f"; {missed} missed (see the fusion report)" if missed else ""))
     return PassResult({c.kind: c.fused for c in coverages}, report=coverages)
+
+
+def cost_check(design) -> CostCheck:
+    """The design's library at its scenarios (the netlist bound before fusion), cells at the precision the
+    precision pass will give them."""
+    nl = design.netlist
+    scenarios = [BoundScenario(g.name, dict(g.scenario.dims), nl.bind(g.scenario.dims)) for g in design.groups]
+    return CostCheck(design.library, scenarios, nl.derived_dims, default_precision(design))
 
 
 def fusion_kinds() -> list[str]:
     return [r.kind for r in RULES]
 
 
-def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[Coverage]:
-    """Fuse in place; `target` "cpu" | "cuda" picks provider-legal ops. One Coverage per kind run."""
+def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None, cost: CostCheck | None = None) -> list[Coverage]:
+    """Fuse in place; `target` "cpu" | "cuda" picks provider-legal ops. One Coverage per kind run. With `cost`, a
+    matched site is rewritten only where its fused cells are no slower than what they replace (else a Miss whose
+    reason starts with KEPT)."""
     if target not in TARGETS:
         raise ValueError(f"fuse: target must be 'cpu' or 'cuda', not {target!r}")
     rules = list(RULES)
@@ -74,6 +88,15 @@ def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[C
             if isinstance(match, str):
                 cov.misses.append(Miss(ctx.site(anchor), match))
                 continue
+            if cost is not None:
+                try:
+                    rep = rule.replacement(ctx, match)
+                    kept = cost.verdict(ctx.graph, rep) if rep is not None else None
+                except Exception as exc:
+                    kept = f"cost check failed: {type(exc).__name__}: {exc}"
+                if kept:
+                    cov.misses.append(Miss(ctx.site(anchor), kept))
+                    continue
             try:
                 rule.rewrite(ctx, match)
             except Exception as exc:
@@ -87,4 +110,5 @@ def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None) -> list[C
     return result
 
 
-__all__ = ["Coverage", "FusionContext", "Miss", "RULES", "Rule", "fuse", "fusion_kinds"]
+__all__ = ["KEPT", "Coverage", "CostCheck", "FusionContext", "Miss", "RULES", "Rule", "cost_check", "fuse",
+           "fusion_kinds"]

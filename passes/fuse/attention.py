@@ -18,12 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (attr, cone_inputs, const, consumers, dim, evaluate, int64, is_graph_output,
-                                       make_node, op, scalar)
+from softsyn.passes.fuse.base import Replacement, Rule, stand_in
+from softsyn.passes.fuse.graph import attr, cone_inputs, const, consumers, dim, int64, is_graph_output, make_node, op, scalar
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
-PROBE = {"batch": 2, "seq": 3, "past": 4}
 
 
 def _scalar_strip(v: ir.Value) -> tuple[ir.Value, float]:
@@ -112,20 +110,26 @@ def _layout_source(v: ir.Value):
 
 
 def _output_chain(graph, v: ir.Value):
-    """Forward from probs @ V [B, N, S, H] through single-use layout ops to the first 3-D value (the [B, S, N*H]
-    the fused op replaces), or a reason. Which layout it computes is checked on a probe (_verify_out)."""
+    """Forward from probs @ V [B, N, S, H] through single-use layout ops to the value the fused op's [B, S, N*H]
+    output replaces: the first 3-D value, a 2-D [B*S, N*H] one (a flattened matrix for the output projection),
+    or where the chain ends on a value of unknown rank; else a reason. Which layout it computes is checked on a
+    probe (_verify_out)."""
     chain = []
-    while v.shape is None or len(v.shape) != 3:
+    while True:
+        r = len(v.shape) if v.shape is not None else None
+        if r == 3 or (chain and r == 2):
+            return v
         users = consumers(v)
         if len(users) != 1 or users[0].op_type not in LAYOUT or len(chain) == 6 or is_graph_output(graph, v):
             if not any(n.op_type == "Transpose" for n in chain):
                 return (f"attention output is not transposed back to [B, S, N, H] (probs@V "
                         f"{'-> ' + ' -> '.join(n.op_type for n in chain) + ' ' if chain else ''}feeds "
                         f"{[u.op_type for u in users]})")
+            if r is None:
+                return v
             return f"attention output is not reshaped to [B, S, N*H] (after {' -> '.join(n.op_type for n in chain)})"
         chain.append(users[0])
         v = users[0].outputs[0]
-    return v
 
 
 def _cache_concat(v: ir.Value):
@@ -139,20 +143,29 @@ def _cache_concat(v: ir.Value):
     return n
 
 
+def bsd_view(v: ir.Value) -> ir.Value | None:
+    """z if v [B,N,S,H] is Transpose(0,2,1,3) of Reshape(z) with z [B,S,N*H] (the projection it was viewed from)."""
+    tr = op(v, "Transpose")
+    rs = op(tr.inputs[0], "Reshape") if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3] else None
+    if rs is None:
+        return None
+    y, z = tr.inputs[0], rs.inputs[0]
+    if z.shape is not None and y.shape is not None and len(z.shape) == 3 and len(y.shape) == 4 \
+            and str(z.shape[0]) == str(y.shape[0]) and str(z.shape[1]) == str(y.shape[1]) \
+            and isinstance(z.shape[2], int) and isinstance(y.shape[2], int) and isinstance(y.shape[3], int) \
+            and z.shape[2] == y.shape[2] * y.shape[3]:
+        return z
+    return None
+
+
 def to_bsd(ctx, anchor, v: ir.Value, new_nodes: list):
     """A [B,S,N*H] value equal to v [B,N,S,H] viewed as [B,S,N*H]; emits Transpose+Reshape if needed."""
+    z = bsd_view(v)
+    if z is not None:
+        return z
     tr = op(v, "Transpose")
     if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3]:
-        y = tr.inputs[0]
-        rs = op(y, "Reshape")
-        if rs is not None:
-            z = rs.inputs[0]
-            if z.shape is not None and y.shape is not None and len(z.shape) == 3 and len(y.shape) == 4 \
-                    and str(z.shape[0]) == str(y.shape[0]) and str(z.shape[1]) == str(y.shape[1]) \
-                    and isinstance(z.shape[2], int) and isinstance(y.shape[2], int) and isinstance(y.shape[3], int) \
-                    and z.shape[2] == y.shape[2] * y.shape[3]:
-                return z
-        r = make_node(anchor, "", "Reshape", [y, int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
+        r = make_node(anchor, "", "Reshape", [tr.inputs[0], int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
         r.outputs[0].type = v.type
         new_nodes.append(r)
         return r.outputs[0]
@@ -168,13 +181,13 @@ class Site:
     """An attention site that passed the shared checks: what an op rule needs to claim, check and rewrite it."""
     softmax: ir.Node
     q: ir.Value            # [B, Nq, S, H]
-    k_new: ir.Value        # cached: [B, Nkv, S, H] appended to the cache; else the [B, T, N*H] K source
+    k_new: ir.Value        # cached: [B, Nkv, S, H] appended to the cache; else the [B, T, Nkv*H] K source
     v_new: ir.Value
     past_k: ir.Value | None
     past_v: ir.Value | None
     present_k: ir.Value | None
     present_v: ir.Value | None
-    out: ir.Value          # [B, S, Nq*H] value to replace
+    out: ir.Value          # the [B, S, Nq*H] (or flattened [B*S, Nq*H]) value to replace
     num_heads: int
     kv_heads: int
     scale: float
@@ -195,36 +208,18 @@ def exact_scale(scale: float, head_size) -> float:
     return exact if abs(scale - exact) <= 4e-3 * exact else scale
 
 
-def _probe_feeds(ctx):
-    if "probe" not in ctx.cache:
-        from softsyn.runtime.inputs import scenario_inputs
+def _probe_len(v: ir.Value, axis: int, default: int) -> int:
+    """The probe's size of v's `axis`: the dim itself where the export fixed it (a ViT's 17 tokens), else default."""
+    d = dim(v, axis)
+    return d if isinstance(d, int) else default
 
-        nl = ctx.netlist
-        dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}
-        missing = nl.symbolic_dims() - set(dims)
-        dims.update({d: 3 for d in missing})
-        try:
-            arrays = scenario_inputs(nl, dims, seed=7)
-            ctx.cache["probe"] = ({v.name: v for v in ctx.graph.inputs}, arrays, dims)
-        except Exception as exc:
-            ctx.cache["probe"] = f"cannot build probe inputs: {exc}"
-    return ctx.cache["probe"]
 
-def _eval(ctx, feeds, outputs, extra):
-    by_name, arrays, _ = feeds
-    stop = {id(v) for v in extra}
-    need = cone_inputs(outputs, stop)
-    f = dict(extra)
-    for v in need:
-        if v.name not in arrays:
-            raise ValueError(f"cone reads {v.name}")
-        f[v] = arrays[v.name]
-    return evaluate(ctx.graph, outputs, f, dict(ctx.model.opset_imports))
-
-def _verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
-    _, _, dims = feeds
-    b = dims.get("batch", 2)
-    t = dims.get("past", 0) + dims.get("seq", 3) if cached else dims.get("seq", 3)
+def _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
+    """The K and V operands are repeat_kv of their sources (K transposed): a KV-cache Concat [B, Nkv, T, H], or
+    without a cache the [B, T, Nkv*H] projections (viewed per head, then repeated)."""
+    b = _probe_len(ksrc, 0, probe.dims.get("batch", 2))
+    seq = probe.dims.get("seq", 3)
+    t = _probe_len(ksrc, 2, probe.dims.get("past", 0) + seq) if cached else _probe_len(ksrc, 1, seq)
     rng = np.random.default_rng(3)
     # probes in the graph's dtype, and the expectation built from those very values: the layout
     # chains only move data, so they must reproduce them exactly (no fp32-vs-fp16 rounding gap)
@@ -232,22 +227,20 @@ def _verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
     if cached:
         kin = rng.standard_normal((b, nkv, t, h)).astype(dt)
         vin = rng.standard_normal((b, nkv, t, h)).astype(dt)
-        exp_k = np.repeat(kin, nq // nkv, axis=1).transpose(0, 1, 3, 2)
-        exp_v = np.repeat(vin, nq // nkv, axis=1)
-    else:  # no cache: the layout walk must reach K and V as [B, T, N*H] projections
-        for name, src in (("K", ksrc), ("V", vsrc)):
-            if src.shape is None or len(src.shape) != 3 or dim(src, 2) != nq * h:
-                return (f"{name} source {src.name} is not [B, T, {nq * h}] (shape {src.shape}; walk stopped at "
-                        f"{src.producer().op_type if src.producer() else 'an input'})")
-        kin = rng.standard_normal((b, t, nq * h)).astype(dt)
-        vin = rng.standard_normal((b, t, nq * h)).astype(dt)
-        exp_k = kin.reshape(b, t, nq, h).transpose(0, 2, 3, 1)
-        exp_v = vin.reshape(b, t, nq, h).transpose(0, 2, 1, 3)
+        heads_k, heads_v = kin, vin
+    else:
+        kin = rng.standard_normal((b, t, nkv * h)).astype(dt)
+        vin = rng.standard_normal((b, t, nkv * h)).astype(dt)
+        heads_k = kin.reshape(b, t, nkv, h).transpose(0, 2, 1, 3)
+        heads_v = vin.reshape(b, t, nkv, h).transpose(0, 2, 1, 3)
+    exp_k = np.repeat(heads_k, nq // nkv, axis=1).transpose(0, 1, 3, 2)
+    exp_v = np.repeat(heads_v, nq // nkv, axis=1)
     try:
-        got_k, got_v = _eval(ctx, feeds, [kt, vv], {ksrc: kin, vsrc: vin})
+        got_k, got_v = ctx.run_probe([kt, vv], {ksrc: kin, vsrc: vin})
     except Exception as exc:
         return f"could not evaluate the K/V layout chains: {exc}"
-    for name, got, exp, what in (("K", got_k, exp_k, "(repeat_kv(cache))^T"), ("V", got_v, exp_v, "repeat_kv(cache)")):
+    source = "cache" if cached else "projection"
+    for name, got, exp, what in (("K", got_k, exp_k, f"(repeat_kv({source}))^T"), ("V", got_v, exp_v, f"repeat_kv({source})")):
         got = np.asarray(got)
         if got.shape != exp.shape:
             return (f"{name} operand is not {what}: got shape {tuple(got.shape)}, expected {tuple(exp.shape)} "
@@ -258,28 +251,32 @@ def _verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
                     f"shape {tuple(exp.shape)}, {nkv} KV heads -> {nq} heads)")
     return None
 
-def _verify_out(ctx, feeds, ctx_v, out, nq, h):
+
+def _verify_out(ctx, probe, q, ctx_v, out, nq, h):
     """The layout chain from probs @ V [B, N, S, H] to `out` computes transpose(0, 2, 1, 3) + reshape to
-    [B, S, N*H] (what the fused op outputs), however the exporter spells it (e.g. a no-op view first)."""
-    _, _, dims = feeds
-    b, s = dims.get("batch", 2), dims.get("seq", 3)
+    [B, S, N*H] (what the fused op outputs), or on to [B*S, N*H], however the exporter spells it (e.g. a no-op
+    view first)."""
+    b, s = _probe_len(q, 0, probe.dims.get("batch", 2)), _probe_len(q, 2, probe.dims.get("seq", 3))
     x = np.random.default_rng(4).standard_normal((b, nq, s, h)).astype((ctx_v.dtype or ir.DataType.FLOAT).numpy())
     try:
-        (got,) = _eval(ctx, feeds, [out], {ctx_v: x})
+        (got,) = ctx.run_probe([out], {ctx_v: x})
     except Exception as exc:
         return f"could not evaluate the attention output chain to {out.name}: {exc}"
     exp = x.transpose(0, 2, 1, 3).reshape(b, s, nq * h)
     got = np.asarray(got)
+    if got.shape == (b * s, nq * h):
+        exp = exp.reshape(b * s, nq * h)
     if got.shape != exp.shape or not np.array_equal(got, exp):
         return (f"attention output {out.name} is not probs@V transposed back to [B, S, N, H] and reshaped to "
                 f"[B, S, N*H] (probe: shape {tuple(got.shape)}, expected {tuple(exp.shape)})")
     return None
 
-def _verify_mask(ctx, feeds, bias, nq):
-    by_name, arrays, dims = feeds
-    s, p = dims.get("seq", 3), dims.get("past", 0)
+
+def _verify_mask(ctx, probe, bias, s, p):
+    """(mask input or None, causal) for the additive mask `bias` over s queries and p past + s keys, or a reason:
+    it must be causal (+ key padding), all open, or a key-padding mask of a graph input."""
     try:
-        (m,) = _eval(ctx, feeds, [bias], {})
+        (m,) = ctx.run_probe([bias])
     except Exception as exc:
         return f"could not evaluate the attention mask: {exc}"
     m = np.asarray(m, dtype=np.float64)
@@ -294,12 +291,12 @@ def _verify_mask(ctx, feeds, bias, nq):
         if mask_input is None:
             return None, False
         # key padding? block the last key of batch row 0 and look again
-        probe = dict(arrays)
-        pm = np.array(probe[mask_input.name])
+        arrays = dict(probe.arrays)
+        pm = np.array(arrays[mask_input.name])
         pm[0, -1] = 0
-        probe[mask_input.name] = pm
+        arrays[mask_input.name] = pm
         try:
-            (m2,) = _eval(ctx, (by_name, probe, dims), [bias], {})
+            (m2,) = ctx.run_probe([bias], arrays=arrays)
         except Exception as exc:
             return f"could not evaluate the attention mask: {exc}"
         m2 = np.broadcast_to(np.asarray(m2, dtype=np.float64), (m.shape[0], 1 if m.shape[1] == 1 else m.shape[1], s, s + p))
@@ -315,7 +312,16 @@ def _verify_mask(ctx, feeds, bias, nq):
     return (f"attention mask is not causal+padding: entry [q {i}, k {j}] (past {p}) is {m[tuple(bad)]:.3g}, "
             f"causal expects {'0' if allowed[i, j] else '-inf'}")
 
-# ---------------------------------------------------------------- rewrite
+
+def _kv_heads(src: ir.Value, nq: int, h: int, name: str):
+    """Without a cache: the KV head count of a [B, T, Nkv*H] K/V source, or why it is not one."""
+    width = dim(src, 2)
+    if src.shape is None or len(src.shape) != 3 or not isinstance(width, int) or width % h or nq % (width // h):
+        return (f"{name} source {src.name} is not [B, T, Nkv*{h}] with Nkv dividing {nq} (shape {src.shape}; walk "
+                f"stopped at {src.producer().op_type if src.producer() else 'an input'})")
+    return width // h
+
+
 def match(ctx, sm: ir.Node) -> Site | str:
     """The attention site of Softmax `sm`, its layouts, output chain and mask checked on probes, or a reason."""
     r = len(sm.inputs[0].shape) if sm.inputs[0].shape is not None else 4
@@ -351,24 +357,32 @@ def match(ctx, sm: ir.Node) -> Site | str:
     kcat, vcat = _cache_concat(ksrc), _cache_concat(vsrc)
     if (kcat is None) != (vcat is None):
         return "only one of K and V comes from a KV-cache Concat"
-    feeds = _probe_feeds(ctx)
-    if isinstance(feeds, str):
-        return feeds
-    # K and V: verify the layout chains compute repeat_kv (and K^T) of the cache
+    probe = ctx.probe()
+    if isinstance(probe, str):
+        return probe
+    # K and V: verify the layout chains compute repeat_kv (and K^T) of the cache or the projections
     if kcat is not None:
         ksrc, vsrc = kcat.outputs[0], vcat.outputs[0]
-    nkv = dim(ksrc, 1) if kcat is not None else nq
-    if not isinstance(nkv, int) or nq % nkv:
-        return f"K has {nkv} heads, not a divisor of Q's {nq}"
-    if kcat is not None and dim(vsrc, 1) != nkv:
-        return f"K has {nkv} heads but V has {dim(vsrc, 1)}"
-    bad = _verify_kv(ctx, feeds, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None) \
-        or _verify_out(ctx, feeds, pv.outputs[0], out, nq, h)
+        nkv = dim(ksrc, 1)
+        if not isinstance(nkv, int) or nq % nkv:
+            return f"K has {nkv} heads, not a divisor of Q's {nq}"
+        if dim(vsrc, 1) != nkv:
+            return f"K has {nkv} heads but V has {dim(vsrc, 1)}"
+    else:
+        nkv = _kv_heads(ksrc, nq, h, "K")
+        if isinstance(nkv, str):
+            return nkv
+        if _kv_heads(vsrc, nq, h, "V") != nkv:
+            return f"V source {vsrc.name} (shape {vsrc.shape}) does not have K's {nkv} heads of {h}"
+    bad = _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None) \
+        or _verify_out(ctx, probe, q, pv.outputs[0], out, nq, h)
     if bad:
         return bad
     mask_input, causal = None, False
     if bias is not None:
-        res = _verify_mask(ctx, feeds, bias, nq)
+        s = _probe_len(q, 2, probe.dims.get("seq", 3))
+        p = probe.dims.get("past", 0) if kcat is not None else 0
+        res = _verify_mask(ctx, probe, bias, s, p)
         if isinstance(res, str):
             return res
         mask_input, causal = res
@@ -379,8 +393,40 @@ def match(ctx, sm: ir.Node) -> Site | str:
     return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h)
 
 
+def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:
+    """The fused node's [B, S, N*H] output 0 typed, shaped and, where the site's output was flattened to
+    [B*S, N*H], reshaped to it: the value that replaces m.out."""
+    y = node.outputs[0]
+    y.type = m.out.type
+    if m.out.shape is not None and len(m.out.shape) == 3:
+        y.shape = m.out.shape
+        return y
+    y.shape = ir.Shape([m.q.shape[0], m.q.shape[2], m.num_heads * m.head_size])
+    if m.out.shape is None:  # the probe showed the chain ends 3-D, its shape unrecorded
+        return y
+    flat = make_node(node, "", "Reshape", [y, int64(ctx.graph, "shape_rows", [-1, m.num_heads * m.head_size])])
+    flat.outputs[0].shape, flat.outputs[0].type = m.out.shape, m.out.type
+    new_nodes.append(flat)
+    return flat.outputs[0]
+
+
+def bsd_source(v: ir.Value) -> ir.Value:
+    """Where a rewrite's to_bsd(v) reads from: the [B, S, N*H] value v was viewed from, else v itself (the graph
+    value a cost Replacement stops at)."""
+    return bsd_view(v) or v
+
+
+def bsd_stand_in(v: ir.Value) -> ir.Value:
+    """A stand-in for to_bsd(v) (v [B, N, S, H]) in a cost Cell: the existing [B, S, N*H] view, else its shape."""
+    z = bsd_view(v)
+    if z is not None:
+        return z
+    shape = None if v.shape is None else [v.shape[0], v.shape[2], dim(v, 1) * dim(v, 3)]
+    return stand_in(f"{v.name}_bsd", shape, v.dtype)
+
+
 class AttentionOp:
-    """One fused attention op: which sites it claims, what else it needs of them, and its rewrite."""
+    """One fused attention op: which sites it claims, what else it needs of them, its rewrite and its cost Cells."""
     target_op: str = ""
 
     def claims(self, ctx, site: Site) -> bool:
@@ -390,6 +436,9 @@ class AttentionOp:
         raise NotImplementedError
 
     def rewrite(self, ctx, site: Site) -> None:
+        raise NotImplementedError
+
+    def replacement(self, ctx, site: Site) -> Replacement:
         raise NotImplementedError
 
     def note(self, ctx) -> str:
@@ -422,6 +471,10 @@ class AttentionRule(Rule):
     def rewrite(self, ctx, m):
         owner, site = m
         owner.rewrite(ctx, site)
+
+    def replacement(self, ctx, m):
+        owner, site = m
+        return owner.replacement(ctx, site)
 
     def note(self, ctx):
         return "; ".join(n for n in (o.note(ctx) for o in self.ops) if n)

@@ -6,7 +6,9 @@ Each rule (onnxscript rewriter style) has three parts:
   Softmax fed by a MatMul is an attention candidate, every ReduceMean(x²) an RMSNorm candidate),
   so a site that does not fuse is counted, never silent;
 * ``check(ctx, anchor)`` — returns a match object, or a string: the reason it does not fuse;
-* ``rewrite(ctx, match)`` — replaces the site in place.
+* ``rewrite(ctx, match)`` — replaces the site in place;
+* ``replacement(ctx, match)`` — what the rewrite would put in and take out (a ``Replacement``), so the pass can
+  ask the target library whether the fused cells are faster than the nodes they replace before rewriting.
 
 ``softsyn.passes.fuse.fuse(netlist, target, kinds)`` runs the rules in order and returns one
 ``Coverage`` per kind.
@@ -15,7 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from softsyn.passes.fuse.graph import site
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.passes.fuse.graph import MS, cone_inputs, evaluate, site
+
+PROBE = {"batch": 2, "seq": 3, "past": 4}  # dims of the probe inputs checks evaluate cones on (others: 3)
 
 
 @dataclass
@@ -55,6 +62,68 @@ class FusionContext:
         if domain not in self.model.opset_imports:
             self.model.opset_imports[domain] = version
 
+    def probe(self) -> "Probe | str":
+        """Seeded inputs for every graph input at the PROBE dims (built once per context), or why there are none."""
+        if "probe" not in self.cache:
+            from softsyn.runtime.inputs import scenario_inputs
+
+            nl = self.netlist
+            dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}
+            dims.update({d: 3 for d in nl.symbolic_dims() - set(dims)})
+            try:
+                self.cache["probe"] = Probe(scenario_inputs(nl, dims, seed=7), dims)
+            except Exception as exc:
+                self.cache["probe"] = f"cannot build probe inputs: {exc}"
+        return self.cache["probe"]
+
+    def run_probe(self, outputs: list[ir.Value], extra: dict | None = None,
+                  arrays: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """The cone of `outputs` on ORT CPU: `extra` feeds inner values (ir.Value -> array), the graph inputs it reads
+        come from `arrays` (default: the probe's). Raises when the probe has no inputs or the cone fails."""
+        extra = dict(extra or {})
+        if arrays is None:
+            probe = self.probe()
+            if isinstance(probe, str):
+                raise ValueError(probe)
+            arrays = probe.arrays
+        for v in cone_inputs(outputs, {id(x) for x in extra}):
+            if v.name not in arrays:
+                raise ValueError(f"cone reads {v.name}")
+            extra[v] = arrays[v.name]
+        return evaluate(self.graph, outputs, extra, dict(self.model.opset_imports))
+
+
+@dataclass(frozen=True)
+class Probe:
+    arrays: dict[str, np.ndarray]  # graph input name -> seeded array at `dims`
+    dims: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A node a rewrite would add, described before it exists: its inputs are graph values or unattached stand-ins
+    (ir.Value with a name, shape and type), its outputs the values whose shape and type its outputs take."""
+    op_type: str
+    inputs: tuple
+    outputs: tuple
+    attributes: dict = field(default_factory=dict)
+    domain: str = MS
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a rewrite puts in (cells) and takes out: the values it replaces and every node that then has no use,
+    up to the graph values its cells read."""
+    cells: tuple[Cell, ...]
+    replaces: tuple[ir.Value, ...]
+    reads: tuple[ir.Value, ...]
+
+
+def stand_in(name: str, shape, dtype: ir.DataType | None) -> ir.Value:
+    """An unattached value of `shape` (ir.Shape, list or None) and `dtype`, for a Cell's inputs and outputs."""
+    return ir.Value(name=name, shape=None if shape is None else ir.Shape(list(shape)),
+                    type=None if dtype is None else ir.TensorType(dtype))
+
 
 class Rule:
     kind: str = ""
@@ -68,6 +137,10 @@ class Rule:
 
     def rewrite(self, ctx: FusionContext, match) -> None:
         raise NotImplementedError
+
+    def replacement(self, ctx: FusionContext, match) -> Replacement | None:
+        """What rewrite(ctx, match) would put in and take out; None: the rule is not cost-checked."""
+        return None
 
     def note(self, ctx: FusionContext) -> str:
         return ""

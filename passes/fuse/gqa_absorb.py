@@ -151,11 +151,11 @@ def absorb_into(ctx, site_name: str, inputs: list, attrs: dict, nq: int, nkv: in
     """Let the GQA node being built (inputs [q, k, v, past_k, past_v, seqlens, total], attrs) take over the rotary
     and q/k norms of q = inputs[0] and k = inputs[1] where it can; what it could not take is logged for note()."""
     ab = absorb(ctx, inputs[0], inputs[1], nq, nkv)
+    if ab is None:  # no rotary here: nothing to absorb, nothing to note
+        return
     log = ctx.cache.setdefault("gqa-absorb", {"rotary": 0, "qk_norm": 0, "misses": []})
     if isinstance(ab, str):
         log["misses"].append(f"{site_name}: {ab}; rotary stays outside GQA (do_rotary=0)")
-        return
-    if ab is None:
         return
     inputs[0], inputs[1] = ab.q, ab.k
     inputs += [ab.cos, ab.sin]

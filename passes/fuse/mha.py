@@ -1,14 +1,15 @@
 """MultiHeadAttention (com.microsoft): encoder attention, no KV cache -> one MHA node per layer.
 
-MHA here is bidirectional: it claims sites without a cache, whose mask (if any) is a key-padding mask over
-[B, T], passed as key_padding_mask; a causal site without a cache is not its to take.
+MHA here is bidirectional: it claims sites without a cache and without a causal mask (GroupQueryAttention
+takes the causal ones); their mask, if any, is a key-padding mask over [B, T], passed as key_padding_mask.
 """
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from softsyn.passes.fuse.attention import AttentionOp, Site, to_bsd
-from softsyn.passes.fuse.graph import MS, insert_before, make_node, replace_value
+from softsyn.passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
+from softsyn.passes.fuse.base import Cell, Replacement, stand_in
+from softsyn.passes.fuse.graph import MS, fresh, insert_before, make_node, replace_value
 
 
 class MultiHeadAttentionRule(AttentionOp):
@@ -18,8 +19,9 @@ class MultiHeadAttentionRule(AttentionOp):
         return site.past_k is None
 
     def check(self, ctx, site: Site):
-        if site.causal:
-            return "causal attention without a KV cache: not fused (MultiHeadAttention here is bidirectional)"
+        if site.kv_heads != site.num_heads:
+            return (f"{site.kv_heads} KV heads for {site.num_heads} query heads, not causal: MultiHeadAttention "
+                    "takes one K/V head per query head")
         if ctx.netlist.kind == "decoder":
             return "attention without a KV cache in a decoder: not fused"
         return site
@@ -36,7 +38,14 @@ class MultiHeadAttentionRule(AttentionOp):
             new.append(cast)
             inputs += [None, cast.outputs[0]]   # bias, key_padding_mask [B, T]
         node = make_node(anchor, MS, "MultiHeadAttention", inputs, {"num_heads": m.num_heads, "scale": float(m.scale)})
-        node.outputs[0].shape, node.outputs[0].type = m.out.shape, m.out.type
         new.append(node)
+        out = fused_output(ctx, m, node, new)
         insert_before(g, m.out.producer(), new)
-        replace_value(g, m.out, node.outputs[0])
+        replace_value(g, m.out, out)
+
+    def replacement(self, ctx, m: Site) -> Replacement:
+        q = bsd_stand_in(m.q)
+        out = stand_in(fresh("mha_out"), [m.q.shape[0], m.q.shape[2], m.num_heads * m.head_size], m.q.dtype)
+        cell = Cell("MultiHeadAttention", (q, m.k_new, m.v_new), (out,), {"num_heads": m.num_heads})
+        reads = (bsd_source(m.q), m.k_new, m.v_new) + ((m.mask_input,) if m.mask_input is not None else ())
+        return Replacement((cell,), (m.out,), reads)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Rule
+from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
 from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
                                        insert_before, make_node, replace_value)
 
@@ -359,6 +359,11 @@ class MoERule(Rule):
         nodes = self._build(m, register=lambda name, arr: add_initializer(ctx.graph, name, arr))
         insert_before(ctx.graph, m["out"].producer(), nodes)
         replace_value(ctx.graph, m["out"], nodes[-1].outputs[0])
+
+    def replacement(self, ctx, m) -> Replacement:
+        fc1, fc2 = (stand_in(fresh("moe_fc"), m[k].shape, m["x"].dtype) for k in ("fc1", "fc2"))
+        cell = Cell("MoE", (m["x"], m["logits"], fc1, None, fc2), (m["out"],), {"k": m["k"]})
+        return Replacement((cell,), (m["out"],), (m["x"], m["logits"]))
 
     def note(self, ctx):
         if ctx.target == "cuda":

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Rule
+from softsyn.netlist import eval_dim_expr
+from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
 from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, insert_before, make_node,
                                   op, other_input, rank, replace_value, scalar)
 
@@ -142,6 +143,10 @@ def _replace_norm(ctx, anchor: ir.Node, out: ir.Value, op_type: str, inputs: lis
     replace_value(ctx.graph, out, node.outputs[0])
 
 
+def _norm_replacement(out: ir.Value, op_type: str, inputs: list) -> Replacement:
+    return Replacement((Cell(op_type, tuple(inputs), (out,), domain=""),), (out,), tuple(inputs))
+
+
 class RMSNormRule(Rule):
     kind = "rms_norm"
     target_op = "SimplifiedLayerNormalization"
@@ -177,6 +182,10 @@ class RMSNormRule(Rule):
             gamma = add_initializer(ctx.graph, "rms_gamma_ones", np.ones(h, dtype=m.x.dtype.numpy()))
         _replace_norm(ctx, m.anchor, m.out, "SimplifiedLayerNormalization", [m.x, gamma], m.eps)
 
+    def replacement(self, ctx, m: _RMS) -> Replacement:
+        gamma = m.gamma or stand_in("rms_gamma_ones", [m.x.shape[-1]] if m.x.shape is not None else None, m.x.dtype)
+        return _norm_replacement(m.out, "SimplifiedLayerNormalization", [m.x, gamma])
+
 
 # --------------------------------------------------------------------------- residual + norm
 def _residual_add(ctx, x: ir.Value) -> ir.Node | None:
@@ -186,27 +195,45 @@ def _residual_add(ctx, x: ir.Value) -> ir.Node | None:
     return add
 
 
-def _same_shape(a: ir.Value, b: ir.Value) -> str | None:
+def _same_dim(a, b) -> bool:
+    """Dims a and b are equal: the same int or expression, or expressions that agree at two probe bindings (as
+    Min(128, seq) and seq do wherever the model's 128 positions can be fed)."""
+    if isinstance(a, int) or isinstance(b, int) or str(a) == str(b):
+        return str(a) == str(b)
+    values = [tuple(eval_dim_expr(str(d), env) for d in (a, b)) for env in _DIM_PROBES]
+    return all(x is not None and x == y for x, y in values)
+
+
+_DIM_PROBES = ({"batch": 2, "seq": 3, "past": 4, "total": 7}, {"batch": 3, "seq": 17, "past": 5, "total": 22})
+
+
+def _residual(add: ir.Node):
+    """(input, skip) of the residual Add as the fused op takes them — skip the same shape as input, or broadcast
+    over the batch ([1, S, H] or [S, H]: what ORT's skip norms accept) — or why it cannot be."""
+    a, b = add.inputs
     if a.shape is None or b.shape is None:
         return "residual operands have unknown shapes"
-    if len(a.shape) != len(b.shape):
-        return f"residual Add broadcasts (ranks {len(a.shape)} and {len(b.shape)})"
-    for da, db in zip(a.shape, b.shape):
-        if str(da) != str(db):
-            return f"residual Add may broadcast (shapes {a.shape} and {b.shape})"
-    return None
+    if len(a.shape) == len(b.shape) and all(str(x) == str(y) for x, y in zip(a.shape, b.shape)):
+        return a, b
+    for full, skip in ((a, b), (b, a)):
+        if len(full.shape) == 3 and (len(skip.shape) == 2 or (len(skip.shape) == 3 and skip.shape[0] == 1)) \
+                and all(_same_dim(x, y) for x, y in zip(full.shape[1:], skip.shape[-2:])):
+            return full, skip
+    return (f"residual Add broadcasts over more than the batch (shapes {a.shape} and {b.shape}): the skip norms "
+            "take a skip of [B|1, S, H] or [S, H]")
 
 
-def _skip_check(norm: ir.Node, add: ir.Node, op_type: str) -> str | None:
-    """Why the residual Add + norm cannot become com.microsoft `op_type`, or None."""
-    bad = _same_shape(add.inputs[0], add.inputs[1])
-    if bad:
-        return bad
-    if rank(add.inputs[0]) not in (2, 3):
-        return f"input has rank {rank(add.inputs[0])}; {op_type} takes 2-D or 3-D"
-    if attr(norm, "axis", -1) not in (-1, rank(add.inputs[0]) - 1):
+def _skip_check(norm: ir.Node, add: ir.Node, op_type: str):
+    """(input, skip) of the residual Add + norm as com.microsoft `op_type` takes them, or why it cannot."""
+    res = _residual(add)
+    if isinstance(res, str):
+        return res
+    full = res[0]
+    if rank(full) not in (2, 3):
+        return f"input has rank {rank(full)}; {op_type} takes 2-D or 3-D"
+    if attr(norm, "axis", -1) not in (-1, rank(full) - 1):
         return "normalises over an axis other than the last"
-    return None
+    return res
 
 
 def _emit_skip(ctx, norm: ir.Node, add: ir.Node, op_type: str, inputs: list) -> None:
@@ -230,11 +257,21 @@ class SkipRMSNormRule(Rule):
 
     def check(self, ctx, norm):
         add = _residual_add(ctx, norm.inputs[0])
-        return _skip_check(norm, add, "SkipSimplifiedLayerNormalization") or (norm, add)
+        res = _skip_check(norm, add, "SkipSimplifiedLayerNormalization")
+        return res if isinstance(res, str) else (norm, add) + res
 
     def rewrite(self, ctx, match):
-        norm, add = match
-        _emit_skip(ctx, norm, add, "SkipSimplifiedLayerNormalization", [add.inputs[0], add.inputs[1], norm.inputs[1]])
+        norm, add, full, skip = match
+        _emit_skip(ctx, norm, add, "SkipSimplifiedLayerNormalization", [full, skip, norm.inputs[1]])
+
+    def replacement(self, ctx, match) -> Replacement:
+        norm, add, full, skip = match
+        return _skip_replacement(norm, add, "SkipSimplifiedLayerNormalization", [full, skip, norm.inputs[1]])
+
+
+def _skip_replacement(norm: ir.Node, add: ir.Node, op_type: str, inputs: list) -> Replacement:
+    cell = Cell(op_type, tuple(inputs), (norm.outputs[0], None, None, add.outputs[0]))
+    return Replacement((cell,), (norm.outputs[0], add.outputs[0]), tuple(v for v in inputs if v is not None))
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -294,6 +331,12 @@ class LayerNormRule(Rule):
         beta = m.beta or add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=dt))
         _replace_norm(ctx, m.anchor, m.out, "LayerNormalization", [m.x, gamma, beta], m.eps)
 
+    def replacement(self, ctx, m: _LN) -> Replacement:
+        h = [m.x.shape[-1]] if m.x.shape is not None else None
+        gamma = m.gamma or stand_in("ln_gamma_ones", h, m.x.dtype)
+        beta = m.beta or stand_in("ln_beta_zeros", h, m.x.dtype)
+        return _norm_replacement(m.out, "LayerNormalization", [m.x, gamma, beta])
+
 
 class SkipLayerNormRule(Rule):
     kind = "skip_layer_norm"
@@ -305,30 +348,42 @@ class SkipLayerNormRule(Rule):
 
     def check(self, ctx, norm):
         add = _residual_add(ctx, norm.inputs[0])
-        bad = _skip_check(norm, add, "SkipLayerNormalization")
-        if bad:
-            return bad
+        res = _skip_check(norm, add, "SkipLayerNormalization")
+        if isinstance(res, str):
+            return res
         if len(norm.inputs) < 2 or const(norm.inputs[1]) is None:
             return "gamma is not a constant"
-        # fold a bias Add (Add(MatMul, const bias)) on either operand into the op's bias input
-        a, b, bias = add.inputs[0], add.inputs[1], None
-        for first, second in ((a, b), (b, a)):
-            badd = op(first, "Add")
-            if badd is not None and len(consumers(first)) == 1:
-                for i in (0, 1):
-                    c = const(badd.inputs[1 - i])
-                    if c is not None and c.ndim == 1 and op(badd.inputs[i], "MatMul") is not None:
-                        a, b, bias = badd.inputs[i], second, badd.inputs[1 - i]
-                        break
-            if bias is not None:
-                break
+        a, b = res
+        bias = None
+        if a.shape is not None and b.shape is not None and len(a.shape) == len(b.shape) \
+                and all(str(x) == str(y) for x, y in zip(a.shape, b.shape)):
+            # fold a bias Add (Add(MatMul, const bias)) on either operand into the op's bias input (operands of one
+            # shape only: the folded operand may become the op's input, which must be the full-shape one)
+            for first, second in ((a, b), (b, a)):
+                badd = op(first, "Add")
+                if badd is not None and len(consumers(first)) == 1:
+                    for i in (0, 1):
+                        c = const(badd.inputs[1 - i])
+                        if c is not None and c.ndim == 1 and op(badd.inputs[i], "MatMul") is not None:
+                            a, b, bias = badd.inputs[i], second, badd.inputs[1 - i]
+                            break
+                if bias is not None:
+                    break
         return (norm, add, a, b, bias)
 
-    def rewrite(self, ctx, match):
+    def _inputs(self, ctx, match, create: bool) -> list:
         norm, add, a, b, bias = match
         beta = norm.inputs[2] if len(norm.inputs) > 2 and norm.inputs[2] is not None else None
         if beta is None:
             h = a.shape[-1]
-            beta = add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=a.dtype.numpy()))
-        inputs = [a, b, norm.inputs[1], beta] + ([bias] if bias is not None else [])
-        _emit_skip(ctx, norm, add, "SkipLayerNormalization", inputs)
+            beta = (add_initializer(ctx.graph, "ln_beta_zeros", np.zeros(h, dtype=a.dtype.numpy())) if create
+                    else stand_in("ln_beta_zeros", [h], a.dtype))
+        return [a, b, norm.inputs[1], beta] + ([bias] if bias is not None else [])
+
+    def rewrite(self, ctx, match):
+        norm, add = match[:2]
+        _emit_skip(ctx, norm, add, "SkipLayerNormalization", self._inputs(ctx, match, create=True))
+
+    def replacement(self, ctx, match) -> Replacement:
+        norm, add = match[:2]
+        return _skip_replacement(norm, add, "SkipLayerNormalization", self._inputs(ctx, match, create=False))

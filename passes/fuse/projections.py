@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import (add_initializer, add_weightless, attr, const, consumers, insert_before, int64,
-                                       make_node, op, other_input, replace_value, weightless)
+from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
+from softsyn.passes.fuse.graph import (add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
+                                       int64, make_node, op, other_input, replace_value, weightless)
 
 
 def _weight(v: ir.Value | None):
@@ -128,3 +128,18 @@ class ProjectionMergeRule(Rule):
         insert_before(g, group[0], new)
         for o, old in zip(split.outputs, outs):
             replace_value(g, old, o)
+
+    def replacement(self, ctx, match) -> Replacement:
+        group, ws, biases = match
+        x = group[0].inputs[0]
+        k, width = _weight_shape(group[0].inputs[1])[0], sum(_weight_shape(n.inputs[1])[1] for n in group)
+        dtype = _weight(group[0].inputs[1])[0].dtype
+        shape = None if x.shape is None else list(x.shape)[:-1] + [width]
+        merged = stand_in(fresh("proj_merged"), shape, dtype)
+        cells = [Cell("MatMul", (x, stand_in(fresh("proj_weight"), [k, width], dtype)), (merged,), domain="")]
+        outs = tuple(n.outputs[0] for n in group)
+        if biases[0][0] is not None:
+            cells.append(Cell("Add", (merged, stand_in(fresh("proj_bias"), [width], dtype)), (merged,), domain=""))
+            outs = tuple(a.outputs[0] for a, _ in biases)
+        cells.append(Cell("Split", (merged,), outs, {"axis": -1}, domain=""))
+        return Replacement(tuple(cells), outs, (x,))

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Rule
+from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
 from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, consumers, dim,
-                                       evaluate, insert_before, int64, make_node, op, other_input, placeholders,
-                                  replace_value)
+                                       evaluate, fresh, insert_before, int64, make_node, op, other_input, placeholders,
+                                       replace_value)
 
 _INT = (ir.DataType.INT64, ir.DataType.INT32)
 
@@ -248,3 +248,19 @@ class RotaryRule(Rule):
             new, result = [rot], rot.outputs[0]
         insert_before(g, m.out.producer(), new)
         replace_value(g, m.out, result)
+
+    def replacement(self, ctx, m: _Rot) -> Replacement:
+        half = m.cos_cache.shape
+        caches = tuple(stand_in(f"rotary.{n}_cache", half, m.x.dtype) for n in ("cos", "sin"))
+        tr = op(m.x, "Transpose")
+        y = tr.inputs[0] if tr is not None else None
+        heads = dim(y, 2) if y is not None else None
+        if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3] and isinstance(heads, int) and y.shape is not None:
+            # as the rewrite does: rotate the [B,S,N*H] form of y [B,S,N,H], then transpose back
+            flat = stand_in(fresh("rotary_flat"), [y.shape[0], y.shape[1], heads * dim(m.x, -1)], m.x.dtype)
+            rotated = stand_in(fresh("rotary_out"), flat.shape, m.x.dtype)
+            cells = (Cell("RotaryEmbedding", (flat, m.pos) + caches, (rotated,)),
+                     Cell("Transpose", (stand_in(fresh("rotary_bsnh"), y.shape, m.x.dtype),), (m.out,), {"perm": [0, 2, 1, 3]},
+                          domain=""))
+            return Replacement(cells, (m.out,), (y, m.pos))
+        return Replacement((Cell("RotaryEmbedding", (m.x, m.pos) + caches, (m.out,)),), (m.out,), (m.x, m.pos))

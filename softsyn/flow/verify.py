@@ -6,7 +6,8 @@ every scenario the compile timed. Per output:
 - rel error      max|c - r| / max|r|   (one number per tensor: the worst element against the
                  tensor's scale, so near-zero elements do not blow it up)
 - cosine         cos(c, r) over the flattened tensor, in float64
-- top-1          for logits: fraction of positions where argmax over the vocabulary agrees
+- top-1          for logits (any [B, S, V] output over the model's vocabulary V, or a final MatMul/Gemm to a
+                 wide last axis, whatever it is named): fraction of positions where argmax over V agrees
 compared with the accuracy budget: constraints `accuracy.max_rel_error` (default by the compiled
 precision, DEFAULT_REL_ERROR) and `accuracy.min_top1` (checked when given).
 
@@ -30,12 +31,14 @@ import onnx_ir as ir
 from softsyn import outdir
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
+from softsyn.frontends import roles
 from softsyn.frontends.onnx_file import check_external_data, name_nodes
-from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of
 from softsyn.netlist import Netlist
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
+WIDE_LOGITS = 1000  # without a known vocabulary, a final MatMul/Gemm at least this wide is read as logits
 
 
 @dataclass
@@ -202,6 +205,9 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     _load(out_dir / MODEL_FILE, "compiled model")
     ref_path = reference_path(settings, cache_dir)
     reference = _load(ref_path, "reference")
+    roles.apply_roles(reference.model, roles.find_roles(reference.model).renames)  # a plain file's dims, as compiled
+    vocab = vocab_size(reference)
+    ports = {v.name: v for v in reference.model.graph.outputs}
     precision = settings.get("precision", "fp32")
     budget = settings.get("accuracy") or {}
     max_rel = budget.get("max_rel_error")
@@ -242,7 +248,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             if got.shape != expected[name].shape:
                 raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
                                    f"{scenario}, the reference's {list(expected[name].shape)}")
-            max_abs, rel, cosine, top1 = compare(got, expected[name], top1=name == "logits", max_rel=max_rel)
+            max_abs, rel, cosine, top1 = compare(got, expected[name], top1=is_logits(ports.get(name), vocab), max_rel=max_rel)
             violations = []
             if not rel <= max_rel:
                 violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
@@ -250,6 +256,30 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                 violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
             checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
     return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+
+
+def vocab_size(netlist: Netlist) -> int | None:
+    """The model's vocabulary: its config's, else the rows of the embedding table its token ids index."""
+    ids = next((v for v in netlist.model.graph.inputs if v.name == "input_ids"), None)
+    return netlist.config.get("vocab_size") or (table_rows(ids) if ids is not None else None)
+
+
+def is_logits(value: ir.Value | None, vocab: int | None) -> bool:
+    """A logits output: named `logits`, or [B, S, V] over the vocabulary, or (vocabulary unknown) a final
+    MatMul/Gemm, through views, to a last axis of at least WIDE_LOGITS."""
+    if value is None:
+        return False
+    if value.name == "logits":
+        return True
+    width = value.shape[-1] if value.shape is not None and len(value.shape) else None
+    if not isinstance(width, int):
+        return False
+    if vocab:
+        return len(value.shape) == 3 and width == vocab
+    producer = value.producer()
+    while producer is not None and producer.op_type in VIEWS:
+        producer = producer.inputs[0].producer()
+    return width >= WIDE_LOGITS and producer is not None and producer.op_type in ("MatMul", "Gemm")
 
 
 def _cpu_view_session(out_dir: Path):
