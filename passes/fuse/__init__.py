@@ -52,7 +52,7 @@ def cost_check(design) -> CostCheck:
     precision pass will give them."""
     nl = design.netlist
     scenarios = [BoundScenario(g.name, dict(g.scenario.dims), nl.bind(g.scenario.dims)) for g in design.groups]
-    return CostCheck(design.library, scenarios, nl.derived_dims, default_precision(design))
+    return CostCheck(design.library, scenarios, nl.derived_dims, default_precision(design)[1])  # the realised precision
 
 
 def fusion_kinds() -> list[str]:
