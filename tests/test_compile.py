@@ -80,7 +80,7 @@ def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
     assert session_json["scenarios"]["decode"]["dims"] == {"batch": 1, "seq": 1, "past": 32}
     assert session_json["inputs"]["past_key_values.0.key"]["scenarios"]["decode"] == [1, 2, 32, 32]
     reference = session_json["reference"]  # relocatable: the spec and its export cache key, no path into the cache
-    assert reference["source"] == GPU_MODEL and set(reference) == {"source", "key", "precision"}
+    assert reference["source"] == GPU_MODEL and set(reference) == {"source", "key", "precision", "materialize"}
     assert len(reference["key"]) == 64 and reference["precision"] == "fp32"
 
     log = (compiled / "compile.log").read_text().splitlines()

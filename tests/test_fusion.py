@@ -820,7 +820,7 @@ def test_a_fusion_the_library_times_slower_is_kept_with_its_figures(library, fus
     and the reason gives both delays; on the H200 (launch-bound) the fused cell wins and is applied."""
     from softsyn.constraints.model import Constraints
     from softsyn.design import Design
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.passes.fuse import KEPT, cost_check
 
     nl = _residual_layer_norm()
@@ -843,7 +843,7 @@ def test_an_estimated_delay_is_no_evidence_against_a_fusion():
     """BiasGelu (tabled) against Add + an ONNX Gelu the library has no table for (a roofline estimate): fused."""
     from softsyn.constraints.model import Constraints
     from softsyn.design import Design
-    from softsyn.library.model import load_library
+    from softsyn.library import load_library
     from softsyn.passes.fuse import cost_check
 
     nl = _gelu_block("onnx-none")
