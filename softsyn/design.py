@@ -70,7 +70,7 @@ class Design:
         return design
 
     # Cached views of the netlist; netlist_changed() drops every one of them.
-    NETLIST_VIEWS = ("graph", "groups")
+    NETLIST_VIEWS = ("graph", "groups", "runtime_view")
 
     @functools.cached_property
     def graph(self):
@@ -79,6 +79,19 @@ class Design:
     @functools.cached_property
     def groups(self) -> list[PathGroup]:
         return [self._resolve(spec) for spec in self._group_specs()]
+
+    @functools.cached_property
+    def runtime_view(self):
+        """What an ONNX Runtime GPU target launches after its load-time fusions (softsyn.runtime.load_view);
+        None for a CPU target, whose delay tables already hold each node's whole cost, or another runtime."""
+        if not self.library.is_gpu or not str(self.library.header.get("runtime", "")).startswith("onnxruntime"):
+            return None
+        from softsyn.runtime.load_view import load_view
+
+        start = time.perf_counter()
+        view = load_view(self.netlist)
+        self.log(f"{view.describe()}, {time.perf_counter() - start:.1f} s")
+        return view
 
     def _group_specs(self) -> list[PathGroupSpec]:
         if self.constraints.path_groups:
@@ -125,7 +138,9 @@ class Design:
         for group in self.groups:
             start = time.perf_counter()
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
-            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation))
+            absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
+            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
+                                      absorbed))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results
@@ -145,7 +160,7 @@ class Design:
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
             area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())),
-            notes=self._annotation_notes(), warnings=unmodelled_warnings(self.netlist, self.library))
+            notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []), warnings=unmodelled_warnings(self.netlist, self.library))
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

@@ -65,8 +65,13 @@ def _canonical_constant(node_proto):
     return node_proto
 
 
-def skeleton_proto(model: ir.Model):
-    """Weightless copy of the graph as a ModelProto: large initializers become typed inputs."""
+def skeleton_proto(model: ir.Model, any_dtype: bool = False, vectors: int = 0):
+    """Weightless copy of the graph as a ModelProto: large initializers become typed inputs.
+
+    Kept as data: int64/int32 initializers of at most 64 elements (shape arithmetic), and with `any_dtype`
+    small float ones too (the scalars ONNX Runtime's fusions check, e.g. GELU's 0.044715). `vectors`: other
+    initializers of rank <= 1 up to that many elements stay initializers, as zeros (norm scales and biases,
+    which fusions want constant but never read)."""
     import onnx
 
     from onnx_ir import serde
@@ -82,7 +87,7 @@ def skeleton_proto(model: ir.Model):
             t is not None
             and n_el is not None
             and n_el <= 64
-            and v.dtype in (ir.DataType.INT64, ir.DataType.INT32)
+            and (any_dtype or v.dtype in (ir.DataType.INT64, ir.DataType.INT32))
             and not isinstance(t, ir.ExternalTensor)
         )
         if small:
@@ -94,6 +99,11 @@ def skeleton_proto(model: ir.Model):
                 tp.name = v.name
                 small_inits.append(tp)
                 continue
+        if vectors and n_el is not None and n_el <= vectors and v.shape is not None and len(v.shape) <= 1:
+            zeros = onnx.helper.make_tensor(v.name, int(v.dtype), list(v.shape.numpy()), b"\0" * math.ceil(n_el * v.dtype.itemsize),
+                                            raw=True)
+            small_inits.append(zeros)
+            continue
         big_inits.append(v)
     inputs = [serde.serialize_value(v) for v in g.inputs]
     input_names = {v.name for v in g.inputs}

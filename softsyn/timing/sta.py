@@ -10,7 +10,9 @@ the running sum in execution order; on a GPU the host only launches
 costs its launches and a device-bound one its kernels (ORT CUDA, plain fp16
 Qwen3 exports: 2608 executed nodes x the measured 4.47 us launch = 11.7 ms, the
 measured 11.5-12.3 ms of every 0.6B/1.7B scenario, while the sum of the copies-
-measured cell delays said 15.5-20 ms). Today every cell runs on one stream
+measured cell delays said 15.5-20 ms). A cell ORT fuses into another when the session
+loads (softsyn.runtime.load_view) keeps its kernel time but costs the host no launch: GPT-2-small's export has
+648 nodes, ORT launches 550, and the H200 took 5.1-5.6 us per launched node. Today every cell runs on one stream
 (what ONNX Runtime does for one session.run); the stream field keeps the
 general DAG form open for composite designs (vision encoder in parallel with
 text embedding).
@@ -104,13 +106,16 @@ def load_time_constants(netlist: Netlist) -> set[ir.Node]:
     return folded
 
 
-def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None) -> list[CellTiming]:
+def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None,
+                 absorbed: frozenset = frozenset()) -> list[CellTiming]:
     """Delay of every cell in execution order under one scenario's shapes.
 
     `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
     for every node it knows (0 s for nodes the runtime folded or fused away); it knows nodes by name, so
     a node whose name another node shares keeps its library delay. A cell of an op neither the library
-    nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model"."""
+    nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model".
+    `absorbed`: nodes the runtime fuses into another when it loads (softsyn.runtime.load_view); on a GPU they
+    keep their kernel time, which the fused kernel still does, but launch nothing."""
     cells = []
     folded = load_time_constants(netlist)
     shared = {name for name, n in Counter(n.name for n in netlist.nodes()).items() if n > 1}
@@ -128,6 +133,8 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
                                                               work.sizes)
             if source == "est" and not has_cost_model(node):
                 source = UNMODELLED
+            if node in absorbed and library.is_gpu:
+                host = 0.0
         cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
                                 delay if host is None else host, device))
     return cells
@@ -145,11 +152,11 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup, annotation=None) -> GroupTiming:
+               group: PathGroup, annotation=None, absorbed: frozenset = frozenset()) -> GroupTiming:
     """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
-    its residual replaces the library's run_overhead on the session.run row)."""
+    its residual replaces the library's run_overhead on the session.run row); `absorbed`: see cell_timings."""
     shapes = netlist.bind(group.scenario.dims)
-    cells = cell_timings(netlist, library, shapes, annotation)
+    cells = cell_timings(netlist, library, shapes, annotation, absorbed)
 
     port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name)) for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""

@@ -1,0 +1,60 @@
+"""The runtime view: what ONNX Runtime launches after its load-time fusions, and the GPU timing that follows it."""
+from __future__ import annotations
+
+import collections
+
+import onnx
+import pytest
+
+from families import export_family
+from softsyn.design import Design
+from softsyn.frontends import read_design
+from softsyn.runtime.load_view import load_view
+from softsyn.runtime.session import SessionSettings, open_session
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    return export_family("gpt2", tmp_path_factory.mktemp("view"))
+
+
+def ort_graph(path, tmp_path):
+    """The graph ORT itself runs for the file with its weights (CPU provider, extended level)."""
+    target = tmp_path / "optimised.onnx"
+    open_session(str(path), SessionSettings(provider="cpu", optimized_model_filepath=str(target), log_severity=3,
+                                            options=(("graph_optimization_level", "ORT_ENABLE_EXTENDED"),)))
+    return onnx.load(str(target), load_external_data=False).graph
+
+
+def test_the_weightless_view_launches_what_ort_runs_with_the_weights(gpt2, tmp_path):
+    netlist = read_design(str(gpt2), progress=False)
+    view = load_view(netlist)
+    real = ort_graph(gpt2, tmp_path)
+    assert view.error is None
+    assert view.runs == len(real.node) < len(netlist.nodes())
+    # GPT-2's tanh GELU chain (Mul/Pow/Tanh) is one FastGelu per layer: its nodes launch nothing
+    assert collections.Counter(view.anchors.values())["FastGelu"] == 2
+    gone = collections.Counter(n.op_type for n in view.absorbed)
+    assert gone["Tanh"] == 2 and gone["Pow"] == 2
+    assert all(n not in view.absorbed for n in netlist.nodes() if n.op_type in ("MatMul", "Gemm"))
+
+
+def test_a_gpu_target_times_one_launch_per_node_ort_runs(gpt2, tmp_path):
+    cons = tmp_path / "c.yaml"
+    cons.write_text("clock_period: 2000ms\ntarget: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 16}\n")
+    design = Design.load(str(gpt2), cons, progress=False)
+    fused = design.time()[0].paths[0].arrival
+    assert design.runtime_view.runs < len(design.netlist.nodes())
+    design.runtime_view = type(design.runtime_view)()  # nothing absorbed: every netlist node launches
+    unfused = design.time()[0].paths[0].arrival
+    launch = design.library.ceilings.launch_overhead
+    saved = len(design.netlist.nodes()) - Design.load(str(gpt2), cons, progress=False).runtime_view.runs
+    # host-bound at this size: the difference is the launches of the absorbed nodes, within a few launches
+    assert unfused - fused == pytest.approx(saved * launch, abs=4 * launch)
+    assert any("load-time fusions" in note for note in Design.load(str(gpt2), cons, progress=False).analyze().notes)
+
+
+def test_a_cpu_target_has_no_view(gpt2, tmp_path):
+    cons = tmp_path / "c.yaml"
+    cons.write_text("clock_period: 2000ms\ntarget: cpu-ort\nworkload: {batch: 1, prompt_len: 16}\n")
+    assert Design.load(str(gpt2), cons, progress=False).runtime_view is None
