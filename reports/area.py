@@ -1,10 +1,12 @@
-"""report_area: VRAM by kind and by hierarchy (repeated indexed scopes folded), and its constraint."""
+"""report_area: VRAM by kind and by hierarchy (repeated indexed scopes folded), its constraint, and the
+KV budget: what the constraint leaves for the KV cache, the largest concurrency and context it holds."""
 from __future__ import annotations
 
-from softsyn.timing import Analysis, AreaItem
-from softsyn.reports.columns import AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_LIMIT_COLUMNS
-from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope, render,
-                                    table_header, table_row, table_rule)
+from softsyn.timing import Analysis, AreaItem, KVBudget
+from softsyn.reports.columns import (AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_KV_COLUMNS, AREA_LIMIT_COLUMNS,
+                                     AREA_WEIGHT_COLUMNS)
+from softsyn.reports.common import (Table, banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope,
+                                    render, table_header, table_row, table_rule)
 from softsyn.reports.suggest import area_suggestions
 
 
@@ -56,6 +58,64 @@ def fold_hierarchy(items: list[AreaItem]) -> list[tuple[AreaItem, int]]:
     return out
 
 
+def kv_table(budget: KVBudget) -> Table:
+    """One row per KV dtype: the netlist's, then each smaller element size kv_cache.dtype accepts."""
+    return Table(AREA_KV_COLUMNS, tuple({c.key: getattr(o, c.key) for c in AREA_KV_COLUMNS} for o in budget.kv_dtypes))
+
+
+def weight_table(budget: KVBudget) -> Table:
+    """One row per weight precision: the netlist's, then each lower one precision.allowed names."""
+    return Table(AREA_WEIGHT_COLUMNS,
+                 tuple({c.key: getattr(o, c.key) for c in AREA_WEIGHT_COLUMNS} for o in budget.weight_precisions))
+
+
+def context_note(budget: KVBudget) -> str:
+    """Why the largest context stops where it does."""
+    if budget.max_positions and budget.max_context == budget.max_positions and budget.max_positions >= budget.length:
+        return " (the model's max_position_embeddings)"
+    return ""
+
+
+def kv_budget_lines(budget: KVBudget, unit: str) -> list[str]:
+    """The KV budget block: the per-token figure, the subtraction that leaves the budget, the largest
+    concurrency and context, then the dtype and weight tables."""
+    b = budget
+    lines = [f"KV budget (derived from the netlist's {b.tensors} past-KV inputs {b.layout} {b.dtype} "
+             f"and area_constraint)",
+             f"KV per token:  {fbytes(b.bytes_per_token, 'KB')} per sequence, all layers' K and V",
+             f"KV length:     {b.length} tokens per sequence ({b.length_key}), batch {b.batch} x concurrency "
+             f"{b.concurrency}"]
+    if b.limit is None:
+        lines += ["No VRAM constraint (area_constraint) set: no KV budget; "
+                  f"the KV cache at the workload is {fbytes(b.kv_bytes, unit)}."]
+    else:
+        row = lambda name, x: table_row(AREA_LIMIT_COLUMNS, {"name": name, "bytes": fbytes(x, unit)})[0]  # noqa: E731
+        lines += ["", row("max_area (VRAM limit)", b.limit), row("weights and constants", -b.weights),
+                  row(f"workspace (activation peak, {b.workspace_scenario})", -b.workspace),
+                  table_rule(AREA_LIMIT_COLUMNS), row("available for the KV cache", b.available),
+                  row("KV cache at the workload", b.kv_bytes), "",
+                  f"Largest concurrency at {b.length} tokens:  {b.max_concurrency:,} (sequences of batch {b.batch})",
+                  f"Largest context at concurrency {b.concurrency}:  {b.max_context:,} tokens{context_note(b)}"]
+        others = [p for p in b.workspace_points if p.length != b.length]
+        if others:
+            lines.append("Workspace at other KV lengths (the scenarios that read the cache re-bound): "
+                         + ", ".join(f"{p.length} {'token' if p.length == 1 else 'tokens'} {fbytes(p.bytes, unit)}" for p in others)
+                         + "; linear between, which the convex peak stays under.")
+        lines.append(f"Concurrent sequences share the workspace of one run at batch {b.batch} (the timed scenarios).")
+    kv, weights = kv_table(b), weight_table(b)
+    lines += ["", kv.header(), kv.dashes(), *kv.lines(byte_unit=unit)]
+    if len(b.weight_precisions) > 1:
+        lines += ["", weights.header(), weights.dashes(), *weights.lines(byte_unit=unit)]
+    lines.append("Rows marked estimate: the netlist's KV layout at each dtype's element size (scales not counted)"
+                 + ("; weights at 2 B (fp16/bf16), 1.0625 B (int8) or 0.5625 B (int4) per parameter (MatMulNBits, "
+                    "an fp16 scale per 32)" if len(b.weight_precisions) > 1 else "")
+                 + "; the workspace as measured with the netlist's KV dtype.")
+    if b.requested_dtype and b.requested_dtype != b.dtype:
+        lines.append(f"kv_cache.dtype {b.requested_dtype} is not applied to this netlist (its KV inputs are "
+                     f"{b.dtype}): its row above is what it would take.")
+    return lines
+
+
 def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
     area = analysis.area
     unit = byte_unit_for(area.total, area.limit)
@@ -99,4 +159,5 @@ def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
                   hier_rows=hier_rows, hier_total=hier_total, depth=hierarchy_depth,
                   parameters=fcount(area.parameters), kv_detail=area.kv_detail,
                   activation_scenario=area.activation_scenario, constraint=constraint,
+                  kv_budget=kv_budget_lines(area.kv_budget, unit) if area.kv_budget else [],
                   suggestions=area_suggestions(area))

@@ -47,6 +47,27 @@ CONSTRAINT_AREA_COLUMNS: tuple[Column, ...] = (
 
 # ------------------------------------------------------------------------------------------ format-spec layout
 
+# report_area's KV budget: one row per KV dtype (softsyn.timing.results.KVOption), one per weight precision
+# (WeightOption); the keys are those objects' fields.
+AREA_KV_COLUMNS: tuple[Column, ...] = (
+    Column("dtype", "KV dtype", 10),
+    Column("source", "Source", 9, gap=1),
+    Column("bytes_per_token", "Per token", 11, "right", "bytes", unit="KB", gap=1),
+    Column("kv_bytes", "KV (workload)", 13, "right", "bytes", gap=1),
+    Column("total", "Total VRAM", 12, "right", "bytes", gap=1),
+    Column("max_concurrency", "Max concurrency", 15, "right", "count", fmt="{:,}", missing="-", gap=1),
+    Column("max_context", "Max context", 12, "right", "count", fmt="{:,}", missing="-", gap=1),
+    Column("fits", "Fits", 4, missing="-", gap=2),
+)
+AREA_WEIGHT_COLUMNS: tuple[Column, ...] = (
+    Column("precision", "Weights", 10),
+    Column("source", "Source", 9, gap=1),
+    Column("weight_bytes", "Bytes", 11, "right", "bytes", gap=1),
+    Column("total", "Total VRAM", 26, "right", "bytes", gap=1),
+    Column("max_concurrency", "Max concurrency", 15, "right", "count", fmt="{:,}", missing="-", gap=1),
+    Column("fits", "Fits", 4, missing="-", gap=15),
+)
+
 FUSION_COLUMNS: tuple[Column, ...] = (
     Column("kind", "Fusion kind", 16),
     Column("candidates", "Candidates", 11, "right", "count"),

@@ -41,6 +41,7 @@ class Column:
     missing: str = ""  # text of an absent value (None)
     gap: int = 0  # format-spec layout only: blanks before the column
     clip: bool = False  # format-spec layout only: a longer text keeps its tail after "..."
+    unit: str = ""  # "bytes" only: the printed unit ("KB"); "" takes the table's byte unit
 
     def header(self, time_unit: str = "ms") -> str:
         return f"{self.title} ({time_unit})" if self.kind == "time" else self.title
@@ -64,8 +65,8 @@ class Table:
         """Each column's width in dashes, under its title."""
         return fixed_line(self.columns, {c.key: "-" * c.width for c in self.columns})
 
-    def lines(self, unit: str = "ms", digits: int = 3) -> list[str]:
-        return [fixed_line(self.columns, row, unit, digits) for row in self.rows]
+    def lines(self, unit: str = "ms", digits: int = 3, byte_unit: str = "GB") -> list[str]:
+        return [fixed_line(self.columns, row, unit, digits, byte_unit) for row in self.rows]
 
     def to_dict(self) -> dict:
         return {"columns": [c.to_dict() for c in self.columns], "rows": [dict(r) for r in self.rows]}
@@ -122,23 +123,29 @@ def fpercent(fraction: float, digits: int = 1) -> str:
 
 # ------------------------------------------------------------------------------------------ tables
 
-def format_cell(col: Column, value, unit: str = "ms", digits: int = 3) -> str:
-    """A row value as text: text as it is, a time in `unit` with `digits` decimals, a number by `col.fmt`."""
+def format_cell(col: Column, value, unit: str = "ms", digits: int = 3, byte_unit: str = "GB") -> str:
+    """A row value as text: text as it is, a time in `unit` with `digits` decimals, bytes in the
+    column's unit (else `byte_unit`), a flag as yes/no, a number by `col.fmt`."""
     if value is None:
         return col.missing
     if isinstance(value, str):
         return value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if col.kind == "time":
         return ftime(value, unit, digits)
+    if col.kind == "bytes" and not col.fmt:
+        return fbytes(value, col.unit or byte_unit, digits)
     return col.fmt.format(value) if col.fmt else str(value)
 
 
-def fixed_line(columns: Sequence[Column], values: dict, unit: str = "ms", digits: int = 3) -> str:
+def fixed_line(columns: Sequence[Column], values: dict, unit: str = "ms", digits: int = 3,
+               byte_unit: str = "GB") -> str:
     """One row in the format-spec layout. A left-aligned last column is not padded (its padding
     would be trailing blanks)."""
     out = ""
     for i, col in enumerate(columns):
-        text = format_cell(col, values.get(col.key), unit, digits)
+        text = format_cell(col, values.get(col.key), unit, digits, byte_unit)
         if col.clip and len(text) > col.width:
             text = "..." + text[len(text) - col.width + 3:]
         out += " " * col.gap

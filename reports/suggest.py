@@ -91,6 +91,8 @@ def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int 
 
 
 def area_suggestions(area) -> list[list[str]]:
+    """Why VRAM does not fit and what would, from the area result's figures: with a KV budget, the
+    shorter context, lower-precision KV, fewer sequences or lower-precision weights that fit."""
     if area.limit is None or area.slack is None or area.slack >= 0:
         return []
     unit = byte_unit_for(area.total, area.limit)
@@ -99,6 +101,15 @@ def area_suggestions(area) -> list[list[str]]:
     lines = [f"VRAM exceeds the limit by {fbytes(-area.slack, unit)} "
              f"(total {fbytes(area.total, unit)}, limit {fbytes(area.limit, unit)}).",
              "Largest: " + ", ".join(f"{k.name} {fpercent(k.bytes / total)}" for k in kinds) + "."]
+    budget = area.kv_budget
+    if budget is None or budget.limit is None:
+        return [lines + generic_area_advice(kinds)]
+    return [lines + kv_budget_advice(budget, unit)]
+
+
+def generic_area_advice(kinds) -> list[str]:
+    """Advice by kind, for a design without a KV budget (no KV cache)."""
+    lines = []
     for k in kinds:
         name = k.name.lower()
         if name.startswith("weights"):
@@ -107,4 +118,54 @@ def area_suggestions(area) -> list[list[str]]:
             lines.append(f"- {k.name}: consider an fp8/int8 KV cache, a shorter context_len or lower concurrency.")
         elif name.startswith("activation"):
             lines.append(f"- {k.name}: consider a smaller prefill chunk (prompt_len) or batch.")
-    return [lines]
+    return lines
+
+
+def weight_advice(budget, unit: str) -> list[str]:
+    lines = []
+    for w in budget.weight_precisions[1:]:
+        verdict = (f"fits, up to concurrency {w.max_concurrency:,} at {budget.length} tokens" if w.fits else
+                   f"still over by {fbytes(w.total - budget.limit, unit)}")
+        lines.append(f"- precision {w.precision} weights: {fbytes(w.weight_bytes, unit)} (estimate), total "
+                     f"{fbytes(w.total, unit)}: {verdict}.")
+    lines.append("- or tensor parallelism: the weights split over several devices.")
+    return lines
+
+
+def kv_budget_advice(budget, unit: str) -> list[str]:
+    """The lines that say which budget the design breaks and, from the KV budget's rows, what fits."""
+    b = budget
+    if b.weights > b.limit:
+        return [f"The weights and constants alone ({fbytes(b.weights, unit)}) exceed the limit: no KV cache fits "
+                "at any context."] + weight_advice(b, unit)
+    if b.max_context == 0:
+        return [f"The weights and constants ({fbytes(b.weights, unit)}) and the workspace "
+                f"({fbytes(b.workspace, unit)}, {b.workspace_scenario} scenario) leave "
+                f"{fbytes(b.available, unit)} for the KV cache: not one token of one sequence fits.",
+                "- a smaller prefill chunk (workload.prompt_len) or batch shrinks the workspace."] + weight_advice(b, unit)
+    need = (f"The KV cache at the workload needs {fbytes(b.kv_bytes, unit)} ({b.length} tokens x batch {b.batch} x "
+            f"concurrency {b.concurrency} x {fbytes(b.bytes_per_token, 'KB')} per token, from the netlist's KV inputs)")
+    if b.available >= 0:
+        lines = [need + f"; {fbytes(b.available, unit)} is left for it after the weights and the workspace."]
+    else:
+        lines = [need + f"; the weights and the workspace at {b.length} tokens ({fbytes(b.workspace, unit)}, "
+                 f"{b.workspace_scenario}) already exceed the limit by {fbytes(-b.available, unit)}, and the "
+                 "workspace shrinks with the context."]
+    also = " (and workload.context_len at most that)" if b.length_key == "kv_cache.max_length" else ""
+    lines.append(f"- {b.length_key} {b.max_context} (from {b.length}){also}: fits at concurrency {b.concurrency}.")
+    for r in b.kv_dtypes[1:]:
+        if r.fits:
+            verdict = (f"fits at the workload (total {fbytes(r.total, unit)}), up to concurrency "
+                       f"{r.max_concurrency:,} at {b.length} tokens")
+        elif r.max_context:
+            verdict = f"fits with {b.length_key} {r.max_context}" + (
+                f" or concurrency {r.max_concurrency:,}" if r.max_concurrency else "")
+        else:
+            verdict = "not enough on its own"
+        lines.append(f"- kv_cache.dtype {r.dtype} ({fbytes(r.bytes_per_token, 'KB')} per token, estimate): {verdict}.")
+    if b.max_concurrency:
+        lines.append(f"- workload.concurrency {b.max_concurrency} (from {b.concurrency}): fits at {b.length} tokens.")
+    elif b.batch > 1:
+        lines.append(f"- fewer sequences: not one sequence of batch {b.batch} fits at {b.length} tokens; "
+                     "lower workload.batch.")
+    return lines

@@ -162,7 +162,7 @@ def report(kind, directory, group, max_paths, fold, digits):
     KIND is one of:
       timing      report_timing: full path, Point / Cell / Incr / Path columns
       qor         report_qor: per-group WNS, TNS, violating paths, cells, area
-      area        report_area: VRAM by kind and by hierarchy
+      area        report_area: VRAM by kind and by hierarchy, the KV budget
       constraint  report_constraint -all_violators
       json        the same path objects as JSON (SI units)
     DIRECTORY is an `analyze -o` output directory (holding analysis.json).

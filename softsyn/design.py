@@ -147,7 +147,6 @@ class Design:
 
     def analyze(self) -> Analysis:
         groups = self.time()
-        shapes = {g.name: self.netlist.bind(g.scenario.dims) for g in self.groups}
         counts: dict[str, int] = {}
         for node in self.netlist.nodes():
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -159,8 +158,10 @@ class Design:
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, shapes), cell_counts=dict(sorted(counts.items())),
-            notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []), warnings=unmodelled_warnings(self.netlist, self.library))
+            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}),
+            cell_counts=dict(sorted(counts.items())),
+            notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
+            warnings=unmodelled_warnings(self.netlist, self.library))
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

@@ -22,7 +22,9 @@ except ImportError:  # from a bare checkout: map reports/ onto softsyn.reports
     sys.modules["softsyn.reports"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["softsyn.reports"])
 
-from softsyn.timing import Analysis, AreaItem, AreaResult, GroupTiming, PathPoint, Scenario, TimingPath
+from softsyn.timing import (Analysis, AreaItem, AreaResult, GroupTiming, KVBudget, PathPoint, Scenario, TimingPath,
+                            WeightOption, WorkspacePoint)
+from softsyn.timing.area import kv_budget, weight_options
 from softsyn.reports import (REPORTS, fold_points, from_json, report_area, report_constraint,
                              report_qor, report_timing, to_json, write_reports)
 
@@ -69,6 +71,20 @@ def make_path(group: str, scenario: Scenario, endpoint: str, period: float, scal
                       points=points, arrival=arrival, required=required, slack=required - arrival)
 
 
+def make_kv_budget(area: AreaResult) -> KVBudget:
+    """The budget area.py derives, on the hand-built figures: 0.5 GB of KV at 4096 tokens, a workspace
+    measured at three KV lengths."""
+    budget = KVBudget(
+        tensors=6, layout="[batch, kv_heads, past, head_dim]", dtype="fp16", bytes_per_token=0.5e9 / 4096, batch=1,
+        concurrency=1, length=4096, length_key="workload.context_len", limit=area.limit, weights=3.355e9,
+        workspace=0.045e9, workspace_scenario="prefill",
+        workspace_points=[WorkspacePoint(1, 0.040e9), WorkspacePoint(4096, 0.045e9), WorkspacePoint(8192, 0.052e9)],
+        available=None, max_concurrency=None, max_context=None, max_positions=40960, requested_dtype="fp8",
+        weight_precisions=[WeightOption(p, "estimate" if i else "netlist", b, 0.0, None, None)
+                           for i, (p, b) in enumerate(weight_options(area.by_kind, ["fp16", "int8", "int4"]))])
+    return kv_budget(budget)
+
+
 def make_analysis() -> Analysis:
     decode_sc = Scenario("decode", {"batch": 1, "seq": 1, "past": 512}, "decode (batch 1, past 512)")
     prefill_sc = Scenario("prefill", {"batch": 1, "seq": 512, "past": 0}, "prefill (batch 1, seq 512)")
@@ -92,6 +108,7 @@ def make_analysis() -> Analysis:
                       AreaItem("lm_head", 0.155e9, 310_000_000, "parameters")],
         total=3.2e9 + 0.155e9 + 0.5e9 + 0.045e9, limit=4.0e9, parameters=1_910_000_000,
         kv_detail="6 tensors (float16) x batch 1 x concurrency 1 x 4096 tokens", activation_scenario="prefill")
+    area.kv_budget = make_kv_budget(area)
     return Analysis(design="toy-3layer", library="h200-ort-cuda", library_source="roofline estimate",
                     version="softsyn 0.1.0", date="Mon Jan  5 12:00:00 2026",
                     provenance={"source": "hand-built test"}, constraints_file="toy.sdc.yaml",
@@ -100,6 +117,14 @@ def make_analysis() -> Analysis:
                                  "SkipSimplifiedLayerNormalization": 3, "Mul": 3, "Gather": 1, "MatMulNBits": 1,
                                  "Run": 1},
                     notes=["10 of 30 cells are roofline estimates"])
+
+
+def area_over(analysis: Analysis, limit: float) -> Analysis:
+    """The analysis under a smaller area_constraint: the budget re-derived at it."""
+    analysis.area.limit = limit
+    analysis.area.kv_budget.limit = limit
+    kv_budget(analysis.area.kv_budget)
+    return analysis
 
 
 @pytest.fixture
@@ -123,6 +148,8 @@ GOLDEN_CASES = {
     "timing_prefill_2paths.rpt": lambda a: report_timing(a, group="prefill", max_paths=2, fold=True),
     "qor.rpt": report_qor,
     "area.rpt": report_area,
+    "area_violated.rpt": lambda a: report_area(area_over(a, 3.7e9)),
+    "area_weights_over.rpt": lambda a: report_area(area_over(a, 3.0e9)),
     "constraint.rpt": report_constraint,
     "constraint_all.rpt": lambda a: report_constraint(a, all_violators=False),
 }

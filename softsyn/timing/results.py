@@ -104,6 +104,72 @@ class AreaItem:
 
 
 @dataclass
+class KVOption:
+    """One row of report_area's KV budget table: the KV cache at one dtype (the netlist's, or a lower one)."""
+
+    dtype: str  # kv_cache.dtype value(s) of this element size, e.g. "fp16" or "fp8/int8"
+    source: str  # "netlist" (the past-KV inputs as exported) | "estimate" (the same layout at this element size)
+    bytes_per_token: float  # per sequence, all layers' K and V
+    kv_bytes: float  # at the workload (batch x concurrency x KV length)
+    total: float  # VRAM at the workload with this KV dtype
+    max_concurrency: int | None  # at the workload's KV length; None: no area_constraint
+    max_context: int | None  # KV length at the workload's concurrency; None: no area_constraint
+    fits: bool | None  # total <= area_constraint; None: no area_constraint
+
+
+@dataclass
+class WeightOption:
+    """Weights stored at one precision (the netlist's, or a lower one the constraints allow)."""
+
+    precision: str  # "fp16", "int8", "int4" ...
+    source: str  # "netlist" | "estimate" (bytes per parameter of that precision, scales included)
+    weight_bytes: float  # weights and constants
+    total: float  # VRAM at the workload with these weights
+    max_concurrency: int | None  # at the workload's KV length; None: no area_constraint or no KV cache
+    fits: bool | None
+
+
+@dataclass
+class WorkspacePoint:
+    """The workspace (activation peak over the scenarios) with the scenarios that read the cache re-bound
+    at another KV length."""
+
+    length: int  # KV tokens per sequence
+    bytes: float
+
+
+@dataclass
+class KVBudget:
+    """What area_constraint leaves for the KV cache, derived from the netlist's past-KV inputs:
+    available = limit - weights (and constants) - workspace; the largest concurrency and context it holds."""
+
+    tensors: int  # past-KV graph inputs (K and V of every layer)
+    layout: str  # their shape, e.g. "[batch, 8, past, 128]" ("mixed" when they differ)
+    dtype: str  # their element type, e.g. "fp16"
+    bytes_per_token: float  # per sequence: sum over the inputs of the non-batch, non-past dims x element size
+    batch: int
+    concurrency: int
+    length: int  # KV tokens per sequence (kv_cache.max_length, else the workload's context)
+    length_key: str  # the constraints key that set `length`
+    limit: float | None  # area_constraint, bytes
+    weights: float  # weights and constants, bytes
+    workspace: float  # activation peak of the timed scenarios, bytes
+    workspace_scenario: str
+    workspace_points: list[WorkspacePoint]  # the workspace measured at KV lengths (`length` first), by re-binding
+    available: float | None  # bytes left for KV; None: no area_constraint
+    max_concurrency: int | None  # at `length`
+    max_context: int | None  # at `concurrency`
+    max_positions: int | None  # the model's max_position_embeddings, where its config gives one
+    requested_dtype: str | None  # kv_cache.dtype from the constraints
+    kv_dtypes: list[KVOption] = field(default_factory=list)
+    weight_precisions: list[WeightOption] = field(default_factory=list)
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.bytes_per_token * self.batch * self.concurrency * self.length
+
+
+@dataclass
 class AreaResult:
     """VRAM: weights by dtype + KV cache at the workload + activation/workspace peak."""
 
@@ -114,6 +180,7 @@ class AreaResult:
     parameters: int
     kv_detail: str  # how the KV figure was sized, e.g. "batch 1 x context 4096 x 36 layers x 8 kv heads x 128 x 2 B x 2"
     activation_scenario: str  # which group's scenario set the activation peak
+    kv_budget: KVBudget | None = None  # None: no KV cache (or an analysis.json written before the budget existed)
 
     @property
     def slack(self) -> float | None:
@@ -172,6 +239,10 @@ _NESTED = {
     ("TimingPath", "points"): "PathPoint",
     ("AreaResult", "by_kind"): "AreaItem",
     ("AreaResult", "by_hierarchy"): "AreaItem",
+    ("AreaResult", "kv_budget"): "KVBudget",
+    ("KVBudget", "kv_dtypes"): "KVOption",
+    ("KVBudget", "weight_precisions"): "WeightOption",
+    ("KVBudget", "workspace_points"): "WorkspacePoint",
 }
 
 
@@ -182,7 +253,7 @@ def _build(cls, data: dict):
             continue
         value = data[f.name]
         nested = _NESTED.get((cls.__name__, f.name))
-        if nested is not None:
+        if nested is not None and value is not None:
             sub = globals()[nested]
             value = [_build(sub, v) for v in value] if isinstance(value, list) else _build(sub, value)
         kwargs[f.name] = value
