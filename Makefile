@@ -8,11 +8,16 @@ STAMP  := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# onnxruntime-genai (tests/test_genai.py) declares plain `onnxruntime`, whose files would overwrite
+# onnxruntime-gpu's (one `onnxruntime` package, two distributions): installed without its dependencies.
+GENAI  := onnxruntime-genai==0.18.0
+
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,zoo]'
+	$(PY) -m pip install -q --no-deps '$(GENAI)'
 	touch $(STAMP)
 
 # Analyse the built-in default (a tiny Qwen3 decoder) against a CPU budget.

@@ -127,3 +127,12 @@ VERIFY_COLUMNS: tuple[Column, ...] = (
     Column("top1", "Top-1", 7, "right", "percent", fmt="{:.4f}", missing="-", gap=1),
     Column("status", "Status", 8, gap=2),
 )
+
+RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed runs
+    Column("metric", "Metric", 6),
+    _time("median", "Median", 10),
+    _time("p90", "p90", 10),
+    _time("min", "Min", 10),
+    Column("samples", "Samples", 8, "right", "count", gap=1),
+    Column("interval", "Interval", 40, gap=2),
+)

@@ -1,4 +1,5 @@
-"""report_compile_log: DC's compile log, one row per step (elaborate, then each pass of the effort's script).
+"""report_compile_log: DC's compile log, one row per step (elaborate, then each pass of the effort's script),
+then the notes emit left about the artifacts (a missing tokenizer, an assumed EOS token).
 
 The columns are data (`COMPILE_LOG_COLUMNS`): the same rows render as the fixed-width text of
 DIR/compile.log and as JSON (SI units). A title with a newline is a two-line header.
@@ -68,6 +69,8 @@ def report_compile_log(log: "CompileLog") -> str:
     lines = [f"softsyn compile: design {log.design}, library {log.library}, effort {log.effort.name}",
              f"script: {log.effort.script_text()}", "", *_header()]
     lines += [_line(_texts(row)) for row in log.rows]
+    if log.notes:
+        lines += ["", *(f"note: {note}" for note in log.notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -75,5 +78,6 @@ def compile_log_json(log: "CompileLog") -> str:
     """The same rows as JSON, SI units (elapsed, slacks in s; area in bytes), with the column layout."""
     data = {"schema": SCHEMA, "units": UNITS, "design": log.design, "library": log.library,
             "effort": log.effort.name, "script": list(log.effort.script),
-            "columns": [c.to_dict() for c in COMPILE_LOG_COLUMNS], "rows": [asdict(row) for row in log.rows]}
+            "columns": [c.to_dict() for c in COMPILE_LOG_COLUMNS], "rows": [asdict(row) for row in log.rows],
+            "notes": list(log.notes)}
     return json.dumps(data, indent=1) + "\n"

@@ -374,6 +374,47 @@ def verify(directory, seed, cache_dir, cpu):
     sys.exit(1 if result.violations else 0)
 
 
+@main.command("run")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1), help="prompt tokens (prefill).")
+@click.option("--gen", default=32, show_default=True, type=click.IntRange(min=1), help="tokens to generate.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), help="execution provider (default: runtime/session.json's).")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed generations.")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="untimed generations first.")
+@click.option("--seed", default=0, show_default=True, help="seed of the random prompt ids.")
+@click.option("--json", "as_json", is_flag=True, help="print the numbers as JSON (SI units) instead of the report.")
+@click.option("-q", "--quiet", is_flag=True, help="no progress line on stderr.")
+def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, quiet):
+    """Generate with a compiled decoder on ONNX Runtime and print TTFT, TPOT and tokens/s.
+
+    \b
+    DIRECTORY is a `softsyn compile -o` output of a decoder LLM. Its
+    model.onnx runs with its runtime/session.json settings (providers,
+    provider and session options): a prefill of PROMPT_LEN seeded random
+    token ids, then a greedy decode loop of GEN tokens feeding the KV cache
+    as the graph declares it (present bound as the next past, or one shared
+    max_length buffer updated in place). Times are host wall clock per step:
+    its inputs put on the device, one run_with_iobinding, the logits copied
+    to the host and their argmax; TTFT is the prefill step, TPOT a decode
+    step (median and p90 over every step of the timed runs), tokens/s the
+    generated tokens over TTFT plus their decode steps.
+
+    \b
+    Example:
+      softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/tiny
+      softsyn run out/tiny --prompt-len 128 --gen 32 --json
+
+    Exit status: 0 when it generated, 2 on bad input (DIRECTORY missing, a
+    plan without model.onnx, not a softsyn compile output, not a decoder
+    with a KV cache; one line), 3 internal error.
+    """
+    from softsyn.flow.run import RunSettings, run as run_artifact
+    from softsyn.reports.run import report_run, run_json
+
+    result = run_artifact(directory, RunSettings(prompt_len, gen, provider, runs, warmup, seed), show_progress=not quiet)
+    click.echo(run_json(result) if as_json else report_run(result), nl=False)
+
+
 @main.command("passes")
 def list_passes():
     """List the registered passes and the effort scripts that run them."""

@@ -4,6 +4,7 @@
                                          loaded by ONNX Runtime with the target's providers
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
+    DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
     DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports)
     DIR/compile.log                      one row per step
     DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
@@ -25,6 +26,7 @@ from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
 from softsyn.frontends.cache import design_provenance
 from softsyn.netlist import NETLIST_META_KEY
+from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.timing import Analysis, cell_timings, precision_of
 
@@ -59,6 +61,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
             check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session)
+        log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
         reports.write_reports(analysis, tmp)
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:
@@ -201,6 +204,9 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "model": None if plan else MODEL_FILE,
         "plan": plan,
         "providers": providers,
+        # enable_cuda_graph "1" once every decode node runs on CUDA with static shapes (issue 13); softsyn run
+        # and genai_config.json take their provider options from here
+        "provider_options": {library.provider: {"enable_cuda_graph": "0"}} if library.is_gpu else {},
         "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),

@@ -1,7 +1,11 @@
-"""Shared fixtures: one export cache per test session, so each zoo model is exported once."""
+"""Shared fixtures: one export cache per test session, so each zoo model is exported once; the CPU artifact of
+qwen3-tiny, compiled once per session for the tests that run it (softsyn run, onnxruntime-genai)."""
 import os
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -11,3 +15,17 @@ def cache_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("softsyn-cache")
     os.environ["SOFTSYN_CACHE"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --effort low -o DIR`: DIR."""
+    from click.testing import CliRunner
+
+    from softsyn.cli import main
+
+    out = tmp_path_factory.mktemp("tiny-cpu") / "out"
+    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-tiny", "-c", str(ROOT / "constraints" / "cpu-tiny.yaml"),
+                                       "--effort", "low", "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out

@@ -34,6 +34,7 @@ class CompileLog:
     library: str
     effort: Effort
     rows: list[LogRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the emitted artifacts lack or assume, printed under the rows
     start: float = field(default_factory=time.perf_counter)
 
     def add(self, phase: str, analysis: Analysis, cells: int) -> LogRow:

@@ -100,10 +100,11 @@ def open_session(model, settings: SessionSettings = SessionSettings(), external:
 
 
 def open_model(model_path: str | Path, provider: str = "cpu", options: dict | None = None,
-               profile_prefix: str | None = None):
+               profile_prefix: str | None = None, cuda_graph: bool = False):
     """A session on a model file the user gave, on `provider` with `options` (SessionOptions attributes by name, as
     runtime/session.json records them); a file the runtime cannot load is a SoftsynError naming it."""
-    settings = SessionSettings(provider=provider, options=tuple((options or {}).items()), profile_prefix=profile_prefix)
+    settings = SessionSettings(provider=provider, options=tuple((options or {}).items()), profile_prefix=profile_prefix,
+                               cuda_graph=cuda_graph)
     try:
         return open_session(model_path, settings)
     except SoftsynError:

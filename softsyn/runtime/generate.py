@@ -1,0 +1,207 @@
+"""Greedy generation on one ONNX Runtime session: a prefill, then one decode step per token, KV cache as emitted.
+
+`Generator(session, io, ...)` drives a decoder artifact (its IO from softsyn.runtime.decoder). The KV cache is
+fed the way the graph declares it (`DecoderIO.shares_buffer`):
+
+- grown: the first past is empty, each step binds the previous step's present outputs as its past inputs and
+  the runtime allocates the new presents (past + 1 positions); the attention mask grows by one per step;
+- shared: one buffer of `max_length` positions per layer and key/value, bound as both past input and present
+  output, which GroupQueryAttention updates in place. Every decode step then runs with the same bindings (the
+  token, position and a `max_length` attention mask updated in place, the logits preallocated): static shapes
+  and addresses, what the CUDA provider's graph capture needs; with `cuda_graph` the prefill runs outside any
+  captured graph (run option gpu_graph_id -1) and the decode steps are captured once, then replayed.
+
+What a step's time covers (host wall clock, time.perf_counter): putting its inputs on the device (the grown
+loop binds new OrtValues, the shared one updates them in place), one run_with_iobinding (the CUDA provider
+synchronises at its end), the logits copied to the host and their argmax. TTFT is the prefill step: all of
+the prompt's logits are copied ([batch, seq, vocab]) unless the artifact emits the last position's only. Not
+covered: tokenisation, the session's creation, allocating the shared buffers (once, before the first prefill).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.errors import SoftsynError
+from softsyn.runtime.binding import device_of, empty, to_device
+from softsyn.runtime.decoder import DecoderIO
+
+STEP_INTERVAL = ("host wall clock per step: its inputs put on the device, one run_with_iobinding, the logits "
+                 "copied to the host and their argmax (greedy); TTFT = the prefill step (all prompt positions' "
+                 "logits copied), TPOT = one decode step; no tokenisation, session creation or buffer allocation")
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: tuple[int, ...]  # the generated ids, the prefill's first
+    ttft: float  # s, the prefill step
+    tpot: tuple[float, ...]  # s, each decode step (len(tokens) - 1 of them)
+    kv: str  # "shared" | "grown"
+
+
+def prompt_ids(vocab_size: int, length: int, seed: int = 0) -> np.ndarray:
+    """A seeded random prompt of `length` token ids below `vocab_size`."""
+    return np.random.default_rng(seed).integers(0, vocab_size, size=length, dtype=np.int64)
+
+
+class Generator:
+    """Greedy decoding of one sequence (batch 1) on `session`, KV cache as `io` declares it.
+
+    `share_buffer`: None follows the graph (io.shares_buffer); True runs GroupQueryAttention in place on a
+    `max_length` buffer also where the graph declares a growing cache (GQA accepts both). `max_length`: the
+    shared buffer's positions where the graph's dim is symbolic."""
+
+    def __init__(self, session, io: DecoderIO, provider: str = "cpu", share_buffer: bool | None = None,
+                 max_length: int | None = None, cuda_graph: bool = False):
+        self.session, self.io, self.device = session, io, device_of(provider)
+        self.shared = io.shares_buffer if share_buffer is None else share_buffer
+        self.max_length = (io.buffer_length or max_length) if self.shared else None
+        if self.shared and not self.max_length:
+            raise SoftsynError("a shared past/present buffer needs its length: the graph's KV sequence dim is "
+                               "symbolic and no max_length was given (runtime/session.json kv_cache.max_length)")
+        if cuda_graph and not self.shared:
+            raise SoftsynError("CUDA graphs replay fixed buffers, and this graph grows its KV cache (present is "
+                               "past + seq long): enable_cuda_graph needs a shared past/present buffer")
+        self.cuda_graph = cuda_graph
+        self.buffers = None  # the shared KV buffers, allocated on first use and reused by every generation
+        self.decode_io = None  # the shared-buffer decode step's binding and its input values (_static_decode)
+
+    @property
+    def limit(self) -> int | None:
+        """Positions a generation may fill: the shared buffer, the rotary caches (None: no limit known)."""
+        bounds = [b for b in (self.max_length, self.io.max_positions) if b]
+        return min(bounds) if bounds else None
+
+    def generate(self, prompt: np.ndarray, gen: int, on_token=None) -> Generation:
+        """`gen` greedy tokens after `prompt` (1-D ids); `on_token(done, gen)` is called between steps, untimed."""
+        prompt = np.asarray(prompt).reshape(-1)
+        n = len(prompt)
+        if n < 1 or gen < 1:
+            raise SoftsynError(f"a generation needs a prompt and at least one token (prompt {n}, gen {gen})")
+        if self.limit is not None and n + gen - 1 > self.limit:
+            raise SoftsynError(f"prompt {n} + {gen} generated tokens need {n + gen - 1} positions; the artifact "
+                               f"holds {self.limit} ({'its KV buffer' if self.limit == self.max_length else 'its rotary caches'})")
+        kv = self._kv()
+        t0 = time.perf_counter()
+        logits, kv = self._step(prompt, 0, kv)
+        token = int(np.argmax(logits[0, -1]))
+        ttft = time.perf_counter() - t0
+        tokens, tpot = [token], []
+        if on_token:
+            on_token(1, gen)
+        decode = self._static_decode(n) if self.shared else None
+        for i in range(1, gen):
+            t = time.perf_counter()
+            if decode is not None:
+                token = decode(token, n + i - 1)
+            else:
+                logits, kv = self._step(np.array([token]), n + i - 1, kv)
+                token = int(np.argmax(logits[0, -1]))
+            tpot.append(time.perf_counter() - t)
+            tokens.append(token)
+            if on_token:
+                on_token(i + 1, gen)
+        return Generation(tuple(tokens), ttft, tuple(tpot), "shared" if self.shared else "grown")
+
+    # ------------------------------------------------------------------------------------ the steps
+
+    def _kv(self) -> list:
+        """Per layer (key, value): the shared buffers, or an empty past for a grown cache."""
+        shape = [1, self.io.kv_heads, self.max_length if self.shared else 0, self.io.head_size]
+        if not self.shared:
+            return [(empty(shape, self.io.kv_elem, self.device), empty(shape, self.io.kv_elem, self.device))
+                    for _ in self.io.layers]
+        if self.buffers is None:  # zeros: positions past the sequence are masked, and masked zeros are never NaN
+            dtype = ir.DataType(self.io.kv_elem).numpy()  # one array each: a CPU OrtValue shares its array's memory
+            self.buffers = [(to_device(np.zeros(shape, dtype), self.device), to_device(np.zeros(shape, dtype), self.device))
+                            for _ in self.io.layers]
+        return self.buffers
+
+    def _array(self, name: str, values) -> np.ndarray:
+        return np.asarray(values, dtype=self.io.dtype(name)).reshape(1, -1)
+
+    def _bind_kv(self, binding, kv) -> None:
+        for layer, (key, value) in zip(self.io.layers, kv):
+            binding.bind_ortvalue_input(layer.past_key, key)
+            binding.bind_ortvalue_input(layer.past_value, value)
+            if self.shared:
+                binding.bind_ortvalue_output(layer.present_key, key)
+                binding.bind_ortvalue_output(layer.present_value, value)
+            else:
+                binding.bind_output(layer.present_key, self.device, 0)
+                binding.bind_output(layer.present_value, self.device, 0)
+
+    def _run_options(self, graph_id: str | None):
+        if not self.cuda_graph:
+            return None
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", graph_id)
+        return options
+
+    def _step(self, tokens: np.ndarray, start: int, kv) -> tuple[np.ndarray, list]:
+        """One run on `tokens` after `start` cached positions: (logits on the host, the next step's past)."""
+        io, n = self.io, len(tokens)
+        binding = self.session.io_binding()
+        binding.bind_output(io.logits, self.device, 0)  # bound first: get_outputs() lists outputs in binding order
+        binding.bind_ortvalue_input(io.input_ids, to_device(self._array(io.input_ids, tokens), self.device))
+        if io.attention_mask:
+            binding.bind_ortvalue_input(io.attention_mask, to_device(np.ones((1, start + n), io.dtype(io.attention_mask)),
+                                                                     self.device))
+        if io.position_ids:
+            binding.bind_ortvalue_input(io.position_ids,
+                                        to_device(self._array(io.position_ids, np.arange(start, start + n)), self.device))
+        self._bind_kv(binding, kv)
+        self.session.run_with_iobinding(binding, self._run_options("-1"))  # -1: never captured (prefill)
+        out = binding.get_outputs()
+        if not self.shared:
+            kv = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(len(io.layers))]
+        return out[0].numpy(), kv
+
+    def _static_decode(self, prompt_len: int):
+        """The decode step of a shared buffer: its bindings made once per Generator and reused by every generation
+        (a captured CUDA graph replays the addresses it was captured with), inputs updated in place."""
+        io = self.io
+        if self.decode_io is None:
+            mask_host = np.zeros((1, self.max_length), io.dtype(io.attention_mask)) if io.attention_mask else None
+            values = {io.input_ids: to_device(self._array(io.input_ids, [0]), self.device)}
+            if mask_host is not None:
+                values[io.attention_mask] = to_device(mask_host, self.device)
+            if io.position_ids:
+                values[io.position_ids] = to_device(self._array(io.position_ids, [0]), self.device)
+            logits = empty([1, 1, io.vocab_size], self._logits_elem(), self.device)
+            binding = self.session.io_binding()
+            for name, value in values.items():
+                binding.bind_ortvalue_input(name, value)
+            self._bind_kv(binding, self.buffers)
+            binding.bind_ortvalue_output(io.logits, logits)
+            self.decode_io = (binding, values, mask_host, logits, self._run_options("1"))
+        binding, values, mask_host, logits, options = self.decode_io
+        if mask_host is not None:  # this generation's prompt, nothing after it
+            mask_host[:] = 0
+            mask_host[0, :prompt_len] = 1
+
+        def step(previous: int, start: int) -> int:
+            values[io.input_ids].update_inplace(self._array(io.input_ids, [previous]))
+            if mask_host is not None:
+                mask_host[0, start] = 1  # the positions before it are set already
+                values[io.attention_mask].update_inplace(mask_host)
+            if io.position_ids:
+                values[io.position_ids].update_inplace(self._array(io.position_ids, [start]))
+            self.session.run_with_iobinding(binding, options)
+            return int(np.argmax(logits.numpy()[0, -1]))
+
+        return step
+
+    def _logits_elem(self) -> int:
+        kind = next(o.type for o in self.session.get_outputs() if o.name == self.io.logits)
+        elem = {"tensor(float)": ir.DataType.FLOAT, "tensor(float16)": ir.DataType.FLOAT16,
+                "tensor(bfloat16)": ir.DataType.BFLOAT16, "tensor(double)": ir.DataType.DOUBLE}.get(kind)
+        if elem is None or self.io.vocab_size is None:
+            raise SoftsynError(f"output {self.io.logits}: {kind} of a vocabulary {self.io.vocab_size}; a shared-buffer "
+                               "decode preallocates float logits [1, 1, vocab]")
+        return int(elem)
