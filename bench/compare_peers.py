@@ -41,6 +41,10 @@ the per-round median ratio (robust to drift). Sanity: one run's outputs per vari
 the plain export's: max rel error = max|x - ref| / max|ref| for logits and for the present KV (the
 builder's shared buffers compared on their first past+seq positions).
 
+Kernels (--kernels, cuda): for the named scenarios, CUPTI's kernel records (torch.profiler, which sees every kernel of
+the process, ORT's and those a CUDA graph replays) over 10 more runs per variant: kernels and device busy time per run
+and the largest kernels by time, the per-kernel side-by-side that explains a gap between two variants.
+
 A variant that fails (build, load, bind or run) prints its error and is left out; the others still report.
 Results: bench/results/compare-peers-PROVIDER-DATE.md (command, versions, device, load, table, notes).
 """
@@ -475,6 +479,9 @@ def main() -> int:
                         help="build the variants and stop: no sessions, no timing, no results file")
     parser.add_argument("--kv-buffer", type=int, default=4160,
                         help="builder's shared past/present buffer length, positions (default 4160: decode at 4096 fits)")
+    parser.add_argument("--kernels", default="decode512,decode4096",
+                        help="cuda: scenarios whose kernels CUPTI records per variant (torch.profiler), "
+                             "printed as a per-kernel table; '' = none (default decode512,decode4096)")
     parser.add_argument("--measure-on", choices=["cpu", "cuda"],
                         help="run the sessions on this provider instead of --provider's (testing the cuda plan "
                              "on a machine without a GPU)")
@@ -662,6 +669,10 @@ def main() -> int:
                     continue
                 samples[name][scen] += times
                 per_round[name][scen].append(statistics.median(times))
+    kernel_lines = []
+    if provider == "cuda" and args.kernels:
+        for scen in [k for k in args.kernels.split(",") if k in scenarios]:
+            kernel_lines += kernel_table(scen, {n: runners[n][scen] for n in active if n in runners})
     load1 = os.getloadavg()
     wall = time.perf_counter() - t_start
 
@@ -715,7 +726,7 @@ def main() -> int:
         where = f"`{v.path}`" if v.path else "—"
         notes.append(f"- **{name}** ({LABELS[name]}): {where}" + (f"; {v.nodes} nodes" if v.nodes else "")
                      + "".join(f"; {n}" for n in v.notes) + (f"; **FAILED**: {v.error}" if v.error else ""))
-    text = "\n".join(head + [""] + table + notes) + "\n"
+    text = "\n".join(head + [""] + table + notes + kernel_lines) + "\n"
     print(text)
     if str(args.output) != "-":
         output = args.output or ROOT / "bench" / "results" / f"compare-peers-{args.provider}-{started.date()}.md"
@@ -723,6 +734,55 @@ def main() -> int:
         output.write_text(text)
         log(f"wrote {output}")
     return 1 if any(v.error for v in found.values()) else 0
+
+
+KERNEL_RUNS = 10  # profiled runs per variant and scenario
+
+
+def kernel_profile(runner) -> dict:
+    """CUPTI's kernel records over KERNEL_RUNS runs of one bound runner (torch.profiler sees every kernel of the
+    process, ORT's and those a CUDA graph replays): kernels and busy time per run, time and count per kernel name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(KERNEL_RUNS):
+            runner.run()
+        torch.cuda.synchronize()
+    trace = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("cat") == "kernel"]
+    by_name: dict[str, list] = {}
+    for e in events:
+        entry = by_name.setdefault(kernel_label(e["name"]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += e["dur"] * 1e-6
+    return {"kernels": len(events) / KERNEL_RUNS, "busy": sum(e["dur"] for e in events) * 1e-6 / KERNEL_RUNS,
+            "by_name": {k: (n / KERNEL_RUNS, t / KERNEL_RUNS) for k, (n, t) in by_name.items()}}
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's name without template arguments and return type, short enough for a table cell."""
+    name = re.sub(r"<.*", "", name.removeprefix("void ")).strip()
+    return name.split("::")[-1][:48] if "::" in name else name[:48]
+
+
+def kernel_table(scen: str, runners: dict) -> list[str]:
+    """Per variant: kernels per run, device busy time, and its largest kernels, side by side (CUPTI)."""
+    lines = ["", f"Kernels, {scen} (CUPTI via torch.profiler, {KERNEL_RUNS} runs; per run):", "",
+             "| variant | kernels | busy ms | largest kernels (count x, us) |", "|---|---:|---:|---|"]
+    for name, runner in runners.items():
+        try:
+            prof = kernel_profile(runner)
+        except Exception as exc:  # noqa: BLE001
+            lines.append(f"| {name} | failed: {short_error(exc)[:80]} | | |")
+            continue
+        top = sorted(prof["by_name"].items(), key=lambda kv: -kv[1][1])[:8]
+        cells = "; ".join(f"{k} {n:.0f}x {t * 1e6:.0f}" for k, (n, t) in top)
+        lines.append(f"| {name} | {prof['kernels']:.0f} | {prof['busy'] * 1e3:.3f} | {cells} |")
+    return lines
 
 
 def render_table(rows: list[dict]) -> list[str]:
