@@ -31,7 +31,13 @@ Decisions:
 * An empty file, a top-level that is not a mapping, duplicate keys and a key with
   no value (``clock_period:``) are errors. A section with no value
   (``workload:``) means its defaults.
-* Percentages (``accuracy``) take ``"1%"`` or a fraction in 0..1 (`parse_percent`).
+* Percentages (``accuracy``) take ``"1%"`` or a fraction in 0..1 (`parse_percent`); ``min_top1`` lies in
+  0%..100%, ``max_rel_error`` strictly between 0% and 100% (100% would pass an all-zero output).
+* Every quantity is finite and bounded (the reader's MAX_SECONDS, MAX_BYTES, MAX_INT): ``1e400ms`` or
+  ``.inf`` is an error naming the valid range, never an infinite clock.
+* ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
+  (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
+  that name).
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
@@ -47,10 +53,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from softsyn.constraints.reader import YamlReader, describe, error_at, line_of
+from softsyn.constraints.reader import YamlReader, compose, describe, error_at, line_of, read_text
 from softsyn.errors import SoftsynError
 
 __all__ = [
@@ -213,36 +218,13 @@ def load_constraints(path: str | os.PathLike | None) -> Constraints:
     if path is None:
         return Constraints.default()
     name = os.fspath(path)
-    p = Path(name)
-    if not p.exists():
-        raise ConstraintsError(f"{name}: constraints file not found")
-    if p.is_dir():
-        raise ConstraintsError(f"{name}: is a directory, expected a constraints YAML file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConstraintsError(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ConstraintsError(f"{name}: cannot read: {e.strerror or e}") from None
-    return parse_constraints(text, source=name, base_dir=p.parent)
+    text = read_text(name, "constraints file", ConstraintsError)
+    return parse_constraints(text, source=name, base_dir=Path(name).parent)
 
 
 def parse_constraints(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Constraints:
     """Validate constraints given as YAML text; ``source`` names it in messages."""
-    lines = text.splitlines()
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        if e.context_mark is not None and (mark.line >= len(lines) or not lines[mark.line].strip()):
-            mark = e.context_mark  # e.g. an unclosed quote: the problem is at the end of the file
-        line = mark.line + 1 if mark is not None else 1
-        what = " ".join(str(x) for x in (e.context, e.problem) if x)
-        src = lines[mark.line].strip() if mark is not None and mark.line < len(lines) else ""
-        near = f": {src!r}" if src else ""
-        raise ConstraintsError(f"{source}:{line}: YAML syntax error: {' '.join(what.split())}{near}") from None
-    except yaml.YAMLError as e:
-        raise ConstraintsError(f"{source}:1: YAML error: {' '.join(str(e).split())}") from None
+    root = compose(text, source, ConstraintsError)
     if root is None:
         raise ConstraintsError(
             f"{source}:1: empty constraints file; expected a mapping with keys such as "
@@ -308,7 +290,7 @@ class _Reader(YamlReader):
         looks_like_path = "/" in target or os.sep in target or target.endswith((".yaml", ".yml"))
         if looks_like_path and self.base_dir is not None and not os.path.isabs(target):
             candidate = self.base_dir / target
-            if candidate.exists():
+            if os.path.exists(candidate):  # False, not an OSError, for a name too long to be a file
                 return str(candidate)
         return target
 
@@ -348,9 +330,13 @@ class _Reader(YamlReader):
         e = self.mapping(node, "accuracy", KEYS["accuracy"])
         a = Accuracy()
         if "max_rel_error" in e:
-            a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error")
+            # verify's rel error is max|compiled - reference| / max|reference|: 100% would pass an all-zero output,
+            # 0% fails any fused model on rounding alone
+            a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error", high=1.0, open_range=True,
+                                            why=" (relative to the reference's largest value; 100% would pass an "
+                                                "all-zero output)")
         if "min_top1" in e:
-            a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", at_most_one=True)
+            a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", high=1.0)
         return a
 
     def precision(self, node: Node) -> Precision:
