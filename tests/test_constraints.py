@@ -330,3 +330,33 @@ def test_yaml_reader_indexes_keys_and_names_the_nearest_parent_line():
     assert str(reader.at("a.c.0.y", "missing")) == "f.yaml:4: a.c.0.y: missing"
     assert str(reader.at("z", "missing")) == "f.yaml: z: missing"
     assert type(reader.at("z", "x")) is SoftsynError
+
+
+def test_a_group_s_own_input_delay_replaces_the_top_level_one(tmp_path):
+    c = load_constraints(write(tmp_path, """\
+        clock_period: 1s
+        input_delay: {text: 10ms}
+        path_groups:
+          prefill: {kind: prefill}
+          decode: {kind: decode, input_delay: 0ms}
+        """))
+    assert c.input_delay_for("input_ids", "text", "prefill") == pytest.approx(0.010)
+    assert c.input_delay_for("input_ids", "text", "decode") == 0.0
+    assert c.input_delay_for("input_ids", "text") == pytest.approx(0.010)
+    with pytest.raises(ConstraintsError, match=r"constraints.yaml:5: path_groups.decode.input_delay: expected a time"):
+        load_constraints(write(tmp_path, """\
+            clock_period: 1s
+            path_groups:
+              prefill: {kind: prefill}
+              decode:
+                input_delay: [1ms]
+            """))
+
+
+def test_the_chat_example_charges_tokenisation_to_prefill_only(tmp_path):
+    from softsyn.design import Design
+
+    design = Design.load("zoo:qwen3-tiny", next(p for p in EXAMPLES if p.name == "chat-h200.yaml"), progress=False)
+    timing = {g.name: g for g in design.time()}
+    assert timing["prefill"].paths[0].input_delay == pytest.approx(0.010)
+    assert timing["decode"].paths[0].input_delay == 0.0

@@ -27,7 +27,8 @@ Decisions:
   line) so later stages (which know the netlist's ports) can raise errors pointing
   at the file with ``Constraints.error(key, message)``.
 * ``input_delay`` / ``output_delay``: a single time is stored under ``"*"``; a
-  mapping may also name ``"*"`` explicitly as the default for other ports.
+  mapping may also name ``"*"`` explicitly as the default for other ports. A path group's own
+  ``input_delay`` replaces the top-level one for that group (a decode step does not tokenise).
 * An empty file, a top-level that is not a mapping, duplicate keys and a key with
   no value (``clock_period:``) are errors. A section with no value
   (``workload:``) means its defaults.
@@ -87,7 +88,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "dont_touch", "kv_cache",
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
-    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs"),
+    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay"),
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
@@ -131,6 +132,8 @@ class PathGroupSpec:
     kind: str | None = None  # "prefill" | "decode" | "encoder"
     dims: dict[str, int] = field(default_factory=dict)  # scenario dims, e.g. {"batch": 1, "past": 4096}
     inputs: list[str] | None = None  # input ports the group uses; None: all
+    input_delay: dict[str, float] | None = None  # replaces the top-level input_delay for this group (a decode step
+    # does not tokenise: its token comes from the sampler)
 
 
 @dataclass
@@ -174,9 +177,11 @@ class Constraints:
         """No constraints file: everything default."""
         return cls(source="<defaults>")
 
-    def input_delay_for(self, port: str, modality: str | None = None) -> float:
-        """Delay at an input port: by port name, then by modality, then ``"*"``, else 0."""
-        d = self.input_delay
+    def input_delay_for(self, port: str, modality: str | None = None, group: str | None = None) -> float:
+        """Delay at an input port: by port name, then by modality, then ``"*"``, else 0; from the group's own
+        input_delay where `group` has one."""
+        spec = self.path_groups.get(group) if group is not None else None
+        d = spec.input_delay if spec is not None and spec.input_delay is not None else self.input_delay
         if port in d:
             return d[port]
         if modality is not None and modality in d:
@@ -246,7 +251,7 @@ class _Reader(YamlReader):
             entries = self.mapping(node, key, what="a time or a mapping of port -> time")
             return {name: self.time(v, f"{key}.{name}") for name, (_, v) in entries.items()}
         if isinstance(node, SequenceNode):
-            names = f"port or modality ({', '.join(MODALITIES)})" if key == "input_delay" else "port"
+            names = f"port or modality ({', '.join(MODALITIES)})" if key.endswith("input_delay") else "port"
             raise self.fail(node, key, f"expected a time (e.g. 50ms) or a mapping of {names} -> time, got a list")
         return {"*": self.time(node, key)}
 
@@ -324,6 +329,8 @@ class _Reader(YamlReader):
             g.dims = {d: self.integer(v, f"{key}.dims.{d}", 0) for d, (_, v) in dims.items()}
         if "inputs" in e:
             g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
+        if "input_delay" in e:
+            g.input_delay = self.delays(e["input_delay"][1], f"{key}.input_delay")
         return g
 
     def accuracy(self, node: Node) -> Accuracy:
