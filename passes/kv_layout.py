@@ -177,7 +177,7 @@ def kv_dtype_note(requested: str | None, emitted: str | None) -> str:
             f"type, {emitted}; set precision.default to change both)")
 
 
-def rewrite_kv(design, nodes: list[ir.Node], length: int) -> None:
+def rewrite_kv(nodes: list[ir.Node], length: int) -> None:
     """Declare every layer's past/present [batch, kv_heads, length, head_dim] (the caller checked they can be)."""
     for node in nodes:
         for kind, i in GQA_PAST.items():
@@ -249,7 +249,7 @@ def run(design, last_token_logits: bool = True) -> PassResult:
     if not reason:
         length, key = max_length_for(design)
         _apply_reads(graph, reads)
-        rewrite_kv(design, nodes, length)
+        rewrite_kv(nodes, length)
         counts["layers rewritten"] = len(nodes)
         if reads:
             counts["past reads moved"] = len(reads)
