@@ -18,6 +18,10 @@ Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, se
                the wheel (or an installed/unpacked onnxruntime_genai folder), whose models/ is copied under
                WORK/genai-shim next to an __init__.py that only sets __version__ (the real one loads the
                native library). Default variant with --provider cuda only.
+  X+graph      (compiled+graph, builder+graph; --provider cuda) variant X's model with the CUDA EP's
+               enable_cuda_graph=1: one session per scenario (a graph replays fixed shapes and addresses), its
+               binding made once; captured on the first warm-up run. A model ORT will not capture (a node
+               outside the CUDA provider) is reported as failed with ORT's reason.
 
 The builder's model has its own interface: input_ids, attention_mask, past_key_values.N.key/value, no
 position_ids, and (genai_config.json search.past_present_share_buffer) a shared past/present KV buffer of
@@ -36,6 +40,10 @@ p10, p90 over all samples; `x compiled` = median / compiled's median; `paired` =
 the per-round median ratio (robust to drift). Sanity: one run's outputs per variant and scenario against
 the plain export's: max rel error = max|x - ref| / max|ref| for logits and for the present KV (the
 builder's shared buffers compared on their first past+seq positions).
+
+Kernels (--kernels, cuda): for the named scenarios, CUPTI's kernel records (torch.profiler, which sees every kernel of
+the process, ORT's and those a CUDA graph replays) over 10 more runs per variant: kernels and device busy time per run
+and the largest kernels by time, the per-kernel side-by-side that explains a gap between two variants.
 
 A variant that fails (build, load, bind or run) prints its error and is left out; the others still report.
 Results: bench/results/compare-peers-PROVIDER-DATE.md (command, versions, device, load, table, notes).
@@ -68,9 +76,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("compiled", "plain", "ort_fusions", "builder")
+VARIANTS = ("compiled", "compiled+graph", "plain", "ort_fusions", "builder", "builder+graph")
+GRAPHED = "+graph"  # a variant of that name is its base variant's model run with the CUDA EP's enable_cuda_graph=1
 LABELS = {
     "compiled": "softsyn compile --effort low",
+    "compiled+graph": "the compiled model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
+    "builder+graph": "the builder's model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "plain": "plain export (torch.onnx dynamo)",
     "ort_fusions": "plain + onnxscript ort_fusions",
     "builder": "onnxruntime-genai 0.18 model builder",
@@ -84,6 +95,7 @@ PLANS = {
     "cuda": {"model": "qwen3-1.7b", "target": "h200-ort-cuda", "variants": VARIANTS,
              "builder": ("fp16", "cuda"), "rounds": 20, "runs": 10, "warmup": 10,
              "scenarios": {"decode512": {"batch": 1, "seq": 1, "past": 512},
+                           "decode4096": {"batch": 1, "seq": 1, "past": 4096},
                            "prefill512": {"batch": 1, "seq": 512, "past": 0}}},
 }
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -465,8 +477,11 @@ def main() -> int:
                         help="passed to the builder as --extra_options (e.g. enable_cuda_graph=1); default none")
     parser.add_argument("--prepare-only", action="store_true",
                         help="build the variants and stop: no sessions, no timing, no results file")
-    parser.add_argument("--kv-buffer", type=int, default=4096,
-                        help="builder's shared past/present buffer length, positions (default 4096)")
+    parser.add_argument("--kv-buffer", type=int, default=4160,
+                        help="builder's shared past/present buffer length, positions (default 4160: decode at 4096 fits)")
+    parser.add_argument("--kernels", default="decode512,decode4096",
+                        help="cuda: scenarios whose kernels CUPTI records per variant (torch.profiler), "
+                             "printed as a per-kernel table; '' = none (default decode512,decode4096)")
     parser.add_argument("--measure-on", choices=["cpu", "cuda"],
                         help="run the sessions on this provider instead of --provider's (testing the cuda plan "
                              "on a machine without a GPU)")
@@ -483,6 +498,9 @@ def main() -> int:
         make_hf_folder(model, args.make_hf_folder)
         return 0
     variants = [v.strip() for v in (args.variants.split(",") if args.variants else plan["variants"]) if v.strip()]
+    # a graph variant runs its base variant's model: build the base too
+    variants = list(dict.fromkeys([v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)] + variants))
+    variants = [v for v in VARIANTS if v in variants]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         parser.error(f"unknown variant {', '.join(bad)}; valid: {', '.join(VARIANTS)}")
@@ -563,7 +581,11 @@ def main() -> int:
         if job.command:
             job.variant.notes.insert(0, f"generated by `{job.command}`"
                                      + (f" (HF folder {job.hf_seconds:.0f} s)" if job.hf_seconds else ""))
-    for v in found.values():
+    for name, v in found.items():
+        base = found.get(name.removesuffix(GRAPHED)) if name.endswith(GRAPHED) else None
+        if base is not None:
+            v.path, v.options, v.genai_config, v.error = base.path, base.options, base.genai_config, base.error
+            v.notes = [f"the {base.name} model, enable_cuda_graph=1 (captured on its first run per scenario)"]
         if v.ok:
             v.nodes = count_nodes(v.path)
         log(f"{v.name}: " + (f"FAILED: {v.error}" if v.error else f"{v.path}, {v.nodes} nodes, {v.prep_seconds:.0f} s; "
@@ -581,20 +603,22 @@ def main() -> int:
             continue
         t = time.perf_counter()
         try:
-            sess = open_model(v.path, provider, options=v.options)
-            sessions[name] = sess
-            runners[name], kv_lengths[name] = {}, {}
+            graphed = name.endswith(GRAPHED)
+            sess = None if graphed else open_model(v.path, provider, options=v.options)
+            sessions[name], runners[name], kv_lengths[name] = {}, {}, {}
             for scen, dims in scenarios.items():
-                runners[name][scen], kv_lengths[name][scen] = bind(v, sess, feeds[scen], dims, provider,
-                                                                   args.kv_buffer)
+                # a CUDA graph replays fixed shapes and addresses: one session per scenario, its binding made once
+                s = open_model(v.path, provider, options=v.options, cuda_graph=True) if graphed else sess
+                sessions[name][scen] = s
+                runners[name][scen], kv_lengths[name][scen] = bind(v, s, feeds[scen], dims, provider, args.kv_buffer)
             if v.genai_config and v.genai_config.get("search", {}).get("past_present_share_buffer"):
                 v.notes.append(f"shared past/present KV buffers of {args.kv_buffer} positions (--kv-buffer), "
-                               f"inputs {', '.join(i.name for i in sess.get_inputs()[:2])}, past_key_values.N.*")
+                               f"inputs {', '.join(i.name for i in s.get_inputs()[:2])}, past_key_values.N.*")
         except Exception as exc:  # noqa: BLE001
             v.error = short_error(exc)
             runners.pop(name, None)
             sessions.pop(name, None)
-        log(f"session {name}: {'failed: ' + v.error if v.error else sess.get_providers()[0]} "
+        log(f"session {name}: {'failed: ' + v.error if v.error else provider} "
             f"({time.perf_counter() - t:.0f} s)")
 
     # warm-up and sanity outputs
@@ -605,7 +629,7 @@ def main() -> int:
             for scen in scenarios:
                 for _ in range(max(1, warmup)):
                     runners[name][scen].run()
-                outs = fetch(runners[name][scen], sessions[name])
+                outs = fetch(runners[name][scen], sessions[name][scen])
                 if name == "plain":
                     reference[scen] = outs
                 else:
@@ -645,6 +669,10 @@ def main() -> int:
                     continue
                 samples[name][scen] += times
                 per_round[name][scen].append(statistics.median(times))
+    kernel_lines = []
+    if provider == "cuda" and args.kernels:
+        for scen in [k for k in args.kernels.split(",") if k in scenarios]:
+            kernel_lines += kernel_table(scen, {n: runners[n][scen] for n in active if n in runners})
     load1 = os.getloadavg()
     wall = time.perf_counter() - t_start
 
@@ -698,7 +726,7 @@ def main() -> int:
         where = f"`{v.path}`" if v.path else "—"
         notes.append(f"- **{name}** ({LABELS[name]}): {where}" + (f"; {v.nodes} nodes" if v.nodes else "")
                      + "".join(f"; {n}" for n in v.notes) + (f"; **FAILED**: {v.error}" if v.error else ""))
-    text = "\n".join(head + [""] + table + notes) + "\n"
+    text = "\n".join(head + [""] + table + notes + kernel_lines) + "\n"
     print(text)
     if str(args.output) != "-":
         output = args.output or ROOT / "bench" / "results" / f"compare-peers-{args.provider}-{started.date()}.md"
@@ -706,6 +734,55 @@ def main() -> int:
         output.write_text(text)
         log(f"wrote {output}")
     return 1 if any(v.error for v in found.values()) else 0
+
+
+KERNEL_RUNS = 10  # profiled runs per variant and scenario
+
+
+def kernel_profile(runner) -> dict:
+    """CUPTI's kernel records over KERNEL_RUNS runs of one bound runner (torch.profiler sees every kernel of the
+    process, ORT's and those a CUDA graph replays): kernels and busy time per run, time and count per kernel name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(KERNEL_RUNS):
+            runner.run()
+        torch.cuda.synchronize()
+    trace = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("cat") == "kernel"]
+    by_name: dict[str, list] = {}
+    for e in events:
+        entry = by_name.setdefault(kernel_label(e["name"]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += e["dur"] * 1e-6
+    return {"kernels": len(events) / KERNEL_RUNS, "busy": sum(e["dur"] for e in events) * 1e-6 / KERNEL_RUNS,
+            "by_name": {k: (n / KERNEL_RUNS, t / KERNEL_RUNS) for k, (n, t) in by_name.items()}}
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's name without template arguments and return type, short enough for a table cell."""
+    name = re.sub(r"<.*", "", name.removeprefix("void ")).strip()
+    return name.split("::")[-1][:48] if "::" in name else name[:48]
+
+
+def kernel_table(scen: str, runners: dict) -> list[str]:
+    """Per variant: kernels per run, device busy time, and its largest kernels, side by side (CUPTI)."""
+    lines = ["", f"Kernels, {scen} (CUPTI via torch.profiler, {KERNEL_RUNS} runs; per run):", "",
+             "| variant | kernels | busy ms | largest kernels (count x, us) |", "|---|---:|---:|---|"]
+    for name, runner in runners.items():
+        try:
+            prof = kernel_profile(runner)
+        except Exception as exc:  # noqa: BLE001
+            lines.append(f"| {name} | failed: {short_error(exc)[:80]} | | |")
+            continue
+        top = sorted(prof["by_name"].items(), key=lambda kv: -kv[1][1])[:8]
+        cells = "; ".join(f"{k} {n:.0f}x {t * 1e6:.0f}" for k, (n, t) in top)
+        lines.append(f"| {name} | {prof['kernels']:.0f} | {prof['busy'] * 1e3:.3f} | {cells} |")
+    return lines
 
 
 def render_table(rows: list[dict]) -> list[str]:

@@ -270,6 +270,18 @@ def umask() -> int:
     return mask
 
 
+def json_nulls(data):
+    """``data`` with every infinite or NaN float replaced by None: JSON has neither (an unconstrained budget, the
+    error of a zero measurement are null)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: json_nulls(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_nulls(v) for v in data]
+    return data
+
+
 def write_atomic(path: Path, text: str) -> Path:
     """Write text to `path` via a temporary file in the same directory and os.replace."""
     path = Path(path)

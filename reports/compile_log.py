@@ -80,4 +80,4 @@ def compile_log_json(log: "CompileLog") -> str:
             "effort": log.effort.name, "script": list(log.effort.script),
             "columns": [c.to_dict() for c in COMPILE_LOG_COLUMNS], "rows": [asdict(row) for row in log.rows],
             "notes": list(log.notes)}
-    return json.dumps(data, indent=1) + "\n"
+    return json.dumps(data, indent=1, allow_nan=False) + "\n"

@@ -8,6 +8,7 @@ import typing
 from dataclasses import MISSING, fields, is_dataclass
 
 from softsyn.timing import Analysis
+from softsyn.timing.results import UNCONSTRAINED_FIELDS
 
 SCHEMA = "softsyn.analysis/1"
 # Lists the reports index into, never empty as analyze writes them (a group has a path per output port).
@@ -17,22 +18,25 @@ UNITS = {"time": "s", "bytes": "B", "flops": "FLOP", "area": "B (VRAM)",
 
 
 def to_json(analysis: Analysis) -> str:
-    """Pretty JSON of Analysis.to_dict() plus "schema" and "units" keys. An unconstrained
-    clock period or slack is written as Infinity (Python's json reads it back)."""
+    """Pretty JSON of Analysis.to_dict() plus "schema" and "units" keys; strict JSON: an unconstrained
+    clock period, required time or slack is null (a file from before, with Infinity, still reads)."""
     data = {"schema": SCHEMA, "units": UNITS, **analysis.to_dict()}
-    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+    return json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 def from_json(text: str) -> Analysis:
     """The Analysis to_json wrote. ValueError naming the field for anything else: not JSON, another
     schema, a field missing or of the wrong type (the result classes' annotations are the schema)."""
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, found {_kind(data)}")
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    body = {k: v for k, v in data.items() if k not in ("schema", "units")}
-    _check_object(Analysis, body, "")
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {_kind(data)}")
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+        body = {k: v for k, v in data.items() if k not in ("schema", "units")}
+        _check_object(Analysis, body, "")
+    except RecursionError:  # json and the checks recurse: lists in lists thousands deep are no analysis
+        raise ValueError("nested too deeply") from None
     return Analysis.from_dict(body)
 
 
@@ -50,12 +54,22 @@ def _check_object(cls, data, where: str) -> None:
         raise ValueError(f"{where or 'top level'}: expected an object ({cls.__name__}), found {_kind(data)}")
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
+        if (cls.__name__, f.name) in UNCONSTRAINED_FIELDS and f.name in data and data[f.name] in (None, math.inf):
+            continue  # unconstrained: null (Infinity in files from before strict JSON)
         if f.name in data:
             _check_value(hints[f.name], data[f.name], f"{where}{f.name}")
             if (cls.__name__, f.name) in NON_EMPTY and not data[f.name]:
                 raise ValueError(f"{where}{f.name}: empty")
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ValueError(f"{where}{f.name}: missing")
+
+
+def _check_plain(value, where: str) -> None:
+    """Free-form data (provenance): any JSON, but no Infinity or NaN, which to_json could not write back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number, found {_show(value)}")
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
+        _check_plain(item, f"{where}.{key}")
 
 
 def _check_value(hint, value, where: str) -> None:
@@ -78,8 +92,10 @@ def _check_value(hint, value, where: str) -> None:
         for key, item in value.items():
             if args:
                 _check_value(args[1], item, f"{where}.{key}")
+            else:
+                _check_plain(item, f"{where}.{key}")
     elif hint is float:
-        if type(value) not in (int, float) or (isinstance(value, float) and math.isnan(value)):
-            raise ValueError(f"{where}: expected a number, found {_show(value)}")
+        if type(value) not in (int, float) or (isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"{where}: expected a finite number, found {_show(value)}")
     elif hint in (int, str, bool) and type(value) is not hint:
         raise ValueError(f"{where}: expected {hint.__name__}, found {_show(value)}")

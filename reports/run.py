@@ -50,4 +50,4 @@ def report_run(result) -> str:
 
 
 def run_json(result) -> str:
-    return json.dumps(result.to_dict(), indent=1) + "\n"
+    return json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n"

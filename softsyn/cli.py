@@ -11,12 +11,14 @@ from pathlib import Path
 import click
 
 from softsyn import __version__, outdir
+from softsyn.constraints.reader import MAX_INT
 from softsyn.errors import SoftsynError
 from softsyn.passes import EFFORTS
 
 ANALYSIS_FILE = "analysis.json"
-# OSErrors that are the machine refusing (full disk, read-only, permissions), not a softsyn bug: exit 2
-ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+# OSErrors that are the machine refusing (full disk, read-only, permissions, a path longer than it allows), not a
+# softsyn bug: exit 2
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
 def _effort_help() -> str:
@@ -75,9 +77,10 @@ def main(debug):
                    "replaced atomically, files softsyn did not write are kept).")
 @click.option("--target", help="library name or .yaml path; overrides the constraints' target "
                                "(shipped: cpu-ort, h200-ort-cuda).")
-@click.option("--batch", type=click.IntRange(min=1), help="workload batch size (overrides the constraints).")
-@click.option("--prompt-len", type=click.IntRange(min=1), help="prefill tokens (overrides the constraints).")
-@click.option("--context-len", type=click.IntRange(min=0), help="decode context length (overrides the constraints).")
+@click.option("--batch", type=click.IntRange(1, MAX_INT), help="workload batch size (overrides the constraints).")
+@click.option("--prompt-len", type=click.IntRange(1, MAX_INT), help="prefill tokens (overrides the constraints).")
+@click.option("--context-len", type=click.IntRange(0, MAX_INT),
+              help="decode context length (overrides the constraints).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10),
               help="paths printed per group in the timing report.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
@@ -139,7 +142,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
         with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path) + [
-                write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1) + "\n")]
+                write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
         for path in written:
             if not quiet:
                 click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)

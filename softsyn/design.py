@@ -19,7 +19,7 @@ from softsyn import __version__
 from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
-from softsyn.library import Library, default_library, load_library
+from softsyn.library import Library, UnknownLibraryError, default_library, load_library
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
@@ -60,7 +60,13 @@ class Design:
         for key, value in workload.items():
             if value is not None:
                 setattr(cons.workload, key, value)
-        library = load_library(target or cons.target or default_library())
+        if not target and cons.target:
+            try:
+                library = load_library(cons.target)
+            except UnknownLibraryError as exc:
+                raise cons.error("target", str(exc)) from None
+        else:
+            library = load_library(target or default_library())
         extra = {"materialize": True} if materialize else {}
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress)
@@ -107,6 +113,14 @@ class Design:
         read = {n for expr in self.netlist.derived_dims.values() for n in expr_names(expr)}
         dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims() | read}
         renamed = self.netlist.provenance.get("dims") or {}  # the exporter's dim names still bind their roles
+        free = self.netlist.symbolic_dims()
+        for name in spec.dims:
+            if renamed.get(name, name) not in free:
+                derived = self.netlist.derived_dims.get(name)
+                why = f"{name!r} is derived ({derived}); give the dims it is made of" if derived else \
+                    f"the design has no dim {name!r}"
+                raise self.constraints.error(f"path_groups.{spec.name}.dims.{name}",
+                                             f"{why}; its dims: {', '.join(sorted(free)) or 'none (all static)'}")
         dims.update({renamed.get(k, k): v for k, v in spec.dims.items()})
         missing = sorted(self.netlist.symbolic_dims() - set(dims))
         if missing:

@@ -156,7 +156,7 @@ def ort_errors() -> tuple[type[Exception], ...]:
 
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps(data, indent=1, sort_keys=False, allow_nan=False) + "\n")
 
 
 def netlist_json(design, analysis: Analysis) -> dict:

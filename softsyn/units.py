@@ -21,6 +21,8 @@ Decisions:
   a fraction and must lie in 0..1, so ``5`` is rejected (write ``"5%"``), because
   it is unclear whether 5 means 5 % or 500 %.
 * Signs are parsed (``"-5ms"`` is -0.005 s); callers check ranges.
+* A value that is not a finite number (``"1e400ms"`` overflows, ``.inf``, ``.nan``) raises
+  `NotFiniteError`, a `UnitError` callers can answer with the valid range.
 * `UnitError` is both a `ValueError` and a `SoftsynError`, so the CLI prints it
   without a traceback.
 
@@ -38,6 +40,7 @@ from softsyn.errors import SoftsynError
 
 __all__ = [
     "UnitError",
+    "NotFiniteError",
     "TIME_UNITS",
     "BYTE_UNITS",
     "parse_time",
@@ -52,6 +55,10 @@ __all__ = [
 
 class UnitError(SoftsynError, ValueError):
     """A quantity could not be parsed: the message says what was given and what is valid."""
+
+
+class NotFiniteError(UnitError):
+    """A quantity is infinite or NaN (``"1e400ms"``, ``.inf``): the caller adds the valid range."""
 
 
 # unit -> seconds. Keys are the canonical spellings printed in messages.
@@ -72,20 +79,30 @@ _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _QUANTITY = re.compile(rf"^\s*({_NUMBER})\s*([^\d\s.+-][^\s]*)?\s*$")
 
 
+def _clip(text):
+    """What was written, for a message: a long string cut to 40 characters."""
+    return text if not isinstance(text, str) or len(text) <= 40 else text[:37] + "..."
+
+
 def _split(text, what: str, example: str) -> tuple[float, str | None]:
     """Split ``"600 ms"`` into (600.0, "ms"); a bare number gives (x, None)."""
     if isinstance(text, bool) or text is None:
-        raise UnitError(f"{what} must be a number with a unit, e.g. {example}; got {text!r}")
+        raise UnitError(f"{what} must be a number with a unit, e.g. {example}; got {_clip(text)!r}")
     if isinstance(text, (int, float)):
-        if not math.isfinite(text):
-            raise UnitError(f"{what} must be finite; got {text!r}")
+        if isinstance(text, float) and not math.isfinite(text):
+            raise NotFiniteError(f"{what} {_clip(text)!r} is not a finite number")
+        if isinstance(text, int) and abs(text) > 1e300:
+            raise NotFiniteError(f"{what} of {len(str(abs(text)))} digits is not a finite number")
         return float(text), None
     if not isinstance(text, str):
-        raise UnitError(f"{what} must be a string like {example}; got {type(text).__name__} {text!r}")
+        raise UnitError(f"{what} must be a string like {example}; got {type(text).__name__} {_clip(text)!r}")
     m = _QUANTITY.match(text)
     if not m:
-        raise UnitError(f"cannot read {what} {text!r}: expected a number and a unit, e.g. {example}")
-    return float(m.group(1)), m.group(2)
+        raise UnitError(f"cannot read {what} {_clip(text)!r}: expected a number and a unit, e.g. {example}")
+    value = float(m.group(1))
+    if not math.isfinite(value):  # "1e400": float() overflows to inf
+        raise NotFiniteError(f"{what} {_clip(text)!r} is not a finite number")
+    return value, m.group(2)
 
 
 def _bare(value: float) -> str:
@@ -98,15 +115,18 @@ def parse_time(text: str | float) -> float:
     if unit is None:
         n = _bare(value)
         raise UnitError(
-            f"time {text!r} needs a unit, e.g. '{n}ms' or '{n}s'; valid units: {_TIME_VALID}"
+            f"time {_clip(text)!r} needs a unit, e.g. '{n}ms' or '{n}s'; valid units: {_TIME_VALID}"
         )
     key = unit.lower()
     key = _TIME_ALIASES.get(key, key)
     if key not in TIME_UNITS:
-        raise UnitError(f"unknown time unit {unit!r} in {text!r}; valid units: {_TIME_VALID}")
+        raise UnitError(f"unknown time unit {_clip(unit)!r} in {_clip(text)!r}; valid units: {_TIME_VALID}")
     factor = TIME_UNITS[key]
     # divide by an exact power of ten for sub-second units: "100us" -> 1e-4, not 9.999999999999999e-05
-    return value / round(1.0 / factor) if factor < 1 else value * factor
+    seconds = value / round(1.0 / factor) if factor < 1 else value * factor
+    if not math.isfinite(seconds):
+        raise NotFiniteError(f"time {_clip(text)!r} is not a finite number")
+    return seconds
 
 
 def parse_bytes(text: str | float) -> int:
@@ -115,12 +135,15 @@ def parse_bytes(text: str | float) -> int:
     if unit is None:
         n = _bare(value)
         raise UnitError(
-            f"size {text!r} needs a unit, e.g. '{n}GB' or '{n}GiB'; valid units: {_BYTES_VALID}"
+            f"size {_clip(text)!r} needs a unit, e.g. '{n}GB' or '{n}GiB'; valid units: {_BYTES_VALID}"
         )
     key = _BYTES_BY_LOWER.get(unit.lower())
     if key is None:
-        raise UnitError(f"unknown size unit {unit!r} in {text!r}; valid units: {_BYTES_VALID}")
-    return int(round(value * BYTE_UNITS[key]))
+        raise UnitError(f"unknown size unit {_clip(unit)!r} in {_clip(text)!r}; valid units: {_BYTES_VALID}")
+    b = value * BYTE_UNITS[key]
+    if not math.isfinite(b):
+        raise NotFiniteError(f"size {_clip(text)!r} is not a finite number")
+    return int(round(b))
 
 
 def parse_percent(text: str | float) -> float:
@@ -130,12 +153,13 @@ def parse_percent(text: str | float) -> float:
         if not 0.0 <= value <= 1.0:
             n = _bare(value)
             raise UnitError(
-                f"percentage {text!r}: a bare number is read as a fraction and must lie in 0..1; "
+                f"percentage {_clip(text)!r}: a bare number is read as a fraction and must lie in 0..1; "
                 f"write '{n}%' for {n} percent"
             )
         return value
     if unit != "%":
-        raise UnitError(f"unknown percentage unit {unit!r} in {text!r}; valid: '%' (e.g. '5%') or a fraction 0..1")
+        raise UnitError(f"unknown percentage unit {_clip(unit)!r} in {_clip(text)!r}; "
+                        "valid: '%' (e.g. '5%') or a fraction 0..1")
     return value / 100.0
 
 

@@ -207,6 +207,38 @@ MALFORMED = {
     "kv shorter than context": ("workload: {context_len: 4096}\nkv_cache:\n  max_length: 2048\n", 3,
                                 ["kv_cache.max_length", "context_len"]),
     "negative dim": ("path_groups:\n  d:\n    dims: {past: -1}\n", 3, ["path_groups.d.dims.past", ">= 0"]),
+    # issue 12, round 2: what used to be a traceback (exit 3), a RecursionError or silently accepted
+    "yaml tag": ("clock_period: !mytag 5ms\n", 1, ["YAML tag '!mytag' is not supported", "strings, numbers"]),
+    "python tag": ("output_delay: 1ms\nclock_period: !!python/object:os.system x\n", 2,
+                   ["YAML tag '!!python/object:os.system' is not supported"]),
+    "bad explicit int": ("workload:\n  batch: !!int four\n", 2, ["'four' is not a valid !!int"]),
+    "impossible date": ("clock_period: 2024-13-45\n", 1, ["'2024-13-45' is not a valid !!timestamp"]),
+    "too many digits": ("workload: {batch: " + "9" * 5000 + "}\n", 1, ["is not a valid !!int"]),
+    "deep flow lists": ("clock_period: " + "[" * 5000 + "]" * 5000 + "\n", 1, ["nested deeper than 64 levels"]),
+    "deep block mappings": ("path_groups:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 200)), 65,
+                            ["nested deeper than 64 levels"]),
+    "merge of a scalar": ("path_groups:\n  b:\n    <<: 5\n", 3, ["merge key '<<'", "mapping", "an integer (5)"]),
+    "recursive alias": ("path_groups: &p\n  b: *p\n", 2, ["alias *p", "inside the node it names"]),
+    "merge into itself": ("path_groups:\n  b: &b\n    <<: *b\n", 3, ["alias *b", "inside the node it names"]),
+    "long syntax error line": ("clock_period: 5ms\nfoo: [" + "x" * 10000 + "\n", 2, ["YAML syntax error", "..."]),
+    "overflowing time": ("clock_period: 1e400ms\n", 1, ["clock_period", "'1e400ms' is not a finite number",
+                                                         "valid: a time > 0 and at most 1000000s"]),
+    "infinite time": ("clock_period: .inf\n", 1, ["clock_period", "valid: a time > 0"]),
+    "nan delay": ("input_delay:\n  text: .nan\n", 2, ["input_delay.text", "valid: a time >= 0"]),
+    "huge time": ("clock_period: 1e300s\n", 1, ["clock_period", "valid: a time > 0 and at most 1000000s"]),
+    "overflowing range": ("path_groups:\n  d:\n    critical_range: 1e400s\n", 3, ["path_groups.d.critical_range",
+                                                                                    "valid: a time >= 0"]),
+    "overflowing size": ("area_constraint: 1e400GB\n", 1, ["area_constraint", "not a finite number",
+                                                           "valid: a size > 0 and at most 1000000TB"]),
+    "overflowing percent": ("accuracy:\n  max_rel_error: 1e400%\n", 2, ["accuracy.max_rel_error", "not a finite"]),
+    "rel error over 100": ("accuracy:\n  max_rel_error: 150%\n", 2, ["accuracy.max_rel_error", "'150%'",
+                                                                      "above 0% and below 100%"]),
+    "rel error of 100": ("accuracy:\n  max_rel_error: 1\n", 2, ["accuracy.max_rel_error", "below 100%",
+                                                                "all-zero output"]),
+    "rel error zero": ("accuracy:\n  max_rel_error: 0%\n", 2, ["accuracy.max_rel_error", "above 0%"]),
+    "huge batch": ("workload:\n  batch: 99999999999999999999999\n", 2, ["workload.batch", "at most 2147483647"]),
+    "huge dim": ("path_groups:\n  d:\n    dims: {past: 1000000000000000000000000}\n", 3,
+                 ["path_groups.d.dims.past", "at most 2147483647"]),
 }
 
 
@@ -266,6 +298,25 @@ def test_parse_constraints_source_and_merge_keys():
     assert c.path_groups["a"].clock_period is None
 
 
+def test_merge_keys_follow_yaml_and_errors_point_where_the_text_is():
+    """A key given next to `<<` overrides the merged one (YAML's rule, not a duplicate); the first merged
+    mapping wins over later ones; an error in a merged value names the line the value is written on."""
+    c = parse_constraints(textwrap.dedent("""\
+        path_groups:
+          a: &common {weight: 2, critical_range: 1ms}
+          slow: &slow {weight: 5}
+          b:
+            <<: [*common, *slow]
+            weight: 3
+        """), source="inline.yaml")
+    assert c.path_groups["b"].weight == 3.0 and c.path_groups["b"].critical_range == pytest.approx(1e-3)
+    c = parse_constraints("path_groups:\n  a: &a {weight: 2}\n  s: &s {weight: 5}\n  b: {<<: [*a, *s]}\n")
+    assert c.path_groups["b"].weight == 2.0
+    with pytest.raises(ConstraintsError) as ei:
+        parse_constraints("kv_cache: &k {dtype: int8}\npath_groups:\n  b:\n    <<: *k\n", source="m.yaml")
+    assert str(ei.value).startswith("m.yaml:1: path_groups.b: unknown key 'dtype'"), ei.value
+
+
 def test_yaml_reader_indexes_keys_and_names_the_nearest_parent_line():
     """The one YAML reader (constraints and libraries): dotted key paths with list indices -> lines, and an error
     about a key without a line of its own points at its nearest parent's."""
@@ -279,3 +330,33 @@ def test_yaml_reader_indexes_keys_and_names_the_nearest_parent_line():
     assert str(reader.at("a.c.0.y", "missing")) == "f.yaml:4: a.c.0.y: missing"
     assert str(reader.at("z", "missing")) == "f.yaml: z: missing"
     assert type(reader.at("z", "x")) is SoftsynError
+
+
+def test_a_group_s_own_input_delay_replaces_the_top_level_one(tmp_path):
+    c = load_constraints(write(tmp_path, """\
+        clock_period: 1s
+        input_delay: {text: 10ms}
+        path_groups:
+          prefill: {kind: prefill}
+          decode: {kind: decode, input_delay: 0ms}
+        """))
+    assert c.input_delay_for("input_ids", "text", "prefill") == pytest.approx(0.010)
+    assert c.input_delay_for("input_ids", "text", "decode") == 0.0
+    assert c.input_delay_for("input_ids", "text") == pytest.approx(0.010)
+    with pytest.raises(ConstraintsError, match=r"constraints.yaml:5: path_groups.decode.input_delay: expected a time"):
+        load_constraints(write(tmp_path, """\
+            clock_period: 1s
+            path_groups:
+              prefill: {kind: prefill}
+              decode:
+                input_delay: [1ms]
+            """))
+
+
+def test_the_chat_example_charges_tokenisation_to_prefill_only(tmp_path):
+    from softsyn.design import Design
+
+    design = Design.load("zoo:qwen3-tiny", next(p for p in EXAMPLES if p.name == "chat-h200.yaml"), progress=False)
+    timing = {g.name: g for g in design.time()}
+    assert timing["prefill"].paths[0].input_delay == pytest.approx(0.010)
+    assert timing["decode"].paths[0].input_delay == 0.0

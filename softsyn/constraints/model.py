@@ -27,11 +27,18 @@ Decisions:
   line) so later stages (which know the netlist's ports) can raise errors pointing
   at the file with ``Constraints.error(key, message)``.
 * ``input_delay`` / ``output_delay``: a single time is stored under ``"*"``; a
-  mapping may also name ``"*"`` explicitly as the default for other ports.
+  mapping may also name ``"*"`` explicitly as the default for other ports. A path group's own
+  ``input_delay`` replaces the top-level one for that group (a decode step does not tokenise).
 * An empty file, a top-level that is not a mapping, duplicate keys and a key with
   no value (``clock_period:``) are errors. A section with no value
   (``workload:``) means its defaults.
-* Percentages (``accuracy``) take ``"1%"`` or a fraction in 0..1 (`parse_percent`).
+* Percentages (``accuracy``) take ``"1%"`` or a fraction in 0..1 (`parse_percent`); ``min_top1`` lies in
+  0%..100%, ``max_rel_error`` strictly between 0% and 100% (100% would pass an all-zero output).
+* Every quantity is finite and bounded (the reader's MAX_SECONDS, MAX_BYTES, MAX_INT): ``1e400ms`` or
+  ``.inf`` is an error naming the valid range, never an infinite clock.
+* ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
+  (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
+  that name).
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
@@ -47,10 +54,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from softsyn.constraints.reader import YamlReader, describe, error_at, line_of
+from softsyn.constraints.reader import YamlReader, compose, describe, error_at, line_of, read_text
 from softsyn.errors import SoftsynError
 
 __all__ = [
@@ -82,7 +88,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "dont_touch", "kv_cache",
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
-    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs"),
+    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay"),
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
@@ -126,6 +132,8 @@ class PathGroupSpec:
     kind: str | None = None  # "prefill" | "decode" | "encoder"
     dims: dict[str, int] = field(default_factory=dict)  # scenario dims, e.g. {"batch": 1, "past": 4096}
     inputs: list[str] | None = None  # input ports the group uses; None: all
+    input_delay: dict[str, float] | None = None  # replaces the top-level input_delay for this group (a decode step
+    # does not tokenise: its token comes from the sampler)
 
 
 @dataclass
@@ -169,9 +177,11 @@ class Constraints:
         """No constraints file: everything default."""
         return cls(source="<defaults>")
 
-    def input_delay_for(self, port: str, modality: str | None = None) -> float:
-        """Delay at an input port: by port name, then by modality, then ``"*"``, else 0."""
-        d = self.input_delay
+    def input_delay_for(self, port: str, modality: str | None = None, group: str | None = None) -> float:
+        """Delay at an input port: by port name, then by modality, then ``"*"``, else 0; from the group's own
+        input_delay where `group` has one."""
+        spec = self.path_groups.get(group) if group is not None else None
+        d = spec.input_delay if spec is not None and spec.input_delay is not None else self.input_delay
         if port in d:
             return d[port]
         if modality is not None and modality in d:
@@ -213,36 +223,13 @@ def load_constraints(path: str | os.PathLike | None) -> Constraints:
     if path is None:
         return Constraints.default()
     name = os.fspath(path)
-    p = Path(name)
-    if not p.exists():
-        raise ConstraintsError(f"{name}: constraints file not found")
-    if p.is_dir():
-        raise ConstraintsError(f"{name}: is a directory, expected a constraints YAML file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConstraintsError(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ConstraintsError(f"{name}: cannot read: {e.strerror or e}") from None
-    return parse_constraints(text, source=name, base_dir=p.parent)
+    text = read_text(name, "constraints file", ConstraintsError)
+    return parse_constraints(text, source=name, base_dir=Path(name).parent)
 
 
 def parse_constraints(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Constraints:
     """Validate constraints given as YAML text; ``source`` names it in messages."""
-    lines = text.splitlines()
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        if e.context_mark is not None and (mark.line >= len(lines) or not lines[mark.line].strip()):
-            mark = e.context_mark  # e.g. an unclosed quote: the problem is at the end of the file
-        line = mark.line + 1 if mark is not None else 1
-        what = " ".join(str(x) for x in (e.context, e.problem) if x)
-        src = lines[mark.line].strip() if mark is not None and mark.line < len(lines) else ""
-        near = f": {src!r}" if src else ""
-        raise ConstraintsError(f"{source}:{line}: YAML syntax error: {' '.join(what.split())}{near}") from None
-    except yaml.YAMLError as e:
-        raise ConstraintsError(f"{source}:1: YAML error: {' '.join(str(e).split())}") from None
+    root = compose(text, source, ConstraintsError)
     if root is None:
         raise ConstraintsError(
             f"{source}:1: empty constraints file; expected a mapping with keys such as "
@@ -264,7 +251,7 @@ class _Reader(YamlReader):
             entries = self.mapping(node, key, what="a time or a mapping of port -> time")
             return {name: self.time(v, f"{key}.{name}") for name, (_, v) in entries.items()}
         if isinstance(node, SequenceNode):
-            names = f"port or modality ({', '.join(MODALITIES)})" if key == "input_delay" else "port"
+            names = f"port or modality ({', '.join(MODALITIES)})" if key.endswith("input_delay") else "port"
             raise self.fail(node, key, f"expected a time (e.g. 50ms) or a mapping of {names} -> time, got a list")
         return {"*": self.time(node, key)}
 
@@ -308,7 +295,7 @@ class _Reader(YamlReader):
         looks_like_path = "/" in target or os.sep in target or target.endswith((".yaml", ".yml"))
         if looks_like_path and self.base_dir is not None and not os.path.isabs(target):
             candidate = self.base_dir / target
-            if candidate.exists():
+            if os.path.exists(candidate):  # False, not an OSError, for a name too long to be a file
                 return str(candidate)
         return target
 
@@ -342,15 +329,21 @@ class _Reader(YamlReader):
             g.dims = {d: self.integer(v, f"{key}.dims.{d}", 0) for d, (_, v) in dims.items()}
         if "inputs" in e:
             g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
+        if "input_delay" in e:
+            g.input_delay = self.delays(e["input_delay"][1], f"{key}.input_delay")
         return g
 
     def accuracy(self, node: Node) -> Accuracy:
         e = self.mapping(node, "accuracy", KEYS["accuracy"])
         a = Accuracy()
         if "max_rel_error" in e:
-            a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error")
+            # verify's rel error is max|compiled - reference| / max|reference|: 100% would pass an all-zero output,
+            # 0% fails any fused model on rounding alone
+            a.max_rel_error = self.fraction(e["max_rel_error"][1], "accuracy.max_rel_error", high=1.0, open_range=True,
+                                            why=" (relative to the reference's largest value; 100% would pass an "
+                                                "all-zero output)")
         if "min_top1" in e:
-            a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", at_most_one=True)
+            a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", high=1.0)
         return a
 
     def precision(self, node: Node) -> Precision:

@@ -13,19 +13,180 @@ Two ways to use it:
   on the first problem): the constraints loader;
 * `index` the whole tree, validate the plain data (`data`) and raise `at(key, message)`: the library
   loader.
+
+`compose` is how both read the text. It answers in one line (``file:line: ...``) for what PyYAML would
+answer with a traceback, a RecursionError or a hang:
+
+* syntax errors, with the offending line cut to ~80 characters around the column;
+* nesting deeper than MAX_DEPTH (PyYAML composes recursively);
+* tags other than YAML's core ones (``!mytag``, ``!!python/object``, ``!!binary``...), and scalars a core
+  tag cannot read (``!!int four``, the date ``2024-13-45``, an integer of 5000 digits);
+* aliases to a node that contains them (a recursive structure) and merge keys (``<<``) whose value is
+  not a mapping or a list of mappings.
+
+Merge keys are supported: ``<<: *anchor`` (or ``<<: [*a, *b]``) is flattened while composing, by YAML's
+rule (a key written next to ``<<`` wins over a merged one, the first merged mapping over later ones);
+merged keys keep the line where they are written (in the anchored mapping).
 """
 from __future__ import annotations
 
 import difflib
+import math
+from pathlib import Path
 from typing import Any
 
+import yaml
 from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent, CollectionStartEvent, MappingStartEvent, NodeEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from softsyn.errors import SoftsynError
-from softsyn.units import UnitError, parse_bytes, parse_percent, parse_time
+from softsyn.units import NotFiniteError, UnitError, parse_bytes, parse_percent, parse_time
 
-__all__ = ["YamlReader", "describe", "line_of", "error_at"]
+__all__ = ["YamlReader", "compose", "read_text", "describe", "line_of", "error_at", "MAX_DEPTH", "MAX_INT",
+           "MAX_SECONDS", "MAX_BYTES"]
+
+MAX_DEPTH = 64  # softsyn's files nest a few levels; PyYAML composes recursively and would exhaust the stack
+SNIPPET = 80  # characters of the offending line quoted in a syntax error
+CORE = "tag:yaml.org,2002:"
+CORE_TAGS = {CORE + t for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+MERGE_TAG = CORE + "merge"
+CHECKED_SCALARS = {CORE + t for t in ("int", "float", "bool", "timestamp")}  # the tags whose construction can fail
+# Upper bounds of what the readers accept: integers feed ONNX Runtime's int32 sequence lengths (GQA's
+# seqlens_k); times and sizes keep every sum finite and every report printable.
+MAX_INT = 2**31 - 1
+MAX_SECONDS = 1e6
+MAX_BYTES = 10**18
+
+
+def _tag_name(tag: str) -> str:
+    return "!!" + tag[len(CORE):] if tag.startswith(CORE) else tag
+
+
+def _short(number: int | float) -> str:
+    """A number for a message: a long integer shortened to its first digits and its length."""
+    text = str(number)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def snippet(line: str, column: int) -> str:
+    """The offending line, stripped, cut to about SNIPPET characters around ``column``."""
+    if len(line) <= SNIPPET:
+        return line.strip()
+    start = max(0, min(column - SNIPPET // 2, len(line) - SNIPPET))
+    cut = line[start:start + SNIPPET].strip()
+    return ("..." if start > 0 else "") + cut + ("..." if start + SNIPPET < len(line) else "")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses, in one line naming the file and line, what the readers could not answer."""
+
+    def __init__(self, text: str, source: str, error: type[SoftsynError]):
+        super().__init__(text)
+        self.source, self.error = source, error
+        self.depth = 0
+        self.open_anchors: list[str] = []  # anchors of the collections being composed (an alias to one recurses)
+
+    def refuse(self, mark, message: str) -> SoftsynError:
+        return self.error(f"{self.source}:{mark.line + 1}: {message}")
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            if event.anchor in self.open_anchors:
+                raise self.refuse(event.start_mark, f"alias *{event.anchor} is inside the node it names "
+                                  f"(&{event.anchor}): a recursive structure softsyn cannot read")
+            return super().compose_node(parent, index)
+        if isinstance(event, NodeEvent) and event.tag not in (None, "!") and event.tag not in CORE_TAGS:
+            raise self.refuse(event.start_mark, f"YAML tag {_tag_name(event.tag)!r} is not supported; softsyn "
+                              "files take plain strings, numbers, booleans, lists and mappings")
+        if not isinstance(event, CollectionStartEvent):
+            node = super().compose_node(parent, index)
+            if node.tag in CHECKED_SCALARS:
+                try:
+                    self.yaml_constructors[node.tag](self, node)
+                except Exception:  # noqa: BLE001 -- each constructor fails its own way (ValueError, KeyError...)
+                    shown = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+                    raise self.refuse(node.start_mark, f"{shown!r} is not a valid {_tag_name(node.tag)}") from None
+            return node
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.refuse(event.start_mark, f"nested deeper than {MAX_DEPTH} levels (softsyn files need a "
+                              "few); is a bracket or an indentation off?")
+        if event.anchor is not None:
+            self.open_anchors.append(event.anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+            if event.anchor is not None:
+                self.open_anchors.pop()
+        if isinstance(event, MappingStartEvent):
+            self.merge(node)
+        return node
+
+    def merge(self, node: MappingNode) -> None:
+        """Flatten the merge keys of ``node`` (its sources were flattened when they were composed)."""
+        sources = [(k, v) for k, v in node.value if k.tag == MERGE_TAG]
+        if not sources:
+            return
+        own = [(k, v) for k, v in node.value if k.tag != MERGE_TAG]
+        taken = {k.value for k, _ in own if isinstance(k, ScalarNode)}
+        merged = []
+        for knode, vnode in sources:
+            items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
+            for item in items:
+                if not isinstance(item, MappingNode):
+                    raise self.refuse(item.start_mark, f"merge key '<<' takes a mapping (<<: *anchor) or a list "
+                                      f"of mappings, got {describe(item)}")
+                for k, v in item.value:
+                    name = k.value if isinstance(k, ScalarNode) else None
+                    if name is None or name not in taken:
+                        merged.append((k, v))
+                        if name is not None:
+                            taken.add(name)
+        node.value = own + merged
+
+
+def compose(text: str, source: str, error: type[SoftsynError] = SoftsynError) -> Node | None:
+    """The YAML node tree of ``text`` (None for an empty document); every problem is one ``error`` line."""
+    loader = None
+    try:
+        loader = _Loader(text, source, error)  # its reader refuses characters YAML does not allow right away
+        return loader.get_single_node()
+    except yaml.MarkedYAMLError as e:
+        lines = text.splitlines()
+        mark = e.problem_mark or e.context_mark
+        if e.context_mark is not None and (mark.line >= len(lines) or not lines[mark.line].strip()):
+            mark = e.context_mark  # e.g. an unclosed quote: the problem is at the end of the file
+        line = mark.line + 1 if mark is not None else 1
+        what = " ".join(" ".join(str(x).split())[:120] for x in (e.context, e.problem) if x)
+        src = snippet(lines[mark.line], mark.column) if mark is not None and mark.line < len(lines) else ""
+        near = f": {src!r}" if src else ""
+        raise error(f"{source}:{line}: YAML syntax error: {what}{near}") from None
+    except yaml.YAMLError as e:  # the reader's: a character YAML does not allow
+        line = text.count("\n", 0, getattr(e, "position", 0)) + 1
+        what = " ".join(str(e).split(' in "<unicode string>"')[0].split())[:160]
+        raise error(f"{source}:{line}: YAML error: {what}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_text(path: str | Path, what: str, error: type[SoftsynError] = SoftsynError) -> str:
+    """The UTF-8 text of the file ``path`` (named as given); not found, a folder, not text: one ``error`` line."""
+    name = str(path)
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{name}: {what} not found")
+    if p.is_dir():
+        raise error(f"{name}: is a directory, expected a {what}")
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise error(f"{name}: cannot read: {e.strerror or e}") from None
 
 
 def describe(node: Node) -> str:
@@ -92,7 +253,13 @@ class YamlReader:
     def index(self, root: Node | None) -> None:
         """Record the line of every key path in the tree: mapping keys by name, list items by index."""
 
+        seen: set[int] = set()
+
         def walk(node, prefix: str) -> None:
+            # a node reached again through an alias is not walked again (aliases of aliases would multiply)
+            if id(node) in seen:
+                return
+            seen.add(id(node))
             if isinstance(node, MappingNode):
                 for k, v in node.value:
                     key = f"{prefix}{k.value}"
@@ -131,7 +298,6 @@ class YamlReader:
             if key:
                 raise self.fail(node, key, f"expected {expected}, got {describe(node)}")
             raise self.fail(node, "", f"the top level must be {expected}, got {describe(node)}")
-        self.constructor.flatten_mapping(node)  # YAML merge keys (<<: *anchor)
         out: dict[str, tuple[Node, Node]] = {}
         for knode, vnode in node.value:
             if not isinstance(knode, ScalarNode):
@@ -165,51 +331,71 @@ class YamlReader:
     def time(self, node: Node, key: str, *, positive: bool = False) -> float:
         raw = self.scalar(node, key, "a time with a unit, e.g. 600ms")
         self.raw[key] = str(raw)
+        valid = f"valid: a time {'>' if positive else '>='} 0 and at most {MAX_SECONDS:.0f}s"
         try:
             t = parse_time(raw)
+        except NotFiniteError as e:
+            raise self.fail(node, key, f"{e}; {valid}") from None
         except UnitError as e:
             raise self.fail(node, key, str(e)) from None
         if positive and t <= 0:
             raise self.fail(node, key, f"must be a positive time, got {raw!r}")
         if not positive and t < 0:
             raise self.fail(node, key, f"must not be negative, got {raw!r}")
+        if t > MAX_SECONDS:
+            raise self.fail(node, key, f"{raw!r} is too long; {valid}")
         return t
 
     def size(self, node: Node, key: str) -> int:
         raw = self.scalar(node, key, "a size with a unit, e.g. 80GB or 80GiB")
+        valid = f"valid: a size > 0 and at most {MAX_BYTES // 10**12}TB"
         try:
             b = parse_bytes(raw)
+        except NotFiniteError as e:
+            raise self.fail(node, key, f"{e}; {valid}") from None
         except UnitError as e:
             raise self.fail(node, key, str(e)) from None
         if b <= 0:
             raise self.fail(node, key, f"must be a positive size, got {raw!r}")
+        if b > MAX_BYTES:
+            raise self.fail(node, key, f"{raw!r} is too large; {valid}")
         return b
 
-    def fraction(self, node: Node, key: str, *, at_most_one: bool = False) -> float:
+    def fraction(self, node: Node, key: str, *, low: float = 0.0, high: float | None = None,
+                 open_range: bool = False, why: str = "") -> float:
+        """A percentage or fraction in [low, high] (``open_range``: in (low, high)); ``why`` ends the range error."""
         raw = self.scalar(node, key, "a percentage like '1%' or a fraction 0..1")
+        if open_range:
+            rng = f"above {low:.0%} and below {high:.0%}"
+        else:
+            rng = f"{low:.0%}..{high:.0%}" if high is not None else f"{low:.0%} or more"
         try:
             f = parse_percent(raw)
+        except NotFiniteError as e:
+            raise self.fail(node, key, f"{e}; valid: {rng}") from None
         except UnitError as e:
             raise self.fail(node, key, str(e)) from None
-        if f < 0 or (at_most_one and f > 1):
-            rng = "0%..100%" if at_most_one else "0% or more"
-            raise self.fail(node, key, f"must be within {rng}, got {raw!r}")
+        outside = (f <= low or f >= high) if open_range else (f < low or (high is not None and f > high))
+        if outside:
+            raise self.fail(node, key, f"must be {rng if open_range else 'within ' + rng}, got {raw!r}{why}")
         return f
 
-    def integer(self, node: Node, key: str, minimum: int) -> int:
+    def integer(self, node: Node, key: str, minimum: int, maximum: int = MAX_INT) -> int:
         raw = self.scalar(node, key, f"an integer >= {minimum}")
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise self.fail(node, key, f"expected an integer >= {minimum}, got {describe(node)}")
         if raw < minimum:
             raise self.fail(node, key, f"must be an integer >= {minimum}, got {raw}")
+        if raw > maximum:
+            raise self.fail(node, key, f"must be an integer of at most {maximum}, got {_short(raw)}")
         return raw
 
-    def number(self, node: Node, key: str, minimum: float) -> float:
+    def number(self, node: Node, key: str, minimum: float, maximum: float = 1e6) -> float:
         raw = self.scalar(node, key, f"a number >= {minimum:g}")
         if isinstance(raw, bool) or not isinstance(raw, (int, float)):
             raise self.fail(node, key, f"expected a number >= {minimum:g}, got {describe(node)}")
-        if not raw >= minimum or raw == float("inf"):
-            raise self.fail(node, key, f"must be a finite number >= {minimum:g}, got {raw}")
+        if not minimum <= raw <= maximum:  # NaN compares false: refused too
+            raise self.fail(node, key, f"must be a number >= {minimum:g} and at most {maximum:g}, got {_short(raw)}")
         return float(raw)
 
     def string(self, node: Node, key: str, expected: str = "a string") -> str:

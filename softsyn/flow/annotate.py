@@ -119,7 +119,7 @@ class Annotation:
         from softsyn.reports.common import write_atomic
 
         self.path = str(path)
-        return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+        return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
 def load_annotation(path: str | Path) -> Annotation:

@@ -32,6 +32,7 @@ from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, 
 from softsyn.runtime.session import device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
 from softsyn.progress import log
+from softsyn.reports.common import json_nulls
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -151,11 +152,12 @@ class SignoffResult:
         return any(g.violated for g in self.groups)
 
     def to_dict(self) -> dict:
+        """signoff.json's data: an unconstrained clock, budget or slack and an undefined error are null."""
         data = asdict(self)
         for g, obj in zip(data["groups"], self.groups):
             g.update(predicted_slack=obj.predicted_slack, measured_slack=obj.measured_slack, error=obj.error,
                      error_quiet=obj.error_quiet, violated=obj.violated)
-        return {"schema": "softsyn.signoff/1", "units": "seconds", **data}
+        return json_nulls({"schema": "softsyn.signoff/1", "units": "seconds", **data})
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -397,5 +399,6 @@ def write_results(result: SignoffResult, directory: str | Path, report_text: str
 
     directory = Path(directory)
     return [write_atomic(directory / "reports" / "signoff.rpt", report_text),
-            write_atomic(directory / "signoff" / "signoff.json", json.dumps(result.to_dict(), indent=1) + "\n")]
+            write_atomic(directory / "signoff" / "signoff.json",
+                         json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
 

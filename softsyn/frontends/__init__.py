@@ -102,5 +102,5 @@ def seeded_weight_bytes(spec: str) -> int | None:
         return hf.seeded_weight_bytes(_zoo.make_config(entry), "meta", entry.dtype)
     if path.is_dir() and (path / "config.json").is_file() or path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
-        return hf.seeded_weight_bytes(cfg, None, None, folder)
+        return hf.seeded_weight_bytes(cfg, None, None, folder, source=str(path))
     return None

@@ -1,8 +1,12 @@
 """Transformers-backed designs: zoo entries, HF model folders and config.json files."""
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
+import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,6 +20,39 @@ from softsyn.netlist import Netlist
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 EXPERTS_IMPL = "batched_mm"
+
+
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """One short line for a library's exception: the innermost cause's first line, terminal colours removed."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    first = " ".join(lines[0].split()) if lines else ""
+    return f"{type(exc).__name__}: {first if len(first) <= limit else first[:limit - 3] + '...'}"
+
+
+@contextlib.contextmanager
+def building(source: str):
+    """A model transformers or torch cannot build from its config is bad input: one line naming the config."""
+    try:
+        yield
+    except SoftsynError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a config can fail anywhere in a model's constructor
+        raise SoftsynError(f"{source}: transformers cannot build the model: {brief(exc)}") from None
+
+
+@contextlib.contextmanager
+def _quiet_torch_export():
+    """torch.export logs its own error lines before it raises, and softsyn prints the one line of the failure.
+    A filter, not a level: torch's logging setup resets the levels of its loggers while it exports."""
+    logger = logging.getLogger("torch.export._trace")
+    drop = logging.Filter("-")  # matches no logger name: drops every record
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def is_decoder(cfg) -> bool:
@@ -62,11 +99,11 @@ def _auto_class(decoder: bool):
     return AutoModelForCausalLM if decoder else AutoModel
 
 
-def count_meta_params(cfg, decoder: bool) -> int:
+def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
     """Parameters of the model ``cfg`` describes, counted on the meta device (no weights allocated)."""
     import torch
 
-    with torch.device("meta"):
+    with building(source), torch.device("meta"):
         m = _auto_class(decoder).from_config(cfg)
     n = sum(p.numel() for p in m.parameters())
     del m
@@ -89,12 +126,13 @@ def _fingerprint(path: Path | None) -> str | None:
     return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Path | None = None) -> int | None:
+def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Path | None = None,
+                        source: str = "the config") -> int | None:
     """Bytes of the seeded weights a materialised read of this model makes (None: it brings its own weights or
     is small enough to build in torch, at fp32). Counted on the meta device: nothing is allocated."""
     if weights not in (None, "meta") or (weights is None and _weights_in(folder) is not None):
         return None
-    n_params = count_meta_params(cfg, is_decoder(cfg))
+    n_params = count_meta_params(cfg, is_decoder(cfg), source)
     if weights is None and n_params * 4 <= MATERIALISE_LIMIT:
         return None
     import numpy as np
@@ -138,7 +176,7 @@ def load_transformers_design(
     weight_file = _weights_in(folder)
     n_params = None
     if weights is None:
-        n_params = count_meta_params(cfg, decoder)
+        n_params = count_meta_params(cfg, decoder, source)
         if n_params * 4 > MATERIALISE_LIMIT:
             weights = "filled" if materialize else "meta"
         else:
@@ -182,18 +220,20 @@ def load_transformers_design(
     if moe:
         kwargs["experts_implementation"] = EXPERTS_IMPL
     if weights == "meta":
-        with torch.device("meta"):
+        with building(source), torch.device("meta"):
             model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
     elif weights == "random":
         torch.manual_seed(0)
-        model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
+        with building(source):
+            model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
     else:
         from transformers.utils import logging as hf_logging
 
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
+            with building(source):
+                model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
         finally:
             if bar:
                 hf_logging.enable_progress_bar()
@@ -202,19 +242,14 @@ def load_transformers_design(
         model.set_experts_implementation(EXPERTS_IMPL)
     parameters = sum(p.numel() for p in model.parameters())
     try:
-        if decoder:
-            ir_model = _export.export_decoder(model, name)
-        else:
-            ir_model = _export.export_encoder(model, name)
+        with _quiet_torch_export():
+            ir_model = (_export.export_decoder if decoder else _export.export_encoder)(model, name)
     except SoftsynError:
         raise
-    except Exception as e:  # the exporter's failures are long; keep the head
+    except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
         if progress:
             print(" failed", file=sys.stderr)
-        msg = str(e).strip().splitlines()
-        raise SoftsynError(
-            f"exporting {name} with {exporter} failed: {type(e).__name__}: {msg[0] if msg else ''}"
-        ) from e
+        raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
     elapsed = time.perf_counter() - t0
     del model
     provenance = {
@@ -275,18 +310,27 @@ def read_config(path: Path):
 
     folder = path if path.is_dir() else path.parent
     cfg_file = folder / "config.json" if path.is_dir() else path
+    import transformers
+    from transformers import CONFIG_MAPPING
+
     try:
         data = json.loads(cfg_file.read_text())
     except (OSError, ValueError) as e:
         raise SoftsynError(f"{path}: cannot read {cfg_file.name}: {e}") from None
-    if "model_type" not in data:
+    if not isinstance(data, dict) or "model_type" not in data:
         raise SoftsynError(f"{cfg_file}: not a transformers config (no model_type)")
+    model_type = data["model_type"]
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise SoftsynError(f"{cfg_file}: model_type {model_type!r} is not an architecture transformers "
+                           f"{transformers.__version__} knows{hint}")
     try:
         if path.is_dir() or path.name == "config.json":
             return AutoConfig.from_pretrained(str(folder)), folder
         return AutoConfig.for_model(**data), folder
-    except Exception as e:
-        raise SoftsynError(f"{cfg_file}: transformers cannot build config: {e}") from None
+    except Exception as e:  # noqa: BLE001 -- transformers validates configs with many exception types
+        raise SoftsynError(f"{cfg_file}: transformers cannot build config: {brief(e)}") from None
 
 
 def write_seeded_folder(cfg, meta_model, folder: Path, dtype: str = "float16", seed: int = 0) -> int:

@@ -38,11 +38,18 @@ from pathlib import Path
 import yaml
 
 from softsyn.constraints import YamlReader
+from softsyn.constraints.reader import compose, read_text
 from softsyn.errors import SoftsynError
 from softsyn.library.model import PRECISIONS, Ceilings, Cell, Library, canonical_precision
 
 FORMAT_VERSION = 1
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "ceilings")
+MAX_TABLE = 10**6  # delay-table points per cell; shipped cells have at most a few hundred
+
+
+class UnknownLibraryError(SoftsynError):
+    """No library of that name or path; the message says which and what is valid, for the caller to prefix
+    with where the name was given (``file:line: target:`` or ``--target:``)."""
 
 
 def shipped_libraries() -> list[str]:
@@ -55,8 +62,13 @@ def default_library() -> str:
     return "cpu-ort"
 
 
-def _shipped_hint() -> str:
-    return f"shipped libraries: {', '.join(shipped_libraries())}"
+def _clip(spec: str) -> str:
+    """A library name or path as given, cut to 80 characters for a message."""
+    return spec if len(spec) <= 80 else spec[:77] + "..."
+
+
+def _valid_libraries() -> str:
+    return f"shipped: {', '.join(shipped_libraries())}, or a path to a .yaml library"
 
 
 def _positive(reader: YamlReader, key: str, value, allow_null: bool = False) -> float | None:
@@ -97,6 +109,10 @@ def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
             raise reader.at(f"{key}.points.{a}", f"grid for axis {axes[a]!r} must be strictly increasing, got {grid}")
         grids.append(g)
 
+    if math.prod(len(g) for g in grids) > MAX_TABLE:
+        raise reader.at(f"{key}.points", f"a table of {' x '.join(str(len(g)) for g in grids)} points; at most "
+                        f"{MAX_TABLE} (aliases can write a huge table in a few lines)")
+
     def table(node, depth: int, where: str):
         """The delays as nested lists of floats, checked against the grids' shape."""
         if depth == len(grids):
@@ -127,12 +143,12 @@ def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
 def parse_library(text: str, path: Path) -> Library:
     """Validate and build a Library from YAML text (errors name the file, line and key)."""
     reader = YamlReader(str(path))
+    root = compose(text, str(path))
+    reader.index(root)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        reader.index(root)
         data = reader.data(root)
-    except yaml.YAMLError as e:
-        raise SoftsynError(f"{path}: not valid YAML: {e}") from None
+    except yaml.YAMLError as e:  # e.g. a list as a mapping key
+        raise SoftsynError(f"{path}: not valid YAML: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(data, dict):
         raise SoftsynError(f"{path}: a library must be a YAML mapping with keys {', '.join(HEADER_KEYS)}")
     for k in HEADER_KEYS:
@@ -185,13 +201,13 @@ def load_library(name_or_path: str | os.PathLike) -> Library:
     looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec or "/" in spec
     if looks_like_path or os.path.isfile(spec):
         path = Path(spec)
-        if not path.is_file():
-            raise SoftsynError(f"{path}: library file not found; {_shipped_hint()}")
-        text = path.read_text()
+        if not os.path.isfile(spec):  # False, not an OSError, for a name too long to be a file
+            raise UnknownLibraryError(f"library file {_clip(spec)} not found; {_valid_libraries()}")
+        text = read_text(path, "library file")
     else:
         res = importlib.resources.files("softsyn.library.libs") / f"{spec}.yaml"
         if not res.is_file():
-            raise SoftsynError(f"unknown library {spec!r}: not a shipped library or a .yaml file; {_shipped_hint()}")
+            raise UnknownLibraryError(f"unknown library {_clip(spec)!r}; {_valid_libraries()}")
         path = Path(str(res))
         text = res.read_text()
     return parse_library(text, path)

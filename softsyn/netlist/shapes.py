@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
+import tempfile
 
 import onnx_ir as ir
 
@@ -117,6 +119,20 @@ def skeleton_proto(model: ir.Model, any_dtype: bool = False, vectors: int = 0):
     return proto
 
 
+@contextlib.contextmanager
+def _scratch_cwd():
+    """A throwaway working directory: ORT's symbolic shape inference saves sym_shape_infer_temp.onnx (+ .data)
+    into the cwd when it cannot finish, and the user's cwd is not softsyn's to write."""
+    tmp = tempfile.mkdtemp(prefix="softsyn-shapes-")
+    try:
+        with contextlib.chdir(tmp):
+            yield
+    finally:
+        for name in os.listdir(tmp):  # flat (the model and its data file): unlink, not rmtree, which a kill test fakes
+            os.unlink(os.path.join(tmp, name))
+        os.rmdir(tmp)
+
+
 def infer_missing(skeleton, env: dict[str, int], shapes: Shapes) -> int:
     """Add to ``shapes`` what shape inference finds on ``skeleton`` (see skeleton_proto) with its inputs made
     concrete from ``shapes`` and ``env``; returns how many values it added."""
@@ -145,7 +161,7 @@ def infer_missing(skeleton, env: dict[str, int], shapes: Shapes) -> int:
     try:  # ORT's symbolic shape inference evaluates shape arithmetic that ONNX's data_prop gives up on
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        with contextlib.redirect_stdout(io.StringIO()):
+        with _scratch_cwd(), contextlib.redirect_stdout(io.StringIO()):
             inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=True)
     except Exception:
         inferred = None

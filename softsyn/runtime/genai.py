@@ -194,7 +194,7 @@ def write_genai(folder: Path, netlist, session: dict, source: str) -> list[str]:
         notes.append(f"tokenizer: {source} has no tokenizer files (a model built from its config); none written: "
                      "give onnxruntime-genai token ids (Generator.append_tokens)")
     config = genai_config(netlist, io, session, source, tokens, tokenizer, notes)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=4) + "\n")
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=4, allow_nan=False) + "\n")
     search = config["search"]
     kv = ("the graph updates one max_length KV buffer in place" if search["past_present_share_buffer"] else
           "the graph's present is its own tensor, the next step's past")

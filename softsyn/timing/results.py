@@ -4,9 +4,12 @@ OpenSTA's rule: reports never recompute, they render these objects. Every
 quantity is SI (seconds, bytes, FLOPs); conversion happens only when printed.
 The objects round-trip through JSON (`to_dict` / `from_dict`) so that
 `softsyn report KIND DIR` re-renders a saved analysis without re-timing it.
+In memory an unconstrained group's clock period, required time and slack are
+infinite; in the plain data they are None (JSON null: JSON has no Infinity).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -223,11 +226,29 @@ class Analysis:
         raise KeyError(f"no path group {name!r}; groups are: {', '.join(g.name for g in self.groups)}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data for JSON: what is infinite because no clock was given is None."""
+        return _nulls(asdict(self), type(self).__name__)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Analysis":
         return _build(cls, data)
+
+
+# (class, field) that are infinite when a group has no clock: written None, read back as infinity
+UNCONSTRAINED_FIELDS = {("GroupTiming", "clock_period"), ("TimingPath", "clock_period"), ("TimingPath", "required"),
+                        ("TimingPath", "slack")}
+
+
+def _nulls(data: dict, cls: str) -> dict:
+    """``data`` (asdict of ``cls``) with the infinite UNCONSTRAINED_FIELDS set to None."""
+    for name, value in data.items():
+        nested = _NESTED.get((cls, name))
+        if nested is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _nulls(item, nested)
+        elif (cls, name) in UNCONSTRAINED_FIELDS and isinstance(value, float) and math.isinf(value):
+            data[name] = None
+    return data
 
 
 _NESTED = {
@@ -252,6 +273,8 @@ def _build(cls, data: dict):
         if f.name not in data:
             continue
         value = data[f.name]
+        if value is None and (cls.__name__, f.name) in UNCONSTRAINED_FIELDS:
+            value = math.inf
         nested = _NESTED.get((cls.__name__, f.name))
         if nested is not None and value is not None:
             sub = globals()[nested]

@@ -158,7 +158,8 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     shapes = netlist.bind(group.scenario.dims)
     cells = cell_timings(netlist, library, shapes, annotation, absorbed)
 
-    port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name)) for name in group.inputs}
+    port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name), group.name)
+                    for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
     launch = port_arrival.get(launch_port, 0.0)
     ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
