@@ -113,7 +113,7 @@ class Design:
         read = {n for expr in self.netlist.derived_dims.values() for n in expr_names(expr)}
         dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims() | read}
         renamed = self.netlist.provenance.get("dims") or {}  # the exporter's dim names still bind their roles
-        free = self.netlist.symbolic_dims()
+        free = self.netlist.symbolic_dims() | read
         for name in spec.dims:
             if renamed.get(name, name) not in free:
                 derived = self.netlist.derived_dims.get(name)
