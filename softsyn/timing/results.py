@@ -245,7 +245,8 @@ def _nulls(data: dict, cls: str) -> dict:
         nested = _NESTED.get((cls, name))
         if nested is not None:
             for item in value if isinstance(value, list) else [value]:
-                _nulls(item, nested)
+                if item is not None:  # an optional part (a design without a KV cache has no kv_budget)
+                    _nulls(item, nested)
         elif (cls, name) in UNCONSTRAINED_FIELDS and isinstance(value, float) and math.isinf(value):
             data[name] = None
     return data
