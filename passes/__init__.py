@@ -40,6 +40,7 @@ class Pass:
 class Step:
     pass_name: str
     what: str  # what this step does at its effort level, in a line
+    options: tuple[tuple[str, object], ...] = ()  # keyword arguments of the pass's run at this step
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ LOW = Effort("low", "map: standard fusions, uniform default precision", (
     Step("flatten", "inline, constant-fold, sweep dead, no-op and duplicate nodes"),
     Step("fuse", "standard fusions: norms, rotary, attention, projections, GELU, MoE"),
     Step("precision", "one uniform precision: fp16 on GPU targets, fp32 on CPU"),
+    Step("kv_layout", "decoders: one max_length KV buffer GQA updates in place; last-position logits at prefill",
+         (("last_token_logits", True),)),
 ))
 EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW,)}
 
@@ -99,11 +102,12 @@ def get(name: str) -> Pass:
     return PASSES[name]
 
 
-def run_pass(design, name: str) -> PassResult:
-    """Run one pass on the design: header line, the pass, its counts; its report goes to design.pass_reports."""
+def run_pass(design, name: str, options: dict | None = None) -> PassResult:
+    """Run one pass on the design: header line, the pass (with its step's `options`), its counts; its report
+    goes to design.pass_reports."""
     p = get(name)
     design.log(f"pass {name}: {p.help}")
-    result = p.run(design)
+    result = p.run(design, **(options or {}))
     shown = ", ".join(f"{kind} {n}" for kind, n in result.counts.items()) or "no change"
     design.log(f"pass {name}: {shown}")
     if result.report is not None:

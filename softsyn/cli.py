@@ -274,9 +274,12 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--plan", is_flag=True,
               help="weightless compile: the design, reports, netlist.json and runtime settings, no model.onnx "
                    "(what a model too big to materialise on this machine gets).")
+@click.option("--all-logits", is_flag=True,
+              help="keep every position's logits at prefill (kv_layout's last_token_logits off: the lm_head then "
+                   "runs on the whole prompt).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @_help_with(efforts=_effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, quiet):
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -320,7 +323,9 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
         require_weights(design.netlist)
         check_external_data(design.netlist.model, design.netlist.provenance.get("file") or model)
     outdir.check(out, "compile", outdir.input_paths(design.netlist.provenance))
-    analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan)
+    options = {"kv_layout": {"last_token_logits": False}} if all_logits else None
+    analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
+                                    options=options)
     click.echo((path / "compile.log").read_text())
     click.echo(report_qor(analysis))
     if not quiet:

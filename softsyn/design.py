@@ -21,6 +21,7 @@ from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library import Library, UnknownLibraryError, default_library, load_library
 from softsyn.netlist import Netlist
+from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
 from softsyn.timing.area import area
@@ -108,9 +109,11 @@ class Design:
         defaults = DEFAULT_GROUPS[self.netlist.kind]
         base = defaults.get(spec.kind or spec.name)
         dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
-        dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims()}
+        # a derived dim's names stay bound: a shared KV buffer leaves `past` only in the mask's `total` (past + seq)
+        read = {n for expr in self.netlist.derived_dims.values() for n in expr_names(expr)}
+        dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims() | read}
         renamed = self.netlist.provenance.get("dims") or {}  # the exporter's dim names still bind their roles
-        free = self.netlist.symbolic_dims()
+        free = self.netlist.symbolic_dims() | read
         for name in spec.dims:
             if renamed.get(name, name) not in free:
                 derived = self.netlist.derived_dims.get(name)

@@ -61,6 +61,9 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
             check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session)
+        kv_layout = design.pass_reports.get("kv_layout")
+        if kv_layout is not None:
+            log.notes += kv_layout.lines()
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
         reports.write_reports(analysis, tmp)
         coverage = design.pass_reports.get("fuse")
@@ -199,6 +202,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
     graph = netlist.model.graph
     providers = ([library.provider, "CPUExecutionProvider"] if library.is_gpu else ["CPUExecutionProvider"])
     kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
+    kv_layout = design.pass_reports.get("kv_layout")  # its max_length is the shared buffer's (softsyn run binds it)
     return {
         "format": 1,
         "model": None if plan else MODEL_FILE,
@@ -213,7 +217,8 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},
         "kv_cache": {"ports": kv_ports, "dtype": next((ir.DataType(v.dtype).name.lower() for v in graph.inputs
                                                        if v.name in kv_ports), None),
-                     "max_length": cons.kv_cache.max_length} if kv_ports else None,
+                     "max_length": getattr(kv_layout, "max_length", None) or cons.kv_cache.max_length,
+                     "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
         "precision": compiled_precision(netlist),
         "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
         "reference": reference,

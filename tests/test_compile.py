@@ -31,7 +31,7 @@ accuracy: {max_rel_error: 2%, min_top1: 0.9}
 # DIR/compile.log as it has always been written (trailing blanks included: the layout is fixed-width).
 COMPILE_LOG = "\n".join([
     'softsyn compile: design qwen3-tiny, library cpu-ort, effort low',
-    'script: flatten -> fuse -> precision',
+    'script: flatten -> fuse -> precision -> kv_layout',
     '',
     '   ELAPSED                 WORST NEG   TOTAL NEG                      ',
     '      TIME  PHASE         SLACK (ms)  SLACK (ms)          AREA   CELLS  WORST GROUP',
@@ -78,14 +78,16 @@ def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
     assert session_json["providers"][0] == "CUDAExecutionProvider" and session_json["precision"] == "fp16"
     assert session_json["outputs"]["logits"]["dtype"] == "float16"
     assert session_json["scenarios"]["decode"]["dims"] == {"batch": 1, "seq": 1, "past": 32}
-    assert session_json["inputs"]["past_key_values.0.key"]["scenarios"]["decode"] == [1, 2, 32, 32]
+    # kv_layout's shared buffer: max(prompt_len 16, context_len 32 + 1) positions, whatever the scenario's past
+    assert session_json["inputs"]["past_key_values.0.key"]["scenarios"]["decode"] == [1, 2, 33, 32]
+    assert session_json["kv_cache"]["max_length"] == 33 and session_json["kv_cache"]["shared_buffer"]
     reference = session_json["reference"]  # relocatable: the spec and its export cache key, no path into the cache
     assert reference["source"] == GPU_MODEL and set(reference) == {"source", "key", "precision", "materialize"}
     assert len(reference["key"]) == 64 and reference["precision"] == "fp32"
 
     log = (compiled / "compile.log").read_text().splitlines()
     phases = [line.split()[1] for line in log if line.strip()[:1].isdigit()]
-    assert phases == ["elaborate", "flatten", "fuse", "precision"]
+    assert phases == ["elaborate", "flatten", "fuse", "precision", "kv_layout"]
     for name in ("timing", "qor", "area", "constraint", "fusion"):
         assert (compiled / "reports" / f"{name}.rpt").is_file()
     assert not [p.name for p in compiled.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
@@ -100,7 +102,7 @@ def test_compile_log_renders_its_columns_as_text_and_json():
     assert report_compile_log(log) == COMPILE_LOG
 
     data = json.loads(compile_log_json(log))
-    assert data["effort"] == "low" and data["script"] == ["flatten", "fuse", "precision"]
+    assert data["effort"] == "low" and data["script"] == ["flatten", "fuse", "precision", "kv_layout"]
     assert [c["key"] for c in data["columns"]] == [c.key for c in COMPILE_LOG_COLUMNS]
     assert data["rows"][0] == {"elapsed": 0.4, "phase": "elaborate", "wns": -0.0123456, "tns": -0.0456,
                                "area": 3.4e9, "worst_group": "decode", "cells": 228}

@@ -26,8 +26,8 @@ def test_genai_config_describes_the_graph(tiny_cpu_artifact):
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
     assert decoder["outputs"]["present_value_names"] == "present.%d.value"
     assert decoder["session_options"]["provider_options"] == []  # the CPU target
-    # the export's present is past + seq long: a growing cache, not a shared buffer
-    assert config["search"]["past_present_share_buffer"] is False and config["search"]["max_length"] == 512
+    # kv_layout declares past and present one max_length buffer (cpu-tiny.yaml's kv_cache.max_length)
+    assert config["search"]["past_present_share_buffer"] is True and config["search"]["max_length"] == 512
     log = (tiny_cpu_artifact / "compile.log").read_text()
     assert "note: tokenizer: zoo:qwen3-tiny has no tokenizer files" in log and "eos_token_id 0 written" in log
     assert not (tiny_cpu_artifact / "tokenizer.json").exists()

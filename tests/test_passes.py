@@ -58,7 +58,7 @@ def test_registry_lists_passes_with_help():
     assert {"flatten", "precision"} <= set(registered)
     result = CliRunner().invoke(main, ["passes"])
     assert result.exit_code == 0
-    assert "flatten    inline functions" in result.output and "effort low: flatten -> fuse -> precision" in result.output
+    assert "flatten    inline functions" in result.output and "effort low: flatten -> fuse -> precision -> kv_layout" in result.output
     with pytest.raises(SoftsynError, match="no pass 'nope'; registered passes: .*flatten"):
         get("nope")
 
@@ -66,8 +66,8 @@ def test_registry_lists_passes_with_help():
 def test_passes_command_prints_each_effort_level_from_its_steps():
     result = CliRunner().invoke(main, ["passes"])
     level = EFFORTS["low"]
-    assert level.script == ("flatten", "fuse", "precision")
-    assert f"effort low: flatten -> fuse -> precision\n  {level.help}\n" in result.output
+    assert level.script == ("flatten", "fuse", "precision", "kv_layout")
+    assert f"effort low: flatten -> fuse -> precision -> kv_layout\n  {level.help}\n" in result.output
     for i, step in enumerate(level.steps, 1):
         assert f"  {i}. {step.pass_name:<9}  {step.what}\n" in result.output
     helptext = CliRunner().invoke(main, ["compile", "--help"]).output
@@ -77,8 +77,8 @@ def test_passes_command_prints_each_effort_level_from_its_steps():
 def test_a_higher_effort_level_extends_the_one_below():
     """The shape the compile loop's medium/high/ultra slot into: LOW's steps, then its own."""
     medium = Effort("medium", "test level", LOW.steps + (Step("fuse", "again"),))
-    assert medium.script == ("flatten", "fuse", "precision", "fuse")
-    assert medium.step_lines()[-1] == "4. fuse       again"
+    assert medium.script == ("flatten", "fuse", "precision", "kv_layout", "fuse")
+    assert medium.step_lines()[-1] == "5. fuse       again"
     with pytest.raises(SoftsynError, match="no effort level 'ultra'; valid: low"):
         passes.effort("ultra")
 

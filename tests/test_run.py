@@ -34,7 +34,7 @@ def test_run_prints_ttft_tpot_and_tokens_per_s(tiny_cpu_artifact, capsys):
     assert set(rows) == {"TTFT", "TPOT"}
     assert rows["TTFT"][4] == "2" and rows["TPOT"][4] == "10"  # samples: one prefill per run, 5 decode steps per run
     assert all(float(v) > 0 for row in rows.values() for v in row[1:4])
-    assert "tokens/s:" in out and "decode tokens/s:" in out and "KV cache: present of each step" in out
+    assert "tokens/s:" in out and "decode tokens/s:" in out and "KV cache: one max_length buffer per layer" in out
     assert "generated 6 tokens after a 16-token prompt" in err  # the progress line
 
 
@@ -43,7 +43,7 @@ def test_run_json_has_the_same_numbers_and_gen_tokens(tiny_cpu_artifact, capsys)
     assert code == 0 and err == ""
     data = json.loads(out)
     assert set(data) == JSON_KEYS
-    assert data["units"]["ttft"] == "s" and data["kv_cache"] == "grown" and data["provider"] == "CPUExecutionProvider"
+    assert data["units"]["ttft"] == "s" and data["kv_cache"] == "shared" and data["provider"] == "CPUExecutionProvider"
     assert data["ttft"]["samples"] == 2 and data["tpot"]["samples"] == 10
     assert 0 < data["tpot"]["min"] <= data["tpot"]["median"] <= data["tpot"]["p90"]
     assert len(data["tokens"]) == 6 and all(0 <= t < 1024 for t in data["tokens"]) and data["tokens_same_every_run"]
@@ -66,19 +66,21 @@ def test_run_refuses_what_is_not_a_compiled_decoder(tiny_cpu_artifact, tmp_path,
         assert err.startswith(f"softsyn: error: {directory}: {says}") and err.count("\n") == 1, err
 
 
-def test_the_shared_buffer_loop_decodes_the_tokens_of_the_grown_one(tiny_cpu_artifact):
-    """GQA accepts a max_length past bound as its present too: the static-shape decode (what CUDA graphs need)
-    gives the grown loop's tokens, on every generation that reuses its buffers."""
+def test_the_shared_buffer_loop_reuses_its_bindings(tiny_cpu_artifact):
+    """kv_layout declares one max_length buffer GQA updates in place: the static-shape decode (what CUDA graphs
+    need) gives the same tokens on every generation that reuses its buffers and bindings, as a fresh loop's
+    (the grown loop's tokens: tests/test_kv_layout.py, against the artifact compiled without kv_layout)."""
     io = decoder_io(ir.load(str(tiny_cpu_artifact / "model.onnx")))
-    assert not io.shares_buffer and io.template("past_key_names") == "past_key_values.%d.key"
+    assert io.shares_buffer and io.buffer_length == 512 and io.template("past_key_names") == "past_key_values.%d.key"
     assert (io.kv_heads, io.head_size, io.vocab_size, io.max_positions) == (2, 32, 1024, 4096)
     sess = open_model(tiny_cpu_artifact / "model.onnx")
     prompt = prompt_ids(1024, 24, 3)
-    grown = Generator(sess, io).generate(prompt, 12)
-    shared = Generator(sess, io, share_buffer=True, max_length=64)
-    assert shared.generate(prompt, 12).tokens == grown.tokens == shared.generate(prompt, 12).tokens
+    shared = Generator(sess, io)
+    first = shared.generate(prompt, 12)
+    assert first.kv == "shared" and len(first.tpot) == 11 and first.tokens == shared.generate(prompt, 12).tokens
     shorter = prompt[:10]  # the reused bindings start from this prompt's mask, not the last generation's
     assert shared.generate(shorter, 12).tokens == Generator(sess, io).generate(shorter, 12).tokens
-    assert grown.kv == "grown" and len(grown.tpot) == 11
-    with pytest.raises(Exception, match="need 72 positions; the artifact holds 64"):
-        shared.generate(prompt, 49)
+    shared = Generator(sess, io, share_buffer=True, max_length=64)  # the graph's static 512 wins over 64
+    assert shared.max_length == 512
+    with pytest.raises(Exception, match="need 560 positions; the artifact holds 512"):
+        shared.generate(prompt, 537)

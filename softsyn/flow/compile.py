@@ -57,11 +57,12 @@ def check_effort(name: str) -> Effort:
 
 
 def compile_design(design: Design, effort: str, out_dir: str | Path, reference: dict,
-                   plan: bool = False) -> tuple[Analysis, Path]:
+                   plan: bool = False, options: dict[str, dict] | None = None) -> tuple[Analysis, Path]:
     """Run the effort script on the design, then emit everything into out_dir (atomically).
 
     `reference` says what `softsyn verify` compares against (the fp32 source: spec and ONNX path).
     `plan`: the netlist may be weightless; everything but the model itself is written.
+    `options`: pass name -> keyword arguments that override its step's options (compile --all-logits).
     """
     from softsyn.emit import emit
 
@@ -69,9 +70,9 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     log = CompileLog(design.netlist.name, design.library.name, level)
     analysis = design.analyze()
     log.add("elaborate", analysis, len(design.netlist.nodes()))
-    for name in level.script:
-        passes.run_pass(design, name)
+    for step in level.steps:
+        passes.run_pass(design, step.pass_name, {**dict(step.options), **(options or {}).get(step.pass_name, {})})
         analysis = design.analyze()
-        log.add(name, analysis, len(design.netlist.nodes()))
+        log.add(step.pass_name, analysis, len(design.netlist.nodes()))
     path = emit(design, analysis, out_dir, log, reference, plan=plan)
     return analysis, path

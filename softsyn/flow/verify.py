@@ -202,7 +202,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
 
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
-    _load(out_dir / MODEL_FILE, "compiled model")
+    layout = shared_layout(_load(out_dir / MODEL_FILE, "compiled model").model)
     ref_path = reference_path(settings, cache_dir)
     reference = _load(ref_path, "reference")
     roles.apply_roles(reference.model, roles.find_roles(reference.model).renames)  # a plain file's dims, as compiled
@@ -230,7 +230,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     checks = []
     for scenario, spec in settings["scenarios"].items():
         feeds = scenario_inputs(reference, spec["dims"], seed=seed)
-        compiled_feeds = {k: v.astype(np.float16) if input_types.get(k) == "tensor(float16)" else v
+        compiled_feeds = {k: layout.feed(k, v.astype(np.float16) if input_types.get(k) == "tensor(float16)" else v)
                           for k, v in feeds.items()}
         expected = dict(zip([o.name for o in ref_session.get_outputs()], ref_session.run(None, feeds)))
         try:
@@ -245,6 +245,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             if name not in expected:
                 raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
                                    f"{ref_path} (outputs: {', '.join(expected)})")
+            got, expected[name] = layout.aligned(name, got, expected[name])
             if got.shape != expected[name].shape:
                 raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
                                    f"{scenario}, the reference's {list(expected[name].shape)}")
@@ -256,6 +257,51 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                 violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
             checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
     return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """What kv_layout changed in the compiled model's IO against the reference's: KV ports that are one
+    `buffer` positions long (past fed in its first positions, present compared over the reference's length) and
+    logits of the last position only (compared with the reference's last position)."""
+    kv_ports: frozenset[str] = frozenset()
+    buffer: int | None = None
+    last_logits: str | None = None
+
+    def feed(self, name: str, value: np.ndarray) -> np.ndarray:
+        if name not in self.kv_ports or value.shape[2] == self.buffer:
+            return value
+        if value.shape[2] > self.buffer:
+            raise SoftsynError(f"{name}: the scenario caches {value.shape[2]} positions, the compiled KV buffer holds "
+                               f"{self.buffer}; re-run softsyn compile with a larger kv_cache.max_length")
+        padded = np.zeros(value.shape[:2] + (self.buffer,) + value.shape[3:], value.dtype)
+        padded[:, :, :value.shape[2]] = value  # the cached positions first, as GQA's seqlens_k counts them
+        return padded
+
+    def aligned(self, name: str, got: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(compiled, reference) over what both hold: a present's first positions, the last position's logits."""
+        if name in self.kv_ports and got.ndim == 4 and got.shape[2] == self.buffer:
+            return got[:, :, :expected.shape[2]], expected
+        if name == self.last_logits and got.ndim == 3 and got.shape[1] == 1 and expected.ndim == 3:
+            return got, expected[:, -1:]
+        return got, expected
+
+
+def shared_layout(model: ir.Model) -> SharedLayout:
+    """The compiled model's shared KV buffer and last-position logits (softsyn.passes.kv_layout), if any."""
+    from softsyn.runtime.decoder import NotDecoder, decoder_io
+
+    try:
+        io = decoder_io(model)
+    except NotDecoder:
+        return SharedLayout()
+    logits = next(v for v in model.graph.outputs if v.name == io.logits)
+    last = io.logits if logits.shape is not None and len(logits.shape) == 3 and logits.shape[1] == 1 else None
+    if not io.shares_buffer or io.buffer_length is None:
+        return SharedLayout(last_logits=last)
+    ports = frozenset(n for layer in io.layers for n in (layer.past_key, layer.past_value, layer.present_key,
+                                                          layer.present_value))
+    return SharedLayout(ports, io.buffer_length, last)
 
 
 def vocab_size(netlist: Netlist) -> int | None:

@@ -30,8 +30,9 @@ from softsyn.runtime.binding import device_of, empty, to_device
 from softsyn.runtime.decoder import DecoderIO
 
 STEP_INTERVAL = ("host wall clock per step: its inputs put on the device, one run_with_iobinding, the logits "
-                 "copied to the host and their argmax (greedy); TTFT = the prefill step (all prompt positions' "
-                 "logits copied), TPOT = one decode step; no tokenisation, session creation or buffer allocation")
+                 "copied to the host and their argmax (greedy); TTFT = the prefill step (the logits the artifact "
+                 "emits copied: the last position's, or every prompt position's when compiled --all-logits), "
+                 "TPOT = one decode step; no tokenisation, session creation or buffer allocation")
 
 
 @dataclass(frozen=True)

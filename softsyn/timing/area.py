@@ -77,23 +77,52 @@ KV_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 2 / 32, "int4": 0.5 + 2 / 32}
 
 
+GQA_PAST_INPUTS = (3, 4)  # GroupQueryAttention's past_key / past_value inputs
+
+
+def kv_seq_axis(value: ir.Value) -> int | None:
+    """The sequence axis of a past-KV input: its `past` dim, or axis 2 of a shared buffer (a GroupQueryAttention
+    past whose present has its shape: softsyn.passes.kv_layout's [batch, kv_heads, max_length, head_dim])."""
+    if value.shape is None:
+        return None
+    named = [i for i, d in enumerate(value.shape) if str(d) == "past"]
+    if named:
+        return named[0]
+    for use in value.uses():
+        node = use.node
+        if node.op_type == "GroupQueryAttention" and use.idx in GQA_PAST_INPUTS and len(value.shape) == 4:
+            present = node.outputs[use.idx - 2]
+            if present is not None and present.shape is not None and list(present.shape) == list(value.shape):
+                return 2
+    return None
+
+
 def kv_cache_inputs(netlist: Netlist) -> list[ir.Value]:
-    """Graph inputs that carry cached keys/values: those with a `past` dimension."""
-    return [v for v in netlist.model.graph.inputs
-            if v.shape is not None and any(str(d) == "past" for d in v.shape)]
+    """Graph inputs that carry cached keys/values: those with a `past` dimension, or shared KV buffers."""
+    return [v for v in netlist.model.graph.inputs if kv_seq_axis(v) is not None]
+
+
+def kv_buffer_length(kv_inputs: list[ir.Value]) -> int | None:
+    """The static length of shared KV buffers (one for all of them), else None (a cache that grows)."""
+    lengths = {v.shape[kv_seq_axis(v)] for v in kv_inputs}
+    length = lengths.pop() if len(lengths) == 1 else None
+    return length if isinstance(length, int) else None
 
 
 def kv_bytes_per_token(netlist: Netlist, kv_inputs: list[ir.Value]) -> float:
     """Bytes one token of one sequence adds to the KV cache: the past-KV inputs' dims other than
-    batch and past, times their element size (2 x layers x kv heads x head dim x size for a GQA decoder)."""
+    batch and the sequence axis, times their element size (2 x layers x kv heads x head dim x size for a GQA
+    decoder)."""
     env = {"batch": 1, "past": 1, "seq": 1, **{d: 1 for d in netlist.symbolic_dims() - {"batch", "past"}}}
     total = 0.0
     for v in kv_inputs:
-        count = 1
-        for d in v.shape:
+        count, axis = 1, kv_seq_axis(v)
+        for i, d in enumerate(v.shape):
+            if i == axis:
+                continue
             if isinstance(d, int):
                 count *= d
-            elif str(d) not in ("batch", "past"):
+            elif str(d) != "batch":
                 value = eval_dim_expr(str(d), env)
                 count *= 1 if value is None else value
         total += count * v.dtype.itemsize
@@ -106,9 +135,12 @@ def kv_layout_text(kv_inputs: list[ir.Value]) -> str:
     return shapes.pop() if len(shapes) == 1 else "mixed"
 
 
-def kv_length(constraints: Constraints) -> tuple[int, str]:
-    """KV tokens per sequence and the constraints key that set them."""
+def kv_length(constraints: Constraints, buffer: int | None = None) -> tuple[int, str]:
+    """KV tokens per sequence and the constraints key that set them; a shared buffer's own length first."""
     w = constraints.workload
+    if buffer is not None:
+        return buffer, ("kv_cache.max_length" if buffer == constraints.kv_cache.max_length
+                        else "the KV buffer's max_length")
     if constraints.kv_cache.max_length:
         return constraints.kv_cache.max_length, "kv_cache.max_length"
     if w.prompt_len > w.context_len:
@@ -121,7 +153,7 @@ def kv_cache_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None
     if not kv_inputs:
         return None
     w = constraints.workload
-    length, _ = kv_length(constraints)
+    length, _ = kv_length(constraints, kv_buffer_length(kv_inputs))
     total = kv_bytes_per_token(netlist, kv_inputs) * w.batch * w.concurrency * length
     dtype = kv_inputs[0].dtype.name.lower()
     detail = (f"{len(kv_inputs)} tensors ({dtype}) x batch {w.batch} x concurrency {w.concurrency} "
@@ -309,7 +341,7 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
     if not kv_inputs:
         return None
     w = constraints.workload
-    length, key = kv_length(constraints)
+    length, key = kv_length(constraints, kv_buffer_length(kv_inputs))
     fixed = sum(k.bytes for k in kinds if k.name.startswith("weights ") or k.name == "constants")
     budget = KVBudget(
         tensors=len(kv_inputs), layout=kv_layout_text(kv_inputs),

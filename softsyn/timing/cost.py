@@ -203,7 +203,8 @@ def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: flo
     """Fused attention: QK^T and PV (4 * B * H * S * L * D) plus softmax; bytes = Q/K/V/cache in + out.
 
     GroupQueryAttention: query [B, S, H*D], key/value [B, S, Hkv*D], past [B, Hkv, P, D], kv_len = the
-    present length (P + S, or the shared buffer's total_sequence_length). MultiHeadAttention: key [B, L, H*D]
+    present length (P + S); of a shared max_length buffer (past and present one shape), total_sequence_length
+    (the mask's width: past + seq of the scenario), and bytes count the positions read and written, not the buffer. MultiHeadAttention: key [B, L, H*D]
     (or 4-D BNSH), plus past. Attention (BERT-style, packed QKV weights): adds the QKV projection.
     """
     op = node.op_type
@@ -230,6 +231,16 @@ def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: flo
         k = shape_of(node.inputs[1], shapes) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         if op == "GroupQueryAttention":
             kv_len = present[-2] if present and len(present) == 4 else seq
+            total = host_length(node.inputs[6] if len(node.inputs) > 6 else None, shapes)
+            past = shape_of(node.inputs[3], shapes) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+            if total is not None and past and present and len(past) == 4 and tuple(past) == tuple(present):
+                # a shared max_length buffer: GQA reads seqlens_k + 1 = total positions of it and writes seq new ones
+                in_bytes -= value_bytes(node.inputs[3], shapes) + value_bytes(node.inputs[4], shapes)
+                out_bytes -= value_bytes(node.outputs[1], shapes) + value_bytes(node.outputs[2], shapes)
+                per_position = 2 * numel(past) / past[-2] * _itemsize(node.inputs[3])  # K and V, one position
+                in_bytes += per_position * max(total - seq, 0)
+                out_bytes += per_position * seq
+                kv_len = total
         else:
             kv_len = (k[-2] if k and len(k) == 4 else k[1] if k and len(k) == 3 else seq)
             past = shape_of(node.inputs[6], shapes) if len(node.inputs) > 6 and node.inputs[6] is not None else None
@@ -241,6 +252,25 @@ def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: flo
     sizes = {"batch": batch, "q_tokens": seq, "kv_len": kv_len, "heads": heads, "kv_heads": kv_heads,
              "head_dim": head_dim}
     return Work(flops, in_bytes + out_bytes, sizes)
+
+
+def host_length(value: ir.Value | None, shapes: Shapes) -> int | None:
+    """The value of a length computed on the host from a tensor's shape (GroupQueryAttention's
+    total_sequence_length: Shape(attention_mask)[1], through Cast/Squeeze/Gather/Reshape), else None."""
+    while value is not None and value.producer() is not None:
+        node = value.producer()
+        if node.op_type == "Shape":
+            shape = shape_of(node.inputs[0], shapes)
+            if shape is None:
+                return None
+            start = node.attributes.get_int("start", 0)
+            end = node.attributes.get_int("end", len(shape))
+            picked = shape[start:end]
+            return int(picked[0]) if len(picked) == 1 else None
+        if node.op_type not in ("Cast", "Squeeze", "Reshape", "Unsqueeze") or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
 
 
 def _moe(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -> Work:

@@ -1,0 +1,272 @@
+"""kv_layout (effort low): the KV cache as ORT's GroupQueryAttention runs it fastest, and last-position logits.
+
+A decoder whose attention is GroupQueryAttention (the fuse pass makes it) gets the layout onnxruntime-genai's
+builder emits for `past_present_share_buffer`:
+
+- past_key_values.N.key/value and present.N.key/value are declared [batch, kv_heads, max_length, head_dim]: one
+  buffer per layer and key/value that the runtime binds as both past input and present output, and GQA writes
+  the new positions into it in place (no copy of the cache per step, static shapes for CUDA graphs);
+- seqlens_k = ReduceSum(attention_mask, 1) - 1 as int32 and total_sequence_length = attention_mask's width as an
+  int32 scalar (a Shape of the mask: a host-side value), the builder's computation; the fuse pass builds them so,
+  and a layer whose lengths read the past's shape instead is refused (the buffer's dim is max_length, not the
+  cached length);
+- max_length is constraints `kv_cache.max_length`, else the workload's (prompt_len, context_len + 1), and it must
+  hold every timed scenario's past + seq.
+
+The KV dtype is GQA's activation type T (past, present, query share it): kv_cache.dtype fp16/bf16 is realised by
+the precision pass's fp16 map; int8/fp8 KV (GQA's quantised-cache inputs) is not applied, and the report says so.
+Other reads of a past input are rewritten where their value does not depend on the cached length (a Shape of the
+batch dim reads input_ids instead; of a static dim, a constant); any other read refuses the pass.
+
+Option `last_token_logits` (default on): the lm_head reads the last position's hidden state only (a Slice before
+it), so prefill computes and copies [batch, 1, vocab] logits, as generation reads them; `--all-logits` keeps all.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from softsyn.errors import SoftsynError
+from softsyn.netlist import HIERARCHY_KEY
+from softsyn.passes import PassResult, register
+from softsyn.passes.fuse.graph import add_initializer, make_node
+from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
+
+GQA_SEQLENS, GQA_TOTAL = 5, 6  # GroupQueryAttention's seqlens_k and total_sequence_length inputs
+SEQ_AXIS = 2  # the sequence axis of a [batch, kv_heads, seq, head_dim] KV port
+# kv_cache.dtype -> the GQA activation dtypes that realise it (bf16 requests are realised as fp16 by precision)
+KV_REALISED = {"fp32": ("fp32",), "fp16": ("fp16",), "bf16": ("bf16", "fp16")}
+DTYPE_NAME = {ir.DataType.FLOAT: "fp32", ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}
+# Ops a lengths computation passes through from the mask to GQA's seqlens_k / total_sequence_length
+LENGTH_OPS = {"ReduceSum", "Sub", "Cast", "Shape", "Squeeze", "Gather", "Slice", "Unsqueeze", "Reshape"}
+LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits"}
+
+
+@dataclass(frozen=True)
+class KvLayoutReport:
+    applied: bool
+    reason: str  # why not applied, or what was done
+    max_length: int | None
+    length_key: str  # the constraints key (or workload) max_length came from
+    layers: int
+    kv_dtype: str | None  # the KV ports' dtype as emitted
+    kv_note: str  # how kv_cache.dtype was realised, or why not
+    last_token_logits: bool  # whether the lm_head now reads the last position only
+    logits_note: str
+
+    def lines(self) -> list[str]:
+        head = (f"kv_layout: {self.layers} layers share one [batch, kv_heads, {self.max_length}, head_dim] past/present "
+                f"buffer ({self.length_key})" if self.applied else f"kv_layout: KV layout unchanged: {self.reason}")
+        return [head] + [note for note in (self.kv_note, self.logits_note) if note]
+
+
+def _hierarchy_pinned(node: ir.Node, dont_touch) -> bool:
+    h = node.metadata_props.get(HIERARCHY_KEY, "")
+    return any(fnmatch.fnmatchcase(h, g) or fnmatch.fnmatchcase(node.name or "", g) for g in dont_touch or ())
+
+
+def kv_attention(graph: ir.Graph) -> list[ir.Node]:
+    """The GroupQueryAttention nodes that read a past KV graph input and write a present graph output."""
+    inputs, outputs = {id(v) for v in graph.inputs}, {id(v) for v in graph.outputs}
+    found = []
+    for node in graph:
+        if node.op_type != "GroupQueryAttention" or len(node.inputs) <= GQA_TOTAL:
+            continue
+        past = [node.inputs[i] for i in GQA_PAST.values()]
+        present = [node.outputs[i] for i in GQA_PRESENT.values()]
+        if all(v is not None and id(v) in inputs for v in past) and all(id(v) in outputs for v in present):
+            found.append(node)
+    return found
+
+
+def max_length_for(design) -> tuple[int, str]:
+    """(max_length, where it came from): kv_cache.max_length, else the workload's longest sequence; SoftsynError
+    when a timed scenario does not fit in it."""
+    cons = design.constraints
+    w = cons.workload
+    if cons.kv_cache.max_length:
+        length, key = cons.kv_cache.max_length, "kv_cache.max_length"
+    else:
+        length, key = max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"
+    for group in design.groups:
+        dims = group.scenario.dims
+        need = dims.get("past", 0) + dims.get("seq", 1)
+        if need > length:
+            raise SoftsynError(f"{cons.source}: kv_cache.max_length {length} ({key}) is below scenario "
+                               f"{group.name}'s past + seq = {need}: its shared KV buffer could not hold it; "
+                               f"set kv_cache.max_length to at least {need}")
+    return length, key
+
+
+def _leaves(value: ir.Value) -> tuple[set[str], bool]:
+    """(graph inputs the value is computed from, whether only LENGTH_OPS compute it)."""
+    names, clean, stack, seen = set(), True, [value], set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen or v.is_initializer() or v.const_value is not None:
+            continue
+        seen.add(id(v))
+        node = v.producer()
+        if node is None:
+            names.add(v.name)
+            continue
+        clean &= node.op_type in LENGTH_OPS or node.op_type == "Constant"
+        stack.extend(node.inputs)
+    return names, clean
+
+
+def _length_problem(node: ir.Node) -> str | None:
+    """Why the node's seqlens_k / total_sequence_length do not fit a shared buffer (None: they are the mask's)."""
+    for idx, what in ((GQA_SEQLENS, "seqlens_k"), (GQA_TOTAL, "total_sequence_length")):
+        names, clean = _leaves(node.inputs[idx])
+        if names != {ATTENTION_MASK} or not clean:
+            return (f"{node.name}: {what} is computed from {', '.join(sorted(names)) or 'constants'}, not from "
+                    f"{ATTENTION_MASK} alone (a shared buffer's dim is max_length, not the cached length)")
+    return None
+
+
+def _other_reads(graph: ir.Graph, past: ir.Value, attention: set[int]) -> tuple[list, str | None]:
+    """The rewrites the past input's reads other than GQA need ([(Shape node, replacement)]), or why none fits."""
+    plan = []
+    for use in past.uses():
+        node = use.node
+        if id(node) in attention:
+            continue
+        if node.op_type != "Shape":
+            return [], f"{past.name} is read by {node.op_type} {node.name}, not only by GroupQueryAttention"
+        rank = len(past.shape)
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", rank)
+        start, end = start + rank if start < 0 else start, min(end + rank if end < 0 else end, rank)
+        axes = list(range(start, end))
+        if axes == [0]:
+            plan.append((node, "batch"))
+        elif axes and all(isinstance(past.shape[a], int) and a != SEQ_AXIS for a in axes):
+            plan.append((node, [int(past.shape[a]) for a in axes]))
+        else:
+            return [], f"{node.name} reads {past.name}'s dims {axes} (its cached length is not its shape any more)"
+    return plan, None
+
+
+def _apply_reads(graph: ir.Graph, plan) -> None:
+    ids = next(v for v in graph.inputs if v.name == INPUT_IDS)
+    for node, what in plan:
+        if what == "batch":  # input_ids is [batch, seq]: the same batch dim
+            node.replace_input_with(0, ids)
+            node.attributes.pop("end", None)
+            node.attributes["start"] = ir.AttrInt64("start", 0)
+            node.attributes["end"] = ir.AttrInt64("end", 1)
+        else:
+            const = add_initializer(graph, f"{node.name}_dims", np.asarray(what, dtype=np.int64))
+            ir.convenience.replace_all_uses_with(node.outputs[0], const)
+            graph.remove(node, safe=True)
+
+
+def kv_dtype_note(requested: str | None, emitted: str | None) -> str:
+    if not requested:
+        return ""
+    if requested in ("int8", "fp8"):
+        return (f"kv_cache.dtype {requested}: not applied (GroupQueryAttention's quantised KV cache is not mapped "
+                f"yet); the KV cache stays {emitted}")
+    if emitted in KV_REALISED.get(requested, ()):
+        return f"kv_cache.dtype {requested}: realised as {emitted}" if requested != emitted else ""
+    return (f"kv_cache.dtype {requested}: not applied (GroupQueryAttention keeps its KV cache in its activation "
+            f"type, {emitted}; set precision.default to change both)")
+
+
+def rewrite_kv(nodes: list[ir.Node], length: int) -> None:
+    """Declare every layer's past/present [batch, kv_heads, length, head_dim] (the caller checked they can be)."""
+    for node in nodes:
+        for kind, i in GQA_PAST.items():
+            past, present = node.inputs[i], node.outputs[GQA_PRESENT[kind]]
+            shape = list(past.shape)
+            shape[SEQ_AXIS] = length
+            past.shape = ir.Shape(shape)
+            present.shape = ir.Shape(shape)
+
+
+def slice_last_position(graph: ir.Graph) -> str:
+    """Slice the lm_head's input to the last position; returns what was done (or why not)."""
+    out = next((v for v in graph.outputs if v.name == LOGITS), None)
+    head = out.producer() if out is not None else None
+    while head is not None and head.op_type == "Cast":
+        head = head.inputs[0].producer()
+    if head is None or head.op_type not in LOGITS_OPS:
+        return f"last_token_logits: not applied ({LOGITS} is not computed by a MatMul/Gemm lm_head)"
+    x = head.inputs[0]
+    if x.shape is None or len(x.shape) != 3:
+        return f"last_token_logits: not applied (the lm_head's input {x.name} is not [batch, seq, hidden])"
+    if x.shape[1] == 1:
+        return ""
+    starts, ends, axes = (add_initializer(graph, f"last_position_{k}", np.asarray([v], dtype=np.int64))
+                          for k, v in (("start", -1), ("end", np.iinfo(np.int64).max), ("axis", 1)))
+    scope = head.metadata_props.get(HIERARCHY_KEY, "")
+    # the lm_head's parent scope: a dont_touch on the lm_head pins that cell, which stays as it was
+    cut = make_node(head, "", "Slice", [x, starts, ends, axes], name="last_position_slice",
+                    hierarchy=scope.rsplit(".", 1)[0] if "." in scope else "")
+    cut.outputs[0].shape = ir.Shape([x.shape[0], 1, x.shape[2]])
+    cut.outputs[0].type = x.type
+    graph.insert_before(head, [cut])
+    head.replace_input_with(0, cut.outputs[0])
+    if out.shape is not None and len(out.shape) == 3:
+        out.shape = ir.Shape([out.shape[0], 1, out.shape[2]])
+    return "last_token_logits: the lm_head reads the last position only (logits [batch, 1, vocab] at prefill)"
+
+
+@register("kv_layout", "KV ports as one max_length past/present buffer GroupQueryAttention updates in place; "
+                       "last-position logits")
+def run(design, last_token_logits: bool = True) -> PassResult:
+    last = last_token_logits
+    graph = design.netlist.model.graph
+    cons = design.constraints
+    counts: dict[str, int] = {}
+    report = dict(applied=False, max_length=None, length_key="", layers=0, kv_dtype=None, kv_note="",
+                  last_token_logits=False, logits_note="")
+    nodes = kv_attention(graph)
+    reason = ""
+    if design.netlist.kind != "decoder":
+        reason = f"not a decoder with a KV cache (netlist kind {design.netlist.kind})"
+    elif not nodes:
+        reason = "no GroupQueryAttention reads a past KV input and writes a present output"
+    elif not any(v.name == ATTENTION_MASK for v in graph.inputs):
+        reason = f"no {ATTENTION_MASK} input: seqlens_k and total_sequence_length need it with a shared buffer"
+    pinned = [n.name for n in nodes if _hierarchy_pinned(n, cons.dont_touch)]
+    if not reason and pinned:
+        reason = f"dont_touch holds {', '.join(pinned[:3])}{' ...' if len(pinned) > 3 else ''}"
+    if not reason:
+        reason = next((p for p in map(_length_problem, nodes) if p), "")
+    reads = []
+    if not reason:
+        attention = {id(n) for n in nodes}
+        for node in nodes:
+            for i in GQA_PAST.values():
+                plan, problem = _other_reads(graph, node.inputs[i], attention)
+                reads += plan
+                reason = reason or problem or ""
+    if not reason:
+        length, key = max_length_for(design)
+        _apply_reads(graph, reads)
+        rewrite_kv(nodes, length)
+        counts["layers rewritten"] = len(nodes)
+        if reads:
+            counts["past reads moved"] = len(reads)
+        emitted = DTYPE_NAME.get(nodes[0].inputs[GQA_PAST["key"]].dtype)
+        report.update(applied=True, max_length=length, length_key=key, layers=len(nodes), kv_dtype=emitted,
+                      kv_note=kv_dtype_note(cons.kv_cache.dtype, emitted))
+    if last and design.netlist.kind == "decoder":
+        note = slice_last_position(graph)
+        applied = note.startswith("last_token_logits: the lm_head")
+        report.update(last_token_logits=applied, logits_note=note)
+        if applied:
+            counts["logits sliced"] = 1
+    elif not last:
+        report.update(logits_note="last_token_logits: off (--all-logits): prefill emits every position's logits")
+    if counts:
+        design.netlist_changed()
+    result = KvLayoutReport(reason=reason or "shared past/present buffer", **report)
+    for line in result.lines():
+        design.log(line)
+    return PassResult(counts, result)
