@@ -121,7 +121,8 @@ class Variant:
     prep_seconds: float = 0.0
     nodes: int | None = None
     notes: list[str] = field(default_factory=list)
-    genai_config: dict | None = None  # builder only
+    genai_config: dict | None = None  # builder, and compiled (softsyn writes one for decoders)
+    kv_buffer: int | None = None  # a shared past/present buffer's fixed length (compiled: kv_layout's max_length)
 
     @property
     def ok(self) -> bool:
@@ -304,7 +305,7 @@ def make_ort_fusions(plain: Path, out: Path) -> tuple[Path, dict]:
     return path, {k: int(n) for k, n in counts.items() if n}
 
 
-def make_compiled(netlist, target: str, out: Path) -> tuple[Path, dict, str]:
+def make_compiled(netlist, target: str, out: Path, max_length: int) -> tuple[Path, dict, str]:
     """softsyn compile --effort low on `netlist` (modified in place: do it after everything else reads it)."""
     from softsyn.flow.compile import compile_design
     from softsyn.constraints import Constraints
@@ -313,7 +314,9 @@ def make_compiled(netlist, target: str, out: Path) -> tuple[Path, dict, str]:
     from softsyn.library import load_library
     from softsyn.runtime.measure import onnx_path
 
-    design = Design(netlist, Constraints.default(), load_library(target), progress=True)
+    cons = Constraints.default()
+    cons.kv_cache.max_length = max_length  # kv_layout's shared buffer holds every timed context
+    design = Design(netlist, cons, load_library(target), progress=True)
     reference = {"source": f"zoo:{netlist.name}", "onnx": str(onnx_path(netlist).resolve()),
                  "precision": compiled_precision(netlist)}
     _, path = compile_design(design, "low", out, reference)
@@ -411,8 +414,10 @@ def rel_error(x: np.ndarray, ref: np.ndarray) -> float:
 
 def compare(outs: dict, ref: dict, lengths: dict) -> tuple[float | None, float | None]:
     """max rel error of logits and of the present KV against the reference outputs (None: not comparable)."""
-    logits = rel_error(outs["logits"], ref["logits"]) if "logits" in outs and "logits" in ref and \
-        outs["logits"].shape == ref["logits"].shape else None
+    x, r = outs.get("logits"), ref.get("logits")
+    if x is not None and r is not None and x.ndim == 3 and x.shape[1] == 1 < r.shape[1]:
+        r = r[:, -1:]  # last-position logits (softsyn's kv_layout) against the reference's last row
+    logits = rel_error(x, r) if x is not None and r is not None and x.shape == r.shape else None
     kv = []
     for name, r in ref.items():
         if not name.startswith("present") or name not in outs:
@@ -558,7 +563,11 @@ def main() -> int:
     if "compiled" in found:
         v, t = found["compiled"], time.perf_counter()
         try:
-            v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / "compiled")
+            v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / "compiled", args.kv_buffer)
+            genai = v.path.parent / "genai_config.json"
+            if genai.exists():
+                v.genai_config = json.loads(genai.read_text())
+                v.kv_buffer = v.genai_config.get("search", {}).get("max_length")
             v.notes.append(f"target {plan['target']}; fusion coverage: {coverage or 'none'}")
             compiled_ports = [(p.name, str(p.dtype)) for p in netlist.model.graph.inputs]
             if [n for n, _ in compiled_ports] != [n for n, _ in ports]:
@@ -585,6 +594,7 @@ def main() -> int:
         base = found.get(name.removesuffix(GRAPHED)) if name.endswith(GRAPHED) else None
         if base is not None:
             v.path, v.options, v.genai_config, v.error = base.path, base.options, base.genai_config, base.error
+            v.kv_buffer = base.kv_buffer
             v.notes = [f"the {base.name} model, enable_cuda_graph=1 (captured on its first run per scenario)"]
         if v.ok:
             v.nodes = count_nodes(v.path)
@@ -610,9 +620,10 @@ def main() -> int:
                 # a CUDA graph replays fixed shapes and addresses: one session per scenario, its binding made once
                 s = open_model(v.path, provider, options=v.options, cuda_graph=True) if graphed else sess
                 sessions[name][scen] = s
-                runners[name][scen], kv_lengths[name][scen] = bind(v, s, feeds[scen], dims, provider, args.kv_buffer)
+                runners[name][scen], kv_lengths[name][scen] = bind(v, s, feeds[scen], dims, provider,
+                                                                   v.kv_buffer or args.kv_buffer)
             if v.genai_config and v.genai_config.get("search", {}).get("past_present_share_buffer"):
-                v.notes.append(f"shared past/present KV buffers of {args.kv_buffer} positions (--kv-buffer), "
+                v.notes.append(f"shared past/present KV buffers of {v.kv_buffer or args.kv_buffer} positions, "
                                f"inputs {', '.join(i.name for i in s.get_inputs()[:2])}, past_key_values.N.*")
         except Exception as exc:  # noqa: BLE001
             v.error = short_error(exc)
