@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import onnx_ir as ir
 import pytest
 
+from genai_tokens import genai_tokens
 from softsyn.frontends.zoo import minilm_folder
 from softsyn.runtime.decoder import decoder_io
 from softsyn.runtime.genai import save_tokenizer, source_tokens
 from softsyn.runtime.generate import Generator, prompt_ids
 from softsyn.runtime.session import open_model
 
-og = pytest.importorskip("onnxruntime_genai", reason="make install puts it in .venv: pip install --no-deps "
+pytest.importorskip("onnxruntime_genai", reason="make install puts it in .venv: pip install --no-deps "
                                                      "onnxruntime-genai==0.18.0 (it declares plain onnxruntime)")
 
 
@@ -35,15 +35,7 @@ def test_genai_config_describes_the_graph(tiny_cpu_artifact):
 
 def test_genai_generates_the_greedy_tokens_of_softsyns_loop(tiny_cpu_artifact):
     prompt, n = prompt_ids(1024, 20, 1), 12
-    model = og.Model(str(tiny_cpu_artifact))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + n)  # prompt + generated tokens
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt.astype(np.int32))
-    tokens = []
-    while not generator.is_done():
-        generator.generate_next_token()
-        tokens.append(int(generator.get_next_tokens()[0]))
+    tokens = genai_tokens(tiny_cpu_artifact, prompt, n)
     io = decoder_io(ir.load(str(tiny_cpu_artifact / "model.onnx")))
     greedy = list(Generator(open_model(tiny_cpu_artifact / "model.onnx"), io).generate(prompt, n).tokens)
     assert 0 not in greedy  # eos_token_id 0 (the zoo model names none) would end genai's generation early
