@@ -503,12 +503,12 @@ def main() -> int:
         make_hf_folder(model, args.make_hf_folder)
         return 0
     variants = [v.strip() for v in (args.variants.split(",") if args.variants else plan["variants"]) if v.strip()]
-    # a graph variant runs its base variant's model: build the base too
-    variants = list(dict.fromkeys([v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)] + variants))
-    variants = [v for v in VARIANTS if v in variants]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         parser.error(f"unknown variant {', '.join(bad)}; valid: {', '.join(VARIANTS)}")
+    # a graph variant runs its base variant's model: build the base too
+    wanted = set(variants) | {v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)}
+    variants = [v for v in VARIANTS if v in wanted]
     rounds, runs, warmup = (args.rounds or plan["rounds"], args.runs or plan["runs"], args.warmup or plan["warmup"])
     provider = args.measure_on or args.provider
     scenarios = plan["scenarios"]

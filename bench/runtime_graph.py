@@ -31,27 +31,26 @@ import onnx
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from softsyn.runtime.binding import BoundRunner  # noqa: E402
+from softsyn.runtime.session import open_model  # noqa: E402
 
 
-def feeds_for(model: onnx.ModelProto, seq: int) -> dict[str, np.ndarray]:
-    """Ones of the right dtype for every input, dynamic dims bound to batch 1 and `seq` tokens."""
-    feeds = {}
-    for inp in model.graph.input:
-        t = inp.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else (1 if i == 0 else seq)
-                for i, d in enumerate(t.shape.dim)]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-        feeds[inp.name] = np.ones(dims, dtype=dtype)
-    return feeds
+def feeds_for(path: Path, seq: int) -> dict[str, np.ndarray]:
+    """softsyn's seeded scenario inputs for the file (its dims bound by role): batch 1, `seq` tokens, no past."""
+    from softsyn.frontends import read_design
+    from softsyn.runtime.inputs import scenario_inputs
+
+    netlist = read_design(str(path), progress=False)
+    dims = {d: 1 if d == "batch" else 0 if d == "past" else seq for d in netlist.symbolic_dims()}
+    return scenario_inputs(netlist, dims, seed=0)
 
 
-def profile_nodes(path: Path, providers: list[str], feeds: dict, runs: int) -> tuple[dict, list]:
+def profile_nodes(path: Path, provider: str, feeds: dict, runs: int) -> tuple[dict, list]:
     """The ORT profiler's node events of `runs` runs: count and summed duration per provider, and the nodes
     the CPU provider ran (name, op)."""
-    so = ort.SessionOptions()
-    so.enable_profiling = True
-    so.profile_file_prefix = str(Path(tempfile.gettempdir()) / f"rg-{path.stem}")
-    sess = ort.InferenceSession(str(path), so, providers=providers)
+    sess = open_model(path, provider, profile_prefix=str(Path(tempfile.gettempdir()) / f"rg-{path.stem}"))
     for _ in range(runs):
         sess.run(None, feeds)
     events = json.loads(Path(sess.end_profiling()).read_text())
@@ -70,39 +69,29 @@ def profile_nodes(path: Path, providers: list[str], feeds: dict, runs: int) -> t
     return per_run, sorted(cpu_nodes.items())
 
 
-def wall_time(sess, feeds: dict, device: str, runs: int) -> tuple[float, float]:
-    """(median, p10) seconds of one run_with_iobinding call with inputs and outputs on `device`."""
-    binding = sess.io_binding()
-    for name, value in feeds.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
-    for out in sess.get_outputs():
-        binding.bind_output(out.name, device)
+def wall_time(runner, runs: int) -> tuple[float, float]:
+    """(median, p10) seconds of one run_with_iobinding call of a softsyn.runtime.binding.BoundRunner."""
     for _ in range(10):
-        sess.run_with_iobinding(binding)
+        runner.run()
     times = []
     for _ in range(runs):
         t = time.perf_counter()
-        sess.run_with_iobinding(binding)
+        runner.run()
         times.append(time.perf_counter() - t)
     times.sort()
     return statistics.median(times), times[len(times) // 10]
 
 
-def cupti(sess, feeds: dict, runs: int) -> dict:
+def cupti(runner, runs: int) -> dict:
     """Kernels, device busy time and copies per run, from CUPTI (torch.profiler) over `runs` runs."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    binding = sess.io_binding()
-    for name, value in feeds.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-    for out in sess.get_outputs():
-        binding.bind_output(out.name, "cuda")
-    sess.run_with_iobinding(binding)
+    runner.run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(runs):
-            sess.run_with_iobinding(binding)
+            runner.run()
         torch.cuda.synchronize()
     trace = Path(tempfile.gettempdir()) / "rg-cupti.json"
     prof.export_chrome_trace(str(trace))
@@ -120,7 +109,8 @@ def cupti(sess, feeds: dict, runs: int) -> dict:
 
 
 def optimised_graph(path: Path, providers: list[str], out_dir: Path) -> tuple[int, collections.Counter]:
-    """Nodes of the graph ORT runs (level ALL, partitioned, Memcpy nodes inserted), saved without weights."""
+    """Nodes of the graph ORT runs (level ALL, partitioned, Memcpy nodes inserted), saved without weights.
+    Its own SessionOptions: the external-initializer config entries are not SessionSettings fields."""
     so = ort.SessionOptions()
     target = out_dir / f"{path.stem}.ort-optimized.onnx"
     so.optimized_model_filepath = str(target)
@@ -152,19 +142,18 @@ def main() -> int:
         models += [family_signoff.export(name, work) for name in family_signoff.FAMILIES]
     providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if args.provider == "cuda"
                  else ["CPUExecutionProvider"])
-    device = "cuda" if args.provider == "cuda" else "cpu"
     keep = args.keep or Path(tempfile.mkdtemp())
     keep.mkdir(parents=True, exist_ok=True)
     lines = [f"# What ONNX Runtime runs ({args.provider}), {datetime.date.today()}", "",
-             f"Command: `python bench/runtime_graph.py --provider {args.provider} {' '.join(sys.argv[1:])}`",
+             f"Command: `python bench/runtime_graph.py {' '.join(sys.argv[1:])}`",
              f"onnxruntime {ort.__version__}, batch 1, {args.seq} tokens, {args.runs} timed runs", ""]
     for path in models:
         model = onnx.load(str(path), load_external_data=False)
-        feeds = feeds_for(model, args.seq)
+        feeds = feeds_for(path, args.seq)
         n_opt, ops = optimised_graph(path, providers, keep)
-        per_provider, cpu_nodes = profile_nodes(path, providers, feeds, 10)
-        sess = ort.InferenceSession(str(path), providers=providers)
-        median, p10 = wall_time(sess, feeds, device, args.runs)
+        per_provider, cpu_nodes = profile_nodes(path, args.provider, feeds, 10)
+        runner = BoundRunner.from_feeds(open_model(path, args.provider), feeds, args.provider)
+        median, p10 = wall_time(runner, args.runs)
         lines += [f"## {path.stem}", "",
                   f"- netlist nodes {len(model.graph.node)}; ORT's optimised graph {n_opt} nodes "
                   f"(Memcpy: {ops.get('MemcpyToHost', 0)} to host, {ops.get('MemcpyFromHost', 0)} from host)",
@@ -173,7 +162,7 @@ def main() -> int:
                                                                 for p, (n, s) in sorted(per_provider.items())),
                   f"- run_with_iobinding wall: median {median * 1e3:.3f} ms, p10 {p10 * 1e3:.3f} ms"]
         if args.provider == "cuda":
-            c = cupti(sess, feeds, 20)
+            c = cupti(runner, 20)
             lines += [f"- CUPTI per run: {c['kernels_per_run']:.0f} kernels, device busy {c['busy_s'] * 1e3:.3f} ms, "
                       f"copies {c['copies_per_run']} ({c['copy_s'] * 1e6:.1f} us)",
                       f"- busy / wall: {c['busy_s'] / median:.2f}",

@@ -109,17 +109,23 @@ def load_view(netlist: Netlist) -> LoadView:
     gone = [node for node in nodes if node not in run]
     # An orphan still launches: it gives its launch back to a vanished node of its op type, else to any vanished
     # node that computes at run time, so the view launches as many nodes as ORT's graph holds.
-    relaunch: set[ir.Node] = set()
     by_op: dict[str, list[ir.Node]] = {}
     for node in gone:
         by_op.setdefault(node.op_type, []).append(node)
     live = [node for node in gone if node.op_type != "Constant" and not all(
         v is None or v.is_initializer() or (v.producer() is not None and v.producer().op_type == "Constant")
         for v in node.inputs)]
+    relaunch: set[ir.Node] = set()
     for op in orphans:
-        pool = [n for n in by_op.get(op, []) if n not in relaunch] or [n for n in live if n not in relaunch]
-        if pool:
-            relaunch.add(pool[0])
+        same = by_op.get(op)
+        if same:
+            relaunch.add(same.pop(0))
+    rest = iter(node for node in live if node not in relaunch)
+    for _ in range(len(orphans) - len(relaunch)):  # orphans of an op no vanished node had
+        node = next(rest, None)
+        if node is None:
+            break
+        relaunch.add(node)
     absorbed = frozenset(node for node in gone if node not in relaunch)
     return LoadView(absorbed=absorbed, anchors=anchors, kept=len(ran) + len(relaunch),
                     fused=fused)
