@@ -64,7 +64,7 @@ def group_block(g, unit: str, digits: int) -> list[str]:
         kv("Estimated cells", f"{g.estimated_cells} of {g.cell_count}", "(roofline)"),
         kv("Work", split_unit(fcount(g.total_flops))[0], split_unit(fcount(g.total_flops))[1] + "FLOP"),
         kv_bytes("Bytes Moved", g.total_bytes, byte_unit_for(g.total_bytes)),
-    ]
+    ] + ([f"{'Launch:':<{LABEL_WIDTH}}{g.launch}"] if g.launch else [])
 
 
 def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str = "ms") -> str:

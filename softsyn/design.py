@@ -25,6 +25,7 @@ from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
 from softsyn.timing.area import area
+from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
 from softsyn.timing.sta import unmodelled_warnings
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
@@ -77,7 +78,7 @@ class Design:
         return design
 
     # Cached views of the netlist; netlist_changed() drops every one of them.
-    NETLIST_VIEWS = ("graph", "groups", "runtime_view")
+    NETLIST_VIEWS = ("graph", "groups", "runtime_view", "launches")
 
     @functools.cached_property
     def graph(self):
@@ -99,6 +100,15 @@ class Design:
         view = load_view(self.netlist)
         self.log(f"{view.describe()}, {time.perf_counter() - start:.1f} s")
         return view
+
+    @functools.cached_property
+    def launches(self) -> dict[str, Launch]:
+        """GPU targets: per group, whether it runs as a captured CUDA graph (softsyn.timing.capture), which the
+        STA times and emit's runtime settings enable; empty for a CPU target."""
+        if not self.library.is_gpu:
+            return {}
+        shared = shared_kv_buffer(self.netlist)
+        return {g.name: group_launch(self.netlist, self.library, g.scenario.dims, shared) for g in self.groups}
 
     def _group_specs(self) -> list[PathGroupSpec]:
         if self.constraints.path_groups:
@@ -157,7 +167,7 @@ class Design:
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
             results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
-                                      absorbed))
+                                      absorbed, self.launches.get(group.name)))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results

@@ -203,14 +203,17 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
     providers = ([library.provider, "CPUExecutionProvider"] if library.is_gpu else ["CPUExecutionProvider"])
     kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
     kv_layout = design.pass_reports.get("kv_layout")  # its max_length is the shared buffer's (softsyn run binds it)
+    captured = any(launch.captured for launch in design.launches.values())
     return {
         "format": 1,
         "model": None if plan else MODEL_FILE,
         "plan": plan,
         "providers": providers,
-        # enable_cuda_graph "1" once every decode node runs on CUDA with static shapes (issue 13); softsyn run
-        # and genai_config.json take their provider options from here
-        "provider_options": {library.provider: {"enable_cuda_graph": "0"}} if library.is_gpu else {},
+        # enable_cuda_graph "1" where a group's graph can be captured (softsyn.timing.capture: decode with a shared
+        # KV buffer, every node on CUDA); softsyn run and genai_config.json take their provider options from here
+        "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
+        if library.is_gpu else {},
+        "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
         "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),

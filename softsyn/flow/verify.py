@@ -31,6 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from softsyn import outdir
+from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
@@ -233,7 +234,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     session = _session(out_dir / MODEL_FILE, target, "compiled model")
     provider = session.get_providers()[0]
     if provider == "CPUExecutionProvider":
-        session, viewed = _cpu_view_session(out_dir)
+        session, viewed = cpu_view_session(out_dir / MODEL_FILE)
         if viewed:
             provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"
     input_types = {i.name: i.type for i in session.get_inputs()}
@@ -336,24 +337,5 @@ def is_logits(value: ir.Value | None, vocab: int | None) -> bool:
     while producer is not None and producer.op_type in VIEWS:
         producer = producer.inputs[0].producer()
     return width >= WIDE_LOGITS and producer is not None and producer.op_type in ("MatMul", "Gemm")
-
-
-def _cpu_view_session(out_dir: Path):
-    """(CPU session, GQA nodes changed): the compiled model, or its CPU view (softsyn.flow.cpu_view) where it
-    absorbed what only GPU kernels run; the view file lives beside the weights only while the session loads."""
-    import onnx
-
-    from softsyn.flow.cpu_view import expand_qk_norms
-
-    proto = onnx.load(str(out_dir / MODEL_FILE), load_external_data=False)
-    changed = expand_qk_norms(proto)
-    if not changed:
-        return open_session(out_dir / MODEL_FILE, SessionSettings(provider="cpu")), 0
-    view = out_dir / f".cpu-view-{MODEL_FILE}"
-    try:
-        onnx.save(proto, str(view))
-        return open_session(view, SessionSettings(provider="cpu")), changed
-    finally:
-        view.unlink(missing_ok=True)
 
 

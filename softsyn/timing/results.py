@@ -77,6 +77,7 @@ class GroupTiming:
     estimated_cells: int  # cells whose delay is a roofline estimate
     total_flops: float
     total_bytes: float
+    launch: str = ""  # GPU libraries: "CUDA graph (...)" or "eager (why)" (softsyn.timing.capture); "" on a CPU
 
     @property
     def critical(self) -> TimingPath:

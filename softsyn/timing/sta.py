@@ -33,6 +33,7 @@ import onnx_ir as ir
 from softsyn.constraints import Constraints
 from softsyn.library import Library
 from softsyn.netlist import Netlist
+from softsyn.timing.capture import Launch
 from softsyn.timing.cost import Work, has_cost_model, node_work, precision_of
 from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
@@ -152,11 +153,15 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup, annotation=None, absorbed: frozenset = frozenset()) -> GroupTiming:
+               group: PathGroup, annotation=None, absorbed: frozenset = frozenset(),
+               mode: Launch | None = None) -> GroupTiming:
     """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
-    its residual replaces the library's run_overhead on the session.run row); `absorbed`: see cell_timings."""
+    its residual replaces the library's run_overhead on the session.run row); `absorbed`: see cell_timings;
+    `mode`: the group runs as a captured CUDA graph (softsyn.timing.capture) or eagerly."""
     shapes = netlist.bind(group.scenario.dims)
     cells = cell_timings(netlist, library, shapes, annotation, absorbed)
+    if mode is not None and mode.captured and annotation is None:
+        in_graph(cells, library.ceilings.launch_overhead_graph)
 
     port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name), group.name)
                     for name in group.inputs}
@@ -210,7 +215,17 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
         name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
         critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
         estimated_cells=sum(1 for c in cells if c.source == "est"),
-        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells))
+        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells),
+        launch="" if mode is None else mode.describe(library))
+
+
+def in_graph(cells: list[CellTiming], per_node: float) -> None:
+    """Re-time cells replayed from a captured CUDA graph: the host issues none of them; a kernel occupies the
+    device for its time or the graph's per-node cost, whichever is longer; a view (no kernel) costs nothing."""
+    for c in cells:
+        c.host = 0.0
+        if c.device > 0.0:
+            c.device = max(c.device, per_node)
 
 
 def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist, launch: float,
