@@ -134,6 +134,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     click.echo(report_qor(analysis))
     if out_dir:
         from softsyn.reports.common import write_atomic
+        from softsyn.reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
@@ -143,6 +144,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path) + [
                 write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
+            written.append(write_html(staged.path))
         for path in written:
             if not quiet:
                 click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
@@ -151,7 +153,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 
 
 @main.command()
-@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json"]))
+@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json", "html"]))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", help="only this path group (timing).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10), help="paths per group (timing).")
@@ -168,7 +170,10 @@ def report(kind, directory, group, max_paths, fold, digits):
       area        report_area: VRAM by kind and by hierarchy, the KV budget
       constraint  report_constraint -all_violators
       json        the same path objects as JSON (SI units)
-    DIRECTORY is an `analyze -o` output directory (holding analysis.json).
+      html        re-render DIRECTORY/reports/report.html (one self-contained page:
+                  verdicts, waterfalls, precision map, VRAM, compile log, sign-off,
+                  fusion, suggestions) and print its path
+    DIRECTORY is an `analyze -o` or `compile -o` output directory (holding analysis.json).
 
     \b
     Example:
@@ -176,6 +181,14 @@ def report(kind, directory, group, max_paths, fold, digits):
     """
     from softsyn.reports import REPORTS, from_json, to_json
 
+    if kind == "html":
+        from softsyn.reports.html import HTML_FILE, write_html
+
+        out = outdir.check(directory, "report")
+        with outdir.replace(out, "report", "", progress=False) as staged:
+            write_html(staged.path, out)
+        click.echo(out / HTML_FILE)
+        return
     saved = Path(directory) / ANALYSIS_FILE
     if not saved.is_file():
         raise SoftsynError(f"{directory}: no {ANALYSIS_FILE} here; run `softsyn analyze MODEL -o {directory}` first")

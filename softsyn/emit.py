@@ -47,7 +47,8 @@ def require_weights(netlist) -> None:
 def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     from softsyn import reports
-    from softsyn.reports.compile_log import report_compile_log
+    from softsyn.reports.compile_log import compile_log_json, report_compile_log
+    from softsyn.reports.html import write_html
 
     netlist = design.netlist
     if not plan:
@@ -70,7 +71,11 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
+            (tmp / "reports" / "fusion.json").write_text(
+                reports.fusion_json(coverage, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
+        (tmp / "compile_log.json").write_text(compile_log_json(log))
+        write_html(tmp)  # last: the page reads the files above
     return staged.out
 
 
