@@ -367,7 +367,7 @@ def signoff(page: Page) -> dict | None:
     result = page.signoff
     if result is None:
         return None
-    fmt = lambda v: ftime(v, UNIT, 3)  # noqa: E731
+    fmt = lambda v: f"{v * 1e3:.3g}"  # noqa: E731  (ms, as the axes say: three figures at any decade)
     per_group = scatter([(g.predicted, g.measured_median, g.name) for g in result.groups],
                         "predicted vs measured per path group (ms)", fmt=fmt)
     cells = []
@@ -392,7 +392,8 @@ def fusion(page: Page) -> dict | None:
     misses = Table.from_dict(data["misses"])
     return {"kinds": table_html(Table.from_dict(data["kinds"]), "fusion coverage by kind"),
             "total": table_html(Table.from_dict(data["total"]), "fusion coverage, all kinds"),
-            "misses": table_html(misses, f"every miss and its reason ({len(misses.rows)})") if misses.rows else None,
+            "misses": table_html(misses, f"every miss and its reason ({len(misses.rows)})", css="stack")
+            if misses.rows else None,
             "notes": data.get("notes", {}), "target": data.get("target")}
 
 
