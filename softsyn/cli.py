@@ -106,8 +106,9 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     \b
     Prints the worst path of each group (folded by layer) and the QoR summary.
     With -o DIR, also writes DIR/reports/{timing,timing_full,qor,area,
-    constraint}.rpt, DIR/analysis.json for `softsyn report` and
-    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`.
+    constraint}.rpt, DIR/analysis.json for `softsyn report`,
+    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`
+    and DIR/reports/report.html (one self-contained page of it all).
     With --annotate FILE, measured delays from a signoff replace the
     library's (back-annotation).
 
@@ -238,7 +239,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Prints predicted (arrival - input delay) vs measured (median run) per
     group with both slacks, then per group the op types and cells with the
     largest error, and for a violated group the cells responsible. Writes
-    DIR/reports/signoff.rpt, DIR/signoff/signoff.json and the
+    DIR/reports/signoff.rpt, DIR/signoff/signoff.json, DIR/reports/report.html
+    (now with predicted vs measured) and the
     back-annotation DIR/signoff/annotation.json (per group: measured kernel
     time of each netlist cell the runtime ran, the cells it fused or folded
     away, and the residual on the session.run row) for
@@ -306,7 +308,8 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
       DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
                                           the fp32 reference `softsyn verify` compares against
       DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
-      DIR/compile.log                     one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/compile.log, compile_log.json   one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/reports/report.html             the design at a glance (`softsyn report html DIR` re-renders it)
       DIR/softsyn-manifest.json           what softsyn wrote (only those files are ever replaced)
     The MODEL you gave is never modified, and may not be inside DIR. The
     model is refused (exit 2) when ONNX Runtime cannot load it with the

@@ -5,8 +5,9 @@
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
-    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports)
-    DIR/compile.log                      one row per step
+    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports), fusion.json
+    DIR/compile.log, compile_log.json    one row per step (text, JSON)
+    DIR/reports/report.html              the page of all of it (softsyn.reports.html), written last
     DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
 
 A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
