@@ -178,10 +178,10 @@ def waterfall(path) -> list[dict]:
         i += row.cells
         cells = [{"name": p.name, "cell": p.cell, "op": op_kind(p.op_type), "incr": p.incr, "path": p.arrival,
                   "mark": SOURCE_MARK.get(p.source, f"({p.source})"),
-                  "lane": lane([_segment(p)], scale, f"{p.name}: {t(p.incr)}")} for p in members]
+                  "lane": lane([_segment(p)], scale, "", titled=False)} for p in members]
         single = len(members) == 1
         rows.append({"name": row.point, "incr": row.incr, "path": row.path, "members": [] if single else cells,
-                     "lane": lane([_segment(p) for p in members], scale, f"{row.point}: {t(row.incr)}"),
+                     "lane": lane([_segment(p) for p in members], scale, f"{row.point}: {t(row.incr)}", titled=single),
                      "mark": cells[0]["mark"] if single else _marks(members), "op": cells[0]["op"] if single else "",
                      "cell": row.cell})
     return rows
@@ -230,7 +230,7 @@ def groups(page: Page) -> list[dict]:
         out.append({"name": g.name, "scenario": g.scenario.description, "path": p, "status": _status(p),
                      "bars": clock_bars(p), "waterfall": waterfall(p),
                      "table": table_html(path_table(p), f"{g.name}: critical path {p.startpoint} to {p.endpoint}"),
-                     "t": t, "slack": None if is_unconstrained(p.slack) else p.slack})
+                     "slack": None if is_unconstrained(p.slack) else p.slack})
     return out
 
 

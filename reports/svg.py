@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 # op kinds: what colours a cell on the waterfall (a CSS class op-<kind>)
 _OP_KINDS = (
@@ -49,16 +49,21 @@ def _title(text: str) -> Markup:
     return Markup("<title>{}</title>").format(text)
 
 
-def lane(segments: Sequence[Segment], scale: float, label: str, height: int = 10) -> Markup:
+def lane(segments: Sequence[Segment], scale: float, label: str, height: int = 10, titled: bool = True) -> Markup:
     """A one-line bar of segments on [0, scale): no text inside, so it can stretch to any width (the
-    label and numbers sit in HTML beside it)."""
+    label and numbers sit in HTML beside it). `titled`: each segment carries its hover text (a page with
+    thousands of cells leaves it to the rows that print it)."""
     scale = scale if scale > 0 else 1.0
+    rect = Markup('<rect x="{:.2f}" width="{:.2f}" height="{}" class="{}">{}</rect>')
     rects = Markup("").join(
-        Markup('<rect x="{:.3f}" y="0" width="{:.3f}" height="{}" class="{}"><title>{}</title></rect>').format(
-            1000 * s.start / scale, max(1000 * s.length / scale, 0.5), height, s.css, s.label)
+        rect.format(1000 * s.start / scale, max(1000 * s.length / scale, 0.5), height, s.css,
+                    _title(s.label) if titled else "")
         for s in segments if s.length > 0)
+    if not titled:  # the row beside it says it in text
+        return Markup('<svg class="lane" viewBox="0 0 1000 {h}" preserveAspectRatio="none" aria-hidden="true">{r}</svg>'
+                      ).format(h=height, r=rects)
     return Markup('<svg class="lane" viewBox="0 0 1000 {h}" preserveAspectRatio="none" role="img" '
-                  'aria-label="{a}">{t}{r}</svg>').format(h=height, a=label, t=_title(label), r=rects)
+                  'aria-label="{a}">{r}</svg>').format(h=height, a=label, r=rects)
 
 
 def stacked_bar(segments: Sequence[Segment], scale: float, label: str, limit: float | None = None,
@@ -169,4 +174,4 @@ def scatter(points: Sequence[tuple[float, float, str]], title: str, fmt=str, ban
     return Markup("").join(parts)
 
 
-__all__ = ["Segment", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES", "escape"]
+__all__ = ["Segment", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES"]

@@ -129,6 +129,22 @@ def test_sections_follow_the_data_present(compiled):
     assert f"{path.group} misses by 2.000 ms" in advice
 
 
+def test_waterfall_marks_measured_cells_and_the_map_requested_precisions(compiled):
+    """A back-annotated cell reads `measured`; a precision request the compile did not realise is marked per cell."""
+    full = load_page(compiled)
+    analysis = copy.deepcopy(full.analysis)
+    point = analysis.groups[0].critical.points[-1]
+    point.source = "annot"
+    session = dict(full.session, precision_request={"requested": "int4", "realised": "fp32"})
+    root = parse(render_html(Page(analysis, cells=full.cells, session=session)))
+    found = sections(root)
+    rows = [r for r in found[f"group-{analysis.groups[0].name}"].iter("div") if r.get("class") == "row"]
+    last = next(r for r in rows if "".join(r.itertext()).startswith(point.name.split("/")[0]))
+    assert "measured" in "".join(last.itertext())
+    cells = [td for td in found["precision"].iter("td") if "prec-fp32" in (td.get("class") or "")]
+    assert cells and all("differs" in td.get("class") and td.text.endswith("(req int4)") for td in cells)
+
+
 def test_report_html_re_renders_and_refuses_a_bad_directory(compiled, tmp_path, capsys):
     page = compiled / HTML_FILE
     page.unlink()
