@@ -202,7 +202,7 @@ def clock_bars(path) -> dict:
     unconstrained = is_unconstrained(path.clock_period)
     scale = path.arrival if unconstrained else max(path.arrival, path.clock_period)
     arrival = lane([Segment(0.0, path.input_delay, "io", f"input delay {t(path.input_delay)}"),
-                    Segment(path.input_delay, path.arrival - path.input_delay, "cells",
+                    Segment(path.input_delay, path.arrival - path.input_delay, "arrival-cells",
                             f"cells {t(path.arrival - path.input_delay)}")], scale, f"arrival {t(path.arrival)}")
     if unconstrained:
         return {"clock": None, "arrival": arrival}
