@@ -341,6 +341,17 @@ def vram(page: Page) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ compile log
 
+def saved_table(data) -> Table | None:
+    """A table saved as Table.to_dict() wrote it, or plain rows (a list of objects: one text column per key,
+    in first-seen order); None for nothing."""
+    if isinstance(data, dict) and "columns" in data:
+        return Table.from_dict(data)
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        keys = list(dict.fromkeys(k for r in data for k in r))
+        return Table(tuple(Column(k, k, 0) for k in keys), tuple(data))
+    return None
+
+
 def compile_log(page: Page) -> dict | None:
     """The compile log's rows (compile_log.json, its own columns) and WNS / TNS per step as lines."""
     log = page.compile_log
@@ -351,7 +362,7 @@ def compile_log(page: Page) -> dict | None:
     scale = 1e3  # the plot prints ms, like the tables
     plot = line_plot({"WNS": [r["wns"] * scale for r in table.rows], "TNS": [r["tns"] * scale for r in table.rows]},
                      steps, "WNS and TNS per compile step (ms)", "slack (ms)", fmt=lambda v: f"{v:.3g}")
-    moves = Table.from_dict(log["moves"]) if isinstance(log.get("moves"), dict) else None
+    moves = saved_table(log.get("moves"))
     unit = byte_unit_for(*(r.get("area") for r in table.rows))
     return {"effort": log.get("effort", ""), "script": log.get("script", []), "plot": plot, "steps": steps,
             "table": table_html(table, "compile log: one row per step", byte_unit=unit),

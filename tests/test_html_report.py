@@ -121,6 +121,10 @@ def test_sections_follow_the_data_present(compiled):
     root = parse(render_html(Page(analysis)))
     found = sections(root)
     assert not {"compile-log", "fusion", "signoff"} & set(found)
+    log = dict(full.compile_log, moves=[{"step": "precision", "move": "q_proj int8", "wns": -1e-4}])  # a compile loop's
+    moved = sections(parse(render_html(Page(analysis, compile_log=log))))["compile-log"]
+    assert [c.text for c in moved.iter("caption")][-1] == "accepted moves"
+    assert "q_proj int8" in [td.text for td in moved.iter("td")]
     assert "precision" in found  # from the cells on the timed paths
     assert len([d for d in found["vram"].iter("div") if d.get("class") == "vram-device"]) == 2
     verdicts = {d.get("data-group"): "".join(d.itertext()) for d in root.iter("div") if d.get("class") == "verdict"}
