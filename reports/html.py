@@ -176,15 +176,34 @@ def waterfall(path) -> list[dict]:
     for row in fold_points(path.points):
         members = path.points[i:i + row.cells]
         i += row.cells
-        cells = [{"name": p.name, "cell": p.cell, "op": op_kind(p.op_type), "incr": p.incr, "path": p.arrival,
-                  "mark": SOURCE_MARK.get(p.source, f"({p.source})"),
-                  "lane": lane([_segment(p)], scale, "", titled=False)} for p in members]
+        cells = [_cell_row(p, scale) for p in members]
         single = len(members) == 1
         rows.append({"name": row.point, "incr": row.incr, "path": row.path, "members": [] if single else cells,
+                     "layers": _layers(members, scale) if row.folded else [],
                      "lane": lane([_segment(p) for p in members], scale, f"{row.point}: {t(row.incr)}", titled=single),
                      "mark": cells[0]["mark"] if single else _marks(members), "op": cells[0]["op"] if single else "",
                      "cell": row.cell})
     return rows
+
+
+def _cell_row(p, scale: float) -> dict:
+    return {"name": p.name, "cell": p.cell, "op": op_kind(p.op_type), "incr": p.incr, "path": p.arrival,
+            "mark": SOURCE_MARK.get(p.source, f"({p.source})"), "lane": lane([_segment(p)], scale, "", titled=False)}
+
+
+def _layers(points, scale: float) -> list[dict]:
+    """A folded run of repeated scopes opened one level: a row per index (model.layers.3), its cells inside."""
+    out: list[dict] = []
+    for p in points:
+        scope = indexed_scope(p.hierarchy)
+        name = f"{scope[0]}.{scope[1]}"
+        if not out or out[-1]["name"] != name:
+            out.append({"name": name, "points": []})
+        out[-1]["points"].append(p)
+    return [{"name": f"{layer['name']} ({len(layer['points'])} cells)", "incr": sum(p.incr for p in layer["points"]),
+             "path": layer["points"][-1].arrival, "mark": _marks(layer["points"]),
+             "lane": lane([_segment(p) for p in layer["points"]], scale, layer["name"], titled=False),
+             "members": [_cell_row(p, scale) for p in layer["points"]]} for layer in out]
 
 
 def _marks(points) -> str:

@@ -71,6 +71,8 @@ def test_compile_page_is_well_formed_offline_and_has_each_section(compiled):
         wf = next(d for d in found[f"group-{name}"].iter("div") if "waterfall" in (d.get("class") or ""))
         folds = [d for d in wf.iter("details")]
         assert folds and all(d.find("summary") is not None and d.find("div") is not None for d in folds)
+        layers = [d.find("summary").find("span").text for d in folds if d.get("class") == "layer"]
+        assert len(layers) == 2 and all(name.startswith(f"model.layers.{i} (") for i, name in enumerate(layers))
         marks = {s.text for s in wf.iter("span") if s.get("class") == "mark" and s.text}
         assert marks & {"(table)", "(est)", "measured"}
     grid = next(t for t in found["precision"].iter("table") if "pmap" in t.get("class"))
@@ -215,10 +217,14 @@ def test_page_in_chromium(browser, which, request, tmp_path):
         assert page.locator(".waterfall").count() == len(groups)
         assert page.locator("#vram svg.lane").count() >= 2 and page.locator("#fusion table").count() >= 2
         assert page.locator("#signoff figure").count() == (1 + len(groups) if which == "signed" else 0)
-        fold = page.locator(".waterfall details.fold").first  # folded layers open to their cells without script
-        assert not fold.locator(".cells .row").first.is_visible()
-        fold.locator("summary").click()
-        assert fold.locator(".cells .row").first.is_visible()
+        # folded layers open to one row per layer, and a layer to its cells, without script
+        fold = page.locator(".waterfall details.fold:has(details.layer)").first
+        layer = fold.locator("details.layer").first
+        assert not layer.is_visible()
+        fold.locator(":scope > summary").click()
+        assert layer.is_visible() and not layer.locator(".row.cell").first.is_visible()
+        layer.locator(":scope > summary").click()
+        assert layer.locator(".row.cell").first.is_visible()
         # nothing wider than the screen: wide tables scroll inside their own box
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         page.screenshot(path=str(tmp_path / f"{which}-{name}.png"), full_page=True)
