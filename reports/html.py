@@ -295,7 +295,9 @@ def precision_map(page: Page) -> dict | None:
     rows = [{"layer": i, "cells": [layers[i].get(col, []) for col in columns]} for i in sorted(layers)]
     used = sorted({c["precision"] for c in cells}, key=lambda p: (PRECISIONS.index(p) if p in PRECISIONS else 99, p))
     source = "netlist.json (every cell)" if page.cells is not None else "the cells on the timed paths (analysis.json)"
-    return {"columns": columns, "rows": rows, "outside": outside, "used": used, "source": source,
+    short = [c.rsplit(".", 1)[-1] for c in columns]  # q_proj for self_attn.q_proj, where that stays unambiguous
+    labels = short if len(set(short)) == len(short) else columns
+    return {"columns": columns, "labels": labels, "rows": rows, "outside": outside, "used": used, "source": source,
             "requested": uniform, "prefix": next((indexed_scope(c["hierarchy"])[0] for c in cells
                                                   if indexed_scope(c["hierarchy"])), "")}
 

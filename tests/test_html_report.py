@@ -76,9 +76,10 @@ def test_compile_page_is_well_formed_offline_and_has_each_section(compiled):
         marks = {s.text for s in wf.iter("span") if s.get("class") == "mark" and s.text}
         assert marks & {"(table)", "(est)", "measured"}
     grid = next(t for t in found["precision"].iter("table") if "pmap" in t.get("class"))
-    assert [th.text for th in grid.find("thead").iter("th")][1:] == [
+    assert [th.get("title") for th in grid.find("thead").iter("th")][1:] == [
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
         "mlp.up_proj", "mlp.down_proj"]
+    assert [th.text for th in grid.find("thead").iter("th")][1:4] == ["q_proj", "k_proj", "v_proj"]
     assert all(td.text == "fp32" for td in grid.find("tbody").iter("td"))  # a cpu-ort compile stays fp32
     assert len(list(found["compile-log"].iter("polyline"))) == 2  # WNS and TNS
 
