@@ -409,7 +409,7 @@ def signoff(page: Page) -> dict | None:
                       "plot": scatter([(c.predicted, c.measured, c.instance) for c in rows],
                                       f"{g.name}: predicted vs measured per cell (ms)", fmt=fmt),
                       "table": table_html(cell_table(g, top=len(g.cells)), f"{g.name}: every cell, largest error "
-                                          "first", css="cells")})
+                                          "first", css="cell-table")})
     return {"provider": result.provider, "device": result.device, "runs": result.runs, "date": result.date,
             "groups": table_html(group_table(result), "sign-off per path group"), "plot": per_group,
             "cells": cells, "error_means": result.error_means}
