@@ -11,29 +11,25 @@ predicted vs measured after a sign-off, one VRAM bar per device when the area ho
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from markupsafe import Markup
-
 from softsyn.errors import SoftsynError
 from softsyn.flow.signoff import SignoffResult
-from softsyn.reports.columns import AREA_KIND_COLUMNS, TIMING_COLUMNS, VERDICT_COLUMNS
-from softsyn.reports.common import (Column, Table, byte_unit_for, fbytes, format_cell, fpercent, ftime,
-                                    indexed_scope, is_unconstrained, render, write_atomic)
+from softsyn.reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
+from softsyn.reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
+                                    write_atomic)
+from softsyn.reports.html_table import UNIT, saved_table, t, table_html
 from softsyn.reports.json_io import from_json
 from softsyn.reports.suggest import area_suggestions, timing_suggestions
-from softsyn.reports.svg import OP_KIND_NAMES, Segment, lane, line_plot, op_kind, scatter, stacked_bar
-from softsyn.reports.timing import fold_points
+from softsyn.reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
+from softsyn.reports.waterfall import group_sections, path_status
 from softsyn.timing import Analysis
 
 HTML_FILE = "reports/report.html"
 FILES = {"analysis": "analysis.json", "fusion": "reports/fusion.json", "compile_log": "compile_log.json",
          "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json"}
-UNIT = "ms"
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
-SOURCE_MARK = {"annot": "measured", "table": "(table)", "table-extrap": "(table-extrap)", "est": "(est)"}
 
 
 @dataclass(frozen=True)
@@ -79,50 +75,7 @@ def load_page(*dirs: str | Path) -> Page:
                 signoff=SignoffResult.from_dict(signoff) if signoff else None)
 
 
-# ------------------------------------------------------------------------------------------ tables
-
-def _si(value) -> str:
-    return repr(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-
-
-def cell_html(col: Column, value, byte_unit: str = "GB", tag: str = "td") -> Markup:
-    """One value as the text report prints it (percent fractions as percent), its SI value in data-si."""
-    if col.kind == "percent" and not col.fmt and isinstance(value, float):
-        text = fpercent(value)
-    elif col.kind == "time" and isinstance(value, float) and math.isinf(value):
-        text = col.missing or "inf"
-    else:
-        text = format_cell(col, value, UNIT, 3, byte_unit)
-    numeric = col.align == "right"
-    si = _si(value)
-    return Markup('<{t} class="{c}" data-key="{k}"{a}>{x}</{t}>').format(
-        t=tag, c="num" if numeric else "txt", k=col.key, x=text,
-        a=Markup(' data-si="{}"').format(si) if si and not (isinstance(value, float) and math.isinf(value)) else "")
-
-
-def table_html(table: Table, caption: str, css: str = "", byte_unit: str = "GB") -> Markup:
-    """A Table as an HTML table: its columns' titles (times in ms), its rows through cell_html."""
-    columns = [c for c in table.columns if c.title or c.key != "pad"]
-    head = Markup("").join(Markup('<th scope="col" class="{}">{}</th>').format(
-        "num" if c.align == "right" else "txt", c.header(UNIT).replace("\n", " ")) for c in columns)
-    body = Markup("").join(
-        Markup("<tr>{}</tr>").format(Markup("").join(cell_html(c, row.get(c.key), byte_unit) for c in columns))
-        for row in table.rows)
-    return Markup('<div class="scroll"><table class="{}"><caption>{}</caption><thead><tr>{}</tr></thead>'
-                  "<tbody>{}</tbody></table></div>").format(css, caption, head, body)
-
-
-def t(seconds: float | None) -> str:
-    return ftime(seconds, UNIT, 3, suffix=True)
-
-
 # ------------------------------------------------------------------------------------------ header
-
-def _status(path) -> str:
-    if is_unconstrained(path.clock_period) or is_unconstrained(path.slack):
-        return "unconstrained"
-    return "MET" if path.met else "VIOLATED"
-
 
 def verdict_table(analysis: Analysis) -> Table:
     """One row per path group: its critical path's clock, the budget's delays, arrival, slack and verdict."""
@@ -134,7 +87,7 @@ def verdict_table(analysis: Analysis) -> Table:
         rows.append({"group": g.name, "scenario": g.scenario.description, "clock_period": p.clock_period,
                      "input_delay": p.input_delay, "output_delay": p.output_delay,
                      "clock_uncertainty": p.clock_uncertainty, "arrival": p.arrival,
-                     "slack": None if is_unconstrained(p.slack) else p.slack, "status": _status(p)})
+                     "slack": None if is_unconstrained(p.slack) else p.slack, "status": path_status(p)})
     return Table(VERDICT_COLUMNS, tuple(rows))
 
 
@@ -155,102 +108,6 @@ def _area_status(a: Analysis) -> str:
         return f"VRAM {fbytes(area.total, unit)}, no area_constraint"
     state = "MET" if area.slack >= 0 else "VIOLATED"
     return f"VRAM {fbytes(area.total, unit)} of {fbytes(area.limit, unit)}: {state} (slack {fbytes(area.slack, unit)})"
-
-
-# ------------------------------------------------------------------------------------------ path groups
-
-def _segment(p) -> Segment:
-    mark = SOURCE_MARK.get(p.source, f"({p.source})")
-    return Segment(p.arrival - p.incr, p.incr, f"op-{op_kind(p.op_type)}",
-                   f"{p.name} {p.cell} {mark}: {t(p.incr)}")
-
-
-def waterfall(path) -> list[dict]:
-    """The critical path as timing.rpt folds it (fold_points), each folded row with the cells behind it; on the
-    arrival's scale (the clock is on the bars above), so short cells stay visible."""
-    scale = path.arrival
-    rows, i = [], 0
-    rows.append({"name": "input external delay", "incr": path.input_delay, "path": path.input_delay, "members": [],
-                 "lane": lane([Segment(0.0, path.input_delay, "io", f"input delay {t(path.input_delay)}")], scale,
-                              "input external delay"), "mark": "", "op": "io"})
-    for row in fold_points(path.points):
-        members = path.points[i:i + row.cells]
-        i += row.cells
-        cells = [_cell_row(p, scale) for p in members]
-        single = len(members) == 1
-        rows.append({"name": row.point, "incr": row.incr, "path": row.path, "members": [] if single else cells,
-                     "layers": _layers(members, scale) if row.folded else [],
-                     "lane": lane([_segment(p) for p in members], scale, f"{row.point}: {t(row.incr)}", titled=single),
-                     "mark": cells[0]["mark"] if single else _marks(members), "op": cells[0]["op"] if single else "",
-                     "cell": row.cell})
-    return rows
-
-
-def _cell_row(p, scale: float) -> dict:
-    return {"name": p.name, "cell": p.cell, "op": op_kind(p.op_type), "incr": p.incr, "path": p.arrival,
-            "mark": SOURCE_MARK.get(p.source, f"({p.source})"), "lane": lane([_segment(p)], scale, "", titled=False)}
-
-
-def _layers(points, scale: float) -> list[dict]:
-    """A folded run of repeated scopes opened one level: a row per index (model.layers.3), its cells inside."""
-    out: list[dict] = []
-    for p in points:
-        scope = indexed_scope(p.hierarchy)
-        name = f"{scope[0]}.{scope[1]}"
-        if not out or out[-1]["name"] != name:
-            out.append({"name": name, "points": []})
-        out[-1]["points"].append(p)
-    return [{"name": f"{layer['name']} ({len(layer['points'])} cells)", "incr": sum(p.incr for p in layer["points"]),
-             "path": layer["points"][-1].arrival, "mark": _marks(layer["points"]),
-             "lane": lane([_segment(p) for p in layer["points"]], scale, layer["name"], titled=False),
-             "members": [_cell_row(p, scale) for p in layer["points"]]} for layer in out]
-
-
-def _marks(points) -> str:
-    """How many of a folded row's cells are measured tables, estimates, back-annotated."""
-    counts: dict[str, int] = {}
-    for p in points:
-        mark = SOURCE_MARK.get(p.source, f"({p.source})").strip("()")
-        counts[mark] = counts.get(mark, 0) + 1
-    return ", ".join(f"{n} {mark}" for mark, n in sorted(counts.items()))
-
-
-def clock_bars(path) -> dict:
-    """Clock vs arrival: the required time with what the budget takes off the period, and the arrival
-    as input delay + cells."""
-    unconstrained = is_unconstrained(path.clock_period)
-    scale = path.arrival if unconstrained else max(path.arrival, path.clock_period)
-    arrival = lane([Segment(0.0, path.input_delay, "io", f"input delay {t(path.input_delay)}"),
-                    Segment(path.input_delay, path.arrival - path.input_delay, "arrival-cells",
-                            f"cells {t(path.arrival - path.input_delay)}")], scale, f"arrival {t(path.arrival)}")
-    if unconstrained:
-        return {"clock": None, "arrival": arrival}
-    required = path.required
-    clock = lane([Segment(0.0, required, "required", f"required {t(required)}"),
-                  Segment(required, path.output_delay, "io", f"output delay {t(path.output_delay)}"),
-                  Segment(required + path.output_delay, path.clock_uncertainty, "uncertainty",
-                          f"uncertainty {t(path.clock_uncertainty)}")], scale, f"clock {t(path.clock_period)}")
-    return {"clock": clock, "arrival": arrival}
-
-
-def path_table(path) -> Table:
-    """The launch half as timing.rpt prints it (folded), as a table: the waterfall's text alternative."""
-    rows = [{"point": r.point, "cell": r.cell, "incr": r.incr, "path": r.path} for r in fold_points(path.points)]
-    return Table(TIMING_COLUMNS, tuple(rows))
-
-
-def groups(page: Page) -> list[dict]:
-    out = []
-    for g in page.analysis.groups:
-        if not g.paths:
-            out.append({"name": g.name, "scenario": g.scenario.description, "path": None})
-            continue
-        p = g.critical
-        out.append({"name": g.name, "scenario": g.scenario.description, "path": p, "status": _status(p),
-                     "bars": clock_bars(p), "waterfall": waterfall(p),
-                     "table": table_html(path_table(p), f"{g.name}: critical path {p.startpoint} to {p.endpoint}"),
-                     "slack": None if is_unconstrained(p.slack) else p.slack})
-    return out
 
 
 # ------------------------------------------------------------------------------------------ precision map
@@ -362,17 +219,6 @@ def vram(page: Page) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ compile log
 
-def saved_table(data) -> Table | None:
-    """A table saved as Table.to_dict() wrote it, or plain rows (a list of objects: one text column per key,
-    in first-seen order); None for nothing."""
-    if isinstance(data, dict) and "columns" in data:
-        return Table.from_dict(data)
-    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
-        keys = list(dict.fromkeys(k for r in data for k in r))
-        return Table(tuple(Column(k, k, 0) for k in keys), tuple(data))
-    return None
-
-
 def compile_log(page: Page) -> dict | None:
     """The compile log's rows (compile_log.json, its own columns) and WNS / TNS per step as lines."""
     log = page.compile_log
@@ -438,7 +284,7 @@ def suggestions(page: Page) -> list[list[str]]:
 
 def render_html(page: Page) -> str:
     """The whole page: every section whose data `page` holds."""
-    return render("report_html.j2", head=header(page), groups=groups(page), precision=precision_map(page),
+    return render("report_html.j2", head=header(page), groups=group_sections(page.analysis), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),
                   suggestions=suggestions(page), op_kinds=OP_KIND_NAMES, precisions=PRECISIONS,
                   precision_class=precision_class, t=t, table_html=table_html)
