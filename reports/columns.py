@@ -76,6 +76,24 @@ FUSION_COLUMNS: tuple[Column, ...] = (
     Column("percent", "Coverage", 10, "right", "number", fmt="{:.0f}%", missing="-"),  # 0..100, as Coverage.percent
     Column("target_op", "Runtime op", 40, gap=2),
 )
+FUSION_MISS_COLUMNS: tuple[Column, ...] = (  # every candidate site a rule did not fuse, and why
+    Column("kind", "Fusion kind", 16),
+    Column("site", "Site", 60, gap=2),
+    Column("reason", "Reason", 60, gap=2),
+)
+
+# the HTML report's header: each path group's verdict with the budget's delays (a TimingPath's fields)
+VERDICT_COLUMNS: tuple[Column, ...] = (
+    Column("group", "Group", 10),
+    Column("scenario", "Scenario", 30, gap=1),
+    Column("clock_period", "Clock", 10, "right", "time", missing="none", gap=1),
+    Column("input_delay", "Input delay", 11, "right", "time", gap=1),
+    Column("output_delay", "Output delay", 12, "right", "time", gap=1),
+    Column("clock_uncertainty", "Uncertainty", 11, "right", "time", gap=1),
+    Column("arrival", "Arrival", 10, "right", "time", gap=1),
+    Column("slack", "Slack", 10, "right", "time", missing="-", gap=1),
+    Column("status", "Status", 13, gap=2),
+)
 
 
 def _time(key: str, title: str, width: int) -> Column:

@@ -106,8 +106,9 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     \b
     Prints the worst path of each group (folded by layer) and the QoR summary.
     With -o DIR, also writes DIR/reports/{timing,timing_full,qor,area,
-    constraint}.rpt, DIR/analysis.json for `softsyn report` and
-    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`.
+    constraint}.rpt, DIR/analysis.json for `softsyn report`,
+    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`
+    and DIR/reports/report.html (one self-contained page of it all).
     With --annotate FILE, measured delays from a signoff replace the
     library's (back-annotation).
 
@@ -134,6 +135,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     click.echo(report_qor(analysis))
     if out_dir:
         from softsyn.reports.common import write_atomic
+        from softsyn.reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
@@ -143,6 +145,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path) + [
                 write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
+            written.append(write_html(staged.path))
         for path in written:
             if not quiet:
                 click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
@@ -151,7 +154,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 
 
 @main.command()
-@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json"]))
+@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json", "html"]))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", help="only this path group (timing).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10), help="paths per group (timing).")
@@ -168,7 +171,10 @@ def report(kind, directory, group, max_paths, fold, digits):
       area        report_area: VRAM by kind and by hierarchy, the KV budget
       constraint  report_constraint -all_violators
       json        the same path objects as JSON (SI units)
-    DIRECTORY is an `analyze -o` output directory (holding analysis.json).
+      html        re-render DIRECTORY/reports/report.html (one self-contained page:
+                  verdicts, waterfalls, precision map, VRAM, compile log, sign-off,
+                  fusion, suggestions) and print its path
+    DIRECTORY is an `analyze -o` or `compile -o` output directory (holding analysis.json).
 
     \b
     Example:
@@ -176,6 +182,14 @@ def report(kind, directory, group, max_paths, fold, digits):
     """
     from softsyn.reports import REPORTS, from_json, to_json
 
+    if kind == "html":
+        from softsyn.reports.html import HTML_FILE, write_html
+
+        out = outdir.check(directory, "report")
+        with outdir.replace(out, "report", "", progress=False) as staged:
+            write_html(staged.path, out)
+        click.echo(out / HTML_FILE)
+        return
     saved = Path(directory) / ANALYSIS_FILE
     if not saved.is_file():
         raise SoftsynError(f"{directory}: no {ANALYSIS_FILE} here; run `softsyn analyze MODEL -o {directory}` first")
@@ -225,7 +239,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Prints predicted (arrival - input delay) vs measured (median run) per
     group with both slacks, then per group the op types and cells with the
     largest error, and for a violated group the cells responsible. Writes
-    DIR/reports/signoff.rpt, DIR/signoff/signoff.json and the
+    DIR/reports/signoff.rpt, DIR/signoff/signoff.json, DIR/reports/report.html
+    (now with predicted vs measured) and the
     back-annotation DIR/signoff/annotation.json (per group: measured kernel
     time of each netlist cell the runtime ran, the cells it fused or folded
     away, and the residual on the session.run row) for
@@ -293,7 +308,8 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
       DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
                                           the fp32 reference `softsyn verify` compares against
       DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
-      DIR/compile.log                     one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/compile.log, compile_log.json   one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/reports/report.html             the design at a glance (`softsyn report html DIR` re-renders it)
       DIR/softsyn-manifest.json           what softsyn wrote (only those files are ever replaced)
     The MODEL you gave is never modified, and may not be inside DIR. The
     model is refused (exit 2) when ONNX Runtime cannot load it with the

@@ -5,8 +5,9 @@
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
-    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports)
-    DIR/compile.log                      one row per step
+    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports), fusion.json
+    DIR/compile.log, compile_log.json    one row per step (text, JSON)
+    DIR/reports/report.html              the page of all of it (softsyn.reports.html), written last
     DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
 
 A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
@@ -47,7 +48,8 @@ def require_weights(netlist) -> None:
 def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     from softsyn import reports
-    from softsyn.reports.compile_log import report_compile_log
+    from softsyn.reports.compile_log import compile_log_json, report_compile_log
+    from softsyn.reports.html import write_html
 
     netlist = design.netlist
     if not plan:
@@ -70,7 +72,11 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
+            (tmp / "reports" / "fusion.json").write_text(
+                reports.fusion_json(coverage, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
+        (tmp / "compile_log.json").write_text(compile_log_json(log))
+        write_html(tmp)  # last: the page reads the files above
     return staged.out
 
 

@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
@@ -158,6 +158,23 @@ class SignoffResult:
             g.update(predicted_slack=obj.predicted_slack, measured_slack=obj.measured_slack, error=obj.error,
                      error_quiet=obj.error_quiet, violated=obj.violated)
         return json_nulls({"schema": "softsyn.signoff/1", "units": "seconds", **data})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SignoffResult":
+        """The result `to_dict` wrote (signoff.json), for re-rendering; null budgets and clocks read back as
+        unconstrained (infinite), the derived keys (slacks, errors) are recomputed by the properties."""
+        def known(klass, item: dict) -> dict:
+            return {f.name: item[f.name] for f in fields(klass) if f.name in item}
+
+        groups = []
+        for g in data["groups"]:
+            values = known(GroupResult, g)
+            for key in ("clock_period", "budget"):
+                values[key] = math.inf if values.get(key) is None else values[key]
+            values["by_op"] = [OpRow(**known(OpRow, o)) for o in g["by_op"]]
+            values["cells"] = [CellRow(**known(CellRow, c)) for c in g["cells"]]
+            groups.append(GroupResult(**values))
+        return cls(**{**known(cls, data), "groups": groups})
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -407,8 +424,11 @@ def machine_state(before: float, after: float, library) -> dict:
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
     from softsyn.reports.common import write_atomic
 
+    from softsyn.reports.html import write_html
+
     directory = Path(directory)
-    return [write_atomic(directory / "reports" / "signoff.rpt", report_text),
-            write_atomic(directory / "signoff" / "signoff.json",
-                         json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
+    written = [write_atomic(directory / "reports" / "signoff.rpt", report_text),
+               write_atomic(directory / "signoff" / "signoff.json",
+                            json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
+    return written + [write_html(directory, result.directory)]  # the page, with the rest read from DIR itself
 
