@@ -84,7 +84,7 @@ def _positive(reader: YamlReader, key: str, value, allow_null: bool = False) -> 
     return float(value)
 
 
-def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
+def parse_cell(reader: YamlReader, i: int, raw) -> Cell:
     key = f"cells.{i}"
     if not isinstance(raw, dict):
         raise reader.at(key, "a cell must be a mapping with op, precision, implementation, axes, points, delays")
@@ -185,7 +185,7 @@ def parse_library(text: str, path: Path) -> Library:
     cells_raw = data.get("cells") or []
     if not isinstance(cells_raw, list):
         raise reader.at("cells", "must be a list of cells")
-    cells = [_parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
+    cells = [parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
     header = {k: v for k, v in data.items() if k not in ("ceilings", "cells")}
     if isinstance(header["date"], (_dt.date, _dt.datetime)):
         header["date"] = header["date"].isoformat()
