@@ -31,6 +31,7 @@ from softsyn.timing.cost import ATTENTION_OPS, MOE_OPS, Work, numel, shape_of
 WEIGHT_MATMULS = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
 RESIDUAL_JOINS = ("Add", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization")
 SKIP_SUM_OUTPUT = 3  # Skip*LayerNormalization's input + skip output: the residual stream after the join
+LOAD_TIME_OPS = ("Transpose", "Cast", "Reshape", "Identity", "DequantizeLinear", "Unsqueeze", "Squeeze")
 KV_OUTPUT_PREFIXES = ("present",)  # decoder outputs that stay on their device (the per-device KV cache)
 
 
@@ -131,12 +132,26 @@ def check_degree(netlist: Netlist, n: int, devices: int) -> tuple[int, int, int]
     return heads, kv_heads, experts
 
 
+def weight_roots(value: ir.Value | None) -> list[ir.Value]:
+    """The initializers a value is computed from when only load-time ops (a weight's Transpose, Cast, ...) lie
+    between (the runtime folds those when it loads); [] when an activation is among them."""
+    if value is None:
+        return []
+    if value.is_initializer():
+        return [value]
+    producer = value.producer()
+    if producer is None or producer.op_type not in LOAD_TIME_OPS:
+        return []
+    roots = [r for v in producer.inputs if v is not None for r in (weight_roots(v) or [None])]
+    return [] if not roots or None in roots else roots
+
+
 def _weight(node: ir.Node) -> ir.Value | None:
-    """The weight (initializer) input of a weight matmul, else None."""
+    """The weight input of a weight matmul (an initializer, or one through load-time ops), else None."""
     if node.op_type not in WEIGHT_MATMULS or len(node.inputs) < 2 or node.inputs[1] is None:
         return None
     w = node.inputs[1]
-    if not w.is_initializer() or w.shape is None or (node.op_type != "MatMulNBits" and len(w.shape) != 2):
+    if not weight_roots(w) or w.shape is None or (node.op_type != "MatMulNBits" and len(w.shape) != 2):
         return None
     return w
 
@@ -151,6 +166,15 @@ def _is_embedding(node: ir.Node, vocab: int | None) -> bool:
         return table.shape[0] == vocab
     return ids.is_graph_input() or (ids.producer() is not None and any(
         v is not None and v.is_graph_input() for v in ids.producer().inputs))
+
+
+def _share_weights(node: ir.Node, part: float, share: dict[str, float]) -> None:
+    """A weight matmul's weights (and the load-time values between them and it) are held `part` per device."""
+    for x in node.inputs[1:]:
+        for root in weight_roots(x):
+            share[root.name] = part
+        if x is not None and not x.is_initializer() and weight_roots(x):
+            share[x.name] = part
 
 
 def _out_width(node: ir.Node, w: ir.Value) -> int:
@@ -192,7 +216,7 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
 
     for node in netlist.nodes():
         acts = [v for v in node.inputs if v is not None and not v.is_initializer() and v.dtype is not None
-                and v.dtype.is_floating_point()]
+                and v.dtype.is_floating_point() and not weight_roots(v)]
         split = [v for v in acts if share.get(v.name, 1.0) < 1.0 or v.name in p.partial]
         w = _weight(node)
         op = node.op_type
@@ -215,9 +239,7 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
             if a.name in p.partial or share.get(a.name, 1.0) < 1.0:  # row-parallel: input rows split
                 part = share.get(a.name, 1.0)
                 p.role[node], p.cell[node] = "row", part
-                for x in node.inputs[1:]:
-                    if x is not None and x.is_initializer():
-                        share[x.name] = part
+                _share_weights(node, part, share)
                 p.partial.add(node.outputs[0].name)
                 continue
             width = _out_width(node, w)
@@ -227,9 +249,7 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
             part = _column_share(width, p, head_dim)
             is_logits = any(o.is_graph_output() for o in node.outputs)
             p.role[node], p.cell[node] = ("vocab" if is_logits else "column"), part
-            for x in node.inputs[1:]:
-                if x is not None and x.is_initializer():
-                    share[x.name] = part
+            _share_weights(node, part, share)
             share[node.outputs[0].name] = part
             continue
         expert_weights = [v for v in node.inputs if v is not None and v.is_initializer() and experts
