@@ -146,14 +146,30 @@ def weight_roots(value: ir.Value | None) -> list[ir.Value]:
     return [] if not roots or None in roots else roots
 
 
-def _weight(node: ir.Node) -> ir.Value | None:
-    """The weight input of a weight matmul (an initializer, or one through load-time ops), else None."""
+def weight_shape(value: ir.Value) -> tuple | None:
+    """A weight's shape; where the exporter left a load-time Transpose's out, its input's, permuted."""
+    if value.shape is not None:
+        return tuple(value.shape)
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Transpose" and producer.inputs[0] is not None:
+        inner = weight_shape(producer.inputs[0])
+        perm = producer.attributes.get_ints("perm", None)
+        if inner is not None:
+            return tuple(inner[i] for i in perm) if perm else tuple(reversed(inner))
+    if producer is not None and producer.op_type in ("Cast", "Identity") and producer.inputs[0] is not None:
+        return weight_shape(producer.inputs[0])
+    return None
+
+
+def _weight(node: ir.Node) -> tuple | None:
+    """The shape of a weight matmul's weight (an initializer, or one through load-time ops), else None."""
     if node.op_type not in WEIGHT_MATMULS or len(node.inputs) < 2 or node.inputs[1] is None:
         return None
     w = node.inputs[1]
-    if not weight_roots(w) or w.shape is None or (node.op_type != "MatMulNBits" and len(w.shape) != 2):
+    shape = weight_shape(w) if weight_roots(w) else None
+    if shape is None or (node.op_type != "MatMulNBits" and len(shape) != 2):
         return None
-    return w
+    return shape
 
 
 def _is_embedding(node: ir.Node, vocab: int | None) -> bool:
@@ -177,12 +193,12 @@ def _share_weights(node: ir.Node, part: float, share: dict[str, float]) -> None:
             share[x.name] = part
 
 
-def _out_width(node: ir.Node, w: ir.Value) -> int:
+def _out_width(node: ir.Node, shape: tuple) -> int:
     if node.op_type == "MatMulNBits":
         return node.attributes.get_int("N", 0)
     if node.op_type == "Gemm" and node.attributes.get_int("transB", 0):
-        return int(w.shape[0])
-    return int(w.shape[-1])
+        return int(shape[0])
+    return int(shape[-1])
 
 
 def _column_share(width: int, p: Partition, head_dim: int | None) -> float:
