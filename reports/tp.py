@@ -35,8 +35,10 @@ def tp_lines(plan: TPPlan | None, byte_unit: str) -> list[str]:
     else:
         smallest = f"TP={plan.smallest_fit}"
     table = tp_table(plan)
+    what_if = (f"Weights as MatMulNBits {plan.weights} (parallel.weights, estimate: the weight matmuls timed as "
+               f"MatMulNBits.{plan.weights} cells at block 32 and sized at its bytes per parameter)") if plan.weights else ""
     return [f"Tensor parallelism (this analysis is one of {plan.n} device{'s' if plan.n > 1 else ''}; {limit})",
-            plan.layout,
+            plan.layout, *([what_if] if what_if else []),
             f"Smallest degree that fits: {smallest}",
             "", table.header(), table.dashes(), *table.lines(byte_unit=byte_unit),
             "Times (ms): each group's critical arrival per device (est where the library has no table), comm: the "

@@ -198,6 +198,7 @@ class Design:
     def analyze(self) -> Analysis:
         groups = self.time()
         share = self.partition.share if self.partition is not None else None
+        recast = self.partition.recast if self.partition is not None else None
         counts: dict[str, int] = {}
         for node in self.netlist.nodes():
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -209,7 +210,7 @@ class Design:
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share),
+            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
             warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan)

@@ -93,7 +93,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
-    "parallel": ("tensor", "devices"),
+    "parallel": ("tensor", "devices", "weights"),
 }
 MAX_DEVICES = 64  # devices of one tensor-parallel group (one NVLink domain; NVL72 is the largest today)
 
@@ -162,6 +162,7 @@ class KVCache:
 class Parallel:
     tensor: int | None = None  # tensor-parallel degree N; None: one device
     devices: int = 8  # the most devices the plan may use (the smallest N that fits is searched up to it)
+    weights: str | None = None  # what-if: the plan's weight matmuls as MatMulNBits at int8/int4 (estimate)
 
 
 @dataclass
@@ -398,6 +399,8 @@ class _Reader(YamlReader):
         p = Parallel()
         if "devices" in e:
             p.devices = self.integer(e["devices"][1], "parallel.devices", 1, MAX_DEVICES)
+        if "weights" in e:
+            p.weights = self.choice(e["weights"][1], "parallel.weights", ("int8", "int4"), "weight precision")
         if "tensor" in e:
             p.tensor = self.integer(e["tensor"][1], "parallel.tensor", 1, MAX_DEVICES)
             if p.tensor > p.devices and "devices" in e:

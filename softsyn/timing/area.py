@@ -32,10 +32,11 @@ from softsyn.timing.results import AreaItem, AreaResult, KVBudget, KVOption, Wei
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")
 
 
-def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | None = None
-                 ) -> tuple[list[AreaItem], list[AreaItem], int]:
+def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | None = None,
+                 recast: dict[str, str] | None = None) -> tuple[list[AreaItem], list[AreaItem], int]:
     """Weights by precision and by hierarchy (the scope of each initializer's first consumer); `share`: the
-    part of each named tensor one device holds (softsyn.timing.tp), 1 for those it does not name.
+    part of each named tensor one device holds (softsyn.timing.tp), 1 for those it does not name; `recast`:
+    tensors counted at another precision's WEIGHT_BYTES (a what-if: "weights int4 (est)").
 
     Parameters are the float and quantised initializers; integer and bool
     initializers (shape and index constants) are counted apart as constants.
@@ -51,6 +52,9 @@ def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | Non
         size = count * value.dtype.itemsize
         precision = PRECISION_BY_DTYPE.get(value.dtype)
         kind = f"weights {precision}" if precision else "constants"
+        if recast and value.name in recast:
+            precision = recast[value.name]
+            size, kind = count * WEIGHT_BYTES[precision], f"weights {precision} (est)"
         by_dtype[kind][0] += size
         by_dtype[kind][1] += count
         if not precision:
@@ -394,10 +398,10 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
 
 
 def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict],
-         share: dict[str, float] | None = None) -> AreaResult:
+         share: dict[str, float] | None = None, recast: dict[str, str] | None = None) -> AreaResult:
     """`scenarios`: group name -> its dims, for the activation peak (and its growth with the context);
     `share`: one device's part of each named tensor under tensor parallelism (softsyn.timing.tp)."""
-    kinds, scopes, parameters = weight_items(netlist, share=share)
+    kinds, scopes, parameters = weight_items(netlist, share=share, recast=recast)
     kv = kv_cache_item(netlist, constraints, share)
     if kv is not None:
         kinds.append(kv)

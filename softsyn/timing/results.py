@@ -219,6 +219,7 @@ class TPPlan:
     smallest_fit: int | None  # None: no degree up to `devices` fits (or no area_constraint: 1)
     collectives: str  # the collective library and whether its delays are estimates
     layout: str  # Partition.describe() at `n`
+    weights: str | None = None  # parallel.weights what-if (int8/int4 weight matmuls, estimate)
     rows: list[TPRow] = field(default_factory=list)
 
 

@@ -127,6 +127,9 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
         if partition is not None:
             work = partition.shard(node, work)
         precision = precision_of(node)
+        op = node.op_type
+        if partition is not None:
+            op, precision = partition.kind(node, precision)
         annotated = annotation.delay(node.name) if annotation is not None and node.name not in shared else None
         host, device = None, 0.0
         if annotated is not None:  # measured per-node times add up to the measured run: serial
@@ -134,7 +137,7 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
         elif node in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
         else:
-            delay, source, host, device = library.node_timing(node.op_type, precision, work.flops, work.bytes,
+            delay, source, host, device = library.node_timing(op, precision, work.flops, work.bytes,
                                                               work.sizes)
             if source == "est" and not has_cost_model(node):
                 source = UNMODELLED
@@ -142,9 +145,9 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
                 host = 0.0
         moves = ()
         if partition is not None and node in partition.collectives:
-            moves = tuple(_collective(op, value, shapes, partition.n, collectives)
-                          for op, value in partition.collectives[node])
-        cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
+            moves = tuple(_collective(kind, value, shapes, partition.n, collectives)
+                          for kind, value in partition.collectives[node])
+        cells.append(CellTiming(node, f"{op}.{precision}", work, delay, source,
                                 delay if host is None else host, device, collectives=moves))
     return cells
 

@@ -53,6 +53,9 @@ class Partition:
     role: dict = field(default_factory=dict)  # node -> column | row | vocab | expert | router | attention
     collectives: dict = field(default_factory=dict)  # node -> [(op, value moved)] right after it
     partial: set = field(default_factory=set)  # tensor names that are partial sums (after a row-parallel cell)
+    weights: str | None = None  # what-if: weight matmuls timed and sized as MatMulNBits at this precision (est)
+    weight_elems: dict = field(default_factory=dict)  # weight matmul node -> (its weight's elements, itemsize)
+    recast: dict = field(default_factory=dict)  # weight tensor name -> `weights` (softsyn.timing.area.weight_items)
 
     @property
     def kv_share(self) -> float:
@@ -80,10 +83,23 @@ class Partition:
         parts.append(f"{c.get('AllReduce', 0)} AllReduce and {c.get('AllGather', 0)} AllGather per step")
         return "; ".join(parts)
 
+    def kind(self, node: ir.Node, precision: str) -> tuple[str, str]:
+        """The (op, precision) a cell is looked up as: a weight matmul as MatMulNBits under the `weights` what-if."""
+        if self.weights and node in self.weight_elems:
+            return "MatMulNBits", self.weights
+        return node.op_type, precision
+
     def shard(self, node: ir.Node, work: Work) -> Work:
         """`work` of the whole cell -> one device's: FLOPs and bytes by the cell's share, its table sizes at the
-        per-device shape (heads/N, intermediate/N ...)."""
+        per-device shape (heads/N, intermediate/N ...); under the `weights` what-if a weight matmul reads its
+        weight at MatMulNBits' bytes per parameter (block 32)."""
         part = self.cell.get(node, 1.0)
+        if self.weights and node in self.weight_elems:
+            from softsyn.timing.area import WEIGHT_BYTES
+
+            elems, itemsize = self.weight_elems[node]
+            work = Work(work.flops, work.bytes - elems * (itemsize - WEIGHT_BYTES[self.weights]),
+                        {**work.sizes, "block": 32})
         if part == 1.0:
             return work
         sizes = dict(work.sizes)
@@ -212,12 +228,12 @@ def _column_share(width: int, p: Partition, head_dim: int | None) -> float:
     return 1.0 / p.n
 
 
-def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Partition:
+def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights: str | None = None) -> Partition:
     """The Megatron partition of `netlist` over `n` devices (module docstring); `shapes`: one scenario's bound
-    shapes, to tell a cell's largest input."""
+    shapes, to tell a cell's largest input; `weights`: the int8/int4 what-if (Partition.weights)."""
     heads, kv_heads, experts = check_degree(netlist, n, devices)
-    p = Partition(n, heads, kv_heads, math.ceil(kv_heads / n), experts)
-    if n == 1:
+    p = Partition(n, heads, kv_heads, math.ceil(kv_heads / n), experts, weights=weights)
+    if n == 1 and not weights:
         return p
     head_dim = (netlist.config or {}).get("head_dim")
     vocab = (netlist.config or {}).get("vocab_size")
@@ -239,7 +255,8 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
         if op == "Gather" and _is_embedding(node, vocab):  # vocab-parallel, then summed
             share[node.inputs[0].name] = 1.0 / n
             p.role[node] = "vocab"
-            p.collectives[node] = [("AllReduce", node.outputs[0])]
+            if n > 1:
+                p.collectives[node] = [("AllReduce", node.outputs[0])]
             residual.add(node.outputs[0].name)
             continue
         if op in RESIDUAL_JOINS and split and any(v.name in residual for v in acts):
@@ -252,6 +269,10 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
             continue
         if w is not None and acts:
             a = acts[0]
+            roots = weight_roots(node.inputs[1])
+            if weights and node.op_type in ("MatMul", "Gemm") and all(r.dtype.is_floating_point() for r in roots):
+                p.weight_elems[node] = (numel(w), roots[0].dtype.itemsize)
+                p.recast.update((r.name, weights) for r in roots)
             if a.name in p.partial or share.get(a.name, 1.0) < 1.0:  # row-parallel: input rows split
                 part = share.get(a.name, 1.0)
                 p.role[node], p.cell[node] = "row", part
@@ -301,7 +322,7 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8) -> Parti
         if port.name.startswith(KV_OUTPUT_PREFIXES) or port.name in inputs:
             continue
         producer = port.producer()
-        if producer is not None and share.get(port.name, 1.0) < 1.0:
+        if n > 1 and producer is not None and share.get(port.name, 1.0) < 1.0:
             p.collectives.setdefault(producer, []).append(("AllGather", port))
     return p
 

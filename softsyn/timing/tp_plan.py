@@ -25,7 +25,8 @@ def _fail(design, message: str) -> Exception:
 def partition_at(design, n: int):
     shapes = design.netlist.bind(design.groups[0].scenario.dims)
     try:
-        return partition(design.netlist, n, shapes, design.constraints.parallel.devices)
+        return partition(design.netlist, n, shapes, design.constraints.parallel.devices,
+                         design.constraints.parallel.weights)
     except TPError as exc:
         raise _fail(design, str(exc)) from None
 
@@ -34,7 +35,7 @@ def row(design, n: int) -> TPRow:
     """Degree `n`: one device's VRAM and every group timed at its partition."""
     part = partition_at(design, n)
     netlist, share = design.netlist, part.share
-    kinds, _, _ = weight_items(netlist, share=share)
+    kinds, _, _ = weight_items(netlist, share=share, recast=part.recast)
     kv = kv_cache_item(netlist, design.constraints, share)
     workspace = max((activation_peak(netlist, netlist.bind(g.scenario.dims), share) for g in design.groups),
                     default=0.0)
@@ -67,4 +68,5 @@ def plan(design) -> TPPlan:
     n = request if isinstance(request, int) else (smallest or degrees[-1])
     return TPPlan(n=n, heads=heads, kv_heads=kv_heads, experts=experts, devices=devices,
                   limit=design.constraints.area_constraint, smallest_fit=smallest,
-                  collectives=design.collectives.describe(), layout=partition_at(design, n).describe(), rows=rows)
+                  collectives=design.collectives.describe(), layout=partition_at(design, n).describe(),
+                  weights=design.constraints.parallel.weights, rows=rows)
