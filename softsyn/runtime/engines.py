@@ -66,9 +66,9 @@ def settings(design, analysis: Analysis, source: str) -> dict:
     kv_free = None
     if budget is not None and budget.available is not None and memory:
         free = memory - budget.weights - budget.workspace
-        kv_free = round(min(max(budget.available / free, 0.0), 0.95), 3) if free > 0 else None
+        kv_free = float(f"{min(max(budget.available / free, 0.0), 0.95):.3g}") if free > 0 else None
     return {"model": model_name(source), "tp": n, "precision": precision, "max_len": length, "max_seqs": seqs,
-            "kv_dtype": cons.kv_cache.dtype, "memory_fraction": round(min(limit / memory, 0.95), 3)
+            "kv_dtype": cons.kv_cache.dtype, "memory_fraction": float(f"{min(limit / memory, 0.95):.3g}")
             if limit and memory else None, "kv_free_fraction": kv_free, "experts": experts,
             "max_tokens": max(w.batch * w.prompt_len, seqs)}
 
