@@ -68,7 +68,8 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
             log.notes += kv_layout.lines()
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
         if netlist.kind == "decoder":
-            for name, text in engine_files(design, analysis, str(reference.get("source", "")), log.notes).items():
+            for name, text in engine_files(design, analysis, str(reference.get("source", "")),
+                                           compiled_precision(netlist), log.notes).items():
                 (tmp / name).write_text(text)
         reports.write_reports(analysis, tmp)
         coverage = design.pass_reports.get("fuse")

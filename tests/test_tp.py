@@ -12,6 +12,7 @@ import yaml
 
 from softsyn.constraints import parse_constraints
 from softsyn.design import Design
+from softsyn.emit import compiled_precision
 from softsyn.frontends import read_design
 from softsyn.library.collectives import load_collectives, parse_collectives
 from softsyn.reports import from_json, report_area, report_qor, to_json
@@ -146,7 +147,7 @@ def test_engine_settings_use_documented_names(tiny_tp2):
     """vllm.json and trtllm-llm-api.yaml at TP=2: every key one the engines document, values from the design."""
     design, analysis = tiny_tp2
     notes: list[str] = []
-    files = engine_files(design, analysis, "zoo:qwen3-8b", notes)
+    files = engine_files(design, analysis, "zoo:qwen3-8b", compiled_precision(design.netlist), notes)
     vllm = json.loads(files["runtime/vllm.json"])
     docs = OPTIONS["vllm"]
     assert set(vllm) <= set(docs["engine_args"]) and set(vllm["compilation_config"]) <= set(docs["compilation_config"])

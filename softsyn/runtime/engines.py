@@ -44,12 +44,9 @@ def capture_sizes(max_seqs: int) -> list[int]:
     return sizes + ([max_seqs] if sizes[-1] != max_seqs else [])
 
 
-def settings(design, analysis: Analysis, source: str) -> dict:
-    """The derived figures both engines' settings are written from."""
+def settings(design, analysis: Analysis, source: str, precision: str) -> dict:
+    """The derived figures both engines' settings are written from; `precision`: the compiled weights'."""
     cons, netlist = design.constraints, design.netlist
-    from softsyn.emit import compiled_precision
-
-    precision = compiled_precision(netlist)
     budget = analysis.area.kv_budget
     length = budget.length if budget else kv_length(cons)[0]
     w = cons.workload
@@ -120,9 +117,10 @@ def vllm_serve(args: dict) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def engine_files(design, analysis: Analysis, source: str, notes: list[str]) -> dict[str, str]:
-    """DIR-relative path -> text of each engine settings file (module docstring); a line for the compile log."""
-    s = settings(design, analysis, source)
+def engine_files(design, analysis: Analysis, source: str, precision: str, notes: list[str]) -> dict[str, str]:
+    """DIR-relative path -> text of each engine settings file (module docstring); a line for the compile log.
+    `precision`: the compiled weights' (softsyn.emit.compiled_precision)."""
+    s = settings(design, analysis, source, precision)
     v, t = vllm_args(s), trtllm_args(s)
     head = (f"# softsyn {design.netlist.name}: serving settings derived from the compile (TP={s['tp']}, "
             f"{s['precision']} weights, {s['max_len']} tokens of context, {s['max_seqs']} sequences); "
