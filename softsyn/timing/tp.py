@@ -247,8 +247,9 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights:
     elems = lambda v: numel(shape_of(v, shapes))  # noqa: E731
 
     for node in netlist.nodes():
-        acts = [v for v in node.inputs if v is not None and not v.is_initializer() and v.dtype is not None
-                and v.dtype.is_floating_point() and not weight_roots(v)]
+        # activations: float (or untyped: exporters leave some dtypes out) values not computed from weights alone
+        acts = [v for v in node.inputs if v is not None and not v.is_initializer()
+                and (v.dtype is None or v.dtype.is_floating_point()) and not weight_roots(v)]
         split = [v for v in acts if share.get(v.name, 1.0) < 1.0 or v.name in p.partial]
         w = _weight(node)
         op = node.op_type
@@ -289,11 +290,12 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights:
             _share_weights(node, part, share)
             share[node.outputs[0].name] = part
             continue
-        expert_weights = [v for v in node.inputs if v is not None and v.is_initializer() and experts
-                          and v.shape is not None and len(v.shape) >= 3 and v.shape[0] == experts]
-        if expert_weights or op in MOE_OPS:
+        expert_weights = [v for v in node.inputs if v is not None and experts and weight_roots(v)
+                          and len(weight_shape(v) or ()) >= 3 and weight_shape(v)[0] == experts]
+        if (expert_weights and op not in LOAD_TIME_OPS) or op in MOE_OPS:
             for v in expert_weights:
                 share[v.name] = 1.0 / n
+                share.update((r.name, 1.0 / n) for r in weight_roots(v))
             p.role[node], p.cell[node] = "expert", 1.0 / n
             for o in node.outputs:
                 if o is not None:
