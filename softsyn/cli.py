@@ -502,7 +502,10 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
+      softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
+                                       # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
+    from softsyn.characterize.collectives import characterize_collectives, collective_cells
     from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
     if list_only:
@@ -516,6 +519,15 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
     argv = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("softsyn") else None
     command = "softsyn " + (argv or f"characterize --runtime {runtime} --provider {provider}"
                             + (f" --cells '{cells}'" if cells else "") + (" --quick" if quick else "") + f" -o {output}")
+    collectives = collective_cells(cells)
+    if collectives:  # AllReduce / AllGather / ReduceScatter: one process per device, a collective library
+        if len(collectives) != len([p for p in cells.split(",") if p.strip()]):
+            raise SoftsynError(f"characterize --cells {cells!r}: collectives ({', '.join(collectives)}) are measured "
+                               "apart from kernel cells (their own library, one process per device); give them alone")
+        path = characterize_collectives(provider, output, collectives, quick=quick, progress=not quiet,
+                                        command=command)
+        click.echo(f"[softsyn] wrote {path}", err=True)
+        return
     run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
 
 

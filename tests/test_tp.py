@@ -176,3 +176,14 @@ def test_compile_writes_engine_settings(tiny_cpu_artifact):
     vllm = json.loads((tiny_cpu_artifact / "runtime" / "vllm.json").read_text())
     assert vllm["tensor_parallel_size"] == 1 and set(vllm) <= set(OPTIONS["vllm"]["engine_args"])
     assert (tiny_cpu_artifact / "runtime" / "trtllm-llm-api.yaml").is_file()
+
+
+def test_collective_cells_pattern(capsys, tmp_path):
+    """--cells names collectives by op glob; they are measured alone (their own library, one process per device)."""
+    from softsyn.characterize.collectives import collective_cells
+
+    assert collective_cells("AllReduce*") == ["AllReduce"]
+    assert collective_cells("All*,ReduceScatter.fp16") == ["AllReduce", "AllGather", "ReduceScatter"]
+    assert collective_cells("MatMul*") == []
+    code, _, err = cli(capsys, "characterize", "--cells", "AllReduce*,MatMul*", "-o", tmp_path / "x.yaml")
+    assert code == 2 and "collectives (AllReduce) are measured apart from kernel cells" in err
