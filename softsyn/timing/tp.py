@@ -71,6 +71,9 @@ class Partition:
         return out
 
     def describe(self) -> str:
+        if self.n == 1:
+            return f"TP=1: one device holds all {self.heads} query heads, {self.kv_heads} KV heads" + (
+                f" and {self.experts} experts" if self.experts else "") + "; no collectives"
         c = self.counts()
         kv = (f"{self.kv_per_device} of {self.kv_heads} KV heads per device"
               + (f" (each replicated on {self.n // self.kv_heads} devices)" if self.kv_heads < self.n else ""))
