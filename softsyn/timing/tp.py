@@ -299,6 +299,8 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights:
             for v in expert_weights:
                 share[v.name] = 1.0 / n
                 share.update((r.name, 1.0 / n) for r in weight_roots(v))
+                if weights:  # sized at the what-if precision; expert cells keep their kernels' timing
+                    p.recast.update((r.name, weights) for r in weight_roots(v) if r.dtype.is_floating_point())
             p.role[node], p.cell[node] = "expert", 1.0 / n
             for o in node.outputs:
                 if o is not None:
