@@ -35,7 +35,9 @@ FILES = ("runtime/vllm.json", "runtime/vllm-serve.sh", "runtime/trtllm-llm-api.y
 def model_name(source: str) -> str:
     """What the engines load: the published checkpoint of a zoo shape, else the model as given."""
     name = source.removeprefix("zoo:")
-    return PUBLISHED.get(name, source)
+    if name in PUBLISHED:
+        return PUBLISHED[name]
+    return source[: -len("/config.json")] if source.endswith("/config.json") else source  # the folder it names
 
 
 def capture_sizes(max_seqs: int) -> list[int]:
@@ -125,9 +127,10 @@ def engine_files(design, analysis: Analysis, source: str, precision: str, notes:
     head = (f"# softsyn {design.netlist.name}: serving settings derived from the compile (TP={s['tp']}, "
             f"{s['precision']} weights, {s['max_len']} tokens of context, {s['max_seqs']} sequences); "
             "softsyn does not run this engine.\n")
+    unpublished = source.startswith("zoo:") and s["model"] == source  # a tiny zoo model: no checkpoint to load
     notes.append(f"runtime/: vLLM and TensorRT-LLM settings for TP={s['tp']} ({', '.join(FILES)}); settings for those "
-                 "engines, not run here" + ("" if s["model"] != source else f"; model {source} is no published "
-                                            "checkpoint: point `model` at one with its shapes"))
+                 "engines, not run here" + (f"; {source} is no published checkpoint: point `model` at one with its "
+                                            "shapes" if unpublished else ""))
     if s["precision"] == "int4":
         notes.append("runtime/: int4 weights need an int4 checkpoint (AWQ/GPTQ) for vLLM and TensorRT-LLM; "
                      "the settings name none")
