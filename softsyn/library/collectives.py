@@ -18,12 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from softsyn.constraints import YamlReader
-from softsyn.constraints.reader import compose, read_text
+from softsyn.constraints.reader import read_text
 from softsyn.errors import SoftsynError
-from softsyn.library.load import parse_cell
+from softsyn.library.load import parse_cell, read_yaml
 from softsyn.library.model import Cell
 
 COLLECTIVE_OPS = ("AllReduce", "AllGather", "ReduceScatter")
@@ -70,13 +67,7 @@ class CollectiveLibrary:
 
 def parse_collectives(text: str, path: Path) -> CollectiveLibrary:
     """A collective library from YAML text; errors name the file, line and key."""
-    reader = YamlReader(str(path))
-    root = compose(text, str(path))
-    reader.index(root)
-    try:
-        data = reader.data(root)
-    except yaml.YAMLError as e:
-        raise SoftsynError(f"{path}: not valid YAML: {' '.join(str(e).split())[:200]}") from None
+    reader, data = read_yaml(text, path)
     if not isinstance(data, dict) or data.get("kind") != "collectives":
         raise SoftsynError(f"{path}: not a collective library (needs kind: collectives)")
     for key in ("library", "runtime", "device", "date", "collectives"):
