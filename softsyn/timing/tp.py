@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
+from softsyn.timing.area import WEIGHT_BYTES, kv_cache_inputs
 from softsyn.timing.cost import ATTENTION_OPS, MOE_OPS, Work, numel, shape_of
 
 WEIGHT_MATMULS = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
@@ -98,8 +99,6 @@ class Partition:
         weight at MatMulNBits' bytes per parameter (block 32)."""
         part = self.cell.get(node, 1.0)
         if self.weights and node in self.weight_elems:
-            from softsyn.timing.area import WEIGHT_BYTES
-
             elems, itemsize = self.weight_elems[node]
             work = Work(work.flops, work.bytes - elems * (itemsize - WEIGHT_BYTES[self.weights]),
                         {**work.sizes, "block": 32})
@@ -242,8 +241,6 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights:
     vocab = (netlist.config or {}).get("vocab_size")
     share = p.share
     inputs = {v.name for v in netlist.model.graph.inputs}
-    from softsyn.timing.area import kv_cache_inputs  # area imports this module's users, not it
-
     for v in kv_cache_inputs(netlist):
         share[v.name] = p.kv_share
     residual: set[str] = set()
