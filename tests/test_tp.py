@@ -187,3 +187,21 @@ def test_collective_cells_pattern(capsys, tmp_path):
     assert collective_cells("MatMul*") == []
     code, _, err = cli(capsys, "characterize", "--cells", "AllReduce*,MatMul*", "-o", tmp_path / "x.yaml")
     assert code == 2 and "collectives (AllReduce) are measured apart from kernel cells" in err
+
+
+def test_weights_seen_through_load_time_ops():
+    """A weightless export feeds MatMul with Transpose(W), its shape left out: still a weight, [k, n] from W's."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from softsyn.timing.tp import weight_roots, weight_shape
+
+    w = numpy_helper.from_array(np.ones((32, 16), np.float32), "W")
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "Wt"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [w])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    matmul = model.graph.node(1)
+    assert [v.name for v in weight_roots(matmul.inputs[1])] == ["W"] and weight_roots(matmul.inputs[0]) == []
+    assert weight_shape(matmul.inputs[1]) == (16, 32)
