@@ -154,3 +154,22 @@ RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed
     Column("samples", "Samples", 8, "right", "count", gap=1),
     Column("interval", "Interval", 40, gap=2),
 )
+
+# report_area / report_qor's tensor-parallel plan: one row per degree (softsyn.timing.results.TPRow); a group's
+# columns (its critical arrival per device, the collectives on that path, the speed-up over one device) by
+# tp_group_columns.
+TP_COLUMNS: tuple[Column, ...] = (
+    Column("n", "TP", 3, "right", "count"),
+    Column("kv_heads_per_device", "KV heads", 8, "right", "count", gap=1),
+    Column("weights", "Weights", 11, "right", "bytes", gap=1),
+    Column("kv_cache", "KV cache", 11, "right", "bytes", gap=1),
+    Column("workspace", "Workspace", 11, "right", "bytes", gap=1),
+    Column("total", "VRAM/device", 12, "right", "bytes", gap=1),
+    Column("fits", "Fits", 4, missing="-", gap=2),
+)
+
+
+def tp_group_columns(group: str) -> tuple[Column, ...]:
+    return (_time(f"{group}.arrival", f"{group}", max(9, len(group) + 5)),
+            _time(f"{group}.collectives", "comm", 8),
+            Column(f"{group}.speedup", "x", 5, "right", "number", fmt="{:.2f}", missing="-", gap=1))

@@ -5,6 +5,7 @@ from softsyn.timing import Analysis, AreaResult
 from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
                                     render)
 from softsyn.reports.suggest import area_suggestions, timing_suggestions
+from softsyn.reports.tp import tp_lines
 
 LABEL_WIDTH = 28
 VALUE_WIDTH = 14
@@ -102,5 +103,6 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
     suggestions = timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,
-                  closing=closing, notes=analysis.notes, suggestions=suggestions,
+                  closing=closing, notes=analysis.notes, tp_lines=tp_lines(analysis.tp, bunit),
+                  suggestions=suggestions,
                   constraints_file=analysis.constraints_file)

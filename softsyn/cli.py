@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from softsyn import __version__, outdir
+from softsyn.constraints.model import MAX_DEVICES
 from softsyn.constraints.reader import MAX_INT
 from softsyn.errors import SoftsynError
 from softsyn.passes import EFFORTS
@@ -29,6 +30,27 @@ def _effort_help() -> str:
         lines.append(f"  {level.name:<{width}}{level.help}")
         lines += [f"  {'':<{width}}{line}" for line in level.step_lines()]
     return "\n    ".join(lines)
+
+
+class TPDegree(click.ParamType):
+    """--tp: a tensor-parallel degree (an integer >= 1) or `auto` (the smallest that fits area_constraint)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit() and 1 <= int(text) <= MAX_DEVICES:
+            return int(text)
+        self.fail(f"{value!r} is not a tensor-parallel degree; valid: an integer 1..{MAX_DEVICES} or auto", param, ctx)
+
+
+TP_HELP = ("tensor parallelism over N devices (Megatron column/row splits, vocab-parallel embedding and lm_head, "
+           "expert parallel MoE), or auto: the smallest N whose per-device VRAM fits area_constraint; timing and "
+           "area are then one device's, and the plan per N is printed (overrides parallel.tensor).")
 
 
 def _help_with(**fields):
@@ -90,9 +112,10 @@ def main(debug):
 @click.option("--materialize", is_flag=True,
               help="export real-size models with seeded random weights (not weightless), so signoff can run "
                    "them; needs RAM for the weights.")
+@click.option("--tp", type=TPDegree(), help=TP_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir,
-            annotate_file, materialize, quiet):
+            annotate_file, materialize, tp, quiet):
     """Time MODEL against its constraints and print timing and QoR reports.
 
     \b
@@ -129,7 +152,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
         outdir.check(out_dir, "analyze", _given_paths(model))
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
                          annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
-                         **({"materialize": True} if materialize else {}))
+                         tp=tp, **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
     click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
     click.echo(report_qor(analysis))
@@ -292,9 +315,10 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--all-logits", is_flag=True,
               help="keep every position's logits at prefill (kv_layout's last_token_logits off: the lm_head then "
                    "runs on the whole prompt).")
+@click.option("--tp", type=TPDegree(), help=TP_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @_help_with(efforts=_effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, quiet):
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -334,7 +358,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
-                         materialize=not plan)
+                         materialize=not plan, tp=tp)
     if not plan:
         require_weights(design.netlist)
         check_external_data(design.netlist.model, design.netlist.provenance.get("file") or model)
@@ -494,7 +518,10 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
+      softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
+                                       # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
+    from softsyn.characterize.collectives import characterize_collectives, collective_cells
     from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
     if list_only:
@@ -508,6 +535,15 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
     argv = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("softsyn") else None
     command = "softsyn " + (argv or f"characterize --runtime {runtime} --provider {provider}"
                             + (f" --cells '{cells}'" if cells else "") + (" --quick" if quick else "") + f" -o {output}")
+    collectives = collective_cells(cells)
+    if collectives:  # AllReduce / AllGather / ReduceScatter: one process per device, a collective library
+        if len(collectives) != len([p for p in cells.split(",") if p.strip()]):
+            raise SoftsynError(f"characterize --cells {cells!r}: collectives ({', '.join(collectives)}) are measured "
+                               "apart from kernel cells (their own library, one process per device); give them alone")
+        path = characterize_collectives(provider, output, collectives, quick=quick, progress=not quiet,
+                                        command=command)
+        click.echo(f"[softsyn] wrote {path}", err=True)
+        return
     run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
 
 

@@ -43,20 +43,25 @@ DEFAULT_GROUPS = {
 class Design:
     annotation = None  # softsyn.flow.annotate.Annotation: back-annotated (measured) delays replace the library's
 
-    def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True):
+    def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
+                 tp: str | int | None = None):
         self.netlist = netlist
         self.constraints = constraints
         self.library = library
         self.progress = progress
+        # tensor parallelism: --tp (an int or "auto") over parallel.tensor; None with no parallel section
+        self.tp_request = tp if tp is not None else constraints.parallel.tensor
+        self.tp_from_cli = tp is not None
         self.pass_reports: dict[str, object] = {}  # pass name -> the report its PassResult carried (fuse: coverage)
 
     @classmethod
     def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
              cache_dir: str | Path | None = None, progress: bool = True, annotate: str | Path | None = None,
-             materialize: bool = False, **workload) -> "Design":
+             materialize: bool = False, tp: str | int | None = None, **workload) -> "Design":
         """Read a model and its constraints; `target` and workload keywords override the constraints file.
         `annotate`: an annotation file from `softsyn signoff` (measured delays, source "annot");
-        `materialize`: real-size models get seeded random weights instead of a weightless export."""
+        `materialize`: real-size models get seeded random weights instead of a weightless export; `tp`: the
+        tensor-parallel degree (an int, or "auto": the smallest that fits), over the constraints' parallel.tensor."""
         cons = load_constraints(constraints) if constraints else Constraints.default()
         for key, value in workload.items():
             if value is not None:
@@ -70,7 +75,7 @@ class Design:
             library = load_library(target or default_library())
         extra = {"materialize": True} if materialize else {}
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
-        design = cls(netlist, cons, library, progress)
+        design = cls(netlist, cons, library, progress, tp)
         if annotate:
             from softsyn.flow.annotate import load_annotation
 
@@ -78,7 +83,7 @@ class Design:
         return design
 
     # Cached views of the netlist; netlist_changed() drops every one of them.
-    NETLIST_VIEWS = ("graph", "groups", "runtime_view", "launches")
+    NETLIST_VIEWS = ("graph", "groups", "runtime_view", "launches", "partition", "tp_plan")
 
     @functools.cached_property
     def graph(self):
@@ -109,6 +114,28 @@ class Design:
             return {}
         shared = shared_kv_buffer(self.netlist)
         return {g.name: group_launch(self.netlist, self.library, g.scenario.dims, shared) for g in self.groups}
+
+    @functools.cached_property
+    def tp_plan(self):
+        """The tensor-parallel plan (softsyn.timing.tp_plan) when one is asked for, else None."""
+        if self.tp_request is None:
+            return None
+        from softsyn.timing.tp_plan import plan
+
+        start = time.perf_counter()
+        result = plan(self)
+        self.log(f"tensor-parallel plan over {', '.join(str(r.n) for r in result.rows)} devices, "
+                 f"{time.perf_counter() - start:.1f} s")
+        return result
+
+    @functools.cached_property
+    def partition(self):
+        """One device's part of the netlist at the plan's degree (softsyn.timing.tp.Partition), else None."""
+        if self.tp_plan is None:
+            return None
+        from softsyn.timing.tp_plan import partition_at
+
+        return partition_at(self, self.tp_plan.n)
 
     def _group_specs(self) -> list[PathGroupSpec]:
         if self.constraints.path_groups:
@@ -167,13 +194,22 @@ class Design:
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
             results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
-                                      absorbed, self.launches.get(group.name)))
+                                      absorbed, self.partition, self.collectives if self.partition else None,
+                                      mode=self.launches.get(group.name)))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results
 
+    @functools.cached_property
+    def collectives(self):
+        from softsyn.library.collectives import load_collectives
+
+        return load_collectives()
+
     def analyze(self) -> Analysis:
         groups = self.time()
+        share = self.partition.share if self.partition is not None else None
+        recast = self.partition.recast if self.partition is not None else None
         counts: dict[str, int] = {}
         for node in self.netlist.nodes():
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -185,10 +221,10 @@ class Design:
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}),
+            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
-            warnings=unmodelled_warnings(self.netlist, self.library))
+            warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan)
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

@@ -5,6 +5,7 @@
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
+    DIR/runtime/vllm*.json|sh, trtllm-*  a decoder's vLLM and TensorRT-LLM serving settings (softsyn.runtime.engines)
     DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports), fusion.json
     DIR/compile.log, compile_log.json    one row per step (text, JSON)
     DIR/reports/report.html              the page of all of it (softsyn.reports.html), written last
@@ -27,6 +28,7 @@ from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
 from softsyn.frontends.cache import design_provenance
 from softsyn.netlist import NETLIST_META_KEY
+from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.timing import Analysis, cell_timings, precision_of
@@ -67,6 +69,10 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if kv_layout is not None:
             log.notes += kv_layout.lines()
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
+        if netlist.kind == "decoder":
+            for name, text in engine_files(design, analysis, str(reference.get("source", "")),
+                                           compiled_precision(netlist), log.notes).items():
+                (tmp / name).write_text(text)
         reports.write_reports(analysis, tmp)
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:

@@ -34,7 +34,7 @@ from softsyn.constraints import Constraints
 from softsyn.library import Library
 from softsyn.netlist import Netlist
 from softsyn.timing.capture import Launch
-from softsyn.timing.cost import Work, has_cost_model, node_work, precision_of
+from softsyn.timing.cost import PRECISION_BY_DTYPE, Work, has_cost_model, node_work, precision_of
 from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -65,6 +65,7 @@ class CellTiming:
     host: float = 0.0  # s the host spends issuing it (= delay when the host does the work)
     device: float = 0.0  # s it occupies its stream after being issued
     stream: int = 0
+    collectives: tuple = ()  # (op, delay s, source, bytes) run right after it (tensor parallelism, softsyn.timing.tp)
 
 
 def timing_graph(netlist: Netlist) -> nx.DiGraph:
@@ -108,7 +109,7 @@ def load_time_constants(netlist: Netlist) -> set[ir.Node]:
 
 
 def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None,
-                 absorbed: frozenset = frozenset()) -> list[CellTiming]:
+                 absorbed: frozenset = frozenset(), partition=None, collectives=None) -> list[CellTiming]:
     """Delay of every cell in execution order under one scenario's shapes.
 
     `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
@@ -116,13 +117,20 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
     a node whose name another node shares keeps its library delay. A cell of an op neither the library
     nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model".
     `absorbed`: nodes the runtime fuses into another when it loads (softsyn.runtime.load_view); on a GPU they
-    keep their kernel time, which the fused kernel still does, but launch nothing."""
+    keep their kernel time, which the fused kernel still does, but launch nothing.
+    `partition` (a softsyn.timing.tp.Partition): each cell timed at one device's part of its work, and the
+    collectives it places timed from `collectives` (a softsyn.library.collectives.CollectiveLibrary)."""
     cells = []
     folded = load_time_constants(netlist)
     shared = {name for name, n in Counter(n.name for n in netlist.nodes()).items() if n > 1}
     for node in netlist.nodes():
         work = node_work(node, shapes)
+        if partition is not None:
+            work = partition.shard(node, work)
         precision = precision_of(node)
+        op = node.op_type
+        if partition is not None:
+            op, precision = partition.kind(node, precision)
         annotated = annotation.delay(node.name) if annotation is not None and node.name not in shared else None
         host, device = None, 0.0
         if annotated is not None:  # measured per-node times add up to the measured run: serial
@@ -130,15 +138,28 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
         elif node in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
         else:
-            delay, source, host, device = library.node_timing(node.op_type, precision, work.flops, work.bytes,
+            delay, source, host, device = library.node_timing(op, precision, work.flops, work.bytes,
                                                               work.sizes)
             if source == "est" and not has_cost_model(node):
                 source = UNMODELLED
             if node in absorbed and library.is_gpu:
                 host = 0.0
-        cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
-                                delay if host is None else host, device))
+        moves = ()
+        if partition is not None and node in partition.collectives:
+            moves = tuple(_collective(kind, value, shapes, partition.n, collectives)
+                          for kind, value in partition.collectives[node])
+        cells.append(CellTiming(node, f"{op}.{precision}", work, delay, source,
+                                delay if host is None else host, device, collectives=moves))
     return cells
+
+
+def _collective(op: str, value: ir.Value, shapes: dict, ranks: int, collectives) -> tuple[str, float, str, float]:
+    from softsyn.timing.tp import collective_bytes
+
+    size = collective_bytes(value, shapes)
+    precision = PRECISION_BY_DTYPE.get(value.dtype, "fp16") if value.dtype is not None else "fp16"
+    delay, source = collectives.delay(op, size, ranks, precision)
+    return f"{op}.{precision}", delay, source, size
 
 
 def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
@@ -153,13 +174,15 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup, annotation=None, absorbed: frozenset = frozenset(),
-               mode: Launch | None = None) -> GroupTiming:
+               group: PathGroup, annotation=None, absorbed: frozenset = frozenset(), partition=None,
+               collectives=None, mode: Launch | None = None) -> GroupTiming:
     """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
-    its residual replaces the library's run_overhead on the session.run row); `absorbed`: see cell_timings;
-    `mode`: the group runs as a captured CUDA graph (softsyn.timing.capture) or eagerly."""
+    its residual replaces the library's run_overhead on the session.run row); `absorbed`, `partition` and
+    `collectives`: see cell_timings. A collective is issued by the host (one launch on a GPU) after its cell
+    and holds the stream for its delay; on a CPU the host waits it out. `mode`: the group runs as a captured
+    CUDA graph (softsyn.timing.capture) or eagerly."""
     shapes = netlist.bind(group.scenario.dims)
-    cells = cell_timings(netlist, library, shapes, annotation, absorbed)
+    cells = cell_timings(netlist, library, shapes, annotation, absorbed, partition, collectives)
     if mode is not None and mode.captured and annotation is None:
         in_graph(cells, library.ceilings.launch_overhead_graph)
 
@@ -175,6 +198,7 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     # timing graph's keys: nodes by identity, ports as ("in", name).
     arrival: dict = {("in", p.name): port_arrival.get(p.name, 0.0) for p in netlist.model.graph.inputs}
     critical_pred: dict = {}
+    moved: dict = {}  # node -> its arrival before its collectives, then after each
     stream_free = {0: launch + run_overhead}
     stream_last: dict = {0: None}
     host_free, host_last = launch + run_overhead, None
@@ -188,6 +212,16 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
             if arrival.get(p, 0.0) > start:
                 start, pred = arrival[p], p
         arrival[node] = start + c.device
+        if c.collectives:
+            moved[node] = [arrival[node]]
+            for _, delay, _, _ in c.collectives:
+                if library.is_gpu:
+                    host_free += library.ceilings.launch_overhead
+                    arrival[node] = max(arrival[node], host_free) + delay
+                else:
+                    host_free = max(host_free, arrival[node]) + delay
+                    arrival[node] = host_free
+                moved[node].append(arrival[node])
         critical_pred[node] = pred
         stream_free[c.stream], stream_last[c.stream] = arrival[node], node
         host_last = node
@@ -209,7 +243,7 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     timed = {c.node: c for c in cells}
     for path in paths[:STORED_PATHS]:
         path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, launch, run_overhead,
-                             annotated=annotation is not None)
+                             annotated=annotation is not None, moved=moved)
 
     return GroupTiming(
         name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
@@ -229,7 +263,7 @@ def in_graph(cells: list[CellTiming], per_node: float) -> None:
 
 
 def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist, launch: float,
-           run_overhead: float, annotated: bool = False) -> list[PathPoint]:
+           run_overhead: float, annotated: bool = False, moved: dict | None = None) -> list[PathPoint]:
     """Walk back from the endpoint's driver along the predecessors that set each start time. A cell's
     critical predecessor was timed before it, so the walk visits each cell once at most; the bound
     keeps it finite whatever the graph holds."""
@@ -248,11 +282,15 @@ def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict,
         if c.source == "folded":
             continue
         hierarchy = netlist.hierarchy(c.node)
+        name = f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name
+        steps = (moved or {}).get(c.node, [arrival[c.node]])
         # incr: what the cell adds to the path (its delay when serial; its share of the overlapped
         # host/device schedule on a GPU), so a path's increments sum to its arrival
         points.append(PathPoint(
-            name=f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name, cell=c.cell,
-            incr=arrival[c.node] - previous, arrival=arrival[c.node], source=c.source,
+            name=name, cell=c.cell, incr=steps[0] - previous, arrival=steps[0], source=c.source,
             hierarchy=hierarchy, op_type=c.node.op_type, flops=c.work.flops, bytes=c.work.bytes))
-        previous = arrival[c.node]
+        for (cell, _, source, size), before, after in zip(c.collectives, steps, steps[1:]):
+            points.append(PathPoint(name=f"{name}:{cell.split('.')[0]}", cell=cell, incr=after - before, arrival=after,
+                                    source=source, hierarchy=hierarchy, op_type=cell.split(".")[0], bytes=size))
+        previous = steps[-1]
     return points
