@@ -1,0 +1,372 @@
+"""Vision-language composites (Qwen3-VL): three ONNX blocks in onnxruntime-genai's layout, read as one netlist.
+
+The blocks are exported separately, as onnxruntime-genai runs them: `vision` (pixel_values -> image_features),
+`embedding` (input_ids + image_features -> inputs_embeds) and `decoder` (inputs_embeds + mask + 3-row mrope
+position_ids + KV -> logits + present KV). They are then joined into one graph in which a block's output feeds the
+next block's input by name, every node's hierarchy starting with its block's name, and the blocks' boundaries
+recorded in the provenance (`blocks`), so timing crosses them and `emit` can cut them apart again.
+
+The vision tower's data-dependent parts (patch positions, the learned position table resampled to the grid,
+attention segments) depend only on the grid, so each export fixes one grid: its positions are constants, and the
+attention of each image is a batched attention over a dynamic `images` dim (segments of equal length, the form
+transformers' own exporter rewrites the per-segment loop into).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+
+from softsyn.errors import SoftsynError
+from softsyn.frontends import export as _export
+from softsyn.netlist import HIERARCHY_KEY
+
+BLOCKS = ("vision", "embedding", "decoder")
+BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
+DEFAULT_IMAGE = (448, 448)  # width, height
+_SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """The patch grid an image of width x height becomes (Qwen2-VL's smart_resize to multiples of patch*merge)."""
+
+    width: int
+    height: int
+    patch: int
+    merge: int
+    temporal: int = 1  # a still image is one temporal patch (its frame repeated temporal_patch_size times)
+
+    @property
+    def resized(self) -> tuple[int, int]:
+        factor = self.patch * self.merge
+        return (max(factor, round(self.width / factor) * factor), max(factor, round(self.height / factor) * factor))
+
+    @property
+    def thw(self) -> tuple[int, int, int]:
+        w, h = self.resized
+        return (self.temporal, h // self.patch, w // self.patch)
+
+    @property
+    def patches(self) -> int:
+        return math.prod(self.thw)
+
+    @property
+    def tokens(self) -> int:
+        """LLM tokens one image adds: its patches after the merger folds merge x merge of them into one."""
+        return self.patches // (self.merge * self.merge)
+
+    def describe(self) -> str:
+        t, h, w = self.thw
+        rw, rh = self.resized
+        return (f"{self.width}x{self.height} image -> {rw}x{rh} -> grid {t}x{h}x{w} = {self.patches} patches "
+                f"-> {self.tokens} tokens")
+
+
+def parse_image_size(text: str, where: str = "image") -> tuple[int, int]:
+    """'448x448' -> (448, 448); width first, as the guides write it."""
+    m = _SIZE.match(str(text))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise SoftsynError(f"{where}: {text!r} is not an image size; write WIDTHxHEIGHT, e.g. 448x448 or 1280x720")
+    return int(m.group(1)), int(m.group(2))
+
+
+def grid_for(cfg, size: tuple[int, int]) -> ImageGrid:
+    v = cfg.vision_config
+    return ImageGrid(size[0], size[1], v.patch_size, v.spatial_merge_size)
+
+
+def is_vlm(cfg) -> bool:
+    return getattr(cfg, "model_type", "") == "qwen3_vl"
+
+
+def _vision_module(visual, grid: ImageGrid):
+    """Qwen3-VL's vision tower at one fixed grid, `images` images of it per call."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
+
+    grid_thw = torch.tensor([grid.thw])
+    idx, weights = get_vision_interpolation_indices_and_weights(
+        grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
+        align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.spatial_merge_size)
+    positions = get_vision_position_ids(grid_thw, visual.spatial_merge_size)
+    hidden = visual.config.hidden_size
+    with torch.no_grad():
+        cos, sin = visual.rotary_pos_emb(torch.zeros(1, hidden), positions)
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    class Vision(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+            self.register_buffer("interp_indices", idx, persistent=False)
+            self.register_buffer("interp_weights", weights, persistent=False)
+            self.register_buffer("rope_cos", cos.float(), persistent=False)
+            self.register_buffer("rope_sin", sin.float(), persistent=False)
+
+        def forward(self, pixel_values):
+            m, patches = self.m, grid.patches
+            x = m.patch_embed(pixel_values).view(-1, patches, hidden)
+            x = x + (m.pos_embed(self.interp_indices) * self.interp_weights[:, :, None]).sum(1).to(x.dtype)
+            cos, sin = self.rope_cos[None, None], self.rope_sin[None, None]
+            for blk in m.blocks:
+                heads = blk.attn.num_heads
+                qkv = blk.attn.qkv(blk.norm1(x)).view(-1, patches, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv[0], qkv[1], qkv[2]
+                q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
+                k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
+                a = F.scaled_dot_product_attention(q, k, v, scale=blk.attn.scaling)  # one segment per image
+                x = x + blk.attn.proj(a.transpose(1, 2).reshape(-1, patches, hidden))
+                x = x + blk.mlp(blk.norm2(x))
+            return m.merger(x.reshape(-1, hidden))
+
+    return Vision(visual).eval()
+
+
+def _embedding_module(embed_tokens, image_token_id: int):
+    import torch
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = embed_tokens
+
+    class Embedding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = Holder()
+
+        def forward(self, input_ids, image_features):
+            text = self.m.embed_tokens(input_ids)
+            mask = input_ids == image_token_id
+            order = torch.cumsum(mask.reshape(-1).to(torch.int64), 0).reshape(mask.shape) - 1
+            # a zero row past the features: text-only prompts (0 features) gather it, never out of range
+            rows = torch.cat([image_features.to(text.dtype), torch.zeros_like(text[0, :1])], 0)
+            index = torch.where(mask, order, torch.full_like(order, image_features.shape[0]))
+            return torch.where(mask[..., None], rows[index], text)
+
+    return Embedding().eval()
+
+
+def _decoder_module(language_model, lm_head, layers: int):
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = language_model
+            self.lm_head = lm_head
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = Holder()
+
+        def forward(self, inputs_embeds, attention_mask, position_ids, *past_kv):
+            cache = DynamicCache(config=self.m.model.config)
+            for i in range(len(past_kv) // 2):
+                cache.update(past_kv[2 * i], past_kv[2 * i + 1], i)
+            out = self.m.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                               cache=cache, use_cache=True)
+            flat = [self.m.lm_head(out.last_hidden_state)]
+            for i in range(layers):
+                flat += [out.cache.layers[i].keys, out.cache.layers[i].values]
+            return tuple(flat)
+
+    return Decoder().eval()
+
+
+def reference_modules(model, grid: ImageGrid) -> dict:
+    """The three torch modules the blocks are exported from (tests compare them with transformers' own model)."""
+    cfg = model.config
+    return {"vision": _vision_module(model.model.visual, grid),
+            "embedding": _embedding_module(model.model.language_model.embed_tokens, cfg.image_token_id),
+            "decoder": _decoder_module(model.model.language_model, model.lm_head, cfg.text_config.num_hidden_layers)}
+
+
+def _export_module(module, args, dynamic_shapes, in_names, out_names, name, optimize):
+    import torch
+
+    with _export.quiet(), torch.no_grad():
+        prog = torch.onnx.export(module, args, dynamic_shapes=dynamic_shapes, dynamo=True, input_names=in_names,
+                                 output_names=out_names, opset_version=_export.OPSET, optimize=optimize,
+                                 verbose=False)
+    return _export.finish(prog.model, name)
+
+
+def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
+    """The vision, embedding and decoder blocks as onnx-ir models (example sizes > 1 so no dim is specialised)."""
+    import torch
+    from torch.export import Dim
+
+    cfg = model.config
+    text = cfg.text_config
+    layers, kv, head_dim = _export.kv_geometry(text)
+    meta = next(model.parameters()).device.type == "meta"
+    dtype = next(model.parameters()).dtype
+    mods = reference_modules(model, grid)
+    g = torch.Generator().manual_seed(0)
+    v = cfg.vision_config
+    pixel_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    images, batch, seq, past = Dim("images"), Dim("batch"), Dim("seq"), Dim("past")
+    pixels = torch.randn(2 * grid.patches, pixel_dim, generator=g).to(dtype)
+    out = {"vision": _export_module(mods["vision"], (pixels,), {"pixel_values": {0: images * grid.patches}},
+                                    ["pixel_values"], ["image_features"], f"{name}.vision", not meta)}
+    ids = torch.randint(0, text.vocab_size, (2, 5), generator=g)
+    feats = torch.randn(3, text.hidden_size, generator=g).to(dtype)
+    out["embedding"] = _export_module(mods["embedding"], (ids, feats),
+                                      {"input_ids": {0: batch, 1: seq}, "image_features": {0: Dim("image_tokens")}},
+                                      ["input_ids", "image_features"], ["inputs_embeds"], f"{name}.embedding",
+                                      not meta)
+    embeds = torch.randn(2, 3, text.hidden_size, generator=g).to(dtype)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    pos = torch.arange(4, 7).view(1, 1, 3).expand(3, 2, 3).contiguous()
+    past_t = tuple(torch.randn(2, kv, 4, head_dim, generator=g).to(dtype) for _ in range(2 * layers))
+    in_names = ["inputs_embeds", "attention_mask", "position_ids"] + [
+        f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    out_names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    out["decoder"] = _export_module(
+        mods["decoder"], (embeds, mask, pos) + past_t,
+        {"inputs_embeds": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim("total")},
+         "position_ids": {1: batch, 2: seq}, "past_kv": tuple({0: batch, 2: past} for _ in range(2 * layers))},
+        in_names, out_names, f"{name}.decoder", not meta)
+    return out
+
+
+def join_blocks(blocks: dict[str, ir.Model], name: str) -> tuple[ir.Model, list[dict]]:
+    """One graph of the blocks, joined by port name; every internal name and every node's hierarchy starts with
+    its block's name. Returns the model and the blocks' boundaries (name, file, inputs, outputs)."""
+    protos = {b: ir.serde.serialize_model(m) for b, m in blocks.items()}
+    ports = {b: ({i.name for i in p.graph.input} | {o.name for o in p.graph.output}) for b, p in protos.items()}
+    boundary = set().union(*ports.values())
+    graph = onnx.GraphProto(name=name)
+    produced: set[str] = set()
+    opsets: dict[str, int] = {}
+    info = []
+    for block in BLOCKS:
+        p = protos[block]
+        for op in p.opset_import:
+            opsets[op.domain] = max(opsets.get(op.domain, 0), op.version)
+
+        def local(n: str, block=block) -> str:
+            return n if not n or n in boundary else f"{block}.{n}"
+
+        for init in p.graph.initializer:
+            init.name = local(init.name)
+        for vi in p.graph.value_info:
+            vi.name = local(vi.name)
+        for node in p.graph.node:
+            node.name = local(node.name)
+            node.input[:] = [local(n) for n in node.input]
+            node.output[:] = [local(n) for n in node.output]
+            scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), "")
+            for e in node.metadata_props:
+                if e.key == HIERARCHY_KEY:
+                    e.value = f"{block}.{scope}" if scope else block
+        graph.input.extend(i for i in p.graph.input if i.name not in produced)
+        graph.initializer.extend(p.graph.initializer)
+        graph.value_info.extend(p.graph.value_info)
+        graph.node.extend(p.graph.node)
+        outputs = [o.name for o in p.graph.output]
+        produced |= set(outputs)
+        if block == BLOCKS[-1]:
+            graph.output.extend(p.graph.output)
+        else:
+            graph.value_info.extend(p.graph.output)
+        info.append({"name": block, "file": BLOCK_FILES[block], "inputs": [i.name for i in p.graph.input],
+                     "outputs": outputs})
+    _name_image_dims(graph)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    model.ir_version = protos["decoder"].ir_version
+    return ir.serde.deserialize_model(model), info
+
+
+def _name_image_dims(graph) -> None:
+    """The exporter's own symbol for the image count (`196*s92` on image_features) becomes `images` everywhere."""
+    feats = next(v for v in graph.value_info if v.name == "image_features")
+    expr = feats.type.tensor_type.shape.dim[0].dim_param
+    symbols = set(re.findall(r"[A-Za-z_]\w*", expr)) - {"images"}
+    if not symbols:
+        return
+    pattern = re.compile(r"\b(" + "|".join(sorted(symbols)) + r")\b")
+    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_param = pattern.sub("images", d.dim_param)
+
+
+def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str = "random",
+                    dtype: str = "float32", image_size: tuple[int, int] | None = None):
+    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export)."""
+    import sys
+    import time
+
+    import torch
+
+    from softsyn.frontends import cache as _cache
+    from softsyn.frontends.hf import building, brief, config_summary
+    from softsyn.netlist import Netlist
+
+    size = tuple(image_size or DEFAULT_IMAGE)
+    grid = grid_for(cfg, size)
+    if list(getattr(cfg.vision_config, "deepstack_visual_indexes", None) or []):
+        raise SoftsynError(f"{source}: vision_config.deepstack_visual_indexes "
+                           f"{list(cfg.vision_config.deepstack_visual_indexes)}: DeepStack (vision features added to "
+                           "the first decoder layers) is not in softsyn's composite layout yet; valid: []")
+    exporter = f"{_export.DYNAMO}, blocks vision/embedding/decoder, fixed grid {'x'.join(map(str, grid.thw))}"
+    key = _cache.content_key({"config": cfg.to_dict(), "kind": "vlm", "exporter": exporter, "opset": _export.OPSET,
+                              "weights": weights, "dtype": dtype, "frontend": _cache.FRONTEND_VERSION,
+                              "versions": _cache.versions()})
+    entry = _cache.entry_dir(cache_dir, f"{name}-{size[0]}x{size[1]}", key)
+    cached = _cache.load_entry(entry)
+    if cached is not None:
+        cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
+        return cached
+    t0 = time.perf_counter()
+    if progress:
+        print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
+    _export.torch_num_threads()
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    with building(source), (torch.device("meta") if weights == "meta" else torch.device("cpu")):
+        model = Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
+    parameters = sum(p.numel() for p in model.parameters())
+    try:
+        blocks = export_blocks(model, name, grid)
+    except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
+        raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
+    joined, info = join_blocks(blocks, name)
+    del model, blocks
+    t, h, w = grid.thw
+    provenance = {
+        "source": source, "exporter": exporter, "dtype": dtype, "versions": _cache.versions(),
+        "weights": {"random": "random seed 0", "meta": "meta (not materialised)"}[weights],
+        "export_seconds": round(time.perf_counter() - t0, 2), "scope_prefix": _export.SCOPE_PREFIX,
+        "blocks": info,
+        "image": {"size": list(size), "resized": list(grid.resized), "grid_thw": [t, h, w], "patches": grid.patches,
+                  "tokens": grid.tokens, "patch_size": grid.patch, "spatial_merge_size": grid.merge,
+                  "image_token_id": cfg.image_token_id,
+                  "positions": "fixed per export: the grid's patch positions, rotary angles and resampled position "
+                               "table are constants; `images` (a dynamic dim) images of that grid per call"},
+    }
+    if weights == "meta":
+        provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
+    summary = config_summary(cfg.text_config, parameters)
+    summary["vision"] = {k: getattr(cfg.vision_config, k) for k in ("depth", "hidden_size", "num_heads",
+                                                                     "intermediate_size", "out_hidden_size")}
+    nl = Netlist(joined, name=name, kind="vlm", provenance=provenance, config=summary,
+                 derived_dims={"total": "past + seq", "image_tokens": f"{grid.tokens}*images"})
+    nl = _cache.save_entry(nl, entry)
+    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+    if progress:
+        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return nl
