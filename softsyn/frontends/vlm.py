@@ -370,3 +370,28 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     if progress:
         print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return nl
+
+
+def split_blocks(model: ir.Model, blocks: list[dict]) -> dict[str, ir.Model]:
+    """The joined graph cut back into its blocks (after compile's passes): each block's nodes (by hierarchy), the
+    initializers they read, its boundary ports typed as in the joined graph."""
+    proto = ir.serde.serialize_model(ir.external_data.load_to_model(model))  # weights in memory: a new file each
+    g = proto.graph
+    typed = {v.name: v for v in list(g.input) + list(g.output) + list(g.value_info)}
+    out = {}
+    for b in blocks:
+        nodes = [n for n in g.node
+                 if next((e.value for e in n.metadata_props if e.key == HIERARCHY_KEY), "").split(".", 1)[0] == b["name"]]
+        read = {i for n in nodes for i in n.input}
+        missing = [p for p in b["inputs"] + b["outputs"] if p not in typed]
+        if missing:
+            raise SoftsynError(f"design {model.graph.name}: block {b['name']}: port {', '.join(missing)} lost its "
+                               "type in compile; cannot cut the block out")
+        graph = onnx.helper.make_graph(nodes, f"{model.graph.name}.{b['name']}", [typed[p] for p in b["inputs"]],
+                                       [typed[p] for p in b["outputs"]],
+                                       [i for i in g.initializer if i.name in read])
+        block = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import))
+        block.ir_version = proto.ir_version
+        block.metadata_props.extend(proto.metadata_props)
+        out[b["name"]] = ir.serde.deserialize_model(block)
+    return out
