@@ -116,7 +116,8 @@ def _vision_module(visual, grid: ImageGrid):
             x = m.patch_embed(pixel_values).view(-1, patches, hidden)
             x = x + (m.pos_embed(self.interp_indices) * self.interp_weights[:, :, None]).sum(1).to(x.dtype)
             cos, sin = self.rope_cos[None, None], self.rope_sin[None, None]
-            for blk in m.blocks:
+            deepstack = []
+            for layer, blk in enumerate(m.blocks):
                 heads = blk.attn.num_heads
                 qkv = blk.attn.qkv(blk.norm1(x)).view(-1, patches, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
                 q, k, v = qkv[0], qkv[1], qkv[2]
@@ -125,12 +126,18 @@ def _vision_module(visual, grid: ImageGrid):
                 a = F.scaled_dot_product_attention(q, k, v, scale=blk.attn.scaling)  # one segment per image
                 x = x + blk.attn.proj(a.transpose(1, 2).reshape(-1, patches, hidden))
                 x = x + blk.mlp(blk.norm2(x))
-            return m.merger(x.reshape(-1, hidden))
+                if layer in m.deepstack_visual_indexes:  # DeepStack: this layer's features, merged, for the decoder
+                    merger = m.deepstack_merger_list[m.deepstack_visual_indexes.index(layer)]
+                    deepstack.append(merger(x.reshape(-1, hidden)))
+            features = m.merger(x.reshape(-1, hidden))
+            return (features, torch.stack(deepstack)) if deepstack else features
 
     return Vision(visual).eval()
 
 
-def _embedding_module(embed_tokens, image_token_id: int):
+def _embedding_module(embed_tokens, image_token_id: int, deepstack: int):
+    """input_ids + image features (+ DeepStack features [layers, tokens, hidden]) -> inputs_embeds (+ the DeepStack
+    features scattered to their prompt positions, zeros elsewhere: [layers, batch, seq, hidden])."""
     import torch
 
     class Holder(torch.nn.Module):
@@ -143,19 +150,24 @@ def _embedding_module(embed_tokens, image_token_id: int):
             super().__init__()
             self.m = Holder()
 
-        def forward(self, input_ids, image_features):
+        def forward(self, input_ids, image_features, *deepstack_features):
             text = self.m.embed_tokens(input_ids)
             mask = input_ids == image_token_id
             order = torch.cumsum(mask.reshape(-1).to(torch.int64), 0).reshape(mask.shape) - 1
             # a zero row past the features: text-only prompts (0 features) gather it, never out of range
             rows = torch.cat([image_features.to(text.dtype), torch.zeros_like(text[0, :1])], 0)
             index = torch.where(mask, order, torch.full_like(order, image_features.shape[0]))
-            return torch.where(mask[..., None], rows[index], text)
+            embeds = torch.where(mask[..., None], rows[index], text)
+            if not deepstack:
+                return embeds
+            ds = deepstack_features[0].to(text.dtype)
+            ds_rows = torch.cat([ds, torch.zeros_like(ds[:, :1])], 1)
+            return embeds, ds_rows[:, index]
 
     return Embedding().eval()
 
 
-def _decoder_module(language_model, lm_head, layers: int):
+def _decoder_module(language_model, lm_head, layers: int, deepstack: int):
     import torch
     from transformers.cache_utils import DynamicCache
 
@@ -170,12 +182,20 @@ def _decoder_module(language_model, lm_head, layers: int):
             super().__init__()
             self.m = Holder()
 
-        def forward(self, inputs_embeds, attention_mask, position_ids, *past_kv):
+        def forward(self, inputs_embeds, attention_mask, position_ids, *rest):
+            deepstack_embeds, past_kv = (rest[0], rest[1:]) if deepstack else (None, rest)
             cache = DynamicCache(config=self.m.model.config)
             for i in range(len(past_kv) // 2):
                 cache.update(past_kv[2 * i], past_kv[2 * i + 1], i)
-            out = self.m.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                               cache=cache, use_cache=True)
+            kw = {}
+            if deepstack:  # the features are already at their positions (zeros elsewhere): the decoder adds them
+                kw["deepstack_visual_embeds"] = [deepstack_embeds[i] for i in range(deepstack)]
+                self.m.model._deepstack_process = lambda hidden, _mask, embeds: hidden + embeds.to(hidden.dtype)
+            try:
+                out = self.m.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                   position_ids=position_ids, cache=cache, use_cache=True, **kw)
+            finally:
+                self.m.model.__dict__.pop("_deepstack_process", None)
             flat = [self.m.lm_head(out.last_hidden_state)]
             for i in range(layers):
                 flat += [out.cache.layers[i].keys, out.cache.layers[i].values]
@@ -187,9 +207,11 @@ def _decoder_module(language_model, lm_head, layers: int):
 def reference_modules(model, grid: ImageGrid) -> dict:
     """The three torch modules the blocks are exported from (tests compare them with transformers' own model)."""
     cfg = model.config
+    deepstack = len(cfg.vision_config.deepstack_visual_indexes or [])
     return {"vision": _vision_module(model.model.visual, grid),
-            "embedding": _embedding_module(model.model.language_model.embed_tokens, cfg.image_token_id),
-            "decoder": _decoder_module(model.model.language_model, model.lm_head, cfg.text_config.num_hidden_layers)}
+            "embedding": _embedding_module(model.model.language_model.embed_tokens, cfg.image_token_id, deepstack),
+            "decoder": _decoder_module(model.model.language_model, model.lm_head, cfg.text_config.num_hidden_layers,
+                                       deepstack)}
 
 
 def _export_module(module, args, dynamic_shapes, in_names, out_names, name, optimize):
@@ -217,26 +239,34 @@ def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
     v = cfg.vision_config
     pixel_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     images, batch, seq, past = Dim("images"), Dim("batch"), Dim("seq"), Dim("past")
+    deepstack = len(v.deepstack_visual_indexes or [])
+    ds = ["deepstack_features"] if deepstack else []
     pixels = torch.randn(2 * grid.patches, pixel_dim, generator=g).to(dtype)
     out = {"vision": _export_module(mods["vision"], (pixels,), {"pixel_values": {0: images * grid.patches}},
-                                    ["pixel_values"], ["image_features"], f"{name}.vision", not meta)}
+                                    ["pixel_values"], ["image_features"] + ds, f"{name}.vision", not meta)}
     ids = torch.randint(0, text.vocab_size, (2, 5), generator=g)
-    feats = torch.randn(3, text.hidden_size, generator=g).to(dtype)
-    out["embedding"] = _export_module(mods["embedding"], (ids, feats),
-                                      {"input_ids": {0: batch, 1: seq}, "image_features": {0: Dim("image_tokens")}},
-                                      ["input_ids", "image_features"], ["inputs_embeds"], f"{name}.embedding",
-                                      not meta)
+    tokens = Dim("image_tokens")
+    feats = (torch.randn(3, text.hidden_size, generator=g).to(dtype),)
+    shapes = {"input_ids": {0: batch, 1: seq}, "image_features": {0: tokens}}
+    if deepstack:
+        feats += (torch.randn(deepstack, 3, text.hidden_size, generator=g).to(dtype),)
+        shapes["deepstack_features"] = ({1: tokens},)
+    out["embedding"] = _export_module(mods["embedding"], (ids,) + feats, shapes, ["input_ids", "image_features"] + ds,
+                                      ["inputs_embeds"] + (["deepstack_embeds"] if deepstack else []),
+                                      f"{name}.embedding", not meta)
     embeds = torch.randn(2, 3, text.hidden_size, generator=g).to(dtype)
     mask = torch.ones(2, 7, dtype=torch.long)
     pos = torch.arange(4, 7).view(1, 1, 3).expand(3, 2, 3).contiguous()
     past_t = tuple(torch.randn(2, kv, 4, head_dim, generator=g).to(dtype) for _ in range(2 * layers))
-    in_names = ["inputs_embeds", "attention_mask", "position_ids"] + [
+    extra = (torch.randn(deepstack, 2, 3, text.hidden_size, generator=g).to(dtype),) if deepstack else ()
+    in_names = ["inputs_embeds", "attention_mask", "position_ids"] + (["deepstack_embeds"] if deepstack else []) + [
         f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     out_names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    rest = ({1: batch, 2: seq},) * bool(deepstack) + tuple({0: batch, 2: past} for _ in range(2 * layers))
     out["decoder"] = _export_module(
-        mods["decoder"], (embeds, mask, pos) + past_t,
+        mods["decoder"], (embeds, mask, pos) + extra + past_t,
         {"inputs_embeds": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim("total")},
-         "position_ids": {1: batch, 2: seq}, "past_kv": tuple({0: batch, 2: past} for _ in range(2 * layers))},
+         "position_ids": {1: batch, 2: seq}, "rest": rest},
         in_names, out_names, f"{name}.decoder", not meta)
     return out
 
@@ -317,10 +347,6 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
 
     size = tuple(image_size or DEFAULT_IMAGE)
     grid = grid_for(cfg, size)
-    if list(getattr(cfg.vision_config, "deepstack_visual_indexes", None) or []):
-        raise SoftsynError(f"{source}: vision_config.deepstack_visual_indexes "
-                           f"{list(cfg.vision_config.deepstack_visual_indexes)}: DeepStack (vision features added to "
-                           "the first decoder layers) is not in softsyn's composite layout yet; valid: []")
     exporter = f"{_export.DYNAMO}, blocks vision/embedding/decoder, fixed grid {'x'.join(map(str, grid.thw))}"
     key = _cache.content_key({"config": cfg.to_dict(), "kind": "vlm", "exporter": exporter, "opset": _export.OPSET,
                               "weights": weights, "dtype": dtype, "frontend": _cache.FRONTEND_VERSION,

@@ -46,5 +46,5 @@ def _has_rows(value) -> bool:
 
 def _empty_outputs(session) -> dict:
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-    return {o.name: np.zeros([0] + [d if isinstance(d, int) else 0 for d in o.shape[1:]],
-                             dtype=types.get(o.type, np.float32)) for o in session.get_outputs()}
+    return {o.name: np.zeros([d if isinstance(d, int) else 0 for d in o.shape], dtype=types.get(o.type, np.float32))
+            for o in session.get_outputs()}

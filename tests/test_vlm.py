@@ -1,0 +1,103 @@
+"""Vision-language composite (zoo:qwen3-vl-tiny): three blocks read as one netlist, the TTFT path crossing them,
+compile + verify of every block, and the task path groups of constraints/vl-tasks.yaml."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from softsyn.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "constraints" / "vl-tasks.yaml"
+
+
+@pytest.fixture(scope="session")
+def vl_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-vl-tiny -c constraints/vl-tasks.yaml --effort low -o DIR`: DIR."""
+    out = tmp_path_factory.mktemp("vl") / "out"
+    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-vl-tiny", "-c", str(TASKS), "--effort", "low", "-o",
+                                       str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out
+
+
+def test_vision_block_matches_transformers():
+    """The fixed-grid vision module computes what transformers' Qwen3-VL vision tower computes, for 2 images."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from softsyn.frontends import vlm, zoo
+
+    cfg = zoo.make_config(zoo.ZOO["qwen3-vl-tiny"])
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration(cfg).eval()
+    grid = vlm.grid_for(cfg, (64, 96))
+    assert grid.thw == (1, 6, 4) and grid.tokens == 6
+    pixels = torch.randn(2 * grid.patches, 3 * 2 * 16 * 16)
+    with torch.no_grad():
+        ref = model.model.visual(pixels, grid_thw=torch.tensor([grid.thw, grid.thw])).pooler_output
+        got = vlm.reference_modules(model, grid)["vision"](pixels)
+    assert got.shape == (2 * grid.tokens, 128)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_ttft_path_crosses_the_blocks(vl_artifact):
+    analysis = json.loads((vl_artifact / "analysis.json").read_text())
+    groups = {g["name"]: g for g in analysis["groups"]}
+    assert list(groups) == ["ocr_tasks", "gui_agent", "math_reasoning"]
+    ocr = groups["ocr_tasks"]
+    assert ocr["scenario"]["dims"] == {"batch": 4, "seq": 64 + 196, "past": 0, "images": 4}
+    path = ocr["paths"][0]
+    assert path["startpoint"] == "pixel_values" and path["endpoint"] == "logits"
+    assert path["input_delay"] == pytest.approx(0.1)  # the image's preprocessing
+    tops = [p["hierarchy"].split(".")[0] for p in path["points"] if p["op_type"] != "Run"]
+    order = [t for i, t in enumerate(tops) if i == 0 or tops[i - 1] != t]
+    assert order == ["vision", "embedding", "decoder"], order
+    assert any(p["hierarchy"].startswith("vision.blocks.") for p in path["points"])
+    assert any(p["hierarchy"].startswith("vision.merger") for p in path["points"])
+    # the text-only group runs no vision: fewer cells, a path from the text ports
+    math = groups["math_reasoning"]
+    assert math["cell_count"] < ocr["cell_count"]
+    assert not any(p["hierarchy"].startswith("vision") for p in math["paths"][0]["points"])
+    assert math["paths"][0]["input_delay"] == pytest.approx(0.001)
+
+
+def test_blocks_emitted_and_verified(vl_artifact):
+    for name in ("vision.onnx", "embedding.onnx", "model.onnx"):
+        assert (vl_artifact / name).is_file(), name
+    session = json.loads((vl_artifact / "runtime" / "session.json").read_text())
+    assert [b["name"] for b in session["blocks"]] == ["vision", "embedding", "decoder"]
+    assert session["blocks"][1]["inputs"] == ["input_ids", "image_features"]
+    result = CliRunner().invoke(main, ["verify", str(vl_artifact)])
+    assert result.exit_code == 0, result.output
+    assert "ocr_tasks  logits" in result.output and "math_reasoning logits" in result.output
+
+
+def test_qor_blocks_and_limiting_group(vl_artifact):
+    result = CliRunner().invoke(main, ["report", "qor", str(vl_artifact)])
+    assert result.exit_code == 0, result.output
+    for group in ("ocr_tasks", "gui_agent", "math_reasoning"):
+        assert f"Timing Path Group '{group}'" in result.output
+    analysis = json.loads((vl_artifact / "analysis.json").read_text())
+    weighted = {g["name"]: (g["paths"][0]["slack"] / g["weight"] if g["paths"][0]["slack"] >= 0
+                            else g["paths"][0]["slack"] * g["weight"]) for g in analysis["groups"]}
+    assert f"Limiting group: {min(weighted, key=weighted.get)} (weighted slack" in result.output
+
+
+@pytest.mark.parametrize("text, why", [
+    ("path_groups:\n  a: {image: 448by448}\n", "path_groups.a.image: '448by448' is not an image size"),
+    ("path_groups:\n  a: {image: 448x448}\n  b: {image: 1280x720}\n", "one image size per constraints file"),
+])
+def test_bad_image_groups(tmp_path, cache_dir, capsys, text, why):
+    from softsyn.cli import run
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        run(["analyze", "zoo:qwen3-vl-tiny", "-c", str(path), "--cache-dir", str(cache_dir), "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert why in err and len(err.strip().splitlines()) == 1, err
