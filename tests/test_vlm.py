@@ -24,8 +24,9 @@ def vl_artifact(cache_dir, tmp_path_factory):
     return out
 
 
-def test_vision_block_matches_transformers():
-    """The fixed-grid vision module computes what transformers' Qwen3-VL vision tower computes, for 2 images."""
+def test_blocks_compute_what_transformers_computes():
+    """vision -> embedding -> decoder, as exported (fixed grid, DeepStack scattered by the embedding), give the
+    logits of transformers' own Qwen3-VL forward on a prompt with an image."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -36,12 +37,20 @@ def test_vision_block_matches_transformers():
     model = Qwen3VLForConditionalGeneration(cfg).eval()
     grid = vlm.grid_for(cfg, (64, 96))
     assert grid.thw == (1, 6, 4) and grid.tokens == 6
-    pixels = torch.randn(2 * grid.patches, 3 * 2 * 16 * 16)
+    mods = vlm.reference_modules(model, grid)
+    pixels = torch.randn(grid.patches, 3 * 2 * 16 * 16)
+    ids = torch.randint(0, cfg.image_token_id, (1, 12))
+    ids[0, 2:2 + grid.tokens] = cfg.image_token_id
+    pos = torch.arange(12).view(1, 1, 12).expand(3, 1, 12)
     with torch.no_grad():
-        ref = model.model.visual(pixels, grid_thw=torch.tensor([grid.thw, grid.thw])).pooler_output
-        got = vlm.reference_modules(model, grid)["vision"](pixels)
-    assert got.shape == (2 * grid.tokens, 128)
-    assert torch.allclose(got, ref, atol=1e-5)
+        ref = model(input_ids=ids, pixel_values=pixels, image_grid_thw=torch.tensor([grid.thw]), position_ids=pos,
+                    use_cache=False).logits
+        features, deepstack = mods["vision"](pixels)
+        embeds, deepstack_embeds = mods["embedding"](ids, features, deepstack)
+        empty = [torch.zeros(1, 2, 0, 32) for _ in range(4)]
+        logits = mods["decoder"](embeds, torch.ones(1, 12, dtype=torch.long), pos, deepstack_embeds, *empty)[0]
+    assert deepstack.shape == (1, grid.tokens, 128) and deepstack_embeds.shape == (1, 1, 12, 128)
+    assert torch.allclose(logits, ref, atol=1e-5)
 
 
 def test_ttft_path_crosses_the_blocks(vl_artifact):
@@ -70,7 +79,12 @@ def test_blocks_emitted_and_verified(vl_artifact):
         assert (vl_artifact / name).is_file(), name
     session = json.loads((vl_artifact / "runtime" / "session.json").read_text())
     assert [b["name"] for b in session["blocks"]] == ["vision", "embedding", "decoder"]
-    assert session["blocks"][1]["inputs"] == ["input_ids", "image_features"]
+    assert session["blocks"][1]["inputs"] == ["input_ids", "image_features", "deepstack_features"]
+    genai = json.loads((vl_artifact / "genai_config.json").read_text())["model"]
+    assert genai["vision"]["filename"] == "vision.onnx" and genai["embedding"]["filename"] == "embedding.onnx"
+    assert genai["embedding"]["outputs"] == {"embeddings": "inputs_embeds"}
+    assert genai["decoder"]["filename"] == "model.onnx" and genai["decoder"]["inputs"]["embeddings"] == "inputs_embeds"
+    assert "input_ids" not in genai["decoder"]["inputs"]
     result = CliRunner().invoke(main, ["verify", str(vl_artifact)])
     assert result.exit_code == 0, result.output
     assert "ocr_tasks  logits" in result.output and "math_reasoning logits" in result.output
