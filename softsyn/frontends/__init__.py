@@ -85,6 +85,8 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
     if path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
+        if vlm.is_vlm(cfg):
+            return vlm.load_vlm_design(cfg, name, str(path), cache, progress, image_size=image_size)
         return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)
     if path.is_dir():

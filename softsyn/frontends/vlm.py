@@ -95,8 +95,12 @@ def _vision_module(visual, grid: ImageGrid):
         align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.spatial_merge_size)
     positions = get_vision_position_ids(grid_thw, visual.spatial_merge_size)
     hidden = visual.config.hidden_size
-    with torch.no_grad():
-        cos, sin = visual.rotary_pos_emb(torch.zeros(1, hidden), positions)
+    rope = visual.rotary_pos_emb  # its angles from the config, on the CPU: a model built on the meta device has none
+    inv_freq, scale = type(rope).compute_axial_rope_parameters(visual.config)
+    angles = positions[..., None].float() * inv_freq
+    cos, sin = (rope.recomposition_frequencies(f * scale) for f in (angles.cos(), angles.sin()))
+    device = next(visual.parameters()).device
+    idx, weights, cos, sin = (t.to(device) for t in (idx, weights, cos, sin))
 
     def rotate_half(x):
         half = x.shape[-1] // 2
@@ -232,33 +236,38 @@ def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
     cfg = model.config
     text = cfg.text_config
     layers, kv, head_dim = _export.kv_geometry(text)
-    meta = next(model.parameters()).device.type == "meta"
+    device = next(model.parameters()).device
+    meta = device.type == "meta"
     dtype = next(model.parameters()).dtype
     mods = reference_modules(model, grid)
     g = torch.Generator().manual_seed(0)
+
+    def example(t):  # example inputs live where the weights do (the meta device for a weightless export)
+        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
     v = cfg.vision_config
     pixel_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     images, batch, seq, past = Dim("images"), Dim("batch"), Dim("seq"), Dim("past")
     deepstack = len(v.deepstack_visual_indexes or [])
     ds = ["deepstack_features"] if deepstack else []
-    pixels = torch.randn(2 * grid.patches, pixel_dim, generator=g).to(dtype)
+    pixels = example(torch.randn(2 * grid.patches, pixel_dim, generator=g))
     out = {"vision": _export_module(mods["vision"], (pixels,), {"pixel_values": {0: images * grid.patches}},
                                     ["pixel_values"], ["image_features"] + ds, f"{name}.vision", not meta)}
-    ids = torch.randint(0, text.vocab_size, (2, 5), generator=g)
+    ids = example(torch.randint(0, text.vocab_size, (2, 5), generator=g))
     tokens = Dim("image_tokens")
-    feats = (torch.randn(3, text.hidden_size, generator=g).to(dtype),)
+    feats = (example(torch.randn(3, text.hidden_size, generator=g)),)
     shapes = {"input_ids": {0: batch, 1: seq}, "image_features": {0: tokens}}
     if deepstack:
-        feats += (torch.randn(deepstack, 3, text.hidden_size, generator=g).to(dtype),)
+        feats += (example(torch.randn(deepstack, 3, text.hidden_size, generator=g)),)
         shapes["deepstack_features"] = ({1: tokens},)
     out["embedding"] = _export_module(mods["embedding"], (ids,) + feats, shapes, ["input_ids", "image_features"] + ds,
                                       ["inputs_embeds"] + (["deepstack_embeds"] if deepstack else []),
                                       f"{name}.embedding", not meta)
-    embeds = torch.randn(2, 3, text.hidden_size, generator=g).to(dtype)
-    mask = torch.ones(2, 7, dtype=torch.long)
-    pos = torch.arange(4, 7).view(1, 1, 3).expand(3, 2, 3).contiguous()
-    past_t = tuple(torch.randn(2, kv, 4, head_dim, generator=g).to(dtype) for _ in range(2 * layers))
-    extra = (torch.randn(deepstack, 2, 3, text.hidden_size, generator=g).to(dtype),) if deepstack else ()
+    embeds = example(torch.randn(2, 3, text.hidden_size, generator=g))
+    mask = example(torch.ones(2, 7, dtype=torch.long))
+    pos = example(torch.arange(4, 7).view(1, 1, 3).expand(3, 2, 3).contiguous())
+    past_t = tuple(example(torch.randn(2, kv, 4, head_dim, generator=g)) for _ in range(2 * layers))
+    extra = (example(torch.randn(deepstack, 2, 3, text.hidden_size, generator=g)),) if deepstack else ()
     in_names = ["inputs_embeds", "attention_mask", "position_ids"] + (["deepstack_embeds"] if deepstack else []) + [
         f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     out_names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
@@ -333,17 +342,27 @@ def _name_image_dims(graph) -> None:
                 d.dim_param = pattern.sub("images", d.dim_param)
 
 
-def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str = "random",
-                    dtype: str = "float32", image_size: tuple[int, int] | None = None):
-    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export)."""
+def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str | None = None,
+                    dtype: str | None = None, image_size: tuple[int, int] | None = None):
+    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
+    `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
+    frontends' materialise limit (a real-size config is planned, not run)."""
     import sys
     import time
 
     import torch
 
     from softsyn.frontends import cache as _cache
-    from softsyn.frontends.hf import building, brief, config_summary
+    from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
     from softsyn.netlist import Netlist
+
+    if weights is None:
+        from transformers import Qwen3VLForConditionalGeneration
+
+        with building(source), torch.device("meta"):
+            count = sum(p.numel() for p in Qwen3VLForConditionalGeneration(cfg).parameters())
+        weights = "meta" if count * 4 > MATERIALISE_LIMIT else "random"
+    dtype = dtype or ("float16" if weights == "meta" else "float32")
 
     size = tuple(image_size or DEFAULT_IMAGE)
     grid = grid_for(cfg, size)
