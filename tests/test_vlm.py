@@ -115,3 +115,15 @@ def test_bad_image_groups(tmp_path, cache_dir, capsys, text, why):
     err = capsys.readouterr().err
     assert exc.value.code == 2, err
     assert why in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", [["run", "--prompt-len", "4", "--gen", "2"], ["signoff"]])
+def test_run_and_signoff_refuse_a_composite(vl_artifact, capsys, command):
+    from softsyn.cli import run
+
+    args = [command[0], str(vl_artifact), *command[1:]]
+    with pytest.raises(SystemExit) as exc:
+        run(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert "vision-language composite" in err and len(err.strip().splitlines()) == 1, err
