@@ -67,6 +67,8 @@ def test_ttft_path_crosses_the_blocks(vl_artifact):
     assert order == ["vision", "embedding", "decoder"], order
     assert any(p["hierarchy"].startswith("vision.blocks.") for p in path["points"])
     assert any(p["hierarchy"].startswith("vision.merger") for p in path["points"])
+    # the text embedding and the decoder's rotary tables ran while the vision encoder did: off the critical path
+    assert not any(p["hierarchy"] in ("embedding.embed_tokens", "decoder.model.rotary_emb") for p in path["points"])
     # the text-only group runs no vision: fewer cells, a path from the text ports
     math = groups["math_reasoning"]
     assert math["cell_count"] < ocr["cell_count"]

@@ -234,6 +234,17 @@ def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: 
     cells[:] = [c for c in cells if netlist.block_of(c.node) in index]
     for c in cells:
         c.stream = index[netlist.block_of(c.node)]
+    # A block's host issues first what needs no other block's data (the text embedding while the vision encoder
+    # runs): a stable partition, so each stream's order stays topological.
+    stream_of = {c.node: c.stream for c in cells}
+    waiting: set = set()
+    for c in cells:
+        for v in c.node.inputs:
+            p = v.producer() if v is not None else None
+            if p in stream_of and (stream_of[p] != c.stream or p in waiting):
+                waiting.add(c.node)
+                break
+    cells[:] = [c for c in cells if c.node not in waiting] + [c for c in cells if c.node in waiting]
     starts = {}
     for i, b in enumerate(active):
         read = [port_arrival[p] for p in b["inputs"] if p in port_arrival]
