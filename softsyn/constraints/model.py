@@ -39,6 +39,8 @@ Decisions:
 * ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
   (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
   that name).
+* ``path_groups.*.batch`` is the scenario's batch; ``path_groups.*.image`` (``WIDTHxHEIGHT``) makes the group an
+  image task of a vision-language composite (one image per sequence; one size per file, checked by the design).
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
