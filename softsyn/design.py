@@ -126,6 +126,9 @@ class Design:
         if spec.batch is not None:
             dims["batch"] = spec.batch
         blocks, image_note = None, ""
+        if spec.image is not None and not composite:
+            raise self.constraints.error(f"path_groups.{spec.name}.image", f"design {self.netlist.name} has no vision "
+                                         "block (image groups need a vision-language composite, e.g. zoo:qwen3-vl-tiny)")
         if composite:
             dims, blocks, image_note = self._composite_dims(spec, kind, dims)
         # a derived dim's names stay bound: a shared KV buffer leaves `past` only in the mask's `total` (past + seq)

@@ -107,13 +107,13 @@ def test_qor_blocks_and_limiting_group(vl_artifact):
     ("path_groups:\n  a: {image: 448by448}\n", "path_groups.a.image: '448by448' is not an image size"),
     ("path_groups:\n  a: {image: 448x448}\n  b: {image: 1280x720}\n", "one image size per constraints file"),
 ])
-def test_bad_image_groups(tmp_path, cache_dir, capsys, text, why):
+def test_bad_image_groups(tmp_path, cache_dir, capsys, text, why, model="zoo:qwen3-vl-tiny"):
     from softsyn.cli import run
 
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(SystemExit) as exc:
-        run(["analyze", "zoo:qwen3-vl-tiny", "-c", str(path), "--cache-dir", str(cache_dir), "-o", str(tmp_path / "o")])
+        run(["analyze", model, "-c", str(path), "--cache-dir", str(cache_dir), "-o", str(tmp_path / "o"), "-q"])
     err = capsys.readouterr().err
     assert exc.value.code == 2, err
     assert why in err and len(err.strip().splitlines()) == 1, err
@@ -129,3 +129,8 @@ def test_run_and_signoff_refuse_a_composite(vl_artifact, capsys, command):
     err = capsys.readouterr().err
     assert exc.value.code == 2, err
     assert "vision-language composite" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_image_group_on_a_text_model(tmp_path, cache_dir, capsys):
+    test_bad_image_groups(tmp_path, cache_dir, capsys, "path_groups:\n  a: {image: 448x448}\n",
+                          "path_groups.a.image: design qwen3-tiny has no vision block", model="zoo:qwen3-tiny")
