@@ -132,5 +132,8 @@ def test_run_and_signoff_refuse_a_composite(vl_artifact, capsys, command):
 
 
 def test_image_group_on_a_text_model(tmp_path, cache_dir, capsys):
+    from test_reliability import mlp
+
+    model = mlp(tmp_path / "mlp.onnx")
     test_bad_image_groups(tmp_path, cache_dir, capsys, "path_groups:\n  a: {image: 448x448}\n",
-                          "path_groups.a.image: design qwen3-tiny has no vision block", model="zoo:qwen3-tiny")
+                          "path_groups.a.image: design mlp has no vision block", model=str(model))
