@@ -30,14 +30,14 @@ def test_blocks_compute_what_transformers_computes():
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from softsyn.frontends import vlm, zoo
+    from softsyn.frontends import vlm, vlm_export, zoo
 
     cfg = zoo.make_config(zoo.ZOO["qwen3-vl-tiny"])
     torch.manual_seed(0)
     model = Qwen3VLForConditionalGeneration(cfg).eval()
     grid = vlm.grid_for(cfg, (64, 96))
     assert grid.thw == (1, 6, 4) and grid.tokens == 6
-    mods = vlm.reference_modules(model, grid)
+    mods = vlm_export.reference_modules(model, grid)
     pixels = torch.randn(grid.patches, 3 * 2 * 16 * 16)
     ids = torch.randint(0, cfg.image_token_id, (1, 12))
     ids[0, 2:2 + grid.tokens] = cfg.image_token_id
