@@ -100,6 +100,14 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
     wns, tns = analysis.wns, analysis.tns
     closing = (f"Design  WNS: {ftime(wns, unit, digits)}  TNS: {ftime(tns, unit, digits)}  "
                f"Number of Violating Paths: {analysis.violating_paths}  ({unit})")
+    limiting = analysis.limiting_group
+    if limiting is not None and len(analysis.groups) > 1:
+        g, weighted = limiting
+        how = "x" if g.critical.slack < 0 else "/"
+        closing = (f"Limiting group: {g.name} (weighted slack {ftime(weighted, unit, digits)} {unit} = slack "
+                   f"{ftime(g.critical.slack, unit, digits)} {unit} {how} weight {g.weight:g}; the optimiser serves "
+                   "it first)"
+                   f"\n  {closing}")
     suggestions = timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,

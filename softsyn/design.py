@@ -37,6 +37,11 @@ DEFAULT_GROUPS = {
     "causal": {"prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len}},  # a decoder without a KV cache
     "encoder": {"encoder": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
     "generic": {"default": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
+    # a vision-language composite: prefill (TTFT) crosses vision -> embedding -> decoder, decode runs no vision
+    "vlm": {
+        "prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len, "past": 0},
+        "decode": lambda w: {"batch": w.batch, "seq": 1, "past": w.context_len},
+    },
 }
 
 
@@ -74,6 +79,13 @@ class Design:
         else:
             library = load_library(target or default_library())
         extra = {"materialize": True} if materialize else {}
+        images = {g.image for g in cons.path_groups.values() if g.image is not None}
+        if len(images) > 1:
+            raise cons.error("path_groups", f"the groups name images of {len(images)} sizes "
+                             f"({', '.join(f'{w}x{h}' for w, h in sorted(images))}); a composite's vision block is "
+                             "exported at one grid: give one image size per constraints file")
+        if images:
+            extra["image_size"] = images.pop()
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress, tp)
         if annotate:
@@ -144,8 +156,18 @@ class Design:
 
     def _resolve(self, spec: PathGroupSpec) -> PathGroup:
         defaults = DEFAULT_GROUPS[self.netlist.kind]
-        base = defaults.get(spec.kind or spec.name)
+        composite = bool(self.netlist.blocks())
+        kind = spec.kind or (spec.name if spec.name in defaults or not composite else "prefill")
+        base = defaults.get(kind)
         dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
+        if spec.batch is not None:
+            dims["batch"] = spec.batch
+        blocks, image_note = None, ""
+        if spec.image is not None and not composite:
+            raise self.constraints.error(f"path_groups.{spec.name}.image", f"design {self.netlist.name} has no vision "
+                                         "block (image groups need a vision-language composite, e.g. zoo:qwen3-vl-tiny)")
+        if composite:
+            dims, blocks, image_note = self._composite_dims(spec, kind, dims)
         # a derived dim's names stay bound: a shared KV buffer leaves `past` only in the mask's `total` (past + seq)
         read = {n for expr in self.netlist.derived_dims.values() for n in expr_names(expr)}
         dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims() | read}
@@ -166,16 +188,35 @@ class Design:
                 f"infer from the ports (roles: {', '.join(ROLES)}) and no value in this scenario; "
                 f"give them, e.g. dims: {{{', '.join(f'{d}: 1' for d in missing)}}}")
         ports = [v.name for v in self.netlist.model.graph.inputs]
-        inputs = spec.inputs or ports
+        run = set().union(*(b["inputs"] for b in self.netlist.blocks() if b["name"] in blocks)) if blocks else None
+        inputs = spec.inputs or [p for p in ports if run is None or p in run]
         unknown = [p for p in inputs if p not in ports]
         if unknown:
             raise self.constraints.error(f"path_groups.{spec.name}.inputs", f"no input port {', '.join(unknown)}; "
                                          f"the design's inputs are {', '.join(ports)}")
-        shown = ", ".join(f"{k} {v}" for k, v in dims.items())
+        shown = ", ".join(f"{k} {v}" for k, v in dims.items()) + image_note
         return PathGroup(
             name=spec.name, clock_period=self.constraints.period_for(spec.name), weight=spec.weight,
-            critical_range=spec.critical_range, inputs=inputs,
+            critical_range=spec.critical_range, inputs=inputs, blocks=blocks,
             scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
+
+    def _composite_dims(self, spec: PathGroupSpec, kind: str, dims: dict) -> tuple[dict, list[str], str]:
+        """A composite group's dims, blocks and image note: a prefill with an image (the default prefill, or a
+        group naming `image`) runs every block, one image per sequence whose tokens join the prompt; a decode
+        step or a text-only group runs the embedding and the decoder, with no image features."""
+        image = self.netlist.provenance.get("image") or {}
+        names = [b["name"] for b in self.netlist.blocks()]
+        with_image = kind != "decode" and (spec.image is not None or not self.constraints.path_groups)
+        if not with_image:
+            return {**dims, "images": 0}, [n for n in names if n != "vision"], ""
+        size = tuple(image.get("size") or ())
+        if spec.image is not None and tuple(spec.image) != size:
+            raise self.constraints.error(f"path_groups.{spec.name}.image", f"{spec.image[0]}x{spec.image[1]}: the "
+                                         f"design's vision block is exported at {size[0]}x{size[1]}")
+        tokens = int(image["tokens"])
+        t, h, w = image["grid_thw"]
+        dims = {**dims, "seq": dims["seq"] + tokens, "images": dims["batch"]}
+        return dims, names, f"; image {size[0]}x{size[1]} -> grid {t}x{h}x{w} -> {tokens} tokens"
 
     def netlist_changed(self) -> None:
         """Call after changing the netlist: drops what was derived from it, so the next use rebuilds it.

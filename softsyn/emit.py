@@ -27,6 +27,7 @@ import onnx_ir as ir
 from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
 from softsyn.frontends.cache import design_provenance
+from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
@@ -60,7 +61,12 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
                         inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
         tmp = staged.path
         session = session_json(design, reference, plan)
-        if not plan:
+        if not plan and netlist.blocks():
+            for block, model in split_blocks(netlist.model, netlist.blocks()).items():
+                file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
+                _write_model(netlist, tmp, model, file)
+                check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
+        elif not plan:
             _write_model(netlist, tmp)
             check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
@@ -86,13 +92,15 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
     return staged.out
 
 
-def _write_model(netlist, folder: Path) -> None:
-    model = netlist.model
+def _write_model(netlist, folder: Path, model=None, file: str = MODEL_FILE) -> None:
+    """The netlist's model (or one block of a composite, `model`) as `file` + `file`.data."""
+    model = netlist.model if model is None else model
     model.metadata_props[NETLIST_META_KEY] = json.dumps(
         {**netlist.to_meta(), "provenance": design_provenance(netlist.provenance)}, sort_keys=True, default=str)
     model.ir_version = min(model.ir_version, IR_VERSION)
-    path = folder / MODEL_FILE
-    ir.save(model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
+    path = folder / file
+    ir.save(model, str(path), external_data=DATA_FILE if file == MODEL_FILE else f"{file}.data",
+            size_threshold_bytes=1024)
     try:
         check(path)
     except onnx.checker.ValidationError as exc:
@@ -239,4 +247,5 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,
+        **({"blocks": netlist.blocks()} if netlist.blocks() else {}),  # a composite: one model per block, run in order
     }

@@ -39,6 +39,8 @@ Decisions:
 * ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
   (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
   that name).
+* ``path_groups.*.batch`` is the scenario's batch; ``path_groups.*.image`` (``WIDTHxHEIGHT``) makes the group an
+  image task of a vision-language composite (one image per sequence; one size per file, checked by the design).
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
@@ -50,6 +52,7 @@ Decisions:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +92,8 @@ KEYS: dict[str, tuple[str, ...]] = {
         "dont_touch", "kv_cache", "parallel",
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
-    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay"),
+    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay", "batch",
+                   "image"),
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
@@ -138,6 +142,8 @@ class PathGroupSpec:
     inputs: list[str] | None = None  # input ports the group uses; None: all
     input_delay: dict[str, float] | None = None  # replaces the top-level input_delay for this group (a decode step
     # does not tokenise: its token comes from the sampler)
+    batch: int | None = None  # the scenario's batch (dims.batch), as the guides write it
+    image: tuple[int, int] | None = None  # (width, height) of the group's image (a vision-language composite); None: text
 
 
 @dataclass
@@ -345,6 +351,15 @@ class _Reader(YamlReader):
             g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
         if "input_delay" in e:
             g.input_delay = self.delays(e["input_delay"][1], f"{key}.input_delay")
+        if "batch" in e:
+            g.batch = self.integer(e["batch"][1], f"{key}.batch", 1)
+        if "image" in e:
+            text = self.string(e["image"][1], f"{key}.image", "an image size WIDTHxHEIGHT")
+            m = re.match(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$", text)
+            if not m or min(int(m.group(1)), int(m.group(2))) < 1:
+                raise self.fail(e["image"][1], f"{key}.image", f"{text!r} is not an image size; valid: WIDTHxHEIGHT "
+                                "in pixels, e.g. 448x448 or 1280x720")
+            g.image = (int(m.group(1)), int(m.group(2)))
         return g
 
     def accuracy(self, node: Node) -> Accuracy:

@@ -110,6 +110,9 @@ def load_artifact(directory: str | Path) -> tuple[Path, dict, str]:
     if session.get("plan") or not session.get("model"):
         raise SoftsynError(f"{directory}: a weightless plan (softsyn compile --plan) has no {MODEL_FILE} to run; compile "
                            "without --plan, on a machine with RAM for its weights")
+    if session.get("blocks"):
+        raise SoftsynError(f"{directory}: a vision-language composite ({', '.join(b['file'] for b in session['blocks'])});"
+                           " softsyn run drives one decoder model only (not built yet for composites)")
     model = out / session["model"]
     if not model.is_file():
         raise SoftsynError(f"{directory}: no {session['model']} (runtime/session.json names it); re-run softsyn compile")

@@ -244,6 +244,9 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
             raise _bad_dir(directory, f"{DESIGN_FILE} is not JSON ({exc})") from None
 
     if (directory / "model.onnx").is_file() and (directory / "netlist.json").is_file():  # compile -o
+        if _read_json(directory / "runtime" / "session.json").get("blocks"):
+            raise SoftsynError(f"{directory}: a vision-language composite (vision.onnx, embedding.onnx, model.onnx); "
+                               "signoff measures one-model designs only (not built yet for composites)")
         kind = "compile"
         onnx = directory / "model.onnx"
         netlist = read_design(str(onnx), progress=progress)

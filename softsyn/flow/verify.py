@@ -36,6 +36,7 @@ from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_error
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
 from softsyn.frontends.onnx_file import check_external_data, name_nodes
+from softsyn.runtime.blocks import BlockRunner
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of
 from softsyn.netlist import Netlist
@@ -231,9 +232,12 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     gc.collect()
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
-    session = _session(out_dir / MODEL_FILE, target, "compiled model")
+    if settings.get("blocks"):  # a composite: its block files run in order, as onnxruntime-genai runs them
+        session = BlockRunner(out_dir, settings["blocks"], SessionSettings(provider=target, require_provider=False))
+    else:
+        session = _session(out_dir / MODEL_FILE, target, "compiled model")
     provider = session.get_providers()[0]
-    if provider == "CPUExecutionProvider":
+    if provider == "CPUExecutionProvider" and not settings.get("blocks"):
         session, viewed = cpu_view_session(out_dir / MODEL_FILE)
         if viewed:
             provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"

@@ -254,6 +254,14 @@ class Analysis:
     def violating_paths(self) -> int:
         return sum(g.violating_paths for g in self.groups)
 
+    @property
+    def limiting_group(self) -> tuple[GroupTiming, float] | None:
+        """The group the optimiser serves first, with its weighted slack: slack x weight when it violates, slack /
+        weight when it meets (a heavier group's margin counts as smaller); None without a constrained group."""
+        weighted = [(g, g.critical.slack * g.weight if g.critical.slack < 0 else g.critical.slack / max(g.weight, 1e-9))
+                    for g in self.groups if math.isfinite(g.critical.slack)]
+        return min(weighted, key=lambda x: x[1]) if weighted else None
+
     def group(self, name: str) -> GroupTiming:
         for g in self.groups:
             if g.name == name:

@@ -12,10 +12,13 @@ Qwen3 exports: 2608 executed nodes x the measured 4.47 us launch = 11.7 ms, the
 measured 11.5-12.3 ms of every 0.6B/1.7B scenario, while the sum of the copies-
 measured cell delays said 15.5-20 ms). A cell ORT fuses into another when the session
 loads (softsyn.runtime.load_view) keeps its kernel time but costs the host no launch: GPT-2-small's export has
-648 nodes, ORT launches 550, and the H200 took 5.1-5.6 us per launched node. Today every cell runs on one stream
-(what ONNX Runtime does for one session.run); the stream field keeps the
-general DAG form open for composite designs (vision encoder in parallel with
-text embedding).
+648 nodes, ORT launches 550, and the H200 took 5.1-5.6 us per launched node. A one-graph design runs every cell on one stream
+(what ONNX Runtime does for one session.run). A composite (vision, embedding,
+decoder blocks: one session each) gives each block its own stream and host, which
+starts at the input delay of the ports it reads plus its own per-call overhead,
+so the text embedding runs while the vision encoder does; a block's host issues a
+cell only once the data it reads from another block has arrived. A group runs
+only its blocks (a decode step or a text-only task runs no vision).
 
 Required time = clock period - clock uncertainty - output delay, and the
 data's arrival starts at the input delay of the ports the group uses, plus the
@@ -53,6 +56,7 @@ class PathGroup:
     critical_range: float
     scenario: Scenario
     inputs: list[str]  # input ports whose arrival launches the group's paths
+    blocks: list[str] | None = None  # a composite's blocks this group runs (None: the whole netlist)
 
 
 @dataclass
@@ -190,8 +194,8 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
                     for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
     launch = port_arrival.get(launch_port, 0.0)
-    ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
-    run_overhead = library.run_delay(ios)[0] if annotation is None else annotation.residual
+    starts = _stream_starts(netlist, library, group, cells, port_arrival, launch, annotation)
+    stream_of = {c.node: c.stream for c in cells}
 
     # Arrival at each cell: max(data predecessors, stream free, issued by the host) + device time; remember
     # which one set the start (the host's issue order follows the stream order: its last cell). Keyed by the
@@ -199,16 +203,20 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     arrival: dict = {("in", p.name): port_arrival.get(p.name, 0.0) for p in netlist.model.graph.inputs}
     critical_pred: dict = {}
     moved: dict = {}  # node -> its arrival before its collectives, then after each
-    stream_free = {0: launch + run_overhead}
-    stream_last: dict = {0: None}
-    host_free, host_last = launch + run_overhead, None
+    stream_free = {s: start + overhead for s, (start, overhead) in starts.items()}
+    stream_last: dict = dict.fromkeys(starts)
+    host_free, host_last = dict(stream_free), dict.fromkeys(starts)
     for c in cells:
-        node = c.node
-        host_free += c.host
-        start, pred = stream_free[c.stream], stream_last[c.stream]
-        if host_free > start:
-            start, pred = host_free, host_last
-        for p in graph.predecessors(node):
+        node, s = c.node, c.stream
+        preds = list(graph.predecessors(node))
+        for p in preds:  # another block's data: this block's host waits for it before issuing the cell
+            if stream_of.get(p, s) != s and arrival.get(p, 0.0) > host_free[s]:
+                host_free[s], host_last[s] = arrival[p], p
+        host_free[s] += c.host
+        start, pred = stream_free[s], stream_last[s]
+        if host_free[s] > start:
+            start, pred = host_free[s], host_last[s]
+        for p in preds:
             if arrival.get(p, 0.0) > start:
                 start, pred = arrival[p], p
         arrival[node] = start + c.device
@@ -216,15 +224,15 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
             moved[node] = [arrival[node]]
             for _, delay, _, _ in c.collectives:
                 if library.is_gpu:
-                    host_free += library.ceilings.launch_overhead
-                    arrival[node] = max(arrival[node], host_free) + delay
+                    host_free[s] += library.ceilings.launch_overhead
+                    arrival[node] = max(arrival[node], host_free[s]) + delay
                 else:
-                    host_free = max(host_free, arrival[node]) + delay
-                    arrival[node] = host_free
+                    host_free[s] = max(host_free[s], arrival[node]) + delay
+                    arrival[node] = host_free[s]
                 moved[node].append(arrival[node])
         critical_pred[node] = pred
-        stream_free[c.stream], stream_last[c.stream] = arrival[node], node
-        host_last = node
+        stream_free[s], stream_last[s] = arrival[node], node
+        host_last[s] = node
 
     period = group.clock_period
     paths = []
@@ -242,7 +250,7 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
     timed = {c.node: c for c in cells}
     for path in paths[:STORED_PATHS]:
-        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, launch, run_overhead,
+        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, starts,
                              annotated=annotation is not None, moved=moved)
 
     return GroupTiming(
@@ -262,8 +270,41 @@ def in_graph(cells: list[CellTiming], per_node: float) -> None:
             c.device = max(c.device, per_node)
 
 
-def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist, launch: float,
-           run_overhead: float, annotated: bool = False, moved: dict | None = None) -> list[PathPoint]:
+def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: list[CellTiming], port_arrival: dict,
+                   launch: float, annotation) -> dict[int, tuple[float, float]]:
+    """Stream -> (start, per-call overhead). One stream at the group's launch for a one-graph design; a composite's
+    group keeps the cells of its blocks, each block on its own stream from the latest input delay of the ports it
+    reads (a block fed only by other blocks starts at the launch), with its own session's overhead."""
+    if not netlist.blocks():
+        ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
+        return {0: (launch, library.run_delay(ios)[0] if annotation is None else annotation.residual)}
+    active = [b for b in netlist.blocks() if group.blocks is None or b["name"] in group.blocks]
+    index = {b["name"]: i for i, b in enumerate(active)}
+    cells[:] = [c for c in cells if netlist.block_of(c.node) in index]
+    for c in cells:
+        c.stream = index[netlist.block_of(c.node)]
+    # A block's host issues first what needs no other block's data (the text embedding while the vision encoder
+    # runs): a stable partition, so each stream's order stays topological.
+    stream_of = {c.node: c.stream for c in cells}
+    waiting: set = set()
+    for c in cells:
+        for v in c.node.inputs:
+            p = v.producer() if v is not None else None
+            if p in stream_of and (stream_of[p] != c.stream or p in waiting):
+                waiting.add(c.node)
+                break
+    cells[:] = [c for c in cells if c.node not in waiting] + [c for c in cells if c.node in waiting]
+    starts = {}
+    for i, b in enumerate(active):
+        read = [port_arrival[p] for p in b["inputs"] if p in port_arrival]
+        overhead = library.run_delay(len(b["inputs"]) + len(b["outputs"]))[0]
+        starts[i] = (max(read) if read else launch, overhead if annotation is None else annotation.residual)
+    return starts
+
+
+def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist,
+           starts: dict[int, tuple[float, float]], annotated: bool = False,
+           moved: dict | None = None) -> list[PathPoint]:
     """Walk back from the endpoint's driver along the predecessors that set each start time. A cell's
     critical predecessor was timed before it, so the walk visits each cell once at most; the bound
     keeps it finite whatever the graph holds."""
@@ -273,6 +314,7 @@ def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict,
         chain.append(timed[key])
         key = critical_pred.get(key)
     chain.reverse()
+    launch, run_overhead = starts[chain[0].stream if chain else 0]  # the session the path starts in
     # Back-annotated: the row carries the measured residual (host overhead, gaps, runtime-only nodes).
     points = [PathPoint(name=RUN_CALL, cell="Run.residual" if annotated else "Run.overhead", incr=run_overhead,
                         arrival=launch + run_overhead, source="annot" if annotated else "est", hierarchy="",
