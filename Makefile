@@ -26,8 +26,10 @@ demo: $(STAMP)
 	$(VENV)/bin/softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/qwen3-tiny || [ $$? -eq 1 ]
 	@test -f out/qwen3-tiny/reports/report.html && echo "HTML report: $(CURDIR)/out/qwen3-tiny/reports/report.html"
 
+# Two workers, one test file each at a time (module fixtures stay in one process): the suite fits its 10 minutes on
+# 2 cores. Each worker keeps its own export cache.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf out .pytest_cache

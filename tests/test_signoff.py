@@ -235,20 +235,23 @@ def test_speed_probe_and_its_library_summary():
     assert resumed["fastest_s"] == 2e-4 and resumed["samples"] == 4
 
 
-def test_warm_up_runs_until_the_run_time_settles():
+def test_warm_up_runs_until_the_run_time_settles(monkeypatch):
     """Each timed turn starts after untimed calls in blocks until a block is no longer > 5 % faster than the one
     before: a scenario still recovering from another's run (caches, arena) is not timed in its recovery tail."""
-    import time
-
+    from softsyn.runtime import measure
     from softsyn.runtime.measure import WARM_CAP, warm_up
+
+    clock = [0.0]  # a fake perf_counter the runners advance: sleeps read wrong on a loaded machine
 
     class Recovering:  # 8, 6, 4, 2 ms, then 1 ms per call: settled from the fifth call on
         def __init__(self, times_ms):
             self.times, self.calls = list(times_ms), 0
 
         def run(self):
-            time.sleep(self.times[min(self.calls, len(self.times) - 1)] / 1000)
+            clock[0] += self.times[min(self.calls, len(self.times) - 1)] / 1000
             self.calls += 1
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
 
     runner = Recovering([8, 6, 4, 2, 1])
     assert warm_up(runner, 2) == 8  # blocks of 2: 7, 3, 1, 1 ms medians; the fourth is no faster
