@@ -136,3 +136,11 @@ RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed
     Column("samples", "Samples", 8, "right", "count", gap=1),
     Column("interval", "Interval", 40, gap=2),
 )
+
+
+def precision_columns(groups: list[str]) -> tuple[Column, ...]:
+    """report_precision's columns: the cell, requested and realised precision, its error, its change per group."""
+    return (Column("cell", "Cell", 44), Column("requested", "Requested", 9, gap=1),
+            Column("realised", "Realised", 8, gap=1),
+            Column("error", "Error", 9, "right", "number", fmt="{:.2e}", gap=1),
+            *(_time(f"delta_{g}", f"d {g} (ms)", 14) for g in groups))

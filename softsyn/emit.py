@@ -28,6 +28,7 @@ from softsyn.frontends.cache import design_provenance
 from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
+from softsyn.passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 
 MODEL_FILE = "model.onnx"
@@ -48,6 +49,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     from softsyn import reports
     from softsyn.reports.compile_log import report_compile_log
+    from softsyn.reports.suggest import precision_suggestions
 
     netlist = design.netlist
     if not plan:
@@ -65,11 +67,17 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if kv_layout is not None:
             log.notes += kv_layout.lines()
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
-        reports.write_reports(analysis, tmp)
+        precision_map = design.pass_reports.get("optimize")
+        moves = precision_suggestions(precision_map, analysis.groups) if precision_map is not None else []
+        log.notes += [f"suggestion: {m}" for m in moves]
+        reports.write_reports(analysis, tmp, [[m] for m in moves])
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
+        if precision_map is not None:
+            (tmp / "reports" / "precision.rpt").write_text(
+                reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
     return staged.out
 
@@ -163,6 +171,7 @@ def netlist_json(design, analysis: Analysis) -> dict:
     netlist = design.netlist
     per_group = {g.name: cell_timings(netlist, design.library, netlist.bind(g.scenario.dims)) for g in design.groups}
     cells = []
+    uniform = (design.pass_reports.get("precision") or {}).get("requested")  # what the uniform map was asked for
     for i, node in enumerate(netlist.nodes()):
         timed = {name: timings[i] for name, timings in per_group.items()}
         first = next(iter(timed.values()), None)
@@ -170,6 +179,7 @@ def netlist_json(design, analysis: Analysis) -> dict:
             "name": node.name, "hierarchy": netlist.hierarchy(node), "op": node.op_type,
             "domain": node.domain or "ai.onnx", "cell": first.cell if first else f"{node.op_type}.{precision_of(node)}",
             "precision": precision_of(node),
+            "requested_precision": node.metadata_props.get(REQUESTED_KEY, uniform),
             "delay": {name: t.delay for name, t in timed.items()},
             "source": {name: t.source for name, t in timed.items()},
         })
