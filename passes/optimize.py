@@ -98,7 +98,8 @@ def build_problem(design, cands, errors, budget: float) -> search.Problem:
 
 
 def prune(design, cands) -> tuple[list, list[str]]:
-    """Drop options no group runs faster in (the library says the cell is not worth it there)."""
+    """Drop the options no group runs faster in (the library says the cell is not worth it there); a cell left with
+    its own precision only stays in the table (and the report) with that one option."""
     tables = mp.delay_tables(design, cands)
     kept, notes, dropped = [], [], {}
     for c in cands:
@@ -106,8 +107,7 @@ def prune(design, cands) -> tuple[list, list[str]]:
         for p in c.options[1:]:
             if p not in faster:
                 dropped[p] = dropped.get(p, 0) + 1
-        if faster:
-            kept.append(mp.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, *faster), c.params))
+        kept.append(mp.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, *faster), c.params))
     for p, n in dropped.items():
         notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].current} in any group "
                      f"(library {design.library.name}), not candidates")
@@ -124,14 +124,20 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.NBITS]
     if any(v == "dont_touch" for v in skipped.values()):
         report.notes.append(f"dont_touch: {sum(1 for v in skipped.values() if v == 'dont_touch')} cells kept as they are")
-    cands, notes = prune(design, cands) if cands else ([], [])
-    report.notes += notes
     if not cands:
-        report.notes.append("no cell has a faster precision the constraints allow and the library has a cell for")
+        report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0}, report)
+    cands, notes = prune(design, cands)
+    report.notes += notes
+    faster = any(len(c.options) > 1 for c in cands)
+    if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
+        report.notes.append("no cell has a faster precision the constraints allow and the library has a cell for")
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
     big = weights > MEASURE_LIMIT
-    if big:
+    if not faster:
+        errors = {c.name: {c.current: 0.0} for c in cands}
+        report.sensitivity = "not needed: no cell has another option"
+    elif big:
         errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
         report.sensitivity = (f"estimate: {len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one "
                               "by one on this machine; per-precision prior " +

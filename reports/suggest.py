@@ -203,10 +203,11 @@ def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
             saved += move[0]
         line = f"{g.name} misses by {ftime(miss, time_unit)} {time_unit}"
         if taken:
-            kinds = defaultdict(int)
+            kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
             for _, cell, precision, _ in taken:
-                kinds[(precision, hierarchy[cell].rsplit(".", 1)[-1])] += 1
-            what = ", ".join(f"{p} for {n} {kind} cell{'s' if n != 1 else ''}" for (p, kind), n in kinds.items())
+                kinds[precision][hierarchy[cell].rsplit(".", 1)[-1]] += 1
+            what = "; ".join(f"{p} for {sum(k.values())} cell{'s' if sum(k.values()) != 1 else ''} ("
+                             + ", ".join(f"{n} {kind}" for kind, n in k.items()) + ")" for p, k in kinds.items())
             added = sum(m[3] for m in taken)
             over = report.estimate_error + added - report.budget
             line += (f": {what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error "

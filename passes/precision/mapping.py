@@ -84,38 +84,37 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     return found, skipped
 
 
-def nbits_timing(library, cand: Candidate, precision: str, m: int, act_bytes: int) -> tuple[float, float, float]:
-    """(delay, host, device) of the candidate as MatMulNBits at `precision` for m rows (cost.node_work's form)."""
-    bits = NBITS[precision]
-    blocks = cand.n * math.ceil(cand.k / BLOCK)
-    moved = m * cand.k * act_bytes + cand.params * bits / 8 + blocks * act_bytes + m * cand.n * act_bytes
-    delay, _, host, device = library.node_timing("MatMulNBits", precision, 2.0 * m * cand.n * cand.k, moved,
-                                                 {"m": m, "n": cand.n, "k": cand.k, "block": BLOCK})
-    return delay, host, device
+def option_costs(library, cand: Candidate, m: int, act_bytes: int) -> dict[str, float]:
+    """{precision: s} of the candidate at m rows: MatMul at its float precision, MatMulNBits at each quantised one
+    (cost.node_work's bytes and sizes). The cost is the cell's delay on a CPU (the host runs the cells one after
+    another, so a group's latency is their sum); on a GPU its device time (kernels queue behind the launches,
+    which no option changes)."""
+    flops = 2.0 * m * cand.n * cand.k
+    act_io = m * cand.k * act_bytes + m * cand.n * act_bytes
+    costs = {}
+    for p in cand.options:
+        if p in NBITS:
+            blocks = cand.n * math.ceil(cand.k / BLOCK)
+            moved = act_io + cand.params * NBITS[p] / 8 + blocks * act_bytes
+            op, sizes = "MatMulNBits", {"m": m, "n": cand.n, "k": cand.k, "block": BLOCK}
+        else:
+            moved, op, sizes = act_io + cand.params * act_bytes, "MatMul", {"m": m, "n": cand.n, "k": cand.k}
+        delay, _, _, device = library.node_timing(op, p, flops, moved, sizes)
+        costs[p] = device if library.is_gpu else delay
+    return costs
 
 
 def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str, float]]]:
-    """{group: {cell: {precision: s}}}: each option's cost to its group, from the library, tabulated once.
-
-    The cost is the cell's delay on a CPU (the host runs the cells one after another, so the group's latency
-    is their sum); on a GPU its device time (kernels queue behind the launches, which no option changes)."""
+    """{group: {cell: {precision: s}}}: each option's cost to its group (option_costs), tabulated once."""
     by_name = {n.name: n for n in design.netlist.nodes()}
-    lib = design.library
     tables: dict[str, dict[str, dict[str, float]]] = {}
     for group in design.groups:
         shapes = design.netlist.bind(group.scenario.dims)
         rows = {}
         for cand in cands:
             node = by_name[cand.name]
-            work = node_work(node, shapes)
             act = node.inputs[0].dtype.itemsize if node.inputs[0].dtype is not None else 4
-            m = int(work.sizes.get("m", 1))
-            delay, _, host, device = lib.node_timing("MatMul", cand.current, work.flops, work.bytes, work.sizes)
-            row = {cand.current: device if lib.is_gpu else delay}
-            for p in cand.options[1:]:
-                d, _h, dev = nbits_timing(lib, cand, p, m, act)
-                row[p] = dev if lib.is_gpu else d
-            rows[cand.name] = row
+            rows[cand.name] = option_costs(design.library, cand, int(node_work(node, shapes).sizes.get("m", 1)), act)
         tables[group.name] = rows
     return tables
 
