@@ -123,7 +123,8 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     report = OptimizeReport(search_mode, "", budget)
     report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.NBITS]
     if any(v == "dont_touch" for v in skipped.values()):
-        report.notes.append(f"dont_touch: {sum(1 for v in skipped.values() if v == 'dont_touch')} cells kept as they are")
+        kept = sum(1 for v in skipped.values() if v == "dont_touch")
+        report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")
     if not cands:
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0}, report)
@@ -133,7 +134,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
         report.notes.append("no cell has a faster precision the constraints allow and the library has a cell for")
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
-    big = weights > MEASURE_LIMIT
+    big = weights > MEASURE_LIMIT and not _weightless(design, cands)  # a plan gets the prior for its own reason
     if not faster:
         errors = {c.name: {c.current: 0.0} for c in cands}
         report.sensitivity = "not needed: no cell has another option"
@@ -141,7 +142,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
         errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
         report.sensitivity = (f"estimate: {len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one "
                               "by one on this machine; per-precision prior " +
-                              ", ".join(f"{p} {e:.0e}" for p, e in sensitivity.PRIOR_ERROR.items()))
+                              ", ".join(f"{p} {e:.1e}" for p, e in sensitivity.PRIOR_ERROR.items()))
     else:
         errors, report.sensitivity = sensitivity.measure(design, cands, design.log)
     design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
@@ -159,7 +160,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
         if not moved:
             chosen = outcome
             break
-        if _weightless(design, cands) or big:
+        if big or _weightless(design, cands):
             report.notes.append("end-to-end check not run (no weights to run here): softsyn verify DIR checks the "
                                 "artifact where it can run")
             chosen = outcome
@@ -206,7 +207,7 @@ def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> Cell
 
 def _weightless(design, cands) -> bool:
     node = next(n for n in design.netlist.nodes() if n.name == cands[0].name)
-    return mp.is_weightless(node.inputs[1])
+    return mp.is_weightless(mp.weight_source(node.inputs[1])[0])
 
 
 def _search(problem: search.Problem, mode: str, max_steps: int, report: OptimizeReport) -> search.Outcome:

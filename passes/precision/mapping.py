@@ -45,6 +45,18 @@ class Candidate:
         return self.params * NBITS[precision] / 8 + self.n * math.ceil(self.k / BLOCK) * act_bytes
 
 
+def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
+    """(the initializer, transposed?) behind a MatMul's weight: the initializer itself, or a 2-D Transpose of one
+    (how a weightless export keeps nn.Linear's weight; ORT folds it at load); None for anything else."""
+    if value.is_initializer():
+        return value, False
+    node = value.producer()
+    if node is not None and node.op_type == "Transpose" and node.inputs[0] is not None and \
+            node.inputs[0].is_initializer() and list(node.attributes.get_ints("perm", [1, 0])) == [1, 0]:
+        return node.inputs[0], True
+    return None
+
+
 def has_cell(library, op: str, precision: str) -> bool:
     return any(c.op == op and c.precision == precision for c in library.cells)
 
@@ -68,7 +80,7 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
             continue
         w = node.inputs[1]
         hierarchy = node.metadata_props.get(HIERARCHY_KEY, "")
-        if w is None or not w.is_initializer() or w.shape is None or len(w.shape) != 2 or \
+        if w is None or weight_source(w) is None or w.shape is None or len(w.shape) != 2 or \
                 w.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             continue
         if any(fnmatch.fnmatchcase(hierarchy, g) for g in cons.dont_touch):
@@ -121,8 +133,12 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
 
 def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
+    import logging
+
     from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 DefaultWeightOnlyQuantizer)
+                                                                 DefaultWeightOnlyQuantizer, logger)
+
+    logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
 
     config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
     node = onnx.helper.make_node("MatMul", ["a", "w"], ["y"], name=name)
@@ -161,16 +177,18 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
         w = node.inputs[1]
         k, n = int(w.shape[0]), int(w.shape[1])
         cand = Candidate(name, "", k, n, "", (), k * n)
-        if is_weightless(w):
+        source, transposed = weight_source(w)
+        if is_weightless(source):
             tensors = _weightless_tensors(cand, bits, w.dtype)
             attrs = {"K": k, "N": n, "bits": bits, "block_size": BLOCK}
         else:
-            proto, inits = quantise_weight(name, np.asarray(w.const_value.numpy()), bits)
+            data = np.asarray(source.const_value.numpy())
+            proto, inits = quantise_weight(name, data.T if transposed else data, bits)
             tensors = [ir.from_proto(t) for t in inits]
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
         values = []
         for tensor, suffix in zip(tensors, ("packed", "scales")):
-            v = ir.Value(name=f"{w.name}.{precision}.{suffix}", shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
+            v = ir.Value(name=f"{source.name}.{precision}.{suffix}", shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
                          const_value=tensor)
             graph.register_initializer(v)
             values.append(v)
@@ -184,8 +202,10 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
         old.replace_all_uses_with(out, replace_graph_outputs=True)
         graph.remove(node, safe=True)
         out.name = old_name
-        if not w.uses():
-            graph.initializers.pop(w.name, None)
+        if not w.uses() and w.producer() is not None:  # the Transpose fed only this MatMul
+            graph.remove(w.producer(), safe=True)
+        if not source.uses():
+            graph.initializers.pop(source.name, None)
         counts[precision] = counts.get(precision, 0) + 1
     if counts and "com.microsoft" not in netlist.model.opset_imports:
         netlist.model.opset_imports["com.microsoft"] = 1

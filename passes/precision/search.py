@@ -7,7 +7,8 @@ slack less the sum of its options' extra cost, its error the sum of its cells' e
 
 The cost order, most important first (`Cost`): design rules (the estimated error over the accuracy budget,
 the area over its limit), then the weighted negative slack (sum over groups of weight x max(0, -slack)), then
-the weighted latency (sum of weight x the groups' extra cost: what a met design still gains by going faster).
+the weighted latency (sum of weight x the groups' extra cost: what a met design still gains by going faster),
+last the summed error (between maps of equal latency, the more accurate).
 A greedy move is kept only if it lowers the cost in that order.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 US = 1e6  # the ILP works in microseconds: delays in seconds are too small for the solver's tolerances
 VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
 RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
+ERROR_WEIGHT = 1e-3  # the last tie-break: between maps of equal latency, the more accurate (1e-3 us per unit error)
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,11 @@ class Cost:
     rules: float  # error over budget (relative units x 100) + area over the limit (MB)
     violation: float  # sum of weight x max(0, -slack), s
     latency: float  # sum of weight x extra cost, s
+    error: float = 0.0  # the map's summed error: between maps of equal latency, the lower
 
     def scalar(self) -> float:
-        return RULE_WEIGHT * self.rules + VIOLATION_WEIGHT * self.violation * US + self.latency * US
+        return (RULE_WEIGHT * self.rules + VIOLATION_WEIGHT * self.violation * US + self.latency * US
+                + ERROR_WEIGHT * self.error)
 
 
 @dataclass
@@ -68,7 +72,7 @@ def evaluate(problem: Problem, mapping: dict[str, str]) -> tuple[Cost, dict[str,
     rules = max(0.0, error - problem.budget) * 100 + over_area
     violation = sum(problem.weight[g] * max(0.0, -s) for g, s in slack.items())
     latency = sum(problem.weight[g] * (problem.slack[g] - s) for g, s in slack.items())
-    return Cost(rules, violation, latency), slack, error, area
+    return Cost(rules, violation, latency, error), slack, error, area
 
 
 def outcome(problem: Problem, mapping: dict[str, str], steps: list[str]) -> Outcome:
@@ -127,7 +131,7 @@ def ilp(problem: Problem, time_limit: float = 30.0) -> Outcome:
     area = np.array([(problem.area[c][o] - problem.area[c][problem.options[c][0]]) / 1e6 for c, o in pairs])
     w = np.array([problem.weight[g] for g in groups])
     objective = np.zeros(n)
-    objective[:nx_] = w @ extra
+    objective[:nx_] = w @ extra + ERROR_WEIGHT * err
     objective[nx_:nx_ + ng] = VIOLATION_WEIGHT * w
     objective[-2] = RULE_WEIGHT * 100
     objective[-1] = RULE_WEIGHT if problem.area_slack is not None else 0.0
