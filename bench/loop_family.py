@@ -32,7 +32,7 @@ def run(model: str, constraints: Path) -> bool:
     if not cands:
         print(f"{model} x {constraints.name}: no candidate cells")
         return True
-    cands, _ = optimize.prune(design, cands)
+    cands, _, tables = optimize.prune(design, cands)
     first = next(n for n in design.netlist.nodes() if n.name == cands[0].name)
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
     if weights > optimize.MEASURE_LIMIT and not mapping.is_weightless(mapping.weight_source(first.inputs[1])[0]):
@@ -40,7 +40,8 @@ def run(model: str, constraints: Path) -> bool:
         how = "prior (too large to measure here)"
     else:
         errors, how = sensitivity.measure(design, cands)
-    problem = optimize.build_problem(design, cands, errors, optimize.accuracy_budget(design) * optimize.ESTIMATE_SHARE)
+    problem = optimize.build_problem(design, cands, errors, optimize.accuracy_budget(design) * optimize.ESTIMATE_SHARE,
+                                     tables)
     medium, high = search.greedy(problem), search.ilp(problem)
     ceiling = {g: problem.slack[g] - s for g, s in medium.slack.items()}
     ultra = search.recover(problem, high, ceiling)

@@ -78,8 +78,11 @@ def _trace(problem: search.Problem, outcome_map: dict[str, str], phase: str) -> 
                     worst if worst and slack[worst] < 0 else "")
 
 
-def build_problem(design, cands, errors, budget: float) -> search.Problem:
-    tables = mp.delay_tables(design, cands)
+def build_problem(design, cands, errors, budget: float, tables: dict | None = None) -> search.Problem:
+    """The search's problem: `tables` (mapping.delay_tables, made here if not given) restricted to the cells'
+    options, the design's slack per group as timed now, the errors, the weight bytes and the area left."""
+    tables = {g: {c.name: {p: rows[c.name][p] for p in c.options} for c in cands}
+              for g, rows in (tables or mp.delay_tables(design, cands)).items()}
     timed = {g.name: g for g in design.time()}
     act = 2 if any(c.current == "fp16" for c in cands) else 4
     area_limit = design.constraints.area_constraint
@@ -97,9 +100,9 @@ def build_problem(design, cands, errors, budget: float) -> search.Problem:
         area_slack=area_slack)
 
 
-def prune(design, cands) -> tuple[list, list[str]]:
+def prune(design, cands) -> tuple[list, list[str], dict]:
     """Drop the options no group runs faster in (the library says the cell is not worth it there); a cell left with
-    its own precision only stays in the table (and the report) with that one option."""
+    its own precision only stays in the table (and the report) with that one option. Returns the tables too."""
     tables = mp.delay_tables(design, cands)
     kept, notes, dropped = [], [], {}
     for c in cands:
@@ -111,7 +114,7 @@ def prune(design, cands) -> tuple[list, list[str]]:
     for p, n in dropped.items():
         notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].current} in any group "
                      f"(library {design.library.name}), not candidates")
-    return kept, notes
+    return kept, notes, tables
 
 
 @register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits where the library says it is faster, "
@@ -128,7 +131,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     if not cands:
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0}, report)
-    cands, notes = prune(design, cands)
+    cands, notes, tables = prune(design, cands)
     report.notes += notes
     faster = any(len(c.options) > 1 for c in cands)
     if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
@@ -148,7 +151,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
 
     share = ESTIMATE_SHARE
-    problem = build_problem(design, cands, errors, budget * share)
+    problem = build_problem(design, cands, errors, budget * share, tables)
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
     runner = None

@@ -176,3 +176,31 @@ def test_an_impossible_clock_exits_1_with_quantified_suggestions(cache_dir, tmp_
     assert "opt.start (est)" in log and "int8: 15 cells no faster than fp32" in log
     rows = json.loads((out / "netlist.json").read_text())["cells"]
     assert {c["requested_precision"] for c in rows if c["op"] == "MatMul"} == {"fp32"}
+
+
+def test_a_weightless_transposed_weight_maps_to_a_weightless_matmulnbits():
+    """A real-size plan keeps nn.Linear's weight as Transpose(W) of data never read: the map is structural, shapes exact."""
+    import onnx_ir as ir
+
+    from softsyn.netlist import Netlist
+
+    x = ir.Value(name="x", shape=ir.Shape(["batch", 1, 256]), type=ir.TensorType(ir.DataType.FLOAT16))
+    w = ir.Value(name="proj.weight", shape=ir.Shape([512, 256]), type=ir.TensorType(ir.DataType.FLOAT16),
+                 const_value=ir.ExternalTensor(location=mp.WEIGHTLESS, offset=0, length=512 * 256 * 2,
+                                               dtype=ir.DataType.FLOAT16, shape=ir.Shape([512, 256]), name="proj.weight"))
+    t = ir.node("Transpose", [w], attributes={"perm": [1, 0]}, name="t")
+    t.outputs[0].shape, t.outputs[0].dtype = ir.Shape([256, 512]), ir.DataType.FLOAT16
+    mm = ir.node("MatMul", [x, t.outputs[0]], name="proj")
+    y = mm.outputs[0]
+    y.name, y.shape, y.dtype = "y", ir.Shape(["batch", 1, 512]), ir.DataType.FLOAT16
+    graph = ir.Graph([x], [y], nodes=[t, mm], initializers=[w], opset_imports={"": 18}, name="g")
+    netlist = Netlist(ir.Model(graph, ir_version=10), "g")
+    assert mp.weight_source(mm.inputs[1]) == (w, True)
+    assert mp.apply_mapping(netlist, {"proj": "int4"}, {"proj": "int4"}) == {"int4": 1}
+    (node,) = list(netlist.model.graph)
+    assert node.op_type == "MatMulNBits" and node.name == "proj" and node.outputs[0] is graph.outputs[0]
+    assert [node.attributes.get_int(a) for a in ("K", "N", "bits", "block_size")] == [256, 512, 4, mp.BLOCK]
+    packed, scales = node.inputs[1], node.inputs[2]
+    assert list(packed.shape) == [512, 256 // mp.BLOCK, mp.BLOCK // 2] and packed.dtype == ir.DataType.UINT8
+    assert list(scales.shape) == [512 * 256 // mp.BLOCK] and scales.dtype == ir.DataType.FLOAT16
+    assert mp.is_weightless(packed) and "proj.weight" not in graph.initializers
