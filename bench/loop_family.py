@@ -23,7 +23,7 @@ def run(model: str, constraints: Path) -> bool:
     from softsyn import passes
     from softsyn.design import Design
     from softsyn.passes import optimize
-    from softsyn.passes.precision import mapping, search, sensitivity
+    from softsyn.passes.precision import mapping, search
 
     design = Design.load(model, constraints, progress=False)
     for step in passes.effort("low").steps:
@@ -33,13 +33,7 @@ def run(model: str, constraints: Path) -> bool:
         print(f"{model} x {constraints.name}: no candidate cells")
         return True
     cands, _, tables = optimize.prune(design, cands)
-    first = next(n for n in design.netlist.nodes() if n.name == cands[0].name)
-    weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
-    if weights > optimize.MEASURE_LIMIT and not mapping.is_weightless(mapping.weight_source(first.inputs[1])[0]):
-        errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
-        how = "prior (too large to measure here)"
-    else:
-        errors, how = sensitivity.measure(design, cands)
+    errors, how, _ = optimize.sensitivities(design, cands)
     problem = optimize.build_problem(design, cands, errors, optimize.accuracy_budget(design) * optimize.ESTIMATE_SHARE,
                                      tables)
     medium, high = search.greedy(problem), search.ilp(problem)

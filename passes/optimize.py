@@ -136,18 +136,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     faster = any(len(c.options) > 1 for c in cands)
     if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
         report.notes.append("no cell has a faster precision the constraints allow and the library has a cell for")
-    weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
-    big = weights > MEASURE_LIMIT and not _weightless(design, cands)  # a plan gets the prior for its own reason
-    if not faster:
-        errors = {c.name: {c.current: 0.0} for c in cands}
-        report.sensitivity = "not needed: no cell has another option"
-    elif big:
-        errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
-        report.sensitivity = (f"estimate: {len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one "
-                              "by one on this machine; per-precision prior " +
-                              ", ".join(f"{p} {e:.1e}" for p, e in sensitivity.PRIOR_ERROR.items()))
-    else:
-        errors, report.sensitivity = sensitivity.measure(design, cands, design.log)
+    errors, report.sensitivity, checkable = sensitivities(design, cands)
     design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
 
     share = ESTIMATE_SHARE
@@ -163,9 +152,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
         if not moved:
             chosen = outcome
             break
-        if big or _weightless(design, cands):
-            report.notes.append("end-to-end check not run (no weights to run here): softsyn verify DIR checks the "
-                                "artifact where it can run")
+        if not checkable:
+            report.notes.append("end-to-end check not run (no weights to run here, too large, or not runnable on ORT "
+                                "CPU): softsyn verify DIR checks the artifact where it can run")
             chosen = outcome
             break
         runner = runner or sensitivity.Runner(design)
@@ -200,6 +189,31 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     design.log(f"optimize: {search_mode}: {len([c for c in report.cells if c.realised != problem.options[c.name][0]])} "
                f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s")
     return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}}, report)
+
+
+def sensitivities(design, cands) -> tuple[dict, str, bool]:
+    """(errors per cell and option, how they were obtained, whether the design runs here for the end-to-end check):
+    measured, or the labelled prior for a plan, a design too large to run cell by cell, or one ORT CPU cannot run."""
+    if not any(len(c.options) > 1 for c in cands):
+        return {c.name: {c.current: 0.0} for c in cands}, "not needed: no cell has another option", False
+    weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
+    if _weightless(design, cands):
+        errors, how = sensitivity.measure(design, cands)  # the prior, said so
+        return errors, how, False
+    if weights > MEASURE_LIMIT:
+        return (*_prior(cands, f"{len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one by "
+                               "one on this machine"), False)
+    try:
+        return (*sensitivity.measure(design, cands, design.log), True)
+    except sensitivity.CannotRun as exc:
+        return (*_prior(cands, f"ORT CPU cannot run this design ({exc})"), False)
+
+
+def _prior(cands, why: str) -> tuple[dict, str]:
+    """Each cell's error as the labelled per-precision prior, and the line that says why."""
+    errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
+    return errors, (f"estimate: {why}; per-precision prior "
+                    + ", ".join(f"{p} {e:.1e}" for p, e in sensitivity.PRIOR_ERROR.items()))
 
 
 def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> CellMap:

@@ -36,7 +36,7 @@ def problems(draw):
                           budget=draw(st.floats(0.0, 0.5)), area_slack=draw(st.sampled_from([None, 1e6, -1e6])))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(problems())
 def test_ilp_is_never_worse_than_greedy(problem):
     greedy, exact = search.greedy(problem), search.ilp(problem)

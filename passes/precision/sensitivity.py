@@ -31,6 +31,10 @@ PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2}
 SEED = 0
 
 
+class CannotRun(Exception):
+    """ORT CPU cannot run the design (e.g. GroupQueryAttention with absorbed q/k norms, CUDA only): the message says why."""
+
+
 def _cache_file(design, cands: list[Candidate]) -> Path:
     import onnxruntime as ort
 
@@ -105,6 +109,8 @@ class Runner:
         try:
             session = open_session(self.proto, SessionSettings(provider="cpu", require_provider=False))
             return {g: session.run(None, feeds) for g, feeds in self.feeds.items()}
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+            raise CannotRun(" ".join(str(exc).split())[:300]) from None
         finally:
             for i, node in saved.items():
                 graph.node[i].CopyFrom(node)
