@@ -8,7 +8,8 @@ slack less the sum of its options' extra cost, its error the sum of its cells' e
 The cost order, most important first (`Cost`): design rules (the estimated error over the accuracy budget,
 the area over its limit), then the weighted negative slack (sum over groups of weight x max(0, -slack)), then
 the weighted latency (sum of weight x the groups' extra cost: what a met design still gains by going faster),
-last the summed error (between maps of equal latency, the more accurate).
+last the summed error (ERROR_WEIGHT: a unit of error weighs as much as 10 us of weighted latency, so no map spends
+accuracy on a gain of nanoseconds).
 A greedy move is kept only if it lowers the cost in that order.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 US = 1e6  # the ILP works in microseconds: delays in seconds are too small for the solver's tolerances
 VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
 RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
-ERROR_WEIGHT = 1e-3  # the last tie-break: between maps of equal latency, the more accurate (1e-3 us per unit error)
+ERROR_WEIGHT = 10.0  # us of weighted latency one unit of error is worth: no map spends 10 % error on under 1 us
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,11 @@ def greedy(problem: Problem, max_steps: int = 200) -> Outcome:
     return outcome(problem, mapping, steps)
 
 
-def ilp(problem: Problem, time_limit: float = 30.0) -> Outcome:
+def ilp(problem: Problem, ceiling: dict[str, float] | None = None, time_limit: float = 30.0) -> Outcome:
     """High effort: the exact map under the cost order, as one mixed-integer program (scipy.optimize.milp).
 
-    Binary x[c, o] (one option per cell); per group a violation v_g >= extra_g(x) - slack_g, v_g >= 0; a design-
-    rule excess r_err >= error(x) - budget and r_area >= area(x) - area_slack, both >= 0. Minimise
+    Binary x[c, o] (one option per cell); per group a violation v_g >= extra_g(x) - slack_g, v_g >= 0; error(x) <=
+    budget; area(x) <= area_slack, or, when the baseline already exceeds the area, an excess r_area >= 0. Minimise
     RULE_WEIGHT x rules + VIOLATION_WEIGHT x sum w_g v_g + sum w_g extra_g(x) (`Cost.scalar`), so no map of
     lower cost exists; the greedy map is one the program could choose."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -148,14 +149,33 @@ def ilp(problem: Problem, time_limit: float = 30.0) -> Outcome:
     row = np.zeros(n)
     row[:nx_], row[-2] = err, -1
     rows.append(row); lower.append(-np.inf); upper.append(problem.budget)
+    for j, g in enumerate(groups):  # extra_g(x) <= ceiling_g
+        if ceiling is not None and g in ceiling:
+            row = np.zeros(n)
+            row[:nx_] = extra[j]
+            rows.append(row); lower.append(-np.inf); upper.append(ceiling[g] * US + 1e-9)
     if problem.area_slack is not None:
         row = np.zeros(n)
         row[:nx_], row[-1] = area, -1
         rows.append(row); lower.append(-np.inf); upper.append(problem.area_slack / 1e6)
     integrality = np.concatenate([np.ones(nx_), np.zeros(ng + 2)])
-    bounds = Bounds(np.zeros(n), np.concatenate([np.ones(nx_), np.full(ng + 2, np.inf)]))
+    # The baseline has no error and fits the area if anything does: the rules are then hard (no excess allowed).
+    # Only when the baseline already exceeds the area are they soft, and then solved first on their own, so no
+    # weight trades a design rule for slack (the cost order, exactly).
+    soft = problem.area_slack is not None and problem.area_slack < 0
+    bounds = Bounds(np.zeros(n), np.concatenate([np.ones(nx_), np.full(ng, np.inf),
+                                                 [np.inf, np.inf] if soft else [0.0, 0.0]]))
+    options = {"time_limit": time_limit, "mip_rel_gap": 0.0}
+    if soft:
+        rules = np.zeros(n)
+        rules[-2], rules[-1] = 100.0, 1.0  # Cost.rules: % error over the budget + MB over the area
+        first = milp(rules, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
+                     bounds=bounds, options=options)
+        if first.x is None:
+            raise RuntimeError(f"milp found no map ({first.message})")
+        rows.append(rules); lower.append(-np.inf); upper.append(first.fun + 1e-7)
     res = milp(objective, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
-               bounds=bounds, options={"time_limit": time_limit, "mip_rel_gap": 0.0})
+               bounds=bounds, options=options)
     if res.x is None:
         raise RuntimeError(f"milp found no map ({res.message})")
     chosen = {c: o for (c, o), v in zip(pairs, res.x[:nx_]) if v > 0.5}
