@@ -193,8 +193,9 @@ def recover(problem: Problem, start: Outcome, ceiling: dict[str, float], max_ste
     steps = list(start.steps)
     order = sorted(problem.cells, key=lambda c: -problem.error[c][mapping[c]])
     for c in order[:max_steps]:
-        current = problem.options[c].index(mapping[c])
-        for o in problem.options[c][:current]:  # the most precise first
+        now = problem.error[c][mapping[c]]
+        for o in sorted((o for o in problem.options[c] if problem.error[c][o] < now), key=lambda o: problem.error[c][o]):
+            # the most accurate first
             trial = dict(mapping, **{c: o})
             cost, slack, _, _ = evaluate(problem, trial)
             old_cost, old_slack, _, _ = evaluate(problem, mapping)
