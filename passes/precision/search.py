@@ -8,7 +8,7 @@ slack less the sum of its options' extra cost, its error the sum of its cells' e
 The cost order, most important first (`Cost`): design rules (the estimated error over the accuracy budget,
 the area over its limit), then the weighted negative slack (sum over groups of weight x max(0, -slack)), then
 the weighted latency (sum of weight x the groups' extra cost: what a met design still gains by going faster),
-last the summed error (ERROR_WEIGHT: a unit of error weighs as much as 10 us of weighted latency, so no map spends
+last the summed error (ERROR_WEIGHT: 1 % error weighs as much as 10 us of weighted latency, so no map spends
 accuracy on a gain of nanoseconds).
 A greedy move is kept only if it lowers the cost in that order.
 """
@@ -21,7 +21,7 @@ import numpy as np
 US = 1e6  # the ILP works in microseconds: delays in seconds are too small for the solver's tolerances
 VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
 RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
-ERROR_WEIGHT = 10.0  # us of weighted latency one unit of error is worth: no map spends 10 % error on under 1 us
+ERROR_WEIGHT = 1e3  # us of weighted latency one unit of error is worth: 1 % error must buy 10 us
 
 
 @dataclass(frozen=True)
