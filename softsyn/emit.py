@@ -199,6 +199,15 @@ def _ports(values, shapes_by_group: dict) -> dict:
             for v in values}
 
 
+def _precision_map(report) -> dict | None:
+    """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
+    if report is None or not getattr(report, "cells", None):
+        return None
+    return {"requested": dict(Counter(c.requested for c in report.cells)),
+            "realised": dict(Counter(c.realised for c in report.cells)),
+            "estimated_error": report.estimate_error, "checked_error": report.checked_error}
+
+
 def compiled_precision(netlist) -> str:
     """The precision most weight-bearing cells (MatMul, Gemm) run in: what the verify budget defaults on."""
     found = Counter(precision_of(n) for n in netlist.nodes() if n.op_type in ("MatMul", "Gemm", "MatMulNBits"))
@@ -231,6 +240,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
                      "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
         "precision": compiled_precision(netlist),
         "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
+        "precision_map": _precision_map(design.pass_reports.get("optimize")),
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,

@@ -181,6 +181,8 @@ def test_an_impossible_clock_exits_1_with_quantified_suggestions(cache_dir, tmp_
     assert "opt.start (est)" in log and "int8: 15 cells no faster than fp32" in log
     rows = json.loads((out / "netlist.json").read_text())["cells"]
     assert {c["requested_precision"] for c in rows if c["op"] == "MatMul"} == {"fp32"}
+    summary = json.loads((out / "runtime" / "session.json").read_text())["precision_map"]
+    assert summary["requested"] == summary["realised"] == {"fp32": 15}
 
 
 def test_a_weightless_transposed_weight_maps_to_a_weightless_matmulnbits():
