@@ -153,7 +153,7 @@ def _weightless_tensors(cand: Candidate, bits: int, dtype: ir.DataType) -> list[
     """The packed weight and scales the quantiser would write, as weightless tensors (shapes and dtypes exact)."""
     blocks = math.ceil(cand.k / BLOCK)
     packed = ir.Shape([cand.n, blocks, BLOCK * bits // 8])
-    scales = ir.Shape([cand.n * blocks])
+    scales = ir.Shape([cand.n, blocks])
     return [ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(packed.dims), dtype=ir.DataType.UINT8,
                               shape=packed, name="packed"),
             ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(scales.dims) * dtype.itemsize,
