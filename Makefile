@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml Makefile
 # Exit 1 means "timing violated", which is a result, not a failure of the demo.
 demo: $(STAMP)
 	$(VENV)/bin/softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/qwen3-tiny || [ $$? -eq 1 ]
+	@test -f out/qwen3-tiny/reports/report.html && echo "HTML report: $(CURDIR)/out/qwen3-tiny/reports/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -11,6 +11,8 @@
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
+#   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
+#                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
@@ -80,6 +82,15 @@ peers)
         --work /tmp/peers -o "$OUT/compare-peers-cuda-$model.md" 2>&1 | tee "$OUT/compare-peers-$model.log" |
         grep -v "No registered plugin EP"
     cp /tmp/peers/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
+tiny)
+    softsyn_install
+    rm -rf /tmp/tiny-h200
+    softsyn compile zoo:qwen3-tiny -c constraints/tiny-h200.yaml --effort low -o /tmp/tiny-h200 -q > "$OUT/tiny-compile.log"
+    grep -A3 provider_options /tmp/tiny-h200/runtime/session.json
+    softsyn run /tmp/tiny-h200 --prompt-len 128 --gen 64 --runs 5 --provider cuda 2>&1 | tee "$OUT/tiny-run.txt" |
+        grep -v "No registered plugin EP"
+    softsyn signoff /tmp/tiny-h200 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
+    cp /tmp/tiny-h200/reports/signoff.rpt "$OUT/tiny-signoff.rpt" 2>/dev/null || true ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;

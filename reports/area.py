@@ -8,6 +8,7 @@ from softsyn.reports.columns import (AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, 
 from softsyn.reports.common import (Table, banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope,
                                     render, table_header, table_row, table_rule)
 from softsyn.reports.suggest import area_suggestions
+from softsyn.reports.tp import tp_lines
 
 
 def truncate_hierarchy(items: list[AreaItem], depth: int) -> list[AreaItem]:
@@ -160,4 +161,4 @@ def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
                   parameters=fcount(area.parameters), kv_detail=area.kv_detail,
                   activation_scenario=area.activation_scenario, constraint=constraint,
                   kv_budget=kv_budget_lines(area.kv_budget, unit) if area.kv_budget else [],
-                  suggestions=area_suggestions(area))
+                  tp_lines=tp_lines(analysis.tp, unit), suggestions=area_suggestions(area))

@@ -76,6 +76,24 @@ FUSION_COLUMNS: tuple[Column, ...] = (
     Column("percent", "Coverage", 10, "right", "number", fmt="{:.0f}%", missing="-"),  # 0..100, as Coverage.percent
     Column("target_op", "Runtime op", 40, gap=2),
 )
+FUSION_MISS_COLUMNS: tuple[Column, ...] = (  # every candidate site a rule did not fuse, and why
+    Column("kind", "Fusion kind", 16),
+    Column("site", "Site", 60, gap=2),
+    Column("reason", "Reason", 60, gap=2),
+)
+
+# the HTML report's header: each path group's verdict with the budget's delays (a TimingPath's fields)
+VERDICT_COLUMNS: tuple[Column, ...] = (
+    Column("group", "Group", 10),
+    Column("scenario", "Scenario", 30, gap=1),
+    Column("clock_period", "Clock", 10, "right", "time", missing="none", gap=1),
+    Column("input_delay", "Input delay", 11, "right", "time", gap=1),
+    Column("output_delay", "Output delay", 12, "right", "time", gap=1),
+    Column("clock_uncertainty", "Uncertainty", 11, "right", "time", gap=1),
+    Column("arrival", "Arrival", 10, "right", "time", gap=1),
+    Column("slack", "Slack", 10, "right", "time", missing="-", gap=1),
+    Column("status", "Status", 13, gap=2),
+)
 
 
 def _time(key: str, title: str, width: int) -> Column:
@@ -136,6 +154,25 @@ RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed
     Column("samples", "Samples", 8, "right", "count", gap=1),
     Column("interval", "Interval", 40, gap=2),
 )
+
+# report_area / report_qor's tensor-parallel plan: one row per degree (softsyn.timing.results.TPRow); a group's
+# columns (its critical arrival per device, the collectives on that path, the speed-up over one device) by
+# tp_group_columns.
+TP_COLUMNS: tuple[Column, ...] = (
+    Column("n", "TP", 3, "right", "count"),
+    Column("kv_heads_per_device", "KV heads", 8, "right", "count", gap=1),
+    Column("weights", "Weights", 11, "right", "bytes", gap=1),
+    Column("kv_cache", "KV cache", 11, "right", "bytes", gap=1),
+    Column("workspace", "Workspace", 11, "right", "bytes", gap=1),
+    Column("total", "VRAM/device", 12, "right", "bytes", gap=1),
+    Column("fits", "Fits", 4, missing="-", gap=2),
+)
+
+
+def tp_group_columns(group: str) -> tuple[Column, ...]:
+    return (_time(f"{group}.arrival", f"{group}", max(9, len(group) + 5)),
+            _time(f"{group}.collectives", "comm", 8),
+            Column(f"{group}.speedup", "x", 5, "right", "number", fmt="{:.2f}", missing="-", gap=1))
 
 
 def precision_columns(groups: list[str]) -> tuple[Column, ...]:

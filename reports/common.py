@@ -49,6 +49,10 @@ class Column:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Column":
+        return cls(**data)
+
 
 @dataclass(frozen=True)
 class Table:
@@ -70,6 +74,11 @@ class Table:
 
     def to_dict(self) -> dict:
         return {"columns": [c.to_dict() for c in self.columns], "rows": [dict(r) for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Table":
+        """The table `to_dict` wrote (a saved report's rows re-rendered, in HTML, without the objects)."""
+        return cls(tuple(Column.from_dict(c) for c in data["columns"]), tuple(dict(r) for r in data["rows"]))
 
 
 # ------------------------------------------------------------------------------------------ units
@@ -245,7 +254,7 @@ def env() -> jinja2.Environment:
             lstrip_blocks=True,
             keep_trailing_newline=True,
             undefined=jinja2.StrictUndefined,
-            autoescape=False,
+            autoescape=lambda name: bool(name) and name.endswith("_html.j2"),  # the HTML page escapes, text does not
         )
         _ENV.globals.update(table_row=table_row, table_header=table_header, table_rule=table_rule,
                             INDENT=INDENT)

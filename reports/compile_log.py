@@ -22,7 +22,7 @@ UNITS = {"elapsed": "s", "wns": "s", "tns": "s", "area": "B", "rules": "MB over 
 TIME_UNIT = "ms"
 
 COMPILE_LOG_COLUMNS: list[Column] = [
-    Column("elapsed", "ELAPSED\nTIME", 8, "right"),
+    Column("elapsed", "ELAPSED\nTIME", 8, "right", "number", fmt="{:.1f} s"),  # fmt: JSON/HTML readers (text: H:MM:SS)
     Column("phase", "PHASE", 18, "left"),
     Column("wns", "WORST NEG\nSLACK", 10, "right", "time"),
     Column("tns", "TOTAL NEG\nSLACK", 10, "right", "time"),

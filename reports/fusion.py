@@ -5,8 +5,12 @@ rule's structural anchor found and did not fuse, with the reason its check gave.
 """
 from __future__ import annotations
 
-from softsyn.reports.columns import FUSION_COLUMNS
+import json
+
+from softsyn.reports.columns import FUSION_COLUMNS, FUSION_MISS_COLUMNS
 from softsyn.reports.common import BANNER_RULE, Table
+
+SCHEMA = "softsyn.fusion/1"
 
 RULE = "-" * 78
 
@@ -29,6 +33,20 @@ def fusion_total(coverage) -> Table:
     fused = sum(c.fused for c in coverage)
     return Table(FUSION_COLUMNS[:-1], ({"kind": "Total", "candidates": candidates, "fused": fused,
                                         "missed": candidates - fused, "percent": _percent(fused, candidates)},))
+
+
+def miss_table(coverage) -> Table:
+    """Every site a rule's anchor found and did not fuse, with its check's reason."""
+    return Table(FUSION_MISS_COLUMNS, tuple({"kind": c.kind, "site": m.site, "reason": m.reason}
+                                            for c in coverage for m in c.misses))
+
+
+def fusion_json(coverage, design: str | None = None, target: str | None = None) -> str:
+    """DIR/reports/fusion.json: the kinds, total and misses tables report_fusion prints, and the kinds' notes."""
+    data = {"schema": SCHEMA, "design": design, "target": target, "kinds": fusion_table(coverage).to_dict(),
+            "total": fusion_total(coverage).to_dict(), "misses": miss_table(coverage).to_dict(),
+            "notes": {c.kind: c.note for c in coverage if c.note}}
+    return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
 def report_fusion(coverage, design: str | None = None, target: str | None = None, max_misses: int = 50) -> str:

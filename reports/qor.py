@@ -5,6 +5,7 @@ from softsyn.timing import Analysis, AreaResult
 from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
                                     render)
 from softsyn.reports.suggest import area_suggestions, timing_suggestions
+from softsyn.reports.tp import tp_lines
 
 LABEL_WIDTH = 28
 VALUE_WIDTH = 14
@@ -64,7 +65,7 @@ def group_block(g, unit: str, digits: int) -> list[str]:
         kv("Estimated cells", f"{g.estimated_cells} of {g.cell_count}", "(roofline)"),
         kv("Work", split_unit(fcount(g.total_flops))[0], split_unit(fcount(g.total_flops))[1] + "FLOP"),
         kv_bytes("Bytes Moved", g.total_bytes, byte_unit_for(g.total_bytes)),
-    ]
+    ] + ([f"{'Launch:':<{LABEL_WIDTH}}{g.launch}"] if g.launch else [])
 
 
 def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str = "ms") -> str:
@@ -99,8 +100,17 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
     wns, tns = analysis.wns, analysis.tns
     closing = (f"Design  WNS: {ftime(wns, unit, digits)}  TNS: {ftime(tns, unit, digits)}  "
                f"Number of Violating Paths: {analysis.violating_paths}  ({unit})")
+    limiting = analysis.limiting_group
+    if limiting is not None and len(analysis.groups) > 1:
+        g, weighted = limiting
+        how = "x" if g.critical.slack < 0 else "/"
+        closing = (f"Limiting group: {g.name} (weighted slack {ftime(weighted, unit, digits)} {unit} = slack "
+                   f"{ftime(g.critical.slack, unit, digits)} {unit} {how} weight {g.weight:g}; the optimiser serves "
+                   "it first)"
+                   f"\n  {closing}")
     suggestions = timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,
-                  closing=closing, notes=analysis.notes, suggestions=suggestions,
+                  closing=closing, notes=analysis.notes, tp_lines=tp_lines(analysis.tp, bunit),
+                  suggestions=suggestions,
                   constraints_file=analysis.constraints_file)

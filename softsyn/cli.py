@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from softsyn import __version__, outdir
+from softsyn.constraints.model import MAX_DEVICES
 from softsyn.constraints.reader import MAX_INT
 from softsyn.errors import SoftsynError
 from softsyn.passes import EFFORTS
@@ -35,6 +36,27 @@ def _effort_help() -> str:
         lines += [f"  {'':<{width}}{line}" for line in step_lines]
         earlier.append(level)
     return "\n    ".join(lines)
+
+
+class TPDegree(click.ParamType):
+    """--tp: a tensor-parallel degree (an integer >= 1) or `auto` (the smallest that fits area_constraint)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit() and 1 <= int(text) <= MAX_DEVICES:
+            return int(text)
+        self.fail(f"{value!r} is not a tensor-parallel degree; valid: an integer 1..{MAX_DEVICES} or auto", param, ctx)
+
+
+TP_HELP = ("tensor parallelism over N devices (Megatron column/row splits, vocab-parallel embedding and lm_head, "
+           "expert parallel MoE), or auto: the smallest N whose per-device VRAM fits area_constraint; timing and "
+           "area are then one device's, and the plan per N is printed (overrides parallel.tensor).")
 
 
 def _help_with(**fields):
@@ -96,9 +118,10 @@ def main(debug):
 @click.option("--materialize", is_flag=True,
               help="export real-size models with seeded random weights (not weightless), so signoff can run "
                    "them; needs RAM for the weights.")
+@click.option("--tp", type=TPDegree(), help=TP_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir,
-            annotate_file, materialize, quiet):
+            annotate_file, materialize, tp, quiet):
     """Time MODEL against its constraints and print timing and QoR reports.
 
     \b
@@ -112,8 +135,9 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     \b
     Prints the worst path of each group (folded by layer) and the QoR summary.
     With -o DIR, also writes DIR/reports/{timing,timing_full,qor,area,
-    constraint}.rpt, DIR/analysis.json for `softsyn report` and
-    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`.
+    constraint}.rpt, DIR/analysis.json for `softsyn report`,
+    DIR/design.json (model, constraints, ONNX file) for `softsyn signoff`
+    and DIR/reports/report.html (one self-contained page of it all).
     With --annotate FILE, measured delays from a signoff replace the
     library's (back-annotation).
 
@@ -134,12 +158,13 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
         outdir.check(out_dir, "analyze", _given_paths(model))
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
                          annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
-                         **({"materialize": True} if materialize else {}))
+                         tp=tp, **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
     click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
     click.echo(report_qor(analysis))
     if out_dir:
         from softsyn.reports.common import write_atomic
+        from softsyn.reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
@@ -149,6 +174,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path) + [
                 write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
+            written.append(write_html(staged.path))
         for path in written:
             if not quiet:
                 click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
@@ -157,7 +183,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 
 
 @main.command()
-@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json"]))
+@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json", "html"]))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", help="only this path group (timing).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10), help="paths per group (timing).")
@@ -174,7 +200,10 @@ def report(kind, directory, group, max_paths, fold, digits):
       area        report_area: VRAM by kind and by hierarchy, the KV budget
       constraint  report_constraint -all_violators
       json        the same path objects as JSON (SI units)
-    DIRECTORY is an `analyze -o` output directory (holding analysis.json).
+      html        re-render DIRECTORY/reports/report.html (one self-contained page:
+                  verdicts, waterfalls, precision map, VRAM, compile log, sign-off,
+                  fusion, suggestions) and print its path
+    DIRECTORY is an `analyze -o` or `compile -o` output directory (holding analysis.json).
 
     \b
     Example:
@@ -182,6 +211,14 @@ def report(kind, directory, group, max_paths, fold, digits):
     """
     from softsyn.reports import REPORTS, from_json, to_json
 
+    if kind == "html":
+        from softsyn.reports.html import HTML_FILE, write_html
+
+        out = outdir.check(directory, "report")
+        with outdir.replace(out, "report", "", progress=False) as staged:
+            write_html(staged.path, out)
+        click.echo(out / HTML_FILE)
+        return
     saved = Path(directory) / ANALYSIS_FILE
     if not saved.is_file():
         raise SoftsynError(f"{directory}: no {ANALYSIS_FILE} here; run `softsyn analyze MODEL -o {directory}` first")
@@ -231,7 +268,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Prints predicted (arrival - input delay) vs measured (median run) per
     group with both slacks, then per group the op types and cells with the
     largest error, and for a violated group the cells responsible. Writes
-    DIR/reports/signoff.rpt, DIR/signoff/signoff.json and the
+    DIR/reports/signoff.rpt, DIR/signoff/signoff.json, DIR/reports/report.html
+    (now with predicted vs measured) and the
     back-annotation DIR/signoff/annotation.json (per group: measured kernel
     time of each netlist cell the runtime ran, the cells it fused or folded
     away, and the residual on the session.run row) for
@@ -283,9 +321,10 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--all-logits", is_flag=True,
               help="keep every position's logits at prefill (kv_layout's last_token_logits off: the lm_head then "
                    "runs on the whole prompt).")
+@click.option("--tp", type=TPDegree(), help=TP_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @_help_with(efforts=_effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, quiet):
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -299,7 +338,8 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
       DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
                                           the fp32 reference `softsyn verify` compares against
       DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
-      DIR/compile.log                     one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/compile.log, compile_log.json   one row per step: elapsed, phase, WNS, TNS, area, worst group
+      DIR/reports/report.html             the design at a glance (`softsyn report html DIR` re-renders it)
       DIR/softsyn-manifest.json           what softsyn wrote (only those files are ever replaced)
     The MODEL you gave is never modified, and may not be inside DIR. The
     model is refused (exit 2) when ONNX Runtime cannot load it with the
@@ -324,7 +364,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
-                         materialize=not plan)
+                         materialize=not plan, tp=tp)
     if not plan:
         require_weights(design.netlist)
         check_external_data(design.netlist.model, design.netlist.provenance.get("file") or model)
@@ -486,7 +526,10 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
+      softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
+                                       # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
+    from softsyn.characterize.collectives import characterize_collectives, collective_cells
     from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
     if list_only:
@@ -500,6 +543,15 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
     argv = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("softsyn") else None
     command = "softsyn " + (argv or f"characterize --runtime {runtime} --provider {provider}"
                             + (f" --cells '{cells}'" if cells else "") + (" --quick" if quick else "") + f" -o {output}")
+    collectives = collective_cells(cells)
+    if collectives:  # AllReduce / AllGather / ReduceScatter: one process per device, a collective library
+        if len(collectives) != len([p for p in cells.split(",") if p.strip()]):
+            raise SoftsynError(f"characterize --cells {cells!r}: collectives ({', '.join(collectives)}) are measured "
+                               "apart from kernel cells (their own library, one process per device); give them alone")
+        path = characterize_collectives(provider, output, collectives, quick=quick, progress=not quiet,
+                                        command=command)
+        click.echo(f"[softsyn] wrote {path}", err=True)
+        return
     run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
 
 

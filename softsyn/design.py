@@ -25,6 +25,7 @@ from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
 from softsyn.timing.area import area
+from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
 from softsyn.timing.sta import unmodelled_warnings
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
@@ -36,26 +37,36 @@ DEFAULT_GROUPS = {
     "causal": {"prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len}},  # a decoder without a KV cache
     "encoder": {"encoder": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
     "generic": {"default": lambda w: {"batch": w.batch, "seq": w.prompt_len}},
+    # a vision-language composite: prefill (TTFT) crosses vision -> embedding -> decoder, decode runs no vision
+    "vlm": {
+        "prefill": lambda w: {"batch": w.batch, "seq": w.prompt_len, "past": 0},
+        "decode": lambda w: {"batch": w.batch, "seq": 1, "past": w.context_len},
+    },
 }
 
 
 class Design:
     annotation = None  # softsyn.flow.annotate.Annotation: back-annotated (measured) delays replace the library's
 
-    def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True):
+    def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
+                 tp: str | int | None = None):
         self.netlist = netlist
         self.constraints = constraints
         self.library = library
         self.progress = progress
+        # tensor parallelism: --tp (an int or "auto") over parallel.tensor; None with no parallel section
+        self.tp_request = tp if tp is not None else constraints.parallel.tensor
+        self.tp_from_cli = tp is not None
         self.pass_reports: dict[str, object] = {}  # pass name -> the report its PassResult carried (fuse: coverage)
 
     @classmethod
     def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
              cache_dir: str | Path | None = None, progress: bool = True, annotate: str | Path | None = None,
-             materialize: bool = False, **workload) -> "Design":
+             materialize: bool = False, tp: str | int | None = None, **workload) -> "Design":
         """Read a model and its constraints; `target` and workload keywords override the constraints file.
         `annotate`: an annotation file from `softsyn signoff` (measured delays, source "annot");
-        `materialize`: real-size models get seeded random weights instead of a weightless export."""
+        `materialize`: real-size models get seeded random weights instead of a weightless export; `tp`: the
+        tensor-parallel degree (an int, or "auto": the smallest that fits), over the constraints' parallel.tensor."""
         cons = load_constraints(constraints) if constraints else Constraints.default()
         for key, value in workload.items():
             if value is not None:
@@ -68,8 +79,15 @@ class Design:
         else:
             library = load_library(target or default_library())
         extra = {"materialize": True} if materialize else {}
+        images = {g.image for g in cons.path_groups.values() if g.image is not None}
+        if len(images) > 1:
+            raise cons.error("path_groups", f"the groups name images of {len(images)} sizes "
+                             f"({', '.join(f'{w}x{h}' for w, h in sorted(images))}); a composite's vision block is "
+                             "exported at one grid: give one image size per constraints file")
+        if images:
+            extra["image_size"] = images.pop()
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
-        design = cls(netlist, cons, library, progress)
+        design = cls(netlist, cons, library, progress, tp)
         if annotate:
             from softsyn.flow.annotate import load_annotation
 
@@ -77,7 +95,7 @@ class Design:
         return design
 
     # Cached views of the netlist; netlist_changed() drops every one of them.
-    NETLIST_VIEWS = ("graph", "groups", "runtime_view")
+    NETLIST_VIEWS = ("graph", "groups", "runtime_view", "launches", "partition", "tp_plan")
 
     @functools.cached_property
     def graph(self):
@@ -100,6 +118,37 @@ class Design:
         self.log(f"{view.describe()}, {time.perf_counter() - start:.1f} s")
         return view
 
+    @functools.cached_property
+    def launches(self) -> dict[str, Launch]:
+        """GPU targets: per group, whether it runs as a captured CUDA graph (softsyn.timing.capture), which the
+        STA times and emit's runtime settings enable; empty for a CPU target."""
+        if not self.library.is_gpu:
+            return {}
+        shared = shared_kv_buffer(self.netlist)
+        return {g.name: group_launch(self.netlist, self.library, g.scenario.dims, shared) for g in self.groups}
+
+    @functools.cached_property
+    def tp_plan(self):
+        """The tensor-parallel plan (softsyn.timing.tp_plan) when one is asked for, else None."""
+        if self.tp_request is None:
+            return None
+        from softsyn.timing.tp_plan import plan
+
+        start = time.perf_counter()
+        result = plan(self)
+        self.log(f"tensor-parallel plan over {', '.join(str(r.n) for r in result.rows)} devices, "
+                 f"{time.perf_counter() - start:.1f} s")
+        return result
+
+    @functools.cached_property
+    def partition(self):
+        """One device's part of the netlist at the plan's degree (softsyn.timing.tp.Partition), else None."""
+        if self.tp_plan is None:
+            return None
+        from softsyn.timing.tp_plan import partition_at
+
+        return partition_at(self, self.tp_plan.n)
+
     def _group_specs(self) -> list[PathGroupSpec]:
         if self.constraints.path_groups:
             return list(self.constraints.path_groups.values())
@@ -107,8 +156,18 @@ class Design:
 
     def _resolve(self, spec: PathGroupSpec) -> PathGroup:
         defaults = DEFAULT_GROUPS[self.netlist.kind]
-        base = defaults.get(spec.kind or spec.name)
+        composite = bool(self.netlist.blocks())
+        kind = spec.kind or (spec.name if spec.name in defaults or not composite else "prefill")
+        base = defaults.get(kind)
         dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
+        if spec.batch is not None:
+            dims["batch"] = spec.batch
+        blocks, image_note = None, ""
+        if spec.image is not None and not composite:
+            raise self.constraints.error(f"path_groups.{spec.name}.image", f"design {self.netlist.name} has no vision "
+                                         "block (image groups need a vision-language composite, e.g. zoo:qwen3-vl-tiny)")
+        if composite:
+            dims, blocks, image_note = self._composite_dims(spec, kind, dims)
         # a derived dim's names stay bound: a shared KV buffer leaves `past` only in the mask's `total` (past + seq)
         read = {n for expr in self.netlist.derived_dims.values() for n in expr_names(expr)}
         dims = {k: v for k, v in dims.items() if k in self.netlist.symbolic_dims() | read}
@@ -129,16 +188,35 @@ class Design:
                 f"infer from the ports (roles: {', '.join(ROLES)}) and no value in this scenario; "
                 f"give them, e.g. dims: {{{', '.join(f'{d}: 1' for d in missing)}}}")
         ports = [v.name for v in self.netlist.model.graph.inputs]
-        inputs = spec.inputs or ports
+        run = set().union(*(b["inputs"] for b in self.netlist.blocks() if b["name"] in blocks)) if blocks else None
+        inputs = spec.inputs or [p for p in ports if run is None or p in run]
         unknown = [p for p in inputs if p not in ports]
         if unknown:
             raise self.constraints.error(f"path_groups.{spec.name}.inputs", f"no input port {', '.join(unknown)}; "
                                          f"the design's inputs are {', '.join(ports)}")
-        shown = ", ".join(f"{k} {v}" for k, v in dims.items())
+        shown = ", ".join(f"{k} {v}" for k, v in dims.items()) + image_note
         return PathGroup(
             name=spec.name, clock_period=self.constraints.period_for(spec.name), weight=spec.weight,
-            critical_range=spec.critical_range, inputs=inputs,
+            critical_range=spec.critical_range, inputs=inputs, blocks=blocks,
             scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
+
+    def _composite_dims(self, spec: PathGroupSpec, kind: str, dims: dict) -> tuple[dict, list[str], str]:
+        """A composite group's dims, blocks and image note: a prefill with an image (the default prefill, or a
+        group naming `image`) runs every block, one image per sequence whose tokens join the prompt; a decode
+        step or a text-only group runs the embedding and the decoder, with no image features."""
+        image = self.netlist.provenance.get("image") or {}
+        names = [b["name"] for b in self.netlist.blocks()]
+        with_image = kind != "decode" and (spec.image is not None or not self.constraints.path_groups)
+        if not with_image:
+            return {**dims, "images": 0}, [n for n in names if n != "vision"], ""
+        size = tuple(image.get("size") or ())
+        if spec.image is not None and tuple(spec.image) != size:
+            raise self.constraints.error(f"path_groups.{spec.name}.image", f"{spec.image[0]}x{spec.image[1]}: the "
+                                         f"design's vision block is exported at {size[0]}x{size[1]}")
+        tokens = int(image["tokens"])
+        t, h, w = image["grid_thw"]
+        dims = {**dims, "seq": dims["seq"] + tokens, "images": dims["batch"]}
+        return dims, names, f"; image {size[0]}x{size[1]} -> grid {t}x{h}x{w} -> {tokens} tokens"
 
     def netlist_changed(self) -> None:
         """Call after changing the netlist: drops what was derived from it, so the next use rebuilds it.
@@ -157,13 +235,22 @@ class Design:
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
             results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
-                                      absorbed))
+                                      absorbed, self.partition, self.collectives if self.partition else None,
+                                      mode=self.launches.get(group.name)))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results
 
+    @functools.cached_property
+    def collectives(self):
+        from softsyn.library.collectives import load_collectives
+
+        return load_collectives()
+
     def analyze(self) -> Analysis:
         groups = self.time()
+        share = self.partition.share if self.partition is not None else None
+        recast = self.partition.recast if self.partition is not None else None
         counts: dict[str, int] = {}
         for node in self.netlist.nodes():
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -175,10 +262,10 @@ class Design:
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}),
+            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
-            warnings=unmodelled_warnings(self.netlist, self.library))
+            warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan)
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

@@ -5,8 +5,10 @@
     DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
-    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports)
-    DIR/compile.log                      one row per step
+    DIR/runtime/vllm*.json|sh, trtllm-*  a decoder's vLLM and TensorRT-LLM serving settings (softsyn.runtime.engines)
+    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports), fusion.json
+    DIR/compile.log, compile_log.json    one row per step (text, JSON)
+    DIR/reports/report.html              the page of all of it (softsyn.reports.html), written last
     DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
 
 A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
@@ -25,7 +27,9 @@ import onnx_ir as ir
 from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
 from softsyn.frontends.cache import design_provenance
+from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
+from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.passes.precision.mapping import REQUESTED_KEY
@@ -48,7 +52,8 @@ def require_weights(netlist) -> None:
 def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     from softsyn import reports
-    from softsyn.reports.compile_log import report_compile_log
+    from softsyn.reports.compile_log import compile_log_json, report_compile_log
+    from softsyn.reports.html import write_html
     from softsyn.reports.suggest import precision_suggestions
 
     netlist = design.netlist
@@ -58,7 +63,12 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
                         inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
         tmp = staged.path
         session = session_json(design, reference, plan)
-        if not plan:
+        if not plan and netlist.blocks():
+            for block, model in split_blocks(netlist.model, netlist.blocks()).items():
+                file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
+                _write_model(netlist, tmp, model, file)
+                check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
+        elif not plan:
             _write_model(netlist, tmp)
             check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
@@ -67,6 +77,10 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if kv_layout is not None:
             log.notes += kv_layout.lines()
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
+        if netlist.kind == "decoder":
+            for name, text in engine_files(design, analysis, str(reference.get("source", "")),
+                                           compiled_precision(netlist), log.notes).items():
+                (tmp / name).write_text(text)
         precision_map = design.pass_reports.get("optimize")
         moves = precision_suggestions(precision_map, analysis.groups) if precision_map is not None else []
         log.notes += [f"suggestion: {m}" for m in moves]
@@ -75,20 +89,26 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
+            (tmp / "reports" / "fusion.json").write_text(
+                reports.fusion_json(coverage, design=netlist.name, target=design.library.name))
         if precision_map is not None:
             (tmp / "reports" / "precision.rpt").write_text(
                 reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
+        (tmp / "compile_log.json").write_text(compile_log_json(log))
+        write_html(tmp)  # last: the page reads the files above
     return staged.out
 
 
-def _write_model(netlist, folder: Path) -> None:
-    model = netlist.model
+def _write_model(netlist, folder: Path, model=None, file: str = MODEL_FILE) -> None:
+    """The netlist's model (or one block of a composite, `model`) as `file` + `file`.data."""
+    model = netlist.model if model is None else model
     model.metadata_props[NETLIST_META_KEY] = json.dumps(
         {**netlist.to_meta(), "provenance": design_provenance(netlist.provenance)}, sort_keys=True, default=str)
     model.ir_version = min(model.ir_version, IR_VERSION)
-    path = folder / MODEL_FILE
-    ir.save(model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
+    path = folder / file
+    ir.save(model, str(path), external_data=DATA_FILE if file == MODEL_FILE else f"{file}.data",
+            size_threshold_bytes=1024)
     try:
         check(path)
     except onnx.checker.ValidationError as exc:
@@ -222,14 +242,17 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
     providers = ([library.provider, "CPUExecutionProvider"] if library.is_gpu else ["CPUExecutionProvider"])
     kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
     kv_layout = design.pass_reports.get("kv_layout")  # its max_length is the shared buffer's (softsyn run binds it)
+    captured = any(launch.captured for launch in design.launches.values())
     return {
         "format": 1,
         "model": None if plan else MODEL_FILE,
         "plan": plan,
         "providers": providers,
-        # enable_cuda_graph "1" once every decode node runs on CUDA with static shapes (issue 13); softsyn run
-        # and genai_config.json take their provider options from here
-        "provider_options": {library.provider: {"enable_cuda_graph": "0"}} if library.is_gpu else {},
+        # enable_cuda_graph "1" where a group's graph can be captured (softsyn.timing.capture: decode with a shared
+        # KV buffer, every node on CUDA); softsyn run and genai_config.json take their provider options from here
+        "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
+        if library.is_gpu else {},
+        "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
         "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),
@@ -244,4 +267,5 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,
+        **({"blocks": netlist.blocks()} if netlist.blocks() else {}),  # a composite: one model per block, run in order
     }

@@ -41,8 +41,8 @@ SCHEMA = "softsyn.manifest/1"
 STAGING_MARK = ".softsyn-staging"  # in a staging folder until its manifest is complete
 STAGING, BACKUP = "staging", "backup"
 # The earlier entries each command replaces; everything else in DIR is kept.
-REPLACES = {"compile": {"compile", "analyze"}, "analyze": {"analyze"}, "signoff": {"signoff"}}
-PRIMARY = ("analyze", "compile")  # the commands that make an output directory; signoff adds to one
+REPLACES = {"compile": {"compile", "analyze"}, "analyze": {"analyze"}, "signoff": {"signoff"}, "report": {"report"}}
+PRIMARY = ("analyze", "compile")  # the commands that make an output directory; signoff and report add to one
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
@@ -145,13 +145,13 @@ def _target(directory) -> Path:
 
 def _existing(out: Path, kind: str) -> Manifest | None:
     """DIR's manifest after the checks every command makes before it writes there."""
-    takes = ("signoff takes the output directory of `softsyn analyze MODEL -o DIR` or `softsyn compile MODEL -o DIR`")
+    takes = (f"{kind} takes the output directory of `softsyn analyze MODEL -o DIR` or `softsyn compile MODEL -o DIR`")
     if not out.is_dir():
-        if kind == "signoff":
+        if kind not in PRIMARY:
             raise SoftsynError(f"{out}: no such directory; {takes}")
         return None
     manifest = read_manifest(out)
-    if manifest is None and kind == "signoff":
+    if manifest is None and kind not in PRIMARY:
         raise SoftsynError(f"{out}: not a softsyn output directory (no {MANIFEST}); {takes}")
     entries = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir())
     if manifest is None and entries:

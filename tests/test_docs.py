@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OUTSIDE = re.compile(r"\.\./shared|shared/reference|shared/tools|DESIGN\.md|steering repo")
@@ -20,13 +22,14 @@ FLOORS = {"units": 1, "errors": 1, "progress": 1,
 UPWARD = {("design", "softsyn.flow.annotate")}  # the one upward arrow: Design.load reads a back-annotation
 
 
-def test_every_result_file_is_indexed():
-    results = ROOT / "bench" / "results"
+@pytest.mark.parametrize("folder", ["bench/results", "docs/decisions"])
+def test_every_result_file_is_indexed(folder):
+    results = ROOT / folder
     index = (results / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in sorted(results.iterdir()) if p.name != "README.md" and f"`{p.name}`" not in index]
-    assert not missing, f"bench/results/README.md does not index: {', '.join(missing)}"
+    assert not missing, f"{folder}/README.md does not index: {', '.join(missing)}"
     gone = [name for name in re.findall(r"^\| `([^`]+)` \|", index, re.M) if not (results / name).exists()]
-    assert not gone, f"bench/results/README.md indexes files that are not there: {', '.join(gone)}"
+    assert not gone, f"{folder}/README.md indexes files that are not there: {', '.join(gone)}"
 
 
 def test_docs_cite_nothing_outside_the_repository():

@@ -130,7 +130,7 @@ def cli(capsys, *args) -> tuple[int, str]:
 
 
 def test_a_full_disk_leaves_the_previous_output(model, constraints, tmp_path, capsys, monkeypatch):
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+    with tmpfs(tmp_path / "disk", "2m") as disk:  # the analyze output (~1 MB with report.html) fits, the compiled model not
         out = (disk or tmp_path) / "out"
         assert cli(capsys, "analyze", model, "-c", constraints["old"], "-q", "-o", out)[0] == 0
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -152,7 +152,7 @@ def test_a_full_disk_leaves_the_previous_output(model, constraints, tmp_path, ca
 
 
 def test_a_read_only_target_is_refused_before_any_work(model, constraints, tmp_path, capsys):
-    with tmpfs(tmp_path / "ro", "1m") as disk:
+    with tmpfs(tmp_path / "ro", "2m") as disk:
         if disk is None and os.geteuid() == 0:
             pytest.skip("root without mount(2): permissions do not stop root")
         target = disk or tmp_path / "ro"

@@ -15,6 +15,7 @@ from onnx import helper as oh
 from softsyn.frontends import read_design
 from softsyn.passes.fuse import Coverage, Miss, fuse, fusion_kinds
 from softsyn.runtime.inputs import scenario_inputs
+from softsyn.timing.cost import node_work
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.reports import report_fusion
 
@@ -380,6 +381,8 @@ def _gqa_reference(node, vals):
     n, nkv = a["num_heads"], a["kv_num_heads"]
     b, s, _ = q.shape
     h = pk.shape[-1]
+    if k is None:  # packed QKV as the query
+        q, k, v = np.split(q, [n * h, (n + nkv) * h], axis=-1)
     q, k, v = q.reshape(b, s, n, h), k.reshape(b, s, nkv, h), v.reshape(b, s, nkv, h)
     if len(vals) > 15 and vals[14] is not None:
         eps = a.get("qk_norm_epsilon", 1e-6)
@@ -440,9 +443,11 @@ def test_cuda_gqa_absorbs_rotary_and_qk_norm_structure(cache_dir):
     for node in (n for n in nl.nodes() if n.op_type == "GroupQueryAttention"):
         ins = list(node.inputs)
         assert len(ins) == 16 and all(v is None for v in ins[9:14])
-        split = ins[0].producer()
-        assert split.op_type == "Split" and all(ins[i].producer() is split for i in range(3))
-        assert split.inputs[0].producer().op_type == "MatMul"
+        # the packed QKV MatMul feeds the node as its query; no Split, no key/value inputs (ORT's packed form)
+        assert ins[0].producer().op_type == "MatMul" and ins[1] is None and ins[2] is None
+        assert ins[0].shape[-1] == (4 + 2 * 2) * h
+        sizes = node_work(node, nl.bind({"batch": 1, "seq": 1, "past": 16})).sizes  # timed at its own head size
+        assert (sizes["heads"], sizes["kv_heads"], sizes["head_dim"]) == (4, 2, h)
         cos, sin = ins[7].const_value.numpy(), ins[8].const_value.numpy()
         assert cos.shape == sin.shape == (nl.config.get("max_position_embeddings") or 4096, h // 2) or cos.shape[1] == h // 2
         assert ins[14].const_value.numpy().shape == ins[15].const_value.numpy().shape == (h,)
@@ -681,8 +686,8 @@ def test_weightless_netlist_fuses_like_the_materialised_one(cache_dir, name, dty
             == [None if v is None else (v.dtype, tuple(v.shape) if v.shape is not None else None) for v in b.inputs]
         assert weightless(a.inputs[7]) and weightless(a.inputs[8])    # cos/sin caches
         assert weightless(a.inputs[14]) and weightless(a.inputs[15])  # the model's q/k norm weights
-        split = a.inputs[0].producer()
-        assert split.op_type == "Split" and weightless(split.inputs[0].producer().inputs[1])
+        packed = a.inputs[0].producer()
+        assert packed.op_type == "MatMul" and weightless(packed.inputs[1]) and a.inputs[1] is None
 
 
 # ---------------------------------------------------------------- plain exports: positions are not token ids

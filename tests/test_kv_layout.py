@@ -195,3 +195,47 @@ def test_dont_touch_on_attention_keeps_the_layout(cache_dir):
 def test_int8_kv_is_reported_not_applied(cuda_artifact):
     log = (cuda_artifact / "compile.log").read_text()
     assert "kv_cache.dtype fp8: not applied" in log
+
+
+def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
+    """A shared KV buffer and every node on CUDA: decode runs as a captured CUDA graph, which the runtime settings
+    enable and the STA times without host launches; prefill (varying prompt length) stays eager, and says why."""
+    import dataclasses
+    import json
+
+    from softsyn.timing import time_group
+    from softsyn.timing.capture import group_launch
+
+    session = json.loads((cuda_artifact / "runtime" / "session.json").read_text())
+    assert session["provider_options"]["CUDAExecutionProvider"]["enable_cuda_graph"] == "1"
+    assert session["cuda_graph"]["decode"].startswith("CUDA graph (enable_cuda_graph=1; 1.07 us per node")
+    assert session["cuda_graph"]["prefill"].startswith("eager (not a decode step")
+    genai = json.loads((cuda_artifact / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["session_options"]["provider_options"] == [{"cuda": {"enable_cuda_graph": "1"}}]
+    assert "Launch: CUDA graph" in (cuda_artifact / "reports" / "timing.rpt").read_text()
+
+    library = load_library("h200-ort-cuda")
+    design = Design(read_design(str(cuda_artifact / "model.onnx"), progress=False),
+                    parse_constraints(CUDA_TINY), library, progress=False)
+    decode = next(g for g in design.groups if g.name == "decode")
+    captured = design.launches["decode"]
+    assert captured.captured and not design.launches["prefill"].captured
+    graph = time_group(design.netlist, design.graph, library, design.constraints, decode, mode=captured)
+    eager = time_group(design.netlist, design.graph, library, design.constraints, decode)
+    assert graph.critical.arrival < eager.critical.arrival and eager.launch == ""
+    # a node the provider cannot run (the library recorded it) keeps the whole group eager, named
+    refusing = dataclasses.replace(library, header={**library.header, "not_characterised": {
+        "GroupQueryAttention.fp16.ort-cuda": "does not run: test"}})
+    why = group_launch(design.netlist, refusing, decode.scenario.dims, True)
+    assert not why.captured and "GroupQueryAttention.fp16 does not run on CUDAExecutionProvider" in why.reason
+
+
+def test_cuda_artifact_runs_on_the_cpu_through_its_cpu_view(cuda_artifact):
+    """`softsyn run --provider cpu` on a cuda artifact (GQA with absorbed q/k norms, which ORT's CPU kernel refuses)
+    generates through the CPU view, as verify checks it, and says so."""
+    from softsyn.flow.run import RunSettings, run
+    from softsyn.reports.run import report_run
+
+    result = run(cuda_artifact, RunSettings(prompt_len=16, gen=4, provider="cpu", runs=1, warmup=0), show_progress=False)
+    assert result.viewed == 2 and len(result.generations[0].tokens) == 4
+    assert "CPU view: 2 GroupQueryAttention nodes" in report_run(result)

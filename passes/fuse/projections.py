@@ -1,11 +1,16 @@
-"""Projection merges: MatMuls of one input -> one MatMul + Split (packed QKV, gate + up)."""
+"""Projection merges: MatMuls of one input -> one MatMul + Split (packed QKV, gate + up).
+
+Where the three outputs of a packed QKV feed one GroupQueryAttention as its query, key and value, the node takes
+the packed [B, S, (N + 2 Nkv) H] tensor as its query and no key/value (ORT's packed-QKV form, as
+onnxruntime-genai's builder emits it): the Split is not made, one kernel and one launch fewer per layer.
+"""
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
+from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
                                        int64, make_node, op, other_input, replace_value, weightless)
 
 
@@ -59,6 +64,25 @@ def _bias_of(mm: ir.Node):
     return None, None
 
 
+def _packed_attention(outs: list[ir.Value], sizes: list[int]) -> ir.Node | None:
+    """The GroupQueryAttention that reads q, k, v = outs (and nothing else does) as its inputs 0-2, with widths
+    N*H, Nkv*H, Nkv*H: it can take them packed. Else None."""
+    if len(outs) != 3:
+        return None
+    users = [consumers(o) for o in outs]
+    if any(len(u) != 1 for u in users):
+        return None
+    node = users[0][0]
+    if node.op_type != "GroupQueryAttention" or node.domain != MS or any(u[0] is not node for u in users):
+        return None
+    if any(node.inputs[i] is not o for i, o in enumerate(outs)) or any(o in node.inputs[3:] for o in outs):
+        return None
+    heads, kv_heads = attr(node, "num_heads", 0), attr(node, "kv_num_heads", 0)
+    if not heads or not kv_heads or sizes[0] % heads or sizes[1:] != [sizes[0] // heads * kv_heads] * 2:
+        return None
+    return node
+
+
 class ProjectionMergeRule(Rule):
     """Several MatMuls of one input -> one MatMul on the concatenated weights + Split (packed QKV: 3+
     projections; gate + up: 2). Wins on small M (decode), where each GEMV is launch/bandwidth bound."""
@@ -107,6 +131,8 @@ class ProjectionMergeRule(Rule):
             w = add_initializer(g, name, np.concatenate(ws, axis=1))
         mm = make_node(group[0], "", "MatMul", [x, w])
         mm.outputs[0].type = group[0].outputs[0].type
+        if x.shape is not None:
+            mm.outputs[0].shape = ir.Shape(list(x.shape)[:-1] + [sum(sizes)])
         new = [mm]
         src = mm.outputs[0]
         outs = [n.outputs[0] for n in group]
@@ -120,6 +146,14 @@ class ProjectionMergeRule(Rule):
             new.append(add)
             src = add.outputs[0]
             outs = [a.outputs[0] for a, _ in biases]
+        gqa = _packed_attention(outs, sizes) if self.kind == "packed_qkv" else None
+        if gqa is not None:
+            insert_before(g, group[0], new)
+            gqa.replace_input_with(0, src)
+            gqa.replace_input_with(1, None)
+            gqa.replace_input_with(2, None)
+            ctx.cache["packed-into-gqa"] = ctx.cache.get("packed-into-gqa", 0) + 1
+            return
         split = make_node(group[0], "", "Split", [src, int64(g, f"{name}.sizes", sizes)], {"axis": -1},
                           num_outputs=len(group))
         new.append(split)
@@ -128,6 +162,10 @@ class ProjectionMergeRule(Rule):
         insert_before(g, group[0], new)
         for o, old in zip(split.outputs, outs):
             replace_value(g, old, o)
+
+    def note(self, ctx):
+        n = ctx.cache.get("packed-into-gqa", 0) if self.kind == "packed_qkv" else 0
+        return f"{n} packed QKV feed GroupQueryAttention as its query (no Split, no key/value inputs)" if n else ""
 
     def replacement(self, ctx, match) -> Replacement:
         group, ws, biases = match
@@ -141,5 +179,6 @@ class ProjectionMergeRule(Rule):
         if biases[0][0] is not None:
             cells.append(Cell("Add", (merged, stand_in(fresh("proj_bias"), [width], dtype)), (merged,), domain=""))
             outs = tuple(a.outputs[0] for a, _ in biases)
+        # a GroupQueryAttention that takes the packed tensor makes no Split (rewrite): costing it is conservative
         cells.append(Cell("Split", (merged,), outs, {"axis": -1}, domain=""))
         return Replacement(tuple(cells), outs, (x,))

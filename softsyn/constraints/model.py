@@ -17,7 +17,7 @@ The short form that deployment guides write loads as is::
     area_constraint: 80GB
 
 The full form adds ``target``, ``workload``, ``path_groups``, ``clock_uncertainty``,
-``accuracy``, ``precision``, ``dont_touch`` and ``kv_cache`` (see the `constraints/`
+``accuracy``, ``precision``, ``dont_touch``, ``kv_cache`` and ``parallel`` (see the `constraints/`
 examples and `KEYS` below).
 
 Decisions:
@@ -39,6 +39,8 @@ Decisions:
 * ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
   (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
   that name).
+* ``path_groups.*.batch`` is the scenario's batch; ``path_groups.*.image`` (``WIDTHxHEIGHT``) makes the group an
+  image task of a vision-language composite (one image per sequence; one size per file, checked by the design).
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
@@ -50,6 +52,7 @@ Decisions:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,7 @@ __all__ = [
     "Accuracy",
     "Precision",
     "KVCache",
+    "Parallel",
     "Constraints",
     "load_constraints",
     "parse_constraints",
@@ -85,14 +89,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     "": (
         "target", "clock_period", "clock_uncertainty", "input_delay", "output_delay",
         "area_constraint", "workload", "path_groups", "accuracy", "precision",
-        "dont_touch", "kv_cache",
+        "dont_touch", "kv_cache", "parallel",
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
-    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay"),
+    "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay", "batch",
+                   "image"),
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
+    "parallel": ("tensor", "devices", "weights"),
 }
+MAX_DEVICES = 64  # devices of one tensor-parallel group (one NVLink domain; NVL72 is the largest today)
 
 # Words people write for a key; only used to suggest the right one.
 _SYNONYMS = {
@@ -104,6 +111,7 @@ _SYNONYMS = {
     "dont_use": "dont_touch", "keep": "dont_touch", "kv": "kv_cache",
     "batch_size": "batch", "seq_len": "prompt_len", "sequence_length": "prompt_len",
     "context": "context_len", "max_error": "max_rel_error", "rel_error": "max_rel_error",
+    "tp": "tensor", "tensor_parallel": "tensor", "tensor_parallel_size": "tensor", "gpus": "devices",
     "top1": "min_top1", "dtype": "dtype", "max_len": "max_length", "period_ms": "clock_period",
 }
 
@@ -134,6 +142,8 @@ class PathGroupSpec:
     inputs: list[str] | None = None  # input ports the group uses; None: all
     input_delay: dict[str, float] | None = None  # replaces the top-level input_delay for this group (a decode step
     # does not tokenise: its token comes from the sampler)
+    batch: int | None = None  # the scenario's batch (dims.batch), as the guides write it
+    image: tuple[int, int] | None = None  # (width, height) of the group's image (a vision-language composite); None: text
 
 
 @dataclass
@@ -155,6 +165,13 @@ class KVCache:
 
 
 @dataclass
+class Parallel:
+    tensor: int | None = None  # tensor-parallel degree N; None: one device
+    devices: int = 8  # the most devices the plan may use (the smallest N that fits is searched up to it)
+    weights: str | None = None  # what-if: the plan's weight matmuls as MatMulNBits at int8/int4 (estimate)
+
+
+@dataclass
 class Constraints:
     source: str
     clock_period: float | None = None  # s
@@ -169,6 +186,7 @@ class Constraints:
     precision: Precision = field(default_factory=Precision)
     dont_touch: list[str] = field(default_factory=list)
     kv_cache: KVCache = field(default_factory=KVCache)
+    parallel: Parallel = field(default_factory=Parallel)
     # dotted key path ("path_groups.decode.clock_period") -> 1-based line in `source`
     key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -287,6 +305,8 @@ class _Reader(YamlReader):
             c.dont_touch = self.string_list(n, "dont_touch", "hierarchy globs (e.g. lm_head, model.layers.0.*)")
         if (n := get("kv_cache")) is not None:
             c.kv_cache = self.kv_cache(n)
+        if (n := get("parallel")) is not None:
+            c.parallel = self.parallel(n)
 
         self.check(c, top)
         return c
@@ -331,6 +351,15 @@ class _Reader(YamlReader):
             g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
         if "input_delay" in e:
             g.input_delay = self.delays(e["input_delay"][1], f"{key}.input_delay")
+        if "batch" in e:
+            g.batch = self.integer(e["batch"][1], f"{key}.batch", 1)
+        if "image" in e:
+            text = self.string(e["image"][1], f"{key}.image", "an image size WIDTHxHEIGHT")
+            m = re.match(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$", text)
+            if not m or min(int(m.group(1)), int(m.group(2))) < 1:
+                raise self.fail(e["image"][1], f"{key}.image", f"{text!r} is not an image size; valid: WIDTHxHEIGHT "
+                                "in pixels, e.g. 448x448 or 1280x720")
+            g.image = (int(m.group(1)), int(m.group(2)))
         return g
 
     def accuracy(self, node: Node) -> Accuracy:
@@ -379,6 +408,20 @@ class _Reader(YamlReader):
         if "max_length" in e:
             k.max_length = self.integer(e["max_length"][1], "kv_cache.max_length", 1)
         return k
+
+    def parallel(self, node: Node) -> Parallel:
+        e = self.mapping(node, "parallel", KEYS["parallel"])
+        p = Parallel()
+        if "devices" in e:
+            p.devices = self.integer(e["devices"][1], "parallel.devices", 1, MAX_DEVICES)
+        if "weights" in e:
+            p.weights = self.choice(e["weights"][1], "parallel.weights", ("int8", "int4"), "weight precision")
+        if "tensor" in e:
+            p.tensor = self.integer(e["tensor"][1], "parallel.tensor", 1, MAX_DEVICES)
+            if p.tensor > p.devices and "devices" in e:
+                raise self.fail(e["tensor"][1], "parallel.tensor",
+                                f"{p.tensor} is more than parallel.devices ({p.devices})")
+        return p
 
     def check(self, c: Constraints, top: dict[str, tuple[Node, Node]]) -> None:
         """Checks across keys."""

@@ -8,6 +8,8 @@ compiled model as written; weights stay in its data file (the view is saved next
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 from onnx import helper
 
@@ -81,3 +83,22 @@ def expand_qk_norms(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(out)
     return changed
+
+
+def cpu_view_session(model_path: Path, options: dict | None = None):
+    """(CPU session, GQA nodes changed): the model at model_path, or its CPU view where it absorbed what only GPU
+    kernels run; the view file lives beside the weights only while the session loads. `options`: SessionOptions
+    attributes by name (runtime/session.json's)."""
+    from softsyn.runtime.session import open_model
+
+    model_path = Path(model_path)
+    proto = onnx.load(str(model_path), load_external_data=False)
+    changed = expand_qk_norms(proto)
+    if not changed:
+        return open_model(model_path, "cpu", options), 0
+    view = model_path.with_name(f".cpu-view-{model_path.name}")
+    try:
+        onnx.save(proto, str(view))
+        return open_model(view, "cpu", options), changed
+    finally:
+        view.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from softsyn import outdir, progress
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
+from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.runtime.generate import STEP_INTERVAL, Generation, Generator, prompt_ids
 from softsyn.runtime.session import PROVIDERS, device_name, open_model, provider_of
@@ -45,6 +46,7 @@ class RunResult:
     cuda_graph: bool
     date: str
     generations: list[Generation] = field(default_factory=list)
+    viewed: int = 0  # GroupQueryAttention nodes run through the CPU view (a cuda artifact on the CPU)
 
     @property
     def ttfts(self) -> list[float]:
@@ -74,7 +76,7 @@ class RunResult:
                 "prompt_len": self.settings.prompt_len, "gen": self.settings.gen, "runs": self.settings.runs,
                 "warmup": self.settings.warmup, "seed": self.settings.seed, "batch": 1, "decoding": "greedy",
                 "kv_cache": self.kv, "max_length": self.max_length, "cuda_graph": self.cuda_graph,
-                "units": {"ttft": "s", "tpot": "s", "tokens_per_s": "1/s", "decode_tokens_per_s": "1/s"},
+                "cpu_view_nodes": self.viewed, "units": {"ttft": "s", "tpot": "s", "tokens_per_s": "1/s", "decode_tokens_per_s": "1/s"},
                 "interval": STEP_INTERVAL, "ttft": stats(self.ttfts), "tpot": stats(self.tpots),
                 "tokens_per_s": stats(self.tokens_per_s), "decode_tokens_per_s": stats(self.decode_tokens_per_s),
                 "tokens": list(self.generations[-1].tokens) if self.generations else [],
@@ -108,6 +110,9 @@ def load_artifact(directory: str | Path) -> tuple[Path, dict, str]:
     if session.get("plan") or not session.get("model"):
         raise SoftsynError(f"{directory}: a weightless plan (softsyn compile --plan) has no {MODEL_FILE} to run; compile "
                            "without --plan, on a machine with RAM for its weights")
+    if session.get("blocks"):
+        raise SoftsynError(f"{directory}: a vision-language composite ({', '.join(b['file'] for b in session['blocks'])});"
+                           " softsyn run drives one decoder model only (not built yet for composites)")
     model = out / session["model"]
     if not model.is_file():
         raise SoftsynError(f"{directory}: no {session['model']} (runtime/session.json names it); re-run softsyn compile")
@@ -129,7 +134,11 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     cuda_graph = provider == "cuda" and str(options.get("enable_cuda_graph", "0")) == "1"
     so = session.get("session_options") if isinstance(session.get("session_options"), dict) else {}
     progress.log(f"loading {model} on {PROVIDERS[provider]}", enabled=show_progress)
-    sess = open_model(model, provider, so, cuda_graph=cuda_graph)
+    viewed = 0
+    if provider == "cpu":  # a cuda artifact runs on the CPU as its CPU view (GQA's absorbed q/k norms moved out)
+        sess, viewed = cpu_view_session(model, so)
+    else:
+        sess = open_model(model, provider, so, cuda_graph=cuda_graph)
     max_length = (session.get("kv_cache") or {}).get("max_length")
     generator = Generator(sess, io, provider, max_length=max_length, cuda_graph=cuda_graph)
     if io.vocab_size is None:
@@ -137,7 +146,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     prompt = prompt_ids(io.vocab_size, settings.prompt_len, settings.seed)
     result = RunResult(str(directory), design, settings, sess.get_providers()[0], device_name(provider),
                        "shared" if generator.shared else "grown", generator.max_length, cuda_graph,
-                       time.strftime("%a %b %d %H:%M:%S %Y"))
+                       time.strftime("%a %b %d %H:%M:%S %Y"), viewed=viewed)
     total = settings.warmup + settings.runs
     for r in range(total):
         label = f"warm-up {r + 1}/{settings.warmup}" if r < settings.warmup else f"run {r - settings.warmup + 1}/{settings.runs}"

@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
@@ -159,6 +159,23 @@ class SignoffResult:
                      error_quiet=obj.error_quiet, violated=obj.violated)
         return json_nulls({"schema": "softsyn.signoff/1", "units": "seconds", **data})
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "SignoffResult":
+        """The result `to_dict` wrote (signoff.json), for re-rendering; null budgets and clocks read back as
+        unconstrained (infinite), the derived keys (slacks, errors) are recomputed by the properties."""
+        def known(klass, item: dict) -> dict:
+            return {f.name: item[f.name] for f in fields(klass) if f.name in item}
+
+        groups = []
+        for g in data["groups"]:
+            values = known(GroupResult, g)
+            for key in ("clock_period", "budget"):
+                values[key] = math.inf if values.get(key) is None else values[key]
+            values["by_op"] = [OpRow(**known(OpRow, o)) for o in g["by_op"]]
+            values["cells"] = [CellRow(**known(CellRow, c)) for c in g["cells"]]
+            groups.append(GroupResult(**values))
+        return cls(**{**known(cls, data), "groups": groups})
+
 
 # ------------------------------------------------------------------------------------------ inputs
 
@@ -171,6 +188,7 @@ class Target:
     analysis: object  # softsyn.timing.results.Analysis
     onnx: Path
     session_options: dict
+    cuda_graph: bool = False  # runtime/session.json enables the CUDA EP's graph capture
 
 
 def design_record(spec: str, constraints: str | None, target: str | None, cache_dir: str | None,
@@ -226,6 +244,9 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
             raise _bad_dir(directory, f"{DESIGN_FILE} is not JSON ({exc})") from None
 
     if (directory / "model.onnx").is_file() and (directory / "netlist.json").is_file():  # compile -o
+        if _read_json(directory / "runtime" / "session.json").get("blocks"):
+            raise SoftsynError(f"{directory}: a vision-language composite (vision.onnx, embedding.onnx, model.onnx); "
+                               "signoff measures one-model designs only (not built yet for composites)")
         kind = "compile"
         onnx = directory / "model.onnx"
         netlist = read_design(str(onnx), progress=progress)
@@ -238,6 +259,8 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
         design = Design(netlist, cons, library, progress)
         runtime = _read_json(directory / "runtime" / "session.json")
         options = runtime.get("session_options", {}) if isinstance(runtime.get("session_options"), dict) else {}
+        cuda = (runtime.get("provider_options") or {}).get("CUDAExecutionProvider") or {}
+        cuda_graph = str(cuda.get("enable_cuda_graph", "0")) == "1"
     elif analysis is not None:  # analyze -o
         kind = "analyze"
         spec = record.get("model") or analysis.provenance.get("source")
@@ -255,7 +278,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
             kwargs["materialize"] = True
         design = Design.load(spec, **kwargs)
         onnx = Path(record["onnx"]) if record.get("onnx") and Path(record["onnx"]).is_file() else onnx_path(design.netlist)
-        options = {}
+        options, cuda_graph = {}, True  # timed as the design.launches say: measured the same way
     else:
         raise _bad_dir(directory, f"neither {ANALYSIS_FILE} nor model.onnx + netlist.json here")
     if "meta" in str(design.netlist.provenance.get("weights", "")):
@@ -264,7 +287,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
                            "the RAM for them")
     if analysis is None:
         analysis = design.analyze()
-    return Target(kind, design, analysis, onnx, options)
+    return Target(kind, design, analysis, onnx, options, cuda_graph)
 
 
 def _read_json(path: Path) -> dict:
@@ -313,8 +336,15 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
         + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
     probe_before = speed_probe(provider)
+    # a group the design times as a captured CUDA graph is measured as one, where its settings enable it
+    graphs = [provider == "cuda" and target.cuda_graph and design.launches.get(group.name) is not None
+              and design.launches[group.name].captured for group, _ in chosen]
+    if any(graphs):
+        log("signoff: " + ", ".join(g.name for (g, _), on in zip(chosen, graphs) if on)
+            + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
+            enabled=progress)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
-                            options=target.session_options)
+                            options=target.session_options, cuda_graphs=graphs)
     machine = machine_state(probe_before, speed_probe(provider), design.library)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
@@ -397,8 +427,11 @@ def machine_state(before: float, after: float, library) -> dict:
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
     from softsyn.reports.common import write_atomic
 
+    from softsyn.reports.html import write_html
+
     directory = Path(directory)
-    return [write_atomic(directory / "reports" / "signoff.rpt", report_text),
-            write_atomic(directory / "signoff" / "signoff.json",
-                         json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
+    written = [write_atomic(directory / "reports" / "signoff.rpt", report_text),
+               write_atomic(directory / "signoff" / "signoff.json",
+                            json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
+    return written + [write_html(directory, result.directory)]  # the page, with the rest read from DIR itself
 

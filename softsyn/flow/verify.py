@@ -31,10 +31,12 @@ import onnx
 import onnx_ir as ir
 
 from softsyn import outdir
+from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
 from softsyn.frontends.onnx_file import check_external_data, name_nodes
+from softsyn.runtime.blocks import BlockRunner
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of
 from softsyn.netlist import Netlist
@@ -230,10 +232,13 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     gc.collect()
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
-    session = _session(out_dir / MODEL_FILE, target, "compiled model")
+    if settings.get("blocks"):  # a composite: its block files run in order, as onnxruntime-genai runs them
+        session = BlockRunner(out_dir, settings["blocks"], SessionSettings(provider=target, require_provider=False))
+    else:
+        session = _session(out_dir / MODEL_FILE, target, "compiled model")
     provider = session.get_providers()[0]
-    if provider == "CPUExecutionProvider":
-        session, viewed = _cpu_view_session(out_dir)
+    if provider == "CPUExecutionProvider" and not settings.get("blocks"):
+        session, viewed = cpu_view_session(out_dir / MODEL_FILE)
         if viewed:
             provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"
     input_types = {i.name: i.type for i in session.get_inputs()}
@@ -336,24 +341,5 @@ def is_logits(value: ir.Value | None, vocab: int | None) -> bool:
     while producer is not None and producer.op_type in VIEWS:
         producer = producer.inputs[0].producer()
     return width >= WIDE_LOGITS and producer is not None and producer.op_type in ("MatMul", "Gemm")
-
-
-def _cpu_view_session(out_dir: Path):
-    """(CPU session, GQA nodes changed): the compiled model, or its CPU view (softsyn.flow.cpu_view) where it
-    absorbed what only GPU kernels run; the view file lives beside the weights only while the session loads."""
-    import onnx
-
-    from softsyn.flow.cpu_view import expand_qk_norms
-
-    proto = onnx.load(str(out_dir / MODEL_FILE), load_external_data=False)
-    changed = expand_qk_norms(proto)
-    if not changed:
-        return open_session(out_dir / MODEL_FILE, SessionSettings(provider="cpu")), 0
-    view = out_dir / f".cpu-view-{MODEL_FILE}"
-    try:
-        onnx.save(proto, str(view))
-        return open_session(view, SessionSettings(provider="cpu")), changed
-    finally:
-        view.unlink(missing_ok=True)
 
 

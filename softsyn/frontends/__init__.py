@@ -29,14 +29,16 @@ def _bad_spec(spec: str, why: str) -> SoftsynError:
 
 
 def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool = True,
-                materialize: bool = False) -> Netlist:
+                materialize: bool = False, image_size: tuple[int, int] | None = None) -> Netlist:
     """Read ``spec`` into a Netlist (exports are cached on disk under ``cache_dir``).
 
     ``materialize=True``: a real-size model (a zoo entry, or an HF folder/config without weights, exported
     weightless by default) gets seeded random weights in its dtype (fp16) filled into the weightless export,
     then the exporter's optimizer (softsyn.frontends.materialize), so it can run (compile, signoff,
-    benchmarks); needs RAM for them (`seeded_weight_bytes` says how much before anything is exported)."""
-    from softsyn.frontends import hf, onnx_file
+    benchmarks); needs RAM for them (`seeded_weight_bytes` says how much before anything is exported).
+    ``image_size``: (width, height) a vision-language composite's vision block is exported at (its grid is fixed
+    per export; softsyn.frontends.vlm)."""
+    from softsyn.frontends import hf, onnx_file, vlm
 
     spec = str(spec).strip()
     if not spec:
@@ -61,6 +63,9 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
             nl = hf.load_transformers_design(
                 cfg, zoo_name, f"zoo:{zoo_name} ({folder})", cache, progress, folder=folder, weights="pretrained"
             )
+        elif entry.model_type == "qwen3_vl":
+            nl = vlm.load_vlm_design(_zoo.make_config(entry), zoo_name, f"zoo:{zoo_name}", cache, progress,
+                                     weights=entry.weights, dtype=entry.dtype, image_size=image_size)
         else:
             cfg = _zoo.make_config(entry)
             weights = "filled" if materialize and entry.weights == "meta" else entry.weights
@@ -73,11 +78,15 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
         return onnx_file.load_onnx(path)
     if path.is_dir() and (path / "config.json").is_file():
         cfg, folder = hf.read_config(path)
+        if vlm.is_vlm(cfg):
+            return vlm.load_vlm_design(cfg, path.resolve().name, str(path), cache, progress, image_size=image_size)
         return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)
     if path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
+        if vlm.is_vlm(cfg):
+            return vlm.load_vlm_design(cfg, name, str(path), cache, progress, image_size=image_size)
         return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)
     if path.is_dir():

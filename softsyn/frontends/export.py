@@ -279,6 +279,10 @@ def rename_dims(model: ir.Model, mapping: dict[str, str]) -> None:
             fix(v)
 
 
+# Public names for the other exporters (softsyn.frontends.vlm).
+quiet, kv_geometry, finish = _quiet, _kv_geometry, _finish
+
+
 def torch_num_threads() -> None:
     import torch
 

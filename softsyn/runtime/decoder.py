@@ -114,20 +114,23 @@ def max_positions(graph: ir.Graph) -> int | None:
     return min(rows) if rows else None
 
 
-def decoder_io(model: ir.Model) -> DecoderIO:
-    """The decoder IO of `model` (NotDecoder when it has no input_ids, logits or KV ports, or unknown inputs)."""
+def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, ...] = ()) -> DecoderIO:
+    """The decoder IO of `model` (NotDecoder when it has no input_ids, logits or KV ports, or unknown inputs).
+    `token_input`: the port tokens come in by (a composite's decoder block takes `inputs_embeds`); `extra`: other
+    inputs it may have (a Qwen3-VL decoder's `deepstack_embeds`)."""
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs}
     outputs = {v.name: v for v in graph.outputs}
-    if INPUT_IDS not in inputs or LOGITS not in outputs:
-        raise NotDecoder(f"no {INPUT_IDS} input or {LOGITS} output (inputs: {', '.join(inputs)})")
-    past = _kv_ports([v for v in graph.inputs if v.name not in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)], "past")
+    if token_input not in inputs or LOGITS not in outputs:
+        raise NotDecoder(f"no {token_input} input or {LOGITS} output (inputs: {', '.join(inputs)})")
+    past = _kv_ports([v for v in graph.inputs if v.name not in (token_input, ATTENTION_MASK, POSITION_IDS, *extra)],
+                     "past")
     present = _kv_ports([v for v in graph.outputs if v.name != LOGITS], "present")
     layers = len(past) // 2
     if not past or set(past) != {(k, i) for k in ("key", "value") for i in range(layers)} or set(present) != set(past):
         raise NotDecoder(f"no KV cache: its past inputs ({len(past)}) and present outputs ({len(present)}) are not "
                          "one key and one value per layer")
-    known = {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} | {v.name for v in past.values()}
+    known = {token_input, ATTENTION_MASK, POSITION_IDS, *extra} | {v.name for v in past.values()}
     unknown = [n for n in inputs if n not in known]
     if unknown:
         raise NotDecoder(f"input {unknown[0]}: not a token, mask, position or KV input")
@@ -139,7 +142,7 @@ def decoder_io(model: ir.Model) -> DecoderIO:
     shares = all(_shares(past[(k, i)], present[(k, i)], k) for k in ("key", "value") for i in range(layers))
     logits = _dims(outputs[LOGITS])
     return DecoderIO(
-        input_ids=INPUT_IDS,
+        input_ids=token_input,
         attention_mask=ATTENTION_MASK if ATTENTION_MASK in inputs else None,
         position_ids=POSITION_IDS if POSITION_IDS in inputs else None,
         logits=LOGITS,
@@ -147,7 +150,7 @@ def decoder_io(model: ir.Model) -> DecoderIO:
                              present[("value", i)].name) for i in range(layers)),
         templates=templates,
         kv_heads=shape[1], head_size=shape[3], kv_elem=int(past[("key", 0)].dtype),
-        dtypes=tuple((n, ir.DataType(inputs[n].dtype).numpy().name) for n in (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
+        dtypes=tuple((n, ir.DataType(inputs[n].dtype).numpy().name) for n in (token_input, ATTENTION_MASK, POSITION_IDS)
                      if n in inputs),
         vocab_size=logits[-1] if logits and isinstance(logits[-1], int) else None,
         shares_buffer=shares,

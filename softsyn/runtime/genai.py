@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx_ir as ir
+
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 
 CONFIG_FILE = "genai_config.json"
@@ -65,7 +67,9 @@ def source_tokens(source: str) -> SourceTokens:
         if entry is None or not entry.model_type:
             return SourceTokens()
         cfg = make_config(entry)
-        return SourceTokens(cfg.bos_token_id, cfg.eos_token_id, getattr(cfg, "pad_token_id", None))
+        cfg = getattr(cfg, "text_config", None) or cfg  # a vision-language config keeps its tokens in its text part
+        return SourceTokens(getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None),
+                            getattr(cfg, "pad_token_id", None))
     path = Path(source).expanduser()
     folder = path if path.is_dir() else path.parent
     if not folder.is_dir():
@@ -177,14 +181,20 @@ def genai_config(netlist, io, session: dict, source: str, tokens: SourceTokens, 
 
 
 def write_genai(folder: Path, netlist, session: dict, source: str) -> list[str]:
-    """Write genai_config.json (and the source's tokenizer) into `folder` for a decoder; the compile log's lines."""
-    if netlist.kind != "decoder":
+    """Write genai_config.json (and the source's tokenizer) into `folder` for a decoder or a vision-language
+    composite (whose blocks are already in `folder`); the compile log's lines."""
+    if netlist.kind not in ("decoder", "vlm"):
         return []
     notes: list[str] = []
     if session.get("plan"):
         return [f"{CONFIG_FILE}: not written for a plan (no model.onnx to load)"]
+    blocks = {b["name"]: b for b in session.get("blocks") or []}
     try:
-        io = decoder_io(netlist.model)
+        if blocks:  # the decoder block takes the embedding's inputs_embeds (and DeepStack's embeds)
+            io = decoder_io(ir.load(str(folder / blocks["decoder"]["file"])), token_input=EMBEDS,
+                            extra=tuple(p for p in blocks["decoder"]["inputs"] if p.startswith("deepstack")))
+        else:
+            io = decoder_io(netlist.model)
         context = context_length(netlist.config, io)
     except NotDecoder as exc:
         return [f"{CONFIG_FILE}: not written: {exc}"]
@@ -194,6 +204,8 @@ def write_genai(folder: Path, netlist, session: dict, source: str) -> list[str]:
         notes.append(f"tokenizer: {source} has no tokenizer files (a model built from its config); none written: "
                      "give onnxruntime-genai token ids (Generator.append_tokens)")
     config = genai_config(netlist, io, session, source, tokens, tokenizer, notes)
+    if blocks:
+        multimodal_sections(config, blocks, notes)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=4, allow_nan=False) + "\n")
     search = config["search"]
     kv = ("the graph updates one max_length KV buffer in place" if search["past_present_share_buffer"] else
@@ -201,3 +213,28 @@ def write_genai(folder: Path, netlist, session: dict, source: str) -> list[str]:
     notes.append(f"{CONFIG_FILE}: onnxruntime-genai {config['model']['type']}, max_length {search['max_length']}, "
                  f"past_present_share_buffer {str(search['past_present_share_buffer']).lower()} ({kv})")
     return notes
+
+
+EMBEDS = "inputs_embeds"
+
+
+def multimodal_sections(config: dict, blocks: dict, notes: list[str]) -> None:
+    """genai's multimodal layout (its config.h: model.vision, model.embedding, decoder.inputs.embeddings), from a
+    composite's blocks; the ports genai's config has no key for are named in the notes."""
+    model = config["model"]
+    decoder = model["decoder"]
+    decoder["filename"] = blocks["decoder"]["file"]
+    inputs = {k: v for k, v in decoder["inputs"].items() if k != "input_ids"}
+    decoder["inputs"] = {"embeddings": EMBEDS, **inputs}
+    vision, embedding = blocks["vision"], blocks["embedding"]
+    model["vision"] = {"filename": vision["file"], "inputs": {"pixel_values": vision["inputs"][0]},
+                       "outputs": {"image_features": vision["outputs"][0]}}
+    model["embedding"] = {"filename": embedding["file"],
+                          "inputs": {"input_ids": embedding["inputs"][0], "image_features": embedding["inputs"][1]},
+                          "outputs": {"embeddings": embedding["outputs"][0]}}
+    unnamed = [p for b in blocks.values() for p in b["inputs"] + b["outputs"] if p.startswith("deepstack")]
+    if unnamed:
+        notes.append(f"{CONFIG_FILE}: {', '.join(sorted(set(unnamed)))} (DeepStack) have no key in onnxruntime-genai's "
+                     "config: a runner must pass them between the blocks itself")
+    notes.append(f"{CONFIG_FILE}: vision/embedding/decoder sections; no processor_config.json and no image_grid_thw "
+                 "input (the vision block's grid is fixed per export)")

@@ -35,7 +35,20 @@ def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> di
             feeds[value.name] = rng.integers(0, high, size=shape, dtype=dtype)
         else:
             feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    image = netlist.provenance.get("image")
+    if image and "input_ids" in feeds:
+        _place_image_tokens(feeds["input_ids"], image, dims.get("images", 0), rng)
     return feeds
+
+
+def _place_image_tokens(ids: np.ndarray, image: dict, images: int, rng) -> None:
+    """A composite's prompt: text ids below the special tokens, and each image's tokens at the start of its
+    sequence (one image per sequence), so the embedding finds exactly as many placeholders as image features."""
+    token = int(image["image_token_id"])
+    ids[...] = rng.integers(0, token, size=ids.shape, dtype=ids.dtype)
+    per_image = int(image["tokens"])
+    for b in range(min(images, ids.shape[0])):
+        ids[b, :min(per_image, ids.shape[1])] = token
 
 
 VIEWS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity")

@@ -148,15 +148,20 @@ def _timed_calls(runner: BoundRunner, n: int) -> list[float]:
 
 
 def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 20, warmup: int = 3,
-                 provider: str = "cpu", options: dict | None = None, rounds: int = 10) -> list[Measurement]:
+                 provider: str = "cpu", options: dict | None = None, rounds: int = 10,
+                 cuda_graphs: list[bool] | None = None) -> list[Measurement]:
     """measure() for several scenarios on ONE session (a big model loads once), interleaved: `rounds` rounds,
     each timing runs/rounds calls of every scenario in turn, so a drift of the machine (clocks, a neighbour's
     load) lands on every scenario alike instead of on whichever was timed last. Each scenario's turn starts
     with untimed calls until its run time has settled (warm_up): the first calls after another scenario's run
     find cold caches and a reshaped memory arena (on 2 CPU cores, qwen3-tiny decode after a batch-4 prefill: p90
-    2x the median without them)."""
-    sess = open_model(model_path, provider, options)
-    runners = [BoundRunner.from_feeds(sess, feeds, provider) for feeds in scenarios]
+    2x the median without them).
+    `cuda_graphs[i]` (provider cuda): scenario i runs as a captured CUDA graph (enable_cuda_graph=1), in a session
+    of its own, since a graph replays one set of shapes and addresses; its first warm-up call captures it."""
+    graphed = [bool(g) and provider == "cuda" for g in (cuda_graphs or [False] * len(scenarios))]
+    sess = open_model(model_path, provider, options) if not all(graphed) else None
+    runners = [BoundRunner.from_feeds(open_model(model_path, provider, options, cuda_graph=True) if g else sess,
+                                      feeds, provider) for feeds, g in zip(scenarios, graphed)]
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
@@ -167,7 +172,7 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
             this_round = _timed_calls(runner, per_round)
             samples += this_round
             medians.append(statistics.median(this_round))
-    used = sess.get_providers()[0]
+    used = runners[0].session.get_providers()[0]
     out = []
     for samples, medians in zip(times, by_round):
         ordered = sorted(samples)

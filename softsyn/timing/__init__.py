@@ -6,7 +6,7 @@ here would shadow the submodule ``softsyn.timing.area``.
 """
 from softsyn.timing.cost import Work, node_work, precision_of
 from softsyn.timing.results import (AreaItem, AreaResult, Analysis, GroupTiming, KVBudget, KVOption, PathPoint, Scenario,
-                                    TimingPath, WeightOption, WorkspacePoint)
+                                    TimingPath, TPPlan, TPRow, WeightOption, WorkspacePoint)
 from softsyn.timing.sta import (RUN_CALL, CellTiming, PathGroup, cell_timings, load_time_constants, time_group,
                                 timing_graph)
 
@@ -32,4 +32,6 @@ __all__ = [
     "KVOption",
     "WeightOption",
     "WorkspacePoint",
+    "TPPlan",
+    "TPRow",
 ]

@@ -32,8 +32,11 @@ from softsyn.timing.results import AreaItem, AreaResult, KVBudget, KVOption, Wei
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")
 
 
-def weight_items(netlist: Netlist, depth: int = 4) -> tuple[list[AreaItem], list[AreaItem], int]:
-    """Weights by precision and by hierarchy (the scope of each initializer's first consumer).
+def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | None = None,
+                 recast: dict[str, str] | None = None) -> tuple[list[AreaItem], list[AreaItem], int]:
+    """Weights by precision and by hierarchy (the scope of each initializer's first consumer); `share`: the
+    part of each named tensor one device holds (softsyn.timing.tp), 1 for those it does not name; `recast`:
+    tensors counted at another precision's WEIGHT_BYTES (a what-if: "weights int4 (est)").
 
     Parameters are the float and quantised initializers; integer and bool
     initializers (shape and index constants) are counted apart as constants.
@@ -44,10 +47,14 @@ def weight_items(netlist: Netlist, depth: int = 4) -> tuple[list[AreaItem], list
     for value in netlist.model.graph.initializers.values():
         if value.dtype is None or value.shape is None:
             continue
-        count = numel(tuple(value.shape.numpy()))
+        part = share.get(value.name, 1.0) if share else 1.0
+        count = numel(tuple(value.shape.numpy())) * part
         size = count * value.dtype.itemsize
         precision = PRECISION_BY_DTYPE.get(value.dtype)
         kind = f"weights {precision}" if precision else "constants"
+        if recast and value.name in recast:
+            precision = recast[value.name]
+            size, kind = count * WEIGHT_BYTES[precision], f"weights {precision} (est)"
         by_dtype[kind][0] += size
         by_dtype[kind][1] += count
         if not precision:
@@ -61,7 +68,7 @@ def weight_items(netlist: Netlist, depth: int = 4) -> tuple[list[AreaItem], list
     kinds = [AreaItem(kind, b, int(n), "elements" if kind == "constants" else "parameters")
              for kind, (b, n) in sorted(by_dtype.items(), key=lambda kv: kv[0] == "constants")]
     scopes = [AreaItem(scope, b, int(n), "parameters") for scope, (b, n) in sorted(by_scope.items(), key=_scope_key)]
-    return kinds, scopes, parameters
+    return kinds, scopes, int(parameters)
 
 
 def _scope_key(item):
@@ -109,7 +116,7 @@ def kv_buffer_length(kv_inputs: list[ir.Value]) -> int | None:
     return length if isinstance(length, int) else None
 
 
-def kv_bytes_per_token(netlist: Netlist, kv_inputs: list[ir.Value]) -> float:
+def kv_bytes_per_token(netlist: Netlist, kv_inputs: list[ir.Value], share: dict[str, float] | None = None) -> float:
     """Bytes one token of one sequence adds to the KV cache: the past-KV inputs' dims other than
     batch and the sequence axis, times their element size (2 x layers x kv heads x head dim x size for a GQA
     decoder)."""
@@ -125,7 +132,7 @@ def kv_bytes_per_token(netlist: Netlist, kv_inputs: list[ir.Value]) -> float:
             elif str(d) != "batch":
                 value = eval_dim_expr(str(d), env)
                 count *= 1 if value is None else value
-        total += count * v.dtype.itemsize
+        total += count * v.dtype.itemsize * (share.get(v.name, 1.0) if share else 1.0)
     return total
 
 
@@ -148,21 +155,22 @@ def kv_length(constraints: Constraints, buffer: int | None = None) -> tuple[int,
     return w.context_len, "workload.context_len"
 
 
-def kv_cache_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None:
+def kv_cache_item(netlist: Netlist, constraints: Constraints, share: dict[str, float] | None = None) -> AreaItem | None:
     kv_inputs = kv_cache_inputs(netlist)
     if not kv_inputs:
         return None
     w = constraints.workload
     length, _ = kv_length(constraints, kv_buffer_length(kv_inputs))
-    total = kv_bytes_per_token(netlist, kv_inputs) * w.batch * w.concurrency * length
+    total = kv_bytes_per_token(netlist, kv_inputs, share) * w.batch * w.concurrency * length
     dtype = kv_inputs[0].dtype.name.lower()
     detail = (f"{len(kv_inputs)} tensors ({dtype}) x batch {w.batch} x concurrency {w.concurrency} "
               f"x {length} tokens")
     return AreaItem("kv_cache", total, len(kv_inputs), detail)
 
 
-def activation_peak(netlist: Netlist, shapes: dict) -> float:
-    """Peak bytes of live intermediate tensors in execution order (weights and inputs excluded)."""
+def activation_peak(netlist: Netlist, shapes: dict, share: dict[str, float] | None = None) -> float:
+    """Peak bytes of live intermediate tensors in execution order (weights and inputs excluded); `share` as
+    in weight_items."""
     nodes = netlist.nodes()
     last_use: dict[str, int] = {}
     for i, node in enumerate(nodes):
@@ -174,7 +182,7 @@ def activation_peak(netlist: Netlist, shapes: dict) -> float:
     frees: dict[int, float] = defaultdict(float)
     for i, node in enumerate(nodes):
         for out in node.outputs:
-            size = value_bytes(out, shapes)
+            size = value_bytes(out, shapes) * (share.get(out.name, 1.0) if share else 1.0)
             live += size
             if out.name not in graph_outputs:
                 frees[last_use.get(out.name, i)] += size
@@ -326,16 +334,18 @@ def kv_budget(kv: KVBudget) -> KVBudget:
     return kv
 
 
-def workspace_with_length(netlist: Netlist, scenarios: dict[str, dict], length: int, target: int) -> float:
+def workspace_with_length(netlist: Netlist, scenarios: dict[str, dict], length: int, target: int,
+                          share: dict[str, float] | None = None) -> float:
     """The workspace with every scenario that reads the cache (past > 0) holding `target - length` more
     cached tokens (fewer when negative); the others as timed."""
     shifted = [{**dims, "past": dims["past"] + target - length} if dims.get("past", 0) > 0 else dims
                for dims in scenarios.values()]
-    return max((activation_peak(netlist, netlist.bind(dims)) for dims in shifted), default=0.0)
+    return max((activation_peak(netlist, netlist.bind(dims), share) for dims in shifted), default=0.0)
 
 
 def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem], workspace: float,
-               workspace_scenario: str, scenarios: dict[str, dict]) -> KVBudget | None:
+               workspace_scenario: str, scenarios: dict[str, dict], share: dict[str, float] | None = None
+               ) -> KVBudget | None:
     """The KV budget of the netlist's past-KV inputs under area_constraint (None: no KV cache)."""
     kv_inputs = kv_cache_inputs(netlist)
     if not kv_inputs:
@@ -346,7 +356,7 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
     budget = KVBudget(
         tensors=len(kv_inputs), layout=kv_layout_text(kv_inputs),
         dtype=PRECISION_BY_DTYPE.get(kv_inputs[0].dtype, kv_inputs[0].dtype.name.lower()),
-        bytes_per_token=kv_bytes_per_token(netlist, kv_inputs), batch=w.batch, concurrency=w.concurrency,
+        bytes_per_token=kv_bytes_per_token(netlist, kv_inputs, share), batch=w.batch, concurrency=w.concurrency,
         length=length, length_key=key, limit=constraints.area_constraint, weights=fixed, workspace=workspace,
         workspace_scenario=workspace_scenario, workspace_points=[WorkspacePoint(length, workspace)], available=None,
         max_concurrency=None, max_context=None,
@@ -374,7 +384,7 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
     for _ in range(REFINE_ROUNDS + 1):
         if not probes:
             break
-        budget.workspace_points += [WorkspacePoint(c, workspace_with_length(netlist, scenarios, length, c))
+        budget.workspace_points += [WorkspacePoint(c, workspace_with_length(netlist, scenarios, length, c, share))
                                     for c in probes]
         budget.workspace_points.sort(key=lambda p: p.length)
         kv_budget(budget)
@@ -387,19 +397,21 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
     return budget
 
 
-def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict]) -> AreaResult:
-    """`scenarios`: group name -> its dims, for the activation peak (and its growth with the context)."""
-    kinds, scopes, parameters = weight_items(netlist)
-    kv = kv_cache_item(netlist, constraints)
+def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict],
+         share: dict[str, float] | None = None, recast: dict[str, str] | None = None) -> AreaResult:
+    """`scenarios`: group name -> its dims, for the activation peak (and its growth with the context);
+    `share`: one device's part of each named tensor under tensor parallelism (softsyn.timing.tp)."""
+    kinds, scopes, parameters = weight_items(netlist, share=share, recast=recast)
+    kv = kv_cache_item(netlist, constraints, share)
     if kv is not None:
         kinds.append(kv)
     worst_group, worst_peak = "", 0.0
     for name, dims in scenarios.items():
-        peak = activation_peak(netlist, netlist.bind(dims))
+        peak = activation_peak(netlist, netlist.bind(dims), share)
         if peak >= worst_peak:
             worst_group, worst_peak = name, peak
     kinds.append(AreaItem("activations (peak)", worst_peak, 0, f"live intermediates, {worst_group} scenario"))
     return AreaResult(
         by_kind=kinds, by_hierarchy=scopes, total=sum(k.bytes for k in kinds), limit=constraints.area_constraint,
         parameters=parameters, kv_detail=kv.detail if kv else "no KV cache", activation_scenario=worst_group,
-        kv_budget=budget_for(netlist, constraints, kinds, worst_peak, worst_group, scenarios))
+        kv_budget=budget_for(netlist, constraints, kinds, worst_peak, worst_group, scenarios, share))

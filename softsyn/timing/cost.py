@@ -202,7 +202,8 @@ def _matmul_nbits(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes:
 def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
     """Fused attention: QK^T and PV (4 * B * H * S * L * D) plus softmax; bytes = Q/K/V/cache in + out.
 
-    GroupQueryAttention: query [B, S, H*D], key/value [B, S, Hkv*D], past [B, Hkv, P, D], kv_len = the
+    GroupQueryAttention: query [B, S, H*D], key/value [B, S, Hkv*D] (or no key/value and packed QKV
+    [B, S, (H + 2 Hkv) D] as the query), past [B, Hkv, P, D], kv_len = the
     present length (P + S); of a shared max_length buffer (past and present one shape), total_sequence_length
     (the mask's width: past + seq of the scenario), and bytes count the positions read and written, not the buffer. MultiHeadAttention: key [B, L, H*D]
     (or 4-D BNSH), plus past. Attention (BERT-style, packed QKV weights): adds the QKV projection.
@@ -225,10 +226,11 @@ def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: flo
         if past and len(past) >= 4:
             kv_len += past[-2]
     else:
-        head_dim = max(1, hidden // max(heads, 1))
         kv_heads = node.attributes.get_int("kv_num_heads", heads) if op == "GroupQueryAttention" else heads
         present = shape_of(node.outputs[1], shapes) if len(node.outputs) > 1 and node.outputs[1] is not None else None
         k = shape_of(node.inputs[1], shapes) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        packed = op == "GroupQueryAttention" and k is None  # query is packed QKV [B, S, (H + 2 Hkv) D]
+        head_dim = max(1, hidden // max(heads + 2 * kv_heads if packed else heads, 1))
         if op == "GroupQueryAttention":
             kv_len = present[-2] if present and len(present) == 4 else seq
             total = host_length(node.inputs[6] if len(node.inputs) > 6 else None, shapes)

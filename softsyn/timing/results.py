@@ -77,6 +77,7 @@ class GroupTiming:
     estimated_cells: int  # cells whose delay is a roofline estimate
     total_flops: float
     total_bytes: float
+    launch: str = ""  # GPU libraries: "CUDA graph (...)" or "eager (why)" (softsyn.timing.capture); "" on a CPU
 
     @property
     def critical(self) -> TimingPath:
@@ -191,6 +192,39 @@ class AreaResult:
 
 
 @dataclass
+class TPRow:
+    """One tensor-parallel degree of the plan: one device's VRAM and each group's critical arrival."""
+
+    n: int
+    weights: float  # bytes per device: weights and constants
+    kv_cache: float  # bytes per device at the workload
+    workspace: float  # bytes per device: the activation peak
+    total: float
+    fits: bool | None  # total <= area_constraint (per device); None: no area_constraint
+    arrival: dict[str, float]  # group -> critical path arrival, s (input delay included)
+    collective_time: dict[str, float]  # group -> collectives on that critical path, s
+    collectives: int  # collectives per step (all groups alike)
+    kv_heads_per_device: int
+
+
+@dataclass
+class TPPlan:
+    """Tensor parallelism: the degree analysed, the smallest degree whose device VRAM fits, and the plan per degree."""
+
+    n: int  # the degree the analysis is per device of
+    heads: int
+    kv_heads: int
+    experts: int
+    devices: int  # the most devices the plan considered (parallel.devices)
+    limit: float | None  # area_constraint, per device
+    smallest_fit: int | None  # None: no degree up to `devices` fits (or no area_constraint: 1)
+    collectives: str  # the collective library and whether its delays are estimates
+    layout: str  # Partition.describe() at `n`
+    weights: str | None = None  # parallel.weights what-if (int8/int4 weight matmuls, estimate)
+    rows: list[TPRow] = field(default_factory=list)
+
+
+@dataclass
 class Analysis:
     """Everything one `softsyn analyze` produced; the root object reports render."""
 
@@ -206,6 +240,7 @@ class Analysis:
     cell_counts: dict[str, int]  # op type -> count
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the figures cannot be trusted for (every report's banner)
+    tp: TPPlan | None = None  # tensor parallelism: the analysis is of one of tp.n devices
 
     @property
     def wns(self) -> float:
@@ -218,6 +253,14 @@ class Analysis:
     @property
     def violating_paths(self) -> int:
         return sum(g.violating_paths for g in self.groups)
+
+    @property
+    def limiting_group(self) -> tuple[GroupTiming, float] | None:
+        """The group the optimiser serves first, with its weighted slack: slack x weight when it violates, slack /
+        weight when it meets (a heavier group's margin counts as smaller); None without a constrained group."""
+        weighted = [(g, g.critical.slack * g.weight if g.critical.slack < 0 else g.critical.slack / max(g.weight, 1e-9))
+                    for g in self.groups if math.isfinite(g.critical.slack)]
+        return min(weighted, key=lambda x: x[1]) if weighted else None
 
     def group(self, name: str) -> GroupTiming:
         for g in self.groups:
@@ -265,6 +308,8 @@ _NESTED = {
     ("KVBudget", "kv_dtypes"): "KVOption",
     ("KVBudget", "weight_precisions"): "WeightOption",
     ("KVBudget", "workspace_points"): "WorkspacePoint",
+    ("Analysis", "tp"): "TPPlan",
+    ("TPPlan", "rows"): "TPRow",
 }
 
 

@@ -12,10 +12,13 @@ Qwen3 exports: 2608 executed nodes x the measured 4.47 us launch = 11.7 ms, the
 measured 11.5-12.3 ms of every 0.6B/1.7B scenario, while the sum of the copies-
 measured cell delays said 15.5-20 ms). A cell ORT fuses into another when the session
 loads (softsyn.runtime.load_view) keeps its kernel time but costs the host no launch: GPT-2-small's export has
-648 nodes, ORT launches 550, and the H200 took 5.1-5.6 us per launched node. Today every cell runs on one stream
-(what ONNX Runtime does for one session.run); the stream field keeps the
-general DAG form open for composite designs (vision encoder in parallel with
-text embedding).
+648 nodes, ORT launches 550, and the H200 took 5.1-5.6 us per launched node. A one-graph design runs every cell on one stream
+(what ONNX Runtime does for one session.run). A composite (vision, embedding,
+decoder blocks: one session each) gives each block its own stream and host, which
+starts at the input delay of the ports it reads plus its own per-call overhead,
+so the text embedding runs while the vision encoder does; a block's host issues a
+cell only once the data it reads from another block has arrived. A group runs
+only its blocks (a decode step or a text-only task runs no vision).
 
 Required time = clock period - clock uncertainty - output delay, and the
 data's arrival starts at the input delay of the ports the group uses, plus the
@@ -33,7 +36,8 @@ import onnx_ir as ir
 from softsyn.constraints import Constraints
 from softsyn.library import Library
 from softsyn.netlist import Netlist
-from softsyn.timing.cost import Work, has_cost_model, node_work, precision_of
+from softsyn.timing.capture import Launch
+from softsyn.timing.cost import PRECISION_BY_DTYPE, Work, has_cost_model, node_work, precision_of
 from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -52,6 +56,7 @@ class PathGroup:
     critical_range: float
     scenario: Scenario
     inputs: list[str]  # input ports whose arrival launches the group's paths
+    blocks: list[str] | None = None  # a composite's blocks this group runs (None: the whole netlist)
 
 
 @dataclass
@@ -64,6 +69,7 @@ class CellTiming:
     host: float = 0.0  # s the host spends issuing it (= delay when the host does the work)
     device: float = 0.0  # s it occupies its stream after being issued
     stream: int = 0
+    collectives: tuple = ()  # (op, delay s, source, bytes) run right after it (tensor parallelism, softsyn.timing.tp)
 
 
 def timing_graph(netlist: Netlist) -> nx.DiGraph:
@@ -107,7 +113,7 @@ def load_time_constants(netlist: Netlist) -> set[ir.Node]:
 
 
 def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None,
-                 absorbed: frozenset = frozenset()) -> list[CellTiming]:
+                 absorbed: frozenset = frozenset(), partition=None, collectives=None) -> list[CellTiming]:
     """Delay of every cell in execution order under one scenario's shapes.
 
     `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
@@ -115,13 +121,20 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
     a node whose name another node shares keeps its library delay. A cell of an op neither the library
     nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model".
     `absorbed`: nodes the runtime fuses into another when it loads (softsyn.runtime.load_view); on a GPU they
-    keep their kernel time, which the fused kernel still does, but launch nothing."""
+    keep their kernel time, which the fused kernel still does, but launch nothing.
+    `partition` (a softsyn.timing.tp.Partition): each cell timed at one device's part of its work, and the
+    collectives it places timed from `collectives` (a softsyn.library.collectives.CollectiveLibrary)."""
     cells = []
     folded = load_time_constants(netlist)
     shared = {name for name, n in Counter(n.name for n in netlist.nodes()).items() if n > 1}
     for node in netlist.nodes():
         work = node_work(node, shapes)
+        if partition is not None:
+            work = partition.shard(node, work)
         precision = precision_of(node)
+        op = node.op_type
+        if partition is not None:
+            op, precision = partition.kind(node, precision)
         annotated = annotation.delay(node.name) if annotation is not None and node.name not in shared else None
         host, device = None, 0.0
         if annotated is not None:  # measured per-node times add up to the measured run: serial
@@ -129,15 +142,28 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
         elif node in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
         else:
-            delay, source, host, device = library.node_timing(node.op_type, precision, work.flops, work.bytes,
+            delay, source, host, device = library.node_timing(op, precision, work.flops, work.bytes,
                                                               work.sizes)
             if source == "est" and not has_cost_model(node):
                 source = UNMODELLED
             if node in absorbed and library.is_gpu:
                 host = 0.0
-        cells.append(CellTiming(node, f"{node.op_type}.{precision}", work, delay, source,
-                                delay if host is None else host, device))
+        moves = ()
+        if partition is not None and node in partition.collectives:
+            moves = tuple(_collective(kind, value, shapes, partition.n, collectives)
+                          for kind, value in partition.collectives[node])
+        cells.append(CellTiming(node, f"{op}.{precision}", work, delay, source,
+                                delay if host is None else host, device, collectives=moves))
     return cells
+
+
+def _collective(op: str, value: ir.Value, shapes: dict, ranks: int, collectives) -> tuple[str, float, str, float]:
+    from softsyn.timing.tp import collective_bytes
+
+    size = collective_bytes(value, shapes)
+    precision = PRECISION_BY_DTYPE.get(value.dtype, "fp16") if value.dtype is not None else "fp16"
+    delay, source = collectives.delay(op, size, ranks, precision)
+    return f"{op}.{precision}", delay, source, size
 
 
 def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
@@ -152,40 +178,61 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup, annotation=None, absorbed: frozenset = frozenset()) -> GroupTiming:
+               group: PathGroup, annotation=None, absorbed: frozenset = frozenset(), partition=None,
+               collectives=None, mode: Launch | None = None) -> GroupTiming:
     """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
-    its residual replaces the library's run_overhead on the session.run row); `absorbed`: see cell_timings."""
+    its residual replaces the library's run_overhead on the session.run row); `absorbed`, `partition` and
+    `collectives`: see cell_timings. A collective is issued by the host (one launch on a GPU) after its cell
+    and holds the stream for its delay; on a CPU the host waits it out. `mode`: the group runs as a captured
+    CUDA graph (softsyn.timing.capture) or eagerly."""
     shapes = netlist.bind(group.scenario.dims)
-    cells = cell_timings(netlist, library, shapes, annotation, absorbed)
+    cells = cell_timings(netlist, library, shapes, annotation, absorbed, partition, collectives)
+    if mode is not None and mode.captured and annotation is None:
+        in_graph(cells, library.ceilings.launch_overhead_graph)
 
     port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name), group.name)
                     for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
     launch = port_arrival.get(launch_port, 0.0)
-    ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
-    run_overhead = library.run_delay(ios)[0] if annotation is None else annotation.residual
+    starts = _stream_starts(netlist, library, group, cells, port_arrival, launch, annotation)
+    stream_of = {c.node: c.stream for c in cells}
 
     # Arrival at each cell: max(data predecessors, stream free, issued by the host) + device time; remember
     # which one set the start (the host's issue order follows the stream order: its last cell). Keyed by the
     # timing graph's keys: nodes by identity, ports as ("in", name).
     arrival: dict = {("in", p.name): port_arrival.get(p.name, 0.0) for p in netlist.model.graph.inputs}
     critical_pred: dict = {}
-    stream_free = {0: launch + run_overhead}
-    stream_last: dict = {0: None}
-    host_free, host_last = launch + run_overhead, None
+    moved: dict = {}  # node -> its arrival before its collectives, then after each
+    stream_free = {s: start + overhead for s, (start, overhead) in starts.items()}
+    stream_last: dict = dict.fromkeys(starts)
+    host_free, host_last = dict(stream_free), dict.fromkeys(starts)
     for c in cells:
-        node = c.node
-        host_free += c.host
-        start, pred = stream_free[c.stream], stream_last[c.stream]
-        if host_free > start:
-            start, pred = host_free, host_last
-        for p in graph.predecessors(node):
+        node, s = c.node, c.stream
+        preds = list(graph.predecessors(node))
+        for p in preds:  # another block's data: this block's host waits for it before issuing the cell
+            if stream_of.get(p, s) != s and arrival.get(p, 0.0) > host_free[s]:
+                host_free[s], host_last[s] = arrival[p], p
+        host_free[s] += c.host
+        start, pred = stream_free[s], stream_last[s]
+        if host_free[s] > start:
+            start, pred = host_free[s], host_last[s]
+        for p in preds:
             if arrival.get(p, 0.0) > start:
                 start, pred = arrival[p], p
         arrival[node] = start + c.device
+        if c.collectives:
+            moved[node] = [arrival[node]]
+            for _, delay, _, _ in c.collectives:
+                if library.is_gpu:
+                    host_free[s] += library.ceilings.launch_overhead
+                    arrival[node] = max(arrival[node], host_free[s]) + delay
+                else:
+                    host_free[s] = max(host_free[s], arrival[node]) + delay
+                    arrival[node] = host_free[s]
+                moved[node].append(arrival[node])
         critical_pred[node] = pred
-        stream_free[c.stream], stream_last[c.stream] = arrival[node], node
-        host_last = node
+        stream_free[s], stream_last[s] = arrival[node], node
+        host_last[s] = node
 
     period = group.clock_period
     paths = []
@@ -203,18 +250,61 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
     timed = {c.node: c for c in cells}
     for path in paths[:STORED_PATHS]:
-        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, launch, run_overhead,
-                             annotated=annotation is not None)
+        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, starts,
+                             annotated=annotation is not None, moved=moved)
 
     return GroupTiming(
         name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
         critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
         estimated_cells=sum(1 for c in cells if c.source == "est"),
-        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells))
+        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells),
+        launch="" if mode is None else mode.describe(library))
 
 
-def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist, launch: float,
-           run_overhead: float, annotated: bool = False) -> list[PathPoint]:
+def in_graph(cells: list[CellTiming], per_node: float) -> None:
+    """Re-time cells replayed from a captured CUDA graph: the host issues none of them; a kernel occupies the
+    device for its time or the graph's per-node cost, whichever is longer; a view (no kernel) costs nothing."""
+    for c in cells:
+        c.host = 0.0
+        if c.device > 0.0:
+            c.device = max(c.device, per_node)
+
+
+def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: list[CellTiming], port_arrival: dict,
+                   launch: float, annotation) -> dict[int, tuple[float, float]]:
+    """Stream -> (start, per-call overhead). One stream at the group's launch for a one-graph design; a composite's
+    group keeps the cells of its blocks, each block on its own stream from the latest input delay of the ports it
+    reads (a block fed only by other blocks starts at the launch), with its own session's overhead."""
+    if not netlist.blocks():
+        ios = len(netlist.model.graph.inputs) + len(netlist.model.graph.outputs)
+        return {0: (launch, library.run_delay(ios)[0] if annotation is None else annotation.residual)}
+    active = [b for b in netlist.blocks() if group.blocks is None or b["name"] in group.blocks]
+    index = {b["name"]: i for i, b in enumerate(active)}
+    cells[:] = [c for c in cells if netlist.block_of(c.node) in index]
+    for c in cells:
+        c.stream = index[netlist.block_of(c.node)]
+    # A block's host issues first what needs no other block's data (the text embedding while the vision encoder
+    # runs): a stable partition, so each stream's order stays topological.
+    stream_of = {c.node: c.stream for c in cells}
+    waiting: set = set()
+    for c in cells:
+        for v in c.node.inputs:
+            p = v.producer() if v is not None else None
+            if p in stream_of and (stream_of[p] != c.stream or p in waiting):
+                waiting.add(c.node)
+                break
+    cells[:] = [c for c in cells if c.node not in waiting] + [c for c in cells if c.node in waiting]
+    starts = {}
+    for i, b in enumerate(active):
+        read = [port_arrival[p] for p in b["inputs"] if p in port_arrival]
+        overhead = library.run_delay(len(b["inputs"]) + len(b["outputs"]))[0]
+        starts[i] = (max(read) if read else launch, overhead if annotation is None else annotation.residual)
+    return starts
+
+
+def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict, netlist: Netlist,
+           starts: dict[int, tuple[float, float]], annotated: bool = False,
+           moved: dict | None = None) -> list[PathPoint]:
     """Walk back from the endpoint's driver along the predecessors that set each start time. A cell's
     critical predecessor was timed before it, so the walk visits each cell once at most; the bound
     keeps it finite whatever the graph holds."""
@@ -224,6 +314,7 @@ def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict,
         chain.append(timed[key])
         key = critical_pred.get(key)
     chain.reverse()
+    launch, run_overhead = starts[chain[0].stream if chain else 0]  # the session the path starts in
     # Back-annotated: the row carries the measured residual (host overhead, gaps, runtime-only nodes).
     points = [PathPoint(name=RUN_CALL, cell="Run.residual" if annotated else "Run.overhead", incr=run_overhead,
                         arrival=launch + run_overhead, source="annot" if annotated else "est", hierarchy="",
@@ -233,11 +324,15 @@ def _trace(end: ir.Node | None, critical_pred: dict, timed: dict, arrival: dict,
         if c.source == "folded":
             continue
         hierarchy = netlist.hierarchy(c.node)
+        name = f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name
+        steps = (moved or {}).get(c.node, [arrival[c.node]])
         # incr: what the cell adds to the path (its delay when serial; its share of the overlapped
         # host/device schedule on a GPU), so a path's increments sum to its arrival
         points.append(PathPoint(
-            name=f"{hierarchy}/{c.node.name}" if hierarchy else c.node.name, cell=c.cell,
-            incr=arrival[c.node] - previous, arrival=arrival[c.node], source=c.source,
+            name=name, cell=c.cell, incr=steps[0] - previous, arrival=steps[0], source=c.source,
             hierarchy=hierarchy, op_type=c.node.op_type, flops=c.work.flops, bytes=c.work.bytes))
-        previous = arrival[c.node]
+        for (cell, _, source, size), before, after in zip(c.collectives, steps, steps[1:]):
+            points.append(PathPoint(name=f"{name}:{cell.split('.')[0]}", cell=cell, incr=after - before, arrival=after,
+                                    source=source, hierarchy=hierarchy, op_type=cell.split(".")[0], bytes=size))
+        previous = steps[-1]
     return points

@@ -1,0 +1,248 @@
+"""Vision-language composites (Qwen3-VL): three ONNX blocks in onnxruntime-genai's layout, read as one netlist.
+
+The blocks are exported separately, as onnxruntime-genai runs them: `vision` (pixel_values -> image_features),
+`embedding` (input_ids + image_features -> inputs_embeds) and `decoder` (inputs_embeds + mask + 3-row mrope
+position_ids + KV -> logits + present KV). They are then joined into one graph in which a block's output feeds the
+next block's input by name, every node's hierarchy starting with its block's name, and the blocks' boundaries
+recorded in the provenance (`blocks`), so timing crosses them and `emit` can cut them apart again.
+
+The vision tower's data-dependent parts (patch positions, the learned position table resampled to the grid,
+attention segments) depend only on the grid, so each export fixes one grid: its positions are constants, and the
+attention of each image is a batched attention over a dynamic `images` dim (segments of equal length, the form
+transformers' own exporter rewrites the per-segment loop into). The torch modules and their export are in
+softsyn.frontends.vlm_export.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+
+from softsyn.errors import SoftsynError
+from softsyn.frontends import export as _export
+from softsyn.netlist import HIERARCHY_KEY
+
+BLOCKS = ("vision", "embedding", "decoder")
+BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
+DEFAULT_IMAGE = (448, 448)  # width, height
+_SIZE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """The patch grid an image of width x height becomes (Qwen2-VL's smart_resize to multiples of patch*merge)."""
+
+    width: int
+    height: int
+    patch: int
+    merge: int
+    temporal: int = 1  # a still image is one temporal patch (its frame repeated temporal_patch_size times)
+
+    @property
+    def resized(self) -> tuple[int, int]:
+        factor = self.patch * self.merge
+        return (max(factor, round(self.width / factor) * factor), max(factor, round(self.height / factor) * factor))
+
+    @property
+    def thw(self) -> tuple[int, int, int]:
+        w, h = self.resized
+        return (self.temporal, h // self.patch, w // self.patch)
+
+    @property
+    def patches(self) -> int:
+        return math.prod(self.thw)
+
+    @property
+    def tokens(self) -> int:
+        """LLM tokens one image adds: its patches after the merger folds merge x merge of them into one."""
+        return self.patches // (self.merge * self.merge)
+
+    def describe(self) -> str:
+        t, h, w = self.thw
+        rw, rh = self.resized
+        return (f"{self.width}x{self.height} image -> {rw}x{rh} -> grid {t}x{h}x{w} = {self.patches} patches "
+                f"-> {self.tokens} tokens")
+
+
+def parse_image_size(text: str, where: str = "image") -> tuple[int, int]:
+    """'448x448' -> (448, 448); width first, as the guides write it."""
+    m = _SIZE.match(str(text))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise SoftsynError(f"{where}: {text!r} is not an image size; write WIDTHxHEIGHT, e.g. 448x448 or 1280x720")
+    return int(m.group(1)), int(m.group(2))
+
+
+def grid_for(cfg, size: tuple[int, int]) -> ImageGrid:
+    v = cfg.vision_config
+    return ImageGrid(size[0], size[1], v.patch_size, v.spatial_merge_size)
+
+
+def is_vlm(cfg) -> bool:
+    return getattr(cfg, "model_type", "") == "qwen3_vl"
+
+
+def join_blocks(blocks: dict[str, ir.Model], name: str) -> tuple[ir.Model, list[dict]]:
+    """One graph of the blocks, joined by port name; every internal name and every node's hierarchy starts with
+    its block's name. Returns the model and the blocks' boundaries (name, file, inputs, outputs)."""
+    protos = {b: ir.serde.serialize_model(m) for b, m in blocks.items()}
+    ports = {b: ({i.name for i in p.graph.input} | {o.name for o in p.graph.output}) for b, p in protos.items()}
+    boundary = set().union(*ports.values())
+    graph = onnx.GraphProto(name=name)
+    produced: set[str] = set()
+    opsets: dict[str, int] = {}
+    info = []
+    for block in BLOCKS:
+        p = protos[block]
+        for op in p.opset_import:
+            opsets[op.domain] = max(opsets.get(op.domain, 0), op.version)
+
+        def local(n: str, block=block) -> str:
+            return n if not n or n in boundary else f"{block}.{n}"
+
+        for init in p.graph.initializer:
+            init.name = local(init.name)
+        for vi in p.graph.value_info:
+            vi.name = local(vi.name)
+        for node in p.graph.node:
+            node.name = local(node.name)
+            node.input[:] = [local(n) for n in node.input]
+            node.output[:] = [local(n) for n in node.output]
+            scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), "")
+            for e in node.metadata_props:
+                if e.key == HIERARCHY_KEY:
+                    e.value = f"{block}.{scope}" if scope else block
+        graph.input.extend(i for i in p.graph.input if i.name not in produced)
+        graph.initializer.extend(p.graph.initializer)
+        graph.value_info.extend(p.graph.value_info)
+        graph.node.extend(p.graph.node)
+        outputs = [o.name for o in p.graph.output]
+        produced |= set(outputs)
+        if block == BLOCKS[-1]:
+            graph.output.extend(p.graph.output)
+        else:
+            graph.value_info.extend(p.graph.output)
+        info.append({"name": block, "file": BLOCK_FILES[block], "inputs": [i.name for i in p.graph.input],
+                     "outputs": outputs})
+    _name_image_dims(graph)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    model.ir_version = protos["decoder"].ir_version
+    return ir.serde.deserialize_model(model), info
+
+
+def _name_image_dims(graph) -> None:
+    """The exporter's own symbol for the image count (`196*s92` on image_features) becomes `images` everywhere."""
+    feats = next(v for v in graph.value_info if v.name == "image_features")
+    expr = feats.type.tensor_type.shape.dim[0].dim_param
+    symbols = set(re.findall(r"[A-Za-z_]\w*", expr)) - {"images"}
+    if not symbols:
+        return
+    pattern = re.compile(r"\b(" + "|".join(sorted(symbols)) + r")\b")
+    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_param = pattern.sub("images", d.dim_param)
+
+
+def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str | None = None,
+                    dtype: str | None = None, image_size: tuple[int, int] | None = None):
+    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
+    `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
+    frontends' materialise limit (a real-size config is planned, not run)."""
+    import sys
+    import time
+
+    import torch
+
+    from softsyn.frontends import cache as _cache
+    from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
+    from softsyn.netlist import Netlist
+
+    if weights is None:
+        from transformers import Qwen3VLForConditionalGeneration
+
+        with building(source), torch.device("meta"):
+            count = sum(p.numel() for p in Qwen3VLForConditionalGeneration(cfg).parameters())
+        weights = "meta" if count * 4 > MATERIALISE_LIMIT else "random"
+    dtype = dtype or ("float16" if weights == "meta" else "float32")
+
+    size = tuple(image_size or DEFAULT_IMAGE)
+    grid = grid_for(cfg, size)
+    exporter = f"{_export.DYNAMO}, blocks vision/embedding/decoder, fixed grid {'x'.join(map(str, grid.thw))}"
+    key = _cache.content_key({"config": cfg.to_dict(), "kind": "vlm", "exporter": exporter, "opset": _export.OPSET,
+                              "weights": weights, "dtype": dtype, "frontend": _cache.FRONTEND_VERSION,
+                              "versions": _cache.versions()})
+    entry = _cache.entry_dir(cache_dir, f"{name}-{size[0]}x{size[1]}", key)
+    cached = _cache.load_entry(entry)
+    if cached is not None:
+        cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
+        return cached
+    t0 = time.perf_counter()
+    if progress:
+        print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
+    _export.torch_num_threads()
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    with building(source), (torch.device("meta") if weights == "meta" else torch.device("cpu")):
+        model = Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
+    parameters = sum(p.numel() for p in model.parameters())
+    try:
+        from softsyn.frontends.vlm_export import export_blocks
+
+        blocks = export_blocks(model, name, grid)
+    except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
+        raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
+    joined, info = join_blocks(blocks, name)
+    del model, blocks
+    t, h, w = grid.thw
+    provenance = {
+        "source": source, "exporter": exporter, "dtype": dtype, "versions": _cache.versions(),
+        "weights": {"random": "random seed 0", "meta": "meta (not materialised)"}[weights],
+        "export_seconds": round(time.perf_counter() - t0, 2), "scope_prefix": _export.SCOPE_PREFIX,
+        "blocks": info,
+        "image": {"size": list(size), "resized": list(grid.resized), "grid_thw": [t, h, w], "patches": grid.patches,
+                  "tokens": grid.tokens, "patch_size": grid.patch, "spatial_merge_size": grid.merge,
+                  "image_token_id": cfg.image_token_id,
+                  "positions": "fixed per export: the grid's patch positions, rotary angles and resampled position "
+                               "table are constants; `images` (a dynamic dim) images of that grid per call"},
+    }
+    if weights == "meta":
+        provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
+    summary = config_summary(cfg.text_config, parameters)
+    summary["vision"] = {k: getattr(cfg.vision_config, k) for k in ("depth", "hidden_size", "num_heads",
+                                                                     "intermediate_size", "out_hidden_size")}
+    nl = Netlist(joined, name=name, kind="vlm", provenance=provenance, config=summary,
+                 derived_dims={"total": "past + seq", "image_tokens": f"{grid.tokens}*images"})
+    nl = _cache.save_entry(nl, entry)
+    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+    if progress:
+        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return nl
+
+
+def split_blocks(model: ir.Model, blocks: list[dict]) -> dict[str, ir.Model]:
+    """The joined graph cut back into its blocks (after compile's passes): each block's nodes (by hierarchy), the
+    initializers they read, its boundary ports typed as in the joined graph."""
+    proto = ir.serde.serialize_model(ir.external_data.load_to_model(model))  # weights in memory: a new file each
+    g = proto.graph
+    typed = {v.name: v for v in list(g.input) + list(g.output) + list(g.value_info)}
+    out = {}
+    for b in blocks:
+        nodes = [n for n in g.node
+                 if next((e.value for e in n.metadata_props if e.key == HIERARCHY_KEY), "").split(".", 1)[0] == b["name"]]
+        read = {i for n in nodes for i in n.input}
+        missing = [p for p in b["inputs"] + b["outputs"] if p not in typed]
+        if missing:
+            raise SoftsynError(f"design {model.graph.name}: block {b['name']}: port {', '.join(missing)} lost its "
+                               "type in compile; cannot cut the block out")
+        graph = onnx.helper.make_graph(nodes, f"{model.graph.name}.{b['name']}", [typed[p] for p in b["inputs"]],
+                                       [typed[p] for p in b["outputs"]],
+                                       [i for i in g.initializer if i.name in read])
+        block = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import))
+        block.ir_version = proto.ir_version
+        block.metadata_props.extend(proto.metadata_props)
+        out[b["name"]] = ir.serde.deserialize_model(block)
+    return out
