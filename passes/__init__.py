@@ -69,7 +69,19 @@ LOW = Effort("low", "map: standard fusions, uniform default precision", (
     Step("kv_layout", "decoders: one max_length KV buffer GQA updates in place; last-position logits at prefill",
          (("last_token_logits", True),)),
 ))
-EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW,)}
+MEDIUM = Effort("medium", "low, then a greedy per-cell precision map on the critical path", LOW.steps + (
+    Step("optimize", "greedy: on the worst group, the cell move with the best delta-delay / delta-error, until met",
+         (("search_mode", "greedy"), ("max_steps", 200))),
+))
+HIGH = Effort("high", "low, then the exact per-cell precision map (an ILP over all cells x precisions)", LOW.steps + (
+    Step("optimize", "exact: scipy.optimize.milp over every cell x precision, accuracy and area as constraints, "
+         "groups weighted", (("search_mode", "ilp"), ("max_steps", 200))),
+))
+ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack allows, to win back accuracy", LOW.steps + (
+    Step("optimize", "exact map, then recovery: cells raised back, largest error first, where every group keeps "
+         "its slack and stays within medium's latency", (("search_mode", "ultra"), ("max_steps", 200))),
+))
+EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW, MEDIUM, HIGH, ULTRA)}
 
 
 def effort(name: str) -> Effort:

@@ -14,6 +14,7 @@ from softsyn.reports.common import Column, Table, write_atomic
 from softsyn.reports.constraint import report_constraint
 from softsyn.reports.fusion import fusion_json, fusion_table, report_fusion
 from softsyn.reports.json_io import from_json, to_json
+from softsyn.reports.precision import precision_table, report_precision
 from softsyn.reports.qor import report_qor
 from softsyn.reports.signoff import report_signoff
 from softsyn.reports.timing import Row, fold_points, path_rows, report_timing
@@ -27,9 +28,10 @@ REPORTS = {
 }
 
 
-def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
+def write_reports(analysis: Analysis, out_dir: str | Path, extra_suggestions: list[list[str]] = ()) -> list[Path]:
     """Write out_dir/reports/{timing,timing_full,qor,area,constraint}.rpt and out_dir/analysis.json
-    (each atomically); return the paths written. timing.rpt is folded by hierarchy."""
+    (each atomically); return the paths written. timing.rpt is folded by hierarchy; `extra_suggestions` go
+    first in constraint.rpt (the compile loop's precision moves)."""
     out_dir = Path(out_dir)
     rdir = out_dir / "reports"
     files = {
@@ -37,7 +39,7 @@ def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
         rdir / "timing_full.rpt": report_timing(analysis, fold=False),
         rdir / "qor.rpt": report_qor(analysis),
         rdir / "area.rpt": report_area(analysis),
-        rdir / "constraint.rpt": report_constraint(analysis, all_violators=True),
+        rdir / "constraint.rpt": report_constraint(analysis, all_violators=True, extra=extra_suggestions),
         out_dir / "analysis.json": to_json(analysis),
     }
     return [write_atomic(path, text) for path, text in files.items()]
@@ -45,6 +47,7 @@ def write_reports(analysis: Analysis, out_dir: str | Path) -> list[Path]:
 
 __all__ = [
     "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff",
-    "report_fusion", "report_verify", "fusion_table", "fusion_json", "verify_table", "to_json", "from_json", "fold_points",
+    "report_fusion", "report_verify", "report_precision", "fusion_table", "fusion_json", "verify_table",
+    "precision_table", "to_json", "from_json", "fold_points",
     "path_rows", "Row", "Column", "Table", "TIMING_COLUMNS",
 ]

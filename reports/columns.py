@@ -173,3 +173,11 @@ def tp_group_columns(group: str) -> tuple[Column, ...]:
     return (_time(f"{group}.arrival", f"{group}", max(9, len(group) + 5)),
             _time(f"{group}.collectives", "comm", 8),
             Column(f"{group}.speedup", "x", 5, "right", "number", fmt="{:.2f}", missing="-", gap=1))
+
+
+def precision_columns(groups: list[str]) -> tuple[Column, ...]:
+    """report_precision's columns: the cell, requested and realised precision, its error, its change per group."""
+    return (Column("cell", "Cell", 44), Column("requested", "Requested", 9, gap=1),
+            Column("realised", "Realised", 8, gap=1),
+            Column("error", "Error", 9, "right", "number", fmt="{:.2e}", gap=1),
+            *(_time(f"delta_{g}", f"d {g} (ms)", 14) for g in groups))

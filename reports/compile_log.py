@@ -18,14 +18,15 @@ if TYPE_CHECKING:
     from softsyn.flow.compile import CompileLog, LogRow
 
 SCHEMA = "softsyn.compile_log/1"
-UNITS = {"elapsed": "s", "wns": "s", "tns": "s", "area": "B"}
+UNITS = {"elapsed": "s", "wns": "s", "tns": "s", "area": "B", "rules": "MB over the area limit + % error over budget"}
 TIME_UNIT = "ms"
 
 COMPILE_LOG_COLUMNS: list[Column] = [
     Column("elapsed", "ELAPSED\nTIME", 8, "right", "number", fmt="{:.1f} s"),  # fmt: JSON/HTML readers (text: H:MM:SS)
-    Column("phase", "PHASE", 12, "left"),
+    Column("phase", "PHASE", 18, "left"),
     Column("wns", "WORST NEG\nSLACK", 10, "right", "time"),
     Column("tns", "TOTAL NEG\nSLACK", 10, "right", "time"),
+    Column("rules", "DESIGN RULE\nCOST", 11, "right"),
     Column("area", "AREA", 12, "right", "bytes"),
     Column("cells", "CELLS", 6, "right", "count"),
     Column("worst_group", "WORST GROUP", 11, "left"),
@@ -41,7 +42,7 @@ def _texts(row: "LogRow") -> list[str]:
     """A row's values as printed: elapsed as H:MM:SS, slacks in TIME_UNIT, area with its unit."""
     scale = 1 / TIME_UNITS[TIME_UNIT]
     printed = {"elapsed": _clock(row.elapsed), "phase": row.phase, "wns": f"{row.wns * scale:.3f}",
-               "tns": f"{row.tns * scale:.3f}", "area": fmt_bytes(row.area), "cells": str(row.cells),
+               "tns": f"{row.tns * scale:.3f}", "rules": f"{row.rules:.2f}", "area": fmt_bytes(row.area), "cells": str(row.cells),
                "worst_group": row.worst_group}
     return [printed[c.key] for c in COMPILE_LOG_COLUMNS]
 

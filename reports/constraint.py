@@ -25,7 +25,8 @@ def _header(columns: Sequence[Column], unit: str) -> list[str]:
 
 
 def report_constraint(analysis: Analysis, all_violators: bool = True, significant_digits: int = 3,
-                      time_unit: str = "ms") -> str:
+                      time_unit: str = "ms", extra: list[list[str]] = ()) -> str:
+    """`extra`: suggestions computed elsewhere from the same figures (the compile loop's precision moves), first."""
     unit, digits = time_unit, significant_digits
     t = lambda s: ftime(s, unit, digits)  # noqa: E731
     sections = []
@@ -56,6 +57,6 @@ def report_constraint(analysis: Analysis, all_violators: bool = True, significan
     if not all_violators:
         sections.append({"title": "accuracy", "header": [], "rule": "", "rows": ["not checked"]})
     options = ["-all_violators"] if all_violators else []
-    suggestions = timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
+    suggestions = list(extra) + timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
     return render("constraint.j2", banner=banner_lines("constraint", analysis, options), sections=sections,
                   all_violators=all_violators, suggestions=suggestions)

@@ -169,3 +169,54 @@ def kv_budget_advice(budget, unit: str) -> list[str]:
         lines.append(f"- fewer sequences: not one sequence of batch {b.batch} fits at {b.length} tokens; "
                      "lower workload.batch.")
     return lines
+
+
+def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
+    """Per violated group, from the compile loop's own tables (softsyn.passes.optimize.OptimizeReport): the cells
+    still above their fastest precision, fastest saving first, that would close the miss, what they save and
+    the error they add (both estimates), and the clock that the design as it is would meet."""
+    problem = getattr(report, "problem", None)
+    if problem is None:
+        return []
+    current = {c.name: c.realised for c in report.cells}
+    hierarchy = {c.name: c.hierarchy or c.name for c in report.cells}
+    lines = []
+    for g in groups:
+        slack = g.critical.slack
+        if is_unconstrained(g.clock_period) or slack >= 0 or g.name not in problem.cost:
+            continue
+        miss = -slack
+        moves = []
+        for cell in problem.cells:
+            table = problem.cost[g.name][cell]
+            fastest = min(problem.options[cell], key=lambda o: table[o])
+            saving = table[current.get(cell, problem.options[cell][0])] - table[fastest]
+            if saving > 0:
+                moves.append((saving, cell, fastest,
+                              problem.error[cell][fastest] - problem.error[cell][current.get(cell, fastest)]))
+        moves.sort(reverse=True)
+        taken, saved = [], 0.0
+        for move in moves:
+            if saved >= miss:
+                break
+            taken.append(move)
+            saved += move[0]
+        line = f"{g.name} misses by {ftime(miss, time_unit)} {time_unit}"
+        if taken:
+            kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+            for _, cell, precision, _ in taken:
+                kinds[precision][hierarchy[cell].rsplit(".", 1)[-1]] += 1
+            what = "; ".join(f"{p} for {sum(k.values())} cell{'s' if sum(k.values()) != 1 else ''} ("
+                             + ", ".join(f"{n} {kind}" for kind, n in k.items()) + ")" for p, k in kinds.items())
+            added = sum(m[3] for m in taken)
+            over = report.estimate_error + added - report.budget
+            line += (f": {what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error "
+                     f"(est; the map's now {fpercent(report.estimate_error)}, budget {fpercent(report.budget)}"
+                     + (f": raise accuracy.max_rel_error by {fpercent(over)}" if over > 0 else "") + ")")
+            if saved < miss:
+                line += f", still {ftime(miss - saved, time_unit)} {time_unit} short"
+        else:
+            line += ": no cell has a faster precision left (precision.allowed x the library)"
+        line += f"; or raise the clock to {ftime(g.clock_period + miss, time_unit)} {time_unit}"
+        lines.append(line)
+    return lines

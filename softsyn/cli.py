@@ -25,10 +25,16 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 def _effort_help() -> str:
     """The effort levels for compile's --help: name and help, then its numbered steps."""
     width = max(len(name) for name in EFFORTS) + 2
-    lines = []
+    lines, earlier = [], []
     for level in EFFORTS.values():
         lines.append(f"  {level.name:<{width}}{level.help}")
-        lines += [f"  {'':<{width}}{line}" for line in level.step_lines()]
+        step_lines = level.step_lines()
+        bases = [b for b in earlier if level.steps[:len(b.steps)] == b.steps]
+        if bases:  # a level extending one below it: that level's steps once, then what this level adds
+            base = max(bases, key=lambda b: len(b.steps))
+            step_lines = [f"1-{len(base.steps)}. as {base.name}", *step_lines[len(base.steps):]]
+        lines += [f"  {'':<{width}}{line}" for line in step_lines]
+        earlier.append(level)
     return "\n    ".join(lines)
 
 
@@ -371,6 +377,8 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     if not quiet:
         click.echo(f"[softsyn] wrote {path}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
+    if violated:  # the best design found is written; what violates, and what would close it
+        click.echo((path / "reports" / "constraint.rpt").read_text())
     sys.exit(1 if violated else 0)
 
 

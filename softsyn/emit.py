@@ -32,6 +32,7 @@ from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
+from softsyn.passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 
 MODEL_FILE = "model.onnx"
@@ -53,6 +54,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
     from softsyn import reports
     from softsyn.reports.compile_log import compile_log_json, report_compile_log
     from softsyn.reports.html import write_html
+    from softsyn.reports.suggest import precision_suggestions
 
     netlist = design.netlist
     if not plan:
@@ -79,13 +81,19 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
             for name, text in engine_files(design, analysis, str(reference.get("source", "")),
                                            compiled_precision(netlist), log.notes).items():
                 (tmp / name).write_text(text)
-        reports.write_reports(analysis, tmp)
+        precision_map = design.pass_reports.get("optimize")
+        moves = precision_suggestions(precision_map, analysis.groups) if precision_map is not None else []
+        log.notes += [f"suggestion: {m}" for m in moves]
+        reports.write_reports(analysis, tmp, [[m] for m in moves])
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(
                 reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
             (tmp / "reports" / "fusion.json").write_text(
                 reports.fusion_json(coverage, design=netlist.name, target=design.library.name))
+        if precision_map is not None:
+            (tmp / "reports" / "precision.rpt").write_text(
+                reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
         (tmp / "compile.log").write_text(report_compile_log(log))
         (tmp / "compile_log.json").write_text(compile_log_json(log))
         write_html(tmp)  # last: the page reads the files above
@@ -183,6 +191,7 @@ def netlist_json(design, analysis: Analysis) -> dict:
     netlist = design.netlist
     per_group = {g.name: cell_timings(netlist, design.library, netlist.bind(g.scenario.dims)) for g in design.groups}
     cells = []
+    uniform = (design.pass_reports.get("precision") or {}).get("requested")  # what the uniform map was asked for
     for i, node in enumerate(netlist.nodes()):
         timed = {name: timings[i] for name, timings in per_group.items()}
         first = next(iter(timed.values()), None)
@@ -190,6 +199,7 @@ def netlist_json(design, analysis: Analysis) -> dict:
             "name": node.name, "hierarchy": netlist.hierarchy(node), "op": node.op_type,
             "domain": node.domain or "ai.onnx", "cell": first.cell if first else f"{node.op_type}.{precision_of(node)}",
             "precision": precision_of(node),
+            "requested_precision": node.metadata_props.get(REQUESTED_KEY, uniform),
             "delay": {name: t.delay for name, t in timed.items()},
             "source": {name: t.source for name, t in timed.items()},
         })
@@ -207,6 +217,15 @@ def _ports(values, shapes_by_group: dict) -> dict:
                      "shape": [d if isinstance(d, int) else str(d) for d in v.shape] if v.shape is not None else None,
                      "scenarios": {g: list(shapes[v.name]) for g, shapes in shapes_by_group.items() if v.name in shapes}}
             for v in values}
+
+
+def _precision_map(report) -> dict | None:
+    """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
+    if report is None or not getattr(report, "cells", None):
+        return None
+    return {"requested": dict(Counter(c.requested for c in report.cells)),
+            "realised": dict(Counter(c.realised for c in report.cells)),
+            "estimated_error": report.estimate_error, "checked_error": report.checked_error}
 
 
 def compiled_precision(netlist) -> str:
@@ -244,6 +263,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
                      "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
         "precision": compiled_precision(netlist),
         "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
+        "precision_map": _precision_map(design.pass_reports.get("optimize")),
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,

@@ -28,18 +28,18 @@ accuracy: {max_rel_error: 2%, min_top1: 0.9}
 """
 
 
-# DIR/compile.log as it has always been written (trailing blanks included: the layout is fixed-width).
+# DIR/compile.log as it is written (trailing blanks included: the layout is fixed-width).
 COMPILE_LOG = "\n".join([
     'softsyn compile: design qwen3-tiny, library cpu-ort, effort low',
     'script: flatten -> fuse -> precision -> kv_layout',
     '',
-    '   ELAPSED                 WORST NEG   TOTAL NEG                      ',
-    '      TIME  PHASE         SLACK (ms)  SLACK (ms)          AREA   CELLS  WORST GROUP',
-    '  --------  ------------  ----------  ----------  ------------  ------  -----------',
-    '   0:00:00  elaborate        -12.346     -45.600       3.40 GB     228  decode',
-    '   0:01:05  flatten            0.000       0.000       1.23 MB     228  ',
-    '   1:02:05  fuse           -1500.000  -20250.000         999 B      52  prefill',
-    '   1:06:40  precision_long_name       0.000       0.000      16.38 GB  123456  ',
+    '   ELAPSED                       WORST NEG   TOTAL NEG  DESIGN RULE                      ',
+    '      TIME  PHASE               SLACK (ms)  SLACK (ms)         COST          AREA   CELLS  WORST GROUP',
+    '  --------  ------------------  ----------  ----------  -----------  ------------  ------  -----------',
+    '   0:00:00  elaborate              -12.346     -45.600         0.00       3.40 GB     228  decode',
+    '   0:01:05  flatten                  0.000       0.000         0.00       1.23 MB     228  ',
+    '   1:02:05  fuse                 -1500.000  -20250.000         0.00         999 B      52  prefill',
+    '   1:06:40  precision_long_name       0.000       0.000        12.50      16.38 GB  123456  ',
 ]) + "\n"
 
 
@@ -98,14 +98,14 @@ def test_compile_log_renders_its_columns_as_text_and_json():
     log.rows = [LogRow(0.4, "elaborate", -0.0123456, -0.0456, 3.4e9, "decode", 228),
                 LogRow(65.2, "flatten", 0.0, 0.0, 1.23e6, "", 228),
                 LogRow(3725.9, "fuse", -1.5, -20.25, 999.0, "prefill", 52),
-                LogRow(4000, "precision_long_name", 0.0, 0.0, 16.38e9, "", 123456)]
+                LogRow(4000, "precision_long_name", 0.0, 0.0, 16.38e9, "", 123456, 12.5)]
     assert report_compile_log(log) == COMPILE_LOG
 
     data = json.loads(compile_log_json(log))
     assert data["effort"] == "low" and data["script"] == ["flatten", "fuse", "precision", "kv_layout"]
     assert [c["key"] for c in data["columns"]] == [c.key for c in COMPILE_LOG_COLUMNS]
     assert data["rows"][0] == {"elapsed": 0.4, "phase": "elaborate", "wns": -0.0123456, "tns": -0.0456,
-                               "area": 3.4e9, "worst_group": "decode", "cells": 228}
+                               "area": 3.4e9, "worst_group": "decode", "cells": 228, "rules": 0.0}
     assert data["units"]["wns"] == "s" and len(data["rows"]) == 4
 
 

@@ -71,7 +71,7 @@ def test_passes_command_prints_each_effort_level_from_its_steps():
     for i, step in enumerate(level.steps, 1):
         assert f"  {i}. {step.pass_name:<9}  {step.what}\n" in result.output
     helptext = CliRunner().invoke(main, ["compile", "--help"]).output
-    assert f"low  {level.help}" in helptext and f"1. flatten    {level.steps[0].what}" in helptext
+    assert f"low     {level.help}" in helptext and "1-4. as low" in helptext and f"1. flatten    {level.steps[0].what}" in helptext
 
 
 def test_a_higher_effort_level_extends_the_one_below():
@@ -79,8 +79,8 @@ def test_a_higher_effort_level_extends_the_one_below():
     medium = Effort("medium", "test level", LOW.steps + (Step("fuse", "again"),))
     assert medium.script == ("flatten", "fuse", "precision", "kv_layout", "fuse")
     assert medium.step_lines()[-1] == "5. fuse       again"
-    with pytest.raises(SoftsynError, match="no effort level 'ultra'; valid: low"):
-        passes.effort("ultra")
+    with pytest.raises(SoftsynError, match="no effort level 'extreme'; valid: low, medium, high, ultra"):
+        passes.effort("extreme")
 
 
 def test_run_pass_logs_counts_and_files_the_report(tiny, monkeypatch, capsys):

@@ -26,6 +26,7 @@ class LogRow:
     area: float  # bytes
     worst_group: str
     cells: int
+    rules: float = 0.0  # design-rule cost: area over its limit (MB) + estimated error over the accuracy budget (%)
 
 
 @dataclass
@@ -37,12 +38,22 @@ class CompileLog:
     notes: list[str] = field(default_factory=list)  # what the emitted artifacts lack or assume, printed under the rows
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, phase: str, analysis: Analysis, cells: int) -> LogRow:
+    def add(self, phase: str, analysis: Analysis, cells: int, error_over: float = 0.0) -> LogRow:
+        """A row from a re-timed design; `error_over`: the estimated error over the accuracy budget (fraction)."""
         worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
+        slack = analysis.area.slack
+        rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
         row = LogRow(time.perf_counter() - self.start, phase, min(analysis.wns, 0.0), analysis.tns,
-                     analysis.area.total, worst.name if worst is not None and worst.wns < 0 else "", cells)
+                     analysis.area.total, worst.name if worst is not None and worst.wns < 0 else "", cells, rules)
         self.rows.append(row)
         return row
+
+    def add_estimates(self, report, analysis: Analysis, cells: int) -> None:
+        """The optimize pass's search steps, from its tables (labelled est): WNS, weighted TNS, rules, area."""
+        base = analysis.area.total
+        for t in getattr(report, "trace", ()):
+            self.rows.append(LogRow(time.perf_counter() - self.start, f"{t.phase} (est)", t.wns, t.tns,
+                                    base + t.area_delta, t.worst_group, cells, t.rules))
 
 
 def check_effort(name: str) -> Effort:
@@ -70,9 +81,15 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     log = CompileLog(design.netlist.name, design.library.name, level)
     analysis = design.analyze()
     log.add("elaborate", analysis, len(design.netlist.nodes()))
+    error_over = 0.0
     for step in level.steps:
-        passes.run_pass(design, step.pass_name, {**dict(step.options), **(options or {}).get(step.pass_name, {})})
+        before = analysis
+        result = passes.run_pass(design, step.pass_name, {**dict(step.options), **(options or {}).get(step.pass_name, {})})
+        if getattr(result.report, "trace", None):
+            log.add_estimates(result.report, before, len(design.netlist.nodes()))
+            error_over = result.report.estimate_error - result.report.budget
+            log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
         analysis = design.analyze()
-        log.add(step.pass_name, analysis, len(design.netlist.nodes()))
+        log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
     path = emit(design, analysis, out_dir, log, reference, plan=plan)
     return analysis, path

@@ -66,6 +66,24 @@ ZOO: dict[str, ZooEntry] = {
             norm_topk_prob=True,
         ),
     ),
+    "qwen3-wide": ZooEntry(
+        "qwen3-wide",
+        "Qwen3-0.6B's widths (hidden 1024, 16/8 heads, MLP 3072), 2 layers, vocab 8192; random weights (the CPU "
+        "precision-mapping example: MatMuls wide enough that int4 MatMulNBits beats fp32 on ORT CPU)",
+        "qwen3",
+        dict(
+            _QWEN3_COMMON,
+            hidden_size=1024,
+            num_hidden_layers=2,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            vocab_size=8192,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
     "qwen3-0.6b": ZooEntry(
         "qwen3-0.6b",
         "Qwen3-0.6B shapes (28 layers, hidden 1024, 16/8 heads, vocab 151936, tied); fp16, weights not materialised",

@@ -1,0 +1,252 @@
+"""optimize (effort medium and up): slack-driven precision mapping under the accuracy and area budgets.
+
+The loop: tabulate once, per path group, every candidate cell's cost at each precision its library has a cell
+for (softsyn.passes.precision.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
+search a map on the tables (softsyn.passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
+ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
+map end to end (the design with the whole map quantised, run on ORT CPU against the design before this pass,
+verify's relative error); apply it. A map the check rejects is searched again with half the estimate's
+budget (at most ATTEMPTS times), then the design keeps its precision; the log says why each time.
+
+Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap).
+The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
+error and its cost per group, and the rows the compile log prints for each search step (estimates).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from softsyn.passes import PassResult, register
+from softsyn.passes.precision import mapping as mp
+from softsyn.passes.precision import search, sensitivity
+from softsyn.timing.cost import precision_of
+
+ATTEMPTS = 3  # end-to-end checks before the design keeps its precision
+ESTIMATE_SHARE = 0.8  # the additive estimate may use this share of the accuracy budget ...
+CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
+MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours here: the prior instead (labelled)
+DEFAULT_BUDGET = {"fp32": 1e-4, "fp16": 1e-2}  # verify's defaults (softsyn.flow.verify.DEFAULT_REL_ERROR)
+
+
+@dataclass
+class CellMap:
+    name: str
+    hierarchy: str
+    requested: str
+    realised: str
+    error: float  # the error its precision adds (measured, or the prior)
+    cost: dict[str, float]  # group -> s at the realised precision
+    baseline_cost: dict[str, float]  # group -> s at the precision it had
+
+
+@dataclass
+class TraceRow:
+    phase: str
+    wns: float  # s, estimated from the tables (<= 0)
+    tns: float  # s, the groups' negative slacks summed
+    rules: float  # design-rule cost
+    area_delta: float  # bytes
+    worst_group: str
+
+
+@dataclass
+class OptimizeReport:
+    search: str
+    sensitivity: str  # how the errors were obtained (measured / prior)
+    budget: float
+    cells: list[CellMap] = field(default_factory=list)
+    trace: list[TraceRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problem: search.Problem | None = None  # the tables the search ran on (suggestions read them)
+    estimate_error: float = 0.0
+    checked_error: float | None = None  # the end-to-end check's measured error of the kept map
+
+
+def accuracy_budget(design) -> float:
+    given = design.constraints.accuracy.max_rel_error
+    if given is not None:
+        return given
+    return DEFAULT_BUDGET["fp16" if design.library.is_gpu else "fp32"]
+
+
+def _trace(problem: search.Problem, outcome_map: dict[str, str], phase: str) -> TraceRow:
+    cost, slack, _, area = search.evaluate(problem, outcome_map)
+    worst = min(slack, key=lambda g: slack[g]) if slack else ""
+    return TraceRow(phase, min(0.0, slack[worst]) if worst else 0.0,
+                    min(0.0, sum(min(0.0, s) for s in slack.values())), cost.rules, area,
+                    worst if worst and slack[worst] < 0 else "")
+
+
+def build_problem(design, cands, errors, budget: float, tables: dict | None = None) -> search.Problem:
+    """The search's problem: `tables` (mapping.delay_tables, made here if not given) restricted to the cells'
+    options, the design's slack per group as timed now, the errors, the weight bytes and the area left."""
+    tables = {g: {c.name: {p: rows[c.name][p] for p in c.options} for c in cands}
+              for g, rows in (tables or mp.delay_tables(design, cands)).items()}
+    timed = {g.name: g for g in design.time()}
+    act = 2 if any(c.current == "fp16" for c in cands) else 4
+    area_limit = design.constraints.area_constraint
+    area_slack = None
+    if area_limit is not None:
+        from softsyn.timing.area import area as area_of
+
+        area_slack = area_limit - area_of(design.netlist, design.constraints,
+                                          {g.name: g.scenario.dims for g in design.groups}).total
+    return search.Problem(
+        cells=tuple(c.name for c in cands), options={c.name: c.options for c in cands},
+        cost=tables, slack={g: t.critical.slack for g, t in timed.items()},
+        weight={g: t.weight for g, t in timed.items()}, error=errors,
+        area={c.name: {p: c.weight_bytes(p, act) for p in c.options} for c in cands}, budget=budget,
+        area_slack=area_slack)
+
+
+def prune(design, cands) -> tuple[list, list[str], dict]:
+    """Drop the options no group runs faster in (the library says the cell is not worth it there); a cell left with
+    its own precision only stays in the table (and the report) with that one option. Returns the tables too."""
+    tables = mp.delay_tables(design, cands)
+    kept, notes, dropped = [], [], {}
+    for c in cands:
+        faster = [p for p in c.options[1:] if any(tables[g][c.name][p] < tables[g][c.name][c.current] for g in tables)]
+        for p in c.options[1:]:
+            if p not in faster:
+                dropped[p] = dropped.get(p, 0) + 1
+        kept.append(mp.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, *faster), c.params))
+    for p, n in dropped.items():
+        notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].current} in any group "
+                     f"(library {design.library.name}), not candidates")
+    return kept, notes, tables
+
+
+@register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits where the library says it is faster, "
+                      "under the accuracy and area budgets")
+def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult:
+    start = time.perf_counter()
+    budget = accuracy_budget(design)
+    cands, skipped = mp.candidates(design)
+    report = OptimizeReport(search_mode, "", budget)
+    report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.NBITS]
+    if any(v == "dont_touch" for v in skipped.values()):
+        kept = sum(1 for v in skipped.values() if v == "dont_touch")
+        report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")
+    if not cands:
+        report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
+        return PassResult({"candidates": 0}, report)
+    cands, notes, tables = prune(design, cands)
+    report.notes += notes
+    faster = any(len(c.options) > 1 for c in cands)
+    if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
+        report.notes.append("no cell has a faster precision the constraints allow and the library has a cell for")
+    errors, report.sensitivity, checkable = sensitivities(design, cands)
+    design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
+
+    share = ESTIMATE_SHARE
+    problem = build_problem(design, cands, errors, budget * share, tables)
+    report.problem = problem
+    report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
+    runner = None
+    chosen = None
+    for attempt in range(1, ATTEMPTS + 1):
+        problem = search.Problem(**{**problem.__dict__, "budget": budget * share})
+        outcome = search_map(problem, search_mode, max_steps, report)
+        moved = {c: p for c, p in outcome.mapping.items() if p != problem.options[c][0]}
+        if not moved:
+            chosen = outcome
+            break
+        if not checkable:
+            report.notes.append("end-to-end check not run (no weights to run here, too large, or not runnable on ORT "
+                                "CPU): softsyn verify DIR checks the artifact where it can run")
+            chosen = outcome
+            break
+        runner = runner or sensitivity.Runner(design)
+        measured = runner.error(moved)
+        if measured <= budget * CHECK_SHARE:
+            report.checked_error = measured
+            report.notes.append(f"end-to-end check (attempt {attempt}): error {measured:.3e} (estimate "
+                                f"{outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} of the "
+                                f"budget {budget:.3e}): kept")
+            chosen = outcome
+            break
+        report.notes.append(f"end-to-end check (attempt {attempt}): error {measured:.3e} > {budget * CHECK_SHARE:.3e} "
+                            f"(estimate {outcome.error:.3e}): rejected; searching again with half the estimate's budget")
+        share /= 2
+    if chosen is None:
+        report.notes.append("every map failed the end-to-end check: the design keeps its precision")
+        chosen = search.outcome(problem, search.baseline(problem), [])
+    report.estimate_error = chosen.error
+    report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
+
+    requested = dict(chosen.mapping)
+    counts = mp.apply_mapping(design.netlist, requested, requested)
+    design.netlist_changed()
+    realised = {n.name: precision_of(n) for n in design.netlist.nodes() if n.name in requested}
+    for c in cands:
+        p = requested[c.name]
+        report.cells.append(mp_row(problem, c, p, realised.get(c.name, p)))
+    mismatched = [c for c in report.cells if c.requested != c.realised]
+    if mismatched:
+        report.notes.append(f"{len(mismatched)} cells realised another precision than requested: "
+                            + ", ".join(f"{c.name} {c.requested}->{c.realised}" for c in mismatched[:5]))
+    design.log(f"optimize: {search_mode}: {len([c for c in report.cells if c.realised != problem.options[c.name][0]])} "
+               f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s")
+    return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}}, report)
+
+
+def sensitivities(design, cands) -> tuple[dict, str, bool]:
+    """(errors per cell and option, how they were obtained, whether the design runs here for the end-to-end check):
+    measured, or the labelled prior for a plan, a design too large to run cell by cell, or one ORT CPU cannot run."""
+    if not any(len(c.options) > 1 for c in cands):
+        return {c.name: {c.current: 0.0} for c in cands}, "not needed: no cell has another option", False
+    weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
+    if _weightless(design, cands):
+        errors, how = sensitivity.measure(design, cands)  # the prior, said so
+        return errors, how, False
+    if weights > MEASURE_LIMIT:
+        return (*_prior(cands, f"{len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one by "
+                               "one on this machine"), False)
+    try:
+        return (*sensitivity.measure(design, cands, design.log), True)
+    except sensitivity.CannotRun as exc:
+        return (*_prior(cands, f"ORT CPU cannot run this design ({exc})"), False)
+
+
+def _prior(cands, why: str) -> tuple[dict, str]:
+    """Each cell's error as the labelled per-precision prior, and the line that says why."""
+    errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
+    return errors, (f"estimate: {why}; per-precision prior "
+                    + ", ".join(f"{p} {e:.1e}" for p, e in sensitivity.PRIOR_ERROR.items()))
+
+
+def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> CellMap:
+    return CellMap(cand.name, cand.hierarchy, requested, realised, problem.error[cand.name][requested],
+                   {g: problem.cost[g][cand.name][requested] for g in problem.cost},
+                   {g: problem.cost[g][cand.name][cand.current] for g in problem.cost})
+
+
+def _weightless(design, cands) -> bool:
+    node = next(n for n in design.netlist.nodes() if n.name == cands[0].name)
+    return mp.is_weightless(mp.weight_source(node.inputs[1])[0])
+
+
+def search_map(problem: search.Problem, mode: str, max_steps: int, report: "OptimizeReport") -> search.Outcome:
+    """The effort's map: greedy (medium); the exact map no slower than medium in any group unless a slower one
+    closes more of a miss (high); that, then recovery within medium's latency (ultra). Trace rows go to `report`."""
+    medium = search.greedy(problem, max_steps)
+    report.trace.append(_trace(problem, medium.mapping, "opt.greedy"))
+    if mode == "greedy":
+        return medium
+    ceiling = {g: problem.slack[g] - s for g, s in medium.slack.items()}  # never slower than medium in any group
+    exact = search.ilp(problem, ceiling)
+    if exact.cost.violation > 0:  # meeting comes before speed: a map slower somewhere that meets wins
+        free = search.ilp(problem)
+        if free.cost.violation < exact.cost.violation:
+            report.notes.append("ilp: the exact map that closes more of the miss is slower than medium in some group: kept")
+            exact = free
+    if search.evaluate(problem, exact.mapping)[0].scalar() > search.evaluate(problem, medium.mapping)[0].scalar():
+        report.notes.append("ilp: the solver's map costs more than the greedy one (time limit hit): the greedy map kept")
+        exact = medium
+    report.trace.append(_trace(problem, exact.mapping, "opt.ilp"))
+    if mode == "ilp":
+        return exact
+    recovered = search.recover(problem, exact, ceiling, max_steps)
+    report.trace.append(_trace(problem, recovered.mapping, "opt.recover"))
+    return recovered

@@ -1,0 +1,208 @@
+"""Searching a precision map on tables: greedy (medium), exact ILP (high), recovery (ultra).
+
+Everything here is pure arithmetic on a `Problem`: per path group, the slack of the design as timed and each
+option's cost per cell (softsyn.passes.precision.mapping.delay_tables); per cell and option the output error
+(measured, softsyn.passes.precision.sensitivity) and the weight bytes. A map's slack in a group is the baseline
+slack less the sum of its options' extra cost, its error the sum of its cells' errors (the additive estimate).
+
+The cost order, most important first (`Cost`): design rules (the estimated error over the accuracy budget,
+the area over its limit), then the weighted negative slack (sum over groups of weight x max(0, -slack)), then
+the weighted latency (sum of weight x the groups' extra cost: what a met design still gains by going faster),
+last the summed error (ERROR_WEIGHT: 1 % error weighs as much as 10 us of weighted latency, so no map spends
+accuracy on a gain of nanoseconds).
+A greedy move is kept only if it lowers the cost in that order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+US = 1e6  # the ILP works in microseconds: delays in seconds are too small for the solver's tolerances
+VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
+RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
+ERROR_WEIGHT = 1e3  # us of weighted latency one unit of error is worth: 1 % error must buy 10 us
+
+
+@dataclass(frozen=True)
+class Problem:
+    cells: tuple[str, ...]
+    options: dict[str, tuple[str, ...]]  # cell -> its options, the baseline (what it runs in now) first
+    cost: dict[str, dict[str, dict[str, float]]]  # group -> cell -> option -> s
+    slack: dict[str, float]  # group -> the baseline's worst slack, s
+    weight: dict[str, float]  # group -> its weight
+    error: dict[str, dict[str, float]]  # cell -> option -> output error it adds (0 for the baseline)
+    area: dict[str, dict[str, float]]  # cell -> option -> weight bytes
+    budget: float  # accuracy budget for the summed estimate
+    area_slack: float | None = None  # limit - the baseline's total, bytes (None: no limit)
+
+
+@dataclass(frozen=True, order=True)
+class Cost:
+    rules: float  # error over budget (relative units x 100) + area over the limit (MB)
+    violation: float  # sum of weight x max(0, -slack), s
+    latency: float  # sum of weight x extra cost, s
+    error: float = 0.0  # the map's summed error: between maps of equal latency, the lower
+
+    def scalar(self) -> float:
+        return (RULE_WEIGHT * self.rules + VIOLATION_WEIGHT * self.violation * US + self.latency * US
+                + ERROR_WEIGHT * self.error)
+
+
+@dataclass
+class Outcome:
+    mapping: dict[str, str]
+    cost: Cost
+    slack: dict[str, float]
+    error: float
+    area_delta: float
+    steps: list[str] = field(default_factory=list)  # one line per accepted move
+
+
+def baseline(problem: Problem) -> dict[str, str]:
+    return {c: problem.options[c][0] for c in problem.cells}
+
+
+def evaluate(problem: Problem, mapping: dict[str, str]) -> tuple[Cost, dict[str, float], float, float]:
+    """(cost, slack per group, summed error, area delta) of a map."""
+    slack = {g: s - sum(problem.cost[g][c][mapping[c]] - problem.cost[g][c][problem.options[c][0]]
+                        for c in problem.cells) for g, s in problem.slack.items()}
+    error = sum(problem.error[c][mapping[c]] for c in problem.cells)
+    area = sum(problem.area[c][mapping[c]] - problem.area[c][problem.options[c][0]] for c in problem.cells)
+    over_area = 0.0 if problem.area_slack is None else max(0.0, area - problem.area_slack) / 1e6
+    rules = max(0.0, error - problem.budget) * 100 + over_area
+    violation = sum(problem.weight[g] * max(0.0, -s) for g, s in slack.items())
+    latency = sum(problem.weight[g] * (problem.slack[g] - s) for g, s in slack.items())
+    return Cost(rules, violation, latency, error), slack, error, area
+
+
+def outcome(problem: Problem, mapping: dict[str, str], steps: list[str]) -> Outcome:
+    cost, slack, error, area = evaluate(problem, mapping)
+    return Outcome(dict(mapping), cost, slack, error, area, steps)
+
+
+def greedy(problem: Problem, max_steps: int = 200) -> Outcome:
+    """Medium effort: while a group misses, take the move on the worst group (weighted) with the best
+    delta-delay / delta-error that keeps the design rules, if it lowers the cost; at most `max_steps` moves."""
+    mapping = baseline(problem)
+    steps: list[str] = []
+    for _ in range(max_steps):
+        cost, slack, error, _ = evaluate(problem, mapping)
+        missing = {g: problem.weight[g] * -s for g, s in slack.items() if s < 0}
+        if not missing:
+            break
+        worst = max(missing, key=missing.get)
+        best, best_score = None, 0.0
+        for c in problem.cells:
+            for o in problem.options[c]:
+                gain = problem.cost[worst][c][mapping[c]] - problem.cost[worst][c][o]
+                if o == mapping[c] or gain <= 0:
+                    continue
+                trial = dict(mapping, **{c: o})
+                trial_cost = evaluate(problem, trial)[0]
+                if trial_cost.rules > cost.rules or not trial_cost < cost:
+                    continue
+                score = gain / max(problem.error[c][o] - problem.error[c][mapping[c]], 1e-12)
+                if score > best_score:
+                    best, best_score = (c, o), score
+        if best is None:
+            break
+        c, o = best
+        steps.append(f"{c}: {mapping[c]} -> {o} ({worst})")
+        mapping[c] = o
+    return outcome(problem, mapping, steps)
+
+
+def ilp(problem: Problem, ceiling: dict[str, float] | None = None, time_limit: float = 30.0) -> Outcome:
+    """High effort: the exact map under the cost order, as one mixed-integer program (scipy.optimize.milp).
+
+    Binary x[c, o] (one option per cell); per group a violation v_g >= extra_g(x) - slack_g, v_g >= 0; error(x) <=
+    budget; area(x) <= area_slack, or, when the baseline already exceeds the area, an excess r_area >= 0. Minimise
+    RULE_WEIGHT x rules + VIOLATION_WEIGHT x sum w_g v_g + sum w_g extra_g(x) (`Cost.scalar`), so no map of
+    lower cost exists; the greedy map is one the program could choose."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    pairs = [(c, o) for c in problem.cells for o in problem.options[c]]
+    groups = list(problem.slack)
+    nx_, ng = len(pairs), len(groups)
+    n = nx_ + ng + 2  # x..., v_g..., r_err, r_area
+    extra = np.array([[(problem.cost[g][c][o] - problem.cost[g][c][problem.options[c][0]]) * US for c, o in pairs]
+                      for g in groups]).reshape(ng, nx_)
+    err = np.array([problem.error[c][o] for c, o in pairs])
+    area = np.array([(problem.area[c][o] - problem.area[c][problem.options[c][0]]) / 1e6 for c, o in pairs])
+    w = np.array([problem.weight[g] for g in groups])
+    objective = np.zeros(n)
+    objective[:nx_] = w @ extra + ERROR_WEIGHT * err
+    objective[nx_:nx_ + ng] = VIOLATION_WEIGHT * w
+    objective[-2] = RULE_WEIGHT * 100
+    objective[-1] = RULE_WEIGHT if problem.area_slack is not None else 0.0
+    rows, lower, upper = [], [], []
+    for c in problem.cells:  # one option per cell
+        row = np.zeros(n)
+        row[[i for i, (cc, _) in enumerate(pairs) if cc == c]] = 1
+        rows.append(row); lower.append(1); upper.append(1)
+    for j, g in enumerate(groups):  # extra_g(x) - v_g <= slack_g
+        row = np.zeros(n)
+        row[:nx_] = extra[j]
+        row[nx_ + j] = -1
+        rows.append(row); lower.append(-np.inf); upper.append(problem.slack[g] * US)
+    row = np.zeros(n)
+    row[:nx_], row[-2] = err, -1
+    rows.append(row); lower.append(-np.inf); upper.append(problem.budget)
+    for j, g in enumerate(groups):  # extra_g(x) <= ceiling_g
+        if ceiling is not None and g in ceiling:
+            row = np.zeros(n)
+            row[:nx_] = extra[j]
+            rows.append(row); lower.append(-np.inf); upper.append(ceiling[g] * US + 1e-9)
+    if problem.area_slack is not None:
+        row = np.zeros(n)
+        row[:nx_], row[-1] = area, -1
+        rows.append(row); lower.append(-np.inf); upper.append(problem.area_slack / 1e6)
+    integrality = np.concatenate([np.ones(nx_), np.zeros(ng + 2)])
+    # The baseline has no error and fits the area if anything does: the rules are then hard (no excess allowed).
+    # Only when the baseline already exceeds the area are they soft, and then solved first on their own, so no
+    # weight trades a design rule for slack (the cost order, exactly).
+    soft = problem.area_slack is not None and problem.area_slack < 0
+    bounds = Bounds(np.zeros(n), np.concatenate([np.ones(nx_), np.full(ng, np.inf),
+                                                 [np.inf, np.inf] if soft else [0.0, 0.0]]))
+    options = {"time_limit": time_limit, "mip_rel_gap": 0.0}
+    if soft:
+        rules = np.zeros(n)
+        rules[-2], rules[-1] = 100.0, 1.0  # Cost.rules: % error over the budget + MB over the area
+        first = milp(rules, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
+                     bounds=bounds, options=options)
+        if first.x is None:
+            raise RuntimeError(f"milp found no map ({first.message})")
+        rows.append(rules); lower.append(-np.inf); upper.append(first.fun + 1e-7)
+    res = milp(objective, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=integrality,
+               bounds=bounds, options=options)
+    if res.x is None:
+        raise RuntimeError(f"milp found no map ({res.message})")
+    chosen = {c: o for (c, o), v in zip(pairs, res.x[:nx_]) if v > 0.5}
+    mapping = {c: chosen.get(c, problem.options[c][0]) for c in problem.cells}
+    base = baseline(problem)
+    steps = [f"{c}: {base[c]} -> {mapping[c]}" for c in problem.cells if mapping[c] != base[c]]
+    return outcome(problem, mapping, steps)
+
+
+def recover(problem: Problem, start: Outcome, ceiling: dict[str, float], max_steps: int = 200) -> Outcome:
+    """Ultra effort's recovery: raise cells back towards their baseline precision, largest error first, where
+    every group keeps its slack (>= 0 where it met) and its extra cost stays within `ceiling` (group -> s: the
+    medium map's, so higher effort never predicts slower), without raising the design-rule cost."""
+    mapping = dict(start.mapping)
+    steps = list(start.steps)
+    order = sorted(problem.cells, key=lambda c: -problem.error[c][mapping[c]])
+    for c in order[:max_steps]:
+        now = problem.error[c][mapping[c]]
+        for o in sorted((o for o in problem.options[c] if problem.error[c][o] < now), key=lambda o: problem.error[c][o]):
+            # the most accurate first
+            trial = dict(mapping, **{c: o})
+            cost, slack, _, _ = evaluate(problem, trial)
+            old_cost, old_slack, _, _ = evaluate(problem, mapping)
+            keeps = all(slack[g] >= min(0.0, old_slack[g]) for g in slack)
+            within = all(problem.slack[g] - slack[g] <= ceiling[g] + 1e-12 for g in slack)
+            if keeps and within and cost.rules <= old_cost.rules and cost.violation <= old_cost.violation:
+                steps.append(f"{c}: {mapping[c]} -> {o} (recovery: -{problem.error[c][mapping[c]] - problem.error[c][o]:.2e} error)")
+                mapping[c] = o
+                break
+    return outcome(problem, mapping, steps)
