@@ -1,7 +1,7 @@
 """Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
 
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
-ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``) are built on the meta device in
+ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM.
 """
 from __future__ import annotations
@@ -25,6 +25,10 @@ class ZooEntry:
 
 
 _QWEN3_COMMON = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu")
+# The published Qwen3-MoE configs (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json): what the two share.
+_QWEN3_MOE = dict(_QWEN3_COMMON, num_key_value_heads=4, head_dim=128, vocab_size=151936, num_experts=128,
+                  num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                  tie_word_embeddings=False)
 _TINY = dict(
     hidden_size=128,
     num_hidden_layers=2,
@@ -117,6 +121,26 @@ ZOO: dict[str, ZooEntry] = {
             vocab_size=151936,
             tie_word_embeddings=False,
         ),
+        weights="meta",
+        dtype="float16",
+    ),
+    "qwen3-30b-a3b": ZooEntry(
+        "qwen3-30b-a3b",
+        "Qwen3-30B-A3B shapes (48 layers, hidden 2048, 32/4 heads, 128 experts top-8 of width 768, vocab 151936); "
+        "fp16, weights not materialised",
+        "qwen3_moe",
+        dict(_QWEN3_MOE, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, intermediate_size=6144,
+             moe_intermediate_size=768),
+        weights="meta",
+        dtype="float16",
+    ),
+    "qwen3-235b-a22b": ZooEntry(
+        "qwen3-235b-a22b",
+        "Qwen3-235B-A22B shapes (94 layers, hidden 4096, 64/4 heads, 128 experts top-8 of width 1536, vocab 151936); "
+        "fp16, weights not materialised",
+        "qwen3_moe",
+        dict(_QWEN3_MOE, hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, intermediate_size=12288,
+             moe_intermediate_size=1536),
         weights="meta",
         dtype="float16",
     ),
