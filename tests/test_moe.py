@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -96,6 +97,7 @@ def test_weightless_experts_fuse_into_moe_with_weightless_weights(cache_dir, moe
     nl = _weightless(_moe3(cache_dir))
     (cov,) = fuse(nl, "cuda", kinds=["moe"])
     assert (cov.candidates, cov.fused, cov.misses) == (LAYERS, LAYERS, [])
+    assert ("3 weightless site(s) above 0 MiB" in cov.note) == (probe_bytes == 0)
     nodes = [n for n in nl.nodes() if n.op_type == "MoE"]
     cfg = moe3.config
     for n in nodes:
@@ -173,3 +175,45 @@ def test_moe_recipes_run_on_ort_cpu(key):
     irm = ir.serde.deserialize_model(model)
     (n0,) = [n for n in irm.graph if n.name.endswith("0")]
     assert node_work(n0, {}).sizes == sizes
+
+
+def test_moe_cuda_bench_compiles_the_tiny_model_for_cuda_with_moe(cache_dir, tmp_path):
+    """bench/moe_cuda.py's CPU-runnable part: its configs and commands, and its first step (compile
+    qwen3-moe-tiny for h200-ort-cuda, on the CPU) gives an artifact whose experts are MoE cells."""
+    import importlib.util
+    import json
+
+    from click.testing import CliRunner
+
+    from softsyn.cli import main
+
+    spec = importlib.util.spec_from_file_location("moe_cuda", Path(__file__).parents[1] / "bench" / "moe_cuda.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (tiny, tiny_spec, tiny_load), (big, big_spec, _) = bench.models(tmp_path)
+    cfg = json.loads(Path(big_spec).read_text())
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes num_local_experts
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], experts, cfg["moe_intermediate_size"]) \
+        == (bench.LAYERS, 2048, 128, 768)
+    cons = tmp_path / "c.yaml"
+    cons.write_text(bench.CONSTRAINTS.format(**tiny_load))
+    steps = bench.commands(tiny_spec, cons, tmp_path / "out")
+    compile_cmd = steps["fused"][0][3:] + ["--cache-dir", str(cache_dir)]
+    assert steps["fused"][1][3:6] == ["signoff", str(tmp_path / "out" / "fused"), "--provider"]
+    result = CliRunner().invoke(main, compile_cmd)
+    assert result.exit_code in (0, 1), result.output + repr(result.exception)
+    cells = bench.moe_cells(tmp_path / "out" / "fused")
+    assert cells == {"MoE": 2, "QMoE": 0, "GatherND": 0, "TopK": 0}
+    log = (tmp_path / "out" / "fused" / "compile.log").read_text()
+    assert "precision rule moe_router: 2 router MatMul(s) at fp16" in log
+
+
+def test_plan_bench_counts_the_devices_weights_and_kv_need():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_235b", Path(__file__).parents[1] / "bench" / "plan_235b.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    n, per = bench.devices_needed(470.2e9, 12.6e9, 2.8e9, 141e9)
+    assert n == 4 and per == pytest.approx((470.2e9 + 12.6e9) / 4 + 2.8e9) and per <= 141e9
+    assert bench.devices_needed(1e9, 0, 2e9, 1e9) == (None, 2e9)  # the workspace alone does not fit

@@ -19,6 +19,11 @@ CUDA kernel takes it too), ``activation_alpha=1, activation_beta=0`` (so the op'
 ``normalize_routing_weights`` from the graph. The op computes softmax + top-k itself, so it is fed the
 router *logits* (the Softmax input), not the probabilities. Before a site is rewritten the candidate
 node is evaluated against the expert graph on ORT CPU with probe tokens; a difference is a miss.
+
+Weightless (meta) expert weights fuse too, into weightless fc1/fc2 of the fused shapes: up to
+PROBE_WEIGHT_BYTES they get seeded stand-ins and the same probe; above it (a real-size layer: GBs) the site is
+matched by data flow alone and the note says how many were. The router's MatMul stays outside the op, held at
+fp16/bf16 or wider by the precision rule `moe_router` (softsyn.passes.precision.router).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ PROBE_TOKENS = 7
 # Weightless (meta) expert weights up to this size get seeded stand-ins and the numeric probe; larger ones (a
 # real-size layer's experts: GBs) are matched by data flow only, so a plan never allocates them.
 PROBE_WEIGHT_BYTES = 64 * 2**20
+UNPROBED_KEY = "softsyn.moe_unprobed"  # on a fused node matched by data flow only (the note counts them)
 
 
 class _Miss(Exception):
@@ -410,6 +416,8 @@ class MoERule(Rule):
             nodes = self._build(m, register=lambda name, shape, dtype: add_weightless(ctx.graph, name, shape, dtype))
         else:
             nodes = self._build(m, register=lambda name, arr: add_initializer(ctx.graph, name, arr))
+        if m.get("verified_rel", 0) is None:
+            nodes[-1].metadata_props[UNPROBED_KEY] = "1"
         insert_before(ctx.graph, m["out"].producer(), nodes)
         replace_value(ctx.graph, m["out"], nodes[-1].outputs[0])
 
@@ -419,6 +427,12 @@ class MoERule(Rule):
         return Replacement((cell,), (m["out"],), (m["x"], m["logits"]))
 
     def note(self, ctx):
+        unprobed = sum(1 for n in ctx.graph if n.op_type == "MoE" and n.metadata_props.get(UNPROBED_KEY))
+        extra = (f"; {unprobed} weightless site(s) above {PROBE_WEIGHT_BYTES // 2**20} MiB of expert weights matched "
+                 f"by data flow only (not probed)") if unprobed else ""
+        return self._note(ctx) + extra
+
+    def _note(self, ctx):
         if ctx.target == "cuda":
             return ("ORT 1.31 CUDA MoE: float/float16/bfloat16 (all inputs one dtype; float runs the SM80 CUTLASS "
                     "path even on SM90), hidden and expert width >= 16 and 128-bit aligned; softmax+top-k on the "
