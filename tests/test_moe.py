@@ -217,3 +217,28 @@ def test_plan_bench_counts_the_devices_weights_and_kv_need():
     n, per = bench.devices_needed(470.2e9, 12.6e9, 2.8e9, 141e9)
     assert n == 4 and per == pytest.approx((470.2e9 + 12.6e9) / 4 + 2.8e9) and per <= 141e9
     assert bench.devices_needed(1e9, 0, 2e9, 1e9) == (None, 2e9)  # the workspace alone does not fit
+
+
+def test_gated_deltanet_layers_are_named_misses_not_silence():
+    """A depthwise causal conv + CumSum scope (a Gated DeltaNet layer) is a linear_attention candidate: a miss
+    naming the layer and its cells (ORT 1.31 has no kernel), and the graph is left as it was."""
+    from onnx import TensorProto as T
+    from onnx import helper as oh
+
+    C, K = 8, 4
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], group=C, pads=[K - 1, 0], name="conv"),
+             oh.make_node("CumSum", ["c", "axis"], ["y"], name="cumsum")]
+    for n in nodes:
+        n.metadata_props.add(key=HIERARCHY_KEY, value="model.layers.0.linear_attn")
+    w = oh.make_tensor("w", T.FLOAT, [C, 1, K], np.ones(C * K, np.float32).tolist())
+    axis = oh.make_tensor("axis", T.INT64, [], [2])
+    graph = oh.make_graph(nodes, "gdn", [oh.make_tensor_value_info("x", T.FLOAT, [1, C, 16])],
+                          [oh.make_tensor_value_info("y", T.FLOAT, None)], [w, axis])
+    nl = Netlist(ir.serde.deserialize_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])),
+                 "gdn", kind="causal")
+    (cov,) = fuse(nl, "cuda", kinds=["linear_attention"])
+    assert (cov.candidates, cov.fused) == (1, 0)
+    (miss,) = cov.misses
+    assert "model.layers.0.linear_attn" in miss.site and "no ONNX Runtime 1.31 kernel" in miss.reason
+    assert "its 2 exported cells stay" in miss.reason
+    assert [n.op_type for n in nl.nodes()] == ["Conv", "CumSum"]
