@@ -76,6 +76,8 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         kv_layout = design.pass_reports.get("kv_layout")
         if kv_layout is not None:
             log.notes += kv_layout.lines()
+        for name, rule in ((design.pass_reports.get("precision") or {}).get("rules") or {}).items():
+            log.notes.append(f"precision rule {name}: {rule['held']}")
         log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
         if netlist.kind == "decoder":
             for name, text in engine_files(design, analysis, str(reference.get("source", "")),

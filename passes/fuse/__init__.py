@@ -15,6 +15,7 @@ from softsyn.passes.fuse.cost import KEPT, BoundScenario, CostCheck
 from softsyn.passes.fuse.gelu import GeluRule
 from softsyn.passes.fuse.gqa import GroupQueryAttentionRule
 from softsyn.passes.fuse.graph import remove_dead
+from softsyn.passes.fuse.linear_attention import LinearAttentionRule
 from softsyn.passes.fuse.mha import MultiHeadAttentionRule
 from softsyn.passes.fuse.moe import MoERule
 from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
@@ -26,7 +27,7 @@ RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
     RotaryRule(), AttentionRule(GroupQueryAttentionRule(), MultiHeadAttentionRule()),
     ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
-    GeluRule(), MoERule(),
+    GeluRule(), MoERule(), LinearAttentionRule(),
 )
 TARGETS = ("cpu", "cuda")
 

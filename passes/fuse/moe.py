@@ -19,6 +19,11 @@ CUDA kernel takes it too), ``activation_alpha=1, activation_beta=0`` (so the op'
 ``normalize_routing_weights`` from the graph. The op computes softmax + top-k itself, so it is fed the
 router *logits* (the Softmax input), not the probabilities. Before a site is rewritten the candidate
 node is evaluated against the expert graph on ORT CPU with probe tokens; a difference is a miss.
+
+Weightless (meta) expert weights fuse too, into weightless fc1/fc2 of the fused shapes: up to
+PROBE_WEIGHT_BYTES they get seeded stand-ins and the same probe; above it (a real-size layer: GBs) the site is
+matched by data flow alone and the note says how many were. The router's MatMul stays outside the op, held at
+fp16/bf16 or wider by the precision rule `moe_router` (softsyn.passes.precision.router).
 """
 from __future__ import annotations
 
@@ -26,11 +31,15 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, consumers, downstream, evaluate, fresh,
-                                       insert_before, make_node, replace_value)
+from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, downstream,
+                                       evaluate, fresh, insert_before, make_node, replace_value, weightless)
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}
 PROBE_TOKENS = 7
+# Weightless (meta) expert weights up to this size get seeded stand-ins and the numeric probe; larger ones (a
+# real-size layer's experts: GBs) are matched by data flow only, so a plan never allocates them.
+PROBE_WEIGHT_BYTES = 64 * 2**20
+UNPROBED_KEY = "softsyn.moe_unprobed"  # on a fused node matched by data flow only (the note counts them)
 
 
 class _Miss(Exception):
@@ -69,6 +78,18 @@ def _score_node(topk: ir.Node) -> ir.Node | None:
         v = v.producer().inputs[0]
     p = v.producer() if v is not None else None
     return p if p is not None and p.op_type in ("Softmax", "Sigmoid") else None
+
+
+def _weight_like(v: ir.Value) -> bool:
+    """A constant, or a weightless weight seen through layout ops (a meta export's Transpose(W))."""
+    while v is not None:
+        if const(v) is not None or weightless(v):
+            return True
+        p = v.producer()
+        if p is None or p.op_type not in LAYOUT | {"Transpose"} or not p.inputs:
+            return False
+        v = p.inputs[0]
+    return False
 
 
 def _dtype_np(v: ir.Value):
@@ -114,14 +135,16 @@ class MoERule(Rule):
         weights, normalize = self._routing_weights(vals)
 
         # ---- experts: gathers of stacked constants by the top-k indices
-        gathers, biases = [], []
+        gathers, biases, stand_ins = [], [], {}
         through_layout = lambda u, v: u.outputs[0] if u.op_type in LAYOUT and u.inputs[0] is v else None  # noqa: E731
         for u, v in downstream(idx, through_layout):
             if u.op_type in ("GatherND", "Gather") and u.inputs[1] is v:
                 w = const(u.inputs[0])
+                if w is None and weightless(u.inputs[0]):
+                    w = stand_ins.setdefault(id(u.inputs[0]), (u.inputs[0], self._stand_in(u.inputs[0])))[1]
                 if w is None:
                     raise _Miss("expert weights are gathered from a tensor that is not a readable constant "
-                                "(meta/external weights): cannot stack fc1/fc2")
+                                "(external data not on disk): cannot stack fc1/fc2")
                 if u.op_type == "Gather" and attr(u, "axis", 0) != 0:
                     raise _Miss("expert weights are gathered along an axis other than the expert axis")
                 (gathers if w.ndim == 3 else biases).append((u, w))
@@ -143,7 +166,7 @@ class MoERule(Rule):
         rp = raw_logits.producer()
         if rp is not None and rp.op_type in ("Gemm", "MatMul"):
             for i in rp.inputs[:2]:
-                if i is not None and const(i) is None:
+                if i is not None and not _weight_like(i):
                     router_in = {id(v) for v in _back(i)}
         fc1, fc2, x = [], [], None
         for g, w in gathers:
@@ -173,7 +196,12 @@ class MoERule(Rule):
             raise _Miss(f"down projection emits {H} but the tokens have {x.shape[-1]} features")
 
         gate_w, up_w, act = self._activation(fc1, fc2[0], inter)
-        fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
+        weightless_site = bool(stand_ins)
+        probe = all(w.strides[0] for _, w in stand_ins.values())
+        if probe:
+            fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
+        else:  # shape-only stand-ins (zero-stride): the weightless rewrite needs the fused weights' shapes only
+            fc1_w = np.broadcast_to(gate_w.dtype.type(0), (E, 2 * inter, gate_w.shape[2]))
 
         out = self._combine(weights, fc2[0][3])
         if out.dtype is not None and x.dtype is not None and out.dtype != x.dtype:
@@ -188,8 +216,13 @@ class MoERule(Rule):
             raise _Miss(why)
 
         dt = _dtype_np(x)
-        m = dict(topk=topk, wname=gathers[0][0].inputs[0].name or "experts", x=x, logits=raw_logits, out=out, k=k, normalize=normalize, act=act,
-                 fc1=fc1_w.astype(dt), fc2=down.astype(dt), E=E, H=H, inter=inter)
+        m = dict(topk=topk, wname=gathers[0][0].inputs[0].name or "experts", x=x, logits=raw_logits, out=out, k=k,
+                 normalize=normalize, act=act, E=E, H=H, inter=inter, weightless=weightless_site,
+                 fc1=fc1_w.astype(dt, copy=False), fc2=down.astype(dt, copy=False),
+                 feeds=dict(stand_ins.values()))
+        if not probe:  # matched by data flow alone; the probe runs on materialised and small weightless sites
+            m["verified_rel"] = None
+            return m
         rel = self._verify(ctx, m)
         tol = 1e-4 if dt == np.float32 else 2e-2
         if not rel < tol:
@@ -197,6 +230,16 @@ class MoERule(Rule):
                         f"{tol:g}): the expert math is not silu(gate)*up -> down with softmax top-k routing")
         m["verified_rel"] = rel
         return m
+
+    @staticmethod
+    def _stand_in(v: ir.Value) -> np.ndarray:
+        """Seeded values for a weightless expert weight small enough to probe, else a zero-stride view of its
+        shape (no memory): the weights of a real-size expert block (GBs) are never allocated."""
+        shape = tuple(int(d) for d in v.shape)
+        dt = v.dtype.numpy()
+        if np.prod(shape) * dt.itemsize > PROBE_WEIGHT_BYTES:
+            return np.broadcast_to(dt.type(0), shape)
+        return (0.05 * np.random.default_rng(len(shape)).standard_normal(shape)).astype(dt)
 
     def _routing_weights(self, vals):
         """(value that weights the experts, normalize_routing_weights)."""
@@ -309,6 +352,8 @@ class MoERule(Rule):
     @staticmethod
     def _build(m, register=None):
         def value(name, arr):
+            if register is not None and m["weightless"]:
+                return register(name, arr.shape, m["x"].dtype)
             if register is not None:
                 return register(name, arr)
             return ir.Value(name=fresh(name), shape=ir.Shape(arr.shape),
@@ -338,13 +383,24 @@ class MoERule(Rule):
         xs = rng.standard_normal(shape).astype(_dtype_np(x))
         opsets = dict(ctx.model.opset_imports)
         opsets.setdefault(MS, 1)
+        feeds = {x: xs, **m["feeds"]}
+        stack, seen = [m["out"]], {id(x)}
+        while stack:  # other weightless weights the block reads (the router's): seeded stand-ins too
+            v = stack.pop()
+            if v is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if weightless(v):
+                feeds.setdefault(v, self._stand_in(v))
+            elif v.producer() is not None:
+                stack.extend(v.producer().inputs)
         try:
-            (ref,) = evaluate(ctx.graph, [m["out"]], {x: xs}, opsets)
+            (ref,) = evaluate(ctx.graph, [m["out"]], feeds, opsets)
         except ValueError as e:
             raise _Miss(f"cannot evaluate the expert block from its token input alone ({e})") from None
         nodes = self._build(m)
         try:
-            (got,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], {x: xs}, opsets)
+            (got,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets)
         finally:  # the probe nodes are not in the graph: drop their uses of graph values
             for n in nodes:
                 for i in range(len(n.inputs)):
@@ -356,7 +412,12 @@ class MoERule(Rule):
 
     def rewrite(self, ctx, m):
         ctx.use_opset(MS, 1)
-        nodes = self._build(m, register=lambda name, arr: add_initializer(ctx.graph, name, arr))
+        if m["weightless"]:
+            nodes = self._build(m, register=lambda name, shape, dtype: add_weightless(ctx.graph, name, shape, dtype))
+        else:
+            nodes = self._build(m, register=lambda name, arr: add_initializer(ctx.graph, name, arr))
+        if m.get("verified_rel", 0) is None:
+            nodes[-1].metadata_props[UNPROBED_KEY] = "1"
         insert_before(ctx.graph, m["out"].producer(), nodes)
         replace_value(ctx.graph, m["out"], nodes[-1].outputs[0])
 
@@ -366,6 +427,12 @@ class MoERule(Rule):
         return Replacement((cell,), (m["out"],), (m["x"], m["logits"]))
 
     def note(self, ctx):
+        unprobed = sum(1 for n in ctx.graph if n.op_type == "MoE" and n.metadata_props.get(UNPROBED_KEY))
+        extra = (f"; {unprobed} weightless site(s) above {PROBE_WEIGHT_BYTES // 2**20} MiB of expert weights matched "
+                 f"by data flow only (not probed)") if unprobed else ""
+        return self._note(ctx) + extra
+
+    def _note(self, ctx):
         if ctx.target == "cuda":
             return ("ORT 1.31 CUDA MoE: float/float16/bfloat16 (all inputs one dtype; float runs the SM80 CUTLASS "
                     "path even on SM90), hidden and expert width >= 16 and 128-bit aligned; softmax+top-k on the "

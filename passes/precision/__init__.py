@@ -5,12 +5,15 @@ The default is the library's native activation precision: fp16 on GPU targets, f
 `precision.default` overrides it. fp32 is the export's precision: the pass changes nothing.
 fp16 converts weights, activations and the float ports (past KV in, logits and present KV out),
 keeping fp32 islands where fp16 loses more than rounding (softsyn.passes.precision.fp16).
+Named rules hold cells above the map: `moe_router` (softsyn.passes.precision.router) keeps MoE routing at
+fp16/bf16 or wider, and the log and session.json's precision report say how many cells it held.
 """
 from __future__ import annotations
 
 from softsyn.errors import SoftsynError
 from softsyn.passes import PassResult, register
 from softsyn.passes.precision.fp16 import to_fp16
+from softsyn.passes.precision.router import RULE, router_cells, summary
 
 UNIFORM = ("fp32", "fp16")
 # A requested precision the uniform map does not realise, and the one it realises instead when the constraints allow
@@ -40,8 +43,14 @@ def run(design) -> PassResult:
     if requested != realised:
         design.log(f"precision: requested {requested}, realised {realised} (the low-effort map is uniform "
                    f"{'/'.join(UNIFORM)}; {realised} is in precision.allowed)")
+    cells = router_cells(design.netlist.model.graph)
+    rule = {}
+    if cells["matmul"] or cells["scores"]:
+        report["rules"] = {RULE: summary(cells, realised)}
+        rule = {f"rule_{RULE}": len(cells["matmul"]) + len(cells["scores"])}
+        design.log(f"precision rule {RULE}: {report['rules'][RULE]['held']}")
     if realised == "fp32":
-        return PassResult({}, report)
+        return PassResult(rule, report)
     counts = to_fp16(design.netlist.model, design.constraints.dont_touch).counts()
     design.netlist_changed()
-    return PassResult(counts, report)
+    return PassResult({**counts, **rule}, report)

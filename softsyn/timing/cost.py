@@ -278,10 +278,11 @@ def host_length(value: ir.Value | None, shapes: Shapes) -> int | None:
 def _moe(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -> Work:
     """Fused mixture of experts: each token runs k experts, every expert weight read by one multiply-add.
 
-    Counted from the expert weight tensors themselves (fc1 = inputs[2], fc2 = inputs[4], fc3 = inputs[6]
+    Counted from the expert weight tensors themselves (MoE: fc1 = inputs[2], fc2 = inputs[4], fc3 = inputs[6];
+    QMoE: inputs[2], [5], [8]
     when present), so it holds for any layout (ORT 1.31: fc1 [E, 2I, H] interleaved SwiGLU, fc2 [E, H, I])
     and for QMoE's packed weights (`expert_weight_bits`). Bytes: activations + the weights of the experts
-    touched (min(E, T * k) of E).
+    touched: `active_experts` of E, the expected number of distinct experts T tokens route to.
     """
     x = shape_of(ins[0], shapes) or ()
     router = shape_of(node.inputs[1], shapes) or ()
@@ -290,13 +291,23 @@ def _moe(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes: float) -
     experts = max(router[-1] if router else 1, 1)
     k = node.attributes.get_int("k", 1)
     bits = node.attributes.get_int("expert_weight_bits", 0) if node.op_type == "QMoE" else 0
-    weights = [node.inputs[i] for i in (2, 4, 6) if i < len(node.inputs) and node.inputs[i] is not None]
+    slots = (2, 5, 8) if node.op_type == "QMoE" else (2, 4, 6)  # QMoE: each weight is followed by its scales
+    weights = [node.inputs[i] for i in slots if i < len(node.inputs) and node.inputs[i] is not None]
     stored = sum(numel(shape_of(w, shapes)) for w in weights)  # elements as stored (packed bytes for QMoE)
     per_expert = stored * (8 // bits if bits else 1) / experts
     flops = 2.0 * tokens * k * per_expert
     act = _itemsize(ins[0])
     per_expert_bytes = per_expert * (bits / 8 if bits else act)
-    touched = min(experts, tokens * k)
+    touched = active_experts(experts, k, tokens)
     bytes_moved = tokens * hidden * act + tokens * experts * act + touched * per_expert_bytes + out_bytes
     inter = int(per_expert // max(hidden, 1))  # summed width of the expert's matrices
     return Work(flops, bytes_moved, {"tokens": tokens, "experts": experts, "k": k, "hidden": hidden, "inter": inter})
+
+
+def active_experts(experts: int, k: int, tokens: int) -> float:
+    """Expected distinct experts T tokens touch when each picks k of E (uniform routing): E * (1 - (1 - k/E)^T).
+    Decode (T = 1) reads k experts' weights; a long prefill reads nearly all E."""
+    if experts <= 0 or tokens <= 0:
+        return 0.0
+    k = min(max(k, 0), experts)
+    return experts * (1.0 - (1.0 - k / experts) ** tokens)
