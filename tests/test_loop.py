@@ -211,3 +211,37 @@ def test_a_weightless_transposed_weight_maps_to_a_weightless_matmulnbits():
     assert list(packed.shape) == [512, 256 // mp.BLOCK, mp.BLOCK // 2] and packed.dtype == ir.DataType.UINT8
     assert list(scales.shape) == [512, 256 // mp.BLOCK] and scales.dtype == ir.DataType.FLOAT16  # as ORT's quantiser
     assert mp.is_weightless(packed) and "proj.weight" not in graph.initializers
+
+
+def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
+    """The rule moe_router: a MatMul whose logits feed com.microsoft.MoE stays out of the map, named; the attention
+    projections stay candidates. qwen3-moe-tiny's routers export as Gemm (transB): made MatMuls here, as other
+    exporters write them."""
+    import onnx_ir as ir
+
+    from softsyn import passes
+    from softsyn.design import Design
+    from softsyn.passes.precision.router import router_cells
+
+    cons = tmp_path / "c.yaml"
+    cons.write_text("target: cpu-ort\nclock_period: 1s\nprecision: {allowed: [fp32, int4], default: fp32}\n")
+    design = Design.load("zoo:qwen3-moe-tiny", cons, cache_dir=cache_dir, progress=False)
+    for step in effort("low").steps:
+        passes.run_pass(design, step.pass_name, dict(step.options))
+    graph = design.netlist.model.graph
+    for gemm in router_cells(graph)["matmul"]:
+        w = gemm.inputs[1]
+        wt = ir.Value(name=w.name + ".t", shape=ir.Shape(list(w.shape)[::-1]), type=w.type,
+                      const_value=ir.tensor(w.const_value.numpy().T.copy()))
+        graph.register_initializer(wt)
+        mm = ir.Node("", "MatMul", [gemm.inputs[0], wt], name=gemm.name, metadata_props=dict(gemm.metadata_props))
+        graph.insert_before(gemm, mm)
+        mm.outputs[0].shape, mm.outputs[0].type = gemm.outputs[0].shape, gemm.outputs[0].type
+        gemm.outputs[0].replace_all_uses_with(mm.outputs[0])
+        graph.remove(gemm, safe=True)
+    design.netlist_changed()
+    routers = router_cells(graph)["matmul"]
+    assert [n.op_type for n in routers] == ["MatMul"] * design.netlist.config["num_layers"]
+    found, skipped = mp.candidates(design)
+    assert {n.name for n in routers} <= {name for name, why in skipped.items() if why == "moe_router: MoE router"}
+    assert found and not {c.name for c in found} & {n.name for n in routers}

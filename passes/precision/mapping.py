@@ -22,6 +22,7 @@ import onnx_ir as ir
 from softsyn.frontends.export import META_WEIGHTS as WEIGHTLESS
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.timing.cost import node_work, precision_of
+from softsyn.passes.precision.router import RULE as ROUTER_RULE, router_cells
 
 BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
 NBITS = {"int4": 4, "int8": 8}
@@ -75,8 +76,12 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     quantised = [p for p in quantised if has_cell(lib, "MatMulNBits", p)]
     found = []
     seen: set[str] = set()
+    routers = {id(n) for n in router_cells(design.netlist.model.graph)["matmul"]}
     for node in design.netlist.nodes():
         if node.op_type != "MatMul" or len(node.inputs) < 2:
+            continue
+        if id(node) in routers:  # top-k routing flips experts under rounding: never below fp16
+            skipped[node.name or node.metadata_props.get(HIERARCHY_KEY, "")] = f"{ROUTER_RULE}: MoE router"
             continue
         w = node.inputs[1]
         hierarchy = node.metadata_props.get(HIERARCHY_KEY, "")
