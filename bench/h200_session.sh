@@ -13,6 +13,8 @@
 #                        the table and the compiled artifact's fusion report
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
+#   loop CONSTRAINTS     zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml), signed off on cuda
+#   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
@@ -91,6 +93,21 @@ tiny)
         grep -v "No registered plugin EP"
     softsyn signoff /tmp/tiny-h200 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
     cp /tmp/tiny-h200/reports/signoff.rpt "$OUT/tiny-signoff.rpt" 2>/dev/null || true ;;
+loop)
+    softsyn_install
+    name=$(basename "${1:-constraints/chat-h200-int4.yaml}" .yaml)
+    set +e
+    softsyn compile zoo:qwen3-1.7b -c "${1:-constraints/chat-h200-int4.yaml}" --effort ultra -o /tmp/$name -q \
+        > "$OUT/$name-compile.txt" 2>&1
+    echo "compile exit $?"
+    set -e
+    tail -40 "$OUT/$name-compile.txt"
+    cp /tmp/$name/reports/precision.rpt /tmp/$name/compile.log "$OUT/" 2>/dev/null || true
+    softsyn signoff /tmp/$name --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
+    cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true ;;
+moe)
+    softsyn_install
+    python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
