@@ -259,3 +259,24 @@ def test_warm_up_runs_until_the_run_time_settles(monkeypatch):
     assert warm_up(steady, 3) == 6  # two blocks: the second tells the first was settled
     falling = Recovering([30 * 0.9 ** i for i in range(40)])  # 10 % faster every call: never settles
     assert warm_up(falling, 1) == WARM_CAP
+
+
+def test_a_shared_kv_buffer_is_measured_in_place(tiny_cpu_artifact):
+    """kv_layout's artifact runs with each present bound to its past buffer (GQA updates it in place): signoff binds
+    it so too, or every measured call would copy the whole cache into a runtime-allocated present."""
+    from softsyn.flow.signoff import kv_aliases
+    from softsyn.frontends import read_design
+    from softsyn.runtime.binding import BoundRunner
+    from softsyn.runtime.inputs import scenario_inputs
+    from softsyn.runtime.session import open_model
+
+    netlist = read_design(str(tiny_cpu_artifact / "model.onnx"), progress=False)
+    aliases = kv_aliases(netlist)
+    assert aliases == {f"present.{i}.{kv}": f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")}
+    feeds = scenario_inputs(netlist, {"batch": 1, "seq": 1, "past": 8})
+    sess = open_model(tiny_cpu_artifact / "model.onnx")
+    runner = BoundRunner.from_feeds(sess, feeds, "cpu", aliases)
+    runner.run()
+    outs = dict(zip([o.name for o in sess.get_outputs()], runner.binding.get_outputs()))
+    past = runner.keep[list(k for k in feeds if k in {i.name for i in sess.get_inputs()}).index("past_key_values.0.key")]
+    assert outs["present.0.key"].data_ptr() == past.data_ptr()  # the same buffer, written in place

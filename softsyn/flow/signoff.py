@@ -343,13 +343,14 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         log("signoff: " + ", ".join(g.name for (g, _), on in zip(chosen, graphs) if on)
             + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
             enabled=progress)
+    aliases = kv_aliases(netlist)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
-                            options=target.session_options, cuda_graphs=graphs)
+                            options=target.session_options, cuda_graphs=graphs, aliases=aliases)
     machine = machine_state(probe_before, speed_probe(provider), design.library)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
     profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
-                            provider=provider, options=target.session_options, blocking=blocking)
+                            provider=provider, options=target.session_options, blocking=blocking, aliases=aliases)
     results = []
     for (group, timing), m, prof in zip(chosen, measured, profiles):
         annotation.provider = m.provider
@@ -435,3 +436,17 @@ def write_results(result: SignoffResult, directory: str | Path, report_text: str
                             json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
     return written + [write_html(directory, result.directory)]  # the page, with the rest read from DIR itself
 
+
+def kv_aliases(netlist) -> dict[str, str]:
+    """{present: past} of a decoder whose past and present share one buffer (kv_layout), so the measured run binds
+    them as the artifact runs; {} otherwise."""
+    from softsyn.runtime.decoder import NotDecoder, decoder_io
+
+    try:
+        io = decoder_io(netlist.model)
+    except NotDecoder:
+        return {}
+    if not io.shares_buffer:
+        return {}
+    return {k: v for layer in io.layers for k, v in ((layer.present_key, layer.past_key),
+                                                      (layer.present_value, layer.past_value))}

@@ -58,17 +58,26 @@ class BoundRunner:
         return runner
 
     @classmethod
-    def from_feeds(cls, sess, feeds: dict[str, np.ndarray], provider: str = "cpu") -> "BoundRunner":
+    def from_feeds(cls, sess, feeds: dict[str, np.ndarray], provider: str = "cpu",
+                   aliases: dict[str, str] | None = None) -> "BoundRunner":
         """Inputs copied to the device once (feeds the session has no input for are left out), outputs bound by name
-        on the device and allocated by the runtime in each call."""
+        on the device and allocated by the runtime in each call. `aliases` {output: input}: that output is bound to
+        the input's own buffer (a shared past/present KV buffer GroupQueryAttention updates in place, as the
+        artifact runs; a separate present would be a copy of the whole cache every call)."""
         runner = cls(sess)
         device = device_of(provider)
         names = {i.name for i in sess.get_inputs()}
+        bound = {}
         for name, array in feeds.items():
             if name in names:
-                runner.bind_input(name, to_device(array, device))
+                bound[name] = to_device(array, device)
+                runner.bind_input(name, bound[name])
         for out in sess.get_outputs():
-            runner.binding.bind_output(out.name, device, 0)
+            source = (aliases or {}).get(out.name)
+            if source in bound:
+                runner.binding.bind_ortvalue_output(out.name, bound[source])
+            else:
+                runner.binding.bind_output(out.name, device, 0)
         return runner
 
     def bind_input(self, name: str, value) -> None:

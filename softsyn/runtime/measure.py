@@ -149,7 +149,7 @@ def _timed_calls(runner: BoundRunner, n: int) -> list[float]:
 
 def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 20, warmup: int = 3,
                  provider: str = "cpu", options: dict | None = None, rounds: int = 10,
-                 cuda_graphs: list[bool] | None = None) -> list[Measurement]:
+                 cuda_graphs: list[bool] | None = None, aliases: dict[str, str] | None = None) -> list[Measurement]:
     """measure() for several scenarios on ONE session (a big model loads once), interleaved: `rounds` rounds,
     each timing runs/rounds calls of every scenario in turn, so a drift of the machine (clocks, a neighbour's
     load) lands on every scenario alike instead of on whichever was timed last. Each scenario's turn starts
@@ -157,11 +157,12 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     find cold caches and a reshaped memory arena (on 2 CPU cores, qwen3-tiny decode after a batch-4 prefill: p90
     2x the median without them).
     `cuda_graphs[i]` (provider cuda): scenario i runs as a captured CUDA graph (enable_cuda_graph=1), in a session
-    of its own, since a graph replays one set of shapes and addresses; its first warm-up call captures it."""
+    of its own, since a graph replays one set of shapes and addresses; its first warm-up call captures it.
+    `aliases` {output: input}: outputs bound to their input's buffer (BoundRunner.from_feeds)."""
     graphed = [bool(g) and provider == "cuda" for g in (cuda_graphs or [False] * len(scenarios))]
     sess = open_model(model_path, provider, options) if not all(graphed) else None
     runners = [BoundRunner.from_feeds(open_model(model_path, provider, options, cuda_graph=True) if g else sess,
-                                      feeds, provider) for feeds, g in zip(scenarios, graphed)]
+                                      feeds, provider, aliases) for feeds, g in zip(scenarios, graphed)]
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
@@ -292,14 +293,14 @@ def profile(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 10, warm
 
 def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 10, warmup: int = 2,
                  provider: str = "cpu", options: dict | None = None, keep_trace: str | Path | None = None,
-                 blocking: bool = False, calibrate: bool = True) -> list[Profile]:
+                 blocking: bool = False, calibrate: bool = True, aliases: dict[str, str] | None = None) -> list[Profile]:
     """profile() for several scenarios on one profiling session: warmup + runs of each in turn, one trace."""
     if blocking and provider == "cuda":
-        return _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace)
+        return _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace, aliases)
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
         sess = open_model(model_path, provider, options, profile_prefix=str(Path(tmp) / "ort"))
         for feeds in scenarios:
-            runner = BoundRunner.from_feeds(sess, feeds, provider)
+            runner = BoundRunner.from_feeds(sess, feeds, provider, aliases)
             for _ in range(warmup + runs):
                 runner.run()
         trace = sess.end_profiling()
@@ -324,13 +325,13 @@ def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     return results
 
 
-def _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace) -> list[Profile]:
+def _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace, aliases) -> list[Profile]:
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
         for i, feeds in enumerate(scenarios):
             np.savez(Path(tmp) / f"feeds{i}.npz", **feeds)
         job = {"model": str(model_path), "scenarios": len(scenarios), "runs": runs, "warmup": warmup,
                "provider": provider, "options": options or {}, "keep_trace": str(keep_trace or ""),
-               "out": str(Path(tmp) / "profile.json")}
+               "out": str(Path(tmp) / "profile.json"), "aliases": aliases or {}}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
         proc = subprocess.run([sys.executable, "-m", "softsyn.runtime.measure", str(Path(tmp) / "job.json")], env=env,
@@ -348,7 +349,7 @@ def _main(job_file: str) -> None:
         with np.load(Path(job_file).parent / f"feeds{i}.npz") as data:
             scenarios.append({k: data[k] for k in data.files})
     results = profile_many(Path(job["model"]), scenarios, job["runs"], job["warmup"], job["provider"], job["options"],
-                           job["keep_trace"] or None)
+                           job["keep_trace"] or None, aliases=job.get("aliases") or None)
     Path(job["out"]).write_text(json.dumps([r.to_dict() for r in results]))
 
 
