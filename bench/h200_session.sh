@@ -15,6 +15,7 @@
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS     zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml), signed off on cuda
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
+#   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
@@ -105,6 +106,14 @@ loop)
     cp /tmp/$name/reports/precision.rpt /tmp/$name/compile.log "$OUT/" 2>/dev/null || true
     softsyn signoff /tmp/$name --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
     cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true ;;
+moecells)
+    softsyn_install
+    cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
+    set +e
+    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --quick --cells 'MoE*,QMoE*' -o $LIB 2>&1 |
+        tail -20 | grep -v "No registered plugin EP"
+    set -e
+    cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
 moe)
     softsyn_install
     python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;

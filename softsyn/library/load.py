@@ -63,8 +63,10 @@ def default_library() -> str:
 
 
 def _clip(spec: str) -> str:
-    """A library name or path as given, cut to 80 characters for a message."""
-    return spec if len(spec) <= 80 else spec[:77] + "..."
+    """A library name or path as given, cut to 80 characters for a message (a path keeps its end: the file name)."""
+    if len(spec) <= 80:
+        return spec
+    return "..." + spec[-77:] if "/" in spec else spec[:77] + "..."
 
 
 def _valid_libraries() -> str:
