@@ -50,6 +50,12 @@ class TraceRow:
     worst_group: str
 
 
+# A GPU library's tables read max(host, device) per node, so a low-bit map's speed-up there is a prediction until
+# signoff measures it (docs/decisions/2026-12-01-compile-loop.md: an int8 map measured slower than fp16 on the H200).
+GPU_SPEED_UNMEASURED = ("the map's speed-up is predicted from the GPU library's tables (est), which over-read small "
+                        "GEMVs, not measured: confirm it with softsyn signoff DIR --provider cuda before deploying it")
+
+
 @dataclass
 class OptimizeReport:
     search: str
@@ -182,6 +188,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     for c in cands:
         p = requested[c.name]
         report.cells.append(mp_row(problem, c, p, realised.get(c.name, p)))
+    if design.library.is_gpu and any(c.realised != problem.options[c.name][0] for c in report.cells):
+        report.notes.append(GPU_SPEED_UNMEASURED)
+        design.log(f"optimize: note: {GPU_SPEED_UNMEASURED}")
     mismatched = [c for c in report.cells if c.requested != c.realised]
     if mismatched:
         report.notes.append(f"{len(mismatched)} cells realised another precision than requested: "

@@ -245,3 +245,24 @@ def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
     found, skipped = mp.candidates(design)
     assert {n.name for n in routers} <= {name for name, why in skipped.items() if why == "moe_router: MoE router"}
     assert found and not {c.name for c in found} & {n.name for n in routers}
+
+
+def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_path):
+    """On a GPU library the loop's speed-up rests on tables that over-read small GEMVs (an int8 map measured slower
+    than fp16 on the H200): a re-mapped design says so, in the precision report's notes and the compile log."""
+    from softsyn import passes
+    from softsyn.design import Design
+    from softsyn.passes.optimize import GPU_SPEED_UNMEASURED
+
+    cons = tmp_path / "g.yaml"
+    cons.write_text("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 64, context_len: 128}\npath_groups:\n"
+                    "  prefill: {kind: prefill, clock_period: 100ms, dims: {batch: 1, seq: 64, past: 0}}\n"
+                    "  decode: {kind: decode, clock_period: 10us, dims: {batch: 1, seq: 1, past: 128}}\n"
+                    "accuracy: {max_rel_error: 50%}\nprecision: {allowed: [fp16, int8, int4], default: fp16}\n")
+    design = Design.load("zoo:qwen3-tiny", cons, cache_dir=cache_dir, progress=False)
+    for step in effort("medium").steps:
+        passes.run_pass(design, step.pass_name, dict(step.options))
+    report = design.pass_reports["optimize"]
+    assert any(c.realised in ("int4", "int8") for c in report.cells)
+    assert GPU_SPEED_UNMEASURED in report.notes
+    assert GPU_SPEED_UNMEASURED in report_precision(report, "qwen3-tiny", "h200-ort-cuda")
