@@ -27,9 +27,10 @@ CONFIG = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attenti
 def export(path: Path) -> float:
     """Export to `path`; returns the max |ORT - torch| of the logits at SEQ tokens."""
     import numpy as np
-    import onnxruntime as ort
     import torch
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    from softsyn.runtime.session import open_model
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen3NextConfig(**CONFIG), dtype=torch.float32,
@@ -49,7 +50,7 @@ def export(path: Path) -> float:
     prog = torch.onnx.export(Logits(model).eval(), (ids,), dynamo=True, dynamic_shapes=dims, optimize=False,
                              input_names=["input_ids"], output_names=["logits"])
     prog.save(str(path))
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = open_model(path, "cpu")
     with torch.no_grad():
         ref = model(input_ids=ids, use_cache=False).logits.numpy()
     return float(np.abs(sess.run(None, {"input_ids": ids.numpy()})[0] - ref).max())

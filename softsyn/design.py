@@ -142,12 +142,13 @@ class Design:
 
     @functools.cached_property
     def partition(self):
-        """One device's part of the netlist at the plan's degree (softsyn.timing.tp.Partition), else None."""
-        if self.tp_plan is None:
+        """One device's part of the netlist at the asked degree, or for `auto` the plan's (softsyn.timing.tp.Partition);
+        None without tensor parallelism. A given degree needs no plan: the plan times every degree."""
+        if self.tp_request is None:
             return None
         from softsyn.timing.tp_plan import partition_at
 
-        return partition_at(self, self.tp_plan.n)
+        return partition_at(self, self.tp_request if isinstance(self.tp_request, int) else self.tp_plan.n)
 
     def _group_specs(self) -> list[PathGroupSpec]:
         if self.constraints.path_groups:
@@ -247,7 +248,9 @@ class Design:
 
         return load_collectives()
 
-    def analyze(self) -> Analysis:
+    def analyze(self, tp_plan: bool = True) -> Analysis:
+        """`tp_plan`: with tensor parallelism, the plan over every degree too (off for a compile's intermediate
+        steps, whose log rows need only this degree's timing)."""
         groups = self.time()
         share = self.partition.share if self.partition is not None else None
         recast = self.partition.recast if self.partition is not None else None
@@ -265,7 +268,7 @@ class Design:
             area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
-            warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan)
+            warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan if tp_plan else None)
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

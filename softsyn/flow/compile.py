@@ -89,7 +89,7 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
             log.add_estimates(result.report, before, len(design.netlist.nodes()))
             error_over = result.report.estimate_error - result.report.budget
             log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
-        analysis = design.analyze()
+        analysis = design.analyze(tp_plan=step is level.steps[-1])  # the plan once, for what emit writes
         log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
     path = emit(design, analysis, out_dir, log, reference, plan=plan)
     return analysis, path

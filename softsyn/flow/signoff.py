@@ -337,8 +337,8 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
     probe_before = speed_probe(provider)
     # a group the design times as a captured CUDA graph is measured as one, where its settings enable it
-    graphs = [provider == "cuda" and target.cuda_graph and design.launches.get(group.name) is not None
-              and design.launches[group.name].captured for group, _ in chosen]
+    graphs = [provider == "cuda" and target.cuda_graph and getattr(design.launches.get(group.name), "captured", False)
+              for group, _ in chosen]
     if any(graphs):
         log("signoff: " + ", ".join(g.name for (g, _), on in zip(chosen, graphs) if on)
             + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
