@@ -74,6 +74,8 @@ def test_plan_writes_the_fused_design_without_a_model(planned, compiled, cache_d
     assert {"RotaryEmbedding", "SimplifiedLayerNormalization"} <= cells or "GroupQueryAttention" in cells
     verify = cli("verify", str(out), cache_dir=cache_dir)
     assert verify.returncode == 2 and "weightless plan" in verify.stderr
+    # constant folding cannot read a plan's weights: expected, so not one warning line per weight
+    assert "Evaluation failed" not in proc.stderr and "External data for value" not in proc.stderr, proc.stderr[:400]
 
 
 def test_a_cuda_artifact_with_absorbed_qk_norms_verifies_on_the_cpu(tmp_path, cache_dir):
