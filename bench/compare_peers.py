@@ -305,6 +305,18 @@ def make_ort_fusions(plain: Path, out: Path) -> tuple[Path, dict]:
     return path, {k: int(n) for k, n in counts.items() if n}
 
 
+def use_compiled(directory: Path) -> tuple[Path, dict, str]:
+    """An artifact `softsyn compile` wrote before (--compiled-dir): its model, session options and fusion coverage."""
+    from softsyn.emit import SESSION_FILE
+
+    session = json.loads((directory / SESSION_FILE).read_text())
+    design = json.loads((directory / "design.json").read_text()) if (directory / "design.json").is_file() else {}
+    fusion = directory / "reports" / "fusion.rpt"
+    coverage = f"see {fusion}" if fusion.is_file() else ""
+    what = ", ".join(f"{k} {design[k]}" for k in ("effort", "constraints") if design.get(k))
+    return directory / session["model"], session.get("session_options") or {}, coverage + (f" ({what})" if what else "")
+
+
 def make_compiled(netlist, target: str, out: Path, max_length: int) -> tuple[Path, dict, str]:
     """softsyn compile --effort low on `netlist` (modified in place: do it after everything else reads it)."""
     from softsyn.flow.compile import compile_design
@@ -476,6 +488,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, help="warm-up runs per variant per scenario (default cpu 20, cuda 10)")
     parser.add_argument("--genai", help="onnxruntime-genai wheel or folder for the builder (default: .whl/"
                                         "onnxruntime_genai-*.whl, else an installed onnxruntime_genai)")
+    parser.add_argument("--builder-precision", choices=["fp32", "fp16", "int4"],
+                        help="the builder's -p (default fp16 on cuda, fp32 on cpu); int4 is its MatMulNBits model")
+    parser.add_argument("--compiled-dir", type=Path, metavar="DIR",
+                        help="measure this softsyn artifact (compiled before from the same zoo model, e.g. --effort "
+                             "ultra under a constraints file) as the compiled variant instead of compiling --effort low")
     parser.add_argument("--builder-timeout", type=float, default=420.0,
                         help="time box of HF folder + builder generation, s (runs beside the export; default 420)")
     parser.add_argument("--builder-options", nargs="+", metavar="KEY=VALUE",
@@ -528,6 +545,8 @@ def main() -> int:
     job = None
     if "builder" in variants:
         precision, ep = plan["builder"]
+        precision = args.builder_precision or precision
+        LABELS["builder"] = f"{LABELS['builder']}, -p {precision}"
         job = BuilderJob(model, work, args.genai, precision, ep, args.builder_timeout, args.builder_options)
         job.start()
 
@@ -563,7 +582,11 @@ def main() -> int:
     if "compiled" in found:
         v, t = found["compiled"], time.perf_counter()
         try:
-            v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / "compiled", args.kv_buffer)
+            if args.compiled_dir:
+                v.path, v.options, coverage = use_compiled(args.compiled_dir)
+                LABELS["compiled"] = f"softsyn artifact {args.compiled_dir}, compiled before this run"
+            else:
+                v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / "compiled", args.kv_buffer)
             genai = v.path.parent / "genai_config.json"
             if genai.exists():
                 v.genai_config = json.loads(genai.read_text())

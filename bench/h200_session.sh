@@ -11,9 +11,13 @@
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
+#   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
+#                        int4 model (-p int4), both eager and as CUDA graphs, the plain export as the reference
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
-#   loop CONSTRAINTS     zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml), signed off on cuda
+#   loop CONSTRAINTS [S] zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml) into
+#                        /tmp/NAME, signed off on cuda, in the background; waits S seconds (540) for it
+#   wait NAME [S]        wait S more seconds for `loop`'s NAME (the constraints file's stem), then bring back its reports
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -85,6 +89,14 @@ peers)
         --work /tmp/peers -o "$OUT/compare-peers-cuda-$model.md" 2>&1 | tee "$OUT/compare-peers-$model.log" |
         grep -v "No registered plugin EP"
     cp /tmp/peers/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
+peers4)
+    softsyn_install
+    dir=$1
+    model=${2:-qwen3-1.7b}
+    python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
+        --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,plain,builder,builder+graph \
+        --work /tmp/peers4 -o "$OUT/compare-peers-cuda-$model-$(basename "$dir")-int4.md" 2>&1 |
+        tee "$OUT/compare-peers4-$model.log" | grep -v "No registered plugin EP" ;;
 tiny)
     softsyn_install
     rm -rf /tmp/tiny-h200
@@ -95,17 +107,29 @@ tiny)
     softsyn signoff /tmp/tiny-h200 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
     cp /tmp/tiny-h200/reports/signoff.rpt "$OUT/tiny-signoff.rpt" 2>/dev/null || true ;;
 loop)
+    # compile + signoff run in the background (nohup), so a compile longer than one device call (600 s) goes on
+    # in the next call's `wait NAME` while the machine stays warm
     softsyn_install
-    name=$(basename "${1:-constraints/chat-h200-int4.yaml}" .yaml)
-    set +e
-    softsyn compile zoo:qwen3-1.7b -c "${1:-constraints/chat-h200-int4.yaml}" --effort ultra -o /tmp/$name -q \
-        > "$OUT/$name-compile.txt" 2>&1
-    echo "compile exit $?"
-    set -e
-    tail -40 "$OUT/$name-compile.txt"
-    cp /tmp/$name/reports/precision.rpt /tmp/$name/compile.log "$OUT/" 2>/dev/null || true
-    softsyn signoff /tmp/$name --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
-    cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true ;;
+    cons=${1:-constraints/chat-h200-int4.yaml}
+    name=$(basename "$cons" .yaml)
+    rm -rf /tmp/$name /tmp/$name.done
+    nohup bash -c "softsyn compile zoo:${MODEL:-qwen3-1.7b} -c '$cons' --effort ultra -o /tmp/$name > /tmp/$name-compile.txt 2>&1;
+        echo \"compile exit \$?\" > /tmp/$name.status;
+        softsyn signoff /tmp/$name --provider cuda > /tmp/$name-signoff.txt 2>&1;
+        echo \"signoff exit \$?\" >> /tmp/$name.status; touch /tmp/$name.done" > /dev/null 2>&1 &
+    bash "$0" wait "$name" "${2:-540}" ;;
+wait)
+    name=$1
+    end=$((SECONDS + ${2:-540}))
+    while [ ! -f /tmp/$name.done ] && [ $SECONDS -lt $end ]; do sleep 5; done
+    grep -v "No registered plugin EP" /tmp/$name-compile.txt | tail -60
+    [ -f /tmp/$name.done ] || { echo "still running: call \`wait $name\` again"; exit 0; }
+    cat /tmp/$name.status
+    grep -v "No registered plugin EP" /tmp/$name-signoff.txt | tail -40
+    cp /tmp/$name-compile.txt /tmp/$name-signoff.txt "$OUT/"
+    cp /tmp/$name/reports/precision.rpt "$OUT/$name-precision.rpt" 2>/dev/null || true
+    cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true
+    cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true ;;
 moecells)
     softsyn_install
     cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
