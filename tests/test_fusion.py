@@ -857,3 +857,15 @@ def test_an_estimated_delay_is_no_evidence_against_a_fusion():
     design = Design(nl, Constraints.default(), library, progress=False)
     (cov,) = fuse(nl, "cpu", kinds=["gelu"], cost=cost_check(design))
     assert cov.fused == 1 and not cov.misses
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_rotary_cache_covers_every_position_the_kv_buffer_holds(target, cache_dir):
+    """A KV buffer longer than max_position_embeddings (qwen3-tiny: 4096) still runs: GQA refuses a total length
+    past its cos cache's rows, so the cache covers the buffer (compile logs that those positions are untrained)."""
+    nl = read_design("zoo:qwen3-tiny", cache_dir=cache_dir, progress=False)
+    trained = nl.config["max_position_embeddings"]
+    fuse(nl, target, positions=trained + 904)
+    caches = {v.name: v.const_value.numpy().shape for n in nl.nodes() for v in n.inputs
+              if v is not None and "cos_cache" in v.name and v.const_value is not None}
+    assert caches and all(rows == trained + 904 for rows, _ in caches.values()), caches

@@ -36,7 +36,13 @@ TARGETS = ("cpu", "cuda")
 def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())
-    coverages = fuse(design.netlist, target, cost=cost_check(design))
+    positions = held_positions(design)
+    trained = design.netlist.config.get("max_position_embeddings")
+    if trained and positions > int(trained):
+        design.log(f"fuse: warning: the design holds {positions} positions (KV buffer / scenarios), past the model's "
+                   f"max_position_embeddings {trained}: the rotary cache covers all {positions}, but positions past "
+                   f"{trained} are outside the context the model was trained for")
+    coverages = fuse(design.netlist, target, cost=cost_check(design), positions=positions)
     design.netlist_changed()
     after = len(design.netlist.nodes())
     kept = sum(1 for c in coverages for m in c.misses if m.reason.startswith(KEPT))
@@ -60,10 +66,20 @@ def fusion_kinds() -> list[str]:
     return [r.kind for r in RULES]
 
 
-def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None, cost: CostCheck | None = None) -> list[Coverage]:
+def held_positions(design) -> int:
+    """The longest sequence the compiled design must run: its KV buffer's length (kv_cache.max_length, else the
+    workload's) or a timed scenario's past + seq, whichever is longer."""
+    cons = design.constraints
+    held = cons.kv_cache.max_length or max(cons.workload.prompt_len, cons.workload.context_len + 1)
+    return max([held] + [g.scenario.dims.get("past", 0) + g.scenario.dims.get("seq", 1) for g in design.groups])
+
+
+def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None, cost: CostCheck | None = None,
+         positions: int | None = None) -> list[Coverage]:
     """Fuse in place; `target` "cpu" | "cuda" picks provider-legal ops. One Coverage per kind run. With `cost`, a
     matched site is rewritten only where its fused cells are no slower than what they replace (else a Miss whose
-    reason starts with KEPT)."""
+    reason starts with KEPT). `positions`: the longest sequence the design must hold (the rotary cache's rows at
+    least; the model's max_position_embeddings when longer)."""
     if target not in TARGETS:
         raise ValueError(f"fuse: target must be 'cpu' or 'cuda', not {target!r}")
     rules = list(RULES)
@@ -72,7 +88,7 @@ def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None, cost: Cos
         if unknown:
             raise ValueError(f"fuse: unknown kind(s) {', '.join(unknown)}; valid: {', '.join(r.kind for r in rules)}")
         rules = [r for r in rules if r.kind in kinds]
-    ctx = FusionContext(netlist, target)
+    ctx = FusionContext(netlist, target, positions)
     result = []
     for rule in rules:
         cov = Coverage(rule.kind, target_op=rule.target_op)

@@ -48,11 +48,12 @@ class Coverage:
 class FusionContext:
     """What a rule sees: the netlist, its graph, the target, and shared per-graph helpers."""
 
-    def __init__(self, netlist, target: str):
+    def __init__(self, netlist, target: str, positions: int | None = None):
         self.netlist = netlist
         self.model = netlist.model
         self.graph = netlist.model.graph
         self.target = target
+        self.positions = positions  # the longest sequence the design must hold (its KV buffer), if known
         self.cache: dict = {}
 
     def site(self, node) -> str:

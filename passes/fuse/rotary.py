@@ -148,7 +148,8 @@ class RotaryRule(Rule):
         if pos is None:
             return (f"cos/sin depend on {', '.join(v.name for v in srcs) or 'no input'}, not on one integer "
                     "[batch, seq] position tensor")
-        max_pos = int(ctx.netlist.config.get("max_position_embeddings") or 4096)
+        # the cache covers every position the KV buffer holds (GQA refuses a total length past the cache's rows)
+        max_pos = max(int(ctx.netlist.config.get("max_position_embeddings") or 4096), ctx.positions or 0)
         ids = np.arange(max_pos, dtype=pos.dtype.numpy()).reshape((1, max_pos)[2 - len(pos.shape):])
         weights = placeholders([cos, sin])
         try:
