@@ -8,6 +8,10 @@
 #   characterize [S]     resume the H200 library from softsyn/library/libs/h200-ort-cuda.yaml for S seconds (570)
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
+#   graphcells [S]       the graph tables (softsyn characterize --graph: MatMul.fp16, MatMulNBits int4/int8 and GQA fp16 at
+#                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); the
+#                        tree's library is replaced by the result, so later steps of the session time captured decode
+#                        with them
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
@@ -77,6 +81,16 @@ fresh)
     set -e
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
+graphcells)
+    softsyn_install
+    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
+    set +e
+    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --graph \
+        --cells 'MatMul.fp16,MatMulNBits.int4,MatMulNBits.int8,GroupQueryAttention.fp16' -o $LIB 2>&1 |
+        tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -20
+    set -e
+    cp $LIB "$OUT/h200-ort-cuda.yaml"
+    cp $LIB softsyn/library/libs/h200-ort-cuda.yaml ;;
 drift)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

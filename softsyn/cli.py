@@ -497,10 +497,13 @@ def list_passes():
                    "(e.g. 'MatMul*', 'GroupQueryAttention.fp16', 'Run').")
 @click.option("--quick", is_flag=True, help="small grid and few samples (CI: the CPU library in under 3 min).")
 @click.option("--note", help="status line recorded in the header (e.g. 'preliminary: shared, noisy machine').")
+@click.option("--graph", "cuda_graph", is_flag=True,
+              help="(cuda) graph tables: MatMul, MatMulNBits and attention at one row timed as CUDA graph replays, "
+                   "what a captured decode step's kernels cost (no host share).")
 @click.option("--list", "list_only", is_flag=True, help="list the cells and their grid/hold-out point counts; measure nothing.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="library YAML to write (resumed if it exists).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr.")
-def characterize(runtime, provider, cells, quick, note, list_only, output, quiet):
+def characterize(runtime, provider, cells, quick, note, cuda_graph, list_only, output, quiet):
     """Measure a library's delay tables on this machine's runtime and device.
 
     \b
@@ -526,6 +529,7 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
+      softsyn characterize --provider cuda --graph -o h200-ort-cuda.yaml   # + graph tables (decode as a CUDA graph)
       softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
                                        # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
@@ -552,7 +556,8 @@ def characterize(runtime, provider, cells, quick, note, list_only, output, quiet
                                         command=command)
         click.echo(f"[softsyn] wrote {path}", err=True)
         return
-    run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note)
+    run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note,
+                     cuda_graph=cuda_graph)
 
 
 def _given_paths(model: str) -> list[Path]:

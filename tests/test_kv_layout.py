@@ -230,6 +230,43 @@ def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
     assert not why.captured and "GroupQueryAttention.fp16 does not run on CUDAExecutionProvider" in why.reason
 
 
+def test_graph_tables_time_a_captured_group_only(cuda_artifact):
+    """A cell measured as CUDA graph replays (implementation *-graph) sets its node's device time inside a captured
+    decode; eager groups, and sizes off the table's one row, keep the copies-measured table."""
+    import dataclasses
+
+    from softsyn.library import Cell
+    from softsyn.library.model import GRAPH_SUFFIX
+    from softsyn.timing import time_group
+    from softsyn.timing.sta import cell_timings, in_graph
+
+    library = load_library("h200-ort-cuda")
+    table = Cell(op="MatMul", precision="fp16", implementation="ort-cuda" + GRAPH_SUFFIX, axes=["m", "n", "k"],
+                 points=[[1.0], [64.0, 4096.0], [64.0, 4096.0]], delays=[[[3e-6, 4e-6], [5e-6, 6e-6]]])
+    graphed = dataclasses.replace(library, cells=[*library.cells, table])
+    assert graphed.graph_delay("MatMul", "fp16", {"m": 1, "n": 64, "k": 4096}) == pytest.approx(4e-6)
+    assert graphed.graph_delay("MatMul", "fp16", {"m": 2, "n": 64, "k": 64}) is None  # off its one row
+    assert graphed.cell_for("MatMul", "fp16", {"m": 1, "n": 64, "k": 64}).implementation == "ort-cuda"  # eager
+
+    design = Design(read_design(str(cuda_artifact / "model.onnx"), progress=False),
+                    parse_constraints(CUDA_TINY), graphed, progress=False)
+    decode = next(g for g in design.groups if g.name == "decode")
+    shapes = design.netlist.bind(decode.scenario.dims)
+    cells = cell_timings(design.netlist, graphed, shapes)
+    eager = {id(c.node): c.device for c in cells}
+    in_graph(cells, graphed)
+    matmuls = [c for c in cells if c.cell == "MatMul.fp16" and c.device > 0]
+    assert matmuls and all(c.host == 0.0 for c in cells)
+    for c in matmuls:
+        assert c.device == pytest.approx(graphed.graph_delay("MatMul", "fp16", c.work.sizes))
+        assert c.device != eager[id(c.node)]
+    captured = time_group(design.netlist, design.graph, graphed, design.constraints, decode,
+                          mode=design.launches["decode"])
+    plain = time_group(design.netlist, design.graph, library, design.constraints, decode,
+                       mode=design.launches["decode"])
+    assert captured.critical.arrival != plain.critical.arrival
+
+
 def test_cuda_artifact_runs_on_the_cpu_through_its_cpu_view(cuda_artifact):
     """`softsyn run --provider cpu` on a cuda artifact (GQA with absorbed q/k norms, which ORT's CPU kernel refuses)
     generates through the CPU view, as verify checks it, and says so."""

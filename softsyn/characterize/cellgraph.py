@@ -30,6 +30,7 @@ class Ctx:
     act: str  # activation precision of weight-only cells (fp32 on CPU, fp16 on CUDA)
     precision: str = "fp32"  # the precision of the cell being built
     form: str = "copies"  # "chain" (the CPU plan): copy i consumes copy i-1's output where the op allows it
+    cuda_graph: bool = False  # time the cell graphs as CUDA graph replays (kernel time inside a captured graph)
 
 
 @dataclass

@@ -60,6 +60,7 @@ from softsyn.characterize.runner import (
     OUTLIER, SETTINGS, Runner, Sample, best_delay, cell_session, measure_point, remeasure_outliers)
 from softsyn.characterize.writer import write_library
 from softsyn.errors import SoftsynError
+from softsyn.library.model import GRAPH_SUFFIX
 from softsyn.progress import log
 from softsyn.runtime.binding import BoundRunner
 from softsyn.runtime.session import PROVIDERS
@@ -144,15 +145,30 @@ def _pool_errors(lib: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ main
 
+# Graph tables (--graph, CUDA): the cells whose copies-measured delay is host-bound at decode sizes, re-measured as
+# CUDA graph replays at one row (a decode step's m / q_tokens), where the host share disappears. Their tables are
+# cells of implementation `<impl>GRAPH_SUFFIX`, which only a captured group's timing reads (Library.graph_delay).
+GRAPH_ROWS = {"MatMul": "m", "MatMulNBits": "m", "GroupQueryAttention": "q_tokens", "MultiHeadAttention": "q_tokens"}
+
+
+def graph_grids(kind: CellKind, grids: list[list[float]]) -> list[list[float]]:
+    """A kind's grids for its graph table: the rows axis at its smallest value (one decode row), the rest as they are."""
+    rows = GRAPH_ROWS.get(kind.op)
+    return [[g[0]] if a == rows else list(g) for a, g in zip(kind.axes, grids)]
+
+
 def characterize(provider: str, output: str | os.PathLike, cells: str | None = None, quick: bool = False,
                  progress: bool = True, command: str | None = None, note: str | None = None,
-                 holdout_limit: int | None = None) -> dict:
-    """Characterise `provider` into `output` (resuming it if it exists); returns the library dict."""
+                 holdout_limit: int | None = None, cuda_graph: bool = False) -> dict:
+    """Characterise `provider` into `output` (resuming it if it exists); returns the library dict. `cuda_graph`:
+    the graph tables instead (GRAPH_ROWS' kinds at one row, timed as CUDA graph replays; CUDA only)."""
     from softsyn.characterize.ceilings import measure_ceilings
     from softsyn.library import Cell
 
     if provider not in PROVIDERS:
         raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
+    if cuda_graph and provider != "cuda":
+        raise SoftsynError(f"--graph times cells as CUDA graph replays: it needs --provider cuda, not {provider}")
     say = functools.partial(log, enabled=progress, tag="characterize")
     path = Path(output)
     plan = plan_name(provider, quick)
@@ -192,14 +208,21 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                        f"over the grid, less passes whose machine-speed probe read > {PASS_GATE:g}x the cell's fastest"
                        if st.passes > 1 else "")
                     + f"; points > {OUTLIER:g}x slower than a larger point re-measured")
+    if cuda_graph:
+        lib.setdefault("notes", {})["graph_tables"] = (
+            f"cells of implementation *{GRAPH_SUFFIX}: {', '.join(sorted(GRAPH_ROWS))} at one row (decode), the same "
+            "T(N copies) - T(1) difference with both graphs captured (enable_cuda_graph=1) and replayed: the kernel "
+            "time plus what one more node costs inside a graph, with no host share; read only by captured groups")
     lib.setdefault("not_characterised", {})
     done = {(c["op"], str(c["precision"]), str(c.get("implementation", ""))) for c in lib["cells"]}
 
     ctx = Ctx(provider=provider, row=256 if provider == "cpu" else 1024, head_dim=32 if provider == "cpu" else 128,
-              act="fp32" if provider == "cpu" else "fp16", form=st.form)
+              act="fp32" if provider == "cpu" else "fp16", form=st.form, cuda_graph=cuda_graph)
     run_overhead = float(lib["ceilings"]["run_overhead"])
     kinds = [k for k in cell_kinds() if provider in k.providers]
     kinds.append(None)  # the Run cell
+    if cuda_graph:
+        kinds = [k for k in kinds if k is not None and k.op in GRAPH_ROWS and GRAPH_ROWS[k.op] in k.axes]
     if cells:
         pats = [p.strip() for p in cells.split(",") if p.strip()]
         kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
@@ -224,6 +247,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
             continue
         idx, kind = queue.pop(0)
         impl = kind.implementation(provider) if kind else f"ort-{provider}"
+        impl += GRAPH_SUFFIX if cuda_graph else ""
         op, prec = (kind.op, kind.precision) if kind else ("Run", "fp32")
         key = f"{op}.{prec}.{impl}"
         if ((op, prec, impl) in done and key not in retried) or key in lib["not_characterised"]:
@@ -242,7 +266,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
                 say(f"{idx:>3}/{total} {key}: not characterised: {why[:100]}")
                 write_library(lib, path)
                 continue
-            grids = kind.grids[plan]
+            grids = graph_grids(kind, kind.grids[plan]) if cuda_graph else kind.grids[plan]
             pts = _grid_points(grids)
             hold = holdout_points(grids, limit, tuple(kind.axes.index(a) for a in kind.discrete))
             budget = st.point_budget

@@ -67,6 +67,7 @@ class Ceilings:
 
 
 HOST_BOUND = 1.5  # a GPU cell delay within this factor of its table's floor was host (launch) bound
+GRAPH_SUFFIX = "-graph"  # implementation suffix of a cell timed as CUDA graph replays (Library.graph_delay)
 
 
 @dataclass
@@ -170,6 +171,8 @@ class Library:
                 continue
             if implementation is not None and c.implementation != implementation:
                 continue
+            if implementation is None and c.implementation.endswith(GRAPH_SUFFIX):
+                continue  # a graph table times a captured group only (graph_delay)
             if sizes is None or any(a not in sizes or sizes[a] is None for a in c.axes):
                 continue
             if best is not None and c.axes != best.axes:
@@ -180,6 +183,24 @@ class Library:
             if d <= 1e-12:
                 break
         return best
+
+    def graph_delay(self, op_type: str, precision: str, sizes: dict | None) -> float | None:
+        """Seconds a node holds the device inside a captured CUDA graph, from its graph table (implementation
+        `*-graph`, measured as graph replays), or None: no such table, or `sizes` off an axis the table holds at one
+        value (a graph table's one row: a decode step's m or q_tokens)."""
+        if not sizes:
+            return None
+        p = canonical_precision(precision) or precision
+        for c in self.cells:
+            if c.op != op_type or c.precision != p or not c.implementation.endswith(GRAPH_SUFFIX):
+                continue
+            if any(a not in sizes or sizes[a] is None for a in c.axes):
+                continue
+            if any(len(g) == 1 and sizes[a] != g[0] for a, g in zip(c.axes, c.points)):
+                continue
+            value, _ = c.lookup(sizes)
+            return c.scaled(value, sizes)[0]
+        return None
 
     def roofline(self, precision: str, flops: float, bytes_moved: float) -> float:
         """max(flops / peak, bytes / bandwidth) + launch_overhead, seconds."""

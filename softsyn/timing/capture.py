@@ -5,7 +5,8 @@ shapes and addresses and every node runs on the CUDA provider. softsyn's decoder
 the KV cache is one `max_length` buffer per layer that GroupQueryAttention updates in place (kv_layout), the
 attention mask a `max_length` buffer filled step by step (softsyn run, onnxruntime-genai), the token and its
 position one element each. Prefill stays eager: its prompt length varies per request (softsyn run gives it
-gpu_graph_id -1). Inside a graph a node costs the host nothing and the device its kernel or the library's
+gpu_graph_id -1). Inside a graph a node costs the host nothing and the device its graph table's time where the
+library has one (`softsyn characterize --graph`: the cell timed as graph replays), else its kernel or the library's
 `launch_overhead_graph` (what one more node adds inside a graph), whichever is longer.
 """
 from __future__ import annotations

@@ -188,7 +188,7 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     shapes = netlist.bind(group.scenario.dims)
     cells = cell_timings(netlist, library, shapes, annotation, absorbed, partition, collectives)
     if mode is not None and mode.captured and annotation is None:
-        in_graph(cells, library.ceilings.launch_overhead_graph)
+        in_graph(cells, library)
 
     port_arrival = {name: constraints.input_delay_for(name, netlist.input_modality(name), group.name)
                     for name in group.inputs}
@@ -261,13 +261,17 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
         launch="" if mode is None else mode.describe(library))
 
 
-def in_graph(cells: list[CellTiming], per_node: float) -> None:
+def in_graph(cells: list[CellTiming], library: Library) -> None:
     """Re-time cells replayed from a captured CUDA graph: the host issues none of them; a kernel occupies the
-    device for its time or the graph's per-node cost, whichever is longer; a view (no kernel) costs nothing."""
+    device for its graph table's time (measured as graph replays: kernel + per-node graph cost, no host share) where
+    the library has one, else its time or the graph's per-node cost, whichever is longer; a view costs nothing."""
+    per_node = library.ceilings.launch_overhead_graph or 0.0
     for c in cells:
         c.host = 0.0
         if c.device > 0.0:
-            c.device = max(c.device, per_node)
+            op, precision = c.cell.split(".", 1)
+            graph = library.graph_delay(op, precision, c.work.sizes) if c.source != "annot" else None
+            c.device = graph if graph is not None else max(c.device, per_node)
 
 
 def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: list[CellTiming], port_arrival: dict,
