@@ -1,0 +1,4 @@
+"""`python -m softsyn.cli`: the softsyn command."""
+from softsyn.cli import run
+
+run()
