@@ -91,6 +91,9 @@ def test_structure(fused):
         assert cov["skip_rms_norm"].fused == 2 * layers
         assert cov["rotary"].fused == 2 * layers
         assert after["SimplifiedLayerNormalization"] + after["SkipSimplifiedLayerNormalization"] == cov["rms_norm"].fused
+        # SwiGLU's gate: x * sigmoid(x) is one QuickGelu(alpha 1) per dense MLP; an MoE's experts are in its MoE op
+        assert after["QuickGelu"] == cov["silu"].fused == (0 if after["MoE"] else layers) and not after["Sigmoid"]
+        assert all(n.attributes["alpha"].value == 1.0 for n in nl.nodes() if n.op_type == "QuickGelu")
     else:
         assert after["MultiHeadAttention"] == cov["attention"].fused == 6
         # 13: the embeddings' too, whose position embeddings [1, S, H] broadcast over the batch (the op's skip)

@@ -1,4 +1,4 @@
-"""The `fuse` pass: norms, rotary, attention (GQA/MHA), projections, GELU, MoE -> runtime kernels.
+"""The `fuse` pass: norms, rotary, attention (GQA/MHA), projections, GELU, MoE, SiLU -> runtime kernels.
 
 This module is the rule list and the only module that imports the rule files. Rules run in RULES
 order: norms and rotary before attention, which on cuda absorbs the fused rotary and q/k norms. The rule
@@ -21,18 +21,19 @@ from softsyn.passes.fuse.moe import MoERule
 from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
 from softsyn.passes.fuse.projections import ProjectionMergeRule
 from softsyn.passes.fuse.rotary import RotaryRule
+from softsyn.passes.fuse.silu import SiluRule
 from softsyn.passes.precision import default_precision
 
 RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
     RotaryRule(), AttentionRule(GroupQueryAttentionRule(), MultiHeadAttentionRule()),
     ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
-    GeluRule(), MoERule(), LinearAttentionRule(),
+    GeluRule(), MoERule(), LinearAttentionRule(), SiluRule(),  # SiLU last: MoE and linear attention match theirs whole
 )
 TARGETS = ("cpu", "cuda")
 
 
-@register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE into runtime kernels")
+@register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE, SiLU into runtime kernels")
 def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())

@@ -21,6 +21,7 @@ Shapes = dict[str, tuple[int, ...]]
 _UNARY = {
     "Softmax", "LogSoftmax", "IsNaN", "IsInf", "Sigmoid", "Sqrt", "Neg", "Exp", "Log", "Tanh", "Relu", "Erf",
     "Reciprocal", "Abs", "Cast", "Not", "Identity", "Cos", "Sin", "Gelu", "Silu", "Floor", "Ceil", "Round",
+    "QuickGelu",
 }
 _ELEMENTWISE = _UNARY | {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "LessOrEqual", "Greater",
