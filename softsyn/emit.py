@@ -39,6 +39,8 @@ MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 SESSION_FILE = "runtime/session.json"
 ORT_DOMAIN = "com.microsoft"
+# runtime/session.json's SessionOptions: what softsyn run and signoff open the artifact with
+SESSION_OPTIONS = {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0}
 
 
 def require_weights(netlist) -> None:
@@ -255,7 +257,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
         if library.is_gpu else {},
         "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
-        "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
+        "session_options": dict(SESSION_OPTIONS),
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),
         "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},
