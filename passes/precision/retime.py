@@ -206,6 +206,18 @@ def alternate(pairs: int) -> Callable[[int], list[int]]:
     return lambda r: [2 * i + (j if r % 2 == 0 else 1 - j) for i in range(pairs) for j in (0, 1)]
 
 
+def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
+    """{"base" | "map": per design group, whether it is timed as a CUDA graph replay}: where the design's launches
+    say the group is captured (softsyn.timing.capture, as emit enables it in session.json), on CUDA only."""
+    from softsyn.timing.capture import group_launch, shared_kv_buffer
+
+    shared = shared_kv_buffer(mapped)
+    return {"base": [provider == "cuda" and getattr(design.launches.get(g.name), "captured", False)
+                     for g in design.groups],
+            "map": [provider == "cuda" and group_launch(mapped, design.library, g.scenario.dims, shared).captured
+                    for g in design.groups]}
+
+
 def measure_pair(design, mapped, provider: str, runs: int = RUNS, rounds: int = TIMING_ROUNDS,
                  warmup: int = WARMUP) -> dict:
     """{group: (Measurement before the map, Measurement with it)}: both designs timed in one interleaved run, the way
@@ -214,14 +226,10 @@ def measure_pair(design, mapped, provider: str, runs: int = RUNS, rounds: int = 
     from softsyn.flow.signoff import kv_aliases
     from softsyn.runtime.inputs import scenario_inputs
     from softsyn.runtime.measure import bound_runners, measure_runners
-    from softsyn.timing.capture import group_launch, shared_kv_buffer
 
     groups = list(design.groups)
     feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
-    shared = shared_kv_buffer(mapped)
-    graphs = {"base": [provider == "cuda" and getattr(design.launches.get(g.name), "captured", False) for g in groups],
-              "map": [provider == "cuda" and group_launch(mapped, design.library, g.scenario.dims, shared).captured
-                      for g in groups]}
+    graphs = graph_flags(design, mapped, provider)
     with tempfile.TemporaryDirectory(prefix="softsyn-retime-") as tmp:
         runners = {}
         for which, netlist in (("base", design.netlist), ("map", mapped)):
