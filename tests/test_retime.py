@@ -81,7 +81,7 @@ def test_ultra_on_cpu_measures_the_map_against_the_design_before_it(cache_dir, t
     assert "opt.measured.1" in phases and "opt.greedy (est)" in phases  # measured rows are not labelled estimates
     note = next(n for n in report.notes if n.startswith("measured re-timing round 1 on cpu (baseline vs map of 1 int4)"))
     assert "prefill" in note and "decode" in note and note.count(" -> ") >= 4 and "load average" in note
-    assert "paired x" in note and "noise margin" in note
+    assert "paired x" in note and "(median [p10-p90] over 10 rounds)" in note
     kept = report.retime.kept is not None
     nbits = [n for n in design.netlist.nodes() if n.op_type == "MatMulNBits"]
     assert bool(nbits) == kept  # what the design holds is what the measurement decided
@@ -101,7 +101,7 @@ def test_a_map_measured_slower_corrects_the_tables_and_the_design_keeps_its_prec
     report = ultra(design)
     (rnd,) = report.retime.rounds  # the corrected tables leave no faster map: nothing more to measure
     assert not rnd.kept and rnd.ratio == pytest.approx(1.3)
-    assert rnd.verdict.startswith("rejected: the map's measured weighted negative slack is worse")  # slack first
+    assert rnd.verdict.startswith("rejected: the map's measured weighted negative slack") and "is worse" in rnd.verdict
     assert len(calls) == 1 and set(calls[0].values()) == {"MatMulNBits"}  # the measured copy held the map ...
     assert not [n for n in design.netlist.nodes() if n.op_type == "MatMulNBits"]  # ... the design keeps fp32
     corrected = next(n for n in report.notes if n.startswith("tables back-annotated from round 1"))

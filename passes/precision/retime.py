@@ -12,14 +12,18 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
 2. `judge`: per group the measured medians and the paired ratio (median over rounds of b's round median over a's),
    its p10-p90; the measured slack is the group's budget (required - input delay) less the measured median, as
    signoff's GroupResult reads it. In the loop's cost order the map is kept only if its weighted negative slack is
-   not worse than the baseline's and its weighted latency not worse, and one of them is better, beyond the noise
-   margin: half the p10-p90 spread of the weighted paired ratio (MIN_MARGIN at least). A tie goes to the baseline,
-   as the search's last key (the error) says: a map that buys no measured time only costs accuracy.
+   not worse than the baseline's and its weighted latency not worse, and one of them is better. Worse or better
+   means beyond the paired spread: the per-round differences (weighted latency ratio, weighted negative slack
+   b - a) have their p10 and p90 on the same side (with 10 rounds, b beat a in at least 9: a sign test's 1 %), and a
+   latency gain must also be MIN_GAIN or more. A tie goes to the baseline, as the search's last key (the error)
+   says: a map that buys no measured time only costs accuracy.
 3. `corrected`: a rejected map's measured change per group back-annotates the tables: the measured delta is
    attributed to the moved cells in proportion to their predicted deltas, i.e. each group's low-bit deltas are scaled
-   by measured / predicted change (0 where the group's paired p10-p90 holds 1: no change told from noise), and the
-   factor is applied to every cell's option at the map's low-bit precisions (one measurement cannot tell the cells
-   apart; the unmoved cells of the same precision share the bias).
+   by the measured relative change over the predicted one ((ratio - 1) / (predicted map / predicted base - 1):
+   relative, so a machine that runs every cell slower than the library, as a loaded one does, does not inflate it;
+   0 where the group's paired p10-p90 holds 1: no change told from noise), and the factor is applied to every
+   cell's option at the map's low-bit precisions (one measurement cannot tell the cells apart; the unmoved cells of
+   the same precision share the bias).
    The caller re-searches on the corrected tables (and checks accuracy again), and the new map is measured; at most
    ROUNDS measured rounds, then the design keeps its precision, and the notes say why.
 """
@@ -37,7 +41,7 @@ from softsyn.passes.precision import search
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
-MIN_MARGIN = 0.01  # the noise margin's floor: 10 rounds' p10-p90 is two samples per tail, too coarse to trust below
+MIN_GAIN = 0.01  # a measured latency gain below 1 % is not worth the error a map adds
 DELTA_FLOOR = 1e-9  # s: a group the map changes less than this (predicted) gets no correction factor
 
 
@@ -67,9 +71,11 @@ class GroupFigures:
         return self.predicted_map - self.predicted_base
 
     @property
-    def measured_delta(self) -> float:
-        """The map's measured change, from the paired ratio (robust to a drift between rounds)."""
-        return (self.ratio - 1.0) * self.measured_base
+    def factor(self) -> float:
+        """Measured relative change over the predicted one (0: none told from noise, or none predicted)."""
+        if self.ratio_p10 <= 1.0 <= self.ratio_p90 or abs(self.predicted_delta) < DELTA_FLOOR:
+            return 0.0
+        return (self.ratio - 1.0) / (self.predicted_delta / self.predicted_base)
 
 
 @dataclass
@@ -80,10 +86,11 @@ class Round:
     ratio: float  # weighted latency, paired: median over rounds of sum(w x map) / sum(w x base)
     ratio_p10: float
     ratio_p90: float
-    margin: float  # relative noise margin the verdict used
+    slack_gain: tuple[float, float, float]  # per round, weighted negative slack a - b (> 0: the map less): median, p10, p90
     kept: bool
     verdict: str  # one sentence: why kept or rejected
     load: tuple[float, float]  # 1-min load average before and after measuring
+    rounds: int = 0  # interleaved rounds the paired figures are over
 
     def negative_slack(self, which: str) -> float:
         """Weighted negative slack, s (>= 0): sum of weight x max(0, -measured slack)."""
@@ -101,8 +108,8 @@ class Round:
             counts[p] = counts.get(p, 0) + 1
         cells = ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
         return (f"measured re-timing round {self.index} on {provider} (baseline vs map of {cells}): {per}; weighted "
-                f"latency paired x{self.ratio:.3f} [{self.ratio_p10:.3f}-{self.ratio_p90:.3f}], noise margin "
-                f"{self.margin:.1%}; load average {self.load[0]:.2f} -> {self.load[1]:.2f} on {os.cpu_count()} cores: "
+                f"latency paired x{self.ratio:.3f} [{self.ratio_p10:.3f}-{self.ratio_p90:.3f}] (median [p10-p90] over "
+                f"{self.rounds} rounds); load average {self.load[0]:.2f} -> {self.load[1]:.2f} on {os.cpu_count()} cores: "
                 f"{self.verdict}")
 
 
@@ -257,7 +264,7 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
     """The round's figures and verdict (module docstring, 2). `design_timing`: {group: GroupTiming} of the design
     before the map; `problem`: the tables the map was searched on (its predicted change)."""
     base = search.baseline(problem)
-    groups, per_round_a, per_round_b = [], None, None
+    groups, lat_a, lat_b, ns_gain = [], [], [], []
     for name, (a, b) in pairs.items():
         timing = design_timing[name]
         critical = timing.critical
@@ -265,32 +272,31 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
         predicted = critical.arrival - critical.input_delay
         delta = sum(problem.cost[name][c][mapping[c]] - problem.cost[name][c][base[c]] for c in problem.cells) \
             if name in problem.cost else 0.0
-        ratios = [mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0]
-        ratio, lo, hi = _spread(ratios)
+        ratio, lo, hi = _spread([mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0])
         groups.append(GroupFigures(name, timing.weight, budget, predicted, predicted + delta, a.median, b.median,
                                    ratio, lo, hi))
-        wa = [timing.weight * m for m in a.round_medians]
-        wb = [timing.weight * m for m in b.round_medians]
-        per_round_a = wa if per_round_a is None else [x + y for x, y in zip(per_round_a, wa)]
-        per_round_b = wb if per_round_b is None else [x + y for x, y in zip(per_round_b, wb)]
-    ratio, lo, hi = _spread([b / a for a, b in zip(per_round_a or [], per_round_b or []) if a > 0])
-    margin = max(MIN_MARGIN, (hi - lo) / 2)
-    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, margin, False, "",
-                load)
-    ns_a, ns_b = rnd.negative_slack("base"), rnd.negative_slack("map")
-    tol = margin * rnd.latency("base")
-    if ns_b > ns_a + tol:
-        rnd.verdict = (f"rejected: the map's measured weighted negative slack is worse ({-ns_b * 1e3:.3f} against "
-                       f"{-ns_a * 1e3:.3f} ms)")
-    elif ratio > 1 + margin:
-        rnd.verdict = f"rejected: the map is measured slower (x{ratio:.3f}, beyond the {margin:.1%} margin)"
-    elif ns_b < ns_a - tol or ratio < 1 - margin:
-        rnd.kept, rnd.verdict = True, (f"kept: the map is measured faster (x{ratio:.3f}"
-                                       + (f", weighted negative slack {-ns_a * 1e3:.3f} -> {-ns_b * 1e3:.3f} ms"
-                                          if ns_a > 0 else "") + ")")
+        for r, (ma, mb) in enumerate(zip(a.round_medians, b.round_medians)):
+            if r == len(lat_a):
+                lat_a.append(0.0), lat_b.append(0.0), ns_gain.append(0.0)
+            lat_a[r] += timing.weight * ma
+            lat_b[r] += timing.weight * mb
+            ns_gain[r] += timing.weight * (max(0.0, ma - budget) - max(0.0, mb - budget))
+    ratio, lo, hi = _spread([b / a for a, b in zip(lat_a, lat_b) if a > 0])
+    gain = _spread(ns_gain) if ns_gain else (0.0, 0.0, 0.0)
+    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, gain, False, "",
+                load, len(lat_a))
+    slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
+             " ms")
+    if gain[2] < 0:  # in nearly every round the map left more negative slack
+        rnd.verdict = f"rejected: the map's measured {slack} is worse in nearly every round"
+    elif lo > 1.0:
+        rnd.verdict = f"rejected: the map is measured slower (x{ratio:.3f}, slower in nearly every round)"
+    elif gain[1] > 0 or (hi < 1.0 and ratio <= 1.0 - MIN_GAIN):
+        rnd.kept = True
+        rnd.verdict = f"kept: the map is measured faster (x{ratio:.3f}; {slack})"
     else:
-        rnd.verdict = (f"rejected: the map is no faster within the {margin:.1%} noise margin (x{ratio:.3f}), so it "
-                       "would only add error")
+        rnd.verdict = (f"rejected: the map is no faster beyond the rounds' spread (x{ratio:.3f} [{lo:.3f}-{hi:.3f}]), "
+                       "so it would only add error")
     return rnd
 
 
@@ -302,15 +308,15 @@ def corrected(problem: search.Problem, rnd: Round) -> tuple[search.Problem, list
     for fig in rnd.groups:
         if fig.group not in cost or abs(fig.predicted_delta) < DELTA_FLOOR:
             continue
-        # a change the paired spread cannot tell from none back-annotates as none: the map bought nothing there
-        factor = 0.0 if fig.ratio_p10 <= 1.0 <= fig.ratio_p90 else fig.measured_delta / fig.predicted_delta
+        factor = fig.factor
         for c, options in cost[fig.group].items():
             base = options[problem.options[c][0]]
             for p in precisions & set(options):
                 options[p] = base + factor * (options[p] - base)
         lines.append(f"{fig.group} x{factor:+.2f}")
-    note = (f"tables back-annotated from round {rnd.index}: each group's change at "
-            f"{'/'.join(sorted(precisions))} scaled by measured / predicted ({', '.join(lines) or 'no group changed'})")
+    note = (f"tables back-annotated from round {rnd.index}: each group's change at {'/'.join(sorted(precisions))} "
+            f"scaled by its measured / predicted relative change ({', '.join(lines) or 'no group changed'}; 0: no "
+            "change told from the rounds' spread)")
     return search.Problem(**{**problem.__dict__, "cost": cost}), [note]
 
 
