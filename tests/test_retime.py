@@ -169,3 +169,15 @@ def test_an_absent_device_skips_the_measurement_in_one_note(cache_dir, tmp_path)
     assert len(skipped) == 1 and skipped[0].startswith("measured re-timing skipped: provider cuda not available here")
     assert report.retime is None and optimize.GPU_SPEED_UNMEASURED in report.notes
     assert not any(t.measured for t in report.trace)
+
+
+def test_a_measurement_that_cannot_run_leaves_the_tables_map_labelled(cache_dir, tmp_path, monkeypatch):
+    design = low_design(cache_dir, tmp_path)
+
+    def broken(design, mapped, provider):
+        raise RuntimeError("CUDA failure 2: out of memory")
+
+    monkeypatch.setattr(rt, "measure_pair", broken)
+    report = ultra(design)
+    assert report.retime is None and [n.op_type for n in design.netlist.nodes()].count("MatMulNBits") == 1
+    assert "measured re-timing round 1 could not run on cpu: RuntimeError: CUDA failure 2: out of memory" in report.notes

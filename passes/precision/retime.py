@@ -347,7 +347,16 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
         design.log(f"optimize: measured re-timing round {index} on {provider}: the design before the map and with it")
         load0 = os.getloadavg()[0]
         mapped = mapped_netlist(design.netlist, current.mapping)
-        pairs = {g: m for g, m in measure(design, mapped, provider).items() if g in timing}
+        try:
+            pairs = {g: m for g, m in measure(design, mapped, provider).items() if g in timing}
+        except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
+            report.notes.append(f"measured re-timing round {index} could not run on {provider}: "
+                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            if not result.rounds:  # nothing measured: the map stays the tables' choice, labelled as such
+                report.retime = None
+                return chosen, problem
+            result.why = f"round {index} could not be measured"
+            break
         rnd = judge(index, timing, tables, current.mapping, pairs, (load0, os.getloadavg()[0]))
         result.rounds.append(rnd)
         if index == 1:
