@@ -31,7 +31,7 @@ from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
-from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
+from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 
@@ -39,8 +39,6 @@ MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 SESSION_FILE = "runtime/session.json"
 ORT_DOMAIN = "com.microsoft"
-# runtime/session.json's SessionOptions: what softsyn run and signoff open the artifact with
-SESSION_OPTIONS = {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0}
 
 
 def require_weights(netlist) -> None:
@@ -257,7 +255,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
         if library.is_gpu else {},
         "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
-        "session_options": dict(SESSION_OPTIONS),
+        "session_options": dict(ARTIFACT_OPTIONS),
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),
         "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},

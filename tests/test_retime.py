@@ -147,7 +147,7 @@ def test_an_absent_device_skips_the_measurement_in_one_note(cache_dir, tmp_path)
     """A cuda target where no CUDA session opens: one note, the map kept as the tables chose it, still labelled an
     estimate. The cuda path's inputs are checked on that design: decode captured (graph replay), shared KV aliases,
     fp16 feeds; its CPU view (llama-tiny's GQA runs on ORT CPU) is measured by the same code."""
-    from softsyn.flow.signoff import kv_aliases
+    from softsyn.runtime.decoder import kv_aliases
 
     text = ("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 16, context_len: 32}\npath_groups:\n"
             "  prefill: {kind: prefill, clock_period: 100ms, dims: {batch: 1, seq: 16, past: 0}}\n"

@@ -229,10 +229,10 @@ def measure_pair(design, mapped, provider: str, runs: int = RUNS, rounds: int = 
                  warmup: int = WARMUP) -> dict:
     """{group: (Measurement before the map, Measurement with it)}: both designs timed in one interleaved run, the way
     signoff times the compiled artifact (see the module docstring)."""
-    from softsyn.emit import SESSION_OPTIONS
-    from softsyn.flow.signoff import kv_aliases
+    from softsyn.runtime.decoder import kv_aliases
     from softsyn.runtime.inputs import scenario_inputs
     from softsyn.runtime.measure import bound_runners, measure_runners
+    from softsyn.runtime.session import ARTIFACT_OPTIONS
 
     groups = list(design.groups)
     feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
@@ -241,7 +241,7 @@ def measure_pair(design, mapped, provider: str, runs: int = RUNS, rounds: int = 
         runners = {}
         for which, netlist in (("base", design.netlist), ("map", mapped)):
             path = _write(netlist.model.clone(), Path(tmp) / which / "model.onnx")
-            runners[which] = bound_runners(path, feeds, provider, SESSION_OPTIONS, graphs[which], kv_aliases(netlist))
+            runners[which] = bound_runners(path, feeds, provider, ARTIFACT_OPTIONS, graphs[which], kv_aliases(netlist))
         interleaved = [r for pair in zip(runners["base"], runners["map"]) for r in pair]
         measured = measure_runners(interleaved, runs, warmup, rounds, alternate(len(groups)))
         del runners, interleaved  # the sessions go before their files do
