@@ -225,9 +225,14 @@ def _precision_map(report) -> dict | None:
     """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
     if report is None or not getattr(report, "cells", None):
         return None
+    from softsyn.reports import retime_table
+
+    measured = getattr(report, "retime", None)  # ultra's measured re-timing: the rows precision.rpt prints, SI
     return {"requested": dict(Counter(c.requested for c in report.cells)),
             "realised": dict(Counter(c.realised for c in report.cells)),
-            "estimated_error": report.estimate_error, "checked_error": report.checked_error}
+            "estimated_error": report.estimate_error, "checked_error": report.checked_error,
+            "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
+                                                       "outcome": measured.why, **retime_table(report).to_dict()}}
 
 
 def compiled_precision(netlist) -> str:

@@ -1,12 +1,14 @@
 """Measured re-timing inside effort ultra: the map timed against the design before it on the target's provider, one
 interleaved run; a map no faster back-annotates the tables and is searched again, at most ROUNDS times. The real
 measurement runs on the CPU; the decision logic runs on injected measurements (the CI machine is noisy)."""
+import json
 from pathlib import Path
 
 import pytest
 
 from softsyn import passes
 from softsyn.design import Design
+from softsyn.emit import session_json
 from softsyn.flow.compile import CompileLog
 from softsyn.passes import effort
 from softsyn.passes import optimize
@@ -91,6 +93,10 @@ def test_ultra_on_cpu_measures_the_map_against_the_design_before_it(cache_dir, t
     text = report_precision(report, "qwen3-tiny", "cpu-ort")
     assert "Measured re-timing on cpu" in text and "Meas base (ms)" in text and "Pred map (ms)" in text
     assert f"Outcome: {report.retime.why}" in text
+    measured = json.loads(json.dumps(session_json(design, {})["precision_map"]["measured"], allow_nan=False))
+    assert measured["provider"] == "cpu" and measured["outcome"] == report.retime.why
+    assert len(measured["rows"]) == 2 * len(report.retime.rounds)  # session.json: the report's rows, in seconds
+    assert measured["rows"][0]["measured_base"] == first.groups[0].measured_base
 
 
 def test_a_map_measured_slower_corrects_the_tables_and_the_design_keeps_its_precision(cache_dir, tmp_path,
