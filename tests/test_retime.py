@@ -103,7 +103,7 @@ def test_a_map_measured_slower_corrects_the_tables_and_the_design_keeps_its_prec
                                                                                      monkeypatch):
     design = low_design(cache_dir, tmp_path)
     calls = []
-    monkeypatch.setattr(rt, "measure_pair", fake(1.3, calls))
+    monkeypatch.setattr(rt, "Bench", lambda folder: fake(1.3, calls))
     report = ultra(design)
     (rnd,) = report.retime.rounds  # the corrected tables leave no faster map: nothing more to measure
     assert not rnd.kept and rnd.ratio == pytest.approx(1.3)
@@ -168,8 +168,14 @@ def test_an_absent_device_skips_the_measurement_in_one_note(cache_dir, tmp_path)
     assert rt.graph_flags(design, mapped, "cuda") == {"base": [False, True], "map": [False, True]}
     assert rt.graph_flags(design, mapped, "cpu") == {"base": [False, False], "map": [False, False]}
     assert len(kv_aliases(mapped)) == 2 * design.netlist.config["num_layers"]
-    pairs = rt.measure_pair(design, mapped, "cpu", runs=2, rounds=2, warmup=1)
+    bench = rt.Bench(tmp_path / "bench", runs=2, rounds=2, warmup=1)
+    pairs = bench(design, mapped, "cpu")
+    base = bench.base
     assert set(pairs) == {"prefill", "decode"} and all(len(m.round_medians) == 2 for p in pairs.values() for m in p)
+    bench(design, rt.mapped_netlist(design.netlist, {cands[1].name: "int8"}), "cpu")
+    assert bench.base is base and bench.maps == 2  # the baseline opened once for every round
+    assert not list((tmp_path / "bench" / "map1").iterdir()) and (tmp_path / "bench" / "base" / "model.onnx").is_file()
+    bench.close()
     report = ultra(design)
     skipped = [n for n in report.notes if n.startswith("measured re-timing")]
     assert len(skipped) == 1 and skipped[0].startswith("measured re-timing skipped: provider cuda not available here")
@@ -183,7 +189,7 @@ def test_a_measurement_that_cannot_run_leaves_the_tables_map_labelled(cache_dir,
     def broken(design, mapped, provider):
         raise RuntimeError("CUDA failure 2: out of memory")
 
-    monkeypatch.setattr(rt, "measure_pair", broken)
+    monkeypatch.setattr(rt, "Bench", lambda folder: broken)
     report = ultra(design)
     assert report.retime is None and [n.op_type for n in design.netlist.nodes()].count("MatMulNBits") == 1
     assert "measured re-timing round 1 could not run on cpu: RuntimeError: CUDA failure 2: out of memory" in report.notes

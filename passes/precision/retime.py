@@ -4,7 +4,7 @@ The tables the search runs on can be wrong where the search gains most: on the H
 faster than fp16, and signoff measured it slower (3.828 against 3.098 ms; docs/decisions/2026-12-01-compile-loop.md).
 So at ultra, when the target's provider runs here (`device_absent`), a map the accuracy check kept is measured:
 
-1. `measure_pair`: the design as it stands (a) and with the map applied (b), each written to a temporary ONNX file,
+1. `Bench`: the design as it stands (a) and with the map applied (b), each written to a temporary ONNX file,
    timed on the target's provider as signoff times a compiled artifact (softsyn.runtime.measure: warm
    run_with_iobinding calls, the artifact's SessionOptions, a group the design's launches say is captured replayed as
    a CUDA graph, the shared KV buffer bound as kv_aliases binds it, scenario_inputs' seeded feeds) in ONE run of
@@ -225,27 +225,46 @@ def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
                     for g in design.groups]}
 
 
-def measure_pair(design, mapped, provider: str, runs: int = RUNS, rounds: int = TIMING_ROUNDS,
-                 warmup: int = WARMUP) -> dict:
-    """{group: (Measurement before the map, Measurement with it)}: both designs timed in one interleaved run, the way
-    signoff times the compiled artifact (see the module docstring)."""
-    from softsyn.runtime.decoder import kv_aliases
-    from softsyn.runtime.inputs import scenario_inputs
-    from softsyn.runtime.measure import bound_runners, measure_runners
-    from softsyn.runtime.session import ARTIFACT_OPTIONS
+class Bench:
+    """Measures maps against the design before them: the baseline is written and its runners opened once, at the
+    first call, and kept for every round (a real-size model loads in tens of seconds); each map is written, opened,
+    timed interleaved with them, and dropped. Files live under `folder` (the caller removes it)."""
 
-    groups = list(design.groups)
-    feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
-    graphs = graph_flags(design, mapped, provider)
-    with tempfile.TemporaryDirectory(prefix="softsyn-retime-") as tmp:
-        runners = {}
-        for which, netlist in (("base", design.netlist), ("map", mapped)):
-            path = _write(netlist.model.clone(), Path(tmp) / which / "model.onnx")
-            runners[which] = bound_runners(path, feeds, provider, ARTIFACT_OPTIONS, graphs[which], kv_aliases(netlist))
-        interleaved = [r for pair in zip(runners["base"], runners["map"]) for r in pair]
-        measured = measure_runners(interleaved, runs, warmup, rounds, alternate(len(groups)))
-        del runners, interleaved  # the sessions go before their files do
-    return {g.name: (measured[2 * i], measured[2 * i + 1]) for i, g in enumerate(groups)}
+    def __init__(self, folder: Path, runs: int = RUNS, rounds: int = TIMING_ROUNDS, warmup: int = WARMUP):
+        self.folder, self.runs, self.rounds, self.warmup = folder, runs, rounds, warmup
+        self.base: list | None = None
+        self.feeds: list = []
+        self.maps = 0
+
+    def _open(self, netlist, name: str, graphs: list[bool], provider: str) -> list:
+        from softsyn.runtime.decoder import kv_aliases
+        from softsyn.runtime.measure import bound_runners
+        from softsyn.runtime.session import ARTIFACT_OPTIONS
+
+        path = _write(netlist.model.clone(), self.folder / name / "model.onnx")
+        return bound_runners(path, self.feeds, provider, ARTIFACT_OPTIONS, graphs, kv_aliases(netlist))
+
+    def __call__(self, design, mapped, provider: str) -> dict:
+        """{group: (Measurement before the map, Measurement with it)}, both timed in one interleaved run."""
+        from softsyn.runtime.inputs import scenario_inputs
+        from softsyn.runtime.measure import measure_runners
+
+        groups = list(design.groups)
+        graphs = graph_flags(design, mapped, provider)
+        if self.base is None:
+            self.feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
+            self.base = self._open(design.netlist, "base", graphs["base"], provider)
+        self.maps += 1
+        runners = self._open(mapped, f"map{self.maps}", graphs["map"], provider)
+        interleaved = [r for pair in zip(self.base, runners) for r in pair]
+        measured = measure_runners(interleaved, self.runs, self.warmup, self.rounds, alternate(len(groups)))
+        del runners, interleaved  # this map's sessions go before its files do
+        for leftover in (self.folder / f"map{self.maps}").iterdir():
+            leftover.unlink()
+        return {g.name: (measured[2 * i], measured[2 * i + 1]) for i, g in enumerate(groups)}
+
+    def close(self) -> None:
+        self.base = None  # the baseline's sessions, before the caller removes their files
 
 
 # ------------------------------------------------------------------------------------------ judging
@@ -326,9 +345,8 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
            measure: Measure | None = None, max_rounds: int = ROUNDS) -> tuple[search.Outcome, search.Problem]:
     """Measure the map, keep it or back-annotate and re-search (`propose(problem) -> Outcome | None`: the search
     and the end-to-end check on corrected tables; None when no map passes). Returns the outcome the design takes
-    and the tables it was searched on. Rows and notes go to `report` (an OptimizeReport: trace, notes, retime)."""
-    from softsyn.passes.optimize import TraceRow
-
+    and the tables it was searched on. Rows and notes go to `report` (an OptimizeReport: trace, notes, retime).
+    `measure(design, mapped, provider)`: the measuring function (default: a Bench kept across the rounds)."""
     base = search.baseline(problem)
     moved = {c: p for c, p in chosen.mapping.items() if p != base[c]}
     provider = target_provider(design.library)
@@ -336,7 +354,19 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
     if why:
         report.notes.append(f"measured re-timing skipped: {why}")
         return chosen, problem
-    measure = measure or measure_pair
+    with tempfile.TemporaryDirectory(prefix="softsyn-retime-") as tmp:
+        bench = measure or Bench(Path(tmp))
+        try:
+            return _rounds(design, problem, chosen, propose, report, bench, max_rounds, provider)
+        finally:
+            getattr(bench, "close", lambda: None)()
+
+
+def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, provider: str):
+    """retime's loop, measuring with `measure`."""
+    from softsyn.passes.optimize import TraceRow
+
+    base = search.baseline(problem)
     result = Retime(provider)
     report.retime = result
     timing = {t.name: t for t in design.time() if t.paths}
