@@ -14,6 +14,10 @@
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS     zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml), signed off on cuda
+#   retime CONSTRAINTS   the compile of `loop` alone (ultra's measured re-timing runs inside it on cuda: baseline vs
+#                        map, per round); brings back compile.txt, compile.log, precision.rpt; the artifact stays in
+#                        /tmp/NAME for `signoff NAME` in the next call (the two fit one 10-minute call each)
+#   signoff NAME         softsyn signoff /tmp/NAME --provider cuda; brings back its report
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -106,6 +110,24 @@ loop)
     cp /tmp/$name/reports/precision.rpt /tmp/$name/compile.log "$OUT/" 2>/dev/null || true
     softsyn signoff /tmp/$name --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
     cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true ;;
+retime)
+    softsyn_install
+    name=$(basename "${1:-constraints/chat-h200-int4.yaml}" .yaml)
+    rm -rf /tmp/$name
+    set +e
+    start=$SECONDS
+    softsyn compile zoo:qwen3-1.7b -c "${1:-constraints/chat-h200-int4.yaml}" --effort ultra -o /tmp/$name -q \
+        > "$OUT/$name-retime-compile.txt" 2>&1
+    echo "compile exit $? after $((SECONDS - start)) s"
+    set -e
+    grep -E "opt\.|measured re-timing|tables back-annotated|end-to-end|^ +[0-9:]+ +optimize" \
+        "$OUT/$name-retime-compile.txt" | cut -c1-600 || true
+    cp /tmp/$name/reports/precision.rpt "$OUT/$name-precision.rpt" 2>/dev/null || true
+    cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true ;;
+signoff)
+    softsyn_install
+    softsyn signoff "/tmp/$1" --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
+    cp "/tmp/$1/reports/signoff.rpt" "$OUT/$1-signoff.rpt" 2>/dev/null || true ;;
 moecells)
     softsyn_install
     cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
