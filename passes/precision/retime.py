@@ -167,7 +167,7 @@ def device_absent(library) -> str | None:
         try:
             open_session(model, SessionSettings(provider=provider, log_severity=3))
         except Exception as exc:  # noqa: BLE001 - ORT's own exception types, or the factory's fallback check
-            why = f"provider {provider} not available here (no session opens on it: {' '.join(str(exc).split())[:120]})"
+            why = f"provider {provider} not available here (no session opens on it: {' '.join(str(exc).split())[:240]})"
     _PRESENT[provider] = why
     return why
 
