@@ -77,9 +77,12 @@ HIGH = Effort("high", "low, then the exact per-cell precision map (an ILP over a
     Step("optimize", "exact: scipy.optimize.milp over every cell x precision, accuracy and area as constraints, "
          "groups weighted", (("search_mode", "ilp"), ("max_steps", 200))),
 ))
-ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack allows, to win back accuracy", LOW.steps + (
+ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack allows, to win back accuracy; the map "
+               "measured on the target device when it is present", LOW.steps + (
     Step("optimize", "exact map, then recovery: cells raised back, largest error first, where every group keeps "
-         "its slack and stays within medium's latency", (("search_mode", "ultra"), ("max_steps", 200))),
+         "its slack and stays within medium's latency; then measured re-timing where the target's provider runs: "
+         "the map kept only if measured faster, else the tables back-annotated and searched again (3 rounds at most)",
+         (("search_mode", "ultra"), ("max_steps", 200), ("retime", True))),
 ))
 EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW, MEDIUM, HIGH, ULTRA)}
 

@@ -8,7 +8,9 @@ map end to end (the design with the whole map quantised, run on ORT CPU against 
 verify's relative error); apply it. A map the check rejects is searched again with half the estimate's
 budget (at most ATTEMPTS times), then the design keeps its precision; the log says why each time.
 
-Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap).
+Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap), `retime`
+(ultra: a kept map is measured against the design before it on the target's provider, when it runs here, and the
+tables back-annotated and searched again if the map is no faster: softsyn.passes.precision.retime).
 The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
 error and its cost per group, and the rows the compile log prints for each search step (estimates).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from softsyn.passes import PassResult, register
 from softsyn.passes.precision import mapping as mp
+from softsyn.passes.precision import retime as measured
 from softsyn.passes.precision import search, sensitivity
 from softsyn.timing.cost import precision_of
 
@@ -48,6 +51,7 @@ class TraceRow:
     rules: float  # design-rule cost
     area_delta: float  # bytes
     worst_group: str
+    measured: bool = False  # wns/tns measured on the target (measured re-timing), not estimated from the tables
 
 
 # A GPU library's tables read max(host, device) per node, so a low-bit map's speed-up there is a prediction until
@@ -67,6 +71,7 @@ class OptimizeReport:
     problem: search.Problem | None = None  # the tables the search ran on (suggestions read them)
     estimate_error: float = 0.0
     checked_error: float | None = None  # the end-to-end check's measured error of the kept map
+    retime: measured.Retime | None = None  # the measured re-timing's rounds (ultra, the device present)
 
 
 def accuracy_budget(design) -> float:
@@ -125,7 +130,7 @@ def prune(design, cands) -> tuple[list, list[str], dict]:
 
 @register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits where the library says it is faster, "
                       "under the accuracy and area budgets")
-def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult:
+def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool = False) -> PassResult:
     start = time.perf_counter()
     budget = accuracy_budget(design)
     cands, skipped = mp.candidates(design)
@@ -145,39 +150,46 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     errors, report.sensitivity, checkable = sensitivities(design, cands)
     design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
 
-    share = ESTIMATE_SHARE
-    problem = build_problem(design, cands, errors, budget * share, tables)
+    problem = build_problem(design, cands, errors, budget * ESTIMATE_SHARE, tables)
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
-    runner = None
-    chosen = None
-    for attempt in range(1, ATTEMPTS + 1):
-        problem = search.Problem(**{**problem.__dict__, "budget": budget * share})
-        outcome = search_map(problem, search_mode, max_steps, report)
-        moved = {c: p for c, p in outcome.mapping.items() if p != problem.options[c][0]}
-        if not moved:
-            chosen = outcome
-            break
-        if not checkable:
-            report.notes.append("end-to-end check not run (no weights to run here, too large, or not runnable on ORT "
-                                "CPU): softsyn verify DIR checks the artifact where it can run")
-            chosen = outcome
-            break
-        runner = runner or sensitivity.Runner(design)
-        measured = runner.error(moved)
-        if measured <= budget * CHECK_SHARE:
-            report.checked_error = measured
-            report.notes.append(f"end-to-end check (attempt {attempt}): error {measured:.3e} (estimate "
-                                f"{outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} of the "
-                                f"budget {budget:.3e}): kept")
-            chosen = outcome
-            break
-        report.notes.append(f"end-to-end check (attempt {attempt}): error {measured:.3e} > {budget * CHECK_SHARE:.3e} "
-                            f"(estimate {outcome.error:.3e}): rejected; searching again with half the estimate's budget")
-        share /= 2
+    state = {"share": ESTIMATE_SHARE, "runner": None}
+
+    def propose(tables: search.Problem) -> search.Outcome | None:
+        """The effort's map on `tables`, checked end to end (ATTEMPTS times at most); None when every map fails."""
+        for attempt in range(1, ATTEMPTS + 1):
+            outcome = search_map(search.Problem(**{**tables.__dict__, "budget": budget * state["share"]}),
+                                 search_mode, max_steps, report)
+            moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
+            if not moved:
+                return outcome
+            if not checkable:
+                report.notes.append("end-to-end check not run (no weights to run here, too large, or not runnable on "
+                                    "ORT CPU): softsyn verify DIR checks the artifact where it can run")
+                return outcome
+            state["runner"] = state["runner"] or sensitivity.Runner(design)
+            error = state["runner"].error(moved)
+            if error <= budget * CHECK_SHARE:
+                report.checked_error = error
+                report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} (estimate "
+                                    f"{outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} of the "
+                                    f"budget {budget:.3e}): kept")
+                return outcome
+            report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
+                                f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
+                                "again with half the estimate's budget")
+            state["share"] /= 2
+        return None
+
+    chosen = propose(problem)
     if chosen is None:
         report.notes.append("every map failed the end-to-end check: the design keeps its precision")
         chosen = search.outcome(problem, search.baseline(problem), [])
+    if retime and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
+        chosen, problem = measured.retime(design, problem, chosen, propose, report)
+        report.problem = problem  # the back-annotated tables, if a round corrected them (suggestions read them)
+        if report.retime is not None and report.retime.kept is None:
+            report.checked_error = None
     report.estimate_error = chosen.error
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
@@ -188,7 +200,8 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200) -> PassResult
     for c in cands:
         p = requested[c.name]
         report.cells.append(mp_row(problem, c, p, realised.get(c.name, p)))
-    if design.library.is_gpu and any(c.realised != problem.options[c.name][0] for c in report.cells):
+    remapped = any(c.realised != problem.options[c.name][0] for c in report.cells)
+    if design.library.is_gpu and remapped and report.retime is None:
         report.notes.append(GPU_SPEED_UNMEASURED)
         design.log(f"optimize: note: {GPU_SPEED_UNMEASURED}")
     mismatched = [c for c in report.cells if c.requested != c.realised]

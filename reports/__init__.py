@@ -14,7 +14,7 @@ from softsyn.reports.common import Column, Table, write_atomic
 from softsyn.reports.constraint import report_constraint
 from softsyn.reports.fusion import fusion_json, fusion_table, report_fusion
 from softsyn.reports.json_io import from_json, to_json
-from softsyn.reports.precision import precision_table, report_precision
+from softsyn.reports.precision import precision_table, report_precision, retime_table
 from softsyn.reports.qor import report_qor
 from softsyn.reports.signoff import report_signoff
 from softsyn.reports.timing import Row, fold_points, path_rows, report_timing
@@ -48,6 +48,6 @@ def write_reports(analysis: Analysis, out_dir: str | Path, extra_suggestions: li
 __all__ = [
     "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff",
     "report_fusion", "report_verify", "report_precision", "fusion_table", "fusion_json", "verify_table",
-    "precision_table", "to_json", "from_json", "fold_points",
+    "precision_table", "retime_table", "to_json", "from_json", "fold_points",
     "path_rows", "Row", "Column", "Table", "TIMING_COLUMNS",
 ]

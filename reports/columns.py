@@ -181,3 +181,18 @@ def precision_columns(groups: list[str]) -> tuple[Column, ...]:
             Column("realised", "Realised", 8, gap=1),
             Column("error", "Error", 9, "right", "number", fmt="{:.2e}", gap=1),
             *(_time(f"delta_{g}", f"d {g} (ms)", 14) for g in groups))
+
+
+# report_precision's measured re-timing (ultra): per round and group, predicted next to measured, baseline and map.
+RETIME_COLUMNS: tuple[Column, ...] = (
+    Column("round", "Round", 5, "right", "count"),
+    Column("group", "Group", 10, gap=1),
+    _time("predicted_base", "Pred base (ms)", 14),
+    _time("measured_base", "Meas base (ms)", 14),
+    _time("predicted_map", "Pred map (ms)", 13),
+    _time("measured_map", "Meas map (ms)", 13),
+    Column("ratio", "Paired", 6, "right", "number", fmt="{:.3f}", gap=1),
+    Column("spread", "p10-p90", 11, "right", gap=1),
+    _time("slack_map", "Meas slack (ms)", 15),
+    Column("verdict", "Map", 8, gap=1),
+)

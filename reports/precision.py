@@ -3,10 +3,12 @@
 One row per candidate cell of the `optimize` pass (softsyn.passes.optimize.OptimizeReport): the precision the
 search asked for, the one the netlist holds after the map was applied, the output error it adds (measured, or
 the labelled prior of a plan) and its change in cost per path group (library tables; negative is faster).
+At ultra, when the target device was present, the measured re-timing's rounds follow (`retime_table`): per group the
+predicted latency (the STA's, plus the tables' change for the map) next to the measured medians, baseline and map.
 """
 from __future__ import annotations
 
-from softsyn.reports.columns import precision_columns
+from softsyn.reports.columns import RETIME_COLUMNS, precision_columns
 from softsyn.reports.common import BANNER_RULE, Table
 
 
@@ -15,6 +17,20 @@ def precision_table(report) -> Table:
     return Table(precision_columns(groups), tuple(
         {"cell": c.hierarchy or c.name, "requested": c.requested, "realised": c.realised, "error": c.error,
          **{f"delta_{g}": c.cost[g] - c.baseline_cost[g] for g in groups}} for c in report.cells))
+
+
+def retime_table(report) -> Table:
+    """One row per measured round and group (an empty table when the map was not measured)."""
+    result = getattr(report, "retime", None)
+    rows = []
+    for rnd in (result.rounds if result is not None else ()):
+        for g in rnd.groups:
+            rows.append({"round": rnd.index, "group": g.group, "predicted_base": g.predicted_base,
+                         "measured_base": g.measured_base, "predicted_map": g.predicted_map,
+                         "measured_map": g.measured_map, "ratio": g.ratio,
+                         "spread": f"{g.ratio_p10:.3f}-{g.ratio_p90:.3f}", "slack_map": g.slack_map,
+                         "verdict": "kept" if rnd.kept else "rejected"})
+    return Table(RETIME_COLUMNS, tuple(rows))
 
 
 def report_precision(report, design: str | None = None, target: str | None = None) -> str:
@@ -37,6 +53,12 @@ def report_precision(report, design: str | None = None, target: str | None = Non
     lines.append(f"Sensitivity: {report.sensitivity}")
     if report.cells:
         lines += ["", table.header(), "-" * len(table.header()), *table.lines()]
+    measured = retime_table(report)
+    if measured.rows:
+        result = report.retime
+        lines += ["", f"Measured re-timing on {result.provider} (baseline = the design before the map; medians of "
+                      "interleaved rounds; paired = map / baseline per round):", measured.header(),
+                  "-" * len(measured.header()), *measured.lines(), f"Outcome: {result.why}"]
     if report.notes:
         lines += ["", "Notes:", *(f"  {n}" for n in report.notes)]
     lines.append("")

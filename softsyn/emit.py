@@ -31,7 +31,7 @@ from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
-from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of
+from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 
@@ -225,9 +225,14 @@ def _precision_map(report) -> dict | None:
     """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
     if report is None or not getattr(report, "cells", None):
         return None
+    from softsyn.reports import retime_table
+
+    measured = getattr(report, "retime", None)  # ultra's measured re-timing: the rows precision.rpt prints, SI
     return {"requested": dict(Counter(c.requested for c in report.cells)),
             "realised": dict(Counter(c.realised for c in report.cells)),
-            "estimated_error": report.estimate_error, "checked_error": report.checked_error}
+            "estimated_error": report.estimate_error, "checked_error": report.checked_error,
+            "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
+                                                       "outcome": measured.why, **retime_table(report).to_dict()}}
 
 
 def compiled_precision(netlist) -> str:
@@ -255,7 +260,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
         if library.is_gpu else {},
         "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
-        "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0},
+        "session_options": dict(ARTIFACT_OPTIONS),
         "inputs": _ports(graph.inputs, shapes),
         "outputs": _ports(graph.outputs, shapes),
         "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},

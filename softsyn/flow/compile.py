@@ -49,10 +49,12 @@ class CompileLog:
         return row
 
     def add_estimates(self, report, analysis: Analysis, cells: int) -> None:
-        """The optimize pass's search steps, from its tables (labelled est): WNS, weighted TNS, rules, area."""
+        """The optimize pass's search steps, from its tables (labelled est), and its measured rounds (ultra, not
+        labelled): WNS, TNS, rules, area."""
         base = analysis.area.total
         for t in getattr(report, "trace", ()):
-            self.rows.append(LogRow(time.perf_counter() - self.start, f"{t.phase} (est)", t.wns, t.tns,
+            phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
+            self.rows.append(LogRow(time.perf_counter() - self.start, phase, t.wns, t.tns,
                                     base + t.area_delta, t.worst_group, cells, t.rules))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
+from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
 from softsyn.runtime.session import device_name
@@ -435,18 +436,3 @@ def write_results(result: SignoffResult, directory: str | Path, report_text: str
                write_atomic(directory / "signoff" / "signoff.json",
                             json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")]
     return written + [write_html(directory, result.directory)]  # the page, with the rest read from DIR itself
-
-
-def kv_aliases(netlist) -> dict[str, str]:
-    """{present: past} of a decoder whose past and present share one buffer (kv_layout), so the measured run binds
-    them as the artifact runs; {} otherwise."""
-    from softsyn.runtime.decoder import NotDecoder, decoder_io
-
-    try:
-        io = decoder_io(netlist.model)
-    except NotDecoder:
-        return {}
-    if not io.shares_buffer:
-        return {}
-    return {k: v for layer in io.layers for k, v in ((layer.present_key, layer.past_key),
-                                                      (layer.present_value, layer.past_value))}

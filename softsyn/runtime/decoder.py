@@ -157,3 +157,16 @@ def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, 
         buffer_length=shape[2] if shares and isinstance(shape[2], int) else None,
         max_positions=max_positions(graph),
     )
+
+
+def kv_aliases(netlist) -> dict[str, str]:
+    """{present: past} of a decoder whose past and present share one buffer (kv_layout), so the measured run binds
+    them as the artifact runs; {} otherwise."""
+    try:
+        io = decoder_io(netlist.model)
+    except NotDecoder:
+        return {}
+    if not io.shares_buffer:
+        return {}
+    return {k: v for layer in io.layers for k, v in ((layer.present_key, layer.past_key),
+                                                      (layer.present_value, layer.past_value))}

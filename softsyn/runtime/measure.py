@@ -159,26 +159,42 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     `cuda_graphs[i]` (provider cuda): scenario i runs as a captured CUDA graph (enable_cuda_graph=1), in a session
     of its own, since a graph replays one set of shapes and addresses; its first warm-up call captures it.
     `aliases` {output: input}: outputs bound to their input's buffer (BoundRunner.from_feeds)."""
+    runners = bound_runners(model_path, scenarios, provider, options, cuda_graphs, aliases)
+    return measure_runners(runners, runs, warmup, rounds)
+
+
+def bound_runners(model_path: Path, scenarios: list[dict[str, np.ndarray]], provider: str = "cpu",
+                  options: dict | None = None, cuda_graphs: list[bool] | None = None,
+                  aliases: dict[str, str] | None = None) -> list[BoundRunner]:
+    """One runner per scenario as measure_many times them: one session for the eager scenarios, a session of its own
+    (enable_cuda_graph=1) for each captured one."""
     graphed = [bool(g) and provider == "cuda" for g in (cuda_graphs or [False] * len(scenarios))]
     sess = open_model(model_path, provider, options) if not all(graphed) else None
-    runners = [BoundRunner.from_feeds(open_model(model_path, provider, options, cuda_graph=True) if g else sess,
-                                      feeds, provider, aliases) for feeds, g in zip(scenarios, graphed)]
+    return [BoundRunner.from_feeds(open_model(model_path, provider, options, cuda_graph=True) if g else sess,
+                                   feeds, provider, aliases) for feeds, g in zip(scenarios, graphed)]
+
+
+def measure_runners(runners: list[BoundRunner], runs: int = 20, warmup: int = 3, rounds: int = 10,
+                    order=None) -> list[Measurement]:
+    """The interleaved timing loop of measure_many on runners already bound (any sessions, any models): `rounds`
+    rounds, each warming up and timing runs/rounds calls of every runner in turn. `order(r)`: the runners' indices
+    in round r (default: as given; an A/B comparison alternates the pair's order, so neither always runs second)."""
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
     for r in range(rounds):
         per_round = runs // rounds + (1 if r < runs % rounds else 0)
-        for runner, samples, medians in zip(runners, times, by_round):
-            warm_up(runner, warmup)
-            this_round = _timed_calls(runner, per_round)
-            samples += this_round
-            medians.append(statistics.median(this_round))
-    used = runners[0].session.get_providers()[0]
+        for i in (order(r) if order else range(len(runners))):
+            warm_up(runners[i], warmup)
+            this_round = _timed_calls(runners[i], per_round)
+            times[i] += this_round
+            by_round[i].append(statistics.median(this_round))
     out = []
-    for samples, medians in zip(times, by_round):
+    for runner, samples, medians in zip(runners, times, by_round):
         ordered = sorted(samples)
-        out.append(Measurement(statistics.median(ordered), _quantile(ordered, 0.9), len(samples), used,
-                               p10=_quantile(ordered, 0.1), samples=samples, round_medians=medians))
+        out.append(Measurement(statistics.median(ordered), _quantile(ordered, 0.9), len(samples),
+                               runner.session.get_providers()[0], p10=_quantile(ordered, 0.1), samples=samples,
+                               round_medians=medians))
     return out
 
 

@@ -23,6 +23,8 @@ IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads at most 13,
 OPSET = 17
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# The SessionOptions a compiled artifact runs with (emit writes them to runtime/session.json; signoff reads them back)
+ARTIFACT_OPTIONS = {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,425 @@
+"""Measured re-timing (effort ultra): the map signed off in the loop, its measurement back-annotated into the tables.
+
+The tables the search runs on can be wrong where the search gains most: on the H200 they timed a 57-cell int8 map
+faster than fp16, and signoff measured it slower (3.828 against 3.098 ms; docs/decisions/2026-12-01-compile-loop.md).
+So at ultra, when the target's provider runs here (`device_absent`), a map the accuracy check kept is measured:
+
+1. `Bench`: the design as it stands (a) and with the map applied (b), each written to a temporary ONNX file,
+   timed on the target's provider as signoff times a compiled artifact (softsyn.runtime.measure: warm
+   run_with_iobinding calls, the artifact's SessionOptions, a group the design's launches say is captured replayed as
+   a CUDA graph, the shared KV buffer bound as kv_aliases binds it, scenario_inputs' seeded feeds) in ONE run of
+   interleaved rounds, a and b alternating which goes first, so another process's load lands on both alike.
+2. `judge`: per group the measured medians and the paired ratio (median over rounds of b's round median over a's),
+   its p10-p90; the measured slack is the group's budget (required - input delay) less the measured median, as
+   signoff's GroupResult reads it. In the loop's cost order the map is kept only if its weighted negative slack is
+   not worse than the baseline's and its weighted latency not worse, and one of them is better. Worse or better
+   means beyond the paired spread: the per-round differences (weighted latency ratio, weighted negative slack
+   b - a) have their p10 and p90 on the same side (with 10 rounds, b beat a in at least 9: a sign test's 1 %), and a
+   latency gain must also be MIN_GAIN or more. A tie goes to the baseline, as the search's last key (the error)
+   says: a map that buys no measured time only costs accuracy.
+3. `corrected`: a rejected map's measured change per group back-annotates the tables: the measured delta is
+   attributed to the moved cells in proportion to their predicted deltas, i.e. each group's low-bit deltas are scaled
+   by the measured relative change over the predicted one ((ratio - 1) / (predicted map / predicted base - 1):
+   relative, so a machine that runs every cell slower than the library, as a loaded one does, does not inflate it;
+   0 where the group's paired p10-p90 holds 1: no change told from noise), and the factor is applied to every
+   cell's option at the map's low-bit precisions (one measurement cannot tell the cells apart; the unmoved cells of
+   the same precision share the bias).
+   The caller re-searches on the corrected tables (and checks accuracy again), and the new map is measured; at most
+   ROUNDS measured rounds, then the design keeps its precision, and the notes say why.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from softsyn.passes.precision import mapping as mp
+from softsyn.passes.precision import search
+
+ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
+RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
+MIN_GAIN = 0.01  # a measured latency gain below 1 % is not worth the error a map adds
+DELTA_FLOOR = 1e-9  # s: a group the map changes less than this (predicted) gets no correction factor
+
+
+@dataclass
+class GroupFigures:
+    group: str
+    weight: float
+    budget: float  # required - input delay, s (what one run may take)
+    predicted_base: float  # s, the STA's arrival - input delay of the design before the map
+    predicted_map: float  # s, predicted_base + the tables' change for the map
+    measured_base: float  # s, median
+    measured_map: float  # s, median
+    ratio: float  # paired: median over rounds of the map's round median / the baseline's
+    ratio_p10: float
+    ratio_p90: float
+
+    @property
+    def slack_base(self) -> float:
+        return self.budget - self.measured_base
+
+    @property
+    def slack_map(self) -> float:
+        return self.budget - self.measured_map
+
+    @property
+    def predicted_delta(self) -> float:
+        return self.predicted_map - self.predicted_base
+
+    @property
+    def factor(self) -> float:
+        """Measured relative change over the predicted one (0: none told from noise, or none predicted)."""
+        if self.ratio_p10 <= 1.0 <= self.ratio_p90 or abs(self.predicted_delta) < DELTA_FLOOR:
+            return 0.0
+        return (self.ratio - 1.0) / (self.predicted_delta / self.predicted_base)
+
+
+@dataclass
+class Round:
+    index: int
+    moved: dict[str, str]  # cell -> low-bit precision of the map measured
+    groups: list[GroupFigures]
+    ratio: float  # weighted latency, paired: median over rounds of sum(w x map) / sum(w x base)
+    ratio_p10: float
+    ratio_p90: float
+    slack_gain: tuple[float, float, float]  # per round, weighted negative slack a - b (> 0: the map less): median, p10, p90
+    kept: bool
+    verdict: str  # one sentence: why kept or rejected
+    load: tuple[float, float]  # 1-min load average before and after measuring
+    rounds: int = 0  # interleaved rounds the paired figures are over
+
+    def negative_slack(self, which: str) -> float:
+        """Weighted negative slack, s (>= 0): sum of weight x max(0, -measured slack)."""
+        return sum(g.weight * max(0.0, -(g.slack_base if which == "base" else g.slack_map)) for g in self.groups)
+
+    def latency(self, which: str) -> float:
+        return sum(g.weight * (g.measured_base if which == "base" else g.measured_map) for g in self.groups)
+
+    def note(self, provider: str) -> str:
+        per = "; ".join(f"{g.group} {g.measured_base * 1e3:.3f} -> {g.measured_map * 1e3:.3f} ms (predicted "
+                        f"{g.predicted_base * 1e3:.3f} -> {g.predicted_map * 1e3:.3f}), paired x{g.ratio:.3f} "
+                        f"[{g.ratio_p10:.3f}-{g.ratio_p90:.3f}]" for g in self.groups)
+        counts: dict[str, int] = {}
+        for p in self.moved.values():
+            counts[p] = counts.get(p, 0) + 1
+        cells = ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
+        return (f"measured re-timing round {self.index} on {provider} (baseline vs map of {cells}): {per}; weighted "
+                f"latency paired x{self.ratio:.3f} [{self.ratio_p10:.3f}-{self.ratio_p90:.3f}] (median [p10-p90] over "
+                f"{self.rounds} rounds); load average {self.load[0]:.2f} -> {self.load[1]:.2f} on {os.cpu_count()} cores: "
+                f"{self.verdict}")
+
+
+@dataclass
+class Retime:
+    provider: str
+    rounds: list[Round] = field(default_factory=list)
+    kept: int | None = None  # the round whose map the design keeps; None: the design keeps its precision
+    why: str = ""  # how the loop ended, in a sentence
+
+
+Measure = Callable[..., dict]  # (design, mapped netlist, provider) -> {group: (Measurement base, Measurement map)}
+
+
+# ------------------------------------------------------------------------------------------ the device
+
+_PRESENT: dict[str, str | None] = {}
+
+
+def target_provider(library) -> str | None:
+    """The library's provider as softsyn names it ("cpu" | "cuda"), None for one softsyn does not run."""
+    from softsyn.errors import SoftsynError
+    from softsyn.runtime.session import provider_of
+
+    try:
+        return provider_of(library.provider)
+    except SoftsynError:
+        return None
+
+
+def device_absent(library) -> str | None:
+    """None when the library's provider runs here (listed by onnxruntime and, for CUDA, a session opens on it), else
+    why not, in words."""
+    import onnxruntime as ort
+
+    provider = target_provider(library)
+    if provider is None:
+        return f"provider {library.provider or '(none)'} is not one softsyn runs"
+    if provider in _PRESENT:
+        return _PRESENT[provider]
+    from softsyn.runtime.session import PROVIDERS, SessionSettings, open_session
+
+    why = None
+    if PROVIDERS[provider] not in ort.get_available_providers():
+        why = f"provider {provider} not available here"
+    elif provider != "cpu":  # onnxruntime-gpu lists CUDA on a machine without a GPU: open a session to know
+        from onnx import TensorProto, helper
+
+        from softsyn.runtime.session import IR_VERSION
+
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+        try:
+            open_session(model, SessionSettings(provider=provider, log_severity=3))
+        except Exception as exc:  # noqa: BLE001 - ORT's own exception types, or the factory's fallback check
+            why = f"provider {provider} not available here (no session opens on it: {' '.join(str(exc).split())[:240]})"
+    _PRESENT[provider] = why
+    return why
+
+
+def not_runnable(design, moved: dict[str, str]) -> str | None:
+    """Why the design cannot be measured here even on its device: a weightless plan, a composite; else None."""
+    if design.netlist.blocks():
+        return "a composite (one model per block) is not measured by the loop"
+    by_name = {n.name: n for n in design.netlist.nodes()}
+    for name in moved:
+        source = mp.weight_source(by_name[name].inputs[1])
+        if source is not None and mp.is_weightless(source[0]):
+            return "a weightless plan cannot run"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+def mapped_netlist(netlist, mapping: dict[str, str]):
+    """A copy of the netlist with `mapping` applied (the tensors are shared, the graph is the copy's own)."""
+    from softsyn.netlist import Netlist
+
+    copy = Netlist(netlist.model.clone(deep_copy=True), netlist.name, netlist.kind, netlist.provenance,
+                   netlist.config, netlist.derived_dims)
+    mp.apply_mapping(copy, mapping)
+    return copy
+
+
+def _write(model, path: Path) -> Path:
+    """The model as an ONNX file with its weights beside it (a real-size model is over protobuf's 2 GB)."""
+    import onnx_ir as ir
+
+    from softsyn.runtime.session import IR_VERSION
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.ir_version = min(model.ir_version, IR_VERSION)
+    ir.save(model, str(path), external_data=f"{path.name}.data", size_threshold_bytes=1024)
+    return path
+
+
+def alternate(pairs: int) -> Callable[[int], list[int]]:
+    """Round r's order of runners [a0, b0, a1, b1, ...]: each pair a first on even rounds, b first on odd ones."""
+    return lambda r: [2 * i + (j if r % 2 == 0 else 1 - j) for i in range(pairs) for j in (0, 1)]
+
+
+def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
+    """{"base" | "map": per design group, whether it is timed as a CUDA graph replay}: where the design's launches
+    say the group is captured (softsyn.timing.capture, as emit enables it in session.json), on CUDA only."""
+    from softsyn.timing.capture import group_launch, shared_kv_buffer
+
+    shared = shared_kv_buffer(mapped)
+    return {"base": [provider == "cuda" and getattr(design.launches.get(g.name), "captured", False)
+                     for g in design.groups],
+            "map": [provider == "cuda" and group_launch(mapped, design.library, g.scenario.dims, shared).captured
+                    for g in design.groups]}
+
+
+class Bench:
+    """Measures maps against the design before them: the baseline is written and its runners opened once, at the
+    first call, and kept for every round (a real-size model loads in tens of seconds); each map is written, opened,
+    timed interleaved with them, and dropped. Files live under `folder` (the caller removes it)."""
+
+    def __init__(self, folder: Path, runs: int = RUNS, rounds: int = TIMING_ROUNDS, warmup: int = WARMUP):
+        self.folder, self.runs, self.rounds, self.warmup = folder, runs, rounds, warmup
+        self.base: list | None = None
+        self.feeds: list = []
+        self.maps = 0
+
+    def _open(self, netlist, name: str, graphs: list[bool], provider: str) -> list:
+        from softsyn.runtime.decoder import kv_aliases
+        from softsyn.runtime.measure import bound_runners
+        from softsyn.runtime.session import ARTIFACT_OPTIONS
+
+        path = _write(netlist.model.clone(), self.folder / name / "model.onnx")
+        return bound_runners(path, self.feeds, provider, ARTIFACT_OPTIONS, graphs, kv_aliases(netlist))
+
+    def __call__(self, design, mapped, provider: str) -> dict:
+        """{group: (Measurement before the map, Measurement with it)}, both timed in one interleaved run."""
+        from softsyn.runtime.inputs import scenario_inputs
+        from softsyn.runtime.measure import measure_runners
+
+        groups = list(design.groups)
+        graphs = graph_flags(design, mapped, provider)
+        if self.base is None:
+            self.feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
+            self.base = self._open(design.netlist, "base", graphs["base"], provider)
+        self.maps += 1
+        runners = self._open(mapped, f"map{self.maps}", graphs["map"], provider)
+        interleaved = [r for pair in zip(self.base, runners) for r in pair]
+        measured = measure_runners(interleaved, self.runs, self.warmup, self.rounds, alternate(len(groups)))
+        del runners, interleaved  # this map's sessions go before its files do
+        for leftover in (self.folder / f"map{self.maps}").iterdir():
+            leftover.unlink()
+        return {g.name: (measured[2 * i], measured[2 * i + 1]) for i, g in enumerate(groups)}
+
+    def close(self) -> None:
+        self.base = None  # the baseline's sessions, before the caller removes their files
+
+
+# ------------------------------------------------------------------------------------------ judging
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of a few values."""
+    if len(values) < 2:
+        v = values[0] if values else 1.0
+        return v, v, v
+    cuts = statistics.quantiles(values, n=10, method="inclusive")
+    return statistics.median(values), cuts[0], cuts[-1]
+
+
+def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dict[str, str], pairs: dict,
+          load: tuple[float, float]) -> Round:
+    """The round's figures and verdict (module docstring, 2). `design_timing`: {group: GroupTiming} of the design
+    before the map; `problem`: the tables the map was searched on (its predicted change)."""
+    base = search.baseline(problem)
+    groups, lat_a, lat_b, ns_gain = [], [], [], []
+    for name, (a, b) in pairs.items():
+        timing = design_timing[name]
+        critical = timing.critical
+        budget = min(p.required - p.input_delay for p in timing.paths)
+        predicted = critical.arrival - critical.input_delay
+        delta = sum(problem.cost[name][c][mapping[c]] - problem.cost[name][c][base[c]] for c in problem.cells) \
+            if name in problem.cost else 0.0
+        ratio, lo, hi = _spread([mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0])
+        groups.append(GroupFigures(name, timing.weight, budget, predicted, predicted + delta, a.median, b.median,
+                                   ratio, lo, hi))
+        for r, (ma, mb) in enumerate(zip(a.round_medians, b.round_medians)):
+            if r == len(lat_a):
+                lat_a.append(0.0), lat_b.append(0.0), ns_gain.append(0.0)
+            lat_a[r] += timing.weight * ma
+            lat_b[r] += timing.weight * mb
+            ns_gain[r] += timing.weight * (max(0.0, ma - budget) - max(0.0, mb - budget))
+    ratio, lo, hi = _spread([b / a for a, b in zip(lat_a, lat_b) if a > 0])
+    gain = _spread(ns_gain) if ns_gain else (0.0, 0.0, 0.0)
+    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, gain, False, "",
+                load, len(lat_a))
+    slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
+             " ms")
+    if gain[2] < 0:  # in nearly every round the map left more negative slack
+        rnd.verdict = f"rejected: the map's measured {slack} is worse in nearly every round"
+    elif lo > 1.0:
+        rnd.verdict = f"rejected: the map is measured slower (x{ratio:.3f}, slower in nearly every round)"
+    elif gain[1] > 0 or (hi < 1.0 and ratio <= 1.0 - MIN_GAIN):
+        rnd.kept = True
+        rnd.verdict = f"kept: the map is measured faster (x{ratio:.3f}; {slack})"
+    else:
+        rnd.verdict = (f"rejected: the map is no faster beyond the rounds' spread (x{ratio:.3f} [{lo:.3f}-{hi:.3f}]), "
+                       "so it would only add error")
+    return rnd
+
+
+def corrected(problem: search.Problem, rnd: Round) -> tuple[search.Problem, list[str]]:
+    """The tables back-annotated from a measured round (module docstring, 3), and one line per group saying how."""
+    precisions = set(rnd.moved.values())
+    cost = {g: {c: dict(options) for c, options in rows.items()} for g, rows in problem.cost.items()}
+    lines = []
+    for fig in rnd.groups:
+        if fig.group not in cost or abs(fig.predicted_delta) < DELTA_FLOOR:
+            continue
+        factor = fig.factor
+        for c, options in cost[fig.group].items():
+            base = options[problem.options[c][0]]
+            for p in precisions & set(options):
+                options[p] = base + factor * (options[p] - base)
+        lines.append(f"{fig.group} x{factor:+.2f}")
+    note = (f"tables back-annotated from round {rnd.index}: each group's change at {'/'.join(sorted(precisions))} "
+            f"scaled by its measured / predicted relative change ({', '.join(lines) or 'no group changed'}; 0: no "
+            "change told from the rounds' spread)")
+    return search.Problem(**{**problem.__dict__, "cost": cost}), [note]
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Callable, report,
+           measure: Measure | None = None, max_rounds: int = ROUNDS) -> tuple[search.Outcome, search.Problem]:
+    """Measure the map, keep it or back-annotate and re-search (`propose(problem) -> Outcome | None`: the search
+    and the end-to-end check on corrected tables; None when no map passes). Returns the outcome the design takes
+    and the tables it was searched on. Rows and notes go to `report` (an OptimizeReport: trace, notes, retime).
+    `measure(design, mapped, provider)`: the measuring function (default: a Bench kept across the rounds)."""
+    base = search.baseline(problem)
+    moved = {c: p for c, p in chosen.mapping.items() if p != base[c]}
+    provider = target_provider(design.library)
+    why = device_absent(design.library) or not_runnable(design, moved)
+    if why:
+        report.notes.append(f"measured re-timing skipped: {why}")
+        return chosen, problem
+    with tempfile.TemporaryDirectory(prefix="softsyn-retime-") as tmp:
+        bench = measure or Bench(Path(tmp))
+        try:
+            return _rounds(design, problem, chosen, propose, report, bench, max_rounds, provider)
+        finally:
+            getattr(bench, "close", lambda: None)()
+
+
+def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, provider: str):
+    """retime's loop, measuring with `measure`."""
+    from softsyn.passes.optimize import TraceRow
+
+    base = search.baseline(problem)
+    result = Retime(provider)
+    report.retime = result
+    timing = {t.name: t for t in design.time() if t.paths}
+    tried: list[dict[str, str]] = []
+    current, tables = chosen, problem
+    for index in range(1, max_rounds + 1):
+        tried.append(dict(current.mapping))
+        design.log(f"optimize: measured re-timing round {index} on {provider}: the design before the map and with it")
+        load0 = os.getloadavg()[0]
+        mapped = mapped_netlist(design.netlist, current.mapping)
+        try:
+            pairs = {g: m for g, m in measure(design, mapped, provider).items() if g in timing}
+        except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
+            report.notes.append(f"measured re-timing round {index} could not run on {provider}: "
+                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            if not result.rounds:  # nothing measured: the map stays the tables' choice, labelled as such
+                report.retime = None
+                return chosen, problem
+            result.why = f"round {index} could not be measured"
+            break
+        rnd = judge(index, timing, tables, current.mapping, pairs, (load0, os.getloadavg()[0]))
+        result.rounds.append(rnd)
+        if index == 1:
+            report.trace.append(_row(TraceRow, "opt.measured.base", rnd, "base", problem, base))
+        report.trace.append(_row(TraceRow, f"opt.measured.{index}", rnd, "map", problem, current.mapping))
+        report.notes.append(rnd.note(provider))
+        design.log(f"optimize: {rnd.note(provider)}")
+        if rnd.kept:
+            result.kept, result.why = index, f"the map of round {index} is kept: {rnd.verdict[len('kept: '):]}"
+            report.notes.append(f"measured re-timing: {result.why}")
+            return current, tables
+        if index == max_rounds:
+            result.why = f"no measured map beat the baseline in {max_rounds} rounds (the cap)"
+            break
+        tables, lines = corrected(tables, rnd)
+        report.notes += lines
+        nxt = propose(tables)
+        if nxt is None or all(p == base[c] for c, p in nxt.mapping.items()):
+            result.why = "the re-search on the corrected tables finds no map faster than the baseline"
+            break
+        if nxt.mapping in tried:
+            result.why = "the re-search on the corrected tables chooses a map already measured"
+            break
+        current = nxt
+    result.why += ": the design keeps its precision"
+    report.notes.append(f"measured re-timing: {result.why}")
+    return search.outcome(tables, base, []), tables
+
+
+def _row(row_type, phase: str, rnd: Round, which: str, problem: search.Problem, mapping: dict[str, str]):
+    """A compile-log row of measured slacks (not an estimate); rules and area from the map, as the tables say."""
+    cost, _, _, area = search.evaluate(problem, mapping)
+    slack = {g.group: g.slack_base if which == "base" else g.slack_map for g in rnd.groups}
+    worst = min(slack, key=slack.get) if slack else ""
+    return row_type(phase, min(0.0, slack[worst]) if worst else 0.0, sum(min(0.0, s) for s in slack.values()),
+                    cost.rules, area, worst if worst and slack[worst] < 0 else "", measured=True)
