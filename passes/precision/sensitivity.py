@@ -39,8 +39,9 @@ from softsyn.passes.precision.search import ESTIMATE_RULE, cell_error
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded
-# random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md. A
-# design with weights is measured (per cell, or per role when large), never given the prior.
+# random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md. Under
+# the RSS estimate (search.map_error) 8 % of a 10 % budget admits 7 int4 or ~1600 int8 cells of it (qwen3-1.7b's
+# plan: 6 int4 + 106 int8). A design with weights is measured (per cell, or per role when large), never given it.
 PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2}
 SEED = 0
 EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
@@ -122,11 +123,12 @@ class Runner:
         self.arrays: dict[str, tuple[int, np.ndarray]] = {}  # name -> (onnx elem type, array): external initializers
         for i, t in enumerate(proto.graph.initializer):
             if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) >= EXTERNAL_MIN:
-                self.arrays[t.name] = (t.data_type, np.asarray(values[t.name].const_value.numpy()))
+                self.arrays[t.name] = (t.data_type, np.ascontiguousarray(values[t.name].const_value.numpy()))
                 proto.graph.initializer[i].CopyFrom(_stub(t))
         self.proto = proto
+        names = {t.name for t in proto.graph.initializer}
         self.transposed = {n.output[0]: n.input[0] for n in proto.graph.node  # Transpose(W) weights
-                           if n.op_type == "Transpose" and n.input and n.input[0] in self.arrays}
+                           if n.op_type == "Transpose" and n.input and n.input[0] in names}
         self.feeds = {g.name: scenario_inputs(design.netlist, g.scenario.dims, seed=SEED) for g in design.groups}
         self.provider, self.where = provider or target_provider(design), ""
         if self.provider == "cuda":
@@ -149,10 +151,11 @@ class Runner:
     def _weight(self, name: str) -> np.ndarray:
         node = self.proto.graph.node[self.index[name]]
         source = self.transposed.get(node.input[1])
-        if source or node.input[1] in self.arrays:
-            weight = self.arrays[source or node.input[1]][1]
+        name = source or node.input[1]
+        if name in self.arrays:
+            weight = self.arrays[name][1]
         else:
-            weight = onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == node.input[1]))
+            weight = onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == name))
         return weight.T if source else weight
 
     @property
