@@ -27,9 +27,11 @@ US = 1e6  # the ILP works in microseconds: delays in seconds are too small for t
 VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
 RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
 ERROR_WEIGHT = 1e3  # us of weighted latency one unit of error is worth: 1 % error must buy 10 us
-# The RSS times this covers the measured end-to-end error of all 60 random maps of 2..36 cells on zoo:qwen3-wide and
-# zoo:minilm (worst measured/RSS 1.36, median 0.90; the sum over-read 1.2-7x): bench/results/error-combination-*.md.
-ERROR_SAFETY = 1.4
+# The RSS times this stays at or above the measured end-to-end error of 57 of 60 random maps of 2..36 cells on
+# zoo:qwen3-wide and zoo:minilm (measured/RSS median 0.90, worst 1.36; the sum over-read 1.2-7x); the other three
+# read at most 8 % low, inside the check's headroom over the estimate's share (optimize: 0.9 / 0.8 = 1.125):
+# bench/results/error-combination-cpu-2026-12-01.md.
+ERROR_SAFETY = 1.25
 ESTIMATE_RULE = f"root sum of squares of the cells' errors x {ERROR_SAFETY}"  # how the estimate is made, as printed
 
 
