@@ -14,6 +14,8 @@
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS     zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml), signed off on cuda
+#   sensitivity [M] [C]  bench/sensitivity.py --mode role: MODEL's (qwen3-1.7b) per-role int4/int8 errors on cuda under
+#                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -106,6 +108,10 @@ loop)
     cp /tmp/$name/reports/precision.rpt /tmp/$name/compile.log "$OUT/" 2>/dev/null || true
     softsyn signoff /tmp/$name --provider cuda 2>&1 | tail -40 | grep -v "No registered plugin EP" || true
     cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true ;;
+sensitivity)
+    softsyn_install
+    python3 bench/sensitivity.py "${1:-zoo:qwen3-1.7b}" -c "${2:-constraints/chat-h200-int4.yaml}" --mode role 2>&1 |
+        grep -v "No registered plugin EP" | tee "$OUT/sensitivity-role.txt" | tail -30 ;;
 moecells)
     softsyn_install
     cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

@@ -40,8 +40,8 @@ from softsyn.passes.precision.search import ESTIMATE_RULE, cell_error
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded
 # random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md. Under
-# the RSS estimate (search.map_error) 8 % of a 10 % budget admits 7 int4 or ~1600 int8 cells of it (qwen3-1.7b's
-# plan: 6 int4 + 106 int8). A design with weights is measured (per cell, or per role when large), never given it.
+# the RSS estimate (search.map_error) 8 % of a 10 % budget admits 9 int4 or ~2000 int8 cells of it (qwen3-1.7b's
+# plan: 8 int4 + 104 int8). A design with weights is measured (per cell, or per role when large), never given it.
 PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2}
 SEED = 0
 EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
