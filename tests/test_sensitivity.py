@@ -118,3 +118,6 @@ def test_a_large_design_is_measured_per_role_on_the_cpu_view_without_an_error(cu
     assert errors[down[0].name]["int4"] == pytest.approx(measured / math.sqrt(len(down)), rel=1e-6)
     again = sensitivity.measure_per_role(cuda_tiny, cands)
     assert again[0] == errors and "0 runs new" in again[1]
+    fallback = sensitivity.Runner(cuda_tiny, "cuda")  # asked for the device where none is: the CPU view, said
+    assert fallback.provider == "cpu" and "the CUDA session did not open" in fallback.where
+    assert fallback.error({c.name: "int4" for c in down}) == pytest.approx(measured, rel=1e-6)
