@@ -40,6 +40,11 @@ def map_error(errors: Iterable[float]) -> float:
     return ERROR_SAFETY * math.sqrt(sum(e * e for e in errors))
 
 
+def energy_budget(budget: float) -> float:
+    """map_error <= budget as a bound on the cells' summed squared errors (linear in the ILP's binaries)."""
+    return (budget / ERROR_SAFETY) ** 2
+
+
 def cell_error(group_error: float, cells: int) -> float:
     """Each cell's error from a group of `cells` quantised at once (the RSS inverted, without the safety factor, so
     a map of the whole group estimates ERROR_SAFETY x its measured error)."""
@@ -102,7 +107,7 @@ def evaluate(problem: Problem, mapping: dict[str, str]) -> tuple[Cost, dict[str,
 def within_budget(problem: Problem, mapping: dict[str, str]) -> bool:
     """Whether the map's estimate keeps the accuracy budget, in the ILP's own terms (sum of squares)."""
     energy = sum(problem.error[c][mapping[c]] ** 2 for c in problem.cells)
-    return energy <= (problem.budget / ERROR_SAFETY) ** 2 * (1 + 1e-9)
+    return energy <= energy_budget(problem.budget) * (1 + 1e-9)
 
 
 def outcome(problem: Problem, mapping: dict[str, str], steps: list[str]) -> Outcome:
@@ -160,7 +165,7 @@ def ilp(problem: Problem, ceiling: dict[str, float] | None = None, time_limit: f
     extra = np.array([[(problem.cost[g][c][o] - problem.cost[g][c][problem.options[c][0]]) * US for c, o in pairs]
                       for g in groups]).reshape(ng, nx_)
     err = np.array([problem.error[c][o] for c, o in pairs])  # the tie-break term (Cost.error)
-    allowed = (problem.budget / ERROR_SAFETY) ** 2
+    allowed = energy_budget(problem.budget)
     barred = err ** 2 > allowed * (1 + 1e-9)  # over the budget alone; with a zero budget every quantised option
     energy = np.divide(err ** 2, allowed, out=np.zeros(nx_), where=~barred & (err > 0))  # each <= 1
     area = np.array([(problem.area[c][o] - problem.area[c][problem.options[c][0]]) / 1e6 for c, o in pairs])
