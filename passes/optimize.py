@@ -5,8 +5,8 @@ for (softsyn.passes.precision.mapping); measure each (cell, precision)'s output 
 search a map on the tables (softsyn.passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
 ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
 map end to end (the design with the whole map quantised, run on the target's device when it is here, else ORT CPU,
-against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again with half the estimate's
-budget (at most ATTEMPTS times), then the design keeps its precision; the log says why each time.
+against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
+with half the estimate's budget (at most ATTEMPTS times), then the design keeps its precision; the log says why.
 
 Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap).
 The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
