@@ -22,6 +22,8 @@
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml) into
 #                        /tmp/NAME, signed off on cuda, in the background; waits S seconds (540) for it
 #   wait NAME [S]        wait S more seconds for `loop`'s NAME (the constraints file's stem), then bring back its reports
+#   sensitivity [M] [C]  bench/sensitivity.py --mode role: MODEL's (qwen3-1.7b) per-role int4/int8 errors on cuda under
+#                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -144,6 +146,10 @@ wait)
     cp /tmp/$name/reports/precision.rpt "$OUT/$name-precision.rpt" 2>/dev/null || true
     cp /tmp/$name/reports/signoff.rpt "$OUT/$name-signoff.rpt" 2>/dev/null || true
     cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true ;;
+sensitivity)
+    softsyn_install
+    python3 bench/sensitivity.py "${1:-zoo:qwen3-1.7b}" -c "${2:-constraints/chat-h200-int4.yaml}" --mode role 2>&1 |
+        grep -v "No registered plugin EP" | tee "$OUT/sensitivity-role.txt" | tail -30 ;;
 moecells)
     softsyn_install
     cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

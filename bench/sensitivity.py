@@ -1,11 +1,17 @@
-"""Per-cell output error of int4 and int8 MatMulNBits on a model, measured the way the compile loop measures it.
+"""Output error of int4 and int8 MatMulNBits on a model, measured the way the compile loop measures it.
 
-    python bench/sensitivity.py [MODEL] [-c constraints.yaml]
+    python bench/sensitivity.py [MODEL] [-c constraints.yaml] [--mode cell|role|both]
 
-Runs effort low's passes, then quantises each candidate MatMul alone (ONNX Runtime's quantiser, block 32,
-symmetric) at int4 and at int8 whether or not the library says it is faster, runs the design on every path
-group's seeded inputs on ORT CPU and prints verify's relative error per cell and the medians per precision: the
-figures behind softsyn.passes.precision.sensitivity.PRIOR_ERROR. Results are cached like the loop's.
+Runs effort low's passes, then quantises the candidate MatMuls at int4 and at int8 whether or not the library says
+it is faster, runs the design on every path group's seeded inputs (on the target's device when it is here, else
+ORT CPU, the CPU view for a CUDA design) and prints verify's relative error:
+- `cell`: each cell alone, per cell, and the medians per precision: the figures behind
+  softsyn.passes.precision.sensitivity.PRIOR_ERROR;
+- `role`: each role group (sensitivity.roles) quantised at once, per role, with each cell's share (the loop's
+  sensitivity for designs over optimize.MEASURE_LIMIT), and the whole model at each precision measured end to end
+  against the estimate (search.map_error) from the shares;
+- `both`: the two, and per role the share against the cells' own errors, and both estimates of the whole model.
+Results are cached like the loop's.
 """
 from __future__ import annotations
 
@@ -14,31 +20,60 @@ import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PRECISIONS = ("int4", "int8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="zoo:qwen3-wide")
     parser.add_argument("-c", "--constraints", default=str(ROOT / "constraints" / "cpu-loop.yaml"))
+    parser.add_argument("--mode", choices=("cell", "role", "both"), default="cell")
     args = parser.parse_args()
 
     from softsyn import passes
     from softsyn.design import Design
-    from softsyn.passes.precision import mapping, sensitivity
+    from softsyn.passes.precision import mapping, search, sensitivity
 
     design = Design.load(args.model, args.constraints, progress=False)
     for step in passes.effort("low").steps:
         passes.run_pass(design, step.pass_name, dict(step.options))
     cands, _ = mapping.candidates(design)
-    cands = [mapping.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, "int4", "int8"), c.params)
+    cands = [mapping.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, *PRECISIONS), c.params)
              for c in cands]
-    errors, how = sensitivity.measure(design, cands)
-    print(f"{args.model}: {len(cands)} cells; {how}")
-    print(f"{'cell':44} {'k x n':>12} {'int4':>10} {'int8':>10}")
-    for c in cands:
-        print(f"{c.hierarchy or c.name:44} {f'{c.k}x{c.n}':>12} {errors[c.name]['int4']:10.3e} {errors[c.name]['int8']:10.3e}")
-    for p in ("int4", "int8"):
-        print(f"median {p}: {statistics.median(errors[c.name][p] for c in cands):.3e}")
+    per_cell = per_role = None
+    if args.mode in ("cell", "both"):
+        per_cell, how = sensitivity.measure(design, cands)
+        print(f"{args.model}: {len(cands)} cells; {how}")
+        print(f"{'cell':44} {'k x n':>12} {'int4':>10} {'int8':>10}")
+        for c in cands:
+            print(f"{c.hierarchy or c.name:44} {f'{c.k}x{c.n}':>12} {per_cell[c.name]['int4']:10.3e} "
+                  f"{per_cell[c.name]['int8']:10.3e}")
+        for p in PRECISIONS:
+            print(f"median {p}: {statistics.median(per_cell[c.name][p] for c in cands):.3e}")
+    if args.mode in ("role", "both"):
+        per_role, how = sensitivity.measure_per_role(design, cands, print)
+        groups = sensitivity.roles(design, cands)
+        print(f"\n{args.model}: {how}")
+        print(f"{'role':52} {'cells':>5} " + " ".join(f"{p + ' group':>11} {p + ' share':>11}" for p in PRECISIONS)
+              + ("  " + " ".join(f"{p + ' cells med':>14} {p + ' cells max':>14}" for p in PRECISIONS)
+                 if per_cell else ""))
+        for role, cells in groups.items():
+            share = {p: per_role[cells[0].name][p] for p in PRECISIONS}
+            line = f"{role:52} {len(cells):5} " + " ".join(
+                f"{share[p] * len(cells) ** 0.5:11.3e} {share[p]:11.3e}" for p in PRECISIONS)
+            if per_cell:
+                line += "  " + " ".join(f"{statistics.median(per_cell[c.name][p] for c in cells):14.3e} "
+                                        f"{max(per_cell[c.name][p] for c in cells):14.3e}" for p in PRECISIONS)
+            print(line)
+        runner = sensitivity.Runner(design)
+        for p in PRECISIONS:
+            measured = runner.error({c.name: p for c in cands})
+            line = (f"all {len(cands)} cells {p} ({runner.where}): measured {measured:.3e}; estimate from the role "
+                    f"shares {search.map_error(per_role[c.name][p] for c in cands):.3e}")
+            if per_cell:
+                line += (f", from the cells' own errors {search.map_error(per_cell[c.name][p] for c in cands):.3e} "
+                         f"(their sum {sum(per_cell[c.name][p] for c in cands):.3e})")
+            print(line)
 
 
 if __name__ == "__main__":

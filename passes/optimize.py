@@ -4,9 +4,9 @@ The loop: tabulate once, per path group, every candidate cell's cost at each pre
 for (softsyn.passes.precision.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
 search a map on the tables (softsyn.passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
 ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
-map end to end (the design with the whole map quantised, run on ORT CPU against the design before this pass,
-verify's relative error); apply it. A map the check rejects is searched again with half the estimate's
-budget (at most ATTEMPTS times), then the design keeps its precision; the log says why each time.
+map end to end (the design with the whole map quantised, run on the target's device when it is here, else ORT CPU,
+against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
+with half the estimate's budget (at most ATTEMPTS times), then the design keeps its precision; the log says why.
 
 Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap), `retime`
 (ultra: a kept map is measured against the design before it on the target's provider, when it runs here, and the
@@ -26,9 +26,9 @@ from softsyn.passes.precision import search, sensitivity
 from softsyn.timing.cost import precision_of
 
 ATTEMPTS = 3  # end-to-end checks before the design keeps its precision
-ESTIMATE_SHARE = 0.8  # the additive estimate may use this share of the accuracy budget ...
+ESTIMATE_SHARE = 0.8  # the estimate (search.map_error) may use this share of the accuracy budget ...
 CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
-MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours here: the prior instead (labelled)
+MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours: measured per role instead (labelled)
 DEFAULT_BUDGET = {"fp32": 1e-4, "fp16": 1e-2}  # verify's defaults (softsyn.flow.verify.DEFAULT_REL_ERROR)
 
 
@@ -164,16 +164,16 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
             if not moved:
                 return outcome
             if not checkable:
-                report.notes.append("end-to-end check not run (no weights to run here, too large, or not runnable on "
-                                    "ORT CPU): softsyn verify DIR checks the artifact where it can run")
+                report.notes.append("end-to-end check not run (no weights to run here, or not runnable on ORT here): "
+                                    "softsyn verify DIR checks the artifact where it can run")
                 return outcome
             state["runner"] = state["runner"] or sensitivity.Runner(design)
             error = state["runner"].error(moved)
             if error <= budget * CHECK_SHARE:
                 report.checked_error = error
-                report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} (estimate "
-                                    f"{outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} of the "
-                                    f"budget {budget:.3e}): kept")
+                report.notes.append(f"end-to-end check (attempt {attempt}, {state['runner'].where}): error {error:.3e} "
+                                    f"(estimate {outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} "
+                                    f"of the budget {budget:.3e}): kept")
                 return outcome
             report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
                                 f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
@@ -215,20 +215,19 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
 
 def sensitivities(design, cands) -> tuple[dict, str, bool]:
     """(errors per cell and option, how they were obtained, whether the design runs here for the end-to-end check):
-    measured, or the labelled prior for a plan, a design too large to run cell by cell, or one ORT CPU cannot run."""
+    measured per cell, per role for a design over MEASURE_LIMIT of weights (on the target's device when it is here,
+    else ORT CPU), or the labelled prior for a plan or a design ORT cannot run here."""
     if not any(len(c.options) > 1 for c in cands):
         return {c.name: {c.current: 0.0} for c in cands}, "not needed: no cell has another option", False
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
     if _weightless(design, cands):
         errors, how = sensitivity.measure(design, cands)  # the prior, said so
         return errors, how, False
-    if weights > MEASURE_LIMIT:
-        return (*_prior(cands, f"{len(cands)} cells of {weights / 1e9:.1f} GB of weights are too many to run one by "
-                               "one on this machine"), False)
+    measure = sensitivity.measure_per_role if weights > MEASURE_LIMIT else sensitivity.measure
     try:
-        return (*sensitivity.measure(design, cands, design.log), True)
+        return (*measure(design, cands, design.log), True)
     except sensitivity.CannotRun as exc:
-        return (*_prior(cands, f"ORT CPU cannot run this design ({exc})"), False)
+        return (*_prior(cands, f"ORT cannot run this design here ({exc})"), False)
 
 
 def _prior(cands, why: str) -> tuple[dict, str]:

@@ -8,6 +8,7 @@ predicted latency (the STA's, plus the tables' change for the map) next to the m
 """
 from __future__ import annotations
 
+from softsyn.passes.precision.search import ESTIMATE_RULE
 from softsyn.reports.columns import RETIME_COLUMNS, precision_columns
 from softsyn.reports.common import BANNER_RULE, Table
 
@@ -47,8 +48,8 @@ def report_precision(report, design: str | None = None, target: str | None = Non
     lines.append("Requested vs realised: " + (", ".join(
         f"{n} x {req}" + ("" if req == real else f" realised {real} (OVERRIDDEN)") for (req, real), n in
         sorted(counts.items())) or "no candidate cells"))
-    lines.append(f"Accuracy budget {report.budget:.3e}; estimated error of the map {report.estimate_error:.3e} (sum of "
-                 "the cells' errors)" + (f"; end-to-end check {report.checked_error:.3e}" if report.checked_error
+    lines.append(f"Accuracy budget {report.budget:.3e}; estimated error of the map {report.estimate_error:.3e} "
+                 f"({ESTIMATE_RULE})" + (f"; end-to-end check {report.checked_error:.3e}" if report.checked_error
                                          is not None else ""))
     lines.append(f"Sensitivity: {report.sensitivity}")
     if report.cells:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from softsyn.passes.precision.search import map_error
 from softsyn.reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
 _ADVICE: list[tuple[set[str], str]] = [
@@ -192,8 +193,7 @@ def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
             fastest = min(problem.options[cell], key=lambda o: table[o])
             saving = table[current.get(cell, problem.options[cell][0])] - table[fastest]
             if saving > 0:
-                moves.append((saving, cell, fastest,
-                              problem.error[cell][fastest] - problem.error[cell][current.get(cell, fastest)]))
+                moves.append((saving, cell, fastest))
         moves.sort(reverse=True)
         taken, saved = [], 0.0
         for move in moves:
@@ -204,12 +204,14 @@ def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
         line = f"{g.name} misses by {ftime(miss, time_unit)} {time_unit}"
         if taken:
             kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-            for _, cell, precision, _ in taken:
+            for _, cell, precision in taken:
                 kinds[precision][hierarchy[cell].rsplit(".", 1)[-1]] += 1
             what = "; ".join(f"{p} for {sum(k.values())} cell{'s' if sum(k.values()) != 1 else ''} ("
                              + ", ".join(f"{n} {kind}" for kind, n in k.items()) + ")" for p, k in kinds.items())
-            added = sum(m[3] for m in taken)
-            over = report.estimate_error + added - report.budget
+            now = {c: problem.error[c][current.get(c, problem.options[c][0])] for c in problem.cells}
+            after = map_error({**now, **{cell: problem.error[cell][p] for _, cell, p in taken}}.values())
+            added = after - map_error(now.values())  # the estimate combines, it does not add (search.map_error)
+            over = after - report.budget
             line += (f": {what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error "
                      f"(est; the map's now {fpercent(report.estimate_error)}, budget {fpercent(report.budget)}"
                      + (f": raise accuracy.max_rel_error by {fpercent(over)}" if over > 0 else "") + ")")

@@ -1,17 +1,29 @@
-"""Sensitivity: the output error each cell adds at each candidate precision, measured on ORT CPU and cached.
+"""Sensitivity: the output error each cell adds at each candidate precision, measured and cached.
 
-For each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser,
+Per cell: for each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser,
 softsyn.passes.precision.mapping.quantise_weight) on every path group's seeded scenario inputs
 (softsyn.runtime.inputs), and compared with the design as it stands: the error is verify's relative error,
-max|quantised - design| / max|design|, the worst over outputs and groups. Results are cached on disk under
-$SOFTSYN_CACHE/sensitivity by a content key (the design's source key, its cells and weights' names, the
-library, the group dims, the seed, the block size and ORT's version), so a second compile measures nothing.
+max|quantised - design| / max|design|, the worst over outputs and groups.
+Per role (`measure_per_role`, for designs too large to run cell by cell): the cells grouped by role (`roles`: the
+hierarchy without its layer indices, so model.layers.*.mlp.down_proj is one group; a packed QKV or gate-up apart
+from the plain projection it is named after), each group quantised at once per precision and run end to end
+(~10 groups x 2 precisions instead of ~400 runs); each cell's error is the group's shared by the combination rule
+(softsyn.passes.precision.search.cell_error), labelled "measured per role".
 
-A weightless netlist (a plan) cannot run: its sensitivities are the labelled prior `PRIOR_ERROR` instead.
-`check(...)` runs a whole map the same way: the end-to-end check the loop makes before it keeps a map.
+Where: on the target's device when it is here (the CUDA provider for a CUDA library's design, when onnxruntime has
+it and a session opens), else on ORT CPU, through the CPU view verify uses (softsyn.runtime.gqa_view: the q/k norms a
+CUDA GroupQueryAttention absorbed, which ORT's CPU kernel refuses, run before it). Weights travel as ORT external
+initializers (numpy arrays the session reads), never in the protobuf: no 2 GB limit, no copy per run.
+
+Results are cached on disk under $SOFTSYN_CACHE/sensitivity by a content key (the design's source key, its cells
+and nodes, the library, the group dims, the seed, the block size, ORT's version, the provider and per cell or per
+role), so a second compile measures nothing. A weightless netlist (a plan) cannot run: its sensitivities are the
+labelled prior `PRIOR_ERROR` instead. `Runner.error(map)` runs a whole map the same way: the end-to-end check the
+loop makes before it keeps a map.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -23,19 +35,23 @@ import onnx
 import onnx_ir as ir
 
 from softsyn.passes.precision.mapping import BLOCK, NBITS, Candidate, is_weightless, quantise_weight, weight_source
+from softsyn.passes.precision.search import ESTIMATE_RULE, cell_error
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded
-# random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md.
+# random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md. Under
+# the RSS estimate (search.map_error) 8 % of a 10 % budget admits 9 int4 or ~2000 int8 cells of it (qwen3-1.7b's
+# plan: 8 int4 + 104 int8). A design with weights is measured (per cell, or per role when large), never given it.
 PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2}
 SEED = 0
+EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
 
 
 class CannotRun(Exception):
-    """ORT CPU cannot run the design (e.g. GroupQueryAttention with absorbed q/k norms, CUDA only): the message says why."""
+    """ORT cannot run the design on any provider here (e.g. an op without a kernel): the message says why."""
 
 
-def _cache_file(design, cands: list[Candidate]) -> Path:
+def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell") -> Path:
     import onnxruntime as ort
 
     from softsyn.frontends.cache import default_cache_dir
@@ -50,53 +66,121 @@ def _cache_file(design, cands: list[Candidate]) -> Path:
                 "nodes": hashlib.sha256("|".join(f"{n.op_type}:{n.name}" for n in design.netlist.nodes())
                                         .encode()).hexdigest(),
                 "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED, "block": BLOCK,
-                "ort": ort.__version__, "format": 1}
+                "ort": ort.__version__, "provider": provider, "mode": mode, "format": 2}
     key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return default_cache_dir() / "sensitivity" / f"{key}.json"
 
 
-def inline_proto(model: ir.Model) -> onnx.ModelProto:
-    """The model as one in-memory proto with every weight inline (external data read in), to run from bytes."""
-    proto = ir.to_proto(model)
-    values = model.graph.initializers
-    for t in proto.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            t.CopyFrom(onnx.numpy_helper.from_array(np.asarray(values[t.name].const_value.numpy()), t.name))
-    return proto
+def _write_cache(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def target_provider(design) -> str:
+    """"cuda" for a CUDA library's design where onnxruntime's CUDA provider opens a session here, else "cpu"."""
+    import onnxruntime as ort
+
+    from softsyn.runtime.session import SessionSettings, open_session
+
+    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or \
+            "CUDAExecutionProvider" not in ort.get_available_providers():
+        return "cpu"
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    probe = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
+                                   ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    ort.set_default_logger_severity(4)  # a CUDA provider without its libraries logs an error, then CPU would run it
+    try:
+        open_session(probe, SessionSettings(provider="cuda", log_severity=4))
+        return "cuda"
+    except Exception:  # noqa: BLE001 - no device, or no CUDA libraries: the CPU runs it
+        return "cpu"
+    finally:
+        ort.set_default_logger_severity(2)
+
+
+def _stub(t: onnx.TensorProto) -> onnx.TensorProto:
+    """The initializer's header, its data named external (the session gets the array itself)."""
+    stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "softsyn-sensitivity"), ("offset", "0"), ("length", "0")):
+        entry = stub.external_data.add()
+        entry.key, entry.value = key, value
+    return stub
 
 
 class Runner:
-    """Runs the design, or the design with some MatMuls quantised, on every group's seeded inputs."""
+    """Runs the design, or the design with some MatMuls quantised, on every group's seeded inputs, on `provider`
+    (default: target_provider); a CUDA session that does not open falls back to the CPU view, said in `where`."""
 
-    def __init__(self, design):
+    def __init__(self, design, provider: str | None = None):
         from softsyn.runtime.inputs import scenario_inputs
 
-        self.proto = inline_proto(design.netlist.model)
-        self.index = {n.name: i for i, n in enumerate(self.proto.graph.node)}
-        self.weights = {t.name: t for t in self.proto.graph.initializer}
-        self.transposed = {n.output[0]: n.input[0] for n in self.proto.graph.node  # Transpose(W) weights
-                           if n.op_type == "Transpose" and n.input and n.input[0] in self.weights}
+        proto = ir.to_proto(design.netlist.model)
+        values = design.netlist.model.graph.initializers
+        self.arrays: dict[str, tuple[int, np.ndarray]] = {}  # name -> (onnx elem type, array): external initializers
+        for i, t in enumerate(proto.graph.initializer):
+            if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) >= EXTERNAL_MIN:
+                self.arrays[t.name] = (t.data_type, np.ascontiguousarray(values[t.name].const_value.numpy()))
+                proto.graph.initializer[i].CopyFrom(_stub(t))
+        self.proto = proto
+        names = {t.name for t in proto.graph.initializer}
+        self.transposed = {n.output[0]: n.input[0] for n in proto.graph.node  # Transpose(W) weights
+                           if n.op_type == "Transpose" and n.input and n.input[0] in names}
         self.feeds = {g.name: scenario_inputs(design.netlist, g.scenario.dims, seed=SEED) for g in design.groups}
+        self.provider, self.where = provider or target_provider(design), ""
+        if self.provider == "cuda":
+            try:
+                self.where = "ORT CUDA"
+                self.reference = self.run({})
+                return
+            except CannotRun as exc:
+                self.provider, self.where = "cpu", f" (the CUDA session did not open: {str(exc)[:120]})"
+        self._cpu_view()
         self.reference = self.run({})
+
+    def _cpu_view(self) -> None:
+        from softsyn.runtime.gqa_view import expand_qk_norms
+
+        viewed = expand_qk_norms(self.proto)
+        self.where = "ORT CPU" + (f" (CPU view: q/k norms outside {viewed} GroupQueryAttention nodes)" if viewed
+                                  else "") + self.where
+
+    def _weight(self, name: str) -> np.ndarray:
+        node = self.proto.graph.node[self.index[name]]
+        source = self.transposed.get(node.input[1])
+        name = source or node.input[1]
+        if name in self.arrays:
+            weight = self.arrays[name][1]
+        else:
+            weight = onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == name))
+        return weight.T if source else weight
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.proto.graph.node)}
 
     def run(self, mapping: dict[str, str]) -> dict[str, list[np.ndarray]]:
         """Outputs per group with `mapping`'s cells quantised (the proto is restored afterwards)."""
         from softsyn.runtime.session import SessionSettings, open_session
 
         graph = self.proto.graph
-        saved, added = {}, 0
+        index = self.index
+        saved, added, external = {}, 0, dict(self.arrays)
         for name, precision in mapping.items():
             if precision not in NBITS:
                 continue
-            i = self.index[name]
+            i = index[name]
             node = graph.node[i]
-            source = self.transposed.get(node.input[1])
-            weight = onnx.numpy_helper.to_array(self.weights[source or node.input[1]])
-            weight = weight.T if source else weight
-            qnode, inits = quantise_weight(name, weight, NBITS[precision])
+            qnode, inits = quantise_weight(name, self._weight(name), NBITS[precision])
             renamed = {t.name: f"{node.input[1]}.sens.{t.name}" for t in inits}
             for t in inits:
                 t.name = renamed[t.name]
+                if len(t.raw_data) >= EXTERNAL_MIN:
+                    external[t.name] = (t.data_type, onnx.numpy_helper.to_array(t))
+                    t.CopyFrom(_stub(t))
             qnode.input[:] = [node.input[0]] + [renamed[x] for x in qnode.input[1:]]
             qnode.output[:] = list(node.output)
             saved[i] = onnx.NodeProto()
@@ -106,12 +190,17 @@ class Runner:
             added += len(inits)
         if saved and not any(o.domain == "com.microsoft" for o in self.proto.opset_import):
             self.proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        used = {x for n in graph.node for x in n.input}
+        external = {name: v for name, v in external.items() if name in used}  # ORT drops the unused before it reads
+        session = None
         try:
-            session = open_session(self.proto, SessionSettings(provider="cpu", require_provider=False))
+            session = open_session(self.proto, SessionSettings(provider=self.provider, log_severity=3), external)
             return {g: session.run(None, feeds) for g, feeds in self.feeds.items()}
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise CannotRun(" ".join(str(exc).split())[:300]) from None
         finally:
+            del session, external  # one session (and one set of quantised weights) at a time
+            gc.collect()
             for i, node in saved.items():
                 graph.node[i].CopyFrom(node)
             for _ in range(added):
@@ -130,32 +219,89 @@ class Runner:
         return worst
 
 
-def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[str, float]], str]:
-    """({cell: {precision: error}}, how they were obtained): measured (cached) or, for a plan, the prior."""
-    errors = {c.name: {c.current: 0.0} for c in cands}
+def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]], str] | None:
+    """The labelled prior for a weightless netlist (a plan), which cannot run; None for a design with weights."""
     first = next(n for n in design.netlist.nodes() if n.name == cands[0].name) if cands else None
-    if first is not None and is_weightless(weight_source(first.inputs[1])[0]):
-        for c in cands:
-            errors[c.name].update({p: PRIOR_ERROR[p] for p in c.options[1:]})
-        return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "
-                        + ", ".join(f"{p} {e:.1e}" for p, e in PRIOR_ERROR.items())
-                        + " (the median per cell measured on the pretrained zoo:minilm, rounded up)")
-    path = _cache_file(design, cands)
+    if first is None or not is_weightless(weight_source(first.inputs[1])[0]):
+        return None
+    errors = {c.name: {c.current: 0.0, **{p: PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
+    return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "
+                    + ", ".join(f"{p} {e:.1e}" for p, e in PRIOR_ERROR.items())
+                    + " (the median per cell measured on the pretrained zoo:minilm, rounded up)")
+
+
+def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[str, float]], str]:
+    """({cell: {precision: error}}, how they were obtained): each cell quantised alone (cached) or, for a plan, the
+    prior."""
+    prior = _prior(design, cands)
+    if prior is not None:
+        return prior
+    provider = target_provider(design)
+    path = _cache_file(design, cands, provider)
     cached = json.loads(path.read_text()) if path.is_file() else {}
     todo = [(c, p) for c in cands for p in c.options[1:] if p not in cached.get(c.name, {})]
+    where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
     if todo:
-        runner = Runner(design)
+        runner = Runner(design, provider)
+        where = runner.where
         for i, (c, p) in enumerate(todo, 1):
             cached.setdefault(c.name, {})[p] = runner.error({c.name: p})
             if log is not None and (i % 10 == 0 or i == len(todo)):
                 log(f"optimize: sensitivity {i}/{len(todo)} measured")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-        tmp.replace(path)
-    for c in cands:
-        errors[c.name].update({p: cached[c.name][p] for p in c.options[1:]})
-    how = (f"measured: each cell quantised alone on ORT CPU, {len(design.groups)} groups' seeded inputs, "
+        path = _cache_file(design, cands, runner.provider)
+        _write_cache(path, cached)
+    errors = {c.name: {c.current: 0.0, **{p: cached[c.name][p] for p in c.options[1:]}} for c in cands}
+    how = (f"measured: each cell quantised alone on {where}, {len(design.groups)} groups' seeded inputs, "
            f"{len(todo)} new, {sum(len(c.options) - 1 for c in cands) - len(todo)} from the cache ({path.name})")
     return errors, how
 
+
+def roles(design, cands: list[Candidate]) -> dict[str, list[Candidate]]:
+    """{role: its cells}: a cell's role is its hierarchy (else its name) without the numeric (layer, expert)
+    components; a packed weight (the projection fusion's `.mergedN`) is its own role, named for what it packs."""
+    by_name = {n.name: n for n in design.netlist.nodes()}
+    groups: dict[str, list[Candidate]] = {}
+    for c in cands:
+        role = ".".join(part for part in (c.hierarchy or c.name).split(".") if not part.isdigit())
+        source = weight_source(by_name[c.name].inputs[1])
+        merged = source[0].name.rsplit(".merged", 1) if source is not None and source[0].name else []
+        if len(merged) == 2 and merged[1].isdigit():
+            role += f" (packed {merged[1]})"
+        groups.setdefault(role, []).append(c)
+    return groups
+
+
+def measure_per_role(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[str, float]], str]:
+    """({cell: {precision: error}}, how): each role's cells (`roles`) quantised at once per precision, run end to
+    end (cached), each cell given search.cell_error of its group's error; for a plan, the prior."""
+    prior = _prior(design, cands)
+    if prior is not None:
+        return prior
+    groups = roles(design, cands)
+    provider = target_provider(design)
+    path = _cache_file(design, cands, provider, "role")
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    todo = [(role, p) for role, cells in groups.items() for p in sorted({p for c in cells for p in c.options[1:]})
+            if p not in cached.get(role, {})]
+    where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
+    if todo:
+        runner = Runner(design, provider)
+        where = runner.where
+        for i, (role, p) in enumerate(todo, 1):
+            cached.setdefault(role, {})[p] = runner.error({c.name: p for c in groups[role] if p in c.options})
+            if log is not None:
+                log(f"optimize: sensitivity per role {i}/{len(todo)}: {role} x{len(groups[role])} {p} "
+                    f"{cached[role][p]:.3e}")
+        path = _cache_file(design, cands, runner.provider, "role")
+        _write_cache(path, cached)
+    errors = {}
+    for role, cells in groups.items():
+        for c in cells:
+            errors[c.name] = {c.current: 0.0, **{p: cell_error(cached[role][p], sum(p in x.options for x in cells))
+                                                  for p in c.options[1:]}}
+    runs = sum(len(v) for v in cached.values())
+    how = (f"measured per role (not per cell): {len(groups)} role groups of {len(cands)} cells, each quantised at "
+           f"once per precision on {where}, {len(design.groups)} groups' seeded inputs, {len(todo)} runs new, "
+           f"{runs - len(todo)} from the cache ({path.name}); a cell's error is its group's / sqrt(cells), "
+           f"the inverse of the estimate ({ESTIMATE_RULE})")
+    return errors, how
