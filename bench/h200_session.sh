@@ -9,9 +9,9 @@
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
 #   graphcells [S]       the graph tables (softsyn characterize --graph: MatMul.fp16, MatMulNBits int4/int8 and GQA fp16 at
-#                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); the
-#                        tree's library is replaced by the result, so later steps of the session time captured decode
-#                        with them
+#                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); later
+#                        steps of the session put the result in the tree's library first (softsyn_install), so they time
+#                        captured decode with them
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
@@ -44,7 +44,11 @@ WHEEL=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 
-softsyn_install() { python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null; }
+# each call gets a fresh copy of the tree: the graph tables a `graphcells` call measured ($LIB.graph) go back in first
+softsyn_install() {
+    [ -f $LIB.graph ] && cp $LIB.graph softsyn/library/libs/h200-ort-cuda.yaml
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+}
 
 step=$1
 shift
@@ -92,7 +96,7 @@ graphcells)
         tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -20
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml"
-    cp $LIB softsyn/library/libs/h200-ort-cuda.yaml ;;
+    grep -q "ort-cuda-graph" $LIB && cp $LIB $LIB.graph || echo "no graph table measured" ;;
 drift)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

@@ -34,7 +34,7 @@ def main() -> None:
     from softsyn.design import Design
     from softsyn.passes.precision import mapping, search, sensitivity
 
-    design = Design.load(args.model, args.constraints, progress=False)
+    design = Design.load(args.model, args.constraints, progress=False, materialize=True)  # real sizes: seeded weights
     for step in passes.effort("low").steps:
         passes.run_pass(design, step.pass_name, dict(step.options))
     cands, _ = mapping.candidates(design)
