@@ -20,6 +20,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
+import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -29,7 +31,7 @@ from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
-from softsyn.runtime.session import device_name
+from softsyn.runtime.session import describe_device, device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
 from softsyn.progress import log
 from softsyn.reports.common import json_nulls
@@ -335,7 +337,7 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
     log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
         + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
-    probe_before = speed_probe(provider)
+    load_before, probe_before = os.getloadavg()[0], speed_probe(provider)
     # a group the design times as a captured CUDA graph is measured as one, where its settings enable it
     graphs = [provider == "cuda" and target.cuda_graph and getattr(design.launches.get(group.name), "captured", False)
               for group, _ in chosen]
@@ -346,7 +348,8 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     aliases = kv_aliases(netlist)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
                             options=target.session_options, cuda_graphs=graphs, aliases=aliases)
-    machine = machine_state(probe_before, speed_probe(provider), design.library)
+    machine = machine_state(probe_before, speed_probe(provider), design.library, describe_device(provider),
+                            (load_before, os.getloadavg()[0]))
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
     profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
@@ -416,13 +419,35 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         notes=list(analysis.notes))
 
 
-def machine_state(before: float, after: float, library) -> dict:
-    """The probe around the measurements against the library's fastest probe (softsyn.characterize.probe)."""
+def machine_state(before: float, after: float, library, device: str = "",
+                  load: tuple[float, float] | None = None) -> dict:
+    """The machine around the measurements: the probe against the library's fastest probe
+    (softsyn.characterize.probe), whether this is the device the library was characterised on (`same_device`,
+    None when the library does not say) and the 1-minute load average before and after, with the core count.
+
+    Both decide what a sign-off's error means: a library characterised on another CPU predicts that CPU (cpu-ort:
+    an AMD EPYC; qwen3-wide decode measured 2.4-2.6x its prediction on a 2-core Intel Xeon whose probe read
+    2.4-2.8x), and on a CPU whose cores are all taken ORT's intra-op pool waits at every parallel kernel for a
+    worker the scheduler parked (the same decode: 6.9 ms beside one busy process, 30-37 ms beside two)."""
     reference = (library.header.get("probe") or {}).get("fastest_s")
+    library_device = str(library.header.get("device") or "")
     now = (before + after) / 2
     return {"probe_before_s": before, "probe_after_s": after, "reference_s": reference,
             "factor": now / float(reference) if reference else None,
-            "workload": PROBE_WORKLOAD}
+            "workload": PROBE_WORKLOAD, "device": device, "library_device": library_device,
+            "same_device": same_device(library_device, device) if library_device and device else None,
+            "load_before": load[0] if load else None, "load_after": load[1] if load else None,
+            "cores": os.cpu_count()}
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two device descriptions (softsyn.runtime.session.describe_device: "MODEL, N cores (ISA)" or a
+    GPU's "NAME, MEMORY, DRIVER") name the same processor: the model name and, on a CPU, the core count."""
+    def key(text: str) -> tuple[str, str]:
+        cores = re.search(r"(\d+) cores", text)
+        return text.split(",")[0].strip().lower(), cores.group(1) if cores else ""
+
+    return key(a) == key(b)
 
 
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
