@@ -163,6 +163,13 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     sess = open_model(model_path, provider, options) if not all(graphed) else None
     runners = [BoundRunner.from_feeds(open_model(model_path, provider, options, cuda_graph=True) if g else sess,
                                       feeds, provider, aliases) for feeds, g in zip(scenarios, graphed)]
+    return measure_interleaved(runners, runs, warmup, rounds)
+
+
+def measure_interleaved(runners: list[BoundRunner], runs: int = 20, warmup: int = 3, rounds: int = 10) -> list[Measurement]:
+    """measure_many's timing over bound runners of any sessions (several artifacts of one model: a paired comparison):
+    `rounds` rounds, each one turn per runner (warm_up, then runs/rounds timed calls), so a drift of the machine lands
+    on every runner alike and the per-round medians of two runners pair up (Measurement.round_medians)."""
     rounds = max(1, min(rounds, runs))
     times: list[list[float]] = [[] for _ in runners]
     by_round: list[list[float]] = [[] for _ in runners]
@@ -173,12 +180,12 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
             this_round = _timed_calls(runner, per_round)
             samples += this_round
             medians.append(statistics.median(this_round))
-    used = runners[0].session.get_providers()[0]
     out = []
-    for samples, medians in zip(times, by_round):
+    for runner, samples, medians in zip(runners, times, by_round):
         ordered = sorted(samples)
-        out.append(Measurement(statistics.median(ordered), _quantile(ordered, 0.9), len(samples), used,
-                               p10=_quantile(ordered, 0.1), samples=samples, round_medians=medians))
+        out.append(Measurement(statistics.median(ordered), _quantile(ordered, 0.9), len(samples),
+                               runner.session.get_providers()[0], p10=_quantile(ordered, 0.1), samples=samples,
+                               round_medians=medians))
     return out
 
 
