@@ -74,6 +74,9 @@ def _machine_line(result) -> list[str]:
     return [f"{INDENT}Machine  : {probe}; the library records no probe to compare with."]
 
 
+BUSY_SHARE = 0.5  # other processes on half the cores: a 2-thread decode read 4-5x (qwen3-wide, 2 cores)
+
+
 def _device_lines(result) -> list[str]:
     """Where the measurement ran against where the library was characterised, and how busy the machine was:
     a sign-off's error reads as the analysis's only on the library's device with cores to spare."""
@@ -85,12 +88,14 @@ def _device_lines(result) -> list[str]:
                    "difference between the machines, not the analysis's (characterise this one: softsyn "
                    "characterize --runtime ort --provider cpu -o LIB.yaml, then analyze/compile --target LIB.yaml).")
     if m.get("load_before") is not None and m.get("cores"):
-        busy = max(m["load_before"], m["load_after"]) >= m["cores"]
-        out.append(f"{INDENT}Load     : load average {m['load_before']:.2f} / {m['load_after']:.2f} before / after "
-                   f"measuring on {m['cores']} cores" + (
-                       ": every core taken, so ORT's intra-op pool (a thread per core) waits at each parallel kernel "
-                       "for a worker the scheduler parked; the measured times carry the neighbours' share "
-                       "(measure again when the machine is quiet)." if busy else "."))
+        share = m.get("neighbours")
+        busy = share >= BUSY_SHARE if share is not None else max(m["load_before"], m["load_after"]) >= m["cores"]
+        others = f"other processes used {share:.0%} of them while the runs were timed, " if share is not None else ""
+        out.append(f"{INDENT}Load     : {others}load average {m['load_before']:.2f} / {m['load_after']:.2f} before / "
+                   f"after measuring on {m['cores']} cores" + (
+                       ": busy, so ORT's intra-op pool (a thread per core) waits at each parallel kernel for a worker "
+                       "the scheduler parked; the measured times carry the neighbours' share (measure again when the "
+                       "machine is quiet)." if busy else "."))
     return out
 
 
