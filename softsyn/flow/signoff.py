@@ -432,7 +432,7 @@ def machine_state(before: float, after: float, library, device: str = "",
     Both decide what a sign-off's error means: a library characterised on another CPU predicts that CPU (cpu-ort:
     an AMD EPYC; qwen3-wide decode measured 2.4-2.6x its prediction on a 2-core Intel Xeon whose probe read
     2.4-2.8x), and on a CPU whose cores are all taken ORT's intra-op pool waits at every parallel kernel for a
-    worker the scheduler parked (the same decode: 6.9 ms beside one busy process, 30-37 ms beside two)."""
+    worker the scheduler parked (the same decode: 6.7 ms alone, 26-37 ms beside two busy processes)."""
     reference = (library.header.get("probe") or {}).get("fastest_s")
     library_device = str(library.header.get("device") or "")
     now = (before + after) / 2
