@@ -18,7 +18,8 @@ each turn warmed until settled). Per group and effort: predicted (the artifact's
 high and ultra against medium as the median of the per-round paired ratios (t_effort / t_medium in the same
 round), with noise = the ratios' interquartile range (at least 2 %): measured "at least as fast" means the ratio
 is at most 1 + noise. (Half the range was too tight: an A/A pair, qwen3-wide's same map compiled twice, read
-x1.136 against 8.9 % at load average 4-5.) The machine's load average is printed before and after.
+x1.136 against 8.9 % at load average 4-5.) Printed with it: the share of the cores other processes used while
+timing (softsyn.flow.signoff.neighbours_share) and the load average.
 Exit status 1 if a check fails.
 """
 from __future__ import annotations
@@ -83,7 +84,7 @@ def run(model: str, constraints: Path, measure: bool, runs: int, separate: bool 
 
 def measure_efforts(model: str, constraints: Path, maps: dict[str, dict], runs: int, separate: bool = False) -> bool:
     """Compile each distinct map's artifact, time them interleaved on ORT CPU, print and check the paired ratios."""
-    from softsyn.flow.signoff import kv_aliases, load_target
+    from softsyn.flow.signoff import cpu_seconds, kv_aliases, load_target, neighbours_share
     from softsyn.runtime.binding import BoundRunner
     from softsyn.runtime.inputs import scenario_inputs
     from softsyn.runtime.measure import measure_interleaved
@@ -119,13 +120,14 @@ def measure_efforts(model: str, constraints: Path, maps: dict[str, dict], runs: 
                 runners.append(BoundRunner.from_feeds(sessions[effort], scenario_inputs(netlist, group.scenario.dims),
                                                       "cpu", kv_aliases(netlist)))
                 keys.append((group.name, effort))
-        load_before = os.getloadavg()[0]
+        load_before, cpu_before = os.getloadavg()[0], cpu_seconds()
         measured = dict(zip(keys, measure_interleaved(runners, runs=runs, warmup=3, rounds=10)))
-        load_after = os.getloadavg()[0]
+        load_after, others = os.getloadavg()[0], neighbours_share(cpu_before, cpu_seconds())
         predicted = {(g.name, e): _predicted(targets[e].analysis, g.name) for g in groups for e in distinct}
         del runners, sessions
     note = "; ".join(f"{e} shares {shares[e]}'s artifact (the same map)" for e in EFFORTS if shares[e] != e)
-    print(f"  measured on ORT CPU ({runs} runs per artifact and group, 10 interleaved rounds; load average "
+    share = f"other processes used {others:.0%} of the cores, " if others is not None else ""
+    print(f"  measured on ORT CPU ({runs} runs per artifact and group, 10 interleaved rounds; {share}load average "
           f"{load_before:.2f} / {load_after:.2f} before / after{'; ' + note if note else ''})")
     ok = True
     for group in groups:

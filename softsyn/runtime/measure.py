@@ -166,7 +166,8 @@ def measure_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     return measure_interleaved(runners, runs, warmup, rounds)
 
 
-def measure_interleaved(runners: list[BoundRunner], runs: int = 20, warmup: int = 3, rounds: int = 10) -> list[Measurement]:
+def measure_interleaved(runners: list[BoundRunner], runs: int = 20, warmup: int = 3,
+                        rounds: int = 10) -> list[Measurement]:
     """measure_many's timing over bound runners of any sessions (several artifacts of one model: a paired comparison):
     `rounds` rounds, each one turn per runner (warm_up, then runs/rounds timed calls), so a drift of the machine lands
     on every runner alike and the per-round medians of two runners pair up (Measurement.round_medians)."""
