@@ -74,6 +74,31 @@ def _machine_line(result) -> list[str]:
     return [f"{INDENT}Machine  : {probe}; the library records no probe to compare with."]
 
 
+BUSY_SHARE = 0.5  # other processes on half the cores: a 2-thread decode read 4-5x (qwen3-wide, 2 cores)
+
+
+def _device_lines(result) -> list[str]:
+    """Where the measurement ran against where the library was characterised, and how busy the machine was:
+    a sign-off's error reads as the analysis's only on the library's device with cores to spare."""
+    m = result.machine or {}
+    out = []
+    if m.get("same_device") is False:
+        out.append(f"{INDENT}Device   : NOT the library's: the library was characterised on {m['library_device']}; "
+                   f"this is {m['device']}. The predictions describe that machine, so the errors here are the "
+                   "difference between the machines, not the analysis's (characterise this one: softsyn "
+                   "characterize --runtime ort --provider cpu -o LIB.yaml, then analyze/compile --target LIB.yaml).")
+    if m.get("load_before") is not None and m.get("cores"):
+        share = m.get("neighbours")
+        busy = share >= BUSY_SHARE if share is not None else max(m["load_before"], m["load_after"]) >= m["cores"]
+        others = f"other processes used {share:.0%} of them while the runs were timed, " if share is not None else ""
+        out.append(f"{INDENT}Load     : {others}load average {m['load_before']:.2f} / {m['load_after']:.2f} before / "
+                   f"after measuring on {m['cores']} cores" + (
+                       ": busy, so ORT's intra-op pool (a thread per core) waits at each parallel kernel for a worker "
+                       "the scheduler parked; the measured times carry the neighbours' share (measure again when the "
+                       "machine is quiet)." if busy else "."))
+    return out
+
+
 def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> str:
     t = lambda s: ftime(s, unit, digits)  # noqa: E731
     out = [BANNER_RULE, "Report : signoff", f"        -provider {result.provider} -runs {result.runs} -warmup {result.warmup}",
@@ -93,7 +118,7 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
                 "host-side launch times: CUDA kernels are asynchronous, so per-cell figures are NOT GPU times") +
             ") in a separate profiled session; the session.run row carries the residual "
             "(measured - sum of kernels: host overhead, gaps, synchronisation, runtime-only nodes).",
-            f"{INDENT}Error    : {result.error_means}.", *_machine_line(result), ""]
+            f"{INDENT}Error    : {result.error_means}.", *_machine_line(result), *_device_lines(result), ""]
     out += [*_indented(group_table(result), unit, digits, rule=True), f"{INDENT}(times in {unit})"]
     for g in result.groups:
         c = g.counts

@@ -89,6 +89,42 @@ def test_signoff_writes_report_and_annotation(signed):
                                                   / machine["reference_s"])
 
 
+def test_signoff_says_when_the_library_describes_another_machine_or_a_busy_one(signed):
+    """cpu-ort was characterised on an AMD EPYC; qwen3-wide decode signed off on an Intel Xeon at 2.4-2.6x its
+    prediction, and at 12-25x with every core taken: the report names both, from signoff.json's machine entry."""
+    from softsyn.flow.signoff import SignoffResult, same_device
+    from softsyn.library import load_library
+    from softsyn.reports.signoff import report_signoff
+    from softsyn.runtime.session import describe_device
+
+    _, _, out, text = signed
+    machine = json.loads((out / "signoff" / "signoff.json").read_text())["machine"]
+    assert machine["device"] == describe_device("cpu")
+    assert machine["library_device"] == load_library("cpu-ort").header["device"]  # the constraints' target
+    assert machine["same_device"] == same_device(machine["library_device"], machine["device"])
+    assert machine["load_before"] >= 0 and machine["load_after"] >= 0 and machine["cores"] >= 1
+    assert 0 <= machine["neighbours"] <= 1  # other processes' share of the cores while timed (Linux /proc/stat)
+    assert "Load     : " in text and "load average" in text
+    assert same_device("AMD EPYC, 2 cores (avx2, avx512_bf16)", "AMD EPYC, 2 cores (avx2)")
+    assert not same_device("AMD EPYC, 2 cores (avx2)", "Intel(R) Xeon(R) Processor @ 2.80GHz, 2 cores (avx2)")
+    assert not same_device("AMD EPYC, 2 cores", "AMD EPYC, 4 cores")
+    assert same_device("NVIDIA H200, 143771 MiB, 570.86 (nvidia-smi name, memory, driver)",
+                       "NVIDIA H200, 143771 MiB, 575.51 (nvidia-smi name, memory, driver)")
+    data = json.loads((out / "signoff" / "signoff.json").read_text())
+    data["machine"].update(library_device="AMD EPYC, 2 cores (avx2)", device="Intel(R) Xeon(R), 2 cores (avx2)",
+                           same_device=False, load_before=0.3, load_after=2.5, cores=2, neighbours=0.8)
+    other = report_signoff(SignoffResult.from_dict(data))
+    assert "Device   : NOT the library's: the library was characterised on AMD EPYC, 2 cores (avx2)" in other
+    assert ("other processes used 80% of them while the runs were timed, load average 0.30 / 2.50 before / after "
+            "measuring on 2 cores: busy") in other
+    # the load average lags: a quiet run after a busy minute is judged by the neighbours' measured share
+    data["machine"].update(device="AMD EPYC, 2 cores (avx2)", same_device=True, neighbours=0.05)
+    quiet = report_signoff(SignoffResult.from_dict(data))
+    assert "Device   :" not in quiet and "on 2 cores." in quiet and "cores: busy" not in quiet
+    data["machine"].update(neighbours=None)  # no /proc/stat: the load average decides
+    assert "on 2 cores: busy" in report_signoff(SignoffResult.from_dict(data))
+
+
 def test_annotate_round_trip_matches_measurement(signed, tmp_path):
     tmp, cons, out, _ = signed
     ann_file = out / "signoff" / "annotation.json"

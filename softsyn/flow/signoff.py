@@ -20,7 +20,10 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
+import re
 import sys
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -30,7 +33,7 @@ from softsyn.errors import SoftsynError
 from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
-from softsyn.runtime.session import device_name
+from softsyn.runtime.session import describe_device, device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
 from softsyn.progress import log
 from softsyn.reports.common import json_nulls
@@ -336,7 +339,8 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
     log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
         + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
-    probe_before = speed_probe(provider)
+    load_before, probe_before = os.getloadavg()[0], speed_probe(provider)
+    cpu_before = cpu_seconds()
     # a group the design times as a captured CUDA graph is measured as one, where its settings enable it
     graphs = [provider == "cuda" and target.cuda_graph and getattr(design.launches.get(group.name), "captured", False)
               for group, _ in chosen]
@@ -347,7 +351,9 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
     aliases = kv_aliases(netlist)
     measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
                             options=target.session_options, cuda_graphs=graphs, aliases=aliases)
-    machine = machine_state(probe_before, speed_probe(provider), design.library)
+    neighbours = neighbours_share(cpu_before, cpu_seconds())
+    machine = machine_state(probe_before, speed_probe(provider), design.library, describe_device(provider),
+                            (load_before, os.getloadavg()[0]), neighbours)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
     profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
@@ -417,13 +423,57 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         notes=list(analysis.notes))
 
 
-def machine_state(before: float, after: float, library) -> dict:
-    """The probe around the measurements against the library's fastest probe (softsyn.characterize.probe)."""
+def machine_state(before: float, after: float, library, device: str = "",
+                  load: tuple[float, float] | None = None, neighbours: float | None = None) -> dict:
+    """The machine around the measurements: the probe against the library's fastest probe
+    (softsyn.characterize.probe), whether this is the device the library was characterised on (`same_device`,
+    None when the library does not say), the 1-minute load average before and after with the core count, and
+    `neighbours`: the share of all cores other processes used while the runs were timed (neighbours_share).
+
+    Both decide what a sign-off's error means: a library characterised on another CPU predicts that CPU (cpu-ort:
+    an AMD EPYC; qwen3-wide decode measured 2.4-2.6x its prediction on a 2-core Intel Xeon whose probe read
+    2.4-2.8x), and on a CPU whose cores are all taken ORT's intra-op pool waits at every parallel kernel for a
+    worker the scheduler parked (the same decode: 6.7 ms alone, 26-37 ms beside two busy processes)."""
     reference = (library.header.get("probe") or {}).get("fastest_s")
+    library_device = str(library.header.get("device") or "")
     now = (before + after) / 2
     return {"probe_before_s": before, "probe_after_s": after, "reference_s": reference,
             "factor": now / float(reference) if reference else None,
-            "workload": PROBE_WORKLOAD}
+            "workload": PROBE_WORKLOAD, "device": device, "library_device": library_device,
+            "same_device": same_device(library_device, device) if library_device and device else None,
+            "load_before": load[0] if load else None, "load_after": load[1] if load else None,
+            "cores": os.cpu_count(), "neighbours": neighbours}
+
+
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, CPU seconds every process used, CPU seconds this process used) now, from /proc/stat and
+    os.times(); None where /proc/stat is not there."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    own = os.times()
+    return time.monotonic(), (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def neighbours_share(before, after) -> float | None:
+    """The share of all cores (0-1) that other processes used between two cpu_seconds() samples: the 1-minute load
+    average lags (it read 2.55 while both cores sat 95 % idle) and counts this process too."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return min(1.0, max(0.0, others / ((after[0] - before[0]) * (os.cpu_count() or 1))))
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two device descriptions (softsyn.runtime.session.describe_device: "MODEL, N cores (ISA)" or a
+    GPU's "NAME, MEMORY, DRIVER") name the same processor: the model name and, on a CPU, the core count."""
+    def key(text: str) -> tuple[str, str]:
+        cores = re.search(r"(\d+) cores", text)
+        return text.split(",")[0].strip().lower(), cores.group(1) if cores else ""
+
+    return key(a) == key(b)
 
 
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
