@@ -13,6 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from test_reliability import cli, mlp
 
+from softsyn.library import shipped_libraries
+
 
 def batch_mlp(path):
     """x[batch, 16] -> MatMul -> Relu -> y: a design with one symbolic dim."""
@@ -80,10 +82,10 @@ def test_an_unknown_target_names_the_constraints_line(tmp_path, capsys):
     code, _, err = cli(capsys, "analyze", mlp(tmp_path / "m.onnx"), "-q", "-c", tmp_path / "c.yaml")
     assert code == 2 and one_error_line(err) == (
         f"softsyn: error: {tmp_path / 'c.yaml'}:2: target: unknown library 'nosuch'; "
-        "shipped: cpu-ort, h200-ort-cuda, or a path to a .yaml library"), err
+        f"shipped: {', '.join(shipped_libraries())}, or a path to a .yaml library"), err
     code, _, err = cli(capsys, "analyze", mlp(tmp_path / "m.onnx"), "-q", "--target", "nosuch")
-    assert code == 2 and one_error_line(err) == ("softsyn: error: unknown library 'nosuch'; shipped: cpu-ort, "
-                                                 "h200-ort-cuda, or a path to a .yaml library"), err
+    assert code == 2 and one_error_line(err) == ("softsyn: error: unknown library 'nosuch'; shipped: "
+                                                 f"{', '.join(shipped_libraries())}, or a path to a .yaml library"), err
 
 
 # ------------------------------------------------------------------------------------------ libraries

@@ -243,7 +243,9 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
     library = load_library("h200-ort-cuda")
     table = Cell(op="MatMul", precision="fp16", implementation="ort-cuda" + GRAPH_SUFFIX, axes=["m", "n", "k"],
                  points=[[1.0], [64.0, 4096.0], [64.0, 4096.0]], delays=[[[3e-6, 4e-6], [5e-6, 6e-6]]])
-    graphed = dataclasses.replace(library, cells=[*library.cells, table])
+    eager = [c for c in library.cells if not c.implementation.endswith(GRAPH_SUFFIX)]  # the shipped graph tables out
+    graphed = dataclasses.replace(library, cells=[*eager, table])
+    library = dataclasses.replace(library, cells=eager)
     assert graphed.graph_delay("MatMul", "fp16", {"m": 1, "n": 64, "k": 4096}) == pytest.approx(4e-6)
     assert graphed.graph_delay("MatMul", "fp16", {"m": 2, "n": 64, "k": 64}) is None  # off its one row
     assert graphed.cell_for("MatMul", "fp16", {"m": 1, "n": 64, "k": 64}).implementation == "ort-cuda"  # eager
@@ -253,13 +255,24 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
     decode = next(g for g in design.groups if g.name == "decode")
     shapes = design.netlist.bind(decode.scenario.dims)
     cells = cell_timings(design.netlist, graphed, shapes)
-    eager = {id(c.node): c.device for c in cells}
+    eager_device = {id(c.node): c.device for c in cells}
     in_graph(cells, graphed)
     matmuls = [c for c in cells if c.cell == "MatMul.fp16" and c.device > 0]
     assert matmuls and all(c.host == 0.0 for c in cells)
     for c in matmuls:
         assert c.device == pytest.approx(graphed.graph_delay("MatMul", "fp16", c.work.sizes))
-        assert c.device != eager[id(c.node)]
+        assert c.device != eager_device[id(c.node)]
+    # the compile loop's option tables read the same graph table for the captured group, the eager tables for prefill
+    from softsyn.passes.precision import mapping
+
+    cands, _ = mapping.candidates(design)
+    tables = mapping.delay_tables(design, cands)
+    by_name = {n.name: n for n in design.netlist.nodes()}
+    for cand in cands:
+        sizes = node_work(by_name[cand.name], shapes).sizes
+        if graphed.graph_delay("MatMul", "fp16", sizes) is not None:
+            assert tables["decode"][cand.name]["fp16"] == pytest.approx(graphed.graph_delay("MatMul", "fp16", sizes))
+            assert tables["prefill"][cand.name]["fp16"] != tables["decode"][cand.name]["fp16"]
     captured = time_group(design.netlist, design.graph, graphed, design.constraints, decode,
                           mode=design.launches["decode"])
     plain = time_group(design.netlist, design.graph, library, design.constraints, decode,

@@ -101,11 +101,12 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     return found, skipped
 
 
-def option_costs(library, cand: Candidate, m: int, act_bytes: int) -> dict[str, float]:
+def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: bool = False) -> dict[str, float]:
     """{precision: s} of the candidate at m rows: MatMul at its float precision, MatMulNBits at each quantised one
     (cost.node_work's bytes and sizes). The cost is the cell's delay on a CPU (the host runs the cells one after
     another, so a group's latency is their sum); on a GPU its device time (kernels queue behind the launches,
-    which no option changes)."""
+    which no option changes); in a captured CUDA graph (`captured`) the time the STA gives it there
+    (softsyn.timing.sta.in_graph: the graph table, else the device time or the graph's per-node cost)."""
     flops = 2.0 * m * cand.n * cand.k
     act_io = m * cand.k * act_bytes + m * cand.n * act_bytes
     costs = {}
@@ -117,6 +118,9 @@ def option_costs(library, cand: Candidate, m: int, act_bytes: int) -> dict[str, 
         else:
             moved, op, sizes = act_io + cand.params * act_bytes, "MatMul", {"m": m, "n": cand.n, "k": cand.k}
         delay, _, _, device = library.node_timing(op, p, flops, moved, sizes)
+        if captured:
+            graph = library.graph_delay(op, p, sizes)
+            device = graph if graph is not None else max(device, library.ceilings.launch_overhead_graph or 0.0)
         costs[p] = device if library.is_gpu else delay
     return costs
 
@@ -127,11 +131,14 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
     tables: dict[str, dict[str, dict[str, float]]] = {}
     for group in design.groups:
         shapes = design.netlist.bind(group.scenario.dims)
+        launch = design.launches.get(group.name)
+        captured = bool(launch is not None and launch.captured)
         rows = {}
         for cand in cands:
             node = by_name[cand.name]
             act = node.inputs[0].dtype.itemsize if node.inputs[0].dtype is not None else 4
-            rows[cand.name] = option_costs(design.library, cand, int(node_work(node, shapes).sizes.get("m", 1)), act)
+            rows[cand.name] = option_costs(design.library, cand, int(node_work(node, shapes).sizes.get("m", 1)), act,
+                                           captured)
         tables[group.name] = rows
     return tables
 
