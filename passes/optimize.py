@@ -54,10 +54,12 @@ class TraceRow:
     measured: bool = False  # wns/tns measured on the target (measured re-timing), not estimated from the tables
 
 
-# A GPU library's tables read max(host, device) per node, so a low-bit map's speed-up there is a prediction until
-# signoff measures it (docs/decisions/2026-12-01-compile-loop.md: an int8 map measured slower than fp16 on the H200).
-GPU_SPEED_UNMEASURED = ("the map's speed-up is predicted from the GPU library's tables (est), which over-read small "
-                        "GEMVs, not measured: confirm it with softsyn signoff DIR --provider cuda before deploying it")
+# A low-bit map's speed-up on a GPU is a prediction until measured: on the H200 an int8 map measured slower than fp16,
+# and an int4/int8 map 4 % faster at decode but 30 % slower at prefill (docs/decisions/2026-12-01-compile-loop.md);
+# ultra measures it where the device is present, other efforts say so.
+GPU_SPEED_UNMEASURED = ("the map's speed-up is predicted from the GPU library's tables (est), not measured: "
+                        "--effort ultra on the GPU machine measures it, or confirm it with softsyn signoff DIR "
+                        "--provider cuda before deploying it")
 
 
 @dataclass

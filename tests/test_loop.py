@@ -248,8 +248,8 @@ def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
 
 
 def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_path):
-    """On a GPU library the loop's speed-up rests on tables that over-read small GEMVs (an int8 map measured slower
-    than fp16 on the H200): a re-mapped design says so, in the precision report's notes and the compile log."""
+    """On a GPU library the loop's speed-up rests on the tables until measured (an int8 map measured slower than fp16
+    on the H200): a re-mapped design says so, in the precision report's notes and the compile log."""
     from softsyn import passes
     from softsyn.design import Design
     from softsyn.passes.optimize import GPU_SPEED_UNMEASURED
