@@ -82,15 +82,18 @@ def kv_attention(graph: ir.Graph) -> list[ir.Node]:
     return found
 
 
-def max_length_for(design) -> tuple[int, str]:
-    """(max_length, where it came from): kv_cache.max_length, else the workload's longest sequence; SoftsynError
-    when a timed scenario does not fit in it."""
-    cons = design.constraints
-    w = cons.workload
+def buffer_length(cons) -> tuple[int, str]:
+    """(the shared KV buffer's length, where it came from): kv_cache.max_length, else the workload's longest sequence."""
     if cons.kv_cache.max_length:
-        length, key = cons.kv_cache.max_length, "kv_cache.max_length"
-    else:
-        length, key = max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"
+        return cons.kv_cache.max_length, "kv_cache.max_length"
+    w = cons.workload
+    return max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"
+
+
+def max_length_for(design) -> tuple[int, str]:
+    """(max_length, where it came from): buffer_length; SoftsynError when a timed scenario does not fit in it."""
+    cons = design.constraints
+    length, key = buffer_length(cons)
     for group in design.groups:
         dims = group.scenario.dims
         need = dims.get("past", 0) + dims.get("seq", 1)

@@ -22,6 +22,7 @@ from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormR
 from softsyn.passes.fuse.projections import ProjectionMergeRule
 from softsyn.passes.fuse.rotary import RotaryRule
 from softsyn.passes.fuse.silu import SiluRule
+from softsyn.passes.kv_layout import buffer_length
 from softsyn.passes.precision import default_precision
 
 RULES: tuple[Rule, ...] = (
@@ -70,8 +71,7 @@ def fusion_kinds() -> list[str]:
 def held_positions(design) -> int:
     """The longest sequence the compiled design must run: its KV buffer's length (kv_cache.max_length, else the
     workload's) or a timed scenario's past + seq, whichever is longer."""
-    cons = design.constraints
-    held = cons.kv_cache.max_length or max(cons.workload.prompt_len, cons.workload.context_len + 1)
+    held, _ = buffer_length(design.constraints)
     return max([held] + [g.scenario.dims.get("past", 0) + g.scenario.dims.get("seq", 1) for g in design.groups])
 
 

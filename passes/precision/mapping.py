@@ -119,8 +119,7 @@ def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: boo
             moved, op, sizes = act_io + cand.params * act_bytes, "MatMul", {"m": m, "n": cand.n, "k": cand.k}
         delay, _, _, device = library.node_timing(op, p, flops, moved, sizes)
         if captured:
-            graph = library.graph_delay(op, p, sizes)
-            device = graph if graph is not None else max(device, library.ceilings.launch_overhead_graph or 0.0)
+            device = library.device_in_graph(op, p, sizes, device)
         costs[p] = device if library.is_gpu else delay
     return costs
 

@@ -184,6 +184,13 @@ class Library:
                 break
         return best
 
+    def device_in_graph(self, op_type: str, precision: str, sizes: dict | None, device: float) -> float:
+        """Seconds a kernel whose eager device time is `device` holds the device inside a captured CUDA graph: its
+        graph table's time where there is one (graph_delay), else `device` or what one more node costs inside a
+        graph (ceilings.launch_overhead_graph), whichever is longer."""
+        graph = self.graph_delay(op_type, precision, sizes)
+        return graph if graph is not None else max(device, self.ceilings.launch_overhead_graph or 0.0)
+
     def graph_delay(self, op_type: str, precision: str, sizes: dict | None) -> float | None:
         """Seconds a node holds the device inside a captured CUDA graph, from its graph table (implementation
         `*-graph`, measured as graph replays), or None: no such table, or `sizes` off an axis the table holds at one

@@ -270,8 +270,8 @@ def in_graph(cells: list[CellTiming], library: Library) -> None:
         c.host = 0.0
         if c.device > 0.0:
             op, precision = c.cell.split(".", 1)
-            graph = library.graph_delay(op, precision, c.work.sizes) if c.source != "annot" else None
-            c.device = graph if graph is not None else max(c.device, per_node)
+            c.device = (max(c.device, per_node) if c.source == "annot"
+                        else library.device_in_graph(op, precision, c.work.sizes, c.device))
 
 
 def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: list[CellTiming], port_arrival: dict,
