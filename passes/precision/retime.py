@@ -12,11 +12,12 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
 2. `judge`: per group the measured medians and the paired ratio (median over rounds of b's round median over a's),
    its p10-p90; the measured slack is the group's budget (required - input delay) less the measured median, as
    signoff's GroupResult reads it. The map is judged in the loop's cost order, one key at a time: first the weighted
-   negative slack (sum of weight x max(0, -slack)), then the weighted latency. A key decides when the map moves it
-   beyond the paired spread (the per-round differences have their p10 and p90 on the same side: with 10 rounds b
-   beat a in at least 9, a sign test's 1 %) by MIN_GAIN or more of the baseline's value; a key it does not move
-   passes the decision to the next. So a map that closes part of a miss is kept though a group with slack to spare
-   (prefill under a loose clock) runs slower, as Design Compiler trades a met path's slack for a violated one's.
+   negative slack (sum of weight x max(0, -slack)), then the weighted latency. A key decides when a sign test over
+   the rounds that differ says so at SIGN_P (with 10 rounds the map won 9; a round where the baseline happened to
+   meet a clock it misses elsewhere is a tie, not a loss) and the mean change is MIN_GAIN or more of the baseline's
+   value; a key it does not move passes the decision to the next. So a map that closes part of a miss is kept
+   though a group with slack to spare (prefill under a loose clock) runs slower, as Design Compiler trades a met
+   path's slack for a violated one's.
    A tie on both keys goes to the baseline, as the search's last key (the error) says: a map that buys no measured
    time only costs accuracy.
 3. `corrected`: a rejected map's measured change per group back-annotates the tables, per precision: the measured
@@ -45,7 +46,8 @@ from softsyn.passes.precision import search
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
-MIN_GAIN = 0.01  # a measured latency gain below 1 % is not worth the error a map adds
+MIN_GAIN = 0.01  # a measured gain below 1 % is not worth the error a map adds
+SIGN_P = 0.02  # the sign test's level: with 10 differing rounds the map must win 9 (p 0.011)
 DELTA_FLOOR = 1e-9  # s: a group the map changes less than this (predicted) gets no correction factor
 
 
@@ -316,13 +318,19 @@ def sub_maps(problem: search.Problem, mapping: dict[str, str]) -> dict[str, dict
 
 
 def _decide(deltas: list[float], reference: float) -> int:
-    """+1 when the per-round decreases of a cost (a - b: > 0, the map lower) all but one lie above MIN_GAIN x the
-    baseline's value, -1 when they lie below minus it, 0 when the rounds cannot tell (the sign test of the docstring)."""
-    median, p10, p90 = _spread(deltas) if deltas else (0.0, 0.0, 0.0)
-    floor = MIN_GAIN * reference
-    if p10 > 0 and median >= floor:
+    """+1 when the map lowers a cost, -1 when it raises it, 0 when the rounds cannot tell. `deltas`: per round, the
+    baseline's cost less the map's. A sign test over the rounds that differ (a round with no difference, such as a
+    group the baseline happened to meet in that round, is a tie and drops out) at SIGN_P, and the mean change over all
+    rounds at least MIN_GAIN x `reference` (the baseline's value)."""
+    from scipy.stats import binomtest
+
+    wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+    if not wins + losses:
+        return 0
+    mean, floor = sum(deltas) / len(deltas), MIN_GAIN * reference
+    if binomtest(wins, wins + losses, alternative="greater").pvalue <= SIGN_P and mean >= floor:
         return 1
-    if p90 < 0 and -median >= floor:
+    if binomtest(losses, wins + losses, alternative="greater").pvalue <= SIGN_P and -mean >= floor:
         return -1
     return 0
 
@@ -361,7 +369,8 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
         rnd.verdict = f"rejected: the map's measured {slack} is worse in nearly every round"
     elif by_slack > 0:
         rnd.kept = True
-        rnd.verdict = f"kept: the map closes part of the miss ({slack}, better in nearly every round; {latency})"
+        closes = "closes the miss" if rnd.negative_slack("map") <= 0 else "closes part of the miss"
+        rnd.verdict = f"kept: the map {closes} ({slack}, better in nearly every round; {latency})"
     elif by_latency < 0:
         rnd.verdict = f"rejected: the map is measured slower ({latency}, slower in nearly every round)"
     elif by_latency > 0:
