@@ -19,7 +19,7 @@
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
-#                        int4 model (-p int4), both eager and as CUDA graphs, the plain export as the reference
+#                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml) into
@@ -129,7 +129,7 @@ peers4)
     dir=$1
     model=${2:-qwen3-1.7b}
     python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
-        --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,plain,builder,builder+graph \
+        --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,low,low+graph,plain,builder,builder+graph \
         --work /tmp/peers4 -o "$OUT/compare-peers-cuda-$model-$(basename "$dir")-int4.md" 2>&1 |
         tee "$OUT/compare-peers4-$model.log" | grep -v "No registered plugin EP" ;;
 tiny)
