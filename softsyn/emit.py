@@ -34,6 +34,7 @@ from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
 from softsyn.passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
+from softsyn.timing.cost import FP8_MATMUL
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -237,7 +238,7 @@ def _precision_map(report) -> dict | None:
 
 def compiled_precision(netlist) -> str:
     """The precision most weight-bearing cells (MatMul, Gemm) run in: what the verify budget defaults on."""
-    found = Counter(precision_of(n) for n in netlist.nodes() if n.op_type in ("MatMul", "Gemm", "MatMulNBits"))
+    found = Counter(precision_of(n) for n in netlist.nodes() if n.op_type in ("MatMul", "Gemm", "MatMulNBits", FP8_MATMUL))
     return found.most_common(1)[0][0] if found else "fp32"
 
 

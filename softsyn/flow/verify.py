@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from softsyn import outdir
-from softsyn.flow.cpu_view import cpu_view_session
+from softsyn.flow.cpu_view import cpu_view_session, view_note
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
@@ -239,8 +239,8 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     provider = session.get_providers()[0]
     if provider == "CPUExecutionProvider" and not settings.get("blocks"):
         session, viewed = cpu_view_session(out_dir / MODEL_FILE)
-        if viewed:
-            provider += f" (CPU view: q/k norms run outside {viewed} GroupQueryAttention nodes)"
+        if any(viewed.values()):
+            provider += f" (CPU view: {view_note(viewed)})"
     input_types = {i.name: i.type for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     checks = []
