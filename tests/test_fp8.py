@@ -206,6 +206,10 @@ def test_fp8_is_offered_where_allowed_and_characterised_else_skipped_with_a_reas
     assert ("fp8" in cand.options) == offered and (why is None) == ("fp8" not in skipped)
     if why:
         assert why in skipped["fp8"]
+        from softsyn import passes
+
+        passes.run_pass(design, "optimize", {})  # the loop's report says why fp8 was not offered
+        assert any(note.startswith("fp8: ") and why in note for note in design.pass_reports["optimize"].notes)
     if offered:
         tables = mp.delay_tables(design, [cand])["decode"]["proj"]
         assert set(tables) == {"fp16", "fp8"} and tables["fp8"] > 0
