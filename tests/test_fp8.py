@@ -220,3 +220,27 @@ def test_fp8_is_offered_where_allowed_and_characterised_else_skipped_with_a_reas
     assert "fp8" not in cand32.options
     if allowed == "fp8":
         assert "activations other than fp16/bf16" in skipped32["fp8"]
+
+
+def test_the_fp16_pass_keeps_an_fp8_cell_s_scales_fp32():
+    """A design that already holds fp8 cells (an fp8 checkpoint's export, a compiled artifact read back): its fp32
+    activations go fp16, the scales stay fp32 as the op's schema wants, and the CPU view runs the result."""
+    from softsyn.passes.precision.fp16 import to_fp16
+    from softsyn.runtime.fp8_view import expand_fp8_matmuls
+    from softsyn.runtime.session import open_session
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((128, 32)).astype(np.float32)
+    netlist = _tiny(128, 32, weight, act=ir.DataType.FLOAT)
+    mp.apply_mapping(netlist, {"proj": "fp8"})
+    result = to_fp16(netlist.model)
+    (node,) = [n for n in netlist.model.graph if n.op_type == mp.FP8_OP]
+    assert node.inputs[0].dtype == ir.DataType.FLOAT16 and node.inputs[2].dtype == ir.DataType.FLOAT
+    assert result.weights == 0 and node.inputs[1].dtype == FP8
+    proto = ir.to_proto(netlist.model)
+    assert expand_fp8_matmuls(proto) == 1
+    x = rng.standard_normal((1, 1, 128)).astype(np.float16)
+    (y,) = open_session(proto).run(None, {"x": x})
+    q, s = mp.fp8_blocks(weight.T)
+    want = x.astype(np.float32) @ mp.fp8_dequantised(q, s).astype(np.float16).astype(np.float32).T
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
