@@ -87,25 +87,11 @@ def _write_cache(path: Path, data: dict) -> None:
 
 def target_provider(design) -> str:
     """"cuda" for a CUDA library's design where onnxruntime's CUDA provider opens a session here, else "cpu"."""
-    import onnxruntime as ort
+    from softsyn.runtime.session import provider_opens
 
-    from softsyn.runtime.session import SessionSettings, open_session
-
-    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or \
-            "CUDAExecutionProvider" not in ort.get_available_providers():
+    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or not provider_opens("cuda"):
         return "cpu"
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    probe = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
-                                   ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    ort.set_default_logger_severity(4)  # a CUDA provider without its libraries logs an error, then CPU would run it
-    try:
-        open_session(probe, SessionSettings(provider="cuda", log_severity=4))
-        return "cuda"
-    except Exception:  # noqa: BLE001 - no device, or no CUDA libraries: the CPU runs it
-        return "cpu"
-    finally:
-        ort.set_default_logger_severity(2)
+    return "cuda"
 
 
 def host_array(array: np.ndarray) -> np.ndarray:
