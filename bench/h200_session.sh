@@ -26,8 +26,6 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
-#   fp8cells [S]         MatMulBlockQuantizedFp8Weight.fp8 (the compile loop's fp8 option) added to the H200 library (this
-#                        session's, else the shipped one): its eager table, then its graph table (--graph), S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
@@ -159,18 +157,6 @@ moecells)
         tail -20 | grep -v "No registered plugin EP"
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
-fp8cells)
-    softsyn_install
-    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
-    set +e
-    for graph in "" --graph; do
-        timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda $graph \
-            --cells 'MatMulBlockQuantizedFp8Weight.fp8' -o $LIB 2>&1 | tr '\r' '\n' |
-            grep -v "No registered plugin EP\|: pass 1/1 point" | tail -8
-    done
-    set -e
-    cp $LIB "$OUT/h200-ort-cuda.yaml"
-    grep -q "ort-cuda-graph" $LIB && cp $LIB $LIB.graph || true ;;
 moe)
     softsyn_install
     python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;
