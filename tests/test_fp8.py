@@ -81,7 +81,8 @@ def test_the_mapped_fp8_cell_is_the_op_and_its_cpu_view_computes_the_op_s_formul
     assert (node.op_type, node.domain, node.name) == (mp.FP8_OP, "com.microsoft", "proj")
     assert node.attributes.get_int("block_size") == mp.FP8_BLOCK == 128 and precision_of(node) == "fp8"
     b, scales = node.inputs[1], node.inputs[2]
-    assert list(b.shape) == [n, k] and b.dtype == FP8 and list(scales.shape) == [n, 3] and scales.dtype == ir.DataType.FLOAT
+    assert list(b.shape) == [n, k] and b.dtype == FP8
+    assert list(scales.shape) == [n, 3] and scales.dtype == ir.DataType.FLOAT
     assert node.metadata_props[mp.REQUESTED_KEY] == "fp8" and "proj.weight" not in netlist.model.graph.initializers
     q, s = mp.fp8_blocks(weight.T.astype(np.float32))
     np.testing.assert_array_equal(b.const_value.numpy().view(np.uint8), q.view(np.uint8))
@@ -119,9 +120,11 @@ def test_the_cpu_view_adds_the_bias_and_keeps_a_w8a8_node():
                                    block_size=32),
              onnx.helper.make_node(mp.FP8_OP, ["a", "B", "S", "a_scale"], ["z"], name="w8a8", domain="com.microsoft",
                                    block_size=32)]
-    io = [onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT16, [3, d]) for v, d in (("a", 64), ("y", 16), ("z", 16))]
+    io = [onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT16, [3, d])
+          for v, d in (("a", 64), ("y", 16), ("z", 16))]
+    opsets = [onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("com.microsoft", 1)]
     model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", io[:1], io[1:], inits), ir_version=10,
-                                   opset_imports=[onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("com.microsoft", 1)])
+                                   opset_imports=opsets)
     assert expand_fp8_matmuls(model) == 1
     assert [n.op_type for n in model.graph.node].count(mp.FP8_OP) == 1
     del model.graph.output[1], model.graph.node[-1]  # the W8A8 node out: the rest runs on the CPU
@@ -132,7 +135,8 @@ def test_the_cpu_view_adds_the_bias_and_keeps_a_w8a8_node():
 
 
 def test_a_weightless_plan_maps_to_a_weightless_fp8_cell():
-    """A plan's weight is never read: the fp8 cell gets weightless B and b_scale of the quantiser's shapes and dtypes."""
+    """A plan's weight is never read: the fp8 cell gets weightless B and b_scale of the quantiser's shapes and dtypes,
+    which the area counts (and its what-if at fp8 uses) at 1 B per weight plus an fp32 scale per 128."""
     netlist = _tiny(256, 512, None, transposed=True)
     assert mp.apply_mapping(netlist, {"proj": "fp8"}) == {"fp8": 1}
     (node,) = list(netlist.model.graph)
@@ -143,6 +147,15 @@ def test_a_weightless_plan_maps_to_a_weightless_fp8_cell():
     assert b.const_value.nbytes == 512 * 256 and scales.const_value.nbytes == 512 * 2 * 4
     cand = mp.Candidate("proj", "", 256, 512, "fp16", ("fp16", "fp8"), 256 * 512)
     assert cand.weight_bytes("fp8", 2) == b.const_value.nbytes + scales.const_value.nbytes
+    from softsyn.timing.area import WEIGHT_BYTES, weight_items, weight_options
+
+    kinds, _, params = weight_items(netlist)  # the area counts the cell's real tensors: e4m3 and fp32 scales
+    assert {k.name: k.bytes for k in kinds} == {"weights fp8": 512 * 256, "weights fp32": 512 * 2 * 4}
+    assert params == 512 * 256 + 512 * 2
+    assert WEIGHT_BYTES["fp8"] == (b.const_value.nbytes + scales.const_value.nbytes) / (512 * 256)
+    fp16 = weight_items(_tiny(256, 512, None, transposed=True))[0]
+    want = {"fp16": 512 * 256 * 2, "fp8": 512 * 256 * WEIGHT_BYTES["fp8"]}
+    assert dict(weight_options(fp16, ["fp16", "fp8"])) == want
 
 
 def test_the_recipe_builds_a_checked_graph_of_the_op_ort_resolves():
@@ -177,7 +190,7 @@ def test_the_recipe_builds_a_checked_graph_of_the_op_ort_resolves():
 
 
 def _with_fp8_cell(library):
-    """A copy of the library with an fp8 cell (the int8 MatMulNBits tables relabelled: a stand-in, not a measurement)."""
+    """A copy of the library with an fp8 cell (the int8 MatMulNBits tables relabelled: a stand-in, not measured)."""
     fake = [dataclasses.replace(c, op=mp.FP8_OP, precision="fp8") for c in library.cells
             if c.op == "MatMulNBits" and c.precision == "int8"]
     assert fake

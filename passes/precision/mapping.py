@@ -231,7 +231,7 @@ def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> 
         scales, wtype = ir.Shape([cand.n, blocks]), ir.DataType.UINT8
     return [ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(weight.dims), dtype=wtype,
                               shape=weight, name="packed"),
-            ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(scales.dims) * dtype.itemsize,
+            ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=int(math.prod(scales.dims) * dtype.itemsize),
                               dtype=dtype, shape=scales, name="scales")]
 
 

@@ -44,7 +44,7 @@ def expand_fp8_matmuls(model: onnx.ModelProto, external: dict | None = None) -> 
             out.append(node)
             continue
         b = inits[ins[1]]
-        n, k = int(b.dims[0]), int(b.dims[1])
+        k = int(b.dims[1])  # B is [N, K]
         block = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size"), 128)
         act = _value_type(model, ins[0]) or _value_type(model, node.output[0]) or onnx.TensorProto.FLOAT16
         if table is None:
