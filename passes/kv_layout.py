@@ -42,7 +42,7 @@ KV_REALISED = {"fp32": ("fp32",), "fp16": ("fp16",), "bf16": ("bf16", "fp16")}
 DTYPE_NAME = {ir.DataType.FLOAT: "fp32", ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}
 # Ops a lengths computation passes through from the mask to GQA's seqlens_k / total_sequence_length
 LENGTH_OPS = {"ReduceSum", "Sub", "Cast", "Shape", "Squeeze", "Gather", "Slice", "Unsqueeze", "Reshape"}
-LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits"}
+LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits", "MatMulBlockQuantizedFp8Weight"}
 
 
 @dataclass(frozen=True)

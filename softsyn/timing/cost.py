@@ -12,6 +12,7 @@ characterisation graphs on the same conventions):
 | MatMul, B of rank 2 (a weight), Gemm, FusedMatMul | m (product of the output's leading dims), n, k |
 | MatMul, B of rank >= 3 (two activations) | batch (product of the output's leading dims but the last two), m, n, k |
 | MatMulNBits | m, n, k, block (precision int4/int8 from `bits`) |
+| MatMulBlockQuantizedFp8Weight | m, n, k, block (precision fp8; B is [N, K], fp32 scales per block along K) |
 | GroupQueryAttention, MultiHeadAttention, Attention | batch, q_tokens, kv_len, heads, kv_heads, head_dim (tables: q_tokens x kv_len x heads; batch and head_dim by the cell's scale rule) |
 | MoE, QMoE | tokens, experts, k, hidden, inter |
 | reductions, Softmax, norms, TopK | elements = input elements |
@@ -52,10 +53,11 @@ PRECISION_BY_DTYPE = {
     ir.DataType.INT4: "int4", ir.DataType.UINT4: "int4",
 }
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
+FP8_MATMUL = "MatMulBlockQuantizedFp8Weight"  # com.microsoft's block-scaled fp8 (e4m3) weight-only MatMul
 MOE_OPS = {"MoE", "QMoE"}
 # Ops with a rule of their own in node_work; any other standard ONNX op counts 1 FLOP per output element.
 MODELLED = (VIEW_OPS | MOVE_OPS | set(PER_INPUT_ELEMENT) | set(PER_OUTPUT_ELEMENT) | ATTENTION_OPS | MOE_OPS
-            | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "QuantizeLinear", "DequantizeLinear",
+            | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", FP8_MATMUL, "QuantizeLinear", "DequantizeLinear",
                "DynamicQuantizeLinear", "Conv", "ConvTranspose", "Gather"})
 
 
@@ -105,6 +107,8 @@ def precision_of(node: ir.Node) -> str:
         return "int8" if node.attributes.get_int("bits", 4) == 8 else "int4"
     if node.op_type == "QMoE":
         return "int8" if node.attributes.get_int("expert_weight_bits", 4) == 8 else "int4"
+    if node.op_type == FP8_MATMUL:  # its fp32 scales are initializers too: the fp8 weight decides
+        return "fp8"
     candidates = [v for v in node.inputs if v is not None and v.dtype is not None]
     weights = [v for v in candidates if v.is_initializer() and v.dtype in PRECISION_BY_DTYPE]
     for v in weights + candidates + [o for o in node.outputs if o.dtype is not None]:
@@ -136,6 +140,8 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
         return _matmul(node, ins, shapes, in_bytes, out_bytes)
     if op == "MatMulNBits" and ins:
         return _matmul_nbits(node, ins, shapes, out_bytes)
+    if op == FP8_MATMUL and len(ins) >= 3:
+        return _matmul_fp8(node, ins, shapes, in_bytes, out_bytes)
     if op in ATTENTION_OPS and ins:
         return _attention(node, ins, shapes, in_bytes, out_bytes)
     if op in MOE_OPS and len(ins) >= 3:
@@ -197,6 +203,18 @@ def _matmul_nbits(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes:
     zeros = blocks * bits / 8 if len(node.inputs) > 3 and node.inputs[3] is not None else 0.0
     return Work(2.0 * m * n * k, m * k * act + weight + scales + zeros + out_bytes,
                 {"m": m, "n": n, "k": k, "block": block})
+
+
+def _matmul_fp8(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
+    """Block-scaled fp8 weight MatMul: A [.., K] @ B[N, K]^T; bytes = its inputs (1 B per weight, fp32 scales)."""
+    a = shape_of(ins[0], shapes) or ()
+    b = shape_of(ins[1], shapes) or ()
+    if not a or len(b) != 2:
+        return Work(0.0, in_bytes + out_bytes, {})
+    n, k = b
+    m = numel(a[:-1]) if len(a) > 1 else 1
+    return Work(2.0 * m * n * k, in_bytes + out_bytes,
+                {"m": m, "n": n, "k": k, "block": node.attributes.get_int("block_size", 128)})
 
 
 def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
