@@ -14,7 +14,8 @@
 #                        captured decode with them
 #   cells EAGER [GRAPH] [S]  new cells added to the shipped H200 library within S seconds (420): the cells matching
 #                        EAGER (a --cells pattern) characterised, then those matching GRAPH (if not "-") as graph tables
-#                        (--graph); later steps put the result in the tree's library first, as after graphcells
+#                        (--graph); AGAIN=1 measures them again though the library has them (a recipe changed); later
+#                        steps put the result in the tree's library first, as after graphcells
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
@@ -106,8 +107,9 @@ cells)
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     eager=$1 graph=${2:--}
     set +e
-    timeout "${3:-420}" bash -c "softsyn characterize --runtime ort --provider cuda --cells '$eager' -o $LIB &&
-        { [ '$graph' = - ] || softsyn characterize --runtime ort --provider cuda --graph --cells '$graph' -o $LIB; }" 2>&1 |
+    again=${AGAIN:+--again}  # AGAIN=1: the cells named are measured again though the library has them
+    timeout "${3:-420}" bash -c "softsyn characterize --runtime ort --provider cuda --cells '$eager' $again -o $LIB &&
+        { [ '$graph' = - ] || softsyn characterize --runtime ort --provider cuda --graph --cells '$graph' $again -o $LIB; }" 2>&1 |
         tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -30
     echo "characterize exit ${PIPESTATUS[0]}"
     set -e

@@ -62,6 +62,30 @@ def test_resume_skips_measured_cells(quick_lib):
     assert [c["delays"] for c in after["cells"]] == [c["delays"] for c in yaml.safe_load(before)["cells"]]
 
 
+def test_again_measures_the_named_cells_once_more_and_replaces_them(quick_lib, tmp_path, capsys):
+    """--again: a recipe changed, so the cells named are measured though the file has them; the others stay as they
+    were, and --again without --cells is refused (exit 2)."""
+    import shutil
+
+    path = tmp_path / "lib.yaml"
+    shutil.copy(quick_lib, path)
+    before = {c["op"] + "." + c["implementation"]: c for c in yaml.safe_load(path.read_text())["cells"]}
+    result = CliRunner().invoke(main, ["characterize", "--provider", "cpu", "--quick", "--cells", "Add", "--again",
+                                       "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "Add.fp32.ort-cpu: already in" not in result.output
+    after = {c["op"] + "." + c["implementation"]: c for c in yaml.safe_load(path.read_text())["cells"]}
+    assert after.keys() == before.keys()
+    assert after["Add.ort-cpu"]["holdout"]["measured"] != before["Add.ort-cpu"]["holdout"]["measured"]
+    assert after["Softmax.ort-cpu"] == before["Softmax.ort-cpu"]
+    from softsyn.cli import run
+
+    with pytest.raises(SystemExit) as refused:
+        run(["characterize", "--provider", "cpu", "--again", "-o", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and err.endswith("name them with --cells") and "\n" not in err
+
+
 def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
     """The command that started a library stays its `command`; a resumed run with other cells is listed after it."""
     import shutil

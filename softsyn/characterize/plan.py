@@ -160,9 +160,11 @@ def graph_grids(kind: CellKind, grids: list[list[float]]) -> list[list[float]]:
 
 def characterize(provider: str, output: str | os.PathLike, cells: str | None = None, quick: bool = False,
                  progress: bool = True, command: str | None = None, note: str | None = None,
-                 holdout_limit: int | None = None, cuda_graph: bool = False) -> dict:
+                 holdout_limit: int | None = None, cuda_graph: bool = False, again: bool = False) -> dict:
     """Characterise `provider` into `output` (resuming it if it exists); returns the library dict. `cuda_graph`:
-    the graph tables instead (GRAPH_ROWS' kinds at one row, timed as CUDA graph replays; CUDA only)."""
+    the graph tables instead (GRAPH_ROWS' kinds at one row, timed as CUDA graph replays; CUDA only). `again`: the
+    `cells` selected are measured again though the file has them (a recipe changed), each entry replaced when its
+    new measurement is written (an interrupted run keeps the old ones it had not reached)."""
     from softsyn.characterize.ceilings import measure_ceilings
     from softsyn.library import Cell
 
@@ -228,6 +230,14 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
         pats = [p.strip() for p in cells.split(",") if p.strip()]
         kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
                                          or fnmatchcase_op(k, p) for p in pats)]
+    elif again:
+        raise SoftsynError("characterize --again measures the --cells given again: name them with --cells")
+    if again:
+        for k in kinds:
+            impl = (k.implementation(provider) if k else f"ort-{provider}") + (GRAPH_SUFFIX if cuda_graph else "")
+            op, prec = (k.op, k.precision) if k else ("Run", "fp32")
+            done.discard((op, prec, impl))
+            lib["not_characterised"].pop(f"{op}.{prec}.{impl}", None)
     order = {(k.op, k.precision, k.implementation(provider)) if k else ("Run", "fp32", f"ort-{provider}"): i
              for i, k in enumerate([k for k in cell_kinds() if provider in k.providers] + [None])}
     total = len(kinds)
@@ -334,7 +344,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
             entry["measured"]["pass_probes_us"] = [round(pp * 1e6) for pp in pass_probes]
         earlier = [c for c in lib["cells"] if (c["op"], str(c["precision"]), str(c.get("implementation", ""))) ==
                    (op, prec, impl)]
-        if earlier and min(earlier[0]["measured"].get("pass_probes_us") or [0]) <= min(
+        if earlier and not again and min(earlier[0]["measured"].get("pass_probes_us") or [0]) <= min(
                 entry["measured"].get("pass_probes_us") or [0]):
             entry = earlier[0]  # the first measurement ran at least as fast: it stands
         lib["cells"] = sorted([c for c in lib["cells"] if c not in earlier] + [entry], key=lambda c: order.get(

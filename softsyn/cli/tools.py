@@ -99,10 +99,13 @@ def list_passes():
 @click.option("--graph", "cuda_graph", is_flag=True,
               help="(cuda) graph tables: MatMul, MatMulNBits, MatMulBlockQuantizedFp8Weight and attention at one row timed as CUDA graph replays, "
                    "what a captured decode step's kernels cost (no host share).")
+@click.option("--again", is_flag=True,
+              help="measure the --cells given again though FILE has them (after a recipe change); each entry is "
+                   "replaced when its new measurement is written.")
 @click.option("--list", "list_only", is_flag=True, help="list the cells and their grid/hold-out point counts; measure nothing.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="library YAML to write (resumed if it exists).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress on stderr.")
-def characterize(runtime, provider, cells, quick, note, cuda_graph, list_only, output, quiet):
+def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_only, output, quiet):
     """Measure a library's delay tables on this machine's runtime and device.
 
     \b
@@ -144,6 +147,8 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, list_only, o
         return
     if not output:
         raise SoftsynError("characterize: -o FILE is required (the library YAML to write or resume)")
+    if again and not cells:
+        raise SoftsynError("characterize --again measures the --cells given again: name them with --cells")
     argv = " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("softsyn") else None
     command = "softsyn " + (argv or f"characterize --runtime {runtime} --provider {provider}"
                             + (f" --cells '{cells}'" if cells else "") + (" --quick" if quick else "") + f" -o {output}")
@@ -157,4 +162,4 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, list_only, o
         click.echo(f"[softsyn] wrote {path}", err=True)
         return
     run_characterize(provider, output, cells=cells, quick=quick, progress=not quiet, command=command, note=note,
-                     cuda_graph=cuda_graph)
+                     cuda_graph=cuda_graph, again=again)
