@@ -241,7 +241,8 @@ def kv_step(design, report: OptimizeReport, budget: float, map_error: float, are
     if move is not None:
         report.kv.append(move)
     move, analysis = kv_moves.dtype_move(design, analysis, row, budget * CHECK_SHARE, map_error)
-    report.kv.append(move)
+    if move is not None:
+        report.kv.append(move)
     for m in report.kv:
         line = f"{m.phase}: requested {m.requested}, realised {m.realised}: {'kept' if m.kept else 'not kept'} ({m.why})"
         report.notes.append(line)

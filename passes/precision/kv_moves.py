@@ -113,10 +113,13 @@ def dtype_blocker(design) -> str:
         return f"kv_cache.dtype {cons.kv_cache.dtype} pins a float cache"
     if "int8" not in cons.precision.allowed:
         return "int8 is not in precision.allowed"
+    problem = kv_layout.quantised_cache_problem(design, "int8")
+    if problem:
+        return problem
     if not any(c.op == "GroupQueryAttention" and c.precision == "int8" for c in design.library.cells):
         return (f"library {design.library.name} has no GroupQueryAttention.int8 cell (softsyn characterize --cells "
                 f"GroupQueryAttention.int8 measures it)")
-    return kv_layout.quantised_cache_problem(design, "int8")
+    return ""
 
 
 def kv_error(design, nodes, scales) -> float:
@@ -159,12 +162,15 @@ def kv_error(design, nodes, scales) -> float:
     return worst
 
 
-def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[KvMove, object]:
+def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[KvMove | None, object]:
     """opt.kv.dtype (see the module docstring); `budget`: the error the end-to-end check allows; `map_error`: the
     weight map's error, combined with the cache's in root sum of squares (two measured errors of independent
     roundings)."""
     from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
 
+    report = design.pass_reports.get("kv_layout")
+    if report is None or not report.applied or report.kv_dtype != "fp16":
+        return None, analysis  # no shared fp16 KV cache (a CPU target's is fp32): nothing to move
     why = dtype_blocker(design)
     if why:
         return KvMove("opt.kv.dtype", "int8", "fp16", False, f"not tried: {why}"), analysis
@@ -187,7 +193,6 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
         reason = "over the accuracy budget" if total > budget else "no lower cost in the order rules -> slack -> latency"
         return KvMove("opt.kv.dtype", "int8", "fp16", False, f"rejected ({reason}): {detail}", error), \
             design.analyze(tp_plan=False)
-    report = design.pass_reports["kv_layout"]
     design.pass_reports["kv_layout"] = dataclasses.replace(
         report, kv_dtype="int8", kv_note=f"KV cache int8 (GroupQueryAttention's quantised cache): the compile loop's "
                                          f"opt.kv.dtype, {error:.3e} measured end to end")
