@@ -134,3 +134,26 @@ def test_rotary_pairs_share_their_largest_norm():
     assert (np.abs(quantise(turned, scale)) < INT8_MAX).all()
     plain = channel_scales([x])
     assert np.allclose(plain[0] * INT8_MAX / 1.25, np.abs(x).max(axis=2)[0, 0])
+
+
+def test_genai_generates_with_the_int8_cache(int8_artifact, tmp_path):
+    """onnxruntime-genai (its KV cache typed from the model's past inputs) loads the artifact's genai_config.json and
+    generates with the int8 cache, on the CPU through the CPU view, the tokens softsyn's own loop generates (the
+    same seeded prompt: softsyn run's, prompt_ids seed 0)."""
+    import json
+    import shutil
+
+    from genai_tokens import genai_tokens
+    from softsyn.flow.run import RunSettings, run
+    from softsyn.runtime.generate import prompt_ids
+    from softsyn.runtime.gqa_view import expand_qk_norms
+
+    proto = onnx.load(str(int8_artifact / "model.onnx"), load_external_data=False)
+    expand_qk_norms(proto)
+    onnx.save(proto, str(tmp_path / "model.onnx"))
+    shutil.copy(int8_artifact / "model.onnx.data", tmp_path)
+    config = json.loads((int8_artifact / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["provider_options"] = []  # the CPU
+    (tmp_path / "genai_config.json").write_text(json.dumps(config))
+    ours = run(int8_artifact, RunSettings(prompt_len=16, gen=6, provider="cpu", runs=1, warmup=0), show_progress=False)
+    assert genai_tokens(tmp_path, prompt_ids(1024, 16, 0), 6) == list(ours.generations[0].tokens)
