@@ -203,15 +203,16 @@ def quantised_cache_problem(design, requested: str | None) -> str:
 
 
 def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
-    """({node name: (k_scale, v_scale)}, calibration tokens): the present K/V of the design run on its groups'
-    seeded inputs (ORT CPU), over the positions each group writes; groups without a past first (their K/V follow
-    the model's own tokens, not a random cache), all groups when none has one."""
+    """({node name: (k_scale, v_scale)}, calibration tokens): the present K/V of the design run on every group's
+    seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
+    random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
+    is not."""
     from softsyn.passes.precision.sensitivity import Runner
     from softsyn.runtime.kv_quant import channel_scales
 
     runner = Runner(design, provider="cpu")
     names = [v.name for v in design.netlist.model.graph.outputs]
-    groups = [g for g in design.groups if not g.scenario.dims.get("past", 0)] or list(design.groups)
+    groups = list(design.groups)
     tokens = sum(g.scenario.dims.get("seq", 1) * g.scenario.dims.get("batch", 1) for g in groups)
     scales = {}
     for node in nodes:
