@@ -333,8 +333,11 @@ def run(design, last_token_logits: bool = True) -> PassResult:
                 scales, tokens = calibrate(design, nodes)
                 quantise_cache(graph, nodes, scales)
                 counts["KV caches quantised"] = 2 * len(nodes)
+                measured = any(c.op == "GroupQueryAttention" and c.precision == "int8" for c in design.library.cells)
                 why = (f"GroupQueryAttention's quantised cache, per-channel scales from {tokens} seeded calibration "
-                       f"tokens; timed by the GroupQueryAttention.int8 cell, else a roofline estimate")
+                       f"tokens; timed by " + ("the library's GroupQueryAttention.int8 cell" if measured else
+                                               "a roofline estimate (est): the library has no GroupQueryAttention.int8 "
+                                               "cell yet"))
         emitted = DTYPE_NAME.get(nodes[0].inputs[GQA_PAST["key"]].dtype)
         report.update(applied=True, max_length=length, length_key=key, layers=len(nodes), kv_dtype=emitted,
                       kv_note=kv_dtype_note(requested, emitted, why))
