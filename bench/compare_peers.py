@@ -18,6 +18,8 @@ Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, se
                the wheel (or an installed/unpacked onnxruntime_genai folder), whose models/ is copied under
                WORK/genai-shim next to an __init__.py that only sets __version__ (the real one loads the
                native library). Default variant with --provider cuda only.
+  low          (with --compiled-dir) `softsyn compile --effort low` built in this run beside the artifact, so a
+               compile loop's map is measured against the uniform design it started from in the same run
   X+graph      (compiled+graph, builder+graph; --provider cuda) variant X's model with the CUDA EP's
                enable_cuda_graph=1: one session per scenario (a graph replays fixed shapes and addresses), its
                binding made once; captured on the first warm-up run. A model ORT will not capture (a node
@@ -76,11 +78,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("compiled", "compiled+graph", "plain", "ort_fusions", "builder", "builder+graph")
+VARIANTS = ("compiled", "compiled+graph", "low", "low+graph", "plain", "ort_fusions", "builder", "builder+graph")
 GRAPHED = "+graph"  # a variant of that name is its base variant's model run with the CUDA EP's enable_cuda_graph=1
 LABELS = {
     "compiled": "softsyn compile --effort low",
     "compiled+graph": "the compiled model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
+    "low": "softsyn compile --effort low, compiled in this run (beside a --compiled-dir artifact)",
+    "low+graph": "the --effort low model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "builder+graph": "the builder's model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "plain": "plain export (torch.onnx dynamo)",
     "ort_fusions": "plain + onnxscript ort_fusions",
@@ -523,6 +527,9 @@ def main() -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         parser.error(f"unknown variant {', '.join(bad)}; valid: {', '.join(VARIANTS)}")
+    if any(v.removesuffix(GRAPHED) == "low" for v in variants) and not args.compiled_dir:
+        parser.error("variant low is the --effort low build beside a --compiled-dir artifact: without --compiled-dir "
+                     "the compiled variant is that build")
     # a graph variant runs its base variant's model: build the base too
     wanted = set(variants) | {v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)}
     variants = [v for v in VARIANTS if v in wanted]
@@ -579,14 +586,17 @@ def main() -> int:
             v.error = short_error(exc)
         v.prep_seconds = time.perf_counter() - t
         log(f"ort_fusions: {'failed: ' + v.error if v.error else 'done'} in {v.prep_seconds:.0f} s")
-    if "compiled" in found:
-        v, t = found["compiled"], time.perf_counter()
+    # the artifact first: --effort low (make_compiled) rewrites the netlist in place
+    for name in ("compiled", "low"):
+        if name not in found:
+            continue
+        v, t = found[name], time.perf_counter()
         try:
-            if args.compiled_dir:
+            if name == "compiled" and args.compiled_dir:
                 v.path, v.options, coverage = use_compiled(args.compiled_dir)
                 LABELS["compiled"] = f"softsyn artifact {args.compiled_dir}, compiled before this run"
             else:
-                v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / "compiled", args.kv_buffer)
+                v.path, v.options, coverage = make_compiled(netlist, plan["target"], work / name, args.kv_buffer)
             genai = v.path.parent / "genai_config.json"
             if genai.exists():
                 v.genai_config = json.loads(genai.read_text())
@@ -604,7 +614,7 @@ def main() -> int:
             v.error = short_error(exc)
             traceback.print_exc()
         v.prep_seconds = time.perf_counter() - t
-        log(f"compiled: {'failed: ' + v.error if v.error else 'done'} in {v.prep_seconds:.0f} s")
+        log(f"{name}: {'failed: ' + v.error if v.error else 'done'} in {v.prep_seconds:.0f} s")
     if job is not None:
         job.join(max(0.0, job.deadline - time.monotonic()) + 5)
         if job.is_alive():

@@ -12,11 +12,14 @@
 #                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); later
 #                        steps of the session put the result in the tree's library first (softsyn_install), so they time
 #                        captured decode with them
+#   cells EAGER [GRAPH] [S]  new cells added to the shipped H200 library within S seconds (420): the cells matching
+#                        EAGER (a --cells pattern) characterised, then those matching GRAPH (if not "-") as graph tables
+#                        (--graph); later steps put the result in the tree's library first, as after graphcells
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
-#                        int4 model (-p int4), both eager and as CUDA graphs, the plain export as the reference
+#                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra under CONSTRAINTS (chat-h200-int4.yaml) into
@@ -97,6 +100,18 @@ graphcells)
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml"
     grep -q "ort-cuda-graph" $LIB && cp $LIB $LIB.graph || echo "no graph table measured" ;;
+cells)
+    softsyn_install
+    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
+    eager=$1 graph=${2:--}
+    set +e
+    timeout "${3:-420}" bash -c "softsyn characterize --runtime ort --provider cuda --cells '$eager' -o $LIB &&
+        { [ '$graph' = - ] || softsyn characterize --runtime ort --provider cuda --graph --cells '$graph' -o $LIB; }" 2>&1 |
+        tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -30
+    echo "characterize exit ${PIPESTATUS[0]}"
+    set -e
+    cp $LIB "$OUT/h200-ort-cuda.yaml"
+    cp $LIB $LIB.graph ;;
 drift)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
@@ -114,7 +129,7 @@ peers4)
     dir=$1
     model=${2:-qwen3-1.7b}
     python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
-        --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,plain,builder,builder+graph \
+        --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,low,low+graph,plain,builder,builder+graph \
         --work /tmp/peers4 -o "$OUT/compare-peers-cuda-$model-$(basename "$dir")-int4.md" 2>&1 |
         tee "$OUT/compare-peers4-$model.log" | grep -v "No registered plugin EP" ;;
 tiny)

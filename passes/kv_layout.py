@@ -49,7 +49,7 @@ DTYPE_NAME = {ir.DataType.FLOAT: "fp32", ir.DataType.FLOAT16: "fp16", ir.DataTyp
 GQA_COS, GQA_K_SCALE, GQA_V_SCALE = 7, 12, 13  # GroupQueryAttention's cos_cache, k_scale and v_scale inputs
 # Ops a lengths computation passes through from the mask to GQA's seqlens_k / total_sequence_length
 LENGTH_OPS = {"ReduceSum", "Sub", "Cast", "Shape", "Squeeze", "Gather", "Slice", "Unsqueeze", "Reshape"}
-LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits"}
+LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits", "MatMulBlockQuantizedFp8Weight"}
 
 
 @dataclass(frozen=True)

@@ -132,15 +132,15 @@ def prune(design, cands) -> tuple[list, list[str], dict]:
     return kept, notes, tables
 
 
-@register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits where the library says it is faster, "
-                      "under the accuracy and area budgets")
+@register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits or fp8 weights where the library says "
+                      "it is faster, under the accuracy and area budgets")
 def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool = False) -> PassResult:
     start = time.perf_counter()
     budget = accuracy_budget(design)
     area0 = start_area(design)
     cands, skipped = mp.candidates(design)
     report = OptimizeReport(search_mode, "", budget)
-    report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.NBITS]
+    report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.QUANTISED]
     if any(v == "dont_touch" for v in skipped.values()):
         kept = sum(1 for v in skipped.values() if v == "dont_touch")
         report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")

@@ -110,6 +110,8 @@ def kv_budget_lines(budget: KVBudget, unit: str) -> list[str]:
     lines.append("Rows marked estimate: the netlist's KV layout at each dtype's element size (scales not counted)"
                  + ("; weights at 2 B (fp16/bf16), 1.0625 B (int8) or 0.5625 B (int4) per parameter (MatMulNBits, "
                     "an fp16 scale per 32)" if len(b.weight_precisions) > 1 else "")
+                 + ("; fp8 at 1.03125 B (MatMulBlockQuantizedFp8Weight, an fp32 scale per 128)"
+                    if any(w.precision == "fp8" for w in b.weight_precisions) else "")
                  + "; the workspace as measured with the netlist's KV dtype.")
     if b.requested_dtype and b.requested_dtype != b.dtype:
         lines.append(f"kv_cache.dtype {b.requested_dtype} is not applied to this netlist (its KV inputs are "

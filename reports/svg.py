@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 # op kinds: what colours a cell on the waterfall (a CSS class op-<kind>)
 _OP_KINDS = (
-    ("matmul", {"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum", "Conv",
+    ("matmul", {"MatMul", "Gemm", "MatMulNBits", "MatMulBlockQuantizedFp8Weight", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum", "Conv",
                 "QMoE"}),
     ("attention", {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PagedAttention", "Softmax"}),
     ("norm", {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",

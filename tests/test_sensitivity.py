@@ -121,3 +121,28 @@ def test_a_large_design_is_measured_per_role_on_the_cpu_view_without_an_error(cu
     fallback = sensitivity.Runner(cuda_tiny, "cuda")  # asked for the device where none is: the CPU view, said
     assert fallback.provider == "cpu" and "the CUDA session did not open" in fallback.where
     assert fallback.error({c.name: "int4" for c in down}) == pytest.approx(measured, rel=1e-6)
+
+
+def test_fp8_cells_are_measured_on_the_cpu_view_between_int8_and_int4(cuda_tiny, monkeypatch):
+    """fp8 allowed and characterised (a library copy with a stand-in fp8 cell): the loop offers it, and the sensitivity
+    runner quantises the cell to MatMulBlockQuantizedFp8Weight and runs it on ORT CPU through the fp8 view (no CPU
+    kernel); e4m3's 3 mantissa bits put its error between int8's and int4's, as the prior assumes."""
+    import dataclasses
+
+    from softsyn.passes.precision import mapping as mp
+    from softsyn.passes.precision import sensitivity
+
+    fake = [dataclasses.replace(c, op=mp.FP8_OP, precision="fp8") for c in cuda_tiny.library.cells
+            if c.op == "MatMulNBits" and c.precision == "int8"]
+    cons = cuda_tiny.constraints
+    monkeypatch.setattr(cuda_tiny, "library", dataclasses.replace(cuda_tiny.library, cells=[*cuda_tiny.library.cells, *fake]))
+    monkeypatch.setattr(cuda_tiny, "constraints", dataclasses.replace(cons, precision=dataclasses.replace(
+        cons.precision, allowed=(*cons.precision.allowed, "fp8"))))
+    cands, skipped = mp.candidates(cuda_tiny)
+    assert "fp8" not in skipped and all(c.options == ("fp16", "int4", "int8", "fp8") for c in cands)
+    cell = next(c for c in cands if c.hierarchy.endswith("mlp.down_proj"))
+    runner = sensitivity.Runner(cuda_tiny, "cpu")
+    assert runner.where.startswith("ORT CPU") and runner.error({}) == 0.0
+    errors = {p: runner.error({cell.name: p}) for p in ("int8", "fp8", "int4")}
+    assert 0 < errors["int8"] < errors["fp8"] < errors["int4"], errors
+    assert not any(n.op_type == mp.FP8_OP for n in runner.proto.graph.node)  # the proto is restored after the run

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.passes.precision.router import router_cells
+from softsyn.timing.cost import FP8_MATMUL
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -63,7 +64,8 @@ def to_fp16(model: ir.Model, dont_touch: list[str] = ()) -> Fp16Result:
             value.dtype = F16
             result.ports += 1
     for value in list(graph.initializers.values()):
-        if value.dtype == F32 and value.const_value is not None and not all(u in keep for u, _ in value.uses()):
+        if value.dtype == F32 and value.const_value is not None and \
+                not all(u in keep or _schema_fp32(u, i) for u, i in value.uses()):
             value.const_value = _half_tensor(value.const_value)
             value.dtype = F16
             result.weights += 1
@@ -81,7 +83,8 @@ def to_fp16(model: ir.Model, dont_touch: list[str] = ()) -> Fp16Result:
     for node in list(graph):
         want = F32 if node in keep and not _computes_in_half(node) else F16
         for i, value in enumerate(node.inputs):
-            if value is not None and value.dtype in (F32, F16) and value.dtype != want and _is_float_operand(node, i):
+            if value is not None and value.dtype in (F32, F16) and value.dtype != want and _is_float_operand(node, i) \
+                    and not _schema_fp32(node, i):
                 node.replace_input_with(i, _cast(graph, value, want, node, casts, result))
     for i, port in enumerate(graph.outputs):
         if port.dtype == F32:
@@ -214,6 +217,11 @@ def _half_tensor(tensor) -> ir.TensorProtocol:
 def _is_float_operand(node: ir.Node, index: int) -> bool:
     """Inputs that carry data, not shapes or indices (those keep their integer dtypes anyway)."""
     return node.op_type != "Resize" or index == 0
+
+
+def _schema_fp32(node: ir.Node, index: int) -> bool:
+    """Inputs whose schema takes fp32 only, whatever the activations: an fp8 weight cell's b_scale and a_scale."""
+    return node.op_type == FP8_MATMUL and index in (2, 3)
 
 
 def _cast(graph: ir.Graph, value: ir.Value, dtype: ir.DataType, consumer: ir.Node | None,

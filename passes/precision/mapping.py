@@ -2,12 +2,14 @@
 
 A candidate is a MatMul whose weight is a 2-D float initializer (projections, packed QKV and gate-up after
 fusion, the lm_head), outside `dont_touch`. Its options are the precisions `precision.allowed` names that the
-target's library has a cell for (MatMulNBits.int4 / .int8; the cell's current float precision always), so
-no chosen cell is one the provider cannot run. Weights are quantised by ONNX Runtime's own tooling
-(`onnxruntime.quantization.matmul_nbits_quantizer`: the DEFAULT blockwise symmetric quantiser, the one
-MatMulNBitsQuantizer runs per node), one node at a time, and the MatMulNBits replaces the MatMul under the
-same name and hierarchy. A weightless netlist (a plan) gets the same node with weightless tensors of the
-quantiser's shapes: it is timed and sized, never run.
+target's library has a cell for (MatMulNBits.int4 / .int8, MatMulBlockQuantizedFp8Weight.fp8; the cell's current
+float precision always), so no chosen cell is one the provider cannot run. int4/int8 weights are quantised by ONNX
+Runtime's own tooling (`onnxruntime.quantization.matmul_nbits_quantizer`: the DEFAULT blockwise symmetric quantiser,
+the one MatMulNBitsQuantizer runs per node), one node at a time, and the MatMulNBits replaces the MatMul under the
+same name and hierarchy. fp8 (`quantise_fp8`): com.microsoft.MatMulBlockQuantizedFp8Weight's layout, the weight
+transposed to B [N, K] in float8e4m3fn and one fp32 scale per FP8_BLOCK values along K (amax / 448, a saturating
+cast), for fp16/bf16 activations (the op's only types). A weightless netlist (a plan) gets the same node with
+weightless tensors of the quantiser's shapes: it is timed and sized, never run.
 """
 from __future__ import annotations
 
@@ -21,11 +23,17 @@ import onnx_ir as ir
 
 from softsyn.frontends.export import META_WEIGHTS as WEIGHTLESS
 from softsyn.netlist import HIERARCHY_KEY
-from softsyn.timing.cost import node_work, precision_of
+from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
 from softsyn.passes.precision.router import RULE as ROUTER_RULE, router_cells
 
 BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
 NBITS = {"int4": 4, "int8": 8}
+# fp8's block along K: the op's default and the one its DeepGEMM path and fp8 checkpoints (128 x 128 tiles) use; fp8
+# keeps a relative error per value, so a finer block buys little (the library's block axis also holds 32 and 64)
+FP8_BLOCK = 128
+FP8_MAX = 448.0  # float8e4m3fn's largest finite value
+QUANTISED = ("int4", "int8", "fp8")  # the quantised options, in the order they are offered
+FP8_ACTS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # the op's activation types (T)
 REQUESTED_KEY = "softsyn.precision_request"  # node metadata: the precision the mapping asked this cell for
 
 
@@ -40,10 +48,18 @@ class Candidate:
     params: int  # k x n
 
     def weight_bytes(self, precision: str, act_bytes: int) -> float:
-        """Weight bytes at `precision`: packed bits plus one scale per block (no zero points: symmetric)."""
+        """Weight bytes at `precision`: packed bits plus one scale per block (no zero points: symmetric); fp8 one
+        byte per value and an fp32 scale per FP8_BLOCK."""
+        if precision == "fp8":
+            return self.params + self.n * math.ceil(self.k / FP8_BLOCK) * 4
         if precision not in NBITS:
             return self.params * act_bytes
         return self.params * NBITS[precision] / 8 + self.n * math.ceil(self.k / BLOCK) * act_bytes
+
+
+def cell_op(precision: str) -> str:
+    """The library op a quantised precision's cell is (MatMulNBits for int4/int8)."""
+    return FP8_OP if precision == "fp8" else "MatMulNBits"
 
 
 def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
@@ -66,14 +82,14 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     """(candidates in netlist order, {node or kind: why it is not a candidate}) for the design's netlist."""
     cons, lib = design.constraints, design.library
     allowed = set(cons.precision.allowed or ())
-    quantised = [p for p in NBITS if p in allowed]
     skipped: dict[str, str] = {}
-    for p in NBITS:
+    for p in QUANTISED:
         if p not in allowed:
             skipped[p] = f"{p} is not in precision.allowed"
-        elif not has_cell(lib, "MatMulNBits", p):
-            skipped[p] = f"library {lib.name} has no MatMulNBits.{p} cell: the provider's kernel is not characterised"
-    quantised = [p for p in quantised if has_cell(lib, "MatMulNBits", p)]
+        elif not has_cell(lib, cell_op(p), p):
+            skipped[p] = f"library {lib.name} has no {cell_op(p)}.{p} cell: the provider's kernel is not characterised"
+    quantised = [p for p in QUANTISED if p in allowed and has_cell(lib, cell_op(p), p)]
+    fp8_refused = 0
     found = []
     seen: set[str] = set()
     routers = {id(n) for n in router_cells(design.netlist.model.graph)["matmul"]}
@@ -97,7 +113,12 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
         seen.add(node.name)
         k, n = int(w.shape[0]), int(w.shape[1])
         current = precision_of(node)
-        found.append(Candidate(node.name, hierarchy, k, n, current, (current, *quantised), k * n))
+        offered = [p for p in quantised if p != "fp8" or node.inputs[0].dtype in FP8_ACTS]
+        fp8_refused += len(quantised) - len(offered)
+        found.append(Candidate(node.name, hierarchy, k, n, current, (current, *offered), k * n))
+    if fp8_refused:
+        skipped["fp8"] = (f"{fp8_refused} cell{'s' if fp8_refused != 1 else ''} with activations other than "
+                          f"fp16/bf16: {FP8_OP} takes only those")
     return found, skipped
 
 
@@ -111,9 +132,11 @@ def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: boo
     act_io = m * cand.k * act_bytes + m * cand.n * act_bytes
     costs = {}
     for p in cand.options:
-        if p in NBITS:
-            blocks = cand.n * math.ceil(cand.k / BLOCK)
-            moved = act_io + cand.params * NBITS[p] / 8 + blocks * act_bytes
+        if p == "fp8":
+            moved = act_io + cand.weight_bytes(p, act_bytes)
+            op, sizes = FP8_OP, {"m": m, "n": cand.n, "k": cand.k, "block": FP8_BLOCK}
+        elif p in NBITS:
+            moved = act_io + cand.weight_bytes(p, act_bytes)
             op, sizes = "MatMulNBits", {"m": m, "n": cand.n, "k": cand.k, "block": BLOCK}
         else:
             moved, op, sizes = act_io + cand.params * act_bytes, "MatMul", {"m": m, "n": cand.n, "k": cand.k}
@@ -160,19 +183,61 @@ def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.Node
     return out[0], [t for t in graph.initializer if t.name != "w"]
 
 
-def _weightless_tensors(cand: Candidate, bits: int, dtype: ir.DataType) -> list[ir.ExternalTensor]:
+def fp8_blocks(weight_nk: np.ndarray, block: int = FP8_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """(q float8e4m3fn [N, K], scales fp32 [N, ceil(K / block)]) of a weight laid out [N, K]: each block of `block`
+    values along K scaled by amax / 448 into e4m3's range (an all-zero block keeps scale 1) and cast saturating
+    (clipped first: ml_dtypes' cast gives NaN past 448), round to nearest even."""
+    import ml_dtypes
+
+    w = np.asarray(weight_nk, np.float32)
+    n, k = w.shape
+    kb = -(-k // block)
+    padded = np.zeros((n, kb * block), np.float32)
+    padded[:, :k] = w
+    amax = np.abs(padded.reshape(n, kb, block)).max(axis=2)
+    scales = np.where(amax > 0, amax / FP8_MAX, 1.0).astype(np.float32)
+    q = np.clip(w / np.repeat(scales, block, axis=1)[:, :k], -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return q, scales
+
+
+def fp8_dequantised(q: np.ndarray, scales: np.ndarray, block: int = FP8_BLOCK) -> np.ndarray:
+    """The op's weight B_scaled [N, K] in fp32: fp8_e4m3(B[n, k]) * b_scale[n, k // block] (its schema's formula)."""
+    k = q.shape[1]
+    return q.astype(np.float32) * np.repeat(np.asarray(scales, np.float32), block, axis=1)[:, :k]
+
+
+def quantise_fp8(name: str, weight: np.ndarray) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """One MatMul's weight W [K, N] as com.microsoft.MatMulBlockQuantizedFp8Weight: its node (inputs a, B, b_scale)
+    and initializers (B = W^T in float8e4m3fn, per-block fp32 scales), in quantise_weight's form."""
+    q, scales = fp8_blocks(np.asarray(weight).T)
+    node = onnx.helper.make_node(FP8_OP, ["a", "B", "b_scale"], ["y"], name=name, domain="com.microsoft",
+                                 block_size=FP8_BLOCK)
+    return node, [onnx.numpy_helper.from_array(q, "B"), onnx.numpy_helper.from_array(scales, "b_scale")]
+
+
+def quantise(name: str, weight: np.ndarray, precision: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The quantised node and initializers of one MatMul weight [K, N] at a QUANTISED precision."""
+    return quantise_fp8(name, weight) if precision == "fp8" else quantise_weight(name, weight, NBITS[precision])
+
+
+def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> list[ir.ExternalTensor]:
     """The packed weight and scales the quantiser would write, as weightless tensors (shapes and dtypes exact)."""
-    blocks = math.ceil(cand.k / BLOCK)
-    packed = ir.Shape([cand.n, blocks, BLOCK * bits // 8])
-    scales = ir.Shape([cand.n, blocks])
-    return [ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(packed.dims), dtype=ir.DataType.UINT8,
-                              shape=packed, name="packed"),
-            ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(scales.dims) * dtype.itemsize,
+    if precision == "fp8":
+        weight, scales = ir.Shape([cand.n, cand.k]), ir.Shape([cand.n, math.ceil(cand.k / FP8_BLOCK)])
+        wtype, dtype = ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT
+    else:
+        blocks = math.ceil(cand.k / BLOCK)
+        weight = ir.Shape([cand.n, blocks, BLOCK * NBITS[precision] // 8])
+        scales, wtype = ir.Shape([cand.n, blocks]), ir.DataType.UINT8
+    return [ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(weight.dims), dtype=wtype,
+                              shape=weight, name="packed"),
+            ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=int(math.prod(scales.dims) * dtype.itemsize),
                               dtype=dtype, shape=scales, name="scales")]
 
 
 def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | None = None) -> dict[str, int]:
-    """Replace each mapped MatMul by a MatMulNBits at its precision (int4/int8; float entries stay as they are).
+    """Replace each mapped MatMul by its quantised cell: MatMulNBits (int4/int8), MatMulBlockQuantizedFp8Weight
+    (fp8); float entries stay as they are.
     `requested`: what was asked of each cell, recorded on the node (REQUESTED_KEY). Returns counts by precision.
     The caller calls design.netlist_changed()."""
     graph = netlist.model.graph
@@ -182,19 +247,19 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
         node = by_name[name]
         if requested and name in requested:
             node.metadata_props[REQUESTED_KEY] = requested[name]
-        if precision not in NBITS or node.op_type != "MatMul":
+        if precision not in QUANTISED or node.op_type != "MatMul":
             continue
-        bits = NBITS[precision]
         w = node.inputs[1]
         k, n = int(w.shape[0]), int(w.shape[1])
         cand = Candidate(name, "", k, n, "", (), k * n)
         source, transposed = weight_source(w)
         if is_weightless(source):
-            tensors = _weightless_tensors(cand, bits, w.dtype)
-            attrs = {"K": k, "N": n, "bits": bits, "block_size": BLOCK}
+            tensors = _weightless_tensors(cand, precision, w.dtype)
+            attrs = {"block_size": FP8_BLOCK} if precision == "fp8" else \
+                {"K": k, "N": n, "bits": NBITS[precision], "block_size": BLOCK}
         else:
             data = np.asarray(source.const_value.numpy())
-            proto, inits = quantise_weight(name, data.T if transposed else data, bits)
+            proto, inits = quantise(name, data.T if transposed else data, precision)
             tensors = [ir.from_proto(t) for t in inits]
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
         values = []
@@ -203,7 +268,7 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
                          const_value=tensor)
             graph.register_initializer(v)
             values.append(v)
-        new = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], *values], attributes=[
+        new = ir.Node("com.microsoft", cell_op(precision), [node.inputs[0], *values], attributes=[
             ir.AttrInt64(key, int(val)) for key, val in attrs.items()], name=name, num_outputs=1)
         new.metadata_props.update(node.metadata_props)
         out, old = new.outputs[0], node.outputs[0]

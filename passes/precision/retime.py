@@ -11,19 +11,24 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
    interleaved rounds, a and b alternating which goes first, so another process's load lands on both alike.
 2. `judge`: per group the measured medians and the paired ratio (median over rounds of b's round median over a's),
    its p10-p90; the measured slack is the group's budget (required - input delay) less the measured median, as
-   signoff's GroupResult reads it. In the loop's cost order the map is kept only if its weighted negative slack is
-   not worse than the baseline's and its weighted latency not worse, and one of them is better. Worse or better
-   means beyond the paired spread: the per-round differences (weighted latency ratio, weighted negative slack
-   b - a) have their p10 and p90 on the same side (with 10 rounds, b beat a in at least 9: a sign test's 1 %), and a
-   latency gain must also be MIN_GAIN or more. A tie goes to the baseline, as the search's last key (the error)
-   says: a map that buys no measured time only costs accuracy.
-3. `corrected`: a rejected map's measured change per group back-annotates the tables: the measured delta is
-   attributed to the moved cells in proportion to their predicted deltas, i.e. each group's low-bit deltas are scaled
-   by the measured relative change over the predicted one ((ratio - 1) / (predicted map / predicted base - 1):
-   relative, so a machine that runs every cell slower than the library, as a loaded one does, does not inflate it;
-   0 where the group's paired p10-p90 holds 1: no change told from noise), and the factor is applied to every
-   cell's option at the map's low-bit precisions (one measurement cannot tell the cells apart; the unmoved cells of
-   the same precision share the bias).
+   signoff's GroupResult reads it. The map is judged in the loop's cost order, one key at a time: first the weighted
+   negative slack (sum of weight x max(0, -slack)), then the weighted latency. A key decides when a sign test over
+   the rounds that differ says so at SIGN_P (with 10 rounds the map won 9; a round where the baseline happened to
+   meet a clock it misses elsewhere is a tie, not a loss) and the mean change is MIN_GAIN or more of the baseline's
+   value; a key it does not move passes the decision to the next. So a map that closes part of a miss is kept
+   though a group with slack to spare (prefill under a loose clock) runs slower, as Design Compiler trades a met
+   path's slack for a violated one's.
+   A tie on both keys goes to the baseline, as the search's last key (the error) says: a map that buys no measured
+   time only costs accuracy.
+3. `corrected`: a rejected map's measured change per group back-annotates the tables, per precision: the measured
+   delta is attributed to the moved cells in proportion to their predicted deltas, i.e. each group's deltas at a
+   precision are scaled by the measured relative change over the predicted one ((ratio - 1) / (predicted map /
+   predicted base - 1): relative, so a machine that runs every cell slower than the library, as a loaded one does,
+   does not inflate it; 0 where the group's paired p10-p90 holds 1: no change told from noise), and the factor is
+   applied to every cell's option at that precision (one measurement cannot tell the cells apart; the unmoved cells
+   of the same precision share the bias). A map of several low-bit precisions is measured with one sub-map per
+   precision beside it, in the same interleaved run, so int4's and int8's errors in the tables are told apart
+   (on the H200 int8 measured no faster than fp16 inside a graph while int4 ran in 57 % of its time).
    The caller re-searches on the corrected tables (and checks accuracy again), and the new map is measured; at most
    ROUNDS measured rounds, then the design keeps its precision, and the notes say why.
 """
@@ -41,7 +46,8 @@ from softsyn.passes.precision import search
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
-MIN_GAIN = 0.01  # a measured latency gain below 1 % is not worth the error a map adds
+MIN_GAIN = 0.01  # a measured gain below 1 % is not worth the error a map adds
+SIGN_P = 0.02  # the sign test's level: with 10 differing rounds the map must win 9 (p 0.011)
 DELTA_FLOOR = 1e-9  # s: a group the map changes less than this (predicted) gets no correction factor
 
 
@@ -91,6 +97,11 @@ class Round:
     verdict: str  # one sentence: why kept or rejected
     load: tuple[float, float]  # 1-min load average before and after measuring
     rounds: int = 0  # interleaved rounds the paired figures are over
+    parts: dict[str, list[GroupFigures]] = field(default_factory=dict)  # precision -> its sub-map's figures (a mixed map)
+
+    def figures(self, precision: str) -> list[GroupFigures]:
+        """Per group, the measurement that tells `precision`'s change: its own sub-map's, else the map's (one precision)."""
+        return self.parts.get(precision, self.groups)
 
     def negative_slack(self, which: str) -> float:
         """Weighted negative slack, s (>= 0): sum of weight x max(0, -measured slack)."""
@@ -121,7 +132,7 @@ class Retime:
     why: str = ""  # how the loop ended, in a sentence
 
 
-Measure = Callable[..., dict]  # (design, mapped netlist, provider) -> {group: (Measurement base, Measurement map)}
+Measure = Callable[..., dict]  # (design, [mapped netlist, ...], provider) -> {group: (base, map, ...) Measurements}
 
 
 # ------------------------------------------------------------------------------------------ the device
@@ -208,9 +219,10 @@ def _write(model, path: Path) -> Path:
     return path
 
 
-def alternate(pairs: int) -> Callable[[int], list[int]]:
-    """Round r's order of runners [a0, b0, a1, b1, ...]: each pair a first on even rounds, b first on odd ones."""
-    return lambda r: [2 * i + (j if r % 2 == 0 else 1 - j) for i in range(pairs) for j in (0, 1)]
+def alternate(groups: int, width: int = 2) -> Callable[[int], list[int]]:
+    """Round r's order of runners [a0, b0, ..., a1, b1, ...] (`width` designs per group): each group's designs
+    rotated by one per round, so each goes first as often as the others."""
+    return lambda r: [width * i + (j + r) % width for i in range(groups) for j in range(width)]
 
 
 def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
@@ -244,24 +256,29 @@ class Bench:
         path = _write(netlist.model.clone(), self.folder / name / "model.onnx")
         return bound_runners(path, self.feeds, provider, ARTIFACT_OPTIONS, graphs, kv_aliases(netlist))
 
-    def __call__(self, design, mapped, provider: str) -> dict:
-        """{group: (Measurement before the map, Measurement with it)}, both timed in one interleaved run."""
+    def __call__(self, design, maps: list, provider: str) -> dict:
+        """{group: (Measurement before the map, one per netlist in `maps`)}, all timed in one interleaved run."""
         from softsyn.runtime.inputs import scenario_inputs
         from softsyn.runtime.measure import measure_runners
 
         groups = list(design.groups)
-        graphs = graph_flags(design, mapped, provider)
+        flags = [graph_flags(design, mapped, provider) for mapped in maps]
         if self.base is None:
             self.feeds = [scenario_inputs(design.netlist, g.scenario.dims) for g in groups]
-            self.base = self._open(design.netlist, "base", graphs["base"], provider)
-        self.maps += 1
-        runners = self._open(mapped, f"map{self.maps}", graphs["map"], provider)
-        interleaved = [r for pair in zip(self.base, runners) for r in pair]
-        measured = measure_runners(interleaved, self.runs, self.warmup, self.rounds, alternate(len(groups)))
-        del runners, interleaved  # this map's sessions go before its files do
-        for leftover in (self.folder / f"map{self.maps}").iterdir():
-            leftover.unlink()
-        return {g.name: (measured[2 * i], measured[2 * i + 1]) for i, g in enumerate(groups)}
+            self.base = self._open(design.netlist, "base", flags[0]["base"], provider)
+        opened = []
+        for mapped, graphs in zip(maps, flags):
+            self.maps += 1
+            opened.append((self.maps, self._open(mapped, f"map{self.maps}", graphs["map"], provider)))
+        width = 1 + len(maps)
+        interleaved = [r for row in zip(self.base, *(runners for _, runners in opened)) for r in row]
+        measured = measure_runners(interleaved, self.runs, self.warmup, self.rounds, alternate(len(groups), width))
+        folders = [self.folder / f"map{i}" for i, _ in opened]
+        del opened, interleaved  # the maps' sessions go before their files do
+        for folder in folders:
+            for leftover in folder.iterdir():
+                leftover.unlink()
+        return {g.name: tuple(measured[width * i + j] for j in range(width)) for i, g in enumerate(groups)}
 
     def close(self) -> None:
         self.base = None  # the baseline's sessions, before the caller removes their files
@@ -278,64 +295,112 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), cuts[0], cuts[-1]
 
 
-def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dict[str, str], pairs: dict,
+def _figures(name: str, timing, problem: search.Problem, mapping: dict[str, str], a, b) -> GroupFigures:
+    """One group's figures for the map `mapping` (measurement b) against the design before it (a)."""
+    base = search.baseline(problem)
+    critical = timing.critical
+    budget = min(p.required - p.input_delay for p in timing.paths)
+    predicted = critical.arrival - critical.input_delay
+    delta = sum(problem.cost[name][c][mapping[c]] - problem.cost[name][c][base[c]] for c in problem.cells) \
+        if name in problem.cost else 0.0
+    ratio, lo, hi = _spread([mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0])
+    return GroupFigures(name, timing.weight, budget, predicted, predicted + delta, a.median, b.median, ratio, lo, hi)
+
+
+def sub_maps(problem: search.Problem, mapping: dict[str, str]) -> dict[str, dict[str, str]]:
+    """{precision: the map with only that precision's cells moved}, for a map of two or more low-bit precisions
+    (a single-precision map is its own measurement); in precision order."""
+    base = search.baseline(problem)
+    moved = sorted({p for c, p in mapping.items() if p != base[c]})
+    if len(moved) < 2:
+        return {}
+    return {p: {c: (q if q == p else base[c]) for c, q in mapping.items()} for p in moved}
+
+
+def _decide(deltas: list[float], reference: float) -> int:
+    """+1 when the map lowers a cost, -1 when it raises it, 0 when the rounds cannot tell. `deltas`: per round, the
+    baseline's cost less the map's. A sign test over the rounds that differ (a round with no difference, such as a
+    group the baseline happened to meet in that round, is a tie and drops out) at SIGN_P, and the mean change over all
+    rounds at least MIN_GAIN x `reference` (the baseline's value)."""
+    from scipy.stats import binomtest
+
+    wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+    if not wins + losses:
+        return 0
+    mean, floor = sum(deltas) / len(deltas), MIN_GAIN * reference
+    if binomtest(wins, wins + losses, alternative="greater").pvalue <= SIGN_P and mean >= floor:
+        return 1
+    if binomtest(losses, wins + losses, alternative="greater").pvalue <= SIGN_P and -mean >= floor:
+        return -1
+    return 0
+
+
+def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dict[str, str], measured: dict,
           load: tuple[float, float]) -> Round:
     """The round's figures and verdict (module docstring, 2). `design_timing`: {group: GroupTiming} of the design
-    before the map; `problem`: the tables the map was searched on (its predicted change)."""
+    before the map; `problem`: the tables the map was searched on (its predicted change); `measured`: {group:
+    (baseline, map, then one per sub_maps entry)}."""
     base = search.baseline(problem)
+    parts = sub_maps(problem, mapping)
     groups, lat_a, lat_b, ns_gain = [], [], [], []
-    for name, (a, b) in pairs.items():
+    split: dict[str, list[GroupFigures]] = {p: [] for p in parts}
+    for name, (a, b, *rest) in measured.items():
         timing = design_timing[name]
-        critical = timing.critical
-        budget = min(p.required - p.input_delay for p in timing.paths)
-        predicted = critical.arrival - critical.input_delay
-        delta = sum(problem.cost[name][c][mapping[c]] - problem.cost[name][c][base[c]] for c in problem.cells) \
-            if name in problem.cost else 0.0
-        ratio, lo, hi = _spread([mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0])
-        groups.append(GroupFigures(name, timing.weight, budget, predicted, predicted + delta, a.median, b.median,
-                                   ratio, lo, hi))
+        fig = _figures(name, timing, problem, mapping, a, b)
+        groups.append(fig)
+        for (p, part), m in zip(parts.items(), rest):
+            split[p].append(_figures(name, timing, problem, part, a, m))
         for r, (ma, mb) in enumerate(zip(a.round_medians, b.round_medians)):
             if r == len(lat_a):
                 lat_a.append(0.0), lat_b.append(0.0), ns_gain.append(0.0)
             lat_a[r] += timing.weight * ma
             lat_b[r] += timing.weight * mb
-            ns_gain[r] += timing.weight * (max(0.0, ma - budget) - max(0.0, mb - budget))
+            ns_gain[r] += timing.weight * (max(0.0, ma - fig.budget) - max(0.0, mb - fig.budget))
     ratio, lo, hi = _spread([b / a for a, b in zip(lat_a, lat_b) if a > 0])
     gain = _spread(ns_gain) if ns_gain else (0.0, 0.0, 0.0)
     rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, gain, False, "",
-                load, len(lat_a))
+                load, len(lat_a), split)
     slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
              " ms")
-    if gain[2] < 0:  # in nearly every round the map left more negative slack
+    latency = f"weighted latency x{ratio:.3f} [{lo:.3f}-{hi:.3f}]"
+    by_slack = _decide(ns_gain, rnd.negative_slack("base"))
+    by_latency = _decide([a - b for a, b in zip(lat_a, lat_b)], sum(lat_a) / max(1, len(lat_a)))
+    if by_slack < 0:
         rnd.verdict = f"rejected: the map's measured {slack} is worse in nearly every round"
-    elif lo > 1.0:
-        rnd.verdict = f"rejected: the map is measured slower (x{ratio:.3f}, slower in nearly every round)"
-    elif gain[1] > 0 or (hi < 1.0 and ratio <= 1.0 - MIN_GAIN):
+    elif by_slack > 0:
         rnd.kept = True
-        rnd.verdict = f"kept: the map is measured faster (x{ratio:.3f}; {slack})"
+        closes = "closes the miss" if rnd.negative_slack("map") <= 0 else "closes part of the miss"
+        rnd.verdict = f"kept: the map {closes} ({slack}, better in nearly every round; {latency})"
+    elif by_latency < 0:
+        rnd.verdict = f"rejected: the map is measured slower ({latency}, slower in nearly every round)"
+    elif by_latency > 0:
+        rnd.kept = True
+        rnd.verdict = f"kept: the map is measured faster ({latency}; {slack})"
     else:
-        rnd.verdict = (f"rejected: the map is no faster beyond the rounds' spread (x{ratio:.3f} [{lo:.3f}-{hi:.3f}]), "
-                       "so it would only add error")
+        rnd.verdict = (f"rejected: the map is no faster beyond the rounds' spread ({latency}), so it would only add "
+                       "error")
     return rnd
 
 
 def corrected(problem: search.Problem, rnd: Round) -> tuple[search.Problem, list[str]]:
-    """The tables back-annotated from a measured round (module docstring, 3), and one line per group saying how."""
-    precisions = set(rnd.moved.values())
+    """The tables back-annotated from a measured round (module docstring, 3), and one line per group and precision
+    saying how."""
     cost = {g: {c: dict(options) for c, options in rows.items()} for g, rows in problem.cost.items()}
     lines = []
-    for fig in rnd.groups:
-        if fig.group not in cost or abs(fig.predicted_delta) < DELTA_FLOOR:
-            continue
-        factor = fig.factor
-        for c, options in cost[fig.group].items():
-            base = options[problem.options[c][0]]
-            for p in precisions & set(options):
-                options[p] = base + factor * (options[p] - base)
-        lines.append(f"{fig.group} x{factor:+.2f}")
-    note = (f"tables back-annotated from round {rnd.index}: each group's change at {'/'.join(sorted(precisions))} "
-            f"scaled by its measured / predicted relative change ({', '.join(lines) or 'no group changed'}; 0: no "
-            "change told from the rounds' spread)")
+    for precision in sorted(set(rnd.moved.values())):
+        for fig in rnd.figures(precision):
+            if fig.group not in cost or abs(fig.predicted_delta) < DELTA_FLOOR:
+                continue
+            factor = fig.factor
+            for c, options in cost[fig.group].items():
+                if precision in options:
+                    base = options[problem.options[c][0]]
+                    options[precision] = base + factor * (options[precision] - base)
+            lines.append(f"{fig.group} {precision} x{factor:+.2f}")
+    split = " (each precision measured as its own sub-map)" if rnd.parts else ""
+    note = (f"tables back-annotated from round {rnd.index}: each group's change at each precision scaled by its "
+            f"measured / predicted relative change{split} ({', '.join(lines) or 'no group changed'}; 0: no change "
+            "told from the rounds' spread)")
     return search.Problem(**{**problem.__dict__, "cost": cost}), [note]
 
 
@@ -346,7 +411,8 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
     """Measure the map, keep it or back-annotate and re-search (`propose(problem) -> Outcome | None`: the search
     and the end-to-end check on corrected tables; None when no map passes). Returns the outcome the design takes
     and the tables it was searched on. Rows and notes go to `report` (an OptimizeReport: trace, notes, retime).
-    `measure(design, mapped, provider)`: the measuring function (default: a Bench kept across the rounds)."""
+    `measure(design, [mapped netlist, ...], provider)`: the measuring function (default: a Bench kept across the
+    rounds): the map, then its sub-maps per precision (sub_maps)."""
     base = search.baseline(problem)
     moved = {c: p for c, p in chosen.mapping.items() if p != base[c]}
     provider = target_provider(design.library)
@@ -376,9 +442,10 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
         tried.append(dict(current.mapping))
         design.log(f"optimize: measured re-timing round {index} on {provider}: the design before the map and with it")
         load0 = os.getloadavg()[0]
-        mapped = mapped_netlist(design.netlist, current.mapping)
+        maps = [current.mapping, *sub_maps(tables, current.mapping).values()]
         try:
-            pairs = {g: m for g, m in measure(design, mapped, provider).items() if g in timing}
+            pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
+                                              provider).items() if g in timing}
         except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
             report.notes.append(f"measured re-timing round {index} could not run on {provider}: "
                                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")

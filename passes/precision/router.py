@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from softsyn.timing.cost import FP8_MATMUL
+
 RULE = "moe_router"
 FLOOR = ("fp32", "fp16", "bf16")  # the precisions router cells may take
 MOE_OPS = {"MoE", "QMoE"}
@@ -21,7 +23,7 @@ def _logits_matmul(v: ir.Value | None) -> ir.Node | None:
     while v is not None and v.producer() is not None and v.producer().op_type == "Cast":
         v = v.producer().inputs[0]
     p = v.producer() if v is not None else None
-    return p if p is not None and p.op_type in ("MatMul", "Gemm", "MatMulNBits") else None
+    return p if p is not None and p.op_type in ("MatMul", "Gemm", "MatMulNBits", FP8_MATMUL) else None
 
 
 def router_cells(graph: ir.Graph) -> dict[str, list[ir.Node]]:

@@ -1,7 +1,7 @@
 """Sensitivity: the output error each cell adds at each candidate precision, measured and cached.
 
-Per cell: for each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser,
-softsyn.passes.precision.mapping.quantise_weight) on every path group's seeded scenario inputs
+Per cell: for each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser for
+int4/int8, the block-scaled e4m3 one for fp8: softsyn.passes.precision.mapping.quantise) on every path group's seeded scenario inputs
 (softsyn.runtime.inputs), and compared with the design as it stands: the error is verify's relative error,
 max|quantised - design| / max|design|, the worst over outputs and groups.
 Per role (`measure_per_role`, for designs too large to run cell by cell): the cells grouped by role (`roles`: the
@@ -12,7 +12,8 @@ from the plain projection it is named after), each group quantised at once per p
 
 Where: on the target's device when it is here (the CUDA provider for a CUDA library's design, when onnxruntime has
 it and a session opens), else on ORT CPU, through the CPU view verify uses (softsyn.runtime.gqa_view: the q/k norms a
-CUDA GroupQueryAttention absorbed, which ORT's CPU kernel refuses, run before it). Weights travel as ORT external
+CUDA GroupQueryAttention absorbed, which ORT's CPU kernel refuses, run before it; softsyn.runtime.fp8_view: the fp8
+weight cells, which have a CUDA kernel only, as their decode and a MatMul). Weights travel as ORT external
 initializers (numpy arrays the session reads), never in the protobuf: no 2 GB limit, no copy per run.
 
 Results are cached on disk under $SOFTSYN_CACHE/sensitivity by a content key (the design's source key, its cells
@@ -34,15 +35,21 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from softsyn.passes.precision.mapping import BLOCK, NBITS, Candidate, is_weightless, quantise_weight, weight_source
+from softsyn.passes.precision.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
+                                              weight_source)
 from softsyn.passes.precision.search import ESTIMATE_RULE, cell_error
+from softsyn.timing.cost import FP8_MATMUL as FP8_OP
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded
 # random weights quantise worse (zoo:qwen3-wide: 9.3e-2, 6.0e-3): docs/decisions/2026-12-01-compile-loop.md. Under
 # the RSS estimate (search.map_error) 8 % of a 10 % budget admits 9 int4 or ~2000 int8 cells of it (qwen3-1.7b's
 # plan: 8 int4 + 104 int8). A design with weights is measured (per cell, or per role when large), never given it.
-PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2}
+# fp8 (estimate, not measured on minilm: the CPU design is fp32, which the op does not take): the int8 prior times 5,
+# the fp8 / int8 error ratio rounded up (bench/results/fp8-sensitivity-2026-12-01.md: RMS weight error 4.8 on normal
+# and 3.3 on Student-t weights, e4m3 block 128 vs int8 block 32, where int4 / int8 reads 16 as the priors' 15; output
+# error per cell of seeded qwen3-tiny 2.6-5.6, median 3.8).
+PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2, "fp8": 7.0e-3}
 SEED = 0
 EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
 
@@ -66,6 +73,7 @@ def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell
                 "nodes": hashlib.sha256("|".join(f"{n.op_type}:{n.name}" for n in design.netlist.nodes())
                                         .encode()).hexdigest(),
                 "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED, "block": BLOCK,
+                **({"fp8_block": FP8_BLOCK} if any("fp8" in c.options for c in cands) else {}),
                 "ort": ort.__version__, "provider": provider, "mode": mode, "format": 2}
     key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return default_cache_dir() / "sensitivity" / f"{key}.json"
@@ -80,25 +88,17 @@ def _write_cache(path: Path, data: dict) -> None:
 
 def target_provider(design) -> str:
     """"cuda" for a CUDA library's design where onnxruntime's CUDA provider opens a session here, else "cpu"."""
-    import onnxruntime as ort
+    from softsyn.runtime.session import provider_opens
 
-    from softsyn.runtime.session import SessionSettings, open_session
+    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or not provider_opens("cuda"):
+        return "cpu"
+    return "cuda"
 
-    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or \
-            "CUDAExecutionProvider" not in ort.get_available_providers():
-        return "cpu"
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    probe = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
-                                   ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    ort.set_default_logger_severity(4)  # a CUDA provider without its libraries logs an error, then CPU would run it
-    try:
-        open_session(probe, SessionSettings(provider="cuda", log_severity=4))
-        return "cuda"
-    except Exception:  # noqa: BLE001 - no device, or no CUDA libraries: the CPU runs it
-        return "cpu"
-    finally:
-        ort.set_default_logger_severity(2)
+
+def host_array(array: np.ndarray) -> np.ndarray:
+    """An initializer's array as ORT's external initializers take it: float8 (ml_dtypes) as its bytes (uint8)."""
+    array = np.ascontiguousarray(array)
+    return array.view(np.uint8) if array.dtype.name.startswith("float8") else array
 
 
 def _stub(t: onnx.TensorProto) -> onnx.TensorProto:
@@ -123,7 +123,7 @@ class Runner:
         self.arrays: dict[str, tuple[int, np.ndarray]] = {}  # name -> (onnx elem type, array): external initializers
         for i, t in enumerate(proto.graph.initializer):
             if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) >= EXTERNAL_MIN:
-                self.arrays[t.name] = (t.data_type, np.ascontiguousarray(values[t.name].const_value.numpy()))
+                self.arrays[t.name] = (t.data_type, host_array(values[t.name].const_value.numpy()))
                 proto.graph.initializer[i].CopyFrom(_stub(t))
         self.proto = proto
         names = {t.name for t in proto.graph.initializer}
@@ -131,6 +131,7 @@ class Runner:
                            if n.op_type == "Transpose" and n.input and n.input[0] in names}
         self.feeds = {g.name: scenario_inputs(design.netlist, g.scenario.dims, seed=SEED) for g in design.groups}
         self.provider, self.where = provider or target_provider(design), ""
+        self.fp8_view = False
         if self.provider == "cuda":
             try:
                 self.where = "ORT CUDA"
@@ -145,6 +146,7 @@ class Runner:
         from softsyn.runtime.gqa_view import expand_qk_norms
 
         viewed = expand_qk_norms(self.proto)
+        self.fp8_view = True  # fp8 cells (the design's own, or a map's) run as their decode: no CPU kernel
         self.where = "ORT CPU" + (f" (CPU view: q/k norms outside {viewed} GroupQueryAttention nodes)" if viewed
                                   else "") + self.where
 
@@ -170,16 +172,16 @@ class Runner:
         index = self.index
         saved, added, external = {}, 0, dict(self.arrays)
         for name, precision in mapping.items():
-            if precision not in NBITS:
+            if precision not in QUANTISED:
                 continue
             i = index[name]
             node = graph.node[i]
-            qnode, inits = quantise_weight(name, self._weight(name), NBITS[precision])
+            qnode, inits = quantise(name, self._weight(name), precision)
             renamed = {t.name: f"{node.input[1]}.sens.{t.name}" for t in inits}
             for t in inits:
                 t.name = renamed[t.name]
                 if len(t.raw_data) >= EXTERNAL_MIN:
-                    external[t.name] = (t.data_type, onnx.numpy_helper.to_array(t))
+                    external[t.name] = (t.data_type, host_array(onnx.numpy_helper.to_array(t)))
                     t.CopyFrom(_stub(t))
             qnode.input[:] = [node.input[0]] + [renamed[x] for x in qnode.input[1:]]
             qnode.output[:] = list(node.output)
@@ -192,14 +194,20 @@ class Runner:
             self.proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
         used = {x for n in graph.node for x in n.input}
         external = {name: v for name, v in external.items() if name in used}  # ORT drops the unused before it reads
-        session = None
+        session, model = None, self.proto
+        if self.fp8_view and any(n.op_type == FP8_OP for n in graph.node):
+            from softsyn.runtime.fp8_view import expand_fp8_matmuls
+
+            model = onnx.ModelProto()
+            model.CopyFrom(self.proto)  # big weights are stubs: the copy is the graph
+            expand_fp8_matmuls(model, external)
         try:
-            session = open_session(self.proto, SessionSettings(provider=self.provider, log_severity=3), external)
+            session = open_session(model, SessionSettings(provider=self.provider, log_severity=3), external)
             return {g: session.run(None, feeds) for g, feeds in self.feeds.items()}
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise CannotRun(" ".join(str(exc).split())[:300]) from None
         finally:
-            del session, external  # one session (and one set of quantised weights) at a time
+            del session, external, model  # one session (and one set of quantised weights) at a time
             gc.collect()
             for i, node in saved.items():
                 graph.node[i].CopyFrom(node)
@@ -227,7 +235,8 @@ def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]],
     errors = {c.name: {c.current: 0.0, **{p: PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
     return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "
                     + ", ".join(f"{p} {e:.1e}" for p, e in PRIOR_ERROR.items())
-                    + " (the median per cell measured on the pretrained zoo:minilm, rounded up)")
+                    + " (int4/int8: the median per cell measured on the pretrained zoo:minilm, rounded up; fp8: the "
+                      "int8 prior times the fp8 / int8 weight error ratio)")
 
 
 def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[str, float]], str]:

@@ -16,6 +16,7 @@ Conventions that the size axes rely on (they are what cost.py computes for real 
 - MatMul with a weight initializer: m (rows = product of the output's leading dims), n, k.
 - MatMul of two activations (attention scores, attn x V): batch (product of the leading dims), m, n, k.
 - MatMulNBits: m, n, k, block (block_size); precision int4 / int8 by the `bits` attribute.
+- MatMulBlockQuantizedFp8Weight: m, n, k, block (block_size); precision fp8 (e4m3 weight [n, k], fp32 block scales).
 - MoE / QMoE: tokens, experts, k, hidden, inter (the summed width of one expert's matrices); weights per copy.
 - GroupQueryAttention / MultiHeadAttention: q_tokens, kv_len, heads, measured at batch 1 and a
   fixed head_dim (and kv_heads = heads / GQA_GROUP); batch and head_dim enter through the cell's
@@ -30,7 +31,7 @@ from typing import Callable
 from softsyn.characterize.cellgraph import BOOL, FP8, INT8, Ctx, Graph
 from softsyn.characterize.recipes import (
     GQA_GROUP, batched_matmul, bias_gelu, binary, cast, concat, dequantize, expand, gather, gather_nd, gemm, gqa,
-    matmul, matmul_nbits, mha, moe, norm, qmoe, range_op, reduce, reshape_like, rotary, shape_op, slice_op, softmax,
+    matmul, matmul_fp8, matmul_nbits, mha, moe, norm, qmoe, range_op, reduce, reshape_like, rotary, shape_op, slice_op, softmax,
     split, topk, transpose, unary, where)
 
 
@@ -162,6 +163,11 @@ def cell_kinds() -> list[CellKind]:
         ks.append(CellKind("MatMulNBits", p, ["m", "n", "k", "block"], NB, matmul_nbits(bits),
                            bytes_per_weight=bits / 8, discrete=("block",), notes=f"weight-only {bits}-bit, per-block scales, no zero "
                            "point, activations fp32 (CPU) / fp16 (CUDA)"))
+    # the CUDA provider's only fp8 weight matmul (ORT's CPU provider has no kernel for it); the MatMulNBits grid
+    ks.append(CellKind("MatMulBlockQuantizedFp8Weight", "fp8", ["m", "n", "k", "block"], NB, matmul_fp8,
+                       providers=("cuda",), bytes_per_weight=1, discrete=("block",),
+                       notes="weight-only block-scaled fp8 (e4m3fn B [n, k], fp32 scale per block along k), "
+                             "activations fp16, no a_scale, no bias"))
     ks.append(CellKind("DequantizeLinear", "fp8", A, EL, dequantize(FP8, "fp8"), bytes_per_weight=1,
                        notes="fp8 e4m3fn weight -> activation type (the Q/DQ form of an fp8 weight)"))
     ks.append(CellKind("DequantizeLinear", "int8", A, EL, dequantize(INT8, "int8"), bytes_per_weight=1))

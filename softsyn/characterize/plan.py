@@ -148,7 +148,8 @@ def _pool_errors(lib: dict) -> dict:
 # Graph tables (--graph, CUDA): the cells whose copies-measured delay is host-bound at decode sizes, re-measured as
 # CUDA graph replays at one row (a decode step's m / q_tokens), where the host share disappears. Their tables are
 # cells of implementation `<impl>GRAPH_SUFFIX`, which only a captured group's timing reads (Library.graph_delay).
-GRAPH_ROWS = {"MatMul": "m", "MatMulNBits": "m", "GroupQueryAttention": "q_tokens", "MultiHeadAttention": "q_tokens"}
+GRAPH_ROWS = {"MatMul": "m", "MatMulNBits": "m", "MatMulBlockQuantizedFp8Weight": "m", "GroupQueryAttention": "q_tokens",
+              "MultiHeadAttention": "q_tokens"}
 
 
 def graph_grids(kind: CellKind, grids: list[list[float]]) -> list[list[float]]:

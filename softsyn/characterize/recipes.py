@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from softsyn.characterize.cellgraph import (
-    BOOL, ELEM, FLOAT, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
+    BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
 
 GQA_GROUP = 2  # heads per KV head in the attention cells (tiny zoo: 4/2, Qwen3-1.7B: 16/8)
 
@@ -343,6 +343,22 @@ def matmul_nbits(bits: int):
         return Graph(nodes, {"a": (elem, data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)], inits,
                      ms_domain=True)
     return build
+
+
+def matmul_fp8(s, copies, ctx: Ctx) -> Graph:
+    """com.microsoft.MatMulBlockQuantizedFp8Weight, weight-only (no a_scale, no bias): a [m, k] in the activation
+    type @ B [n, k]^T, B float8e4m3fn and b_scale fp32 [n, ceil(k / block)], initializers per copy (as MatMulNBits)."""
+    elem = ELEM[ctx.act]
+    m, n, k, block = int(s["m"]), int(s["n"]), int(s["k"]), int(s["block"])
+    kb = (k + block - 1) // block
+    inits, nodes = [], []
+    for i in range(copies):
+        inits.append(Blob(f"B{i}", FP8, (n, k), i))
+        inits.append(Blob(f"S{i}", FLOAT, (n, kb), i, 0.01))
+        nodes.append(_node("MatMulBlockQuantizedFp8Weight", ["a", f"B{i}", f"S{i}"], [f"y{i}"], i, "com.microsoft",
+                           block_size=block))
+    return Graph(nodes, {"a": (elem, data((m, k), elem))}, [(f"y{i}", elem) for i in range(copies)], inits,
+                 ms_domain=True)
 
 
 def dequantize(qelem: int, precision: str):

@@ -97,7 +97,7 @@ def list_passes():
 @click.option("--quick", is_flag=True, help="small grid and few samples (CI: the CPU library in under 3 min).")
 @click.option("--note", help="status line recorded in the header (e.g. 'preliminary: shared, noisy machine').")
 @click.option("--graph", "cuda_graph", is_flag=True,
-              help="(cuda) graph tables: MatMul, MatMulNBits and attention at one row timed as CUDA graph replays, "
+              help="(cuda) graph tables: MatMul, MatMulNBits, MatMulBlockQuantizedFp8Weight and attention at one row timed as CUDA graph replays, "
                    "what a captured decode step's kernels cost (no host share).")
 @click.option("--list", "list_only", is_flag=True, help="list the cells and their grid/hold-out point counts; measure nothing.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="library YAML to write (resumed if it exists).")
@@ -107,7 +107,8 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, list_only, o
 
     \b
     For every cell the provider runs (MatMul/Gemm at each precision it
-    computes in, MatMulNBits int4/int8 at block 32/64/128, DequantizeLinear
+    computes in, MatMulNBits int4/int8 at block 32/64/128, on CUDA
+    MatMulBlockQuantizedFp8Weight fp8 at the same blocks, DequantizeLinear
     fp8/int8, GroupQueryAttention, MultiHeadAttention, the layer norms,
     RotaryEmbedding, Gelu variants, Gather, Softmax, element-wise ops,
     reductions, Transpose/Reshape/Concat/..., and the per-call overhead of a

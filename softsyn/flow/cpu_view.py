@@ -3,8 +3,10 @@
 The cuda target's GroupQueryAttention absorbs Qwen3's per-head q/k RMSNorms (inputs q_norm_weight and
 k_norm_weight): ORT runs that prologue on its CUDA and WebGPU providers only. The view computes the same
 function with ops the CPU provider has: the norms as SimplifiedLayerNormalization over each head's features,
-before the GQA node (which keeps its rotary), exactly the graph the fusion absorbed. Everything else is the
-compiled model as written; weights stay in its data file (the view is saved next to it and removed after load).
+before the GQA node (which keeps its rotary), exactly the graph the fusion absorbed. Its fp8 weight cells
+(MatMulBlockQuantizedFp8Weight, a CUDA-only kernel) become the fp8 decode, block scales and MatMul they compute
+(softsyn.runtime.fp8_view). Everything else is the compiled model as written; weights stay in its data file (the
+view is saved next to it and removed after load).
 """
 from __future__ import annotations
 
@@ -12,20 +14,36 @@ from pathlib import Path
 
 import onnx
 
+from softsyn.runtime.fp8_view import expand_fp8_matmuls
 from softsyn.runtime.gqa_view import expand_qk_norms
 
 
+def rewrite(proto: onnx.ModelProto) -> dict[str, int]:
+    """Apply the view's rewrites to `proto` in place: {"gqa": GroupQueryAttention nodes, "fp8": fp8 MatMuls}."""
+    return {"gqa": expand_qk_norms(proto), "fp8": expand_fp8_matmuls(proto)}
+
+
+def view_note(changed: dict[str, int]) -> str:
+    """What the view changed, for a provider line ("" when nothing)."""
+    parts = []
+    if changed.get("gqa"):
+        parts.append(f"q/k norms run outside {changed['gqa']} GroupQueryAttention nodes")
+    if changed.get("fp8"):
+        parts.append(f"{changed['fp8']} fp8 weight MatMuls decoded to MatMul")
+    return "; ".join(parts)
+
+
 def cpu_view_session(model_path: Path, options: dict | None = None):
-    """(CPU session, GQA nodes changed): the model at model_path, or its CPU view where it absorbed what only GPU
-    kernels run; the view file lives beside the weights only while the session loads. `options`: SessionOptions
-    attributes by name (runtime/session.json's)."""
+    """(CPU session, {rewrite: nodes changed}, see `rewrite`): the model at model_path, or its CPU view where it
+    absorbed what only GPU kernels run; the view file lives beside the weights only while the session loads.
+    `options`: SessionOptions attributes by name (runtime/session.json's)."""
     from softsyn.runtime.session import open_model
 
     model_path = Path(model_path)
     proto = onnx.load(str(model_path), load_external_data=False)
-    changed = expand_qk_norms(proto)
-    if not changed:
-        return open_model(model_path, "cpu", options), 0
+    changed = rewrite(proto)
+    if not any(changed.values()):
+        return open_model(model_path, "cpu", options), changed
     view = model_path.with_name(f".cpu-view-{model_path.name}")
     try:
         onnx.save(proto, str(view))

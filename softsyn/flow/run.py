@@ -46,7 +46,7 @@ class RunResult:
     cuda_graph: bool
     date: str
     generations: list[Generation] = field(default_factory=list)
-    viewed: int = 0  # GroupQueryAttention nodes run through the CPU view (a cuda artifact on the CPU)
+    viewed: int = 0  # nodes the CPU view rewrote (GQA's q/k norms, fp8 weight MatMuls: a cuda artifact on the CPU)
 
     @property
     def ttfts(self) -> list[float]:
@@ -136,7 +136,8 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     progress.log(f"loading {model} on {PROVIDERS[provider]}", enabled=show_progress)
     viewed = 0
     if provider == "cpu":  # a cuda artifact runs on the CPU as its CPU view (GQA's absorbed q/k norms moved out)
-        sess, viewed = cpu_view_session(model, so)
+        sess, changed = cpu_view_session(model, so)
+        viewed = sum(changed.values())
     else:
         sess = open_model(model, provider, so, cuda_graph=cuda_graph)
     max_length = (session.get("kv_cache") or {}).get("max_length")

@@ -80,8 +80,10 @@ def _scope_key(item):
 REFINE_ROUNDS = 2
 # Bytes per element of each kv_cache.dtype; int8/fp8 scales are not counted (one per head or tensor).
 KV_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-# Bytes per parameter of each weight precision; int8/int4 as MatMulNBits stores them (an fp16 scale per 32).
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 2 / 32, "int4": 0.5 + 2 / 32}
+# Bytes per parameter of each weight precision; int8/int4 as MatMulNBits stores them (an fp16 scale per 32), fp8 as
+# MatMulBlockQuantizedFp8Weight does (e4m3, an fp32 scale per 128: softsyn.passes.precision.mapping.FP8_BLOCK).
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 2 / 32, "fp8": 1.0 + 4 / 128,
+                "int4": 0.5 + 2 / 32}
 
 
 GQA_PAST_INPUTS = (3, 4)  # GroupQueryAttention's past_key / past_value inputs
@@ -288,7 +290,7 @@ def weight_options(area_kinds: list[AreaItem], allowed: list[str]) -> list[tuple
     dominant = max(weights, key=lambda k: k.bytes)
     out = [(dominant.name.split(" ", 1)[1], sum(k.bytes for k in weights) + constants)]
     built = dominant.bytes / dominant.count
-    for name in ("fp16", "bf16", "int8", "int4"):
+    for name in ("fp16", "bf16", "int8", "fp8", "int4"):
         size = WEIGHT_BYTES[name]
         if name in allowed and size < built and not (name == "bf16" and "fp16" in allowed):
             label = "fp16/bf16" if name == "fp16" and "bf16" in allowed else name

@@ -12,6 +12,7 @@ characterisation graphs on the same conventions):
 | MatMul, B of rank 2 (a weight), Gemm, FusedMatMul | m (product of the output's leading dims), n, k |
 | MatMul, B of rank >= 3 (two activations) | batch (product of the output's leading dims but the last two), m, n, k |
 | MatMulNBits | m, n, k, block (precision int4/int8 from `bits`) |
+| MatMulBlockQuantizedFp8Weight | m, n, k, block (precision fp8; B is [N, K], fp32 scales per block along K) |
 | GroupQueryAttention, MultiHeadAttention, Attention | batch, q_tokens, kv_len, heads, kv_heads, head_dim (tables: q_tokens x kv_len x heads; batch and head_dim by the cell's scale rule) |
 | MoE, QMoE | tokens, experts, k, hidden, inter |
 | reductions, Softmax, norms, TopK | elements = input elements |
@@ -53,10 +54,11 @@ PRECISION_BY_DTYPE = {
 }
 QUANTISED_CACHE = {ir.DataType.INT8: "int8", ir.DataType.FLOAT8E4M3FN: "fp8"}  # GQA past dtype -> cell precision
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
+FP8_MATMUL = "MatMulBlockQuantizedFp8Weight"  # com.microsoft's block-scaled fp8 (e4m3) weight-only MatMul
 MOE_OPS = {"MoE", "QMoE"}
 # Ops with a rule of their own in node_work; any other standard ONNX op counts 1 FLOP per output element.
 MODELLED = (VIEW_OPS | MOVE_OPS | set(PER_INPUT_ELEMENT) | set(PER_OUTPUT_ELEMENT) | ATTENTION_OPS | MOE_OPS
-            | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "QuantizeLinear", "DequantizeLinear",
+            | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", FP8_MATMUL, "QuantizeLinear", "DequantizeLinear",
                "DynamicQuantizeLinear", "Conv", "ConvTranspose", "Gather"})
 
 
@@ -100,13 +102,15 @@ def precision_of(node: ir.Node) -> str:
 
     MatMulNBits / QMoE: int4 or int8 from the `bits` / `expert_weight_bits` attribute (the packed weight
     is uint8 whatever the bit width). GroupQueryAttention with a quantised cache (kv_layout's int8 past/present):
-    the cache's dtype, its library cell GroupQueryAttention.int8 (fp16 activations). Ops without a float tensor (shape arithmetic on int64, bool logic)
-    are "fp32", the library's default precision for such cells.
+    the cache's dtype, its library cell GroupQueryAttention.int8 (fp16 activations). Ops without a float tensor
+    (shape arithmetic on int64, bool logic) are "fp32", the library's default precision for such cells.
     """
     if node.op_type == "MatMulNBits":
         return "int8" if node.attributes.get_int("bits", 4) == 8 else "int4"
     if node.op_type == "QMoE":
         return "int8" if node.attributes.get_int("expert_weight_bits", 4) == 8 else "int4"
+    if node.op_type == FP8_MATMUL:  # its fp32 scales are initializers too: the fp8 weight decides
+        return "fp8"
     if node.op_type == "GroupQueryAttention" and len(node.inputs) > 3 and node.inputs[3] is not None \
             and node.inputs[3].dtype in QUANTISED_CACHE:
         return QUANTISED_CACHE[node.inputs[3].dtype]
@@ -141,6 +145,8 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
         return _matmul(node, ins, shapes, in_bytes, out_bytes)
     if op == "MatMulNBits" and ins:
         return _matmul_nbits(node, ins, shapes, out_bytes)
+    if op == FP8_MATMUL and len(ins) >= 3:
+        return _matmul_fp8(node, ins, shapes, in_bytes, out_bytes)
     if op in ATTENTION_OPS and ins:
         return _attention(node, ins, shapes, in_bytes, out_bytes)
     if op in MOE_OPS and len(ins) >= 3:
@@ -202,6 +208,18 @@ def _matmul_nbits(node: ir.Node, ins: list[ir.Value], shapes: Shapes, out_bytes:
     zeros = blocks * bits / 8 if len(node.inputs) > 3 and node.inputs[3] is not None else 0.0
     return Work(2.0 * m * n * k, m * k * act + weight + scales + zeros + out_bytes,
                 {"m": m, "n": n, "k": k, "block": block})
+
+
+def _matmul_fp8(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
+    """Block-scaled fp8 weight MatMul: A [.., K] @ B[N, K]^T; bytes = its inputs (1 B per weight, fp32 scales)."""
+    a = shape_of(ins[0], shapes) or ()
+    b = shape_of(ins[1], shapes) or ()
+    if not a or len(b) != 2:
+        return Work(0.0, in_bytes + out_bytes, {})
+    n, k = b
+    m = numel(a[:-1]) if len(a) > 1 else 1
+    return Work(2.0 * m * n * k, in_bytes + out_bytes,
+                {"m": m, "n": n, "k": k, "block": node.attributes.get_int("block_size", 128)})
 
 
 def _attention(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:

@@ -27,9 +27,9 @@ import onnx_ir as ir
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
 from softsyn.timing.area import WEIGHT_BYTES, kv_cache_inputs
-from softsyn.timing.cost import ATTENTION_OPS, MOE_OPS, Work, numel, shape_of
+from softsyn.timing.cost import ATTENTION_OPS, FP8_MATMUL, MOE_OPS, Work, numel, shape_of
 
-WEIGHT_MATMULS = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
+WEIGHT_MATMULS = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul", FP8_MATMUL)
 RESIDUAL_JOINS = ("Add", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization")
 SKIP_SUM_OUTPUT = 3  # Skip*LayerNormalization's input + skip output: the residual stream after the join
 LOAD_TIME_OPS = ("Transpose", "Cast", "Reshape", "Identity", "DequantizeLinear", "Unsqueeze", "Squeeze")
@@ -214,8 +214,8 @@ def _share_weights(node: ir.Node, part: float, share: dict[str, float]) -> None:
 def _out_width(node: ir.Node, shape: tuple) -> int:
     if node.op_type == "MatMulNBits":
         return node.attributes.get_int("N", 0)
-    if node.op_type == "Gemm" and node.attributes.get_int("transB", 0):
-        return int(shape[0])
+    if (node.op_type == "Gemm" and node.attributes.get_int("transB", 0)) or node.op_type == FP8_MATMUL:
+        return int(shape[0])  # B laid out [N, K]
     return int(shape[-1])
 
 
