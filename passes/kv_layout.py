@@ -17,9 +17,10 @@ The KV dtype is GQA's activation type T (past, present, query share it): kv_cach
 the precision pass's fp16 map. kv_cache.dtype int8 on a GPU target is GQA's quantised cache: past/present int8,
 k_quant_type / v_quant_type PER_CHANNEL, kv_cache_bit_width 8 and fp32 k_scale / v_scale [kv_heads, head_dim] from a
 calibration run of the design (softsyn.runtime.kv_quant says why that scheme); ORT's CPU kernel runs the same cache,
-so every CPU check measures its error. fp8 is not applied (ORT CPU has no float8e4m3fn GQA kernel to measure it on,
-and ORT CUDA registers one only in builds with USE_FP8_KV_CACHE), nor int8 on a CPU target or a weightless plan
-(nothing to calibrate on); the report says so.
+so every CPU check measures its error. A weightless plan (no model written, nothing to calibrate on) gets the
+int8 cache with placeholder scales, for its timing and area, and the note says so. fp8 is not applied (ORT CPU has
+no float8e4m3fn GQA kernel to measure it on, and ORT CUDA registers one only in builds with USE_FP8_KV_CACHE), nor
+int8 on a CPU target; the report says so.
 Other reads of a past input are rewritten where their value does not depend on the cached length (a Shape of the
 batch dim reads input_ids instead; of a static dim, a constant); any other read refuses the pass.
 
@@ -188,17 +189,19 @@ def kv_dtype_note(requested: str | None, emitted: str | None, why: str = "") -> 
             f"type, {emitted}; set precision.default to change both)")
 
 
-def quantised_cache_problem(design, requested: str | None) -> str:
-    """Why kv_cache.dtype `requested` (int8 / fp8) cannot be realised as GQA's quantised cache here ("" if it can)."""
+def weightless(design) -> bool:
     from softsyn.passes.precision.mapping import is_weightless
 
+    return any(is_weightless(v) for v in design.netlist.model.graph.initializers.values())
+
+
+def quantised_cache_problem(design, requested: str | None) -> str:
+    """Why kv_cache.dtype `requested` (int8 / fp8) cannot be realised as GQA's quantised cache here ("" if it can)."""
     if requested == "fp8":
         return ("ORT CPU 1.31.1 has no float8e4m3fn GroupQueryAttention kernel to measure its error on, and ORT CUDA "
                 "registers one only when built with USE_FP8_KV_CACHE")
     if not design.library.is_gpu:
         return f"the target {design.library.name} is a CPU target; its GroupQueryAttention keeps an fp32 cache"
-    if any(is_weightless(v) for v in design.netlist.model.graph.initializers.values()):
-        return "a weightless plan: no weights to calibrate the K/V scales on"
     return ""
 
 
@@ -229,6 +232,13 @@ def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray,
             pair.append(channel_scales(written, rotary if kind == "key" else 0))
         scales[node.name] = (pair[0], pair[1])
     return scales, tokens
+
+
+def placeholder_scales(node: ir.Node) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-range scales [kv_heads, head_dim] for a node whose cache is timed, never run (a weightless plan)."""
+    kv_heads, head_dim = int(node.inputs[GQA_PAST["key"]].shape[1]), int(node.inputs[GQA_PAST["key"]].shape[3])
+    scale = np.full((kv_heads, head_dim), 1.0 / 127, np.float32)
+    return scale, scale.copy()
 
 
 def quantise_cache(graph: ir.Graph, nodes: list[ir.Node], scales: dict) -> None:
@@ -330,12 +340,16 @@ def run(design, last_token_logits: bool = True) -> PassResult:
             why = quantised_cache_problem(design, requested)
             if not why:
                 design.netlist_changed()  # the calibration binds the shared buffers' shapes
-                scales, tokens = calibrate(design, nodes)
+                if weightless(design):  # a plan writes no model: its scales only fill the inputs' place
+                    scales = {n.name: placeholder_scales(n) for n in nodes}
+                    how = "placeholder scales (a weightless plan: no weights to calibrate on; timing and area only)"
+                else:
+                    scales, tokens = calibrate(design, nodes)
+                    how = f"per-channel scales from {tokens} seeded calibration tokens"
                 quantise_cache(graph, nodes, scales)
                 counts["KV caches quantised"] = 2 * len(nodes)
                 measured = any(c.op == "GroupQueryAttention" and c.precision == "int8" for c in design.library.cells)
-                why = (f"GroupQueryAttention's quantised cache, per-channel scales from {tokens} seeded calibration "
-                       f"tokens; timed by " + ("the library's GroupQueryAttention.int8 cell" if measured else
+                why = (f"GroupQueryAttention's quantised cache, {how}; timed by " + ("the library's GroupQueryAttention.int8 cell" if measured else
                                                "a roofline estimate (est): the library has no GroupQueryAttention.int8 "
                                                "cell yet"))
         emitted = DTYPE_NAME.get(nodes[0].inputs[GQA_PAST["key"]].dtype)

@@ -64,20 +64,17 @@ def fp16_design(cache_dir, tmp_path_factory):
     """qwen3-tiny after the low script on the cuda target: an fp16 shared buffer of 1024 positions."""
     path = tmp_path_factory.mktemp("kv-moves") / "c.yaml"
     path.write_text(TINY.format(area="1GiB"))
-
-    def make():
-        design = Design.load("zoo:qwen3-tiny", path, cache_dir=cache_dir, progress=False, materialize=True)
-        for step in LOW.steps:
-            run_pass(design, step.pass_name, dict(step.options))
-        return design
-    return make
+    design = Design.load("zoo:qwen3-tiny", path, cache_dir=cache_dir, progress=False, materialize=True)
+    for step in LOW.steps:
+        run_pass(design, step.pass_name, dict(step.options))
+    return design
 
 
-def with_int8_cell(design, factor: float):
-    """The library with fake GroupQueryAttention.int8 cells: the fp16 tables (eager and graph) x `factor`."""
+def with_int8_cell(design, library, factor: float):
+    """`library` with fake GroupQueryAttention.int8 cells: the fp16 tables (eager and graph) x `factor`."""
     fake = [dataclasses.replace(c, precision="int8", delays=None, _flat=[d * factor for d in c._flat])
-            for c in design.library.cells if c.op == "GroupQueryAttention" and c.precision == "fp16"]
-    design.library = dataclasses.replace(design.library, cells=fake + list(design.library.cells))
+            for c in library.cells if c.op == "GroupQueryAttention" and c.precision == "fp16"]
+    design.library = dataclasses.replace(library, cells=fake + list(library.cells))
     design.netlist_changed()
 
 
@@ -86,29 +83,25 @@ def gqa_ports(design):
     return node, {node.inputs[3].dtype, node.inputs[4].dtype, node.outputs[1].dtype, node.outputs[2].dtype}
 
 
-@pytest.mark.parametrize("factor, kept", [(0.5, True), (2.0, False)])
-def test_dtype_move_keeps_a_faster_int8_cache_and_rejects_a_slower_one(fp16_design, factor, kept):
-    design = fp16_design()
+def test_dtype_move_decides_on_the_tables_and_the_measured_error(fp16_design):
+    """On one design, in turn: an int8 cell slower than fp16 (rejected, the fp16 cache restored), a faster one under a
+    budget its measured error exceeds (rejected), a faster one within the budget (kept, its error reported)."""
+    design, library = fp16_design, fp16_design.library
     assert kv_moves.dtype_blocker(design).startswith("library h200-ort-cuda has no GroupQueryAttention.int8")
-    with_int8_cell(design, factor)
-    assert kv_moves.dtype_blocker(design) == ""
-    rows = []
-    move, _ = kv_moves.dtype_move(design, design.analyze(tp_plan=False), lambda p, a: rows.append(p), 1.8e-2, 0.0)
-    assert rows == ["opt.kv.dtype"] and move.kept is kept and 0 < move.error < 1.8e-2
-    node, dtypes = gqa_ports(design)
-    if kept:
-        assert dtypes == {ir.DataType.INT8} and node.attributes["kv_cache_bit_width"].value == 8
-        assert design.pass_reports["kv_layout"].kv_dtype == "int8" and move.realised == "int8"
-    else:
-        assert dtypes == {ir.DataType.FLOAT16} and "kv_cache_bit_width" not in node.attributes
-        assert all(v is None for v in node.inputs[12:14]) and "rejected (no lower cost" in move.why
-        assert not any(name.endswith("_k_scale") for name in design.netlist.model.graph.initializers)
-
-
-def test_dtype_move_over_the_budget_is_rejected(fp16_design):
-    design = fp16_design()
-    with_int8_cell(design, 0.5)
-    move, _ = kv_moves.dtype_move(design, design.analyze(tp_plan=False), lambda p, a: None, 1e-5, 0.0)
-    assert not move.kept and "over the accuracy budget" in move.why
-    assert gqa_ports(design)[1] == {ir.DataType.FLOAT16}
-
+    for factor, budget, kept, why in ((2.0, 1.8e-2, False, "rejected (no lower cost"),
+                                      (0.5, 1e-5, False, "rejected (over the accuracy budget)"),
+                                      (0.5, 1.8e-2, True, "kept: error")):
+        with_int8_cell(design, library, factor)
+        assert kv_moves.dtype_blocker(design) == ""
+        rows = []
+        move, _ = kv_moves.dtype_move(design, design.analyze(tp_plan=False), lambda p, a: rows.append(p), budget, 0.0)
+        assert rows == ["opt.kv.dtype"] and move.kept is kept and move.why.startswith(why)
+        assert 0 < move.error < 1.8e-2
+        node, dtypes = gqa_ports(design)
+        if kept:
+            assert dtypes == {ir.DataType.INT8} and node.attributes["kv_cache_bit_width"].value == 8
+            assert design.pass_reports["kv_layout"].kv_dtype == "int8" and move.realised == "int8"
+        else:
+            assert dtypes == {ir.DataType.FLOAT16} and "kv_cache_bit_width" not in node.attributes
+            assert all(v is None for v in node.inputs[12:14])
+            assert not any(name.endswith("_k_scale") for name in design.netlist.model.graph.initializers)

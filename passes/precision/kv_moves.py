@@ -116,6 +116,8 @@ def dtype_blocker(design) -> str:
     problem = kv_layout.quantised_cache_problem(design, "int8")
     if problem:
         return problem
+    if kv_layout.weightless(design):
+        return "a weightless plan: no weights to measure the int8 cache's error on"
     if not any(c.op == "GroupQueryAttention" and c.precision == "int8" for c in design.library.cells):
         return (f"library {design.library.name} has no GroupQueryAttention.int8 cell (softsyn characterize --cells "
                 f"GroupQueryAttention.int8 measures it)")
