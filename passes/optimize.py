@@ -236,6 +236,9 @@ def kv_step(design, report: OptimizeReport, budget: float, map_error: float, are
                                      kv_moves.loop_cost(analysis).rules, analysis.area.total - area0,
                                      worst.name if worst is not None and worst.wns < 0 else ""))
 
+    layout = design.pass_reports.get("kv_layout")
+    if layout is None or not layout.applied:
+        return {}  # no shared KV buffer: neither move has anything to change (and no re-timing is spent)
     analysis = design.analyze(tp_plan=False)
     move, analysis = kv_moves.length_move(design, analysis, row)
     if move is not None:

@@ -183,3 +183,19 @@ def test_a_weightless_plan_gets_the_int8_cache_with_placeholder_scales(cache_dir
     assert gqa and all(p.cell.startswith("GroupQueryAttention.int8") and p.source == "est" for p in gqa)
     node = next(n for n in design.netlist.model.graph if n.op_type == "GroupQueryAttention")
     assert np.allclose(node.inputs[12].const_value.numpy(), 1 / INT8_MAX)
+
+
+def test_where_the_int8_cache_cannot_be_realised_the_note_says_why():
+    from types import SimpleNamespace
+
+    from softsyn import passes
+
+    passes.load_all()  # fuse before kv_layout: the two import each other
+    from softsyn.passes.kv_layout import kv_dtype_note, quantised_cache_problem
+
+    cpu = SimpleNamespace(library=SimpleNamespace(is_gpu=False, name="cpu-ort"))
+    why = quantised_cache_problem(cpu, "int8")
+    assert kv_dtype_note("int8", "fp32", why) == ("kv_cache.dtype int8: not applied (the target cpu-ort is a CPU "
+                                                  "target; its GroupQueryAttention keeps an fp32 cache); the KV "
+                                                  "cache stays fp32")
+    assert "USE_FP8_KV_CACHE" in kv_dtype_note("fp8", "fp16", quantised_cache_problem(cpu, "fp8"))
