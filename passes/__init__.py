@@ -80,9 +80,11 @@ HIGH = Effort("high", "low, then the exact per-cell precision map (an ILP over a
 ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack allows, to win back accuracy; the map "
                "measured on the target device when it is present", LOW.steps + (
     Step("optimize", "exact map, then recovery: cells raised back, largest error first, where every group keeps "
-         "its slack and stays within medium's latency; then measured re-timing where the target's provider runs: "
-         "the map kept only if measured faster, else the tables back-annotated and searched again (3 rounds at most)",
-         (("search_mode", "ultra"), ("max_steps", 200), ("retime", True))),
+         "its slack and stays within medium's latency; a map still missing a clock whose end-to-end check read well "
+         "under its estimate searched once more on errors calibrated by that check; then measured re-timing where "
+         "the target's provider runs: the map kept only if measured better in the cost order (negative slack, then "
+         "latency), else the tables back-annotated and searched again (3 rounds at most)",
+         (("search_mode", "ultra"), ("max_steps", 200), ("calibrate", True), ("retime", True))),
 ))
 EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW, MEDIUM, HIGH, ULTRA)}
 

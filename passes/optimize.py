@@ -8,7 +8,10 @@ map end to end (the design with the whole map quantised, run on the target's dev
 against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
 with half the estimate's budget (at most ATTEMPTS times), then the design keeps its precision; the log says why.
 
-Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap), `retime`
+Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the greedy and recovery cap), `calibrate`
+(ultra: when a map still misses a clock and its end-to-end check measured well under its estimate, every cell's
+error is scaled by measured / estimated and the map searched once more on those calibrated errors, checked end to
+end again; the estimate is a bound built to over-read, 1.2-7x for a plain sum, `calibrated_search`), `retime`
 (ultra: a kept map is measured against the design before it on the target's provider, when it runs here, and the
 tables back-annotated and searched again if the map is no faster: softsyn.passes.precision.retime).
 The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
@@ -27,6 +30,7 @@ from softsyn.passes.precision import search, sensitivity
 from softsyn.timing.cost import precision_of
 
 ATTEMPTS = 3  # end-to-end checks before the design keeps its precision
+CALIBRATE_BELOW = 0.8  # ultra: a check reading under this share of its estimate calibrates the errors (once)
 ESTIMATE_SHARE = 0.8  # the estimate (search.map_error) may use this share of the accuracy budget ...
 CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
 MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours: measured per role instead (labelled)
@@ -134,7 +138,8 @@ def prune(design, cands) -> tuple[list, list[str], dict]:
 
 @register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits or fp8 weights where the library says "
                       "it is faster, under the accuracy and area budgets")
-def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool = False) -> PassResult:
+def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool = False,
+        calibrate: bool = False) -> PassResult:
     start = time.perf_counter()
     budget = accuracy_budget(design)
     area0 = start_area(design)
@@ -160,9 +165,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
     state = {"share": ESTIMATE_SHARE, "runner": None}
 
-    def propose(tables: search.Problem) -> search.Outcome | None:
-        """The effort's map on `tables`, checked end to end (ATTEMPTS times at most); None when every map fails."""
-        for attempt in range(1, ATTEMPTS + 1):
+    def propose(tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
+        """The effort's map on `tables`, checked end to end (`attempts` times at most); None when every map fails."""
+        for attempt in range(1, attempts + 1):
             outcome = search_map(search.Problem(**{**tables.__dict__, "budget": budget * state["share"]}),
                                  search_mode, max_steps, report)
             moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
@@ -190,6 +195,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     if chosen is None:
         report.notes.append("every map failed the end-to-end check: the design keeps its precision")
         chosen = search.outcome(problem, search.baseline(problem), [])
+    elif calibrate and report.checked_error is not None:
+        chosen, problem = calibrated_search(problem, chosen, report, lambda tables: propose(tables, attempts=1))
+        report.problem = problem
     if retime and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
         chosen, problem = measured.retime(design, problem, chosen, propose, report)
         report.problem = problem  # the back-annotated tables, if a round corrected them (suggestions read them)
@@ -251,6 +259,37 @@ def kv_step(design, report: OptimizeReport, budget: float, map_error: float, are
         report.notes.append(line)
         design.log(f"optimize: {line}")
     return {m.phase: 1 for m in report.kv if m.kept}
+
+
+def calibrated_search(problem: search.Problem, chosen: search.Outcome, report: OptimizeReport,
+                      propose) -> tuple[search.Outcome, search.Problem]:
+    """Ultra's one calibration (module docstring, `calibrate`): a map that still misses a clock and whose end-to-end
+    check (report.checked_error) read under CALIBRATE_BELOW of its estimate is searched once more with every cell's
+    error scaled by measured / estimated; `propose(tables)` searches and checks it (None: its check failed). The
+    calibrated map is taken only if its check passed and it costs less on the calibrated tables; else the first map
+    stays, with its own check. Returns the outcome and the tables it stands on."""
+    measured = report.checked_error
+    if chosen.cost.violation <= 0 or not chosen.error or measured >= CALIBRATE_BELOW * chosen.error:
+        return chosen, problem
+    ratio = measured / chosen.error
+    scaled = search.Problem(**{**problem.__dict__, "error": {c: {p: e * ratio for p, e in options.items()}
+                                                             for c, options in problem.error.items()}})
+    report.notes.append(f"calibration: the map still misses a clock and its check measured {measured:.3e} against the "
+                        f"estimate {chosen.error:.3e}: every cell's error scaled by x{ratio:.2f}, searched once more")
+    first = search.outcome(scaled, chosen.mapping, chosen.steps)
+    second = propose(scaled)
+    if second is None or second.mapping == chosen.mapping or not second.cost < first.cost:
+        why = ("its map failed the end-to-end check" if second is None else
+               "it found the same map" if second.mapping == chosen.mapping else "its map costs no less")
+        report.notes.append(f"calibration: the first map kept ({why})")
+        report.checked_error = measured
+        return chosen, problem
+    cells = sum(1 for c, p in second.mapping.items() if p != problem.options[c][0])
+    report.notes.append(f"calibration: the calibrated map kept ({cells} cells moved; its check measured "
+                        f"{report.checked_error:.3e}); the tables' errors stay calibrated for what follows")
+    report.sensitivity += f"; calibrated x{ratio:.2f} by the end-to-end check"
+    report.trace.append(_trace(scaled, second.mapping, "opt.calibrated"))
+    return second, scaled
 
 
 def sensitivities(design, cands) -> tuple[dict, str, bool]:

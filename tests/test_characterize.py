@@ -340,3 +340,26 @@ def test_cells_that_cannot_chain_run_as_arena_intermediates():
     assert cell_graph(add, {"elements": 64}, 4, cpu).form == "chain"
     gpu = Ctx(provider="cuda", row=1024, head_dim=128, act="fp16", form="copies", precision="fp32")
     assert cell_graph(concat, {"elements": 64}, 4, gpu).form == "copies"
+
+
+def test_attention_cells_update_their_kv_buffer_in_place():
+    """GroupQueryAttention's cell binds present to past (Graph.aliases), as a compiled artifact binds its shared KV
+    buffer: the kernel writes the new position into the one buffer instead of copying the cache into a second one
+    (which timed the H200's decode attention at 2x). Each runner owns its aliased buffer (the runs write it)."""
+    import numpy as np
+
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.recipes import gqa
+    from softsyn.characterize.runner import Runner
+
+    ctx = Ctx(provider="cpu", row=256, head_dim=32, act="fp32", form="copies", precision="fp32")
+    g = gqa("fp32")({"q_tokens": 1, "kv_len": 64, "heads": 4}, 2, ctx)
+    assert g.aliases == {"pk0": "past_key", "pv0": "past_value", "pk1": "past_key", "pv1": "past_value"}
+    uploaded: dict = {}
+    runner, other = Runner(g, "cpu", uploaded), Runner(g, "cpu", uploaded)
+    runner()
+    bound = dict(zip([*g.inputs, *(n for n, _ in g.outputs)], runner.keep))
+    assert bound["pk0"] is bound["past_key"] and bound["pv1"] is bound["past_value"]
+    assert bound["past_key"] is not dict(zip([*g.inputs, *(n for n, _ in g.outputs)], other.keep))["past_key"]
+    past = bound["past_key"].numpy()  # the new token's key landed at position kv_len - 1 of the one buffer
+    np.testing.assert_allclose(past[0, :, -1, :], g.inputs["key"][1].reshape(2, 32), rtol=1e-6)

@@ -266,3 +266,55 @@ def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_pa
     assert any(c.realised in ("int4", "int8") for c in report.cells)
     assert GPU_SPEED_UNMEASURED in report.notes
     assert GPU_SPEED_UNMEASURED in report_precision(report, "qwen3-tiny", "h200-ort-cuda")
+
+
+def _calibration_problem():
+    """Four cells whose int4 saves 5 us each on a decode that misses by 15 us; at 0.15 error each the estimate
+    (RSS x1.25) admits one cell under a 0.25 budget, at half that error the three that meet the clock and more."""
+    from softsyn.passes.precision import search
+
+    cells = ("a", "b", "c", "d")
+    return search.Problem(cells, {c: ("fp16", "int4") for c in cells},
+                          {"decode": {c: {"fp16": 10e-6, "int4": 5e-6} for c in cells}}, {"decode": -15e-6},
+                          {"decode": 1.0}, {c: {"fp16": 0.0, "int4": 0.15} for c in cells},
+                          {c: {"fp16": 2.0, "int4": 0.5} for c in cells}, 0.25)
+
+
+def test_ultra_calibrates_the_errors_by_a_check_that_read_well_under_the_estimate():
+    from softsyn.passes import effort
+    from softsyn.passes.optimize import OptimizeReport, calibrated_search
+    from softsyn.passes.precision import search
+
+    (step,) = [s for s in effort("ultra").steps if s.pass_name == "optimize"]
+    assert dict(step.options)["calibrate"] is True
+    assert all("calibrate" not in dict(s.options) for e in ("medium", "high") for s in effort(e).steps)
+    problem = _calibration_problem()
+    first = search.ilp(problem)
+    assert sum(p == "int4" for p in first.mapping.values()) == 1 and first.cost.violation > 0
+    checks = []
+
+    def propose(tables):  # the search, and a check that measures half the estimate
+        out = search.ilp(tables)
+        checks.append(out.mapping)
+        report.checked_error = 0.5 * search.map_error(problem.error[c][p] for c, p in out.mapping.items())
+        return out
+
+    report = OptimizeReport("ultra", "measured", 0.25)
+    report.checked_error = 0.5 * first.error
+    chosen, tables = calibrated_search(problem, first, report, propose)
+    assert sum(p == "int4" for p in chosen.mapping.values()) >= 3 and chosen.cost.violation == 0  # met
+    assert tables.error["a"]["int4"] == pytest.approx(0.075) and problem.error["a"]["int4"] == 0.15
+    assert len(checks) == 1 and report.trace[-1].phase == "opt.calibrated"
+    assert "scaled by x0.50" in report.notes[0] and report.notes[-1].startswith("calibration: the calibrated map kept")
+    assert report.sensitivity.endswith("calibrated x0.50 by the end-to-end check")
+
+    # a check close to its estimate, or a met design: nothing to calibrate
+    report = OptimizeReport("ultra", "measured", 0.25)
+    report.checked_error = 0.9 * first.error
+    assert calibrated_search(problem, first, report, propose) == (first, problem) and not report.notes
+    # the calibrated map fails its check: the first stays, with its own check's figure
+    report = OptimizeReport("ultra", "measured", 0.25)
+    report.checked_error = 0.5 * first.error
+    chosen, tables = calibrated_search(problem, first, report, lambda tables: None)
+    assert (chosen, tables) == (first, problem) and report.checked_error == 0.5 * first.error
+    assert report.notes[-1] == "calibration: the first map kept (its map failed the end-to-end check)"

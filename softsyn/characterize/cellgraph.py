@@ -44,6 +44,9 @@ class Graph:
     opset: int = OPSET
     optimize: bool = True  # False: session without graph rewrites (chains ORT would fold: Reshape pairs, ...)
     form: str = "copies"  # independent "copies", or the "chain" / "intermediates" form chained() / intermediates() make
+    # output -> the input whose buffer it is bound to: a cache the kernel updates in place, as an artifact's shared
+    # KV buffer is bound (GroupQueryAttention copies past into present when they are two buffers)
+    aliases: dict = field(default_factory=dict)
 
 
 def _rng(seed=0):
@@ -172,7 +175,8 @@ def chained(g: Graph, src: str, optimize: bool = True) -> Graph:
         nodes[i].input[:] = [prev if n == src else n for n in ins]
     last = nodes[-1].output[0]
     outs = [(n, e) for n, e in g.outputs if n == last]
-    return Graph(nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize, form="chain")
+    return Graph(nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize, form="chain",
+                 aliases={o: i for o, i in g.aliases.items() if o == last})
 
 
 def intermediates(g: Graph) -> Graph:
@@ -184,4 +188,4 @@ def intermediates(g: Graph) -> Graph:
     last = set(g.nodes[-1].output)
     outs = [(n, e) for n, e in g.outputs if n in last]
     return Graph(g.nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize=False,
-                 form="intermediates")
+                 form="intermediates", aliases={o: i for o, i in g.aliases.items() if o in last})

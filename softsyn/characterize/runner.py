@@ -99,13 +99,18 @@ class Runner(BoundRunner):
                          ort.RunOptions())
         device = device_of(provider)
         uploaded = {} if uploaded is None else uploaded
+        values = {}
         for name, (elem, arr) in graph.inputs.items():
             dev = "cpu" if name in graph.cpu_inputs else device
-            # a device-only allocation (a shape) is the same input only under the same name
+            # a device-only allocation (a shape) is the same input only under the same name; an input an output
+            # aliases is written by the runs: never shared with another runner
             key = (name, arr, dev) if isinstance(arr, tuple) else (id(arr), dev)
+            if name in graph.aliases.values():
+                key = (key, id(self))
             if key not in uploaded:  # the array is kept: its id stays unique
                 uploaded[key] = (arr, empty(arr, elem, dev) if isinstance(arr, tuple) else to_device(arr, dev))
-            self.bind_input(name, uploaded[key][1])
+            values[name] = uploaded[key][1]
+            self.bind_input(name, values[name])
         # output shapes: on the CPU from one plain run (numpy feeds, not timed); on CUDA, or where an input has no
         # numpy form (bf16, device-only weights), from one run with ORT-allocated outputs (no host copies of the
         # inputs or outputs); then preallocated and bound
@@ -119,7 +124,8 @@ class Runner(BoundRunner):
             shapes = {name: tuple(v.shape()) for (name, _), v in zip(graph.outputs, self.binding.get_outputs())}
             self.binding.clear_binding_outputs()
         for name, elem in graph.outputs:
-            self.bind_output(name, empty(shapes[name], elem, device))
+            self.bind_output(name, values[graph.aliases[name]] if name in graph.aliases else
+                             empty(shapes[name], elem, device))
         if cuda_graph:
             # a graph replays the addresses of its capture: a session of its own whose first call (the first timed
             # warm-up) captures on the buffers bound above, which every later call replays
