@@ -199,3 +199,22 @@ def test_where_the_int8_cache_cannot_be_realised_the_note_says_why():
                                                   "target; its GroupQueryAttention keeps an fp32 cache); the KV "
                                                   "cache stays fp32")
     assert "USE_FP8_KV_CACHE" in kv_dtype_note("fp8", "fp16", quantised_cache_problem(cpu, "fp8"))
+
+
+def test_the_int8_cell_recipe_updates_its_int8_buffer_in_place():
+    """The GroupQueryAttention.int8 cell's graph (what `softsyn characterize --cells GroupQueryAttention.int8` times)
+    binds present to past like the fp16 cell, and its kernel stores the new key quantised in the one int8 buffer."""
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import Ctx
+    from softsyn.characterize.runner import Runner
+
+    kind = next(k for k in cell_kinds() if k.key == "GroupQueryAttention.int8")
+    assert kind.providers == ("cuda",) and kind.axes == ["q_tokens", "kv_len", "heads"]
+    g = kind.build({"q_tokens": 1, "kv_len": 64, "heads": 4}, 2, Ctx("cpu", 256, 32, "fp16", "int8"))
+    runner = Runner(g, "cpu", {})
+    runner()
+    bound = dict(zip([*g.inputs, *(n for n, _ in g.outputs)], runner.keep))
+    assert bound["pk0"] is bound["past_key"] and bound["past_key"].numpy().dtype == np.int8
+    key = g.inputs["key"][1].reshape(1, 2, 1, 32)  # [batch, kv_heads, 1, head_dim]
+    scale = onnx.numpy_helper.to_array(next(t for t in g.inits if t.name == "k_scale"))
+    assert (bound["past_key"].numpy()[:, :, -1:, :] == quantise(key, scale)).all()
