@@ -16,6 +16,9 @@
 #                        EAGER (a --cells pattern) characterised, then those matching GRAPH (if not "-") as graph tables
 #                        (--graph); AGAIN=1 measures them again though the library has them (a recipe changed); later
 #                        steps put the result in the tree's library first, as after graphcells
+#   kvint8               bench/kv_int8.py --provider cuda (the int8 GQA cache on CUDA against ORT CPU's, the fp8 cache
+#                        probe, decode fp16 vs int8), then qwen3-tiny compiled with kv_cache.dtype int8 (tiny-h200.yaml),
+#                        verified, run and signed off on cuda
 #   drift [S]            bench/launch_drift.py: the host's launch overhead and probe sampled for S seconds (120)
 #   peers [MODEL]        bench/compare_peers.py --provider cuda on MODEL (qwen3-1.7b) with the genai builder; brings back
 #                        the table and the compiled artifact's fusion report
@@ -144,6 +147,20 @@ tiny)
         grep -v "No registered plugin EP"
     softsyn signoff /tmp/tiny-h200 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
     cp /tmp/tiny-h200/reports/signoff.rpt "$OUT/tiny-signoff.rpt" 2>/dev/null || true ;;
+kvint8)
+    softsyn_install
+    python3 bench/kv_int8.py --provider cuda -o "$OUT/kv-int8-h200.json" 2>&1 | grep -v "No registered plugin EP"
+    rm -rf /tmp/tiny-h200-int8
+    sed 's/dtype: fp16/dtype: int8/' constraints/tiny-h200.yaml > /tmp/tiny-h200-int8.yaml
+    softsyn compile zoo:qwen3-tiny -c /tmp/tiny-h200-int8.yaml --effort low -o /tmp/tiny-h200-int8 -q \
+        > "$OUT/tiny-int8-compile.log" || true
+    set +e
+    softsyn verify /tmp/tiny-h200-int8 2>&1 | tail -16 | grep -v "No registered plugin EP"
+    softsyn run /tmp/tiny-h200-int8 --prompt-len 128 --gen 64 --runs 5 --provider cuda 2>&1 |
+        tee "$OUT/tiny-int8-run.txt" | tail -8 | grep -v "No registered plugin EP"
+    softsyn signoff /tmp/tiny-h200-int8 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
+    set -e
+    cp /tmp/tiny-h200-int8/reports/signoff.rpt "$OUT/tiny-int8-signoff.rpt" 2>/dev/null || true ;;
 loop)
     # in the foreground: the device tool ends a call's processes with the call (a nohup'd compile of 2026-12-01 died
     # at its call's end), so the compile has one call (timeout S, 580) and `signoff NAME` the next

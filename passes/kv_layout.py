@@ -14,7 +14,13 @@ builder emits for `past_present_share_buffer`:
   hold every timed scenario's past + seq.
 
 The KV dtype is GQA's activation type T (past, present, query share it): kv_cache.dtype fp16/bf16 is realised by
-the precision pass's fp16 map; int8/fp8 KV (GQA's quantised-cache inputs) is not applied, and the report says so.
+the precision pass's fp16 map. kv_cache.dtype int8 on a GPU target is GQA's quantised cache: past/present int8,
+k_quant_type / v_quant_type PER_CHANNEL, kv_cache_bit_width 8 and fp32 k_scale / v_scale [kv_heads, head_dim] from a
+calibration run of the design (softsyn.runtime.kv_quant says why that scheme); ORT's CPU kernel runs the same cache,
+so every CPU check measures its error. A weightless plan (no model written, nothing to calibrate on) gets the
+int8 cache with placeholder scales, for its timing and area, and the note says so. fp8 is not applied (ORT CPU has
+no float8e4m3fn GQA kernel to measure it on, and ORT CUDA registers one only in builds with USE_FP8_KV_CACHE), nor
+int8 on a CPU target; the report says so.
 Other reads of a past input are rewritten where their value does not depend on the cached length (a Shape of the
 batch dim reads input_ids instead; of a static dim, a constant); any other read refuses the pass.
 
@@ -39,7 +45,9 @@ GQA_SEQLENS, GQA_TOTAL = 5, 6  # GroupQueryAttention's seqlens_k and total_seque
 SEQ_AXIS = 2  # the sequence axis of a [batch, kv_heads, seq, head_dim] KV port
 # kv_cache.dtype -> the GQA activation dtypes that realise it (bf16 requests are realised as fp16 by precision)
 KV_REALISED = {"fp32": ("fp32",), "fp16": ("fp16",), "bf16": ("bf16", "fp16")}
-DTYPE_NAME = {ir.DataType.FLOAT: "fp32", ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}
+DTYPE_NAME = {ir.DataType.FLOAT: "fp32", ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16",
+              ir.DataType.INT8: "int8"}
+GQA_COS, GQA_K_SCALE, GQA_V_SCALE = 7, 12, 13  # GroupQueryAttention's cos_cache, k_scale and v_scale inputs
 # Ops a lengths computation passes through from the mask to GQA's seqlens_k / total_sequence_length
 LENGTH_OPS = {"ReduceSum", "Sub", "Cast", "Shape", "Squeeze", "Gather", "Slice", "Unsqueeze", "Reshape"}
 LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits", "MatMulBlockQuantizedFp8Weight"}
@@ -168,16 +176,87 @@ def _apply_reads(graph: ir.Graph, plan) -> None:
             graph.remove(node, safe=True)
 
 
-def kv_dtype_note(requested: str | None, emitted: str | None) -> str:
+def kv_dtype_note(requested: str | None, emitted: str | None, why: str = "") -> str:
     if not requested:
         return ""
-    if requested in ("int8", "fp8"):
-        return (f"kv_cache.dtype {requested}: not applied (GroupQueryAttention's quantised KV cache is not mapped "
-                f"yet); the KV cache stays {emitted}")
+    if requested in ("int8", "fp8") and emitted != requested:
+        return f"kv_cache.dtype {requested}: not applied ({why}); the KV cache stays {emitted}"
+    if requested == emitted and why:
+        return f"kv_cache.dtype {requested}: realised as {emitted} ({why})"
     if emitted in KV_REALISED.get(requested, ()):
         return f"kv_cache.dtype {requested}: realised as {emitted}" if requested != emitted else ""
     return (f"kv_cache.dtype {requested}: not applied (GroupQueryAttention keeps its KV cache in its activation "
             f"type, {emitted}; set precision.default to change both)")
+
+
+def weightless(design) -> bool:
+    from softsyn.passes.precision.mapping import is_weightless
+
+    return any(is_weightless(v) for v in design.netlist.model.graph.initializers.values())
+
+
+def quantised_cache_problem(design, requested: str | None) -> str:
+    """Why kv_cache.dtype `requested` (int8 / fp8) cannot be realised as GQA's quantised cache here ("" if it can)."""
+    if requested == "fp8":
+        return ("ORT CPU 1.31.1 has no float8e4m3fn GroupQueryAttention kernel to measure its error on, and ORT CUDA "
+                "registers one only when built with USE_FP8_KV_CACHE")
+    if not design.library.is_gpu:
+        return f"the target {design.library.name} is a CPU target; its GroupQueryAttention keeps an fp32 cache"
+    return ""
+
+
+def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """({node name: (k_scale, v_scale)}, calibration tokens): the present K/V of the design run on every group's
+    seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
+    random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
+    is not."""
+    from softsyn.passes.precision.sensitivity import Runner
+    from softsyn.runtime.kv_quant import channel_scales
+
+    runner = Runner(design, provider="cpu")
+    names = [v.name for v in design.netlist.model.graph.outputs]
+    groups = list(design.groups)
+    tokens = sum(g.scenario.dims.get("seq", 1) * g.scenario.dims.get("batch", 1) for g in groups)
+    scales = {}
+    for node in nodes:
+        half_split = node.attributes.get_int("do_rotary", 0) and not node.attributes.get_int("rotary_interleaved", 0)
+        cos = node.inputs[GQA_COS] if len(node.inputs) > GQA_COS else None
+        rotary = 2 * int(cos.shape[1]) if half_split and cos is not None and cos.shape is not None else 0
+        pair = []
+        for kind in ("key", "value"):
+            idx = names.index(node.outputs[GQA_PRESENT[kind]].name)
+            written = []
+            for g in groups:
+                past, seq = g.scenario.dims.get("past", 0), g.scenario.dims.get("seq", 1)
+                written.append(runner.reference[g.name][idx][:, :, past:past + seq])
+            pair.append(channel_scales(written, rotary if kind == "key" else 0))
+        scales[node.name] = (pair[0], pair[1])
+    return scales, tokens
+
+
+def placeholder_scales(node: ir.Node) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-range scales [kv_heads, head_dim] for a node whose cache is timed, never run (a weightless plan)."""
+    kv_heads, head_dim = int(node.inputs[GQA_PAST["key"]].shape[1]), int(node.inputs[GQA_PAST["key"]].shape[3])
+    scale = np.full((kv_heads, head_dim), 1.0 / 127, np.float32)
+    return scale, scale.copy()
+
+
+def quantise_cache(graph: ir.Graph, nodes: list[ir.Node], scales: dict) -> None:
+    """GQA's int8 cache on every node: the quant attributes, the scale initializers, int8 past/present ports."""
+    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
+
+    for node in nodes:
+        k_scale, v_scale = scales[node.name]
+        if len(node.inputs) <= GQA_V_SCALE:
+            node.resize_inputs(GQA_V_SCALE + 1)
+        node.replace_input_with(GQA_K_SCALE, add_initializer(graph, f"{node.name}_k_scale", k_scale))
+        node.replace_input_with(GQA_V_SCALE, add_initializer(graph, f"{node.name}_v_scale", v_scale))
+        for attr in ("k_quant_type", "v_quant_type"):
+            node.attributes[attr] = ir.AttrString(attr, QUANT_TYPE)
+        node.attributes["kv_cache_bit_width"] = ir.AttrInt64("kv_cache_bit_width", BITS["int8"])
+        for kind, i in GQA_PAST.items():
+            for port in (node.inputs[i], node.outputs[GQA_PRESENT[kind]]):
+                port.type = ir.TensorType(ir.DataType.INT8)
 
 
 def rewrite_kv(nodes: list[ir.Node], length: int) -> None:
@@ -256,9 +335,26 @@ def run(design, last_token_logits: bool = True) -> PassResult:
         counts["layers rewritten"] = len(nodes)
         if reads:
             counts["past reads moved"] = len(reads)
+        requested, why = cons.kv_cache.dtype, ""
+        if requested in ("int8", "fp8"):
+            why = quantised_cache_problem(design, requested)
+            if not why:
+                design.netlist_changed()  # the calibration binds the shared buffers' shapes
+                if weightless(design):  # a plan writes no model: its scales only fill the inputs' place
+                    scales = {n.name: placeholder_scales(n) for n in nodes}
+                    how = "placeholder scales (a weightless plan: no weights to calibrate on; timing and area only)"
+                else:
+                    scales, tokens = calibrate(design, nodes)
+                    how = f"per-channel scales from {tokens} seeded calibration tokens"
+                quantise_cache(graph, nodes, scales)
+                counts["KV caches quantised"] = 2 * len(nodes)
+                measured = any(c.op == "GroupQueryAttention" and c.precision == "int8" for c in design.library.cells)
+                why = (f"GroupQueryAttention's quantised cache, {how}; timed by " + ("the library's GroupQueryAttention.int8 cell" if measured else
+                                               "a roofline estimate (est): the library has no GroupQueryAttention.int8 "
+                                               "cell yet"))
         emitted = DTYPE_NAME.get(nodes[0].inputs[GQA_PAST["key"]].dtype)
         report.update(applied=True, max_length=length, length_key=key, layers=len(nodes), kv_dtype=emitted,
-                      kv_note=kv_dtype_note(cons.kv_cache.dtype, emitted))
+                      kv_note=kv_dtype_note(requested, emitted, why))
     if last and design.netlist.kind == "decoder":
         note = slice_last_position(graph)
         applied = note.startswith("last_token_logits: the lm_head")

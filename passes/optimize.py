@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from softsyn.passes import PassResult, register
+from softsyn.passes.precision import kv_moves
 from softsyn.passes.precision import mapping as mp
 from softsyn.passes.precision import retime as measured
 from softsyn.passes.precision import search, sensitivity
@@ -78,6 +79,7 @@ class OptimizeReport:
     estimate_error: float = 0.0
     checked_error: float | None = None  # the end-to-end check's measured error of the kept map
     retime: measured.Retime | None = None  # the measured re-timing's rounds (ultra, the device present)
+    kv: list[kv_moves.KvMove] = field(default_factory=list)  # the KV moves after the map (opt.kv.*)
 
 
 def accuracy_budget(design) -> float:
@@ -140,6 +142,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
         calibrate: bool = False) -> PassResult:
     start = time.perf_counter()
     budget = accuracy_budget(design)
+    area0 = start_area(design)
     cands, skipped = mp.candidates(design)
     report = OptimizeReport(search_mode, "", budget)
     report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.QUANTISED]
@@ -148,7 +151,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
         report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")
     if not cands:
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
-        return PassResult({"candidates": 0}, report)
+        return PassResult({"candidates": 0, **kv_step(design, report, budget, 0.0, start_area(design))}, report)
     cands, notes, tables = prune(design, cands)
     report.notes += notes
     faster = any(len(c.options) > 1 for c in cands)
@@ -220,7 +223,42 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
                             + ", ".join(f"{c.name} {c.requested}->{c.realised}" for c in mismatched[:5]))
     design.log(f"optimize: {search_mode}: {len([c for c in report.cells if c.realised != problem.options[c.name][0]])} "
                f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s")
-    return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}}, report)
+    map_error = report.checked_error if report.checked_error is not None else (chosen.error if remapped else 0.0)
+    kv = kv_step(design, report, budget, map_error, area0)
+    return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}, **kv}, report)
+
+
+def start_area(design) -> float:
+    """The design's area (bytes) as the pass finds it: the compile log's rows are deltas from it."""
+    from softsyn.timing.area import area as area_of
+
+    return area_of(design.netlist, design.constraints, {g.name: g.scenario.dims for g in design.groups}).total
+
+
+def kv_step(design, report: OptimizeReport, budget: float, map_error: float, area0: float) -> dict[str, int]:
+    """The KV moves (softsyn.passes.precision.kv_moves) after the map: the buffer's length when the area is over
+    budget, then the KV dtype; their rows into the trace, their verdicts into the notes; counts of kept moves."""
+    def row(phase: str, analysis) -> None:
+        worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
+        report.trace.append(TraceRow(phase, min(analysis.wns, 0.0), analysis.tns,
+                                     kv_moves.loop_cost(analysis).rules, analysis.area.total - area0,
+                                     worst.name if worst is not None and worst.wns < 0 else ""))
+
+    layout = design.pass_reports.get("kv_layout")
+    if layout is None or not layout.applied:
+        return {}  # no shared KV buffer: neither move has anything to change (and no re-timing is spent)
+    analysis = design.analyze(tp_plan=False)
+    move, analysis = kv_moves.length_move(design, analysis, row)
+    if move is not None:
+        report.kv.append(move)
+    move, analysis = kv_moves.dtype_move(design, analysis, row, budget * CHECK_SHARE, map_error)
+    if move is not None:
+        report.kv.append(move)
+    for m in report.kv:
+        line = f"{m.phase}: requested {m.requested}, realised {m.realised}: {'kept' if m.kept else 'not kept'} ({m.why})"
+        report.notes.append(line)
+        design.log(f"optimize: {line}")
+    return {m.phase: 1 for m in report.kv if m.kept}
 
 
 def calibrated_search(problem: search.Problem, chosen: search.Outcome, report: OptimizeReport,

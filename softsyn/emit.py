@@ -16,6 +16,7 @@ export cache is (no run facts or absolute paths in it: softsyn.frontends.cache.d
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -289,6 +290,7 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "precision": compiled_precision(netlist),
         "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
         "precision_map": _precision_map(design.pass_reports.get("optimize")),
+        "kv_moves": [dataclasses.asdict(m) for m in getattr(design.pass_reports.get("optimize"), "kv", ())],
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,

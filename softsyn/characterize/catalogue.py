@@ -178,6 +178,11 @@ def cell_kinds() -> list[CellKind]:
                            notes=f"batch 1, kv_heads = heads / {GQA_GROUP}, shared past/present buffer of kv_len positions"))
         ks.append(CellKind("MultiHeadAttention", p, ["q_tokens", "kv_len", "heads"], ATT, mha(p),
                            scale={"batch": 1, "head_dim": None}, notes="batch 1, BSNH query/key/value, no mask"))
+    # kv_layout's int8 KV cache (kv_cache.dtype int8 on GPU targets): the cache's dtype is the cell's precision
+    ks.append(CellKind("GroupQueryAttention", "int8", ["q_tokens", "kv_len", "heads"], ATT, gqa("fp16", "int8"),
+                       providers=("cuda",), scale={"batch": 1, "head_dim": None}, discrete=("heads",),
+                       notes=f"fp16 activations, int8 past/present (PER_CHANNEL fp32 scales), batch 1, kv_heads = "
+                             f"heads / {GQA_GROUP}, shared buffer of kv_len positions"))
     # mixture of experts (the fuse pass's com.microsoft.MoE; QMoE for int4/int8 experts)
     moe_axes = ["tokens", "experts", "k", "hidden", "inter"]
     for p in ("fp32", "fp16", "bf16"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from softsyn.characterize.cellgraph import (
-    BOOL, ELEM, FLOAT, FP8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
+    BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
 
 GQA_GROUP = 2  # heads per KV head in the attention cells (tiny zoo: 4/2, Qwen3-1.7B: 16/8)
 
@@ -397,10 +397,14 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
                               [(f"y{i}", elem) for i in range(copies)], [cos, sin], ms_domain=True), "x", ctx)
 
 
-def gqa(precision: str):
-    """GroupQueryAttention: q_tokens new tokens attending kv_len cached + new tokens, batch 1."""
+def gqa(precision: str, cache: str | None = None):
+    """GroupQueryAttention: q_tokens new tokens attending kv_len cached + new tokens, batch 1; `cache` "int8": the
+    quantised cache softsyn.passes.kv_layout emits (int8 past/present, PER_CHANNEL fp32 scales [kv_heads, head_dim])."""
+    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
+
     def build(s, copies, ctx: Ctx) -> Graph:
         elem = ELEM[precision]
+        kv_elem = INT8 if cache == "int8" else elem
         d = ctx.head_dim
         h = int(s["heads"])
         kvh = max(1, h // GQA_GROUP)
@@ -409,21 +413,27 @@ def gqa(precision: str):
         # shared past/present buffer of `total` positions (the genai builder's layout): present = past shape
         ins = {"query": (elem, data((1, q, h * d), elem)), "key": (elem, data((1, q, kvh * d), elem, 1)),
                "value": (elem, data((1, q, kvh * d), elem, 2)),
-               "past_key": (elem, data((1, kvh, total, d), elem, 3)),
-               "past_value": (elem, data((1, kvh, total, d), elem, 4))}
+               "past_key": (kv_elem, data((1, kvh, total, d), kv_elem, 3)),
+               "past_value": (kv_elem, data((1, kvh, total, d), kv_elem, 4))}
         names = ["query", "key", "value", "past_key", "past_value"]
         ins["seqlens_k"] = (INT32, np.array([total - 1], np.int32))
         ins["total_sequence_length"] = (INT32, np.array(total, np.int32))
         names += ["seqlens_k", "total_sequence_length"]
+        attrs, inits = {}, []
+        if cache:
+            scale = np.full((kvh, d), 0.02, np.float32)  # the data's range / 127 (timing does not depend on it)
+            inits = [tensor("k_scale", scale, FLOAT), tensor("v_scale", scale, FLOAT)]
+            names += [""] * 5 + ["k_scale", "v_scale"]
+            attrs = dict(k_quant_type=QUANT_TYPE, v_quant_type=QUANT_TYPE, kv_cache_bit_width=BITS[cache])
         nodes, outs, aliases = [], [], {}
         for i in range(copies):
             nodes.append(_node("GroupQueryAttention", names, [f"y{i}", f"pk{i}", f"pv{i}"], i, "com.microsoft",
-                               num_heads=h, kv_num_heads=kvh))
-            outs += [(f"y{i}", elem), (f"pk{i}", elem), (f"pv{i}", elem)]
+                               num_heads=h, kv_num_heads=kvh, **attrs))
+            outs += [(f"y{i}", elem), (f"pk{i}", kv_elem), (f"pv{i}", kv_elem)]
             # present bound to past, as a compiled artifact binds its shared buffer (kv_aliases): updated in place; two
             # buffers would time a copy of the whole cache too (2x at decode, 4096 positions, on the H200)
             aliases.update({f"pk{i}": "past_key", f"pv{i}": "past_value"})
-        return Graph(nodes, ins, outs, ms_domain=True, cpu_inputs=("total_sequence_length",), aliases=aliases)
+        return Graph(nodes, ins, outs, inits, ms_domain=True, cpu_inputs=("total_sequence_length",), aliases=aliases)
     return build
 
 

@@ -224,7 +224,8 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     # real-size pair of sessions held together peaked at 22.4 GB on a 24 GB machine).
     ref_session = _session(ref_path, "cpu", "reference")
     ref_names = [o.name for o in ref_session.get_outputs()]
-    scenario_feeds = {scenario: scenario_inputs(reference, spec["dims"], seed=seed)
+    scenario_feeds = {scenario: {k: layout.held(k, v) for k, v in scenario_inputs(reference, spec["dims"],
+                                                                                 seed=seed).items()}
                       for scenario, spec in settings["scenarios"].items()}
     expected_by_scenario = {scenario: dict(zip(ref_names, ref_session.run(None, feeds)))
                             for scenario, feeds in scenario_feeds.items()}
@@ -292,8 +293,25 @@ class SharedLayout:
     kv_ports: frozenset[str] = frozenset()
     buffer: int | None = None
     last_logits: str | None = None
+    # port -> the fp32 scale of GroupQueryAttention's int8 cache on it: the reference's past is quantised as the
+    # kernel stores it, the present dequantised, so the check measures the quantised cache's error
+    kv_scales: tuple[tuple[str, np.ndarray], ...] = ()
+
+    def held(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A past the reference gets: as an int8 cache holds it (its seeded values are no K/V of the model, and
+        saturate on scales calibrated for its K/V: both models read the same cache, the new tokens' error is
+        measured), else as given."""
+        from softsyn.runtime.kv_quant import dequantise, quantise
+
+        scale = dict(self.kv_scales).get(name)
+        return value if scale is None else dequantise(quantise(value, scale), scale).astype(value.dtype)
 
     def feed(self, name: str, value: np.ndarray) -> np.ndarray:
+        from softsyn.runtime.kv_quant import quantise
+
+        scale = dict(self.kv_scales).get(name)
+        if scale is not None:
+            value = quantise(value, scale)
         if name not in self.kv_ports or value.shape[2] == self.buffer:
             return value
         if value.shape[2] > self.buffer:
@@ -305,6 +323,11 @@ class SharedLayout:
 
     def aligned(self, name: str, got: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(compiled, reference) over what both hold: a present's first positions, the last position's logits."""
+        from softsyn.runtime.kv_quant import dequantise
+
+        scale = dict(self.kv_scales).get(name)
+        if scale is not None:
+            got = dequantise(got, scale)
         if name in self.kv_ports and got.ndim == 4 and got.shape[2] == self.buffer:
             return got[:, :, :expected.shape[2]], expected
         if name == self.last_logits and got.ndim == 3 and got.shape[1] == 1 and expected.ndim == 3:
@@ -326,7 +349,21 @@ def shared_layout(model: ir.Model) -> SharedLayout:
         return SharedLayout(last_logits=last)
     ports = frozenset(n for layer in io.layers for n in (layer.past_key, layer.past_value, layer.present_key,
                                                           layer.present_value))
-    return SharedLayout(ports, io.buffer_length, last)
+    return SharedLayout(ports, io.buffer_length, last, kv_cache_scales(model))
+
+
+def kv_cache_scales(model: ir.Model) -> tuple[tuple[str, np.ndarray], ...]:
+    """(KV port, scale) of every GroupQueryAttention int8 cache (softsyn.passes.kv_layout's k_scale / v_scale)."""
+    found = []
+    for node in model.graph:
+        if node.op_type != "GroupQueryAttention" or len(node.inputs) <= 13:
+            continue
+        for past, present, scale in ((3, 1, 12), (4, 2, 13)):
+            s = node.inputs[scale]
+            if s is not None and s.const_value is not None and node.inputs[past].dtype == ir.DataType.INT8:
+                found += [(node.inputs[past].name, s.const_value.numpy()), (node.outputs[present].name,
+                                                                            s.const_value.numpy())]
+    return tuple(found)
 
 
 def vocab_size(netlist: Netlist) -> int | None:

@@ -52,6 +52,7 @@ PRECISION_BY_DTYPE = {
     ir.DataType.FLOAT8E5M2FNUZ: "fp8", ir.DataType.INT8: "int8", ir.DataType.UINT8: "int8",
     ir.DataType.INT4: "int4", ir.DataType.UINT4: "int4",
 }
+QUANTISED_CACHE = {ir.DataType.INT8: "int8", ir.DataType.FLOAT8E4M3FN: "fp8"}  # GQA past dtype -> cell precision
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
 FP8_MATMUL = "MatMulBlockQuantizedFp8Weight"  # com.microsoft's block-scaled fp8 (e4m3) weight-only MatMul
 MOE_OPS = {"MoE", "QMoE"}
@@ -100,8 +101,9 @@ def precision_of(node: ir.Node) -> str:
     """The arithmetic precision of a cell: its weight dtype where it has one, else its first float input.
 
     MatMulNBits / QMoE: int4 or int8 from the `bits` / `expert_weight_bits` attribute (the packed weight
-    is uint8 whatever the bit width). Ops without a float tensor (shape arithmetic on int64, bool logic)
-    are "fp32", the library's default precision for such cells.
+    is uint8 whatever the bit width). GroupQueryAttention with a quantised cache (kv_layout's int8 past/present):
+    the cache's dtype, its library cell GroupQueryAttention.int8 (fp16 activations). Ops without a float tensor
+    (shape arithmetic on int64, bool logic) are "fp32", the library's default precision for such cells.
     """
     if node.op_type == "MatMulNBits":
         return "int8" if node.attributes.get_int("bits", 4) == 8 else "int4"
@@ -109,6 +111,9 @@ def precision_of(node: ir.Node) -> str:
         return "int8" if node.attributes.get_int("expert_weight_bits", 4) == 8 else "int4"
     if node.op_type == FP8_MATMUL:  # its fp32 scales are initializers too: the fp8 weight decides
         return "fp8"
+    if node.op_type == "GroupQueryAttention" and len(node.inputs) > 3 and node.inputs[3] is not None \
+            and node.inputs[3].dtype in QUANTISED_CACHE:
+        return QUANTISED_CACHE[node.inputs[3].dtype]
     candidates = [v for v in node.inputs if v is not None and v.dtype is not None]
     weights = [v for v in candidates if v.is_initializer() and v.dtype in PRECISION_BY_DTYPE]
     for v in weights + candidates + [o for o in node.outputs if o.dtype is not None]:
