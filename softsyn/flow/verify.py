@@ -37,6 +37,7 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
 from softsyn.frontends.onnx_file import check_external_data, name_nodes
 from softsyn.runtime.blocks import BlockRunner
+from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of, provider_opens
 from softsyn.netlist import Netlist
@@ -206,7 +207,10 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
 
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
-    layout = shared_layout(_load(out_dir / MODEL_FILE, "compiled model").model)
+    compiled_netlist = _load(out_dir / MODEL_FILE, "compiled model")
+    layout = shared_layout(compiled_netlist.model)
+    aliases = kv_aliases(compiled_netlist)  # {present: past} of a shared KV buffer: run as the artifact runs
+    del compiled_netlist
     ref_path = reference_path(settings, cache_dir)
     reference = _load(ref_path, "reference")
     roles.apply_roles(reference.model, roles.find_roles(reference.model).renames)  # a plain file's dims, as compiled
@@ -260,7 +264,8 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                           for k, v in feeds.items()}
         expected = expected_by_scenario.pop(scenario)
         try:
-            outputs = session.run(None, compiled_feeds)
+            outputs = run_compiled(session, compiled_feeds, aliases, target if provider.startswith(
+                "CUDA") else "cpu") if aliases and not settings.get("blocks") else session.run(None, compiled_feeds)
         except ort_errors() as exc:
             first = str(exc).splitlines()[0]
             raise SoftsynError(
@@ -283,6 +288,18 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                 violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
             checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
     return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+
+
+def run_compiled(session, feeds: dict, aliases: dict[str, str], provider: str) -> list[np.ndarray]:
+    """One run of a compiled decoder whose past and present share a buffer, bound as the artifact runs (present onto
+    its past, GroupQueryAttention updating it in place): the outputs in the session's order. A separate present is
+    another code path in the kernel (on ORT 1.31.1 CUDA an int8 cache read wrong at decode that way, 2026-12-01,
+    while shared-buffer generation matched the CPU token for token)."""
+    from softsyn.runtime.binding import BoundRunner
+
+    runner = BoundRunner.from_feeds(session, feeds, provider, aliases)
+    runner.run()
+    return [value.numpy() for value in runner.binding.get_outputs()]
 
 
 @dataclass(frozen=True)
