@@ -34,7 +34,8 @@ def _scalar(v) -> str:
 
 def _flow(v) -> str:
     if isinstance(v, list):
-        return "[" + ", ".join(_flow(x) for x in v) + "]"
+        # a string item is dumped as a flow sequence's item (quoted where a comma or bracket would split it)
+        return "[" + ", ".join(_scalar([x])[1:-1] if isinstance(x, str) else _flow(x) for x in v) + "]"
     if isinstance(v, float):
         return _num(v) if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6)) else repr(v)
     return _scalar(v)
