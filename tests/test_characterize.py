@@ -387,3 +387,17 @@ def test_attention_cells_update_their_kv_buffer_in_place():
     assert bound["past_key"] is not dict(zip([*g.inputs, *(n for n, _ in g.outputs)], other.keep))["past_key"]
     past = bound["past_key"].numpy()  # the new token's key landed at position kv_len - 1 of the one buffer
     np.testing.assert_allclose(past[0, :, -1, :], g.inputs["key"][1].reshape(2, 32), rtol=1e-6)
+
+
+def test_graph_tables_cover_a_decode_step_s_small_nodes_at_decode_sizes():
+    """A captured decode step's norms and element-wise nodes get graph tables too (they cost 1.7-4 us inside a graph
+    on the H200, not an empty node's 1.1 us), over element counts a decode step has; the projections at one row."""
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.plan import GRAPH_ELEMENTS, graph_grids, graph_kind
+
+    kinds = {k.key: k for k in cell_kinds() if "cuda" in k.providers}
+    norm = kinds["SkipSimplifiedLayerNormalization.fp16"]
+    assert graph_kind(norm) and graph_grids(norm, norm.grids["cuda"]) == [[1, 1024, 16384, GRAPH_ELEMENTS]]
+    mm = kinds["MatMulNBits.int4"]
+    assert graph_kind(mm) and graph_grids(mm, mm.grids["cuda"])[0] == [1]
+    assert not graph_kind(kinds["Softmax.fp16"])  # not a node of a fused decode step

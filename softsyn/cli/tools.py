@@ -97,8 +97,9 @@ def list_passes():
 @click.option("--quick", is_flag=True, help="small grid and few samples (CI: the CPU library in under 3 min).")
 @click.option("--note", help="status line recorded in the header (e.g. 'preliminary: shared, noisy machine').")
 @click.option("--graph", "cuda_graph", is_flag=True,
-              help="(cuda) graph tables: MatMul, MatMulNBits, MatMulBlockQuantizedFp8Weight and attention at one row timed as CUDA graph replays, "
-                   "what a captured decode step's kernels cost (no host share).")
+              help="(cuda) graph tables: MatMul, MatMulNBits, MatMulBlockQuantizedFp8Weight and attention at one row, "
+                   "and a decode step's small nodes (norms, Split, Mul, QuickGelu, Slice, ReduceSum, Gather) at decode "
+                   "sizes, timed as CUDA graph replays: what a captured decode step's kernels cost (no host share).")
 @click.option("--again", is_flag=True,
               help="measure the --cells given again though FILE has them (after a recipe change); each entry is "
                    "replaced when its new measurement is written.")
