@@ -266,7 +266,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         try:
             outputs = run_compiled(session, compiled_feeds, aliases, target if provider.startswith(
                 "CUDA") else "cpu") if aliases and not settings.get("blocks") else session.run(None, compiled_feeds)
-        except ort_errors() as exc:
+        except (*ort_errors(), RuntimeError) as exc:  # run_with_iobinding raises a plain RuntimeError
             first = str(exc).splitlines()[0]
             raise SoftsynError(
                 f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
