@@ -227,6 +227,14 @@ def test_the_cost_order_keeps_a_map_that_closes_part_of_a_miss_though_a_met_grou
     straddle = fake({"decode": 0.9, "prefill": 1.0}, base=decode_budget * 0.985)(design, [None], "cpu")
     rnd = rt.judge(1, timing, problem, mapping, straddle, (0.0, 0.0))
     assert rnd.kept and rnd.verdict.startswith("kept: the map closes the miss"), rnd.verdict
+    # decode met and 10 % faster in every round, prefill (4x decode's time, weight 1) 25 % off either way from round
+    # to round: prefill is not told apart and adds nothing, decode's gain decides (the shared CPU's noisy prefill)
+    a = [decode_budget / 10 * (1 + 0.01 * r) for r in range(10)]
+    noisy = {"prefill": (measurement([4 * x for x in a]), measurement([4 * x * (0.8 if r % 2 else 1.25)
+                                                                       for r, x in enumerate(a)])),
+             "decode": (measurement(a), measurement([0.9 * x for x in a]))}
+    rnd = rt.judge(1, timing, problem, mapping, noisy, (0.0, 0.0))
+    assert rnd.kept and rnd.verdict.startswith("kept: the map is measured faster"), rnd.verdict
 
 
 def test_a_mixed_map_is_measured_with_a_sub_map_per_precision_and_corrected_per_precision(cache_dir, tmp_path):

@@ -11,13 +11,16 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
    interleaved rounds, a and b alternating which goes first, so another process's load lands on both alike.
 2. `judge`: per group the measured medians and the paired ratio (median over rounds of b's round median over a's),
    its p10-p90; the measured slack is the group's budget (required - input delay) less the measured median, as
-   signoff's GroupResult reads it. The map is judged in the loop's cost order, one key at a time: first the weighted
-   negative slack (sum of weight x max(0, -slack)), then the weighted latency. A key decides when a sign test over
-   the rounds that differ says so at SIGN_P (with 10 rounds the map won 9; a round where the baseline happened to
-   meet a clock it misses elsewhere is a tie, not a loss) and the mean change is MIN_GAIN or more of the baseline's
-   value; a key it does not move passes the decision to the next. So a map that closes part of a miss is kept
-   though a group with slack to spare (prefill under a loose clock) runs slower, as Design Compiler trades a met
-   path's slack for a violated one's.
+   signoff's GroupResult reads it. Each group is first told apart or not: faster or slower beyond its rounds' noise
+   (a sign test over its paired rounds at SIGN_P, with 10 rounds the map won 9, and a mean change of MIN_GAIN of its
+   median), or 0. The map is then judged in the loop's cost order, one key at a time, each key summing the groups
+   told apart (from the medians; a group not told apart adds nothing, so a noisy prefill neither hides nor fakes
+   decode's change): first the weighted negative slack (sum of weight x max(0, -slack)), then the weighted latency.
+   A key decides when that sum moves it by MIN_GAIN of the baseline's value (a cost at 0 that rises is raised); one
+   it does not move passes the decision to the next. So a map that closes part of a miss is kept though a group
+   with slack to spare (prefill under a loose clock) runs slower, as Design Compiler trades a met path's slack for
+   a violated one's; and a baseline whose decode straddles the clock round to round does not hide a map that
+   meets it in every round.
    A tie on both keys goes to the baseline, as the search's last key (the error) says: a map that buys no measured
    time only costs accuracy.
 3. `corrected`: a rejected map's measured change per group back-annotates the tables, per precision: the measured
@@ -318,10 +321,9 @@ def sub_maps(problem: search.Problem, mapping: dict[str, str]) -> dict[str, dict
 
 
 def _decide(deltas: list[float], reference: float) -> int:
-    """+1 when the map lowers a cost, -1 when it raises it, 0 when the rounds cannot tell. `deltas`: per round, the
-    baseline's cost less the map's. A sign test over the rounds that differ (a round with no difference, such as a
-    group the baseline happened to meet in that round, is a tie and drops out) at SIGN_P, and the mean change over all
-    rounds at least MIN_GAIN x `reference` (the baseline's value)."""
+    """+1 when the map runs a group faster, -1 slower, 0 when the rounds cannot tell. `deltas`: per round, the
+    baseline's round median less the map's. A sign test over the rounds that differ at SIGN_P, and the mean change
+    over all rounds at least MIN_GAIN x `reference` (the baseline's median)."""
     from scipy.stats import binomtest
 
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
@@ -331,6 +333,17 @@ def _decide(deltas: list[float], reference: float) -> int:
     if binomtest(wins, wins + losses, alternative="greater").pvalue <= SIGN_P and mean >= floor:
         return 1
     if binomtest(losses, wins + losses, alternative="greater").pvalue <= SIGN_P and -mean >= floor:
+        return -1
+    return 0
+
+
+def _key(gain: float, reference: float) -> int:
+    """+1 / -1 / 0: a cost the map lowers / raises by MIN_GAIN x `reference` (the baseline's value) or more, or not;
+    `gain` is the baseline's cost less the map's over the groups told apart (a cost at 0 that rises is raised)."""
+    floor = MIN_GAIN * reference
+    if gain > 0 and gain >= floor:
+        return 1
+    if gain < 0 and -gain >= floor:
         return -1
     return 0
 
@@ -363,16 +376,23 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
     slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
              " ms")
     latency = f"weighted latency x{ratio:.3f} [{lo:.3f}-{hi:.3f}]"
-    by_slack = _decide(ns_gain, rnd.negative_slack("base"))
-    by_latency = _decide([a - b for a, b in zip(lat_a, lat_b)], sum(lat_a) / max(1, len(lat_a)))
+    # each group measured faster (+1) or slower (-1) than the baseline beyond its rounds' noise, or not told apart (0);
+    # a key sums its groups' changes (medians), counting only the groups told apart, so one noisy group (prefill's
+    # rounds on a shared CPU) neither hides nor fakes another's change
+    told = {g.group: _decide([ma - mb for ma, mb in zip(m[0].round_medians, m[1].round_medians)], m[0].median)
+            for g, m in zip(groups, measured.values())}
+    apart = [g for g in groups if told[g.group]]
+    by_slack = _key(sum(g.weight * (max(0.0, -g.slack_base) - max(0.0, -g.slack_map)) for g in apart),
+                    rnd.negative_slack("base"))
+    by_latency = _key(sum(g.weight * (g.measured_base - g.measured_map) for g in apart), rnd.latency("base"))
     if by_slack < 0:
-        rnd.verdict = f"rejected: the map's measured {slack} is worse in nearly every round"
+        rnd.verdict = f"rejected: the map's measured {slack} is worse (a group measured slower)"
     elif by_slack > 0:
         rnd.kept = True
         closes = "closes the miss" if rnd.negative_slack("map") <= 0 else "closes part of the miss"
-        rnd.verdict = f"kept: the map {closes} ({slack}, better in nearly every round; {latency})"
+        rnd.verdict = f"kept: the map {closes} ({slack}, its group measured faster; {latency})"
     elif by_latency < 0:
-        rnd.verdict = f"rejected: the map is measured slower ({latency}, slower in nearly every round)"
+        rnd.verdict = f"rejected: the map is measured slower ({latency}, weighted over the groups told apart)"
     elif by_latency > 0:
         rnd.kept = True
         rnd.verdict = f"kept: the map is measured faster ({latency}; {slack})"
