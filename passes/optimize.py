@@ -57,6 +57,7 @@ class TraceRow:
     area_delta: float  # bytes
     worst_group: str
     measured: bool = False  # wns/tns measured on the target (measured re-timing), not estimated from the tables
+    at: float = field(default_factory=time.perf_counter)  # when the step ended (perf_counter): the log's elapsed
 
 
 # A low-bit map's speed-up on a GPU is a prediction until measured: on the H200 an int8 map measured slower than fp16,

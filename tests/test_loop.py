@@ -179,6 +179,8 @@ def test_an_impossible_clock_exits_1_with_quantified_suggestions(cache_dir, tmp_
     assert "no cell has a faster precision left" in line  # int8 is slower than fp32 at these widths (cpu-ort)
     log = (out / "compile.log").read_text()
     assert "opt.start (est)" in log and "int8: 15 cells no faster than fp32" in log
+    elapsed = [r["elapsed"] for r in json.loads((out / "compile_log.json").read_text())["rows"]]
+    assert elapsed == sorted(elapsed)  # each search step stamped when it ended, not all at the pass's end
     rows = json.loads((out / "netlist.json").read_text())["cells"]
     assert {c["requested_precision"] for c in rows if c["op"] == "MatMul"} == {"fp32"}
     summary = json.loads((out / "runtime" / "session.json").read_text())["precision_map"]

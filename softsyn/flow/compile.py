@@ -54,8 +54,9 @@ class CompileLog:
         base = analysis.area.total
         for t in getattr(report, "trace", ()):
             phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
-            self.rows.append(LogRow(time.perf_counter() - self.start, phase, t.wns, t.tns,
-                                    base + t.area_delta, t.worst_group, cells, t.rules))
+            at = getattr(t, "at", None)  # when the step ended; a row made before this log started reads 0
+            self.rows.append(LogRow(max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start,
+                                    phase, t.wns, t.tns, base + t.area_delta, t.worst_group, cells, t.rules))
 
 
 def check_effort(name: str) -> Effort:
