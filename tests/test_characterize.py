@@ -401,3 +401,8 @@ def test_graph_tables_cover_a_decode_step_s_small_nodes_at_decode_sizes():
     mm = kinds["MatMulNBits.int4"]
     assert graph_kind(mm) and graph_grids(mm, mm.grids["cuda"])[0] == [1]
     assert not graph_kind(kinds["Softmax.fp16"])  # not a node of a fused decode step
+    listing = CliRunner().invoke(main, ["characterize", "--provider", "cuda", "--graph", "--list", "--cells",
+                                        "SkipSimplifiedLayerNormalization.fp16,MatMulNBits.int4"])
+    assert listing.exit_code == 0, listing.output
+    assert "SkipSimplifiedLayerNormalization.fp16.ort-cuda-graph     4 grid" in listing.output
+    assert "MatMulNBits.int4.ort-cuda-graph" in listing.output and "2 cells" in listing.output

@@ -408,15 +408,18 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
                      "the Identity nodes' launch overhead"}
 
 
-def list_cells(provider: str, quick: bool, cells: str | None = None) -> list[tuple[str, int, int]]:
+def list_cells(provider: str, quick: bool, cells: str | None = None,
+               cuda_graph: bool = False) -> list[tuple[str, int, int]]:
+    """(cell, grid points, hold-out points) of what `characterize` would measure; `cuda_graph`: the graph tables'."""
     plan = plan_name(provider, quick)
     out = []
     for k in cell_kinds():
-        if provider not in k.providers:
+        if provider not in k.providers or (cuda_graph and not graph_kind(k)):
             continue
         if cells and not any(fnmatch.fnmatchcase(k.key, p) or fnmatch.fnmatchcase(k.op, p) for p in cells.split(",")):
             continue
-        g = k.grids[plan]
-        out.append((f"{k.op}.{k.precision}.{k.implementation(provider)}", len(_grid_points(g)),
+        g = graph_grids(k, k.grids[plan]) if cuda_graph else k.grids[plan]
+        suffix = GRAPH_SUFFIX if cuda_graph else ""
+        out.append((f"{k.op}.{k.precision}.{k.implementation(provider)}{suffix}", len(_grid_points(g)),
                     len(holdout_points(g, 6 if quick else 24, tuple(k.axes.index(a) for a in k.discrete)))))
     return out

@@ -141,7 +141,7 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
     from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
     if list_only:
-        rows = list_cells(provider, quick, cells)
+        rows = list_cells(provider, quick, cells, cuda_graph)
         for name, grid, hold in rows:
             click.echo(f"{name:<48} {grid:>5} grid + {hold:>3} hold-out points")
         click.echo(f"{len(rows)} cells, {sum(g + h for _, g, h in rows)} points")
