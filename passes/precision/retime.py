@@ -95,7 +95,6 @@ class Round:
     ratio: float  # weighted latency, paired: median over rounds of sum(w x map) / sum(w x base)
     ratio_p10: float
     ratio_p90: float
-    slack_gain: tuple[float, float, float]  # per round, weighted negative slack a - b (> 0: the map less): median, p10, p90
     kept: bool
     verdict: str  # one sentence: why kept or rejected
     load: tuple[float, float]  # 1-min load average before and after measuring
@@ -140,9 +139,6 @@ Measure = Callable[..., dict]  # (design, [mapped netlist, ...], provider) -> {g
 
 # ------------------------------------------------------------------------------------------ the device
 
-_PRESENT: dict[str, str | None] = {}
-
-
 def target_provider(library) -> str | None:
     """The library's provider as softsyn names it ("cpu" | "cuda"), None for one softsyn does not run."""
     from softsyn.errors import SoftsynError
@@ -157,33 +153,12 @@ def target_provider(library) -> str | None:
 def device_absent(library) -> str | None:
     """None when the library's provider runs here (listed by onnxruntime and, for CUDA, a session opens on it), else
     why not, in words."""
-    import onnxruntime as ort
+    from softsyn.runtime.session import provider_problem
 
     provider = target_provider(library)
     if provider is None:
         return f"provider {library.provider or '(none)'} is not one softsyn runs"
-    if provider in _PRESENT:
-        return _PRESENT[provider]
-    from softsyn.runtime.session import PROVIDERS, SessionSettings, open_session
-
-    why = None
-    if PROVIDERS[provider] not in ort.get_available_providers():
-        why = f"provider {provider} not available here"
-    elif provider != "cpu":  # onnxruntime-gpu lists CUDA on a machine without a GPU: open a session to know
-        from onnx import TensorProto, helper
-
-        from softsyn.runtime.session import IR_VERSION
-
-        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
-                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-        try:
-            open_session(model, SessionSettings(provider=provider, log_severity=3))
-        except Exception as exc:  # noqa: BLE001 - ORT's own exception types, or the factory's fallback check
-            why = f"provider {provider} not available here (no session opens on it: {' '.join(str(exc).split())[:240]})"
-    _PRESENT[provider] = why
-    return why
+    return provider_problem(provider)
 
 
 def not_runnable(design, moved: dict[str, str]) -> str | None:
@@ -355,32 +330,29 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
     (baseline, map, then one per sub_maps entry)}."""
     base = search.baseline(problem)
     parts = sub_maps(problem, mapping)
-    groups, lat_a, lat_b, ns_gain = [], [], [], []
+    groups, lat_a, lat_b, told = [], [], [], {}
     split: dict[str, list[GroupFigures]] = {p: [] for p in parts}
     for name, (a, b, *rest) in measured.items():
         timing = design_timing[name]
         fig = _figures(name, timing, problem, mapping, a, b)
         groups.append(fig)
+        # faster (+1) or slower (-1) than the baseline beyond its rounds' noise, or not told apart (0)
+        told[name] = _decide([ma - mb for ma, mb in zip(a.round_medians, b.round_medians)], a.median)
         for (p, part), m in zip(parts.items(), rest):
             split[p].append(_figures(name, timing, problem, part, a, m))
         for r, (ma, mb) in enumerate(zip(a.round_medians, b.round_medians)):
             if r == len(lat_a):
-                lat_a.append(0.0), lat_b.append(0.0), ns_gain.append(0.0)
+                lat_a.append(0.0), lat_b.append(0.0)
             lat_a[r] += timing.weight * ma
             lat_b[r] += timing.weight * mb
-            ns_gain[r] += timing.weight * (max(0.0, ma - fig.budget) - max(0.0, mb - fig.budget))
     ratio, lo, hi = _spread([b / a for a, b in zip(lat_a, lat_b) if a > 0])
-    gain = _spread(ns_gain) if ns_gain else (0.0, 0.0, 0.0)
-    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, gain, False, "",
+    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, False, "",
                 load, len(lat_a), split)
     slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
              " ms")
     latency = f"weighted latency x{ratio:.3f} [{lo:.3f}-{hi:.3f}]"
-    # each group measured faster (+1) or slower (-1) than the baseline beyond its rounds' noise, or not told apart (0);
     # a key sums its groups' changes (medians), counting only the groups told apart, so one noisy group (prefill's
     # rounds on a shared CPU) neither hides nor fakes another's change
-    told = {g.group: _decide([ma - mb for ma, mb in zip(m[0].round_medians, m[1].round_medians)], m[0].median)
-            for g, m in zip(groups, measured.values())}
     apart = [g for g in groups if told[g.group]]
     by_slack = _key(sum(g.weight * (max(0.0, -g.slack_base) - max(0.0, -g.slack_map)) for g in apart),
                     rnd.negative_slack("base"))

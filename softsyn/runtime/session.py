@@ -49,28 +49,43 @@ def provider_of(execution_provider: str) -> str:
     raise SoftsynError(f"execution provider {execution_provider}: softsyn runs {', '.join(PROVIDERS.values())}")
 
 
-def provider_opens(provider: str) -> bool:
-    """Whether a session on `provider` ("cpu" / "cuda") opens here: onnxruntime-gpu lists CUDAExecutionProvider on
-    a machine without a GPU too, and falls back to the CPU there (said as an error log, silenced)."""
+_PROBED: dict[str, str | None] = {}  # provider -> why no session opens on it (None: one does), once per process
+
+
+def provider_problem(provider: str) -> str | None:
+    """None when a session on `provider` ("cpu" / "cuda") opens here, else why not, in words: onnxruntime-gpu lists
+    CUDAExecutionProvider on a machine without a GPU too, and falls back to the CPU there (said as an error log,
+    silenced), so a one-node session is opened to know."""
     import onnx
     import onnxruntime as ort
 
     if provider == "cpu":
-        return True
+        return None
+    if provider in _PROBED:
+        return _PROBED[provider]
+    why = None
     if PROVIDERS.get(provider) not in ort.get_available_providers():
-        return False
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    probe = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
+        why = f"provider {provider} not available here"
+    else:
+        x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+        probe = onnx.helper.make_model(
+            onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x],
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
-                                   ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    ort.set_default_logger_severity(4)  # a CUDA provider without its libraries logs an error, then CPU would run it
-    try:
-        open_session(probe, SessionSettings(provider=provider, log_severity=4))
-        return True
-    except Exception:  # noqa: BLE001 - no device, or no CUDA libraries
-        return False
-    finally:
-        ort.set_default_logger_severity(2)
+            ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 18)])
+        ort.set_default_logger_severity(4)  # a CUDA provider without its libraries logs an error, then CPU would run it
+        try:
+            open_session(probe, SessionSettings(provider=provider, log_severity=4))
+        except Exception as exc:  # noqa: BLE001 - no device, or no CUDA libraries
+            why = f"provider {provider} not available here (no session opens on it: {' '.join(str(exc).split())[:240]})"
+        finally:
+            ort.set_default_logger_severity(2)
+    _PROBED[provider] = why
+    return why
+
+
+def provider_opens(provider: str) -> bool:
+    """Whether a session on `provider` opens here (provider_problem)."""
+    return provider_problem(provider) is None
 
 
 def open_session(model, settings: SessionSettings = SessionSettings(), external: dict | None = None):
