@@ -71,8 +71,8 @@ def constraints_yaml(target: str, groups: dict) -> str:
 def analyze_dir(spec: str, constraints: Path, out: Path, materialize: bool) -> None:
     """What `softsyn analyze SPEC -c CONSTRAINTS -o OUT [--materialize]` writes."""
     from softsyn.design import Design
-    from softsyn.reports import write_reports
-    from softsyn.reports.common import write_atomic
+    from reports import write_reports
+    from reports.common import write_atomic
     from softsyn.flow.signoff import DESIGN_FILE, design_record
 
     design = Design.load(spec, constraints, progress=True, materialize=materialize)
@@ -120,7 +120,7 @@ def main() -> int:
         args.retries = 2 if args.provider == "cpu" else 0
     from softsyn.errors import SoftsynError
     from softsyn.runtime.session import device_name
-    from softsyn.reports import report_signoff
+    from reports import report_signoff
     from softsyn.flow.signoff import signoff, write_results
 
     plan = dict(PLANS[args.provider])

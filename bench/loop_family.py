@@ -40,10 +40,10 @@ NOISE_FLOOR = 0.02  # a paired ratio within 2 % of 1 is "as fast" whatever the r
 
 
 def run(model: str, constraints: Path, measure: bool, runs: int, separate: bool = False) -> bool:
-    from softsyn import passes
+    import passes
     from softsyn.design import Design
-    from softsyn.passes import optimize
-    from softsyn.passes.precision import mapping
+    from passes import optimize
+    from passes.precision import mapping
 
     design = Design.load(model, constraints, progress=False)
     for step in passes.effort("low").steps:

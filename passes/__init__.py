@@ -1,4 +1,4 @@
-"""softsyn.passes: netlist transformations, one module per pass (Yosys style), and the effort levels.
+"""passes: netlist transformations, one module per pass (Yosys style), and the effort levels.
 
 A pass is a function `run(design) -> PassResult`, registered with `register(name, help)`. It changes
 the design only through the Design's API (its netlist, then `design.netlist_changed()`), returns the

@@ -18,7 +18,7 @@ from onnxscript.rewriter import RewritePass
 from onnxscript.rewriter.rules import common as rules
 
 from softsyn.netlist import HIERARCHY_KEY
-from softsyn.passes import PassResult, register
+from passes import PassResult, register
 
 # Rewrites that only remove work: x+0, x*1, Cast to the same type, Expand/Transpose that change nothing,
 # back-to-back Casts/Reshapes/Transposes/Unsqueezes, Slices that take everything, Dropout at inference.

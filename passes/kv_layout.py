@@ -37,8 +37,8 @@ import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.netlist import HIERARCHY_KEY
-from softsyn.passes import PassResult, register
-from softsyn.passes.fuse.graph import add_initializer, make_node
+from passes import PassResult, register
+from passes.fuse.graph import add_initializer, make_node
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
 
 GQA_SEQLENS, GQA_TOTAL = 5, 6  # GroupQueryAttention's seqlens_k and total_sequence_length inputs
@@ -190,7 +190,7 @@ def kv_dtype_note(requested: str | None, emitted: str | None, why: str = "") -> 
 
 
 def weightless(design) -> bool:
-    from softsyn.passes.precision.mapping import is_weightless
+    from passes.precision.mapping import is_weightless
 
     return any(is_weightless(v) for v in design.netlist.model.graph.initializers.values())
 
@@ -210,7 +210,7 @@ def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray,
     seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
     random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
     is not."""
-    from softsyn.passes.precision.sensitivity import Runner
+    from passes.precision.sensitivity import Runner
     from softsyn.runtime.kv_quant import channel_scales
 
     runner = Runner(design, provider="cpu")

@@ -1,8 +1,8 @@
 """optimize (effort medium and up): slack-driven precision mapping under the accuracy and area budgets.
 
 The loop: tabulate once, per path group, every candidate cell's cost at each precision its library has a cell
-for (softsyn.passes.precision.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
-search a map on the tables (softsyn.passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
+for (passes.precision.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
+search a map on the tables (passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
 ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
 map end to end (the design with the whole map quantised, run on the target's device when it is here, else ORT CPU,
 against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
@@ -13,7 +13,7 @@ Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the g
 error is scaled by measured / estimated and the map searched once more on those calibrated errors, checked end to
 end again; the estimate is a bound built to over-read, 1.2-7x for a plain sum, `calibrated_search`), `retime`
 (ultra: a kept map is measured against the design before it on the target's provider, when it runs here, and the
-tables back-annotated and searched again if the map is no faster: softsyn.passes.precision.retime).
+tables back-annotated and searched again if the map is no faster: passes.precision.retime).
 The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
 error and its cost per group, and the rows the compile log prints for each search step (estimates).
 """
@@ -22,11 +22,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from softsyn.passes import PassResult, register
-from softsyn.passes.precision import kv_moves
-from softsyn.passes.precision import mapping as mp
-from softsyn.passes.precision import retime as measured
-from softsyn.passes.precision import search, sensitivity
+from passes import PassResult, register
+from passes.precision import kv_moves
+from passes.precision import mapping as mp
+from passes.precision import retime as measured
+from passes.precision import search, sensitivity
 from softsyn.timing.cost import precision_of
 
 ATTEMPTS = 3  # end-to-end checks before the design keeps its precision
@@ -237,7 +237,7 @@ def start_area(design) -> float:
 
 
 def kv_step(design, report: OptimizeReport, budget: float, map_error: float, area0: float) -> dict[str, int]:
-    """The KV moves (softsyn.passes.precision.kv_moves) after the map: the buffer's length when the area is over
+    """The KV moves (passes.precision.kv_moves) after the map: the buffer's length when the area is over
     budget, then the KV dtype; their rows into the trace, their verdicts into the notes; counts of kept moves."""
     def row(phase: str, analysis) -> None:
         worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None

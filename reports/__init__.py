@@ -1,24 +1,24 @@
-"""softsyn.reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.timing.results objects.
+"""reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.timing.results objects.
 
 Every builder takes a result (an `Analysis`, fusion coverage, a signoff or verify result) and returns
-text; none recomputes timing or area. Tables are column data (softsyn.reports.columns).
+text; none recomputes timing or area. Tables are column data (reports.columns).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from softsyn.timing import Analysis
-from softsyn.reports.area import report_area
-from softsyn.reports.columns import TIMING_COLUMNS
-from softsyn.reports.common import Column, Table, write_atomic
-from softsyn.reports.constraint import report_constraint
-from softsyn.reports.fusion import fusion_json, fusion_table, report_fusion
-from softsyn.reports.json_io import from_json, to_json
-from softsyn.reports.precision import precision_table, report_precision, retime_table
-from softsyn.reports.qor import report_qor
-from softsyn.reports.signoff import report_signoff
-from softsyn.reports.timing import Row, fold_points, path_rows, report_timing
-from softsyn.reports.verify import report_verify, verify_table
+from reports.area import report_area
+from reports.columns import TIMING_COLUMNS
+from reports.common import Column, Table, write_atomic
+from reports.constraint import report_constraint
+from reports.fusion import fusion_json, fusion_table, report_fusion
+from reports.json_io import from_json, to_json
+from reports.precision import precision_table, report_precision, retime_table
+from reports.qor import report_qor
+from reports.signoff import report_signoff
+from reports.timing import Row, fold_points, path_rows, report_timing
+from reports.verify import report_verify, verify_table
 
 REPORTS = {
     "timing": report_timing,

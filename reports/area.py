@@ -3,12 +3,12 @@ KV budget: what the constraint leaves for the KV cache, the largest concurrency 
 from __future__ import annotations
 
 from softsyn.timing import Analysis, AreaItem, KVBudget
-from softsyn.reports.columns import (AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_KV_COLUMNS, AREA_LIMIT_COLUMNS,
+from reports.columns import (AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_KV_COLUMNS, AREA_LIMIT_COLUMNS,
                                      AREA_WEIGHT_COLUMNS)
-from softsyn.reports.common import (Table, banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope,
+from reports.common import (Table, banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope,
                                     render, table_header, table_row, table_rule)
-from softsyn.reports.suggest import area_suggestions
-from softsyn.reports.tp import tp_lines
+from reports.suggest import area_suggestions
+from reports.tp import tp_lines
 
 
 def truncate_hierarchy(items: list[AreaItem], depth: int) -> list[AreaItem]:

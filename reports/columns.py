@@ -1,12 +1,12 @@
 """Every report table's columns, in one place: the text reports print them and a JSON or HTML
-consumer reads the same definitions (`Column.to_dict`) next to the rows (softsyn.reports.common.Table).
+consumer reads the same definitions (`Column.to_dict`) next to the rows (reports.common.Table).
 
 Timing, area and constraint tables use the DC layout (a width includes the column's padding);
 fusion, signoff and verify use the format-spec layout (`gap` blanks, then the width).
 """
 from __future__ import annotations
 
-from softsyn.reports.common import Column
+from reports.common import Column
 
 # ------------------------------------------------------------------------------------------ DC layout
 

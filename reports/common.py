@@ -2,7 +2,7 @@
 
 Tables are data: a `Column` says what a row value is and how it prints, a `Table` holds the
 rows (SI values) and renders them as fixed-width text here and as JSON/HTML through
-`Table.to_dict`. Every table's columns are defined in softsyn.reports.columns. Two text
+`Table.to_dict`. Every table's columns are defined in reports.columns. Two text
 layouts exist: the DC layout (`table_row`: a column's width includes its padding, an
 overflowing value borrows the next column's padding) and the format-spec layout
 (`fixed_line`: `gap` blanks, then the value padded to its width; an overflowing value pushes

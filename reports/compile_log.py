@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from softsyn.reports.common import TIME_UNITS, Column
+from reports.common import TIME_UNITS, Column
 from softsyn.units import fmt_bytes
 
 if TYPE_CHECKING:

@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from softsyn.timing import Analysis
-from softsyn.reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
-from softsyn.reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
+from reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
+from reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
                                     table_row, table_rule)
-from softsyn.reports.suggest import area_suggestions, timing_suggestions
+from reports.suggest import area_suggestions, timing_suggestions
 
 
 def _header(columns: Sequence[Column], unit: str) -> list[str]:

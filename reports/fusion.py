@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from softsyn.reports.columns import FUSION_COLUMNS, FUSION_MISS_COLUMNS
-from softsyn.reports.common import BANNER_RULE, Table
+from reports.columns import FUSION_COLUMNS, FUSION_MISS_COLUMNS
+from reports.common import BANNER_RULE, Table
 
 SCHEMA = "softsyn.fusion/1"
 
@@ -20,7 +20,7 @@ def _percent(fused: int, candidates: int) -> float | None:
 
 
 def fusion_table(coverage) -> Table:
-    """One row per fusion kind of a list of softsyn.passes.fuse Coverage (the `fuse` pass's result:
+    """One row per fusion kind of a list of passes.fuse Coverage (the `fuse` pass's result:
     kind, candidates, fused, misses, target_op, note)."""
     return Table(FUSION_COLUMNS, tuple(
         {"kind": c.kind, "candidates": c.candidates, "fused": c.fused, "missed": c.candidates - c.fused,

@@ -2,7 +2,7 @@
 
 Rendered from what the text and JSON reports render, read back from DIR: analysis.json (the Analysis),
 reports/fusion.json, compile_log.json, netlist.json and runtime/session.json (a compile), signoff/signoff.json
-(a sign-off). Every table is a `Table` of SI rows with its columns from softsyn.reports.columns (or the
+(a sign-off). Every table is a `Table` of SI rows with its columns from reports.columns (or the
 columns saved beside the rows) and prints through `format_cell`, as the text does; each number also sits
 in a `data-si` attribute, so a reader (and the tests) compare it with the JSON. A section appears when
 the data behind it exists: the compile log after a compile, the precision map where cells are known,
@@ -16,14 +16,14 @@ from pathlib import Path
 
 from softsyn.errors import SoftsynError
 from softsyn.flow.signoff import SignoffResult
-from softsyn.reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
-from softsyn.reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
+from reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
+from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
                                     write_atomic)
-from softsyn.reports.html_table import UNIT, saved_table, t, table_html
-from softsyn.reports.json_io import from_json
-from softsyn.reports.suggest import area_suggestions, timing_suggestions
-from softsyn.reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
-from softsyn.reports.waterfall import group_sections, path_status
+from reports.html_table import UNIT, saved_table, t, table_html
+from reports.json_io import from_json
+from reports.suggest import area_suggestions, timing_suggestions
+from reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
+from reports.waterfall import group_sections, path_status
 from softsyn.timing import Analysis
 
 HTML_FILE = "reports/report.html"
@@ -240,7 +240,7 @@ def compile_log(page: Page) -> dict | None:
 
 def signoff(page: Page) -> dict | None:
     """Predicted vs measured: per group (one scatter) and per cell of each group, from signoff.json."""
-    from softsyn.reports.signoff import cell_table, group_table
+    from reports.signoff import cell_table, group_table
 
     result = page.signoff
     if result is None:

@@ -1,4 +1,4 @@
-"""HTML tables of the report page (softsyn.reports.html): a `Table` as the text prints it, each number's SI
+"""HTML tables of the report page (reports.html): a `Table` as the text prints it, each number's SI
 value in data-si; a table saved with its columns (Table.to_dict) or as plain rows read back."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 from markupsafe import Markup
 
-from softsyn.reports.common import Column, Table, format_cell, fpercent, ftime
+from reports.common import Column, Table, format_cell, fpercent, ftime
 
 UNIT = "ms"
 

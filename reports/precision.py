@@ -1,6 +1,6 @@
 """report_precision: the compile loop's per-cell precision map, requested vs realised, never a silent override.
 
-One row per candidate cell of the `optimize` pass (softsyn.passes.optimize.OptimizeReport): the precision the
+One row per candidate cell of the `optimize` pass (passes.optimize.OptimizeReport): the precision the
 search asked for, the one the netlist holds after the map was applied, the output error it adds (measured, or
 the labelled prior of a plan) and its change in cost per path group (library tables; negative is faster).
 At ultra, when the target device was present, the measured re-timing's rounds follow (`retime_table`): per group the
@@ -8,9 +8,9 @@ predicted latency (the STA's, plus the tables' change for the map) next to the m
 """
 from __future__ import annotations
 
-from softsyn.passes.precision.search import ESTIMATE_RULE
-from softsyn.reports.columns import RETIME_COLUMNS, precision_columns
-from softsyn.reports.common import BANNER_RULE, Table
+from passes.precision.search import ESTIMATE_RULE
+from reports.columns import RETIME_COLUMNS, precision_columns
+from reports.common import BANNER_RULE, Table
 
 
 def precision_table(report) -> Table:

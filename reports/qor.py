@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from softsyn.timing import Analysis, AreaResult
-from softsyn.reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
+from reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
                                     render)
-from softsyn.reports.suggest import area_suggestions, timing_suggestions
-from softsyn.reports.tp import tp_lines
+from reports.suggest import area_suggestions, timing_suggestions
+from reports.tp import tp_lines
 
 LABEL_WIDTH = 28
 VALUE_WIDTH = 14

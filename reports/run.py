@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from softsyn.reports.columns import RUN_COLUMNS
-from softsyn.reports.common import INDENT, Table
+from reports.columns import RUN_COLUMNS
+from reports.common import INDENT, Table
 
 KV_TEXT = {"shared": "one max_length buffer per layer, past and present bound to it, updated in place",
            "grown": "present of each step bound as the next step's past (the graph grows its cache)"}

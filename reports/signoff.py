@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from softsyn.reports.columns import SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_OP_COLUMNS
-from softsyn.reports.common import BANNER_RULE, INDENT, Table, fpercent, ftime, is_unconstrained
+from reports.columns import SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_OP_COLUMNS
+from reports.common import BANNER_RULE, INDENT, Table, fpercent, ftime, is_unconstrained
 
 
 def _defined(x: float) -> float | None:

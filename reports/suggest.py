@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from softsyn.passes.precision.search import map_error
-from softsyn.reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
+from passes.precision.search import map_error
+from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
 _ADVICE: list[tuple[set[str], str]] = [
     ({"MatMulNBits", "QMoE"},
@@ -173,7 +173,7 @@ def kv_budget_advice(budget, unit: str) -> list[str]:
 
 
 def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
-    """Per violated group, from the compile loop's own tables (softsyn.passes.optimize.OptimizeReport): the cells
+    """Per violated group, from the compile loop's own tables (passes.optimize.OptimizeReport): the cells
     still above their fastest precision, fastest saving first, that would close the miss, what they save and
     the error they add (both estimates), and the clock that the design as it is would meet."""
     problem = getattr(report, "problem", None)

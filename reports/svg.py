@@ -1,4 +1,4 @@
-"""Inline SVG charts of the HTML report (softsyn.reports.html): bars, a stacked bar, a line plot, a scatter.
+"""Inline SVG charts of the HTML report (reports.html): bars, a stacked bar, a line plot, a scatter.
 
 Each function takes numbers the report's rows already hold (SI values) and returns SVG markup (a
 markupsafe.Markup); it computes no figure of its own beyond scaling to the drawing. Every chart has a

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from softsyn.timing import Analysis, PathPoint, TimingPath
-from softsyn.reports.columns import TIMING_COLUMNS
-from softsyn.reports.common import banner_lines, ftime, indexed_scope, is_unconstrained, render, table_header, table_row
-from softsyn.reports.suggest import timing_suggestions
+from reports.columns import TIMING_COLUMNS
+from reports.common import banner_lines, ftime, indexed_scope, is_unconstrained, render, table_header, table_row
+from reports.suggest import timing_suggestions
 
 
 @dataclass

@@ -4,8 +4,8 @@ fits, and where the collective delays come from."""
 from __future__ import annotations
 
 from softsyn.timing import TPPlan
-from softsyn.reports.columns import TP_COLUMNS, tp_group_columns
-from softsyn.reports.common import Table, fbytes
+from reports.columns import TP_COLUMNS, tp_group_columns
+from reports.common import Table, fbytes
 
 
 def tp_table(plan: TPPlan) -> Table:

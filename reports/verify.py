@@ -5,8 +5,8 @@ Renders a softsyn.flow.verify.VerifyResult; recomputes nothing. The table is col
 """
 from __future__ import annotations
 
-from softsyn.reports.columns import VERIFY_COLUMNS
-from softsyn.reports.common import INDENT, Table
+from reports.columns import VERIFY_COLUMNS
+from reports.common import INDENT, Table
 
 
 def verify_table(result) -> Table:

@@ -1,13 +1,13 @@
-"""The path groups of the report page (softsyn.reports.html): clock vs arrival as bars, the critical path as a
+"""The path groups of the report page (reports.html): clock vs arrival as bars, the critical path as a
 waterfall by hierarchy as timing.rpt folds it (fold_points), folded layers opening to a row per layer and then to
 their cells, each coloured by op kind and marked with its delay's source."""
 from __future__ import annotations
 
-from softsyn.reports.columns import TIMING_COLUMNS
-from softsyn.reports.common import Table, indexed_scope, is_unconstrained
-from softsyn.reports.html_table import t, table_html
-from softsyn.reports.svg import Segment, lane, op_kind
-from softsyn.reports.timing import fold_points
+from reports.columns import TIMING_COLUMNS
+from reports.common import Table, indexed_scope, is_unconstrained
+from reports.html_table import t, table_html
+from reports.svg import Segment, lane, op_kind
+from reports.timing import fold_points
 
 SOURCE_MARK = {"annot": "measured", "table": "(table)", "table-extrap": "(table-extrap)", "est": "(est)"}
 

@@ -3,7 +3,7 @@
 Passes receive the Design and change it only through this API: they edit
 `design.netlist`, then call `design.netlist_changed()`, which drops everything
 derived from the netlist; their reports land in `design.pass_reports` (filled
-by `softsyn.passes.run_pass`). Reports render the Analysis it produces. Path
+by `passes.run_pass`). Reports render the Analysis it produces. Path
 groups are resolved here, from the constraints and the kind of netlist: a
 decoder LLM gets `prefill` (TTFT) and `decode` (TPOT) by default, an encoder
 one `encoder` group.

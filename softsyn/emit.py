@@ -6,9 +6,9 @@
     DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
     DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
     DIR/runtime/vllm*.json|sh, trtllm-*  a decoder's vLLM and TensorRT-LLM serving settings (softsyn.runtime.engines)
-    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (softsyn.reports), fusion.json
+    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (reports), fusion.json
     DIR/compile.log, compile_log.json    one row per step (text, JSON)
-    DIR/reports/report.html              the page of all of it (softsyn.reports.html), written last
+    DIR/reports/report.html              the page of all of it (reports.html), written last
     DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
 
 A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
@@ -33,7 +33,7 @@ from softsyn.netlist import NETLIST_META_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
-from softsyn.passes.precision.mapping import REQUESTED_KEY
+from passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 from softsyn.timing.cost import FP8_MATMUL
 
@@ -53,10 +53,10 @@ def require_weights(netlist) -> None:
 
 def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
-    from softsyn import reports
-    from softsyn.reports.compile_log import compile_log_json, report_compile_log
-    from softsyn.reports.html import write_html
-    from softsyn.reports.suggest import precision_suggestions
+    import reports
+    from reports.compile_log import compile_log_json, report_compile_log
+    from reports.html import write_html
+    from reports.suggest import precision_suggestions
 
     netlist = design.netlist
     if not plan:
@@ -244,7 +244,7 @@ def _precision_map(report) -> dict | None:
     """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
     if report is None or not getattr(report, "cells", None):
         return None
-    from softsyn.reports import retime_table
+    from reports import retime_table
 
     measured = getattr(report, "retime", None)  # ultra's measured re-timing: the rows precision.rpt prints, SI
     return {"requested": dict(Counter(c.requested for c in report.cells)),

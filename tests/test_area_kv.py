@@ -17,8 +17,8 @@ from softsyn.frontends import read_design
 from softsyn.frontends.zoo import ZOO
 from softsyn.library import load_library
 from softsyn.netlist import Netlist
-from softsyn.reports import from_json, report_area, to_json
-from softsyn.reports.area import kv_table, weight_table
+from reports import from_json, report_area, to_json
+from reports.area import kv_table, weight_table
 from softsyn.timing import Analysis
 from softsyn.timing.area import area
 

@@ -9,13 +9,13 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
-from softsyn import passes
+import passes
 from softsyn.cli import main
 from softsyn.emit import check
 from softsyn.errors import SoftsynError
 from softsyn.flow.compile import CompileLog, LogRow
-from softsyn.passes import LOW
-from softsyn.reports.compile_log import COMPILE_LOG_COLUMNS, compile_log_json, report_compile_log
+from passes import LOW
+from reports.compile_log import COMPILE_LOG_COLUMNS, compile_log_json, report_compile_log
 
 TINY = "zoo:qwen3-tiny"
 # The GPU-target artifact must also run on ORT CPU for verify here: Llama's GQA (rotary absorbed) does;

@@ -146,7 +146,7 @@ def test_a_plain_export_fused_for_cuda_runs_on_the_cpu_and_matches(family, famil
     import numpy as np
     import onnx_ir as ir
 
-    from softsyn import passes
+    import passes
     from softsyn.design import Design
 
     model = export_family(family, family_dir)

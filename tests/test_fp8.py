@@ -11,7 +11,7 @@ import pytest
 
 from softsyn.library import load_library
 from softsyn.netlist import Netlist
-from softsyn.passes.precision import mapping as mp
+from passes.precision import mapping as mp
 from softsyn.timing.cost import node_work, precision_of
 
 FP8 = ir.DataType.FLOAT8E4M3FN
@@ -226,7 +226,7 @@ def test_fp8_is_offered_where_allowed_and_characterised_else_skipped_with_a_reas
     assert ("fp8" in cand.options) == offered and (why is None) == ("fp8" not in skipped)
     if why:
         assert why in skipped["fp8"]
-        from softsyn import passes
+        import passes
 
         passes.run_pass(design, "optimize", {})  # the loop's report says why fp8 was not offered
         assert any(note.startswith("fp8: ") and why in note for note in design.pass_reports["optimize"].notes)
@@ -245,7 +245,7 @@ def test_fp8_is_offered_where_allowed_and_characterised_else_skipped_with_a_reas
 def test_the_fp16_pass_keeps_an_fp8_cell_s_scales_fp32():
     """A design that already holds fp8 cells (an fp8 checkpoint's export, a compiled artifact read back): its fp32
     activations go fp16, the scales stay fp32 as the op's schema wants, and the CPU view runs the result."""
-    from softsyn.passes.precision.fp16 import to_fp16
+    from passes.precision.fp16 import to_fp16
     from softsyn.runtime.fp8_view import expand_fp8_matmuls
     from softsyn.runtime.session import open_session
 

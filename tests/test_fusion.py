@@ -13,11 +13,11 @@ from onnx import TensorProto as T
 from onnx import helper as oh
 
 from softsyn.frontends import read_design
-from softsyn.passes.fuse import Coverage, Miss, fuse, fusion_kinds
+from passes.fuse import Coverage, Miss, fuse, fusion_kinds
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.timing.cost import node_work
 from softsyn.netlist import HIERARCHY_KEY, Netlist
-from softsyn.reports import report_fusion
+from reports import report_fusion
 
 DECODE_SCENARIOS = [{"batch": 2, "seq": 5, "past": 0}, {"batch": 2, "seq": 1, "past": 7}]
 
@@ -338,7 +338,7 @@ def test_float16_export_fuses_fully_and_matches(name, cache_dir, tmp_path_factor
 def _distinct_qk_norm_weights(model):
     """Random exports share one all-ones initializer between q_norm and k_norm: give each its own random
     weight, so a q/k swap or a dropped weight shows in the numbers."""
-    from softsyn.passes.fuse.graph import add_initializer
+    from passes.fuse.graph import add_initializer
 
     rng = np.random.default_rng(5)
     for node in list(model.graph):
@@ -411,7 +411,7 @@ def _gqa_reference(node, vals):
 def _run_with_gqa_reference(nl, feeds):
     """All graph outputs of a cuda-fused model: every GroupQueryAttention by the numpy reference, everything
     else on ORT CPU (graph.evaluate), layer after layer."""
-    from softsyn.passes.fuse.graph import evaluate
+    from passes.fuse.graph import evaluate
 
     g, opsets = nl.model.graph, dict(nl.model.opset_imports)
     known = {v: feeds[v.name] for v in g.inputs}
@@ -510,7 +510,7 @@ def test_cuda_gqa_rotary_only_runs_on_cpu_and_matches(cache_dir, tmp_path):
 def test_cuda_rotary_on_computed_positions_is_not_absorbed(cache_dir):
     """Rotary reading a computed position tensor (here position_ids + 3): GQA would rotate at past + i, so it
     keeps today's unabsorbed form (still fused) and the note says why."""
-    from softsyn.passes.fuse.graph import int64, make_node
+    from passes.fuse.graph import int64, make_node
 
     nl = read_design("zoo:qwen3-tiny", cache_dir=cache_dir, progress=False)
     fuse(nl, "cuda", kinds=["rms_norm", "rotary"])
@@ -544,7 +544,7 @@ def test_cpu_gqa_keeps_rotary_and_norms_outside(fused_pairs):
 
 
 def test_half_precision_attention_scale_is_restored_to_its_exact_value():
-    from softsyn.passes.fuse.attention import exact_scale
+    from passes.fuse.attention import exact_scale
 
     rounded = float(np.float16(128 ** -0.5))  # what an fp16 export stores: 0.08838 -> 0.08844
     assert exact_scale(rounded, 128) == 128 ** -0.5
@@ -572,7 +572,7 @@ def _zoo_2layers(cache_dir, weights: str, name: str = "qwen3-1.7b", dtype: str =
 
 
 def _flatten(nl):
-    from softsyn.passes import get
+    from passes import get
 
     class _D:  # what the flatten pass uses of a Design
         netlist = nl
@@ -829,7 +829,7 @@ def test_a_fusion_the_library_times_slower_is_kept_with_its_figures(library, fus
     from softsyn.constraints.model import Constraints
     from softsyn.design import Design
     from softsyn.library import load_library
-    from softsyn.passes.fuse import KEPT, cost_check
+    from passes.fuse import KEPT, cost_check
 
     nl = _residual_layer_norm()
     design = Design(nl, Constraints.default(), load_library(library), progress=False)
@@ -852,7 +852,7 @@ def test_an_estimated_delay_is_no_evidence_against_a_fusion():
     from softsyn.constraints.model import Constraints
     from softsyn.design import Design
     from softsyn.library import load_library
-    from softsyn.passes.fuse import cost_check
+    from passes.fuse import cost_check
 
     nl = _gelu_block("onnx-none")
     library = load_library("cpu-ort")

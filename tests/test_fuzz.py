@@ -28,7 +28,7 @@ from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.library import load_library
-from softsyn.reports import REPORTS, from_json, to_json
+from reports import REPORTS, from_json, to_json
 
 PER_EXAMPLE_S = 30
 FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True,

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from softsyn.cli import main, run
-from softsyn.reports.html import HTML_FILE, Page, load_page, render_html
+from reports.html import HTML_FILE, Page, load_page, render_html
 
 
 def parse(html: str) -> ET.Element:

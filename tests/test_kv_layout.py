@@ -9,14 +9,14 @@ import onnx_ir as ir
 import pytest
 
 from genai_tokens import genai_tokens
-from softsyn import passes
+import passes
 from softsyn.constraints import parse_constraints
 from softsyn.design import Design
 from softsyn.flow.compile import compile_design
 from softsyn.flow.verify import reference_record, verify
 from softsyn.frontends import read_design
 from softsyn.library import load_library
-from softsyn.passes import LOW, Effort, run_pass
+from passes import LOW, Effort, run_pass
 from softsyn.runtime.decoder import decoder_io
 from softsyn.runtime.generate import Generator, prompt_ids
 from softsyn.runtime.session import open_model
@@ -263,7 +263,7 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
         assert c.device == pytest.approx(graphed.graph_delay("MatMul", "fp16", c.work.sizes))
         assert c.device != eager_device[id(c.node)]
     # the compile loop's option tables read the same graph table for the captured group, the eager tables for prefill
-    from softsyn.passes.precision import mapping
+    from passes.precision import mapping
 
     cands, _ = mapping.candidates(design)
     tables = mapping.delay_tables(design, cands)
@@ -284,7 +284,7 @@ def test_cuda_artifact_runs_on_the_cpu_through_its_cpu_view(cuda_artifact):
     """`softsyn run --provider cpu` on a cuda artifact (GQA with absorbed q/k norms, which ORT's CPU kernel refuses)
     generates through the CPU view, as verify checks it, and says so."""
     from softsyn.flow.run import RunSettings, run
-    from softsyn.reports.run import report_run
+    from reports.run import report_run
 
     result = run(cuda_artifact, RunSettings(prompt_len=16, gen=4, provider="cpu", runs=1, warmup=0), show_progress=False)
     assert result.viewed == 2 and len(result.generations[0].tokens) == 4

@@ -165,11 +165,11 @@ def test_a_weightless_plan_gets_the_int8_cache_with_placeholder_scales(cache_dir
     """A plan (no weights, no model written) is timed and sized with the int8 cache; its note says the scales are
     placeholders, and the STA labels the uncharacterised GroupQueryAttention.int8 cell an estimate. (qwen3-tiny
     stands for the plan, its weights declared absent: a real weightless export takes a config-only model.)"""
-    from softsyn import passes
-    from softsyn.passes import LOW, run_pass
+    import passes
+    from passes import LOW, run_pass
 
     passes.load_all()  # fuse before kv_layout: the two import each other
-    from softsyn.passes import kv_layout
+    from passes import kv_layout
 
     monkeypatch.setattr(kv_layout, "weightless", lambda design: True)
     path = tmp_path / "c.yaml"
@@ -189,10 +189,10 @@ def test_a_weightless_plan_gets_the_int8_cache_with_placeholder_scales(cache_dir
 def test_where_the_int8_cache_cannot_be_realised_the_note_says_why():
     from types import SimpleNamespace
 
-    from softsyn import passes
+    import passes
 
     passes.load_all()  # fuse before kv_layout: the two import each other
-    from softsyn.passes.kv_layout import kv_dtype_note, quantised_cache_problem
+    from passes.kv_layout import kv_dtype_note, quantised_cache_problem
 
     cpu = SimpleNamespace(library=SimpleNamespace(is_gpu=False, name="cpu-ort"))
     why = quantised_cache_problem(cpu, "int8")

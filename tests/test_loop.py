@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from softsyn.cli import main
 from softsyn.library import load_library
-from softsyn.passes import effort
-from softsyn.passes.optimize import CellMap, OptimizeReport
-from softsyn.passes.precision import mapping as mp
-from softsyn.passes.precision import search
-from softsyn.reports import report_precision
+from passes import effort
+from passes.optimize import CellMap, OptimizeReport
+from passes.precision import mapping as mp
+from passes.precision import search
+from reports import report_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def test_an_impossible_budget_leaves_the_best_map_found_violating():
 @pytest.fixture(scope="module")
 def tiny(cache_dir):
     """qwen3-tiny after effort low's passes, on the CPU library."""
-    from softsyn import passes
+    import passes
     from softsyn.design import Design
 
     design = Design.load("zoo:qwen3-tiny", ROOT / "constraints" / "cpu-tiny.yaml", cache_dir=cache_dir, progress=False)
@@ -124,7 +124,7 @@ def tiny(cache_dir):
 
 def test_mapped_cells_are_ort_quantised_matmulnbits_that_run_as_measured(tiny):
     from softsyn.emit import netlist_json
-    from softsyn.passes.precision.sensitivity import Runner
+    from passes.precision.sensitivity import Runner
 
     cands, _ = mp.candidates(tiny)
     assert {c.hierarchy for c in cands} >= {"lm_head", "model.layers.0.mlp.down_proj"}
@@ -219,9 +219,9 @@ def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
     exporters write them."""
     import onnx_ir as ir
 
-    from softsyn import passes
+    import passes
     from softsyn.design import Design
-    from softsyn.passes.precision.router import router_cells
+    from passes.precision.router import router_cells
 
     cons = tmp_path / "c.yaml"
     cons.write_text("target: cpu-ort\nclock_period: 1s\nprecision: {allowed: [fp32, int4], default: fp32}\n")
@@ -250,9 +250,9 @@ def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
 def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_path):
     """On a GPU library the loop's speed-up rests on the tables until measured (an int8 map measured slower than fp16
     on the H200): a re-mapped design says so, in the precision report's notes and the compile log."""
-    from softsyn import passes
+    import passes
     from softsyn.design import Design
-    from softsyn.passes.optimize import GPU_SPEED_UNMEASURED
+    from passes.optimize import GPU_SPEED_UNMEASURED
 
     cons = tmp_path / "g.yaml"
     cons.write_text("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 64, context_len: 128}\npath_groups:\n"
@@ -271,7 +271,7 @@ def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_pa
 def _calibration_problem():
     """Four cells whose int4 saves 5 us each on a decode that misses by 15 us; at 0.15 error each the estimate
     (RSS x1.25) admits one cell under a 0.25 budget, at half that error the three that meet the clock and more."""
-    from softsyn.passes.precision import search
+    from passes.precision import search
 
     cells = ("a", "b", "c", "d")
     return search.Problem(cells, {c: ("fp16", "int4") for c in cells},
@@ -281,9 +281,9 @@ def _calibration_problem():
 
 
 def test_ultra_calibrates_the_errors_by_a_check_that_read_well_under_the_estimate():
-    from softsyn.passes import effort
-    from softsyn.passes.optimize import OptimizeReport, calibrated_search
-    from softsyn.passes.precision import search
+    from passes import effort
+    from passes.optimize import OptimizeReport, calibrated_search
+    from passes.precision import search
 
     (step,) = [s for s in effort("ultra").steps if s.pass_name == "optimize"]
     assert dict(step.options)["calibrate"] is True
@@ -326,7 +326,7 @@ def test_each_search_step_row_is_stamped_when_the_step_ended():
     from types import SimpleNamespace
 
     from softsyn.flow.compile import CompileLog
-    from softsyn.passes.optimize import TraceRow
+    from passes.optimize import TraceRow
 
     log = CompileLog("d", "lib", effort("ultra"))
     trace = [TraceRow("opt.ilp", 0.0, 0.0, 0.0, 0.0, "", at=log.start + 1.5),

@@ -13,7 +13,7 @@ import pytest
 from softsyn.frontends import read_design, replicate, zoo
 from softsyn.frontends.export import META_WEIGHTS
 from softsyn.netlist import HIERARCHY_KEY, Netlist
-from softsyn.passes.fuse import fuse
+from passes.fuse import fuse
 
 LAYERS = 3  # one more than zoo:qwen3-moe-tiny's 2: layer 2 is a copy of layer 1
 
@@ -90,8 +90,8 @@ def _weightless(nl: Netlist) -> Netlist:
 def test_weightless_experts_fuse_into_moe_with_weightless_weights(cache_dir, moe3, monkeypatch, probe_bytes):
     """Meta expert weights fuse: probed with seeded stand-ins while small, by data flow alone above
     PROBE_WEIGHT_BYTES (a real-size layer's GBs are never allocated); the fused fc1/fc2 stay weightless."""
-    from softsyn.passes.fuse import moe as moe_rule
-    from softsyn.passes.precision.router import router_cells
+    from passes.fuse import moe as moe_rule
+    from passes.precision.router import router_cells
 
     monkeypatch.setattr(moe_rule, "PROBE_WEIGHT_BYTES", probe_bytes)
     nl = _weightless(_moe3(cache_dir))
@@ -114,7 +114,7 @@ def test_weightless_experts_fuse_into_moe_with_weightless_weights(cache_dir, moe
 
 def test_router_softmax_and_topk_stay_fp32_when_the_rest_goes_fp16(cache_dir):
     """Unfused routing (a target without MoE) keeps its Softmax/TopK out of fp16 (rule moe_router)."""
-    from softsyn.passes.precision.fp16 import to_fp16
+    from passes.precision.fp16 import to_fp16
 
     nl = _moe3(cache_dir)
     result = to_fp16(nl.model)

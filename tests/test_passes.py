@@ -17,8 +17,8 @@ from softsyn.frontends import read_design
 from softsyn.library import load_library
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.netlist import HIERARCHY_KEY, Netlist
-from softsyn import passes
-from softsyn.passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass
+import passes
+from passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass
 
 SCENARIOS = [{"batch": 1, "seq": 8, "past": 0}, {"batch": 1, "seq": 1, "past": 8}]  # prefill, decode
 
@@ -204,7 +204,7 @@ def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):
     without fp16 allowed it is a one-line constraints error."""
     from softsyn.constraints import parse_constraints
     from softsyn.errors import SoftsynError
-    from softsyn.passes.precision import default_precision
+    from passes.precision import default_precision
 
     class _D:
         library = load_library("h200-ort-cuda")
@@ -225,7 +225,7 @@ def test_dont_touch_cells_of_an_fp16_source_stay_fp16_and_load(tmp_path):
     import numpy as np
     import onnxruntime as ort
 
-    from softsyn.passes.precision.fp16 import to_fp16
+    from passes.precision.fp16 import to_fp16
 
     w = ir.Value(name="w", shape=ir.Shape([16, 8]), type=ir.TensorType(ir.DataType.FLOAT16),
                  const_value=ir.tensor(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float16), name="w"))

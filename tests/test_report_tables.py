@@ -12,9 +12,9 @@ import pytest
 
 from softsyn.flow.signoff import CellRow, GroupResult, OpRow, SignoffResult
 from softsyn.flow.verify import OutputCheck, VerifyResult
-from softsyn.reports import fusion_table, report_fusion, report_signoff, report_verify, verify_table
-from softsyn.reports.common import Column, fixed_line
-from softsyn.reports.signoff import cell_table, group_table, op_table
+from reports import fusion_table, report_fusion, report_signoff, report_verify, verify_table
+from reports.common import Column, fixed_line
+from reports.signoff import cell_table, group_table, op_table
 
 GOLDEN = Path(__file__).parent / "golden"
 MS = 1e-3
@@ -33,7 +33,7 @@ def check_golden(name: str, text: str) -> None:
 
 @dataclass
 class Miss:
-    """What report_fusion reads of softsyn.passes.fuse's Miss."""
+    """What report_fusion reads of passes.fuse's Miss."""
 
     site: str
     reason: str
@@ -41,7 +41,7 @@ class Miss:
 
 @dataclass
 class Coverage:
-    """What report_fusion reads of softsyn.passes.fuse's Coverage (the fuse pass's result per kind)."""
+    """What report_fusion reads of passes.fuse's Coverage (the fuse pass's result per kind)."""
 
     kind: str
     candidates: int = 0

@@ -1,4 +1,4 @@
-"""softsyn.reports: golden text of every report on a hand-built Analysis, plus fold_points,
+"""reports: golden text of every report on a hand-built Analysis, plus fold_points,
 JSON round-trip and the MET/VIOLATED lines. SOFTSYN_UPDATE_GOLDEN=1 rewrites tests/golden/."""
 from __future__ import annotations
 
@@ -10,22 +10,22 @@ from pathlib import Path
 
 import pytest
 
-try:  # installed (pip install -e .): reports/ is the package softsyn.reports
-    import softsyn.reports  # noqa: F401
-except ImportError:  # from a bare checkout: map reports/ onto softsyn.reports
+try:  # installed (pip install -e .): reports/ is the package reports
+    import reports  # noqa: F401
+except ImportError:  # from a bare checkout: map reports/ onto reports
     import importlib.util
     import sys
 
     _init = Path(__file__).resolve().parents[1] / "reports" / "__init__.py"
-    _spec = importlib.util.spec_from_file_location("softsyn.reports", _init,
+    _spec = importlib.util.spec_from_file_location("reports", _init,
                                                    submodule_search_locations=[str(_init.parent)])
-    sys.modules["softsyn.reports"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["softsyn.reports"])
+    sys.modules["reports"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["reports"])
 
 from softsyn.timing import (Analysis, AreaItem, AreaResult, GroupTiming, KVBudget, PathPoint, Scenario, TimingPath,
                             WeightOption, WorkspacePoint)
 from softsyn.timing.area import kv_budget, weight_options
-from softsyn.reports import (REPORTS, fold_points, from_json, report_area, report_constraint,
+from reports import (REPORTS, fold_points, from_json, report_area, report_constraint,
                              report_qor, report_timing, to_json, write_reports)
 
 GOLDEN = Path(__file__).parent / "golden"

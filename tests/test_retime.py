@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from softsyn import passes
+import passes
 from softsyn.design import Design
 from softsyn.emit import session_json
 from softsyn.flow.compile import CompileLog
-from softsyn.passes import effort
-from softsyn.passes import optimize
-from softsyn.passes.precision import mapping as mp
-from softsyn.passes.precision import retime as rt
-from softsyn.passes.precision import search
-from softsyn.reports import report_precision
+from passes import effort
+from passes import optimize
+from passes.precision import mapping as mp
+from passes.precision import retime as rt
+from passes.precision import search
+from reports import report_precision
 from softsyn.runtime.measure import Measurement
 
 ROOT = Path(__file__).resolve().parents[1]

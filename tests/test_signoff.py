@@ -94,7 +94,7 @@ def test_signoff_says_when_the_library_describes_another_machine_or_a_busy_one(s
     prediction, and at 12-25x with every core taken: the report names both, from signoff.json's machine entry."""
     from softsyn.flow.signoff import SignoffResult, same_device
     from softsyn.library import load_library
-    from softsyn.reports.signoff import report_signoff
+    from reports.signoff import report_signoff
     from softsyn.runtime.session import describe_device
 
     _, _, out, text = signed

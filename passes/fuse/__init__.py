@@ -2,28 +2,28 @@
 
 This module is the rule list and the only module that imports the rule files. Rules run in RULES
 order: norms and rotary before attention, which on cuda absorbs the fused rotary and q/k norms. The rule
-contract is softsyn.passes.fuse.base; the graph helpers rules share are softsyn.passes.fuse.graph. Attention
+contract is passes.fuse.base; the graph helpers rules share are passes.fuse.graph. Attention
 is one kind with one op rule per target op: `attention` matches every site once, then GroupQueryAttention
 (`gqa`, with `gqa_absorb` on cuda) or MultiHeadAttention (`mha`) takes it.
 """
 from __future__ import annotations
 
-from softsyn.passes import PassResult, register
-from softsyn.passes.fuse.attention import AttentionRule
-from softsyn.passes.fuse.base import Coverage, FusionContext, Miss, Rule
-from softsyn.passes.fuse.cost import KEPT, BoundScenario, CostCheck
-from softsyn.passes.fuse.gelu import GeluRule
-from softsyn.passes.fuse.gqa import GroupQueryAttentionRule
-from softsyn.passes.fuse.graph import remove_dead
-from softsyn.passes.fuse.linear_attention import LinearAttentionRule
-from softsyn.passes.fuse.mha import MultiHeadAttentionRule
-from softsyn.passes.fuse.moe import MoERule
-from softsyn.passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
-from softsyn.passes.fuse.projections import ProjectionMergeRule
-from softsyn.passes.fuse.rotary import RotaryRule
-from softsyn.passes.fuse.silu import SiluRule
-from softsyn.passes.kv_layout import buffer_length
-from softsyn.passes.precision import default_precision
+from passes import PassResult, register
+from passes.fuse.attention import AttentionRule
+from passes.fuse.base import Coverage, FusionContext, Miss, Rule
+from passes.fuse.cost import KEPT, BoundScenario, CostCheck
+from passes.fuse.gelu import GeluRule
+from passes.fuse.gqa import GroupQueryAttentionRule
+from passes.fuse.graph import remove_dead
+from passes.fuse.linear_attention import LinearAttentionRule
+from passes.fuse.mha import MultiHeadAttentionRule
+from passes.fuse.moe import MoERule
+from passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
+from passes.fuse.projections import ProjectionMergeRule
+from passes.fuse.rotary import RotaryRule
+from passes.fuse.silu import SiluRule
+from passes.kv_layout import buffer_length
+from passes.precision import default_precision
 
 RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),

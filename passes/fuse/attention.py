@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import attr, cone_inputs, const, consumers, dim, int64, is_graph_output, make_node, op, scalar
+from passes.fuse.base import Replacement, Rule, stand_in
+from passes.fuse.graph import attr, cone_inputs, const, consumers, dim, int64, is_graph_output, make_node, op, scalar
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
 

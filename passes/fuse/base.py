@@ -10,7 +10,7 @@ Each rule (onnxscript rewriter style) has three parts:
 * ``replacement(ctx, match)`` — what the rewrite would put in and take out (a ``Replacement``), so the pass can
   ask the target library whether the fused cells are faster than the nodes they replace before rewriting.
 
-``softsyn.passes.fuse.fuse(netlist, target, kinds)`` runs the rules in order and returns one
+``passes.fuse.fuse(netlist, target, kinds)`` runs the rules in order and returns one
 ``Coverage`` per kind.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.graph import MS, cone_inputs, evaluate, site
+from passes.fuse.graph import MS, cone_inputs, evaluate, site
 
 PROBE = {"batch": 2, "seq": 3, "past": 4}  # dims of the probe inputs checks evaluate cones on (others: 3)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from softsyn.netlist import eval_dim_expr
-from softsyn.passes.fuse.base import Cell, Replacement
-from softsyn.passes.fuse.graph import consumers
+from passes.fuse.base import Cell, Replacement
+from passes.fuse.graph import consumers
 from softsyn.timing import node_work, precision_of
 from softsyn.timing.sta import NONDETERMINISTIC
 from softsyn.units import fmt_time

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Cell, Replacement, Rule
-from softsyn.passes.fuse.graph import (MS, attr, const_shape, consumers, dim, insert_before, make_node, op,
+from passes.fuse.base import Cell, Replacement, Rule
+from passes.fuse.graph import (MS, attr, const_shape, consumers, dim, insert_before, make_node, op,
                                        other_input, replace_value, scalar)
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from softsyn.passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
-from softsyn.passes.fuse.base import Cell, Replacement, stand_in
-from softsyn.passes.fuse.gqa_absorb import absorb_into, absorb_note
-from softsyn.passes.fuse.graph import MS, attr, dim, fresh, insert_before, int64, make_node, replace_value
+from passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
+from passes.fuse.base import Cell, Replacement, stand_in
+from passes.fuse.gqa_absorb import absorb_into, absorb_note
+from passes.fuse.graph import MS, attr, dim, fresh, insert_before, int64, make_node, replace_value
 
 
 class GroupQueryAttentionRule(AttentionOp):

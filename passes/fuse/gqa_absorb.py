@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.graph import MS, attr, const_shape, dim, op
+from passes.fuse.graph import MS, attr, const_shape, dim, op
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from softsyn.netlist import HIERARCHY_KEY
-from softsyn.passes.fuse.base import Rule
-from softsyn.passes.fuse.graph import attr, const_shape
+from passes.fuse.base import Rule
+from passes.fuse.graph import attr, const_shape
 
 
 def _scope(node) -> str:

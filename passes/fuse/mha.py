@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from softsyn.passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
-from softsyn.passes.fuse.base import Cell, Replacement, stand_in
-from softsyn.passes.fuse.graph import MS, fresh, insert_before, make_node, replace_value
+from passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
+from passes.fuse.base import Cell, Replacement, stand_in
+from passes.fuse.graph import MS, fresh, insert_before, make_node, replace_value
 
 
 class MultiHeadAttentionRule(AttentionOp):

@@ -23,15 +23,15 @@ node is evaluated against the expert graph on ORT CPU with probe tokens; a diffe
 Weightless (meta) expert weights fuse too, into weightless fc1/fc2 of the fused shapes: up to
 PROBE_WEIGHT_BYTES they get seeded stand-ins and the same probe; above it (a real-size layer: GBs) the site is
 matched by data flow alone and the note says how many were. The router's MatMul stays outside the op, held at
-fp16/bf16 or wider by the precision rule `moe_router` (softsyn.passes.precision.router).
+fp16/bf16 or wider by the precision rule `moe_router` (passes.precision.router).
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, downstream,
+from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, downstream,
                                        evaluate, fresh, insert_before, make_node, replace_value, weightless)
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}

@@ -8,8 +8,8 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist import eval_dim_expr
-from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, insert_before, make_node,
+from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, insert_before, make_node,
                                   op, other_input, rank, replace_value, scalar)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
+from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
                                        int64, make_node, op, other_input, replace_value, weightless)
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Cell, Replacement, Rule, stand_in
-from softsyn.passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, consumers, dim,
+from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, consumers, dim,
                                        evaluate, fresh, insert_before, int64, make_node, op, other_input, placeholders,
                                        replace_value)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from softsyn.passes.fuse.base import Cell, Replacement, Rule
-from softsyn.passes.fuse.graph import MS, consumers, insert_before, make_node, other_input, replace_value
+from passes.fuse.base import Cell, Replacement, Rule
+from passes.fuse.graph import MS, consumers, insert_before, make_node, other_input, replace_value
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, None)
 

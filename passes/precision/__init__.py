@@ -4,16 +4,16 @@ The default is the library's native activation precision: fp16 on GPU targets, f
 (where ORT runs fp16 MatMuls as Cast -> fp32 -> Cast, so fp16 buys nothing). The constraints'
 `precision.default` overrides it. fp32 is the export's precision: the pass changes nothing.
 fp16 converts weights, activations and the float ports (past KV in, logits and present KV out),
-keeping fp32 islands where fp16 loses more than rounding (softsyn.passes.precision.fp16).
-Named rules hold cells above the map: `moe_router` (softsyn.passes.precision.router) keeps MoE routing at
+keeping fp32 islands where fp16 loses more than rounding (passes.precision.fp16).
+Named rules hold cells above the map: `moe_router` (passes.precision.router) keeps MoE routing at
 fp16/bf16 or wider, and the log and session.json's precision report say how many cells it held.
 """
 from __future__ import annotations
 
 from softsyn.errors import SoftsynError
-from softsyn.passes import PassResult, register
-from softsyn.passes.precision.fp16 import to_fp16
-from softsyn.passes.precision.router import RULE, router_cells, summary
+from passes import PassResult, register
+from passes.precision.fp16 import to_fp16
+from passes.precision.router import RULE, router_cells, summary
 
 UNIFORM = ("fp32", "fp16")
 # A requested precision the uniform map does not realise, and the one it realises instead when the constraints allow

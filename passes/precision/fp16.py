@@ -11,7 +11,7 @@ fp32 islands: cells where fp16 loses more than rounding.
   (65504) once |x| > 256, which real hidden states reach;
 - rotary angles: Cast(int positions -> float) ... -> Cos/Sin; fp16 holds integers exactly only up to
   2048, so angles at longer contexts would be wrong;
-- an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, softsyn.passes.precision.router);
+- an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, passes.precision.router);
 - cells the user pinned (`dont_touch` hierarchy globs);
 - float producers (Constant, ConstantOfShape, initializers) whose every consumer is fp32.
 Casts sit on every edge between an fp16 and an fp32 cell.
@@ -25,7 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
-from softsyn.passes.precision.router import router_cells
+from passes.precision.router import router_cells
 from softsyn.timing.cost import FP8_MATMUL
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16

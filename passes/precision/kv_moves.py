@@ -1,7 +1,7 @@
 """The compile loop's KV moves (optimize, effort medium and up, after the weight map): the KV buffer's length, and the
 KV dtype.
 
-- opt.kv.length: when the area (VRAM) budget is violated, the shared KV buffer (softsyn.passes.kv_layout) is cut from
+- opt.kv.length: when the area (VRAM) budget is violated, the shared KV buffer (passes.kv_layout) is cut from
   its length (kv_cache.max_length, else the workload's) to the longest timed scenario's past + seq, never below
   (kv_layout.max_length_for's rule: every timed scenario must fit). Kept when it lowers the area without raising
   a more important cost; still violated at that length, the note says what would close it.
@@ -63,7 +63,7 @@ def needed_length(design) -> int:
 
 def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
     """opt.kv.length on a design whose area is over budget (None when there is nothing to try); the analysis after."""
-    from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
+    from passes import kv_layout  # imported here: fuse and kv_layout import each other
 
     report = design.pass_reports.get("kv_layout")
     slack = analysis.area.slack
@@ -101,7 +101,7 @@ def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
 
 def dtype_blocker(design) -> str:
     """Why opt.kv.dtype is not tried on this design ("" when it is)."""
-    from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
+    from passes import kv_layout  # imported here: fuse and kv_layout import each other
 
     report = design.pass_reports.get("kv_layout")
     cons = design.constraints
@@ -128,8 +128,8 @@ def kv_error(design, nodes, scales) -> float:
     """verify's relative error of the non-KV outputs (logits) with the int8 cache against the fp16 cache, on every
     group's seeded inputs (ORT CPU), both reading the cached values an int8 cache holds (the seeded past is no K/V
     of the model: quantised, it saturates; held, the new tokens' and the attention's error is measured)."""
-    from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
-    from softsyn.passes.precision.sensitivity import Runner
+    from passes import kv_layout  # imported here: fuse and kv_layout import each other
+    from passes.precision.sensitivity import Runner
     from softsyn.runtime.kv_quant import dequantise, quantise
 
     ports = {}
@@ -168,7 +168,7 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
     """opt.kv.dtype (see the module docstring); `budget`: the error the end-to-end check allows; `map_error`: the
     weight map's error, combined with the cache's in root sum of squares (two measured errors of independent
     roundings)."""
-    from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
+    from passes import kv_layout  # imported here: fuse and kv_layout import each other
 
     report = design.pass_reports.get("kv_layout")
     if report is None or not report.applied or report.kv_dtype != "fp16":
@@ -205,7 +205,7 @@ def unquantise_cache(graph, nodes) -> None:
     """Undo kv_layout.quantise_cache: the fp16 ports back, the quant attributes and scale initializers removed."""
     import onnx_ir as ir
 
-    from softsyn.passes import kv_layout  # imported here: fuse and kv_layout import each other
+    from passes import kv_layout  # imported here: fuse and kv_layout import each other
 
     for node in nodes:
         for idx in (kv_layout.GQA_K_SCALE, kv_layout.GQA_V_SCALE):

@@ -24,7 +24,7 @@ import onnx_ir as ir
 from softsyn.frontends.export import META_WEIGHTS as WEIGHTLESS
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
-from softsyn.passes.precision.router import RULE as ROUTER_RULE, router_cells
+from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
 BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
 NBITS = {"int4": 4, "int8": 8}

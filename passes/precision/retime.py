@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from softsyn.passes.precision import mapping as mp
-from softsyn.passes.precision import search
+from passes.precision import mapping as mp
+from passes.precision import search
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
@@ -422,7 +422,7 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
 
 def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, provider: str):
     """retime's loop, measuring with `measure`."""
-    from softsyn.passes.optimize import TraceRow
+    from passes.optimize import TraceRow
 
     base = search.baseline(problem)
     result = Retime(provider)

@@ -399,7 +399,7 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
 
 def gqa(precision: str, cache: str | None = None):
     """GroupQueryAttention: q_tokens new tokens attending kv_len cached + new tokens, batch 1; `cache` "int8": the
-    quantised cache softsyn.passes.kv_layout emits (int8 past/present, PER_CHANNEL fp32 scales [kv_heads, head_dim])."""
+    quantised cache passes.kv_layout emits (int8 past/present, PER_CHANNEL fp32 scales [kv_heads, head_dim])."""
     from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
 
     def build(s, copies, ctx: Ctx) -> Graph:

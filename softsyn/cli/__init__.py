@@ -16,7 +16,7 @@ import click
 from softsyn import __version__
 from softsyn.constraints.model import MAX_DEVICES
 from softsyn.errors import SoftsynError
-from softsyn.passes import EFFORTS
+from passes import EFFORTS
 
 ANALYSIS_FILE = "analysis.json"
 # OSErrors that are the machine refusing (full disk, read-only, permissions, a path longer than it allows), not a

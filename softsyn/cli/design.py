@@ -10,7 +10,7 @@ import click
 from softsyn import outdir
 from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
 from softsyn.constraints.reader import MAX_INT
-from softsyn.passes import EFFORTS
+from passes import EFFORTS
 
 
 @main.command()
@@ -69,7 +69,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     violation, 2 on bad input.
     """
     from softsyn.design import Design
-    from softsyn.reports import report_qor, report_timing, write_reports
+    from reports import report_qor, report_timing, write_reports
 
     if out_dir:
         outdir.check(out_dir, "analyze", given_paths(model))
@@ -80,8 +80,8 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
     click.echo(report_qor(analysis))
     if out_dir:
-        from softsyn.reports.common import write_atomic
-        from softsyn.reports.html import write_html
+        from reports.common import write_atomic
+        from reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
         record = design_record(model, constraints_file, target, cache_dir, dict(
@@ -153,7 +153,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     from softsyn.emit import require_weights
     from softsyn.flow.verify import reference_record
     from softsyn.frontends.onnx_file import check_external_data
-    from softsyn.reports import report_qor
+    from reports import report_qor
 
     out = outdir.check(out_dir, "compile", given_paths(model))
     check_effort(effort)
@@ -218,7 +218,7 @@ def verify(directory, seed, cache_dir, cpu):
     Exit status: 0 within budget, 1 on a violation, 2 on bad input.
     """
     from softsyn.flow.verify import verify as run_verify
-    from softsyn.reports import report_verify
+    from reports import report_verify
 
     result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu)
     click.echo(report_verify(result, directory), nl=False)
@@ -270,7 +270,7 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Exit status: 0 when every group's measured time meets its clock, 1 when
     a measured group violates, 2 on bad input.
     """
-    from softsyn.reports import report_signoff
+    from reports import report_signoff
     from softsyn.flow.signoff import signoff as run_signoff, write_results
 
     out = outdir.check(directory, "signoff")
@@ -325,7 +325,7 @@ def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, q
     with a KV cache; one line), 3 internal error.
     """
     from softsyn.flow.run import RunSettings, run as run_artifact
-    from softsyn.reports.run import report_run, run_json
+    from reports.run import report_run, run_json
 
     result = run_artifact(directory, RunSettings(prompt_len, gen, provider, runs, warmup, seed), show_progress=not quiet)
     click.echo(run_json(result) if as_json else report_run(result), nl=False)

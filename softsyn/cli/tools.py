@@ -10,7 +10,7 @@ import click
 from softsyn import outdir
 from softsyn.cli import ANALYSIS_FILE, main
 from softsyn.errors import SoftsynError
-from softsyn.passes import EFFORTS
+from passes import EFFORTS
 
 
 @main.command()
@@ -40,10 +40,10 @@ def report(kind, directory, group, max_paths, fold, digits):
     Example:
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
     """
-    from softsyn.reports import REPORTS, from_json, to_json
+    from reports import REPORTS, from_json, to_json
 
     if kind == "html":
-        from softsyn.reports.html import HTML_FILE, write_html
+        from reports.html import HTML_FILE, write_html
 
         out = outdir.check(directory, "report")
         with outdir.replace(out, "report", "", progress=False) as staged:
@@ -73,7 +73,7 @@ def report(kind, directory, group, max_paths, fold, digits):
 @main.command("passes")
 def list_passes():
     """List the registered passes and the effort scripts that run them."""
-    from softsyn.passes import load_all
+    from passes import load_all
 
     registered = load_all()
     width = max((len(n) for n in registered), default=0)

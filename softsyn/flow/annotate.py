@@ -116,7 +116,7 @@ class Annotation:
         return {"schema": SCHEMA, "units": "seconds", **data}
 
     def save(self, path: str | Path) -> Path:
-        from softsyn.reports.common import write_atomic
+        from reports.common import write_atomic
 
         self.path = str(path)
         return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")

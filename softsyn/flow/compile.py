@@ -1,8 +1,8 @@
 """The compile flow: run an effort level's pass script, re-time after each pass, emit.
 
-Effort levels (softsyn.passes.EFFORTS) are labelled scripts of passes read top to bottom. Every
+Effort levels (passes.EFFORTS) are labelled scripts of passes read top to bottom. Every
 step adds a row to the compile log (DC's shape: elapsed, phase, WNS, TNS, area, cells, worst
-group), which softsyn.reports.compile_log renders.
+group), which reports.compile_log renders.
 """
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softsyn import passes
+import passes
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
-from softsyn.passes import Effort
+from passes import Effort
 from softsyn.timing import Analysis
 
 

@@ -36,7 +36,7 @@ from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, 
 from softsyn.runtime.session import describe_device, device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
 from softsyn.progress import log
-from softsyn.reports.common import json_nulls
+from reports.common import json_nulls
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -228,7 +228,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
     from softsyn.design import Design
     from softsyn.frontends import read_design
     from softsyn.library import load_library
-    from softsyn.reports import from_json
+    from reports import from_json
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -477,9 +477,9 @@ def same_device(a: str, b: str) -> bool:
 
 
 def write_results(result: SignoffResult, directory: str | Path, report_text: str) -> list[Path]:
-    from softsyn.reports.common import write_atomic
+    from reports.common import write_atomic
 
-    from softsyn.reports.html import write_html
+    from reports.html import write_html
 
     directory = Path(directory)
     written = [write_atomic(directory / "reports" / "signoff.rpt", report_text),

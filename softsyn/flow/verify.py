@@ -353,7 +353,7 @@ class SharedLayout:
 
 
 def shared_layout(model: ir.Model) -> SharedLayout:
-    """The compiled model's shared KV buffer and last-position logits (softsyn.passes.kv_layout), if any."""
+    """The compiled model's shared KV buffer and last-position logits (passes.kv_layout), if any."""
     from softsyn.runtime.decoder import NotDecoder, decoder_io
 
     try:
@@ -370,7 +370,7 @@ def shared_layout(model: ir.Model) -> SharedLayout:
 
 
 def kv_cache_scales(model: ir.Model) -> tuple[tuple[str, np.ndarray], ...]:
-    """(KV port, scale) of every GroupQueryAttention int8 cache (softsyn.passes.kv_layout's k_scale / v_scale)."""
+    """(KV port, scale) of every GroupQueryAttention int8 cache (passes.kv_layout's k_scale / v_scale)."""
     found = []
     for node in model.graph:
         if node.op_type != "GroupQueryAttention" or len(node.inputs) <= 13:
