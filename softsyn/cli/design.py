@@ -84,9 +84,12 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
         from reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
-        record = design_record(model, constraints_file, target, cache_dir, dict(
-            batch=batch, prompt_len=prompt_len, context_len=context_len), annotate_file, design.netlist,
-            design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
+        record = design_record(
+            model, constraints_file, target, cache_dir, workload=dict(batch=batch, prompt_len=prompt_len,
+                                                                      context_len=context_len),
+            annotate=annotate_file, netlist=design.netlist,
+            library=(design.library.name if Path(design.library.path).parent.name == "libs"
+                     else str(design.library.path)), materialize=materialize)
         with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path) + [
