@@ -307,9 +307,9 @@ def _read_json(path: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------ the flow
 
-def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup: int = 3, profile_runs: int | None = None,
-            annotation_out: str | Path | None = None, progress: bool = True, groups: list[str] | None = None,
-            blocking_profile: bool | None = None) -> SignoffResult:
+def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, warmup: int = 3,
+            profile_runs: int | None = None, annotation_out: str | Path | None = None, progress: bool = True,
+            groups: list[str] | None = None, blocking_profile: bool | None = None) -> SignoffResult:
     """Measure the groups of an `analyze -o` DIRECTORY on `provider` (one session, interleaved), profile them per
     node, compare with the saved analysis cell by cell, and write the back-annotation (default
     DIRECTORY/signoff/annotation.json)."""
