@@ -16,6 +16,7 @@ from pathlib import Path
 
 from softsyn.errors import SoftsynError
 from softsyn.flow.signoff import SignoffResult
+from reports.advice import analysis_facts
 from reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
 from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
                                     write_atomic)
@@ -28,7 +29,8 @@ from softsyn.timing import Analysis
 
 HTML_FILE = "reports/report.html"
 FILES = {"analysis": "analysis.json", "fusion": "reports/fusion.json", "compile_log": "compile_log.json",
-         "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json"}
+         "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json",
+         "suggestions": "reports/suggestions.json"}
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
@@ -42,6 +44,7 @@ class Page:
     cells: tuple[dict, ...] | None = None  # netlist.json's cells
     session: dict | None = None  # runtime/session.json
     signoff: SignoffResult | None = None
+    suggestions: tuple | None = None  # reports/suggestions.json's items: the advice the text reports print
 
 
 def _read(dirs: tuple[Path, ...], key: str) -> dict | None:
@@ -70,9 +73,11 @@ def load_page(*dirs: str | Path) -> Page:
         raise SoftsynError(f"{saved}: not a readable softsyn analysis ({exc}); re-run softsyn analyze") from None
     netlist = _read(paths, "netlist")
     signoff = _read(paths, "signoff")
+    advice = _read(paths, "suggestions")
     return Page(analysis, fusion=_read(paths, "fusion"), compile_log=_read(paths, "compile_log"),
                 cells=tuple(netlist["cells"]) if netlist else None, session=_read(paths, "session"),
-                signoff=SignoffResult.from_dict(signoff) if signoff else None)
+                signoff=SignoffResult.from_dict(signoff) if signoff else None,
+                suggestions=tuple(advice["items"]) if advice else None)
 
 
 # ------------------------------------------------------------------------------------------ header
@@ -276,8 +281,11 @@ def fusion(page: Page) -> dict | None:
 
 
 def suggestions(page: Page) -> list[list[str]]:
+    """The advice the text reports print (reports/suggestions.json), else the analysis's own."""
+    if page.suggestions is not None:
+        return list(page.suggestions)
     a = page.analysis
-    return timing_suggestions(a.groups, UNIT) + area_suggestions(a.area)
+    return timing_suggestions(a.groups, UNIT, facts=analysis_facts(a)) + area_suggestions(a.area)
 
 
 # ------------------------------------------------------------------------------------------ page
