@@ -85,7 +85,8 @@ def analysis_facts(analysis) -> Facts:
     kv = area.kv_budget is not None or any(k.name.lower().startswith(KV_KINDS) and k.bytes > 0 for k in area.by_kind)
     counts = analysis.cell_counts
     rotary = bool(ROTARY_OPS & set(counts)) or {"Sin", "Cos"} <= set(counts)
-    return Facts(kv_cache=kv, rotary=rotary, gpu="CUDA" in analysis.library_source, library=analysis.library)
+    gpu = "cuda" in f"{analysis.library} {analysis.library_source}".lower()
+    return Facts(kv_cache=kv, rotary=rotary, gpu=gpu, library=analysis.library)
 
 
 def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] | None = None) -> Facts:
