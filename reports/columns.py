@@ -207,7 +207,7 @@ OP_TIME_COLUMNS: tuple[Column, ...] = (
     _time("time", "Time", 10),
     Column("share", "Share", 7, "right", "percent", gap=1),
     Column("flops", "FLOP", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
-    Column("bytes", "Bytes", 10, "right", "bytes", missing="-", gap=1),
+    Column("bytes", "Bytes", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
 )
 
 # the roofline (reports.views.roofline): a cell's achieved rates from its delay against the library's ceilings

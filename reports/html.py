@@ -24,6 +24,7 @@ from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
+from reports.views import before_after, op_time, roofline, slack_histogram, timeline
 from reports.waterfall import group_sections, path_status
 from softsyn.timing import Analysis
 
@@ -292,10 +293,13 @@ def suggestions(page: Page) -> list[list[str]]:
 
 def render_html(page: Page) -> str:
     """The whole page: every section whose data `page` holds."""
-    return render("report_html.j2", head=header(page), groups=group_sections(page.analysis), precision=precision_map(page),
+    a = page.analysis
+    views = {"op_time": op_time(a), "roofline": roofline(a), "slack": slack_histogram(a),
+             "timeline": timeline(a, page.signoff) if page.signoff else None, "compare": before_after(page.compile_log)}
+    return render("report_html.j2", head=header(page), groups=group_sections(a), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),
                   suggestions=suggestions(page), op_kinds=OP_KIND_NAMES, precisions=PRECISIONS,
-                  precision_class=precision_class, t=t, table_html=table_html)
+                  precision_class=precision_class, t=t, table_html=table_html, views=views)
 
 
 def write_html(*dirs: str | Path) -> Path:
