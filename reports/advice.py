@@ -116,6 +116,17 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
 
 # ------------------------------------------------------------------------------------------ advice per op type
 
+def weight_advice(facts: Facts) -> str:
+    """Area: what lower-precision weights the constraints allow (and tensor parallelism on a GPU target)."""
+    tp = " or tensor parallelism" if facts.gpu or facts.allowed is None else ""
+    if facts.allowed is None:
+        return f"consider lower-precision weights from precision.allowed (MatMulNBits){tp}."
+    lower = facts.lower()
+    if not lower:
+        return f"precision.allowed ({', '.join(facts.allowed)}) leaves no weight precision below {facts.current}{tp}."
+    return f"consider precision {'/'.join(lower)} weights (precision.allowed; MatMulNBits){tp}."
+
+
 def _fusion_lines(facts: Facts, *kinds: str) -> list[str]:
     out = []
     for f in facts.fusion(*kinds):
@@ -146,17 +157,17 @@ def _precision_advice(facts: Facts, group: str) -> str:
     return f"no cell has a faster precision left ({', '.join(lower)} in precision.allowed x {facts.library})"
 
 
-def op_advice(op: str, facts: Facts, group: str) -> list[str]:
+def op_advice(op: str, facts: Facts, group: str, decode: bool = False) -> list[str]:
     """What to do about one op type on a violated path, consistent with `facts`; every line states a move and its
-    figure, or what the loop found and why there is no move."""
+    figure, or what the loop found and why there is no move. `decode`: the group reads a KV cache (past > 0)."""
     if op in MATMUL_OPS:
         return [_precision_advice(facts, group)] + _fusion_lines(facts, "packed_qkv", "gate_up")
     if op in LOW_BIT_OPS:
         return ["already low-bit (the optimize pass's map)"] + _fusion_lines(facts, "packed_qkv", "gate_up")
     if op in FUSED_ATTENTION:
         lines = [f"already the fused attention kernel ({op})"]
-        if facts.kv_cache:
-            lines.append("a lower-precision KV cache (kv_cache.dtype) halves the bytes decode attention reads")
+        if facts.kv_cache and decode:
+            lines.append("a lower-precision KV cache (kv_cache.dtype int8 from fp16) halves the KV bytes it reads")
         return lines
     if op == "Softmax":
         return _fusion_lines(facts, "attention") or ["fused attention (MultiHeadAttention / GroupQueryAttention)"]

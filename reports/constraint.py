@@ -59,7 +59,8 @@ def report_constraint(analysis: Analysis, all_violators: bool = True, significan
     if not all_violators:
         sections.append({"title": "accuracy", "header": [], "rule": "", "rows": ["not checked"]})
     options = ["-all_violators"] if all_violators else []
-    suggestions = (list(extra) + timing_suggestions(analysis.groups, unit, digits, facts=facts or analysis_facts(analysis))
-                   + area_suggestions(area))
+    facts = facts or analysis_facts(analysis)
+    suggestions = (list(extra) + timing_suggestions(analysis.groups, unit, digits, facts=facts)
+                   + area_suggestions(area, facts))
     return render("constraint.j2", banner=banner_lines("constraint", analysis, options), sections=sections,
                   all_violators=all_violators, suggestions=suggestions)

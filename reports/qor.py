@@ -109,8 +109,9 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
                    f"{ftime(g.critical.slack, unit, digits)} {unit} {how} weight {g.weight:g}; the optimiser serves "
                    "it first)"
                    f"\n  {closing}")
-    suggestions = (timing_suggestions(analysis.groups, unit, digits, facts=facts or analysis_facts(analysis))
-                   + area_suggestions(area))
+    facts = facts or analysis_facts(analysis)
+    suggestions = (timing_suggestions(analysis.groups, unit, digits, facts=facts)
+                   + area_suggestions(area, facts))
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,
                   closing=closing, notes=analysis.notes, tp_lines=tp_lines(analysis.tp, bunit),

@@ -9,7 +9,7 @@ import json
 from collections import defaultdict
 
 from passes.precision.search import map_error
-from reports.advice import Facts, op_advice
+from reports.advice import Facts, op_advice, weight_advice
 from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
 def op_shares(path) -> list[tuple[str, float, int, float]]:
@@ -54,8 +54,9 @@ def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int 
                          + ", ".join(f"{op} {fpercent(s)} ({n} cell{'s' if n != 1 else ''})" for op, s, n, _ in shares)
                          + ".")
             said: set[str] = set()  # a fusion both MatMul and MatMulNBits rows touch is said once
+            decode = g.scenario.dims.get("past", 0) > 0
             for op, s, _, d in shares:
-                advice = [a for a in op_advice(op, facts, g.name) if a not in said] or ["as above"]
+                advice = [a for a in op_advice(op, facts, g.name, decode) if a not in said] or ["as above"]
                 said.update(advice)
                 lines.append(f"- {op} ({fpercent(s)}, {ms(d)}): " + "; ".join(advice) + ".")
         est = sum(1 for p in path.points if p.source == "est")
@@ -74,11 +75,12 @@ SUGGESTIONS_FILE = "suggestions.json"  # under DIR/reports
 
 def suggestions_json(analysis, facts: Facts, extra: list[list[str]] = ()) -> str:
     """The advice every report prints (timing + area), with the facts it agrees with: what the HTML page renders."""
-    items = list(extra) + timing_suggestions(analysis.groups, "ms", 3, facts=facts) + area_suggestions(analysis.area)
+    items = (list(extra) + timing_suggestions(analysis.groups, "ms", 3, facts=facts)
+             + area_suggestions(analysis.area, facts))
     return json.dumps({"schema": "softsyn.suggestions/1", "facts": facts.to_dict(), "items": items}, indent=1) + "\n"
 
 
-def area_suggestions(area) -> list[list[str]]:
+def area_suggestions(area, facts: Facts | None = None) -> list[list[str]]:
     """Why VRAM does not fit and what would, from the area result's figures: with a KV budget, the
     shorter context, lower-precision KV, fewer sequences or lower-precision weights that fit."""
     if area.limit is None or area.slack is None or area.slack >= 0:
@@ -91,17 +93,17 @@ def area_suggestions(area) -> list[list[str]]:
              "Largest: " + ", ".join(f"{k.name} {fpercent(k.bytes / total)}" for k in kinds) + "."]
     budget = area.kv_budget
     if budget is None or budget.limit is None:
-        return [lines + generic_area_advice(kinds)]
+        return [lines + generic_area_advice(kinds, facts or Facts())]
     return [lines + kv_budget_advice(budget, unit)]
 
 
-def generic_area_advice(kinds) -> list[str]:
-    """Advice by kind, for a design without a KV budget (no KV cache)."""
+def generic_area_advice(kinds, facts: Facts) -> list[str]:
+    """Advice by kind, for a design without a KV budget (no KV cache); weights as `facts` allow."""
     lines = []
     for k in kinds:
         name = k.name.lower()
         if name.startswith("weights"):
-            lines.append(f"- {k.name}: consider precision int8/int4 weights (MatMulNBits) or tensor parallelism.")
+            lines.append(f"- {k.name}: {weight_advice(facts)}")
         elif name.startswith("kv"):
             lines.append(f"- {k.name}: consider an fp8/int8 KV cache, a shorter context_len or lower concurrency.")
         elif name.startswith("activation"):

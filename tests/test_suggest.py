@@ -68,11 +68,16 @@ def test_precision_advice_follows_the_constraints_and_the_effort():
     assert "- MatMul (61.3%, 6.660 ms): int8 for 3 more cells would save ~1.2 ms" in moved
 
 
-def test_a_decoder_with_a_kv_cache_keeps_its_kv_advice():
+def test_a_decoder_with_a_kv_cache_keeps_its_kv_advice_where_a_group_reads_it():
     a = make_analysis()
     facts = replace(analysis_facts(a), allowed=("fp16", "int4"), current="fp16", effort="high", searched=True)
     assert facts.kv_cache and facts.gpu
-    assert "a lower-precision KV cache (kv_cache.dtype)" in advice_text(a, facts)
+    assert "KV cache" not in advice_text(a, facts)  # prefill (past 0) violates: it reads no KV cache
+    decode = a.group("decode")
+    decode.scenario.dims["past"] = 4096
+    path = decode.critical
+    path.slack, path.required = -1e-3, path.arrival - 1e-3
+    assert "a lower-precision KV cache (kv_cache.dtype int8 from fp16)" in advice_text(a, facts)
 
 
 def test_facts_round_trip_through_suggestions_json():
