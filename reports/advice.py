@@ -46,6 +46,7 @@ class Facts:
     rotary: bool = False  # the graph holds a rotary embedding
     gpu: bool = False  # the target library runs on a GPU (CUDA graphs, launch overhead apply)
     library: str = ""
+    device: str = ""  # the library header's device (the machine its tables were measured on)
     allowed: tuple[str, ...] | None = None  # precision.allowed; None: not known
     current: str | None = None  # the matmuls' uniform precision before any map
     effort: str | None = None  # the compile's effort; None: not a compile (analyze)
@@ -109,7 +110,8 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
     cons = design.constraints
     current = cons.precision.default or ("fp16" if design.library.is_gpu else "fp32")
     return Facts(kv_cache=design.netlist.kind == "decoder" and base.kv_cache, rotary=rotary, gpu=design.library.is_gpu,
-                 library=design.library.name, allowed=tuple(cons.precision.allowed), current=current,
+                 library=design.library.name, device=str(design.library.header.get("device") or "").split(" (")[0],
+                 allowed=tuple(cons.precision.allowed), current=current,
                  effort=getattr(effort, "name", effort), searched=report is not None, pruned=pruned,
                  precision=tuple((precision_lines or {}).items()), fusions=tuple(fusions))
 

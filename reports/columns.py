@@ -220,6 +220,8 @@ ROOFLINE_COLUMNS: tuple[Column, ...] = (
     Column("flops_rate", "FLOP/s", 10, "right", "number", fmt="{:.3g}", gap=1),
     Column("bytes_rate", "Bytes/s", 10, "right", "number", fmt="{:.3g}", gap=1),
     Column("roof", "Of roof", 8, "right", "percent", gap=1),
+    Column("measured", "Profiled", 10, "right", "time", missing="-", gap=1),
+    Column("measured_rate", "Profiled FLOP/s", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
 )
 CEILING_COLUMNS: tuple[Column, ...] = (
     Column("ceiling", "Ceiling", 28),

@@ -11,6 +11,7 @@ predicted vs measured after a sign-off, one VRAM bar per device when the area ho
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scop
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
 from reports.suggest import area_suggestions, timing_suggestions
-from reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
+from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
 from reports.views import before_after, op_time, roofline, slack_histogram, timeline
 from reports.waterfall import group_sections, path_status
 from softsyn.timing import Analysis
@@ -262,7 +263,15 @@ def signoff(page: Page) -> dict | None:
                                       f"{g.name}: predicted vs measured per cell (ms)", fmt=fmt),
                       "table": table_html(cell_table(g, top=len(g.cells)), f"{g.name}: every cell, largest error "
                                           "first", css="cell-table")})
+    slacks = []  # each group's predicted and measured slack on its own axis: they can differ by orders of magnitude
+    for g in result.groups:
+        pair = [(label, v) for label, v in (("predicted", g.predicted_slack), ("measured", g.measured_slack))
+                if v is not None and math.isfinite(v)]
+        if pair:
+            slacks.append({"name": g.name, "chart": hbars([(label, abs(v), "slack-neg" if v < 0 else "slack-pos", t(v))
+                                                           for label, v in pair], f"{g.name}: predicted and measured slack")})
     return {"provider": result.provider, "device": result.device, "runs": result.runs, "date": result.date,
+            "slacks": slacks,
             "groups": table_html(group_table(result), "sign-off per path group"), "plot": per_group,
             "cells": cells, "error_means": result.error_means}
 
@@ -294,7 +303,7 @@ def suggestions(page: Page) -> list[list[str]]:
 def render_html(page: Page) -> str:
     """The whole page: every section whose data `page` holds."""
     a = page.analysis
-    views = {"op_time": op_time(a), "roofline": roofline(a), "slack": slack_histogram(a),
+    views = {"op_time": op_time(a), "roofline": roofline(a, page.signoff), "slack": slack_histogram(a),
              "timeline": timeline(a, page.signoff) if page.signoff else None, "compare": before_after(page.compile_log)}
     return render("report_html.j2", head=header(page), groups=group_sections(a), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),

@@ -63,9 +63,10 @@ def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int 
         if est:
             lines.append(f"- {est} of {len(path.points)} cells on the path are roofline estimates (est): "
                          f"characterise the library for measured delays before optimising.")
+        where = f" ({facts.device})" if facts.device else " (the machine its library describes)"
         lines.append(f"- or raise the clock to {ms(path.clock_period + miss)}: the design as compiled meets it"
-                     + (f" on {facts.library} (the machine its library describes; another machine needs its own library)"
-                        if facts.library else "") + ".")
+                     + (f" on {facts.library}{where}; another machine needs its own library" if facts.library else "")
+                     + ".")
         items.append(lines)
     return items
 

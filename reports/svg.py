@@ -183,7 +183,7 @@ def hbars(rows: Sequence[tuple[str, float, str, str]], title: str, log: bool = F
     height = PAD_T + row_h * max(len(rows), 1) + 8
     shown = [v for _, v, _, _ in rows if v > 0]
     parts = [Markup('<svg class="chart hbars" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(
-        label_w + bar_w + 70, height, title), _title(title)]
+        label_w + bar_w + 100, height, title), _title(title)]
     if shown:
         top = max(shown)
         low = min(shown) / 2 if log else 0.0

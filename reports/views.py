@@ -66,9 +66,16 @@ def _precision(cell: str) -> str:
     return parts[1] if len(parts) > 1 else "fp32"
 
 
-def roofline(analysis) -> dict:
+def _profiled(result, group: str) -> dict:
+    """instance -> profiled kernel time (s) of a signed-off group's cells; {} without a sign-off."""
+    sg = next((x for x in result.groups if x.name == group), None) if result is not None else None
+    return {c.instance: c.measured for c in sg.cells if c.match in MEASURED and c.measured > 0} if sg else {}
+
+
+def roofline(analysis, result=None) -> dict:
     """Each cell of each group's critical path with FLOPs and bytes: achieved FLOP/s and bytes/s from its predicted
-    delay, against the library's memory bandwidth and peak FLOP/s per precision."""
+    delay (an estimate), and after a sign-off from its profiled kernel time too, against the library's memory
+    bandwidth and peak FLOP/s per precision."""
     ceil, why = ceilings(analysis)
     if ceil is None:
         return {"why": why, "groups": []}
@@ -77,6 +84,7 @@ def roofline(analysis) -> dict:
     for g in analysis.groups:
         if not g.paths:
             continue
+        profiled = _profiled(result, g.name)
         rows, points = [], []
         for p in g.critical.points:
             if p.incr <= 0 or not (p.flops or p.bytes):
@@ -86,14 +94,22 @@ def roofline(analysis) -> dict:
             roof = min(x for x in (peak, intensity * ceil.memory_bandwidth if intensity is not None else None) if x) \
                 if (peak or intensity is not None) else None
             rate = p.flops / p.incr
+            kernel = profiled.get(p.name)
+            measured_rate = p.flops / kernel if kernel and p.flops else None
             rows.append({"name": p.name, "op": p.op_type, "time": p.incr, "source": p.source,
                          "intensity": intensity, "flops_rate": rate or None, "bytes_rate": p.bytes / p.incr or None,
-                         "roof": rate / roof if roof and rate else None})
+                         "roof": rate / roof if roof and rate else None, "measured": kernel,
+                         "measured_rate": measured_rate})
             if intensity and rate:
-                points.append((intensity, rate, f"op-{op_kind(p.op_type)}",
-                               f"{p.name} ({p.source}): {rate:.3g} FLOP/s at {intensity:.3g} FLOP/byte"))
+                points.append((intensity, rate, f"est op-{op_kind(p.op_type)}",
+                               f"{p.name} ({p.source}, predicted): {rate:.3g} FLOP/s at {intensity:.3g} FLOP/byte"))
+            if intensity and measured_rate:
+                points.append((intensity, measured_rate, f"meas op-{op_kind(p.op_type)}",
+                               f"{p.name} (profiled): {measured_rate:.3g} FLOP/s at {intensity:.3g} FLOP/byte"))
         rows.sort(key=lambda r: -r["time"])
-        groups.append({"name": g.name, "count": len(rows), "plotted": len(points),
+        groups.append({"name": g.name, "count": len(rows), "plotted": sum(1 for r in rows if r["intensity"]
+                                                                            and r["flops_rate"]),
+                       "measured": bool(profiled),
                        "chart": roofline_chart(points, ceil.memory_bandwidth, peaks,
                                                f"{g.name}: roofline of the critical path's cells (estimates)"),
                        "table": table_html(Table(ROOFLINE_COLUMNS, tuple(rows)), f"{g.name}: achieved rates per cell, "

@@ -110,8 +110,10 @@ def test_signoff_section_has_the_measured_figures(signed):
     data = json.loads((signed / "signoff" / "signoff.json").read_text())
     assert si_values(root, "sign-off per path group", "measured") == [g["measured_median"] for g in data["groups"]]
     assert si_values(root, "sign-off per path group", "predicted") == [g["predicted"] for g in data["groups"]]
-    figures = list(found["signoff"].iter("figure"))
+    figures = [f for f in found["signoff"].iter("figure") if f.get("class") != "signoff-slack"]
     assert len(figures) == 1 + len(data["groups"])  # per group, then per cell of each group
+    slack = [f for f in found["signoff"].iter("figure") if f.get("class") == "signoff-slack"]
+    assert [f.get("data-group") for f in slack] == [g["name"] for g in data["groups"]]  # each on its own axis
     assert all(list(f.iter("circle")) and list(f.iter("line")) for f in figures)  # points and error bands
 
 
@@ -273,7 +275,7 @@ def test_page_in_chromium(browser, which, request, tmp_path):
         assert page.locator("section.group").count() == len(groups)
         assert page.locator(".waterfall").count() == len(groups)
         assert page.locator("#vram svg.lane").count() >= 2 and page.locator("#fusion table").count() >= 2
-        assert page.locator("#signoff figure").count() == (1 + len(groups) if which == "signed" else 0)
+        assert page.locator("#signoff figure").count() == (1 + 2 * len(groups) if which == "signed" else 0)
         # folded layers open to one row per layer, and a layer to its cells, without script
         fold = page.locator(".waterfall details.fold:has(details.layer)").first
         layer = fold.locator("details.layer").first
