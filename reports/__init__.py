@@ -43,7 +43,7 @@ def write_reports(analysis: Analysis, out_dir: str | Path, extra_suggestions: li
         rdir / "timing.rpt": report_timing(analysis, fold=True, facts=facts),
         rdir / "timing_full.rpt": report_timing(analysis, fold=False, facts=facts),
         rdir / "qor.rpt": report_qor(analysis, facts=facts),
-        rdir / "area.rpt": report_area(analysis),
+        rdir / "area.rpt": report_area(analysis, facts=facts),
         rdir / "constraint.rpt": report_constraint(analysis, all_violators=True, extra=extra_suggestions, facts=facts),
         rdir / SUGGESTIONS_FILE: suggestions_json(analysis, facts, extra_suggestions),
         out_dir / "analysis.json": to_json(analysis),

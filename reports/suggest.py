@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 
 from passes.precision.search import map_error
 from reports.advice import Facts, op_advice, weight_advice
+from softsyn.errors import SoftsynError
 from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
 def op_shares(path) -> list[tuple[str, float, int, float]]:
@@ -79,6 +81,18 @@ def suggestions_json(analysis, facts: Facts, extra: list[list[str]] = ()) -> str
     items = (list(extra) + timing_suggestions(analysis.groups, "ms", 3, facts=facts)
              + area_suggestions(analysis.area, facts))
     return json.dumps({"schema": "softsyn.suggestions/1", "facts": facts.to_dict(), "items": items}, indent=1) + "\n"
+
+
+def saved_facts(directory) -> Facts | None:
+    """The facts a compile or analyze saved beside its reports (DIR/reports/suggestions.json); None without them."""
+    path = Path(directory) / "reports" / SUGGESTIONS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Facts.from_dict(json.loads(path.read_text())["facts"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SoftsynError(f"{path}: not readable softsyn suggestions ({exc}); re-run the command that wrote "
+                           "the directory") from None
 
 
 def area_suggestions(area, facts: Facts | None = None) -> list[list[str]]:
