@@ -107,6 +107,9 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
             fusions.append(Fusion(c.kind, len(missed), False, missed[0].reason))
     report = design.pass_reports.get("optimize")
     pruned = tuple(n for n in getattr(report, "notes", []) if "no faster than" in n or "not in precision.allowed" in n)
+    retimed = getattr(report, "retime", None)
+    if retimed is not None and retimed.kept is None and retimed.why:  # ultra measured the map no faster on the device
+        pruned += (f"measured re-timing on {retimed.provider}: {retimed.why}",)
     cons = design.constraints
     current = cons.precision.default or ("fp16" if design.library.is_gpu else "fp32")
     return Facts(kv_cache=design.netlist.kind == "decoder" and base.kv_cache, rotary=rotary, gpu=design.library.is_gpu,
@@ -143,7 +146,8 @@ def _fusion_lines(facts: Facts, *kinds: str) -> list[str]:
 def _precision_advice(facts: Facts, group: str) -> str:
     line = dict(facts.precision).get(group)
     if line:
-        return line
+        found = [n for n in facts.pruned if "no faster" in n or "measured" in n]
+        return line + (f" ({'; '.join(found)})" if line.startswith("no cell") and found else "")
     if facts.allowed is None:
         return "a lower precision from precision.allowed where the library times it faster (compile --effort medium)"
     lower = facts.lower()

@@ -66,6 +66,10 @@ def test_precision_advice_follows_the_constraints_and_the_effort():
     moved = advice_text(a, Facts(library="cpu-ort", allowed=("fp32", "int8"), current="fp32", effort="medium",
                                  searched=True, precision=(("prefill", "int8 for 3 more cells would save ~1.2 ms"),)))
     assert "- MatMul (61.3%, 6.660 ms): int8 for 3 more cells would save ~1.2 ms" in moved
+    measured = advice_text(a, Facts(library="cpu-ort", allowed=("fp32", "int8"), current="fp32", effort="ultra",
+                                    searched=True, precision=(("prefill", "no cell has a faster precision left"),),
+                                    pruned=("measured re-timing on cpu: the map ran 4% slower than fp32",)))
+    assert "no cell has a faster precision left (measured re-timing on cpu: the map ran 4% slower" in measured
 
 
 def test_a_decoder_with_a_kv_cache_keeps_its_kv_advice_where_a_group_reads_it():
