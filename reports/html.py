@@ -272,7 +272,7 @@ def signoff(page: Page) -> dict | None:
                                                            for label, v in pair], f"{g.name}: predicted and measured slack")})
     return {"provider": result.provider, "device": result.device, "runs": result.runs, "date": result.date,
             "slacks": slacks,
-            "groups": table_html(group_table(result), "sign-off per path group"), "plot": per_group,
+            "groups": table_html(group_table(result), "sign-off per path group", css="stack"), "plot": per_group,
             "cells": cells, "error_means": result.error_means}
 
 
