@@ -291,6 +291,7 @@ def test_page_in_chromium(browser, which, request, tmp_path):
         assert page.locator("#op-time svg.chart, #roofline svg.chart, #slack-histogram svg.chart").count() >= 3
         page.screenshot(path=str(tmp_path / f"{which}-{name}.png"), full_page=True)
         if which == "signed" and os.environ.get("SOFTSYN_UPDATE_DOCS_IMG") == "1":  # the README's pictures
+            page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(DOCS_IMG / f"report-{width}.png"), full_page=False)
         page.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(f"{which}-{n}.png" for n in WIDTHS)
