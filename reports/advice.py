@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from passes.fuse.cost import KEPT
+
 # Precision ranks, widest first: a "lower" precision is one to the right of the current one
 RANKS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 MATMUL_OPS = {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum"}
@@ -99,8 +101,8 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
     rotary = base.rotary or any(c.kind == "rotary" and c.candidates for c in fuse)
     fusions = []
     for c in fuse:
-        kept = [m for m in c.misses if m.reason.startswith("kept:")]
-        missed = [m for m in c.misses if not m.reason.startswith("kept:")]
+        kept = [m for m in c.misses if m.reason.startswith(KEPT)]
+        missed = [m for m in c.misses if not m.reason.startswith(KEPT)]
         if kept:
             fusions.append(Fusion(c.kind, len(kept), True, kept[0].reason))
         if missed:
@@ -137,7 +139,7 @@ def _fusion_lines(facts: Facts, *kinds: str) -> list[str]:
     for f in facts.fusion(*kinds):
         if f.kept:
             out.append(f"{f.kind} fusion declined at {f.sites} site{'s' if f.sites != 1 else ''}: the library times "
-                       f"it slower ({f.reason.removeprefix('kept: ')})")
+                       f"it slower ({f.reason.removeprefix(KEPT).strip()})")
         else:
             out.append(f"{f.kind} fusion missed at {f.sites} site{'s' if f.sites != 1 else ''}: {f.reason}")
     return out
