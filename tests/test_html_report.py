@@ -131,6 +131,10 @@ def test_engineering_views_hold_the_analysis_and_library_figures(compiled):
         times = si_values(root, f"{g['name']}: time per op type", "time")
         assert sum(times) == pytest.approx(sum(p["incr"] for p in points))
         assert times == sorted(times, reverse=True)
+        positive = [v for v in times if v > 0]
+        view = next(d for d in found["op-time"].iter("div") if d.get("data-group") == g["name"])
+        caption = "".join(next(view.iter("figcaption")).itertext())
+        assert ("(log axis)" in caption) == (max(positive) / min(positive) > 100)  # orders of magnitude: log
         assert sum(si_values(root, f"{g['name']}: timed paths per slack bin", "paths")) == len(g["paths"])
     ceilings = load_library(analysis["library"]).ceilings
     assert si_values(root, "ceilings of", "value") == [ceilings.memory_bandwidth] + [
