@@ -194,6 +194,7 @@ class Site:
     mask_input: ir.Value | None
     causal: bool
     head_size: int
+    bias: ir.Value | None = None  # the additive mask the scores get (its value in the graph), if any
 
 
 def exact_scale(scale: float, head_size) -> float:
@@ -389,8 +390,8 @@ def match(ctx, sm: ir.Node) -> Site | str:
     scale = exact_scale(scale * sq * sk, h)
     if kcat is not None:
         return Site(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
-                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h)
-    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h)
+                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h, bias)
+    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h, bias)
 
 
 def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:
