@@ -260,3 +260,93 @@ def test_quick_gelu_form_and_a_gate_on_a_clip_like_mlp(gate_input, fused, tmp_pa
     want = _session(tmp_path / "ref.onnx").run(None, {"h": h})[0]
     got = _session(tmp_path / "fused.onnx").run(None, {"h": h})[0]
     assert np.abs(want - got).max() / np.abs(want).max() < 1e-6
+
+
+# ---------------------------------------------------------------- the padding mask's two spellings, built by hand
+def _no_kv_attention(fill: float, odd_padding: bool = False):
+    """Causal attention without a cache over q, k, v [B, S, N*H] under attention_mask [B, S]: the mask built in
+    the graph (causal AND key padding) as Where(allowed, 0, fill), a NaN guard after the Softmax (torch's SDPA
+    export). `odd_padding`: a row with any padding opens every key (causal only while nothing is padded)."""
+    n_heads, h = 2, 8
+    vi = oh.make_tensor_value_info
+    ints = onnx.numpy_helper.from_array
+    nodes = [
+        oh.make_node("Shape", ["attention_mask"], ["t"], start=1, end=2),
+        oh.make_node("Squeeze", ["t", "ax0"], ["t0"]),
+        oh.make_node("Range", ["zero", "t0", "one"], ["ar"]),
+        oh.make_node("Unsqueeze", ["ar", "ax0"], ["keys"]), oh.make_node("Unsqueeze", ["ar", "ax1"], ["queries"]),
+        oh.make_node("LessOrEqual", ["keys", "queries"], ["causal"]),
+        oh.make_node("Cast", ["attention_mask"], ["pad"], to=T.BOOL),
+        oh.make_node("Unsqueeze", ["pad", "ax12"], ["pad4"]),
+        oh.make_node("And", ["causal", "pad4"], ["allowed0"]),
+    ]
+    allowed = "allowed0"
+    if odd_padding:
+        nodes += [oh.make_node("ReduceMin", ["attention_mask", "ax1"], ["full"], keepdims=1),
+                  oh.make_node("Equal", ["full", "one"], ["full_row"]), oh.make_node("Not", ["full_row"], ["padded"]),
+                  oh.make_node("Unsqueeze", ["padded", "ax23"], ["padded4"]),
+                  oh.make_node("Or", ["allowed0", "padded4"], ["allowed"])]
+        allowed = "allowed"
+    nodes += [
+        oh.make_node("Where", [allowed, "open", "fill"], ["bias"]),
+        oh.make_node("Reshape", ["q", "heads"], ["q4"]), oh.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+        oh.make_node("Reshape", ["k", "heads"], ["k4"]), oh.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+        oh.make_node("Reshape", ["v", "heads"], ["v4"]), oh.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+        oh.make_node("MatMul", ["qh", "kt"], ["scores"]), oh.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        oh.make_node("Add", ["scaled", "bias"], ["masked"]), oh.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        oh.make_node("IsNaN", ["probs"], ["nan"]), oh.make_node("Where", ["nan", "open", "probs"], ["guarded"]),
+        oh.make_node("MatMul", ["guarded", "vh"], ["ctx"]), oh.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        oh.make_node("Reshape", ["ctx_t", "flat"], ["out"]),
+    ]
+    inits = [ints(np.array([0], np.int64), "ax0"), ints(np.array([1], np.int64), "ax1"),
+             ints(np.array([2, 3], np.int64), "ax23"), ints(np.array([1, 2], np.int64), "ax12"),
+             ints(np.array(0, np.int64), "zero"), ints(np.array(1, np.int64), "one"),
+             ints(np.array(0.0, np.float32), "open"), ints(np.array(fill, np.float32), "fill"),
+             ints(np.array(h ** -0.5, np.float32), "scale"), ints(np.array([0, 0, n_heads, h], np.int64), "heads"),
+             ints(np.array([0, 0, n_heads * h], np.int64), "flat")]
+    x = ["batch", "seq", n_heads * h]
+    graph = oh.make_graph(nodes, "no-kv", [vi("q", T.FLOAT, x), vi("k", T.FLOAT, x), vi("v", T.FLOAT, x),
+                                           vi("attention_mask", T.INT64, ["batch", "seq"])],
+                          [vi("out", T.FLOAT, x)], inits)
+    model = onnx.shape_inference.infer_shapes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)],
+                                                            ir_version=10))
+    return model
+
+
+@pytest.mark.parametrize("fill,causal", [(-np.inf, 1), (float(np.finfo(np.float32).min), 0)])
+def test_a_no_kv_mask_of_either_spelling_fuses_equal_at_every_position(fill, causal, tmp_path):
+    """-inf (a padded query row with no open key is zeroed by the NaN guard): causal GQA, which zeroes it too;
+    dtype min (the row averages every key): causal=0, the mask alone, which does the same."""
+    import onnx_ir as ir
+
+    from passes.fuse import fuse
+    from softsyn.netlist import Netlist
+
+    proto = _no_kv_attention(fill)
+    nl = Netlist(ir.serde.deserialize_model(proto), "no-kv", kind="decoder")
+    (cov,) = fuse(nl, "cpu", kinds=["attention"])
+    assert (cov.candidates, cov.fused) == (1, 1), cov.misses
+    (gqa,) = [n for n in nl.model.graph if n.op_type == "GroupQueryAttention"]
+    assert gqa.inputs[10] is not None and gqa.inputs[10].name == "bias"
+    assert (gqa.attributes["causal"].value if "causal" in gqa.attributes else 1) == causal
+    ir.save(nl.model, str(tmp_path / "fused.onnx"))
+    onnx.save(proto, str(tmp_path / "ref.onnx"))
+    ref, fused = _session(tmp_path / "ref.onnx"), _session(tmp_path / "fused.onnx")
+    rng = np.random.default_rng(2)
+    qkv = {n: rng.standard_normal((3, 9, 16)).astype(np.float32) for n in ("q", "k", "v")}
+    for padding, rows in PADDINGS.items():
+        feeds = dict(qkv, attention_mask=np.array(rows, dtype=np.int64))
+        want, got = ref.run(None, feeds)[0], fused.run(None, feeds)[0]
+        assert np.all(np.isfinite(got)) and np.abs(want - got).max() < 1e-5, (padding, np.abs(want - got).max())
+
+
+def test_a_mask_that_opens_non_causal_keys_on_padded_rows_is_a_miss_with_its_reason():
+    import onnx_ir as ir
+
+    from passes.fuse import fuse
+    from softsyn.netlist import Netlist
+
+    nl = Netlist(ir.serde.deserialize_model(_no_kv_attention(-np.inf, odd_padding=True)), "no-kv", kind="decoder")
+    (cov,) = fuse(nl, "cpu", kinds=["attention"])
+    assert (cov.candidates, cov.fused) == (1, 0)
+    assert "opens a non-causal key on padded rows" in cov.misses[0].reason, cov.misses[0].reason

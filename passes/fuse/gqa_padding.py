@@ -29,11 +29,6 @@ def check_bias(ctx, site) -> str | int:
     every non-causal key also on padded rows — left: key 0 of row 0, right: the last key of the last row; 0:
     finite entries, the mask alone), or why GQA cannot take the mask."""
     b = site.bias
-    if b.shape is None or len(b.shape) != 4:
-        return f"attention mask {b.name} is not 4-D [B, 1|N, S, T] (shape {b.shape}), as GQA's attention_bias is"
-    heads = b.shape[1]
-    if not (heads == 1 or heads == site.num_heads):
-        return f"attention mask {b.name} has {heads} heads, not 1 or {site.num_heads} (GQA's attention_bias)"
     probe = ctx.probe()
     if isinstance(probe, str):
         return probe
@@ -46,10 +41,14 @@ def check_bias(ctx, site) -> str | int:
     arrays[site.mask_input.name] = pm
     try:
         (m,) = ctx.run_probe([b], arrays=arrays)
+        (unpadded,) = ctx.run_probe([b])
     except Exception as exc:
         return f"could not evaluate the attention mask {b.name} on padded rows: {exc}"
     m = np.asarray(m, dtype=np.float64)
-    if not np.isneginf(m).any():
+    if m.ndim != 4 or m.shape[1] not in (1, site.num_heads):
+        return (f"attention mask {b.name} is {m.shape} on the probe, not [B, 1|{site.num_heads}, S, T] as GQA's "
+                "attention_bias is")
+    if not (np.isneginf(m).any() or np.isneginf(unpadded).any()):
         return 0
     s, t = m.shape[-2:]
     causal = np.arange(t)[None, :] <= (t - s + np.arange(s))[:, None]
