@@ -48,8 +48,8 @@ class SiluRule(Rule):
         y = other_input(mul, anchor.outputs[0])
         x, alpha = _scaled(x, y)
         if y is not x:
-            return (f"the Mul multiplies the sigmoid by {y.name}, neither its input nor that input / a constant "
-                    "scalar (a gate, not x * sigmoid(alpha * x))")
+            return (f"the Mul multiplies the sigmoid by {y.name}, not by the value the sigmoid reads (scaled by a "
+                    "constant alpha or not): a gate, not x * sigmoid(alpha * x)")
         if x.dtype not in FLOATS:
             return f"SiLU of {x.dtype}"
         return _Silu(anchor, x, mul.outputs[0], alpha)
