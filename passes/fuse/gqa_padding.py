@@ -5,11 +5,11 @@ causal AND key padding, added to the scores. GQA's seqlens_k can only say how ma
 from the left (right padding); a left-padded batch — what batched generation feeds — would attend to its pad
 keys. So on ORT CPU the node gets seqlens_k = T - 1 for every row and the site's additive mask as attention_bias.
 Where a query row has no open key (a left pad position) the two spellings of "blocked" differ, and GQA follows
-each (measured on ORT 1.31 CPU): a -inf mask (torch's SDPA export, whose NaN guard zeroes such a row) keeps GQA
-causal, which gives the row zeros (causal=0 would give NaN), and is checked to block every non-causal entry on
-padded probe rows, so causal AND the mask is the mask; a finite mask (dtype min: HF's eager mask, GPT-2's
-export) makes GQA causal=0, the mask alone, which averages such a row over every key exactly as the export's
-Softmax does (causal would average the causal keys only). ORT CUDA's GQA refuses attention_bias ("not supported
+each (measured on ORT 1.31 CPU): a -inf mask (torch's SDPA spelling, whose NaN guard zeroes such a row) keeps
+GQA causal, which gives the row zeros (causal=0 would give NaN), and is checked to block every non-causal entry
+on padded probe rows, so causal AND the mask is the mask; a finite mask (dtype min: transformers 5's masks in the
+GPT-2, Phi-3, Mistral and Qwen2 exports) makes GQA causal=0, the mask alone, which averages such a row over every
+key exactly as the export's Softmax does (causal would average the causal keys only). ORT CUDA's GQA refuses attention_bias ("not supported
 in GroupQueryAttention cuda kernel"): there the node keeps the right-padding reading, and the rule's note says so.
 """
 from __future__ import annotations
