@@ -16,6 +16,7 @@ from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
 from softsyn.netlist import Netlist
+from softsyn.progress import step
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
@@ -216,9 +217,24 @@ def load_transformers_design(
         "pretrained": "pretrained",
         "meta": "meta (not materialised)",
     }[weights]
+    with step(f"exporting {name} with {exporter} ({weights_desc}, {dtype})", enabled=progress,
+              done=f"exported {name}"):
+        nl = _export_built(cfg, name, source, entry, key=key, weights=weights, dtype=dtype, replicate=replicate,
+                           weight_file=weight_file, folder=folder, exporter=exporter, weights_desc=weights_desc)
+    return nl
+
+
+def _export_built(cfg, name, source, entry, *, key, weights, dtype, replicate, weight_file, folder, exporter,
+                  weights_desc) -> Netlist:
+    """Build the torch model as `weights` says, export it, cache the netlist (load_transformers_design's work)."""
+    import copy
+
+    import torch
+
+    decoder, moe = is_decoder(cfg), is_moe(cfg)
+    kind = "decoder" if decoder else "encoder"
+    layers = getattr(cfg, "num_hidden_layers", None)
     t0 = time.perf_counter()
-    if progress:
-        print(f"exporting {name} with {exporter} ({weights_desc}, {dtype})...", end="", file=sys.stderr, flush=True)
     _export.torch_num_threads()
     torch_dtype = getattr(torch, dtype)
     cls = _auto_class(decoder)
@@ -257,8 +273,6 @@ def load_transformers_design(
     except SoftsynError:
         raise
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
-        if progress:
-            print(" failed", file=sys.stderr)
         raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
     if replicate:
         try:
@@ -294,8 +308,6 @@ def load_transformers_design(
     )
     nl = _cache.save_entry(nl, entry)
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 
@@ -306,20 +318,17 @@ def _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, 
 
     base = load_transformers_design(cfg, name, source, cache_dir, progress, folder, weights="meta", dtype=dtype)
     t0 = time.perf_counter()
-    if progress:
-        print(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer...", end="",
-              file=sys.stderr, flush=True)
-    model = materialize(base.model, cfg)
-    provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
-    provenance.pop("weights_location", None)
-    provenance.pop("cache", None)
-    provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
-    nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
-                 derived_dims=dict(base.derived_dims))
-    nl = _cache.save_entry(nl, entry)
+    with step(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer", enabled=progress,
+              done=f"materialised {name}'s weights"):
+        model = materialize(base.model, cfg)
+        provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
+        provenance.pop("weights_location", None)
+        provenance.pop("cache", None)
+        provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
+        nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
+                     derived_dims=dict(base.derived_dims))
+        nl = _cache.save_entry(nl, entry)  # the weights written to the cache: part of the wait
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 
