@@ -20,10 +20,11 @@ from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library import Library, UnknownLibraryError, default_library, load_library
-from softsyn.library.match import check_library, pick_cpu_library
+from softsyn.library.match import check_library, host_cpu, pick_cpu_library
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
+from softsyn.runtime.session import describe_device
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
 from softsyn.timing.area import area
 from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
@@ -44,6 +45,12 @@ DEFAULT_GROUPS = {
         "decode": lambda w: {"batch": w.batch, "seq": 1, "past": w.context_len},
     },
 }
+
+
+def _library_mismatch(library: Library) -> str:
+    """The line saying a named library describes another machine (softsyn.library.match), "" when it is this one."""
+    gpu = describe_device("cuda") if library.header.get("provider") == "CUDAExecutionProvider" else None
+    return check_library(library.name, library.header, host_cpu(describe_device("cpu")), gpu)
 
 
 class Design:
@@ -78,12 +85,12 @@ class Design:
                 library = load_library(cons.target)
             except UnknownLibraryError as exc:
                 raise cons.error("target", str(exc)) from None
-            mismatch = check_library(library.name, library.header)
+            mismatch = _library_mismatch(library)
         elif target:
             library = load_library(target)
-            mismatch = check_library(library.name, library.header)
+            mismatch = _library_mismatch(library)
         else:  # none named: the shipped CPU library whose device is this machine's, else the closest, said
-            match = pick_cpu_library(default=default_library())
+            match = pick_cpu_library(host_cpu(describe_device("cpu")), default=default_library())
             library, mismatch = load_library(match.library), match.mismatch
             if not mismatch:
                 progress_log(f"library {library.name}: characterised on this machine's device ({match.device})",

@@ -21,7 +21,7 @@ def test_same_device_reads_name_cores_and_isa():
 
 
 def test_pick_names_the_match_or_the_closest():
-    assert pick_cpu_library(EPYC) .library == "cpu-ort" and not pick_cpu_library(EPYC).mismatch
+    assert pick_cpu_library(EPYC).library == "cpu-ort" and not pick_cpu_library(EPYC).mismatch
     assert pick_cpu_library(XEON).library == "cpu-ort-xeon" and not pick_cpu_library(XEON).mismatch
     closest = pick_cpu_library(LAPTOP)  # Intel, like the Xeon library's machine: the closest, said to differ
     assert closest.library == "cpu-ort-xeon"

@@ -12,18 +12,18 @@ import os
 import re
 from dataclasses import dataclass
 
-from softsyn.runtime.session import describe_device
-
 CHARACTERISE_HINT = ("characterise this machine (minutes): softsyn characterize --provider cpu --quick -o my-cpu.yaml, "
                      "then --target my-cpu.yaml")
 
 
 HOST_ENV = "SOFTSYN_HOST_DEVICE"  # describes this machine instead of /proc/cpuinfo (a VM whose CPU name says nothing)
+NO_GPU = "unknown CUDA device"  # how softsyn.runtime.session.describe_device("cuda") starts where no GPU answers
 
 
-def host_cpu() -> str:
-    """This machine's CPU as a library header describes one: $SOFTSYN_HOST_DEVICE, else describe_device."""
-    return os.environ.get(HOST_ENV) or describe_device("cpu")
+def host_cpu(described: str) -> str:
+    """This machine's CPU as a library header describes one: $SOFTSYN_HOST_DEVICE, else `described`
+    (softsyn.runtime.session.describe_device("cpu"), which the caller reads: the library floor does not)."""
+    return os.environ.get(HOST_ENV) or described
 
 
 def processor(text: str) -> str:
@@ -101,10 +101,9 @@ def mismatch_line(name: str, device: str, host: str) -> str:
             f"machine, not this one")
 
 
-def pick_cpu_library(host: str | None = None, default: str = "cpu-ort") -> Match:
-    """The shipped CPU library whose device is this host's, else the closest (same vendor, then core count; ties
-    go to `default`), with the mismatch said."""
-    host = host or host_cpu()
+def pick_cpu_library(host: str, default: str = "cpu-ort") -> Match:
+    """The shipped CPU library whose device is `host` (host_cpu's description), else the closest (same vendor,
+    then core count; ties go to `default`), with the mismatch said."""
     cpus = {name: device for name, (provider, device) in shipped_headers().items() if provider == "CPUExecutionProvider"}
     best = max(cpus, key=lambda name: (*closeness(cpus[name], host), name == default))
     line = mismatch_line(best, cpus[best], host)
@@ -113,18 +112,15 @@ def pick_cpu_library(host: str | None = None, default: str = "cpu-ort") -> Match
     return Match(best, cpus[best], host, line)
 
 
-def check_library(name: str, header: dict, host: str | None = None) -> str:
-    """The mismatch line for a library the user named ("" when its device is this machine, or a GPU library where
-    no GPU answers)."""
+def check_library(name: str, header: dict, host: str, gpu: str | None = None) -> str:
+    """The mismatch line for a library the user named ("" when its device is this machine). `host`: this CPU
+    (host_cpu); `gpu`: describe_device("cuda"), asked for only for a CUDA library (None: not asked). A GPU library
+    where no GPU answers is no mismatch: the analysis is a plan for that device."""
     provider, device = str(header.get("provider", "")), str(header.get("device", ""))
     if provider == "CPUExecutionProvider":
-        line = mismatch_line(name, device, host or host_cpu())
-        return f"{line}; {CHARACTERISE_HINT}" if line else ""
-    if provider == "CUDAExecutionProvider":
-        host = describe_device("cuda")
-        if host.startswith("unknown CUDA device"):  # no GPU here: the analysis is a plan for the library's device
-            return ""
         line = mismatch_line(name, device, host)
-        return (f"{line}; characterise this GPU: softsyn characterize --provider cuda -o my-gpu.yaml"
-                if line else "")
+        return f"{line}; {CHARACTERISE_HINT}" if line else ""
+    if provider == "CUDAExecutionProvider" and gpu and not gpu.startswith(NO_GPU):
+        line = mismatch_line(name, device, gpu)
+        return f"{line}; characterise this GPU: softsyn characterize --provider cuda -o my-gpu.yaml" if line else ""
     return ""
