@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TaskID, TextColumn,
+                           TimeElapsedColumn)
+from rich.text import Text
 
 # Steps shorter than this print no end line (they were never worth watching)
 QUIET_BELOW_S = 2.0
@@ -51,6 +52,7 @@ class Step:
     """A running step: `advance`/`update` move its bar (when it counts its work); `note` changes its label."""
     label: str
     total: float | None = None
+    tag: str = "softsyn"
     started: float = field(default_factory=time.perf_counter)
     done: float = 0.0
     _task: TaskID | None = None
@@ -68,17 +70,28 @@ class Step:
     def note(self, label: str) -> None:
         self.label = label
         if _live is not None and self._task is not None:
-            _live.update(self._task, description=label)
+            _live.update(self._task, description=f"[{self.tag}] {label}")
 
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
 
+class _Counted(ProgressColumn):
+    """"done/total" and the ETA for a step that counts its work; nothing for one that cannot (an export)."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        eta = task.time_remaining
+        left = f", ETA {int(eta) // 60}:{int(eta) % 60:02d}" if eta is not None and task.completed else ""
+        return Text(f"{int(task.completed)}/{int(task.total)}{left}", style="progress.remaining")
+
+
 def _display() -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("[softsyn] {task.description}"), BarColumn(bar_width=24),
-                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                    console=Console(file=sys.stderr), transient=True, refresh_per_second=4)
+    return Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(bar_width=24),
+                    TimeElapsedColumn(), _Counted(), console=Console(file=sys.stderr), transient=True,
+                    refresh_per_second=4)
 
 
 @contextmanager
@@ -87,7 +100,7 @@ def step(label: str, *, enabled: bool = True, total: float | None = None, done: 
     """Show `label` while the block runs; at its end print "[tag] <done or label>: <elapsed> s" when it took
     QUIET_BELOW_S or more. `total`: the units of work (the bar and ETA; `Step.advance` counts them)."""
     global _live, _depth
-    current = Step(label, total)
+    current = Step(label, total, tag)
     if not enabled:
         yield current
         return
@@ -96,7 +109,7 @@ def step(label: str, *, enabled: bool = True, total: float | None = None, done: 
             _live = _display()
             _live.start()
         if _live is not None:
-            current._task = _live.add_task(label, total=total)
+            current._task = _live.add_task(f"[{tag}] {label}", total=total)
         _depth += 1
     ok = False
     try:
