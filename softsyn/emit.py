@@ -72,9 +72,13 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
                     file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
                     _write_model(netlist, tmp, model, file)
                     check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
+                    for written in (file, f"{file}.data"):
+                        staged.seal(written, "compile")
             elif not plan:
                 _write_model(netlist, tmp)
                 check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
+                for written in (MODEL_FILE, DATA_FILE):
+                    staged.seal(written, "compile")
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session)
         kv_layout = design.pass_reports.get("kv_layout")

@@ -11,7 +11,13 @@ import click
 from softsyn import cli, outdir
 from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
 from softsyn.constraints.reader import MAX_INT
+from softsyn.library import shipped_libraries
 from passes import EFFORTS
+
+
+TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (shipped: "
+               f"{', '.join(shipped_libraries())}). With neither, the shipped CPU library whose device is this "
+               "machine's, else the closest, named on stderr.")
 
 
 @main.command()
@@ -21,8 +27,7 @@ from passes import EFFORTS
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="write DIR/reports/*.rpt and DIR/analysis.json (DIR: new, empty or an earlier analyze output; "
                    "replaced atomically, files softsyn did not write are kept).")
-@click.option("--target", help="library name or .yaml path; overrides the constraints' target "
-                               "(shipped: cpu-ort, h200-ort-cuda).")
+@click.option("--target", help=TARGET_HELP)
 @click.option("--batch", type=click.IntRange(1, MAX_INT), help="workload batch size (overrides the constraints).")
 @click.option("--prompt-len", type=click.IntRange(1, MAX_INT), help="prefill tokens (overrides the constraints).")
 @click.option("--context-len", type=click.IntRange(0, MAX_INT),
@@ -115,7 +120,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output DIR (new, empty, or an earlier softsyn output; replaced atomically, files softsyn "
                    "did not write are kept).")
-@click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
+@click.option("--target", help=TARGET_HELP)
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE, else $XDG_CACHE_HOME/softsyn, else ~/.cache/softsyn).")
 @click.option("--plan", is_flag=True,
               help="weightless compile: the design, reports, netlist.json and runtime settings, no model.onnx "

@@ -205,7 +205,9 @@ def load_transformers_design(
     }
     key = _cache.content_key(key_material)
     entry = _cache.entry_dir(cache_dir, name, key)
-    cached = _cache.load_entry(entry)
+    with step(f"reading {name} from the export cache", enabled=progress and entry.is_dir(),
+              done=f"read {name} from the export cache"):
+        cached = _cache.load_entry(entry)
     if cached is not None:
         cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
         return cached
