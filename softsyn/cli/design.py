@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from softsyn import cli, outdir
+from softsyn import cli, outdir, progress
 from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
 from softsyn.constraints.reader import MAX_INT
 from softsyn.library import shipped_libraries
@@ -174,6 +175,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     from softsyn.frontends.onnx_file import check_external_data
     from reports import report_qor, to_json
 
+    started = cli.STARTED if cli.STARTED is not None else time.perf_counter()
     out = outdir.check(out_dir, "compile", given_paths(model))
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
@@ -185,7 +187,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     outdir.check(out, "compile", outdir.input_paths(design.netlist.provenance))
     options = {"kv_layout": {"last_token_logits": False}} if all_logits else None
     analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
-                                    options=options, started=cli.STARTED)
+                                    options=options, started=started)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
     if as_json:
         click.echo(json.dumps({"schema": "softsyn.compile/1", "directory": str(path), "violated": violated,
@@ -207,7 +209,8 @@ def _plan_instead(model: str, quiet: bool) -> bool:
     from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
     from softsyn.units import fmt_bytes
 
-    need = seeded_weight_bytes(model)
+    with progress.step(f"{model}: sizing its weights", enabled=not quiet):
+        need = seeded_weight_bytes(model)
     if need is None:
         return False
     ram = available_memory()
