@@ -103,11 +103,11 @@ class Design:
                              "exported at one grid: give one image size per constraints file")
         if images:
             extra["image_size"] = images.pop()
+        if mismatch:  # said once, before the design is read (an export takes minutes)
+            progress_log(f"warning: {mismatch}", enabled=progress)
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress, tp)
-        if mismatch:  # one line now; every report's banner carries it (Analysis.warnings)
-            progress_log(f"warning: {mismatch}", enabled=progress)
-            design.library_mismatch = mismatch
+        design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
         if annotate:
             from softsyn.flow.annotate import load_annotation
 
