@@ -2,6 +2,7 @@
 XDG_CACHE_HOME, --json on the design commands, the constraints JSON Schema, help text."""
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -145,3 +146,9 @@ def test_compile_and_verify_json(tiny_cpu_artifact, tmp_path, cache_dir):
     checks = json.loads(verified.stdout)
     assert checks["schema"] == "softsyn.verify/1" and checks["violations"] == []
     assert {c["scenario"] for c in checks["checks"]} == {"prefill", "decode"}
+
+
+def test_shell_completion_completes_commands():
+    env = {**os.environ, "_SOFTSYN_COMPLETE": "bash_complete", "COMP_WORDS": "softsyn comp", "COMP_CWORD": "1"}
+    out = subprocess.run([sys.executable, "-m", "softsyn"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.split() == ["plain,compile"], out.stderr

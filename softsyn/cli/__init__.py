@@ -120,6 +120,10 @@ def main(debug):
     --debug for the trace). Output directories hold softsyn-manifest.json,
     the list of what softsyn wrote there; only those files are ever
     replaced, and a non-empty directory without one is refused.
+
+    \b
+    Shell completion (bash; zsh: zsh_source, fish: fish_source):
+      eval "$(_SOFTSYN_COMPLETE=bash_source softsyn)"
     """
     del debug  # read by run(), which maps exceptions to exit codes and prints the trace
 
