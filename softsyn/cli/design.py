@@ -80,6 +80,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     """
     from softsyn.design import Design
     from reports import report_qor, report_timing, to_json, write_reports
+    from reports.advice import design_facts
 
     if out_dir:
         outdir.check(out_dir, "analyze", given_paths(model))
@@ -87,11 +88,12 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                          annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
                          tp=tp, **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
+    facts = design_facts(design, analysis)
     if as_json:
         click.echo(to_json(analysis), nl=False)
     else:
-        click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
-        click.echo(report_qor(analysis))
+        click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
+        click.echo(report_qor(analysis, facts=facts))
     if out_dir:
         from reports.common import write_atomic
         from reports.html import write_html
@@ -102,7 +104,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
             design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
         with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
-            written = write_reports(analysis, staged.path) + [
+            written = write_reports(analysis, staged.path, facts=facts) + [
                 write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
             written.append(write_html(staged.path))
         for path in written:
@@ -173,7 +175,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     from softsyn.emit import require_weights
     from softsyn.flow.verify import reference_record
     from softsyn.frontends.onnx_file import check_external_data
-    from reports import report_qor, to_json
+    from reports import to_json
 
     started = cli.STARTED if cli.STARTED is not None else time.perf_counter()
     out = outdir.check(out_dir, "compile", given_paths(model))
@@ -195,7 +197,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
                                "analysis": json.loads(to_json(analysis))}, indent=1, allow_nan=False))
     else:
         click.echo((path / "compile.log").read_text())
-        click.echo(report_qor(analysis))
+        click.echo((path / "reports" / "qor.rpt").read_text())  # as written: its advice knows the compile's facts
     if not quiet:
         click.echo(f"[softsyn] wrote {path}", err=True)
     if violated and not as_json:  # the best design found is written; what violates, and what would close it
