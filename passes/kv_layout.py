@@ -35,8 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from softsyn.constraints import shared_buffer_length
 from softsyn.errors import SoftsynError
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import is_weightless
 from passes import PassResult, register
 from passes.fuse.graph import add_initializer, make_node
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
@@ -90,18 +92,10 @@ def kv_attention(graph: ir.Graph) -> list[ir.Node]:
     return found
 
 
-def buffer_length(cons) -> tuple[int, str]:
-    """(the shared KV buffer's length, where it came from): kv_cache.max_length, else the workload's longest sequence."""
-    if cons.kv_cache.max_length:
-        return cons.kv_cache.max_length, "kv_cache.max_length"
-    w = cons.workload
-    return max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"
-
-
 def max_length_for(design) -> tuple[int, str]:
-    """(max_length, where it came from): buffer_length; SoftsynError when a timed scenario does not fit in it."""
+    """(max_length, where it came from): shared_buffer_length; SoftsynError when a timed scenario does not fit in it."""
     cons = design.constraints
-    length, key = buffer_length(cons)
+    length, key = shared_buffer_length(cons)
     for group in design.groups:
         dims = group.scenario.dims
         need = dims.get("past", 0) + dims.get("seq", 1)
@@ -190,8 +184,6 @@ def kv_dtype_note(requested: str | None, emitted: str | None, why: str = "") -> 
 
 
 def weightless(design) -> bool:
-    from passes.precision.mapping import is_weightless
-
     return any(is_weightless(v) for v in design.netlist.model.graph.initializers.values())
 
 

@@ -30,12 +30,11 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends.cache import design_provenance
 from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
+from softsyn.netlist.keys import FP8_MATMUL, REQUESTED_KEY
 from softsyn.runtime.engines import engine_files
 from softsyn.runtime.genai import write_genai
 from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
-from passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
-from softsyn.timing.cost import FP8_MATMUL
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

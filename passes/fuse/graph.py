@@ -7,6 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS
 
 MS = "com.microsoft"
 _counter = itertools.count()
@@ -97,8 +98,6 @@ def const_shape(v: ir.Value | None) -> tuple[int, ...] | None:
 
 def add_weightless(graph: ir.Graph, name: str, shape, dtype: ir.DataType) -> ir.Value:
     """A new initializer with shape and dtype only, like a meta export's weights (see frontends.export)."""
-    from softsyn.frontends.export import META_WEIGHTS
-
     base, k = name, 0
     while name in graph.initializers:
         k += 1

@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from softsyn.frontends.export import META_WEIGHTS as WEIGHTLESS
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
@@ -34,7 +34,6 @@ FP8_BLOCK = 128
 FP8_MAX = 448.0  # float8e4m3fn's largest finite value
 QUANTISED = ("int4", "int8", "fp8")  # the quantised options, in the order they are offered
 FP8_ACTS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # the op's activation types (T)
-REQUESTED_KEY = "softsyn.precision_request"  # node metadata: the precision the mapping asked this cell for
 
 
 @dataclass(frozen=True)
@@ -286,8 +285,3 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
     if counts and "com.microsoft" not in netlist.model.opset_imports:
         netlist.model.opset_imports["com.microsoft"] = 1
     return counts
-
-
-def is_weightless(value: ir.Value) -> bool:
-    t = value.const_value
-    return isinstance(t, ir.ExternalTensor) and str(t.location) == WEIGHTLESS

@@ -38,7 +38,7 @@ import onnx_ir as ir
 from passes.precision.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
                                               weight_source)
 from passes.precision.search import ESTIMATE_RULE, cell_error
-from softsyn.timing.cost import FP8_MATMUL as FP8_OP
+from softsyn.netlist.keys import FP8_MATMUL as FP8_OP
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded

@@ -18,9 +18,9 @@ import warnings
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY, annotate_hierarchy
+from softsyn.netlist.keys import META_WEIGHTS
 
 DYNAMO = "torch.onnx.export(dynamo=True)"
-META_WEIGHTS = "weights.not-materialised"  # external-data location of meta (weightless) initializers
 SCOPE_PREFIX = "m"  # attribute name of the wrapped model inside the export wrappers
 OPSET = 18
 

@@ -22,6 +22,8 @@ import hashlib
 import numpy as np
 import onnx_ir as ir
 
+from softsyn.netlist.keys import META_WEIGHTS
+
 POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
 
 
@@ -62,8 +64,6 @@ def seeded_weights(model: ir.Model, cfg, seed: int = 0) -> dict[str, np.ndarray]
     """The one source of seeded random weights: a value for every weightless (meta) initializer of an export,
     keyed by its name. `fill_random` puts them into the ONNX model; `softsyn.frontends.hf.write_seeded_folder`
     puts the same values into a Hugging Face folder (what peers such as onnxruntime-genai's builder read)."""
-    from softsyn.frontends.export import META_WEIGHTS
-
     pool = seed_pool(seed, float(getattr(cfg, "initializer_range", 0.02) or 0.02))
     out = {}
     for v in model.graph.initializers.values():
