@@ -202,7 +202,7 @@ def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray,
     seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
     random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
     is not."""
-    from passes.precision.sensitivity import Runner
+    from passes.optimize.sensitivity import Runner
     from softsyn.runtime.kv_quant import channel_scales
 
     runner = Runner(design, provider="cpu")

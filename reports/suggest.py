@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from passes.precision.search import map_error
+from passes.optimize.search import map_error
 from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
 _ADVICE: list[tuple[set[str], str]] = [

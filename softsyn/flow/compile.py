@@ -6,57 +6,14 @@ group), which reports.compile_log renders.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import passes
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from passes import Effort
+from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
-
-
-@dataclass(frozen=True)
-class LogRow:
-    elapsed: float  # s since the compile started
-    phase: str
-    wns: float  # s (0 when every group meets its clock)
-    tns: float  # s
-    area: float  # bytes
-    worst_group: str
-    cells: int
-    rules: float = 0.0  # design-rule cost: area over its limit (MB) + estimated error over the accuracy budget (%)
-
-
-@dataclass
-class CompileLog:
-    design: str
-    library: str
-    effort: Effort
-    rows: list[LogRow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what the emitted artifacts lack or assume, printed under the rows
-    start: float = field(default_factory=time.perf_counter)
-
-    def add(self, phase: str, analysis: Analysis, cells: int, error_over: float = 0.0) -> LogRow:
-        """A row from a re-timed design; `error_over`: the estimated error over the accuracy budget (fraction)."""
-        worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
-        slack = analysis.area.slack
-        rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
-        row = LogRow(time.perf_counter() - self.start, phase, min(analysis.wns, 0.0), analysis.tns,
-                     analysis.area.total, worst.name if worst is not None and worst.wns < 0 else "", cells, rules)
-        self.rows.append(row)
-        return row
-
-    def add_estimates(self, report, analysis: Analysis, cells: int) -> None:
-        """The optimize pass's search steps, from its tables (labelled est), and its measured rounds (ultra, not
-        labelled): WNS, TNS, rules, area."""
-        base = analysis.area.total
-        for t in getattr(report, "trace", ()):
-            phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
-            at = getattr(t, "at", None)  # when the step ended; a row made before this log started reads 0
-            self.rows.append(LogRow(max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start,
-                                    phase, t.wns, t.tns, base + t.area_delta, t.worst_group, cells, t.rules))
 
 
 def check_effort(name: str) -> Effort:
@@ -88,10 +45,11 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     for step in level.steps:
         before = analysis
         result = passes.run_pass(design, step.pass_name, {**dict(step.options), **(options or {}).get(step.pass_name, {})})
-        if getattr(result.report, "trace", None):
-            log.add_estimates(result.report, before, len(design.netlist.nodes()))
-            error_over = result.report.estimate_error - result.report.budget
-            log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
+        trace = getattr(result.report, "trace", None)  # a pass with search steps (the loop): its rows and notes
+        if trace:
+            log.add_trace(trace, before, len(design.netlist.nodes()))
+            error_over = result.report.error_over()
+            log.notes += result.report.log_notes()
         analysis = design.analyze(tp_plan=step is level.steps[-1])  # the plan once, for what emit writes
         log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
     path = emit(design, analysis, out_dir, log, reference, plan=plan)

@@ -5,7 +5,7 @@ B's bytes retyped uint8 (the same bytes: e4m3fn has no other layout) and decoded
 (Gather; Cast from float8 needs opset 19), each value times its block's scale (b_scale gathered along K by the
 block index k // block_size), cast to the activation type, transposed to [K, N] and multiplied: the op's
 `A @ (fp8_e4m3(B) * b_scale)^T (+ bias)`. W8A8 nodes (an a_scale) are left as they are: the CPU session then says
-it has no kernel. Used on files (softsyn.flow.cpu_view) and on in-memory protos (passes.precision.sensitivity).
+it has no kernel. Used on files (softsyn.flow.cpu_view) and on in-memory protos (passes.optimize.sensitivity).
 """
 from __future__ import annotations
 

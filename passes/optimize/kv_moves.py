@@ -129,7 +129,7 @@ def kv_error(design, nodes, scales) -> float:
     group's seeded inputs (ORT CPU), both reading the cached values an int8 cache holds (the seeded past is no K/V
     of the model: quantised, it saturates; held, the new tokens' and the attention's error is measured)."""
     from passes import kv_layout  # imported here: fuse and kv_layout import each other
-    from passes.precision.sensitivity import Runner
+    from passes.optimize.sensitivity import Runner
     from softsyn.runtime.kv_quant import dequantise, quantise
 
     ports = {}

@@ -1,14 +1,14 @@
 """Sensitivity: the output error each cell adds at each candidate precision, measured and cached.
 
 Per cell: for each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser for
-int4/int8, the block-scaled e4m3 one for fp8: passes.precision.mapping.quantise) on every path group's seeded scenario inputs
+int4/int8, the block-scaled e4m3 one for fp8: passes.optimize.mapping.quantise) on every path group's seeded scenario inputs
 (softsyn.runtime.inputs), and compared with the design as it stands: the error is verify's relative error,
 max|quantised - design| / max|design|, the worst over outputs and groups.
 Per role (`measure_per_role`, for designs too large to run cell by cell): the cells grouped by role (`roles`: the
 hierarchy without its layer indices, so model.layers.*.mlp.down_proj is one group; a packed QKV or gate-up apart
 from the plain projection it is named after), each group quantised at once per precision and run end to end
 (~10 groups x 2 precisions instead of ~400 runs); each cell's error is the group's shared by the combination rule
-(passes.precision.search.cell_error), labelled "measured per role".
+(passes.optimize.search.cell_error), labelled "measured per role".
 
 Where: on the target's device when it is here (the CUDA provider for a CUDA library's design, when onnxruntime has
 it and a session opens), else on ORT CPU, through the CPU view verify uses (softsyn.runtime.gqa_view: the q/k norms a
@@ -35,9 +35,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from passes.precision.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
+from passes.optimize.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
                                               weight_source)
-from passes.precision.search import ESTIMATE_RULE, cell_error
+from passes.optimize.search import ESTIMATE_RULE, cell_error
 from softsyn.netlist.keys import FP8_MATMUL as FP8_OP
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells

@@ -1,8 +1,8 @@
 """Searching a precision map on tables: greedy (medium), exact ILP (high), recovery (ultra).
 
 Everything here is pure arithmetic on a `Problem`: per path group, the slack of the design as timed and each
-option's cost per cell (passes.precision.mapping.delay_tables); per cell and option the output error
-(measured, passes.precision.sensitivity) and the weight bytes. A map's slack in a group is the baseline
+option's cost per cell (passes.optimize.mapping.delay_tables); per cell and option the output error
+(measured, passes.optimize.sensitivity) and the weight bytes. A map's slack in a group is the baseline
 slack less the sum of its options' extra cost, its error `map_error` of its cells' errors: the root sum of squares
 times ERROR_SAFETY (independent rounding perturbations add in variance; measured in bench/error_combination.py).
 The accuracy budget is a hard rule (the baseline always meets it): no search step exceeds it, and the ILP holds it

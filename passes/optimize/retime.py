@@ -37,6 +37,7 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -44,8 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from passes.precision import mapping as mp
-from passes.precision import search
+from passes.optimize import mapping as mp
+from softsyn.results.compile_log import TraceRow
+from passes.optimize import search
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
@@ -393,7 +395,7 @@ def corrected(problem: search.Problem, rnd: Round) -> tuple[search.Problem, list
     note = (f"tables back-annotated from round {rnd.index}: each group's change at each precision scaled by its "
             f"measured / predicted relative change{split} ({', '.join(lines) or 'no group changed'}; 0: no change "
             "told from the rounds' spread)")
-    return search.Problem(**{**problem.__dict__, "cost": cost}), [note]
+    return dataclasses.replace(problem, cost=cost), [note]
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -422,8 +424,6 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
 
 def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, provider: str):
     """retime's loop, measuring with `measure`."""
-    from passes.optimize import TraceRow
-
     base = search.baseline(problem)
     result = Retime(provider)
     report.retime = result
