@@ -42,6 +42,8 @@ from softsyn.netlist.keys import is_weightless
 from passes import PassResult, register
 from passes.fuse.graph import add_initializer, make_node
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
+from softsyn.runtime.design_runner import DesignRunner
+from softsyn.runtime.kv_quant import BITS, QUANT_TYPE, channel_scales
 
 GQA_SEQLENS, GQA_TOTAL = 5, 6  # GroupQueryAttention's seqlens_k and total_sequence_length inputs
 SEQ_AXIS = 2  # the sequence axis of a [batch, kv_heads, seq, head_dim] KV port
@@ -202,10 +204,7 @@ def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray,
     seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
     random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
     is not."""
-    from passes.optimize.sensitivity import Runner
-    from softsyn.runtime.kv_quant import channel_scales
-
-    runner = Runner(design, provider="cpu")
+    runner = DesignRunner(design, provider="cpu")
     names = [v.name for v in design.netlist.model.graph.outputs]
     groups = list(design.groups)
     tokens = sum(g.scenario.dims.get("seq", 1) * g.scenario.dims.get("batch", 1) for g in groups)
@@ -235,8 +234,6 @@ def placeholder_scales(node: ir.Node) -> tuple[np.ndarray, np.ndarray]:
 
 def quantise_cache(graph: ir.Graph, nodes: list[ir.Node], scales: dict) -> None:
     """GQA's int8 cache on every node: the quant attributes, the scale initializers, int8 past/present ports."""
-    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
-
     for node in nodes:
         k_scale, v_scale = scales[node.name]
         if len(node.inputs) <= GQA_V_SCALE:

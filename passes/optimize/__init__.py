@@ -29,6 +29,7 @@ from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
 from passes.optimize import search, sensitivity
 from softsyn.results.compile_log import TraceRow
+from softsyn.runtime.design_runner import CannotRun
 from softsyn.timing.area import area as area_of
 from softsyn.timing.cost import precision_of
 
@@ -309,7 +310,7 @@ def sensitivities(design, cands) -> tuple[dict, str, bool]:
     measure = sensitivity.measure_per_role if weights > MEASURE_LIMIT else sensitivity.measure
     try:
         return (*measure(design, cands, design.log), True)
-    except sensitivity.CannotRun as exc:
+    except CannotRun as exc:
         return (*_prior(cands, f"ORT cannot run this design here ({exc})"), False)
 
 

@@ -221,7 +221,6 @@ class Bench:
     """Measures maps against the design before them: the baseline is written and its runners opened once, at the
     first call, and kept for every round (a real-size model loads in tens of seconds); each map is written, opened,
     timed interleaved with them, and dropped. Files live under `folder` (the caller removes it)."""
-
     def __init__(self, folder: Path, runs: int = RUNS, rounds: int = TIMING_ROUNDS, warmup: int = WARMUP):
         self.folder, self.runs, self.rounds, self.warmup = folder, runs, rounds, warmup
         self.base: list | None = None
