@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
-from softsyn.flow.signoff import SignoffResult
+from softsyn.results.signoff import SignoffResult
 from reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
 from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
                                     write_atomic)
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
+from reports.signoff import cell_table, group_table
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
 from reports.waterfall import group_sections, path_status
@@ -240,8 +241,6 @@ def compile_log(page: Page) -> dict | None:
 
 def signoff(page: Page) -> dict | None:
     """Predicted vs measured: per group (one scatter) and per cell of each group, from signoff.json."""
-    from reports.signoff import cell_table, group_table
-
     result = page.signoff
     if result is None:
         return None

@@ -29,6 +29,7 @@ from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
 from passes.optimize import search, sensitivity
 from softsyn.results.compile_log import TraceRow
+from softsyn.results.verify import DEFAULT_REL_ERROR
 from softsyn.runtime.design_runner import CannotRun
 from softsyn.timing.area import area as area_of
 from softsyn.timing.cost import precision_of
@@ -38,7 +39,6 @@ CALIBRATE_BELOW = 0.8  # ultra: a check reading under this share of its estimate
 ESTIMATE_SHARE = 0.8  # the estimate (search.map_error) may use this share of the accuracy budget ...
 CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
 MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours: measured per role instead (labelled)
-DEFAULT_BUDGET = {"fp32": 1e-4, "fp16": 1e-2}  # verify's defaults (softsyn.flow.verify.DEFAULT_REL_ERROR)
 
 
 @dataclass
@@ -95,7 +95,7 @@ def accuracy_budget(design) -> float:
     given = design.constraints.accuracy.max_rel_error
     if given is not None:
         return given
-    return DEFAULT_BUDGET["fp16" if design.library.is_gpu else "fp32"]
+    return DEFAULT_REL_ERROR["fp16" if design.library.is_gpu else "fp32"]
 
 
 def _trace(problem: search.Problem, outcome_map: dict[str, str], phase: str) -> TraceRow:

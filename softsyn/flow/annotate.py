@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
+from softsyn.results.files import write_atomic
 
 SCHEMA = "softsyn.annotation/1"
 RESIDUAL_CELL = "Run.residual"
@@ -116,8 +117,6 @@ class Annotation:
         return {"schema": SCHEMA, "units": "seconds", **data}
 
     def save(self, path: str | Path) -> Path:
-        from reports.common import write_atomic
-
         self.path = str(path)
         return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 

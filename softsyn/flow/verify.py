@@ -41,35 +41,9 @@ from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of, provider_opens
 from softsyn.netlist import Netlist
+from softsyn.results.verify import DEFAULT_REL_ERROR, OutputCheck, VerifyResult
 
-DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
 WIDE_LOGITS = 1000  # without a known vocabulary, a final MatMul/Gemm at least this wide is read as logits
-
-
-@dataclass
-class OutputCheck:
-    scenario: str
-    output: str
-    max_abs: float
-    rel: float
-    cosine: float
-    top1: float | None
-    violations: list[str]
-
-
-@dataclass
-class VerifyResult:
-    checks: list[OutputCheck]
-    max_rel_error: float
-    budget_source: str
-    min_top1: float | None
-    provider: str
-    reference: dict
-    precision: str
-
-    @property
-    def violations(self) -> list[str]:
-        return [f"{c.scenario}/{c.output}: {v}" for c in self.checks for v in c.violations]
 
 
 def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool,

@@ -38,9 +38,6 @@ from softsyn.netlist import Netlist
 from softsyn.runtime.binding import BoundRunner
 from softsyn.runtime.session import IR_VERSION, open_model
 
-MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
-                     "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "
-                     "provider's end-of-run synchronisation; no host<->device copies, no tokenisation or sampling")
 
 
 @dataclass
@@ -113,7 +110,7 @@ def onnx_path(netlist: Netlist) -> Path:
 
 def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
             provider: str = "cpu", options: dict | None = None) -> Measurement:
-    """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see MEASURED_INTERVAL)."""
+    """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see softsyn.results.signoff.MEASURED_INTERVAL)."""
     return measure_many(model_path, [feeds], runs, warmup, provider, options)[0]
 
 
