@@ -52,7 +52,7 @@ class Target:
 
     kind: str
     design: object  # softsyn.design.Design
-    analysis: object  # softsyn.timing.results.Analysis
+    analysis: object  # softsyn.results.analysis.Analysis
     onnx: Path
     session_options: dict
     cuda_graph: bool = False  # runtime/session.json enables the CUDA EP's graph capture

@@ -27,7 +27,7 @@ from softsyn.constraints import KV_DTYPES, Constraints
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import eval_dim_expr
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
-from softsyn.timing.results import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
+from softsyn.results.analysis import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
 
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")
 
