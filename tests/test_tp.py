@@ -16,7 +16,7 @@ from softsyn.emit import compiled_precision
 from softsyn.frontends import read_design
 from softsyn.library.collectives import load_collectives, parse_collectives
 from reports import from_json, report_area, report_qor, to_json
-from softsyn.runtime.engines import engine_files
+from softsyn.emit.engines import engine_files
 from softsyn.timing.tp import TPError, partition
 
 from test_reliability import cli

@@ -1,44 +1,26 @@
-"""Emit a compiled design into DIR through softsyn.outdir (staged beside DIR, swapped in whole, with its manifest).
-
-    DIR/model.onnx (+ model.onnx.data)   the compiled netlist, checked by onnx.checker (path form) and
-                                         loaded by ONNX Runtime with the target's providers
-    DIR/netlist.json                     every cell: hierarchy, op, library cell, precision, delay per group
-    DIR/runtime/session.json             ORT session settings, IO dtypes, scenario dims, KV buffers, reference
-    DIR/genai_config.json (+ tokenizer)  a decoder's onnxruntime-genai config (softsyn.runtime.genai)
-    DIR/runtime/vllm*.json|sh, trtllm-*  a decoder's vLLM and TensorRT-LLM serving settings (softsyn.runtime.engines)
-    DIR/reports/*.rpt, DIR/analysis.json the analysis of the compiled netlist (reports), fusion.json
-    DIR/compile.log, compile_log.json    one row per step (text, JSON)
-    DIR/reports/report.html              the page of all of it (reports.html), written last
-    DIR/softsyn-manifest.json            what softsyn wrote (softsyn.outdir)
-
-A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the
-export cache is (no run facts or absolute paths in it: softsyn.frontends.cache.design_provenance).
+"""DIR/model.onnx (+ model.onnx.data): the compiled netlist saved, checked by onnx.checker (path form) and loaded by
+ONNX Runtime with the target's providers; a composite writes one model per block.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from softsyn import __version__, outdir
 from softsyn.errors import SoftsynError
+from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.frontends.cache import design_provenance
 from softsyn.frontends.vlm import split_blocks
 from softsyn.netlist import NETLIST_META_KEY
-from softsyn.netlist.keys import FP8_MATMUL, REQUESTED_KEY
-from softsyn.runtime.engines import engine_files
-from softsyn.runtime.genai import write_genai
-from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSettings, open_session, provider_of
-from softsyn.timing import Analysis, cell_timings, precision_of
+from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session, provider_of, provider_opens
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-SESSION_FILE = "runtime/session.json"
 ORT_DOMAIN = "com.microsoft"
 
 
@@ -50,57 +32,17 @@ def require_weights(netlist) -> None:
                            "or ask for the weightless plan (--plan)")
 
 
-def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, plan: bool = False) -> Path:
-    """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
-    import reports
-    from reports.compile_log import compile_log_json, report_compile_log
-    from reports.html import write_html
-    from reports.suggest import precision_suggestions
-
+def write_models(design, folder: Path, providers: list[str]) -> None:
+    """The compiled model (or each block of a composite) into `folder`, each checked to load on `providers`."""
     netlist = design.netlist
-    if not plan:
-        require_weights(netlist)
-    with outdir.replace(out_dir, "compile", netlist.name, model=str(reference.get("source", "")),
-                        inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
-        tmp = staged.path
-        session = session_json(design, reference, plan)
-        if not plan and netlist.blocks():
-            for block, model in split_blocks(netlist.model, netlist.blocks()).items():
-                file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
-                _write_model(netlist, tmp, model, file)
-                check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
-        elif not plan:
-            _write_model(netlist, tmp)
-            check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
-        _write_json(tmp / "netlist.json", netlist_json(design, analysis))
-        _write_json(tmp / SESSION_FILE, session)
-        kv_layout = design.pass_reports.get("kv_layout")
-        if kv_layout is not None:
-            log.notes += kv_layout.lines()
-        for name, rule in ((design.pass_reports.get("precision") or {}).get("rules") or {}).items():
-            log.notes.append(f"precision rule {name}: {rule['held']}")
-        log.notes += write_genai(tmp, netlist, session, str(reference.get("source", "")))
-        if netlist.kind == "decoder":
-            for name, text in engine_files(design, analysis, str(reference.get("source", "")),
-                                           compiled_precision(netlist), log.notes).items():
-                (tmp / name).write_text(text)
-        precision_map = design.pass_reports.get("optimize")
-        moves = precision_suggestions(precision_map, analysis.groups) if precision_map is not None else []
-        log.notes += [f"suggestion: {m}" for m in moves]
-        reports.write_reports(analysis, tmp, [[m] for m in moves])
-        coverage = design.pass_reports.get("fuse")
-        if coverage is not None:
-            (tmp / "reports" / "fusion.rpt").write_text(
-                reports.report_fusion(coverage, design=netlist.name, target=design.library.name))
-            (tmp / "reports" / "fusion.json").write_text(
-                reports.fusion_json(coverage, design=netlist.name, target=design.library.name))
-        if precision_map is not None:
-            (tmp / "reports" / "precision.rpt").write_text(
-                reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
-        (tmp / "compile.log").write_text(report_compile_log(log))
-        (tmp / "compile_log.json").write_text(compile_log_json(log))
-        write_html(tmp)  # last: the page reads the files above
-    return staged.out
+    if netlist.blocks():
+        for block, model in split_blocks(netlist.model, netlist.blocks()).items():
+            file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
+            _write_model(netlist, folder, model, file)
+            check_loads(folder / file, providers, f"{netlist.name} block {block}")
+    else:
+        _write_model(netlist, folder)
+        check_loads(folder / MODEL_FILE, providers, netlist.name)
 
 
 def _write_model(netlist, folder: Path, model=None, file: str = MODEL_FILE) -> None:
@@ -128,8 +70,6 @@ _NO_KERNEL = [re.compile(r"implementation for (?P<op>[\w.]+)\(\d+\) node with na
 def check_loads(path: Path, providers: list[str], design: str) -> None:
     """ONNX Runtime creates a session on the emitted model with the target's providers (as
     runtime/session.json says): an artifact the runtime cannot load is refused, naming the node."""
-    import onnxruntime as ort
-
     ort.set_default_logger_severity(4)  # a provider this machine lacks logs an error, then ORT falls back to the CPU
     try:
         open_session(path, SessionSettings(provider=provider_of(providers[0]), require_provider=False))
@@ -154,9 +94,6 @@ def check_loads(path: Path, providers: list[str], design: str) -> None:
 def _loads_as_cpu_view(path: Path, providers: list[str]) -> bool:
     """On a machine without the target's provider, whether the model's CPU view (what verify runs here) loads: a
     CUDA-only kernel (fp8 weight cells) refuses the CPU fallback check_loads gets there, the view does not."""
-    from softsyn.flow.cpu_view import cpu_view_session
-    from softsyn.runtime.session import provider_opens
-
     if provider_of(providers[0]) == "cpu" or provider_opens(provider_of(providers[0])):
         return False
     try:
@@ -197,101 +134,4 @@ def check(path: Path) -> None:
 def ort_errors() -> tuple[type[Exception], ...]:
     """ONNX Runtime's own exception types (a kernel a provider lacks, a graph it cannot load, bad feeds):
     about the model or the machine, not bugs in softsyn."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=False, allow_nan=False) + "\n")
-
-
-def netlist_json(design, analysis: Analysis) -> dict:
-    netlist = design.netlist
-    per_group = {g.name: cell_timings(netlist, design.library, netlist.bind(g.scenario.dims)) for g in design.groups}
-    cells = []
-    uniform = (design.pass_reports.get("precision") or {}).get("requested")  # what the uniform map was asked for
-    for i, node in enumerate(netlist.nodes()):
-        timed = {name: timings[i] for name, timings in per_group.items()}
-        first = next(iter(timed.values()), None)
-        cells.append({
-            "name": node.name, "hierarchy": netlist.hierarchy(node), "op": node.op_type,
-            "domain": node.domain or "ai.onnx", "cell": first.cell if first else f"{node.op_type}.{precision_of(node)}",
-            "precision": precision_of(node),
-            "requested_precision": node.metadata_props.get(REQUESTED_KEY, uniform),
-            "delay": {name: t.delay for name, t in timed.items()},
-            "source": {name: t.source for name, t in timed.items()},
-        })
-    return {
-        "format": 1, "softsyn": __version__, "design": netlist.name, "library": design.library.name,
-        "constraints_file": str(design.constraints.source),
-        "units": {"delay": "s"},
-        "groups": {g.name: g.scenario.dims for g in design.groups},
-        "cell_count": len(cells), "cells": cells,
-    }
-
-
-def _ports(values, shapes_by_group: dict) -> dict:
-    return {v.name: {"dtype": ir.DataType(v.dtype).name.lower(),
-                     "shape": [d if isinstance(d, int) else str(d) for d in v.shape] if v.shape is not None else None,
-                     "scenarios": {g: list(shapes[v.name]) for g, shapes in shapes_by_group.items() if v.name in shapes}}
-            for v in values}
-
-
-def _precision_map(report) -> dict | None:
-    """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
-    if report is None or not getattr(report, "cells", None):
-        return None
-    from reports import retime_table
-
-    measured = getattr(report, "retime", None)  # ultra's measured re-timing: the rows precision.rpt prints, SI
-    return {"requested": dict(Counter(c.requested for c in report.cells)),
-            "realised": dict(Counter(c.realised for c in report.cells)),
-            "estimated_error": report.estimate_error, "checked_error": report.checked_error,
-            "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
-                                                       "outcome": measured.why, **retime_table(report).to_dict()}}
-
-
-def compiled_precision(netlist) -> str:
-    """The precision most weight-bearing cells (MatMul, Gemm) run in: what the verify budget defaults on."""
-    found = Counter(precision_of(n) for n in netlist.nodes() if n.op_type in ("MatMul", "Gemm", "MatMulNBits", FP8_MATMUL))
-    return found.most_common(1)[0][0] if found else "fp32"
-
-
-def session_json(design, reference: dict, plan: bool = False) -> dict:
-    """ORT settings to run DIR/model.onnx as compiled, plus what `softsyn verify` needs (a plan: no model)."""
-    netlist, library, cons = design.netlist, design.library, design.constraints
-    shapes = {g.name: netlist.bind(g.scenario.dims) for g in design.groups}
-    graph = netlist.model.graph
-    providers = ([library.provider, "CPUExecutionProvider"] if library.is_gpu else ["CPUExecutionProvider"])
-    kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
-    kv_layout = design.pass_reports.get("kv_layout")  # its max_length is the shared buffer's (softsyn run binds it)
-    captured = any(launch.captured for launch in design.launches.values())
-    return {
-        "format": 1,
-        "model": None if plan else MODEL_FILE,
-        "plan": plan,
-        "providers": providers,
-        # enable_cuda_graph "1" where a group's graph can be captured (softsyn.timing.capture: decode with a shared
-        # KV buffer, every node on CUDA); softsyn run and genai_config.json take their provider options from here
-        "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
-        if library.is_gpu else {},
-        "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
-        "session_options": dict(ARTIFACT_OPTIONS),
-        "inputs": _ports(graph.inputs, shapes),
-        "outputs": _ports(graph.outputs, shapes),
-        "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},
-        "kv_cache": {"ports": kv_ports, "dtype": next((ir.DataType(v.dtype).name.lower() for v in graph.inputs
-                                                       if v.name in kv_ports), None),
-                     "max_length": getattr(kv_layout, "max_length", None) or cons.kv_cache.max_length,
-                     "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
-        "precision": compiled_precision(netlist),
-        "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
-        "precision_map": _precision_map(design.pass_reports.get("optimize")),
-        "kv_moves": [dataclasses.asdict(m) for m in getattr(design.pass_reports.get("optimize"), "kv", ())],
-        "reference": reference,
-        "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
-        "target": library.name,
-        **({"blocks": netlist.blocks()} if netlist.blocks() else {}),  # a composite: one model per block, run in order
-    }
+    return tuple(v for v in vars(ort_state).values() if isinstance(v, type) and issubclass(v, Exception))
