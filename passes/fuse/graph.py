@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS
+from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
 MS = "com.microsoft"
 _counter = itertools.count()
@@ -247,7 +248,6 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
     import onnx
     from onnx_ir import serde
 
-    from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
     fed = {id(v): (v, a) for v, a in feeds.items()}
     nodes: list[ir.Node] = []

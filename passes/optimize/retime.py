@@ -45,9 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from passes.optimize import mapping as mp
+from passes.optimize import mapping as mp, search
 from softsyn.results.compile_log import TraceRow
-from passes.optimize import search
+from softsyn.errors import SoftsynError
+from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, provider_of, provider_problem
+from softsyn.netlist import Netlist
+from softsyn.timing.capture import group_launch, shared_kv_buffer
+from softsyn.runtime.decoder import kv_aliases
+from softsyn.runtime.measure import bound_runners, measure_runners
+from softsyn.runtime.inputs import scenario_inputs
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
@@ -143,9 +149,6 @@ Measure = Callable[..., dict]  # (design, [mapped netlist, ...], provider) -> {g
 
 def target_provider(library) -> str | None:
     """The library's provider as softsyn names it ("cpu" | "cuda"), None for one softsyn does not run."""
-    from softsyn.errors import SoftsynError
-    from softsyn.runtime.session import provider_of
-
     try:
         return provider_of(library.provider)
     except SoftsynError:
@@ -155,8 +158,6 @@ def target_provider(library) -> str | None:
 def device_absent(library) -> str | None:
     """None when the library's provider runs here (listed by onnxruntime and, for CUDA, a session opens on it), else
     why not, in words."""
-    from softsyn.runtime.session import provider_problem
-
     provider = target_provider(library)
     if provider is None:
         return f"provider {library.provider or '(none)'} is not one softsyn runs"
@@ -179,8 +180,6 @@ def not_runnable(design, moved: dict[str, str]) -> str | None:
 
 def mapped_netlist(netlist, mapping: dict[str, str]):
     """A copy of the netlist with `mapping` applied (the tensors are shared, the graph is the copy's own)."""
-    from softsyn.netlist import Netlist
-
     copy = Netlist(netlist.model.clone(deep_copy=True), netlist.name, netlist.kind, netlist.provenance,
                    netlist.config, netlist.derived_dims)
     mp.apply_mapping(copy, mapping)
@@ -191,7 +190,6 @@ def _write(model, path: Path) -> Path:
     """The model as an ONNX file with its weights beside it (a real-size model is over protobuf's 2 GB)."""
     import onnx_ir as ir
 
-    from softsyn.runtime.session import IR_VERSION
 
     path.parent.mkdir(parents=True, exist_ok=True)
     model.ir_version = min(model.ir_version, IR_VERSION)
@@ -208,8 +206,6 @@ def alternate(groups: int, width: int = 2) -> Callable[[int], list[int]]:
 def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
     """{"base" | "map": per design group, whether it is timed as a CUDA graph replay}: where the design's launches
     say the group is captured (softsyn.timing.capture, as emit enables it in session.json), on CUDA only."""
-    from softsyn.timing.capture import group_launch, shared_kv_buffer
-
     shared = shared_kv_buffer(mapped)
     return {"base": [provider == "cuda" and getattr(design.launches.get(g.name), "captured", False)
                      for g in design.groups],
@@ -228,18 +224,11 @@ class Bench:
         self.maps = 0
 
     def _open(self, netlist, name: str, graphs: list[bool], provider: str) -> list:
-        from softsyn.runtime.decoder import kv_aliases
-        from softsyn.runtime.measure import bound_runners
-        from softsyn.runtime.session import ARTIFACT_OPTIONS
-
         path = _write(netlist.model.clone(), self.folder / name / "model.onnx")
         return bound_runners(path, self.feeds, provider, ARTIFACT_OPTIONS, graphs, kv_aliases(netlist))
 
     def __call__(self, design, maps: list, provider: str) -> dict:
         """{group: (Measurement before the map, one per netlist in `maps`)}, all timed in one interleaved run."""
-        from softsyn.runtime.inputs import scenario_inputs
-        from softsyn.runtime.measure import measure_runners
-
         groups = list(design.groups)
         flags = [graph_flags(design, mapped, provider) for mapped in maps]
         if self.base is None:

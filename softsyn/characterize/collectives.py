@@ -23,6 +23,7 @@ import yaml
 
 from softsyn.library.collectives import COLLECTIVE_OPS
 from softsyn.progress import log
+from softsyn.errors import SoftsynError
 
 SIZES = [2**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 QUICK_SIZES = [2**10, 2**14, 2**18]
@@ -89,7 +90,6 @@ def characterize_collectives(provider: str, output: str | os.PathLike, ops: list
     import torch
     import torch.multiprocessing as mp
 
-    from softsyn.errors import SoftsynError
 
     backend = "nccl" if provider == "cuda" else "gloo"
     available = torch.cuda.device_count() if provider == "cuda" else (devices or 2)

@@ -10,6 +10,7 @@ import numpy as np
 
 from softsyn.characterize.cellgraph import (
     BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
+from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
 
 GQA_GROUP = 2  # heads per KV head in the attention cells (tiny zoo: 4/2, Qwen3-1.7B: 16/8)
 
@@ -400,8 +401,6 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
 def gqa(precision: str, cache: str | None = None):
     """GroupQueryAttention: q_tokens new tokens attending kv_len cached + new tokens, batch 1; `cache` "int8": the
     quantised cache passes.kv_layout emits (int8 past/present, PER_CHANNEL fp32 scales [kv_heads, head_dim])."""
-    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
-
     def build(s, copies, ctx: Ctx) -> Graph:
         elem = ELEM[precision]
         kv_elem = INT8 if cache == "int8" else elem

@@ -8,9 +8,13 @@ from pathlib import Path
 import click
 
 from softsyn import outdir
-from softsyn.cli import ANALYSIS_FILE, main
+from softsyn.cli.app import ANALYSIS_FILE, main
 from softsyn.errors import SoftsynError
-from passes import EFFORTS
+from passes import EFFORTS, load_all
+from reports import REPORTS, from_json, to_json
+from reports.html import HTML_FILE, write_html
+from softsyn.characterize.collectives import characterize_collectives, collective_cells
+from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
 
 @main.command()
@@ -40,11 +44,7 @@ def report(kind, directory, group, max_paths, fold, digits):
     Example:
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
     """
-    from reports import REPORTS, from_json, to_json
-
     if kind == "html":
-        from reports.html import HTML_FILE, write_html
-
         out = outdir.check(directory, "report")
         with outdir.replace(out, "report", "", progress=False) as staged:
             write_html(staged.path, out)
@@ -73,8 +73,6 @@ def report(kind, directory, group, max_paths, fold, digits):
 @main.command("passes")
 def list_passes():
     """List the registered passes and the effort scripts that run them."""
-    from passes import load_all
-
     registered = load_all()
     width = max((len(n) for n in registered), default=0)
     for name in sorted(registered):
@@ -137,9 +135,6 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
       softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
                                        # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
-    from softsyn.characterize.collectives import characterize_collectives, collective_cells
-    from softsyn.characterize.plan import characterize as run_characterize, list_cells
-
     if list_only:
         rows = list_cells(provider, quick, cells, cuda_graph)
         for name, grid, hold in rows:

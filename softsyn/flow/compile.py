@@ -14,6 +14,7 @@ from softsyn.errors import SoftsynError
 from passes import Effort
 from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
+from softsyn.emit import emit
 
 
 def check_effort(name: str) -> Effort:
@@ -35,8 +36,6 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     `plan`: the netlist may be weightless; everything but the model itself is written.
     `options`: pass name -> keyword arguments that override its step's options (compile --all-logits).
     """
-    from softsyn.emit import emit
-
     level = check_effort(effort)
     log = CompileLog(design.netlist.name, design.library.name, level)
     analysis = design.analyze()

@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist.keys import META_WEIGHTS
+from softsyn.frontends.export import name_folded_weights
 
 POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
 
@@ -120,7 +121,6 @@ def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
     """fill_random + the exporter's optimizer, in place; weights the optimizer folded get their module names."""
     import onnxscript.optimizer
 
-    from softsyn.frontends.export import name_folded_weights
 
     fill_random(model, cfg, seed)
     with anchored_multi_output_matching():
