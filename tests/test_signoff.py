@@ -14,7 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from softsyn.flow.annotate import load_annotation, match_profile
+from softsyn.flow.annotate import match_profile
+from softsyn.results.annotation import load_annotation
 from softsyn.cli import main, run
 from softsyn.runtime.measure import parse_profile, profile
 from softsyn.timing import Analysis

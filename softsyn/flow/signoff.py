@@ -27,7 +27,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
+from softsyn.flow.annotate import group_annotation, new_annotation
+from softsyn.results.annotation import Annotation
 from softsyn.errors import SoftsynError
 from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
@@ -38,6 +39,11 @@ from softsyn.progress import log
 from reports.html import write_html
 from softsyn.results.files import write_atomic
 from softsyn.results.signoff import MEASURED_INTERVAL, CellRow, GroupResult, OpRow, SignoffResult
+from softsyn.constraints import Constraints, load_constraints
+from softsyn.design import Design
+from softsyn.frontends import read_design
+from softsyn.library import load_library
+from reports import from_json
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
@@ -87,12 +93,6 @@ def _bad_dir(directory: Path, why: str) -> SoftsynError:
 
 
 def load_target(directory: str | Path, progress: bool = False) -> Target:
-    from softsyn.constraints import Constraints, load_constraints
-    from softsyn.design import Design
-    from softsyn.frontends import read_design
-    from softsyn.library import load_library
-    from reports import from_json
-
     directory = Path(directory)
     if not directory.is_dir():
         raise _bad_dir(directory, "no such directory")

@@ -22,8 +22,11 @@ import onnx
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.frontends import export as _export
-from softsyn.netlist import HIERARCHY_KEY
+from softsyn.frontends import cache as _cache, export as _export
+from softsyn.netlist import HIERARCHY_KEY, Netlist
+import sys
+import time
+from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
 
 BLOCKS = ("vision", "embedding", "decoder")
 BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
@@ -151,14 +154,8 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
     `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
     frontends' materialise limit (a real-size config is planned, not run)."""
-    import sys
-    import time
-
     import torch
 
-    from softsyn.frontends import cache as _cache
-    from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
-    from softsyn.netlist import Netlist
 
     if weights is None:
         from transformers import Qwen3VLForConditionalGeneration

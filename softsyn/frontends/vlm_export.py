@@ -6,10 +6,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from softsyn.frontends import export as _export
-from softsyn.frontends.vlm import ImageGrid
 
 
-def _vision_module(visual, grid: ImageGrid):
+def _vision_module(visual, grid):
     """Qwen3-VL's vision tower at one fixed grid, `images` images of it per call."""
     import torch
     import torch.nn.functional as F
@@ -134,7 +133,7 @@ def _decoder_module(language_model, lm_head, layers: int, deepstack: int):
     return Decoder().eval()
 
 
-def reference_modules(model, grid: ImageGrid) -> dict:
+def reference_modules(model, grid) -> dict:
     """The three torch modules the blocks are exported from (tests compare them with transformers' own model)."""
     cfg = model.config
     deepstack = len(cfg.vision_config.deepstack_visual_indexes or [])
@@ -154,7 +153,7 @@ def _export_module(module, args, dynamic_shapes, in_names, out_names, name, opti
     return _export.finish(prog.model, name)
 
 
-def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
+def export_blocks(model, name: str, grid) -> dict[str, ir.Model]:
     """The vision, embedding and decoder blocks as onnx-ir models (example sizes > 1 so no dim is specialised)."""
     import torch
     from torch.export import Dim

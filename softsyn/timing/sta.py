@@ -116,7 +116,7 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
                  absorbed: frozenset = frozenset(), partition=None, collectives=None) -> list[CellTiming]:
     """Delay of every cell in execution order under one scenario's shapes.
 
-    `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
+    `annotation` (a softsyn.results.annotation.GroupAnnotation) replaces the library's delay, source "annot",
     for every node it knows (0 s for nodes the runtime folded or fused away); it knows nodes by name, so
     a node whose name another node shares keeps its library delay. A cell of an op neither the library
     nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model".
@@ -180,7 +180,7 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
                group: PathGroup, annotation=None, absorbed: frozenset = frozenset(), partition=None,
                collectives=None, mode: Launch | None = None) -> GroupTiming:
-    """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
+    """`annotation`: a softsyn.results.annotation.GroupAnnotation for this group's scenario (back-annotated delays;
     its residual replaces the library's run_overhead on the session.run row); `absorbed`, `partition` and
     `collectives`: see cell_timings. A collective is issued by the host (one launch on a GPU) after its cell
     and holds the stream for its delay; on a CPU the host waits it out. `mode`: the group runs as a captured
