@@ -180,7 +180,7 @@ def test_compile_writes_engine_settings(tiny_cpu_artifact):
 
 def test_collective_cells_pattern(capsys, tmp_path):
     """--cells names collectives by op glob; they are measured alone (their own library, one process per device)."""
-    from softsyn.characterize.collectives import collective_cells
+    from softsyn.library.collectives import collective_cells
 
     assert collective_cells("AllReduce*") == ["AllReduce"]
     assert collective_cells("All*,ReduceScatter.fp16") == ["AllReduce", "AllGather", "ReduceScatter"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnx
 import onnx_ir as ir
+from onnx_ir import serde
 
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS
@@ -245,10 +247,6 @@ def site(netlist, node: ir.Node) -> str:
 def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict[str, int]) -> list[np.ndarray]:
     """Run the cone of `outputs` on ORT CPU. `feeds` maps ir.Value (graph inputs or any inner value,
     which then acts as an input) -> numpy array. Raises ValueError naming what the cone needs."""
-    import onnx
-    from onnx_ir import serde
-
-
     fed = {id(v): (v, a) for v, a in feeds.items()}
     nodes: list[ir.Node] = []
     seen: set[int] = set()

@@ -14,9 +14,11 @@ weightless tensors of the quantiser's shapes: it is timed and sized, never run.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -166,8 +168,7 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
 
 def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
-    import logging
-
+    # deferred: ORT's quantization tooling loads its own stack; only quantising a cell needs it
     from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
                                                                  DefaultWeightOnlyQuantizer, logger)
 
@@ -186,8 +187,6 @@ def fp8_blocks(weight_nk: np.ndarray, block: int = FP8_BLOCK) -> tuple[np.ndarra
     """(q float8e4m3fn [N, K], scales fp32 [N, ceil(K / block)]) of a weight laid out [N, K]: each block of `block`
     values along K scaled by amax / 448 into e4m3's range (an all-zero block keeps scale 1) and cast saturating
     (clipped first: ml_dtypes' cast gives NaN past 448), round to nearest even."""
-    import ml_dtypes
-
     w = np.asarray(weight_nk, np.float32)
     n, k = w.shape
     kb = -(-k // block)

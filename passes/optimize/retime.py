@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import onnx_ir as ir
+
 from passes.optimize import mapping as mp, search
 from softsyn.results.compile_log import TraceRow
 from softsyn.errors import SoftsynError
@@ -188,8 +190,6 @@ def mapped_netlist(netlist, mapping: dict[str, str]):
 
 def _write(model, path: Path) -> Path:
     """The model as an ONNX file with its weights beside it (a real-size model is over protobuf's 2 GB)."""
-    import onnx_ir as ir
-
 
     path.parent.mkdir(parents=True, exist_ok=True)
     model.ir_version = min(model.ir_version, IR_VERSION)
@@ -289,6 +289,7 @@ def _decide(deltas: list[float], reference: float) -> int:
     """+1 when the map runs a group faster, -1 slower, 0 when the rounds cannot tell. `deltas`: per round, the
     baseline's round median less the map's. A sign test over the rounds that differ at SIGN_P, and the mean change
     over all rounds at least MIN_GAIN x `reference` (the baseline's median)."""
+    # deferred: scipy.stats is slow to import; only measured re-timing (ultra, device present) tests with it
     from scipy.stats import binomtest
 
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)

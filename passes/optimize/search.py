@@ -156,6 +156,7 @@ def ilp(problem: Problem, ceiling: dict[str, float] | None = None, time_limit: f
     area(x) <= area_slack, or, when the baseline already exceeds the area, an excess r_area >= 0. Minimise
     RULE_WEIGHT x rules + VIOLATION_WEIGHT x sum w_g v_g + sum w_g extra_g(x) (`Cost.scalar`), so no map of
     lower cost exists; the greedy map is one the program could choose."""
+    # deferred: scipy's MILP solver is slow to import; only effort high/ultra searches with it
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     pairs = [(c, o) for c in problem.cells for o in problem.options[c]]

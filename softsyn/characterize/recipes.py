@@ -7,6 +7,7 @@ copies, or a chain where the op's output can feed its input; softsyn.characteriz
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from softsyn.characterize.cellgraph import (
     BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
@@ -28,7 +29,6 @@ def _rows_cols(e: int, row: int) -> tuple[int, int]:
 
 
 def _node(op, ins, outs, i, domain="", **attrs):
-    from onnx import helper
     return helper.make_node(op, ins, outs, name=f"{op.lower()}{i}", domain=domain or None, **attrs)
 
 

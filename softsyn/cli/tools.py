@@ -13,7 +13,7 @@ from softsyn.errors import SoftsynError
 from passes import EFFORTS, load_all
 from reports import REPORTS, from_json, to_json
 from reports.html import HTML_FILE, write_html
-from softsyn.characterize.collectives import characterize_collectives, collective_cells
+from softsyn.library.collectives import collective_cells
 from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
 
@@ -153,6 +153,9 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
         if len(collectives) != len([p for p in cells.split(",") if p.strip()]):
             raise SoftsynError(f"characterize --cells {cells!r}: collectives ({', '.join(collectives)}) are measured "
                                "apart from kernel cells (their own library, one process per device); give them alone")
+        # deferred: torch.distributed, seconds to import, only for characterising collectives
+        from softsyn.characterize.collectives import characterize_collectives
+
         path = characterize_collectives(provider, output, collectives, quick=quick, progress=not quiet,
                                         command=command)
         click.echo(f"[softsyn] wrote {path}", err=True)

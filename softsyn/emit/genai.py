@@ -88,6 +88,7 @@ def save_tokenizer(tokens: SourceTokens, folder: Path, context_length: int, note
     if tokens.folder is None or not any((tokens.folder / f).is_file() for f in TOKENIZER_FILES):
         return None
     try:
+        # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(tokens.folder))

@@ -20,7 +20,6 @@ naming what is broken.
 from __future__ import annotations
 
 import gc
-
 import json
 import math
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
 from softsyn import outdir
 from softsyn.flow.cpu_view import cpu_view_session, view_note
@@ -178,8 +178,6 @@ def _session(path: Path, provider: str, what: str):
 
 
 def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False) -> VerifyResult:
-    import onnxruntime as ort
-
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
     compiled_netlist = _load(out_dir / MODEL_FILE, "compiled model")

@@ -9,6 +9,7 @@ written (see ``META_WEIGHTS``), so they are analysable but not runnable.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import math
@@ -72,6 +73,7 @@ def make_weightless(model: ir.Model) -> int:
     Returns the number of initializers replaced. Shape and dtype stay exact, so parameter and
     byte counts are true; reading the data fails (the file does not exist).
     """
+    # deferred: torch is seconds to import; only an export needs it
     import torch
 
     offset = 0
@@ -129,8 +131,11 @@ def _finish(model: ir.Model, graph_name: str) -> ir.Model:
 
 def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4, optimize: bool | None = None) -> ir.Model:
     """Export a causal LM with KV cache. Example sizes must be > 1 so no dim is specialised."""
+    # deferred: torch is seconds to import; only an export needs it
     import torch
+    # deferred: torch is seconds to import; only an export needs it
     from torch.export import Dim
+    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers.cache_utils import DynamicCache
 
     cfg = model.config
@@ -141,7 +146,6 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     if optimize is None:
         optimize = not meta
 
-    import inspect
 
     # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated)
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -202,9 +206,9 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
 
 def export_encoder(model, name: str, batch: int = 2, seq: int = 5, optimize: bool | None = None) -> ir.Model:
     """Export an encoder (BERT-like): input_ids, attention_mask[, token_type_ids] -> last_hidden_state."""
-    import inspect
-
+    # deferred: torch is seconds to import; only an export needs it
     import torch
+    # deferred: torch is seconds to import; only an export needs it
     from torch.export import Dim
 
     param = next(model.parameters())
@@ -284,6 +288,7 @@ quiet, kv_geometry, finish = _quiet, _kv_geometry, _finish
 
 
 def torch_num_threads() -> None:
+    # deferred: torch is seconds to import; only an export needs it
     import torch
 
     n = os.cpu_count() or 1

@@ -94,6 +94,7 @@ def anchored_multi_output_matching():
     checking them first changes no result (qwen3-0.6b: byte-identical graph and weights, 3.8 s).
     Without the matcher internals (another onnxscript version) the rewriter runs unchanged."""
     try:
+        # deferred: onnxscript's optimizer is slow to import; only materialising weights needs it
         from onnxscript.rewriter import _basics, _matcher
     except ImportError:
         _basics = _matcher = None
@@ -119,6 +120,7 @@ def anchored_multi_output_matching():
 
 def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
     """fill_random + the exporter's optimizer, in place; weights the optimizer folded get their module names."""
+    # deferred: onnxscript's optimizer is slow to import; only materialising weights needs it
     import onnxscript.optimizer
 
 

@@ -9,6 +9,7 @@ it has no kernel. Used on files (softsyn.flow.cpu_view) and on in-memory protos 
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -19,8 +20,6 @@ A_SCALE, BIAS = 3, 4  # the op's optional inputs
 
 def e4m3_table() -> np.ndarray:
     """fp32 value of every float8e4m3fn byte (0x7F / 0xFF are NaN)."""
-    import ml_dtypes
-
     return np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 

@@ -20,6 +20,7 @@ subprocess that sets it), which makes each node's time include its GPU execution
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
@@ -251,7 +253,6 @@ def calibrate_profiler(provider: str = "cpu", nodes: int = 200, runs: int = 100)
     key = (provider, nodes)
     if key in _CALIBRATION:
         return _CALIBRATION[key]
-    from onnx import TensorProto, helper
 
     def chain(n: int) -> bytes:
         one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
@@ -283,8 +284,6 @@ _CALIBRATION: dict = {}
 
 
 def _run_index(starts: list[float], runs: list[dict], ts: float) -> int | None:
-    import bisect
-
     i = bisect.bisect_right(starts, ts) - 1
     if i < 0 or ts > runs[i]["ts"] + runs[i]["dur"]:
         return None
