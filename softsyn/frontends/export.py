@@ -133,8 +133,6 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     """Export a causal LM with KV cache. Example sizes must be > 1 so no dim is specialised."""
     # deferred: torch is seconds to import; only an export needs it
     import torch
-    # deferred: torch is seconds to import; only an export needs it
-    from torch.export import Dim
     # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers.cache_utils import DynamicCache
 
@@ -177,7 +175,8 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     past_t = tuple(
         torch.randn(batch, kv, past, head_dim, generator=g).to(dtype=dtype, device=device) for _ in range(2 * layers)
     )
-    b, s, p, t = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+    dim = torch.export.Dim
+    b, s, p, t = dim("batch"), dim("seq"), dim("past"), dim("total")
     dynamic_shapes = {
         "input_ids": {0: b, 1: s},
         "attention_mask": {0: b, 1: t},
@@ -208,8 +207,6 @@ def export_encoder(model, name: str, batch: int = 2, seq: int = 5, optimize: boo
     """Export an encoder (BERT-like): input_ids, attention_mask[, token_type_ids] -> last_hidden_state."""
     # deferred: torch is seconds to import; only an export needs it
     import torch
-    # deferred: torch is seconds to import; only an export needs it
-    from torch.export import Dim
 
     param = next(model.parameters())
     device = param.device
@@ -233,7 +230,7 @@ def export_encoder(model, name: str, batch: int = 2, seq: int = 5, optimize: boo
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g).to(device)
     mask = torch.ones(batch, seq, dtype=torch.long, device=device)
-    b, s = Dim("batch"), Dim("seq")
+    b, s = torch.export.Dim("batch"), torch.export.Dim("seq")
     args = (ids, mask)
     ds = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
     names = ["input_ids", "attention_mask"]
