@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+
 from softsyn.library import parse_library
 
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "command", "environment",

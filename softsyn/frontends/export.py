@@ -144,7 +144,6 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     if optimize is None:
         optimize = not meta
 
-
     # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated)
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 

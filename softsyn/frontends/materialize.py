@@ -123,7 +123,6 @@ def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
     # deferred: onnxscript's optimizer is slow to import; only materialising weights needs it
     import onnxscript.optimizer
 
-
     fill_random(model, cfg, seed)
     with anchored_multi_output_matching():
         onnxscript.optimizer.optimize_ir(model)

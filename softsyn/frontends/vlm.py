@@ -157,7 +157,6 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     # deferred: torch is seconds to import; only an export needs it
     import torch
 
-
     if weights is None:
         # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
         from transformers import Qwen3VLForConditionalGeneration
