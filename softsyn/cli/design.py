@@ -13,7 +13,7 @@ from softsyn.constraints.reader import MAX_INT
 from passes import EFFORTS
 from softsyn.design import Design
 from reports import report_qor, report_signoff, report_timing, report_verify, write_reports
-from reports.common import write_atomic
+from softsyn.results.files import write_atomic
 from reports.html import write_html
 from softsyn.flow.signoff import DESIGN_FILE, design_record, signoff as run_signoff, write_results
 from softsyn.flow.compile import check_effort, compile_design
