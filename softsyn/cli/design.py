@@ -12,6 +12,8 @@ from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, 
 from softsyn.constraints.reader import MAX_INT
 from passes import EFFORTS
 
+SEED_MAX = 2**32 - 1  # numpy seeds are non-negative; one 32-bit word keeps them what other tools accept too
+
 
 @main.command()
 @click.argument("model")
@@ -200,7 +202,8 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--seed", default=0, show_default=True, help="seed of the scenario inputs.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
+              help="seed of the scenario inputs.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="export cache, to re-export the reference if its recorded ONNX file is gone.")
 @click.option("--cpu", is_flag=True, help="run the compiled model on the CPU provider, whatever session.json says.")
@@ -297,7 +300,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), help="execution provider (default: runtime/session.json's).")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed generations.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="untimed generations first.")
-@click.option("--seed", default=0, show_default=True, help="seed of the random prompt ids.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
+              help="seed of the random prompt ids.")
 @click.option("--json", "as_json", is_flag=True, help="print the numbers as JSON (SI units) instead of the report.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress line on stderr.")
 def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, quiet):
