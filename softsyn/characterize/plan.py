@@ -242,8 +242,7 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
         kinds = [k for k in kinds if graph_kind(k)]
     if cells:
         pats = [p.strip() for p in cells.split(",") if p.strip()]
-        kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
-                                         or fnmatchcase_op(k, p) for p in pats)]
+        kinds = [k for k in kinds if any(_selects(k, p) for p in pats)]
     elif again:
         raise SoftsynError("characterize --again measures the --cells given again: name them with --cells")
     if again:
@@ -376,6 +375,20 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
         f"interpolation error median {e.get('median_pct')}% max {e.get('max_pct')}% over {e.get('points')} "
         f"held-out points -> {path}")
     return lib
+
+
+def _selects(kind, pattern: str) -> bool:
+    """Whether a --cells glob names `kind` (None: the Run cell) by OP.PRECISION or OP."""
+    return fnmatch.fnmatchcase(kind.key if kind else "Run.fp32", pattern) or fnmatchcase_op(kind, pattern)
+
+
+def unmatched_cells(provider: str, cells: str, cuda_graph: bool = False) -> list[str]:
+    """The --cells globs that name no cell `characterize` measures on `provider`, so a typo is refused before the
+    ceilings are measured rather than measuring nothing."""
+    kinds = [k for k in cell_kinds() if provider in k.providers and (not cuda_graph or graph_kind(k))]
+    kinds += [] if cuda_graph else [None]
+    pats = [p.strip() for p in cells.split(",") if p.strip()]
+    return [p for p in pats if not any(_selects(k, p) for k in kinds)]
 
 
 def fnmatchcase_op(kind, pattern: str) -> bool:

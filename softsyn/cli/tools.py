@@ -138,8 +138,17 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
                                        # on a multi-GPU host: collectives, one process per GPU (NCCL)
     """
     from softsyn.characterize.collectives import characterize_collectives, collective_cells
-    from softsyn.characterize.plan import characterize as run_characterize, list_cells
+    from softsyn.characterize.plan import characterize as run_characterize, list_cells, unmatched_cells
 
+    if cells is not None:
+        if not cells.strip(", "):
+            raise SoftsynError("characterize --cells: empty; give comma-separated globs on OP or OP.PRECISION "
+                               "(see characterize --list)")
+        unmatched = [p for p in unmatched_cells(provider, cells, cuda_graph) if cuda_graph or not collective_cells(p)]
+        if unmatched:
+            raise SoftsynError(f"characterize --cells {cells!r}: {', '.join(unmatched)} names no cell on "
+                               f"--provider {provider}{' --graph' if cuda_graph else ''}; valid: globs on OP or "
+                               "OP.PRECISION such as MatMul*, Softmax.fp32 (characterize --list shows them)")
     if list_only:
         rows = list_cells(provider, quick, cells, cuda_graph)
         for name, grid, hold in rows:
