@@ -292,7 +292,7 @@ def load_transformers_design(
         config=config_summary(cfg, parameters),
         derived_dims={"total": "past + seq"} if decoder else {},
     )
-    nl = _cache.save_entry(nl, entry)
+    nl = _cache.save_entry(nl, entry, progress)
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
     if progress:
         print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
@@ -316,7 +316,7 @@ def _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, 
     provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
     nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
                  derived_dims=dict(base.derived_dims))
-    nl = _cache.save_entry(nl, entry)
+    nl = _cache.save_entry(nl, entry, progress)
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
     if progress:
         print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
