@@ -34,7 +34,7 @@ from softsyn.flow.cpu_view import cpu_view_session, view_note
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import roles
-from softsyn.frontends.onnx_file import check_external_data, name_nodes
+from softsyn.frontends.onnx_file import check_external_data, inside, name_nodes
 from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.blocks import BlockRunner
 from softsyn.runtime.decoder import kv_aliases
@@ -104,6 +104,7 @@ def load_settings(out_dir: Path) -> dict:
     problem = _settings_problem(settings)
     if problem:
         raise SoftsynError(f"{path}: {problem}; re-run softsyn compile")
+    inside(out_dir, MODEL_FILE, MODEL_FILE, out_dir)  # a symlink out of DIR is not the compiled model
     return check_session(settings, path)
 
 
