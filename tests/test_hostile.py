@@ -19,8 +19,6 @@ from onnx import TensorProto, helper, numpy_helper
 from softsyn.cli import run
 from softsyn.runtime.session import ARTIFACT_OPTIONS, SESSION_OPTIONS, session_options_problem
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def cli(capsys, *args) -> tuple[int, str, str]:
     """`softsyn ARGS` in this process: (exit status, stdout, stderr)."""
