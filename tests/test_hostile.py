@@ -232,6 +232,32 @@ def test_constraints_must_be_a_regular_file_of_bounded_size(tmp_path, sentinel, 
     sentinel.check()
 
 
+@pytest.mark.parametrize("which", ["session", "config", "annotation"])
+def test_other_files_softsyn_reads_back_are_regular_files(artifact, tmp_path, capsys, deadline, which):
+    if which == "session":
+        path = artifact / "runtime" / "session.json"
+        path.unlink()
+        args = ["run", artifact, "-q"]
+    elif which == "config":
+        (tmp_path / "hf").mkdir()
+        path = tmp_path / "hf" / "config.json"
+        args = ["analyze", path, "-q"]
+    else:
+        path = tmp_path / "annotation.json"
+        args = ["analyze", mlp(tmp_path / "m.onnx"), "-q", "--annotate", path]
+    os.mkfifo(path)
+    code, _, err = cli(capsys, *args)
+    words = "not an .onnx file, a config.json or a model folder" if which == "config" else \
+        f"{path}: not a regular file (a FIFO)"
+    assert code == 2 and words in error_line(err), err
+
+
+def test_a_kv_length_that_is_no_integer_is_refused(artifact, capsys):
+    path = edit_session(artifact, kv_cache={"ports": [], "max_length": "1e12"})
+    code, _, err = cli(capsys, "run", artifact, "-q")
+    assert code == 2 and f'{path}: kv_cache.max_length: "1e12" is not valid; valid: an integer 1..' in error_line(err)
+
+
 # ------------------------------------------------------------------------------------------ arguments and constraints
 
 def test_a_huge_prompt_is_refused_before_it_is_drawn(artifact, capsys, monkeypatch):

@@ -30,7 +30,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from softsyn.constraints.reader import read_text
 from softsyn.errors import SoftsynError
+from softsyn.runtime.artifact import MAX_JSON
 
 SCHEMA = "softsyn.annotation/1"
 RESIDUAL_CELL = "Run.residual"
@@ -125,10 +127,9 @@ class Annotation:
 def load_annotation(path: str | Path) -> Annotation:
     """Read an annotation file written by `softsyn signoff` (SoftsynError with the file name if it is not one)."""
     path = Path(path)
+    text = read_text(path, "annotation file", limit=MAX_JSON)  # a regular file of bounded size (a FIFO would hang)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise SoftsynError(f"{path}: cannot read annotation file: {exc.strerror}") from None
+        data = json.loads(text)
     except ValueError as exc:
         raise SoftsynError(f"{path}: not JSON ({exc}); expected an annotation written by softsyn signoff") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:

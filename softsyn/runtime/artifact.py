@@ -3,16 +3,16 @@ or an ONNX file can come from anyone.
 
 - `read_json(path, what)`: a regular file of at most MAX_JSON bytes, parsed (a FIFO, a device or a huge file is
   one SoftsynError line, never a hang);
-- `check_session(session, path)`: runtime/session.json's model and block files (inside DIR) and its
-  session_options (softsyn.runtime.session.SESSION_OPTIONS: documented keys, checked values): paths checked by
-  softsyn.frontends.onnx_file.inside, which also keeps an ONNX model's external data in its folder.
+- `check_session(session, path)`: runtime/session.json's model and block files (inside DIR, by
+  softsyn.frontends.onnx_file.inside, which also keeps an ONNX model's external data in its folder), its
+  session_options (softsyn.runtime.session.SESSION_OPTIONS: documented keys, checked values) and its KV length.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from softsyn.constraints.reader import read_text
+from softsyn.constraints.reader import MAX_INT, read_text
 from softsyn.errors import SoftsynError
 from softsyn.frontends.onnx_file import inside
 from softsyn.runtime.session import session_options_problem
@@ -43,6 +43,12 @@ def check_session(session, path: Path) -> dict:
             raise SoftsynError(f"{path}: blocks: not a list of objects; re-run softsyn compile")
         for i, block in enumerate(blocks):
             inside(folder, block.get("file"), f"blocks[{i}].file", path)
+    kv = session.get("kv_cache")
+    length = kv.get("max_length") if isinstance(kv, dict) else None
+    if kv is not None and (not isinstance(kv, dict) or length is not None and not (type(length) is int
+                                                                                   and 1 <= length <= MAX_INT)):
+        raise SoftsynError(f"{path}: kv_cache.max_length: {json.dumps(length)} is not valid; valid: an integer "
+                           f"1..{MAX_INT} (KV positions) or null; re-run softsyn compile")
     problem = session_options_problem(session.get("session_options", {}))
     if problem:
         raise SoftsynError(f"{path}: {problem}")
