@@ -153,6 +153,21 @@ def test_the_model_an_artifact_names_stays_in_its_folder(artifact, sentinel, cap
     sentinel.check()
 
 
+@pytest.mark.parametrize("blocks, words", [
+    ([{"file": "../vision.onnx"}], 'blocks[0].file: "../vision.onnx" leads out of'),
+    ([{"name": "vision"}], "blocks[0].file: null is not a file name"),
+    ("vision.onnx", "blocks: not a list of objects"),
+], ids=["dotdot", "missing", "not-a-list"])
+def test_composite_block_files_stay_in_the_folder(tmp_path, blocks, words):
+    from softsyn.errors import SoftsynError
+    from softsyn.runtime.artifact import check_session
+
+    path = tmp_path / "art" / "runtime" / "session.json"
+    with pytest.raises(SoftsynError) as exc:
+        check_session({"model": "model.onnx", "blocks": blocks, "session_options": {}}, path)
+    assert str(exc.value).startswith(f"{path}: {words}"), exc.value
+
+
 def _record_stats(monkeypatch, watched: Path) -> list[str]:
     """Calls of os.stat / open on `watched` from here on (os.lstat, which reads a link itself, is allowed)."""
     calls: list[str] = []
