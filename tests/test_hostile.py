@@ -215,6 +215,15 @@ def test_run_refuses_a_data_file_linked_out_of_the_artifact(artifact, sentinel, 
     sentinel.check()
 
 
+def test_run_refuses_a_cut_data_file_before_onnx_runtime_reads_it(artifact, capsys):
+    data = artifact / "model.onnx.data"
+    with open(data, "r+b") as fh:
+        fh.truncate(651)
+    code, _, err = cli(capsys, "run", artifact, "-q", "--gen", 2, "--runs", 1)
+    line = error_line(err)
+    assert code == 2 and f"its external data file {data} is truncated (651 bytes, the tensor ends at byte" in line, err
+
+
 # ------------------------------------------------------------------------------------------ files that never end
 
 @pytest.fixture

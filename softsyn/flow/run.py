@@ -16,7 +16,7 @@ from softsyn import outdir, progress
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
 from softsyn.flow.cpu_view import cpu_view_session
-from softsyn.frontends.onnx_file import check_external_paths, inside
+from softsyn.frontends.onnx_file import check_external_data, inside
 from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.runtime.generate import STEP_INTERVAL, Generation, Generator, prompt_ids
@@ -127,7 +127,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     except Exception as exc:  # noqa: BLE001 - protobuf and onnx-ir raise many types for a file that is no model
         raise SoftsynError(f"{model}: not a readable ONNX model ({type(exc).__name__}: {' '.join(str(exc).split())}); "
                            "re-run softsyn compile") from None
-    check_external_paths(graph, model)
+    check_external_data(graph, model)  # inside DIR and whole before ORT loads it: a cut one ran memory out
     try:
         io = decoder_io(graph)
     except NotDecoder as exc:
