@@ -215,11 +215,12 @@ def test_run_refuses_a_data_file_linked_out_of_the_artifact(artifact, sentinel, 
     sentinel.check()
 
 
-def test_run_refuses_a_cut_data_file_before_onnx_runtime_reads_it(artifact, capsys):
+@pytest.mark.parametrize("command", ["run", "signoff"])
+def test_a_cut_data_file_is_refused_before_onnx_runtime_reads_it(artifact, capsys, command):
     data = artifact / "model.onnx.data"
     with open(data, "r+b") as fh:
         fh.truncate(651)
-    code, _, err = cli(capsys, "run", artifact, "-q", "--gen", 2, "--runs", 1)
+    code, _, err = cli(capsys, command, artifact, "-q", "--runs", 1)
     line = error_line(err)
     assert code == 2 and f"its external data file {data} is truncated (651 bytes, the tensor ends at byte" in line, err
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from softsyn.flow.annotate import Annotation, group_annotation, new_annotation
 from softsyn.errors import SoftsynError
+from softsyn.frontends.onnx_file import check_external_data
 from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
@@ -258,6 +259,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
         kind = "compile"
         onnx = directory / "model.onnx"
         netlist = read_design(str(onnx), progress=progress)
+        check_external_data(netlist.model, onnx)  # every weight's bytes there before ONNX Runtime maps them
         meta = _read_json(directory / "netlist.json")
         cons_file = record.get("constraints") or meta.get("constraints_file") or (
             analysis.constraints_file if analysis else None)
