@@ -41,6 +41,7 @@ def report(kind, directory, group, max_paths, fold, digits):
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
     """
     from reports import REPORTS, from_json, to_json
+    from reports.suggest import saved_facts
 
     if kind == "html":
         from reports.html import HTML_FILE, write_html
@@ -62,12 +63,14 @@ def report(kind, directory, group, max_paths, fold, digits):
             analysis.group(group)
         except KeyError as exc:
             raise SoftsynError(exc.args[0]) from None
+    facts = saved_facts(directory)  # the advice agrees with what the command that wrote DIR knew
     if kind == "json":
         click.echo(to_json(analysis))
     elif kind == "timing":
-        click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits))
+        click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits,
+                                     facts=facts))
     else:
-        click.echo(REPORTS[kind](analysis))
+        click.echo(REPORTS[kind](analysis, facts=facts))
 
 
 @main.command("passes")
@@ -133,9 +136,10 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
-      softsyn characterize --provider cuda --graph -o h200-ort-cuda.yaml   # + graph tables (decode as a CUDA graph)
-      softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
-                                       # on a multi-GPU host: collectives, one process per GPU (NCCL)
+      softsyn characterize --provider cuda --graph -o h200-ort-cuda.yaml   # + CUDA-graph tables
+      # on a multi-GPU host: the collectives, one process per GPU (NCCL)
+      softsyn characterize --provider cuda -o h200-nccl.yaml \\
+          --cells 'AllReduce*,AllGather*,ReduceScatter*' 
     """
     from softsyn.characterize.collectives import characterize_collectives, collective_cells
     from softsyn.characterize.plan import characterize as run_characterize, list_cells, unmatched_cells
