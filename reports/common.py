@@ -131,13 +131,24 @@ def fpercent(fraction: float, digits: int = 1) -> str:
 
 # ------------------------------------------------------------------------------------------ tables
 
+# Characters a name from a model file may hold that a terminal or text viewer would act on: C0/C1 controls (a newline
+# forges a row, ESC starts an ANSI sequence) and the bidi/zero-width format characters (U+202E reverses the line).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control or bidi character written as Python's repr writes it (\\n, \\x1b, \\u202e), so a
+    name from a model file prints on its own row, as it is, and acts on nothing."""
+    return _UNSAFE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def format_cell(col: Column, value, unit: str = "ms", digits: int = 3, byte_unit: str = "GB") -> str:
     """A row value as text: text as it is, a time in `unit` with `digits` decimals, bytes in the
     column's unit (else `byte_unit`), a flag as yes/no, a number by `col.fmt`."""
     if value is None:
         return col.missing
     if isinstance(value, str):
-        return value
+        return printable(value)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if col.kind == "time":
@@ -226,7 +237,7 @@ def banner_lines(report: str, analysis, options: list[str], scenarios: list[str]
     lines = [BANNER_RULE, f"Report : {report}"]
     lines += [f"        {o}" for o in options]
     lines += [
-        f"Design : {analysis.design}",
+        f"Design : {printable(analysis.design)}",
         f"Version: {analysis.version}",
         f"Date   : {analysis.date}",
         f"Library: {analysis.library}" + (f" ({analysis.library_source})" if analysis.library_source else ""),
@@ -257,6 +268,7 @@ def env() -> jinja2.Environment:
         )
         _ENV.globals.update(table_row=table_row, table_header=table_header, table_rule=table_rule,
                             INDENT=INDENT)
+        _ENV.filters["printable"] = printable
     return _ENV
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from reports.columns import FUSION_COLUMNS, FUSION_MISS_COLUMNS
-from reports.common import BANNER_RULE, Table
+from reports.common import BANNER_RULE, Table, printable
 
 SCHEMA = "softsyn.fusion/1"
 
@@ -56,12 +56,12 @@ def report_fusion(coverage, design: str | None = None, target: str | None = None
     if target:
         lines.append(f"        -target {target}")
     if design:
-        lines.append(f"Design : {design}")
+        lines.append(f"Design : {printable(design)}")
     lines += [BANNER_RULE, "", kinds.header(), RULE, *kinds.lines(), RULE, *fusion_total(coverage).lines()]
     notes = [c for c in coverage if c.note]
     if notes:
         lines += ["", "Notes:"]
-        lines += [f"  {c.kind}: {c.note}" for c in notes]
+        lines += [f"  {c.kind}: {printable(c.note)}" for c in notes]
     misses = [(c.kind, m) for c in coverage for m in c.misses]
     lines.append("")
     if not misses:
@@ -69,8 +69,8 @@ def report_fusion(coverage, design: str | None = None, target: str | None = None
     else:
         lines.append(f"Misses ({len(misses)}):")
         for kind, m in misses[:max_misses]:
-            lines.append(f"  [{kind}] {m.site}")
-            lines.append(f"      reason: {m.reason}")
+            lines.append(f"  [{kind}] {printable(m.site)}")
+            lines.append(f"      reason: {printable(m.reason)}")
         if len(misses) > max_misses:
             lines.append(f"  ... {len(misses) - max_misses} more")
     lines.append("")

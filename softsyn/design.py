@@ -17,6 +17,7 @@ from pathlib import Path
 
 from softsyn import __version__
 from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
+from softsyn.constraints.reader import read_text
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library import Library, UnknownLibraryError, default_library, load_library
@@ -24,6 +25,7 @@ from softsyn.library.match import check_library, host_cpu, pick_cpu_library
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
+from softsyn.runtime.artifact import MAX_JSON
 from softsyn.runtime.session import describe_device
 from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, TimingRequest, time_group, timing_graph
 from softsyn.timing.area import area
@@ -113,7 +115,8 @@ class Design:
         design = cls(netlist, cons, library, progress, tp)
         design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
         if annotate:
-            design.annotation = load_annotation(annotate)
+            # a regular file of bounded size (a FIFO would hang)
+            design.annotation = load_annotation(annotate, read_text(annotate, "annotation file", limit=MAX_JSON))
         return design
 
     # Cached views of the netlist; netlist_changed() drops every one of them.

@@ -3,8 +3,6 @@ tables the timing uses; cost.py's size axes are the tables' axes; the header car
 hold-out interpolation error."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import onnx_ir as ir
 import pytest

@@ -3,7 +3,6 @@ report, and misses that carry a reason instead of silence."""
 from __future__ import annotations
 
 import collections
-import copy
 
 import numpy as np
 import onnx

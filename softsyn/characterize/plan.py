@@ -300,8 +300,7 @@ def plan_cells(provider: str, lib: dict, *, cells: str | None, quick: bool, cuda
     kinds = [k for k in catalogue if graph_kind(k)] if cuda_graph else list(catalogue)
     if cells:
         pats = [p.strip() for p in cells.split(",") if p.strip()]
-        kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
-                                         or fnmatchcase_op(k, p) for p in pats)]
+        kinds = [k for k in kinds if any(_selects(k, p) for p in pats)]
     elif again:
         raise SoftsynError("characterize --again measures the --cells given again: name them with --cells")
     done = {_entry_name(c) for c in lib["cells"]}
@@ -480,6 +479,20 @@ def _holdout(table: Cell, axes: list[str], hold: list[tuple], hvalues: list[floa
     return {"median_pct": round(statistics.median(errs), 1) if errs else None,
             "max_pct": round(max(errs), 1) if errs else None,
             "points": [[int(v) for v in p] for p in hold], "measured": hvalues, "interpolated": interp}
+
+
+def _selects(kind, pattern: str) -> bool:
+    """Whether a --cells glob names `kind` (None: the Run cell) by OP.PRECISION or OP."""
+    return fnmatch.fnmatchcase(kind.key if kind else "Run.fp32", pattern) or fnmatchcase_op(kind, pattern)
+
+
+def unmatched_cells(provider: str, cells: str, cuda_graph: bool = False) -> list[str]:
+    """The --cells globs that name no cell `characterize` measures on `provider`, so a typo is refused before the
+    ceilings are measured rather than measuring nothing."""
+    kinds = [k for k in cell_kinds() if provider in k.providers and (not cuda_graph or graph_kind(k))]
+    kinds += [] if cuda_graph else [None]
+    pats = [p.strip() for p in cells.split(",") if p.strip()]
+    return [p for p in pats if not any(_selects(k, p) for k in kinds)]
 
 
 def fnmatchcase_op(kind, pattern: str) -> bool:

@@ -189,6 +189,8 @@ def _internal(debug: bool, exc: Exception) -> None:
 def _fail(debug: bool, line: str, code: int) -> None:
     if debug:
         traceback.print_exc()
+    if sys.stderr.isatty():  # a progress bar may hold the line (progress.log end=""): the error gets its own
+        click.echo("\r\033[K", err=True, nl=False)
     click.echo(line, err=True)
     sys.exit(code)
 

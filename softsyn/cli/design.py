@@ -31,6 +31,8 @@ from softsyn.units import fmt_bytes
 from softsyn.flow.run import RunSettings, run as run_artifact
 from reports.run import report_run, run_json
 
+SEED_MAX = 2**32 - 1  # numpy seeds are non-negative; one 32-bit word keeps them what other tools accept too
+
 
 TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (shipped: "
                f"{', '.join(shipped_libraries())}). With neither, the shipped CPU library whose device is this "
@@ -229,7 +231,8 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--seed", default=0, show_default=True, help="seed of the scenario inputs.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
+              help="seed of the scenario inputs.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="export cache, to re-export the reference if its recorded ONNX file is gone.")
 @click.option("--cpu", is_flag=True, help="run the compiled model on the CPU provider, whatever session.json says.")
@@ -331,7 +334,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), help="execution provider (default: runtime/session.json's).")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed generations.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="untimed generations first.")
-@click.option("--seed", default=0, show_default=True, help="seed of the random prompt ids.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
+              help="seed of the random prompt ids.")
 @click.option("--json", "as_json", is_flag=True, help="print the numbers as JSON (SI units) instead of the report.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress line on stderr.")
 def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, quiet):

@@ -15,7 +15,7 @@ from reports import REPORTS, from_json, to_json
 from reports.html import HTML_FILE, write_html
 from reports.suggest import saved_facts
 from softsyn.library.collectives import collective_cells
-from softsyn.characterize.plan import characterize as run_characterize, list_cells
+from softsyn.characterize.plan import characterize as run_characterize, list_cells, unmatched_cells
 
 
 @main.command()
@@ -139,6 +139,15 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
       softsyn characterize --provider cuda -o h200-nccl.yaml \\
           --cells 'AllReduce*,AllGather*,ReduceScatter*' 
     """
+    if cells is not None:
+        if not cells.strip(", "):
+            raise SoftsynError("characterize --cells: empty; give comma-separated globs on OP or OP.PRECISION "
+                               "(see characterize --list)")
+        unmatched = [p for p in unmatched_cells(provider, cells, cuda_graph) if cuda_graph or not collective_cells(p)]
+        if unmatched:
+            raise SoftsynError(f"characterize --cells {cells!r}: {', '.join(unmatched)} names no cell on "
+                               f"--provider {provider}{' --graph' if cuda_graph else ''}; valid: globs on OP or "
+                               "OP.PRECISION such as MatMul*, Softmax.fp32 (characterize --list shows them)")
     if list_only:
         rows = list_cells(provider, quick, cells, cuda_graph)
         for name, grid, hold in rows:

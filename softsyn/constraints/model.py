@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from softsyn.constraints.reader import YamlReader, compose, describe, error_at, line_of, read_text
 from softsyn.errors import SoftsynError
@@ -249,12 +249,41 @@ def load_constraints(path: str | os.PathLike | None) -> Constraints:
 def parse_constraints(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Constraints:
     """Validate constraints given as YAML text; ``source`` names it in messages."""
     root = compose(text, source, ConstraintsError)
-    if root is None:
+    if root is None or (isinstance(root, ScalarNode) and root.tag == "tag:yaml.org,2002:null"):  # "" and "~" alike: nothing given
+        what = "empty constraints file" if root is None else f"the document is null ({root.value or 'empty'})"
         raise ConstraintsError(
-            f"{source}:1: empty constraints file; expected a mapping with keys such as "
-            f"clock_period, input_delay, output_delay, area_constraint"
+            f"{source}:{1 if root is None else root.start_mark.line + 1}: {what}; expected a mapping with keys such "
+            f"as clock_period, input_delay, output_delay, area_constraint"
         )
     return _Reader(source, base_dir).read(root)
+
+
+GLOB_CHARS = re.compile(r"[A-Za-z0-9_.*?/:\-\[\]!]+")  # scope names (module paths) and fnmatch's wildcards
+
+
+def glob_problem(pattern: str) -> str | None:
+    """Why `pattern` is no hierarchy glob fnmatch reads as meant (None when it is one): a character no scope holds
+    (blanks, control characters), a `[` never closed (fnmatch would match it literally) or an empty `[]`/`[!]`."""
+    bad = GLOB_CHARS.sub("", pattern)
+    if bad:
+        return f"character {bad[0]!r} is in no scope name"
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "]":
+            return f"']' at {i} closes no '['"
+        if pattern[i] != "[":
+            i += 1
+            continue
+        end = pattern.find("]", i + 1 + (pattern[i + 1:i + 2] == "!"))
+        if end < 0:
+            return f"'[' at {i} is never closed"
+        body = pattern[i + 1:end].lstrip("!")
+        if not body:
+            return f"'[' at {i} holds no characters"
+        if "[" in body:
+            return f"'[' at {i} holds another '['"
+        i = end + 1
+    return None
 
 
 class _Reader(YamlReader):
@@ -304,6 +333,14 @@ class _Reader(YamlReader):
             c.precision = self.precision(n)
         if (n := get("dont_touch")) is not None:
             c.dont_touch = self.string_list(n, "dont_touch", "hierarchy globs (e.g. lm_head, model.layers.0.*)")
+            items = n.value if isinstance(n, SequenceNode) else [n]
+            for i, (pattern, item) in enumerate(zip(c.dont_touch, items)):
+                problem = glob_problem(pattern)
+                if problem:
+                    where = "dont_touch" if isinstance(n, ScalarNode) else f"dont_touch[{i}]"
+                    raise self.fail(item, where, f"{pattern!r} is not a hierarchy glob: {problem}; valid: dotted "
+                                                 "scopes with * ? [seq] (e.g. lm_head, model.layers.0.*, "
+                                                 "model.layers.[0-3].mlp)")
         if (n := get("kv_cache")) is not None:
             c.kv_cache = self.kv_cache(n)
         if (n := get("parallel")) is not None:
@@ -347,7 +384,8 @@ class _Reader(YamlReader):
             g.kind = self.choice(e["kind"][1], f"{key}.kind", GROUP_KINDS, "path group kind")
         if "dims" in e:
             dims = self.mapping(e["dims"][1], f"{key}.dims", what="a mapping of dim name -> integer")
-            g.dims = {d: self.integer(v, f"{key}.dims.{d}", 0) for d, (_, v) in dims.items()}
+            # a dim of 0 is an empty tensor (no work: every clock met); only past, the cached tokens, may be none
+            g.dims = {d: self.integer(v, f"{key}.dims.{d}", 0 if d == "past" else 1) for d, (_, v) in dims.items()}
         if "inputs" in e:
             g.inputs = self.string_list(e["inputs"][1], f"{key}.inputs", "input port names")
         if "input_delay" in e:

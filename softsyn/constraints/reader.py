@@ -31,6 +31,8 @@ merged keys keep the line where they are written (in the anchored mapping).
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ from softsyn.errors import SoftsynError
 from softsyn.units import NotFiniteError, UnitError, parse_bytes, parse_percent, parse_time
 
 __all__ = ["YamlReader", "compose", "read_text", "describe", "line_of", "error_at", "MAX_DEPTH", "MAX_INT",
-           "MAX_SECONDS", "MAX_BYTES"]
+           "MAX_SECONDS", "MAX_BYTES", "MAX_TEXT"]
 
 MAX_DEPTH = 64  # softsyn's files nest a few levels; PyYAML composes recursively and would exhaust the stack
 SNIPPET = 80  # characters of the offending line quoted in a syntax error
@@ -56,6 +58,7 @@ CHECKED_SCALARS = {CORE + t for t in ("int", "float", "bool", "timestamp")}  # t
 MAX_INT = 2**31 - 1
 MAX_SECONDS = 1e6
 MAX_BYTES = 10**18
+MAX_TEXT = 16 * 2**20  # bytes of an input file (the shipped libraries are 30-120 KB); /dev/zero would grow forever
 
 
 def _tag_name(tag: str) -> str:
@@ -172,20 +175,45 @@ def compose(text: str, source: str, error: type[SoftsynError] = SoftsynError) ->
             loader.dispose()
 
 
-def read_text(path: str | Path, what: str, error: type[SoftsynError] = SoftsynError) -> str:
-    """The UTF-8 text of the file ``path`` (named as given); not found, a folder, not text: one ``error`` line."""
+def read_text(path: str | Path, what: str, error: type[SoftsynError] = SoftsynError, limit: int = MAX_TEXT) -> str:
+    """The UTF-8 text of the regular file ``path`` (named as given), at most ``limit`` bytes; not found, a folder,
+    a FIFO or device, too large, not text: one ``error`` line. Opened without blocking (a FIFO with no writer
+    would hang) and checked on the descriptor it reads, so nothing is swapped in between."""
     name = str(path)
-    p = Path(path)
-    if not p.exists():
-        raise error(f"{name}: {what} not found")
-    if p.is_dir():
-        raise error(f"{name}: is a directory, expected a {what}")
     try:
-        return p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise error(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"{name}: {what} not found") from None
+    except IsADirectoryError:
+        raise error(f"{name}: is a directory, expected a {what}") from None
     except OSError as e:
         raise error(f"{name}: cannot read: {e.strerror or e}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise error(f"{name}: is a directory, expected a {what}")
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{name}: not a regular file (a {_file_kind(info.st_mode)}); expected a {what}")
+        if info.st_size > limit:
+            raise error(f"{name}: {info.st_size} bytes; a {what} is at most {limit} bytes")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise error(f"{name}: cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(f"{name}: grew past {limit} bytes while read; a {what} is at most {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{name}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISSOCK, "socket"))
+    return next((word for test, word in kinds if test(mode)), "special file")
 
 
 def describe(node: Node) -> str:

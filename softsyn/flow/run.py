@@ -7,7 +7,6 @@ wall clock: softsyn.runtime.generate.STEP_INTERVAL), tokens/s the generated toke
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from softsyn import outdir, progress
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
 from softsyn.flow.cpu_view import cpu_view_session
+from softsyn.frontends.onnx_file import check_external_data, inside
+from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.runtime.generate import STEP_INTERVAL, Generation, Generator, prompt_ids
 from softsyn.runtime.session import PROVIDERS, device_name, open_model, provider_of
@@ -105,17 +106,14 @@ def load_artifact(directory: str | Path) -> tuple[Path, dict, str]:
         raise SoftsynError(f"{directory}: not a softsyn output directory (no {outdir.MANIFEST}); {TAKES}")
     if manifest.kind != "compile":
         raise SoftsynError(f"{directory}: a softsyn {manifest.kind} output, which holds no compiled model; {TAKES}")
-    try:
-        session = json.loads((out / SESSION_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise SoftsynError(f"{out / SESSION_FILE}: not readable ({type(exc).__name__}); re-run softsyn compile") from None
+    session = check_session(read_json(out / SESSION_FILE, "runtime/session.json"), out / SESSION_FILE)
     if session.get("plan") or not session.get("model"):
         raise SoftsynError(f"{directory}: a weightless plan (softsyn compile --plan) has no {MODEL_FILE} to run; compile "
                            "without --plan, on a machine with RAM for its weights")
     if session.get("blocks"):
         raise SoftsynError(f"{directory}: a vision-language composite ({', '.join(b['file'] for b in session['blocks'])});"
                            " softsyn run drives one decoder model only (not built yet for composites)")
-    model = out / session["model"]
+    model = inside(out, session["model"], "model", out / SESSION_FILE)
     if not model.is_file():
         raise SoftsynError(f"{directory}: no {session['model']} (runtime/session.json names it); re-run softsyn compile")
     return model, session, manifest.design
@@ -125,7 +123,13 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     """Generate `settings.runs` times with the artifact in `directory` and time every step."""
     model, session, design = load_artifact(directory)
     try:
-        io = decoder_io(ir.load(str(model)))
+        graph = ir.load(str(model))
+    except Exception as exc:  # noqa: BLE001 - protobuf and onnx-ir raise many types for a file that is no model
+        raise SoftsynError(f"{model}: not a readable ONNX model ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+                           "re-run softsyn compile") from None
+    check_external_data(graph, model)  # inside DIR and whole before ORT loads it: a cut one ran memory out
+    try:
+        io = decoder_io(graph)
     except NotDecoder as exc:
         raise SoftsynError(f"{model}: not a decoder softsyn run can drive: {exc}") from None
     providers = session.get("providers") or ["CPUExecutionProvider"]
@@ -144,6 +148,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     generator = Generator(sess, io, provider, max_length=max_length, cuda_graph=cuda_graph)
     if io.vocab_size is None:
         raise SoftsynError(f"{model}: output {io.logits} has no static vocabulary dim to draw prompt ids below")
+    generator.check_room(settings.prompt_len, settings.gen)  # before the prompt is drawn: --prompt-len may be huge
     prompt = prompt_ids(io.vocab_size, settings.prompt_len, settings.seed)
     result = RunResult(directory=str(directory), design=design, settings=settings,
                        execution_provider=sess.get_providers()[0], device=device_name(provider),

@@ -29,6 +29,8 @@ from pathlib import Path
 from softsyn.flow.annotate import group_annotation, new_annotation
 from softsyn.results.annotation import Annotation
 from softsyn.errors import SoftsynError
+from softsyn.frontends.onnx_file import check_external_data
+from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import measure_many, onnx_path, profile_many
@@ -111,12 +113,16 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
             raise _bad_dir(directory, f"{DESIGN_FILE} is not JSON ({exc})") from None
 
     if (directory / "model.onnx").is_file() and (directory / "netlist.json").is_file():  # compile -o
-        if _read_json(directory / "runtime" / "session.json").get("blocks"):
+        session_file = directory / "runtime" / "session.json"
+        runtime = check_session(read_json(session_file, "runtime/session.json"), session_file) \
+            if session_file.is_file() else {}
+        if runtime.get("blocks"):
             raise SoftsynError(f"{directory}: a vision-language composite (vision.onnx, embedding.onnx, model.onnx); "
                                "signoff measures one-model designs only (not built yet for composites)")
         kind = "compile"
         onnx = directory / "model.onnx"
         netlist = read_design(str(onnx), progress=progress)
+        check_external_data(netlist.model, onnx)  # every weight's bytes there before ONNX Runtime maps them
         meta = _read_json(directory / "netlist.json")
         cons_file = record.get("constraints") or meta.get("constraints_file") or (
             analysis.constraints_file if analysis else None)
@@ -124,7 +130,6 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
         library = load_library(record.get("library") or meta.get("library") or (analysis.library if analysis else None)
                                or cons.target or "cpu-ort")
         design = Design(netlist, cons, library, progress)
-        runtime = _read_json(directory / "runtime" / "session.json")
         options = runtime.get("session_options", {}) if isinstance(runtime.get("session_options"), dict) else {}
         cuda = (runtime.get("provider_options") or {}).get("CUDAExecutionProvider") or {}
         cuda_graph = str(cuda.get("enable_cuda_graph", "0")) == "1"

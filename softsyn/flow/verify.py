@@ -20,7 +20,6 @@ naming what is broken.
 from __future__ import annotations
 
 import gc
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,8 @@ from softsyn.flow.cpu_view import cpu_view_session, view_note
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design, roles
-from softsyn.frontends.onnx_file import check_external_data, name_nodes
+from softsyn.frontends.onnx_file import check_external_data, inside, name_nodes
+from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.blocks import BlockRunner
 from softsyn.runtime.decoder import NotDecoder, decoder_io, kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
@@ -72,20 +72,18 @@ def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool,
 
 def load_settings(out_dir: Path) -> dict:
     path = out_dir / SESSION_FILE
-    if path.is_file() and '"plan": true' in path.read_text():
+    settings = read_json(path, "runtime/session.json") if path.is_file() else None
+    if isinstance(settings, dict) and settings.get("plan") is True:
         raise SoftsynError(f"{out_dir}: a weightless plan (softsyn compile --plan) has no model to run; compile "
                            "without --plan, on a machine with RAM for its weights, to verify it")
-    if not (out_dir / MODEL_FILE).is_file() or not path.is_file():
+    if not (out_dir / MODEL_FILE).is_file() or settings is None:
         raise SoftsynError(f"{out_dir}: not a compiled design (no {MODEL_FILE} or {SESSION_FILE}); "
                            f"run `softsyn compile MODEL -o {out_dir}` first")
-    try:
-        settings = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SoftsynError(f"{path}: not readable JSON ({exc}); re-run softsyn compile") from None
     problem = _settings_problem(settings)
     if problem:
         raise SoftsynError(f"{path}: {problem}; re-run softsyn compile")
-    return settings
+    inside(out_dir, MODEL_FILE, MODEL_FILE, out_dir)  # a symlink out of DIR is not the compiled model
+    return check_session(settings, path)
 
 
 def _settings_problem(settings) -> str | None:
@@ -234,6 +232,12 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             if any(viewed.values()):
                 provider += f" (CPU view: {view_note(viewed)})"
         input_types = {i.name: i.type for i in session.get_inputs()}
+        fed = next(iter(scenario_feeds.values()), {})
+        missing = [name for name in input_types if name not in fed]
+        if missing:  # model.onnx is not the model compiled from the reference (replaced, or another artifact's)
+            raise SoftsynError(f"{out_dir / MODEL_FILE}: inputs {', '.join(missing)} are not the reference's "
+                               f"({', '.join(fed) or 'none'}; {ref_path}): it is not the model softsyn compiled "
+                               "there; re-run softsyn compile")
         names = [o.name for o in session.get_outputs()]
         checks = []
         for scenario, feeds in scenario_feeds.items():

@@ -11,12 +11,14 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import onnx_ir as ir
 
+from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
 
 FRONTEND_VERSION = "4"  # bump when what an export records changes (kinds, roles, derived dims): old entries are stale
@@ -80,13 +82,16 @@ def _has_materialised(model: ir.Model) -> bool:
     )
 
 
-def save_entry(nl: Netlist, entry: Path) -> Netlist:
-    """Save the netlist into the cache entry atomically and return it re-loaded from there (lazy data)."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
+def save_entry(nl: Netlist, entry: Path, progress: bool = False) -> Netlist:
+    """Save the netlist into the cache entry atomically and return it re-loaded from there (lazy data). The disk
+    refusing (full, read-only, no permission) is a SoftsynError naming the entry; nothing half-written stays.
+    `progress`: an exporting line is open on stderr; a failure ends it (" failed") before the error's line."""
     nl.store_meta()
-    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
-    os.chmod(tmp, 0o755)
+    tmp = None
     try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
+        os.chmod(tmp, 0o755)
         path = tmp / MODEL_FILE
         if _has_materialised(nl.model):
             ir.save(nl.model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
@@ -95,8 +100,17 @@ def save_entry(nl: Netlist, entry: Path) -> Netlist:
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
+    except OSError as exc:  # the exporter's writers raise OSErrors of their own, some without an errno
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if progress:
+            print(" failed", file=sys.stderr, flush=True)
+        why = exc.strerror or " ".join(str(exc).split())
+        raise SoftsynError(f"{entry}: cannot write the export cache entry: {why}; free space there or point "
+                           "$SOFTSYN_CACHE / --cache-dir at a disk with room") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     loaded = load_entry(entry)
     if loaded is None:  # pragma: no cover - just saved

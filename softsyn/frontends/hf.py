@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from softsyn.constraints.reader import read_text
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
@@ -370,9 +371,10 @@ def read_config(path: Path):
     import transformers
     from transformers import CONFIG_MAPPING
 
+    text = read_text(cfg_file, "transformers config.json")  # a regular file of bounded size (a FIFO would hang)
     try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as e:
+        data = json.loads(text)
+    except ValueError as e:
         raise SoftsynError(f"{path}: cannot read {cfg_file.name}: {e}") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise SoftsynError(f"{cfg_file}: not a transformers config (no model_type)")

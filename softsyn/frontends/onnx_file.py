@@ -10,8 +10,10 @@ index (`dup_7`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 import networkx as nx
 import onnx_ir as ir
@@ -57,6 +59,7 @@ def load_onnx(path: Path) -> Netlist:
         if cause is not None:
             why += " (" + " ".join(f"{type(cause).__name__}: {cause}".split()) + ")"
         raise SoftsynError(f"{path}: cannot load ONNX model: {why}") from None
+    check_external_paths(model, path)
     check_structure(model.graph, path)
     found = roles.find_roles(model)
     roles.apply_roles(model, found.renames)
@@ -159,7 +162,9 @@ def name_nodes(graph: ir.Graph) -> int:
 
 
 def check_external_data(model: ir.Model, where: str | Path) -> None:
-    """Every external initializer's file exists and holds its bytes (SoftsynError naming file and tensor)."""
+    """Every external initializer's file is inside the model's folder, exists and holds its bytes (SoftsynError
+    naming file and tensor)."""
+    check_external_paths(model, where)
     for value in model.graph.initializers.values():
         tensor = value.const_value
         if not isinstance(tensor, ir.ExternalTensor):
@@ -172,3 +177,30 @@ def check_external_data(model: ir.Model, where: str | Path) -> None:
         if size < need:
             raise SoftsynError(f"{where}: weight {value.name}: its external data file {file} is truncated "
                                f"({size} bytes, the tensor ends at byte {need})")
+
+
+def inside(folder: str | Path, name, key: str, where: str | Path) -> Path:
+    """folder/name, when `name` is a relative path that stays inside `folder` once its symlinks are followed."""
+    valid = f"valid: a relative path to a file inside {folder}"
+    if not isinstance(name, str) or not name.strip():
+        raise SoftsynError(f"{where}: {key}: {json.dumps(name)} is not a file name; {valid}")
+    rel = PurePosixPath(name)
+    if rel.is_absolute() or ".." in rel.parts or "\\" in name or "\x00" in name:
+        raise SoftsynError(f"{where}: {key}: {json.dumps(name)} leads out of {folder} (an absolute path or ..); "
+                           f"nothing outside the folder is read; {valid}")
+    base = os.path.realpath(folder)
+    real = os.path.realpath(os.path.join(base, *rel.parts))  # reads the links on the way, never the file's content
+    if os.path.commonpath([base, real]) != base:
+        raise SoftsynError(f"{where}: {key}: {json.dumps(name)} is a symlink leading out of {folder} (to {real}); "
+                           f"nothing outside the folder is read: copy the file into it")
+    return Path(folder) / rel
+
+
+def check_external_paths(model: ir.Model, where: str | Path) -> None:
+    """Every external initializer's data file is inside the folder of the model file (SoftsynError naming the
+    tensor and its location otherwise), checked before any data file is opened or stat'ed."""
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            inside(tensor.base_dir or Path(str(where)).parent, tensor.location, f"weight {value.name}: external data",
+                   where)

@@ -216,7 +216,7 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
                                                                      "intermediate_size", "out_hidden_size")}
     nl = Netlist(joined, name=name, kind="vlm", provenance=provenance, config=summary,
                  derived_dims={"total": "past + seq", "image_tokens": f"{grid.tokens}*images"})
-    nl = _cache.save_entry(nl, entry)
+    nl = _cache.save_entry(nl, entry, progress)
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
     if progress:
         print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -120,11 +120,13 @@ class Annotation:
         return write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
-def load_annotation(path: str | Path) -> Annotation:
-    """Read an annotation file written by `softsyn signoff` (SoftsynError with the file name if it is not one)."""
+def load_annotation(path: str | Path, text: str | None = None) -> Annotation:
+    """Read an annotation file written by `softsyn signoff` (SoftsynError with the file name if it is not one).
+    `text`: the file's content, read by the caller (a user's file goes through softsyn.constraints.reader.read_text,
+    which refuses FIFOs and oversized files); None reads `path` here."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text() if text is None else text)
     except OSError as exc:
         raise SoftsynError(f"{path}: cannot read annotation file: {exc.strerror}") from None
     except ValueError as exc:

@@ -77,15 +77,21 @@ class Generator:
         bounds = [b for b in (self.max_length, self.io.max_positions) if b]
         return min(bounds) if bounds else None
 
-    def generate(self, prompt: np.ndarray, gen: int, on_token=None) -> Generation:
-        """`gen` greedy tokens after `prompt` (1-D ids); `on_token(done, gen)` is called between steps, untimed."""
-        prompt = np.asarray(prompt).reshape(-1)
-        n = len(prompt)
+    def check_room(self, n: int, gen: int) -> None:
+        """A SoftsynError unless a prompt of `n` tokens and `gen` generated ones fit the artifact (before any
+        of it is allocated)."""
         if n < 1 or gen < 1:
             raise SoftsynError(f"a generation needs a prompt and at least one token (prompt {n}, gen {gen})")
         if self.limit is not None and n + gen - 1 > self.limit:
             raise SoftsynError(f"prompt {n} + {gen} generated tokens need {n + gen - 1} positions; the artifact "
-                               f"holds {self.limit} ({'its KV buffer' if self.limit == self.max_length else 'its rotary caches'})")
+                               f"holds {self.limit} ({'its KV buffer' if self.limit == self.max_length else 'its rotary caches'})"
+                               f"; valid: prompt + gen - 1 <= {self.limit}")
+
+    def generate(self, prompt: np.ndarray, gen: int, on_token=None) -> Generation:
+        """`gen` greedy tokens after `prompt` (1-D ids); `on_token(done, gen)` is called between steps, untimed."""
+        prompt = np.asarray(prompt).reshape(-1)
+        n = len(prompt)
+        self.check_room(n, gen)
         kv = self._kv()
         t0 = time.perf_counter()
         logits, kv = self._step(prompt, 0, kv)

@@ -11,6 +11,7 @@ as do the IR version and opset of the models softsyn builds for ORT.
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -28,6 +29,60 @@ OPSET = 17
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # The SessionOptions a compiled artifact runs with (emit writes them to runtime/session.json; signoff reads them back)
 ARTIFACT_OPTIONS = {"graph_optimization_level": "ORT_ENABLE_ALL", "intra_op_num_threads": 0}
+MAX_THREADS = 256  # twice the cores of the largest host softsyn targets; ORT crashes (SIGSEGV) where threads run out
+OPTIMIZATION_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT",
+                       "ORT_ENABLE_ALL")
+EXECUTION_MODES = ("ORT_SEQUENTIAL", "ORT_PARALLEL")
+
+
+def _threads(value) -> str | None:
+    ok = type(value) is int and 0 <= value <= MAX_THREADS
+    return None if ok else f"an integer 0..{MAX_THREADS} (0: ORT's default)"
+
+
+def _flag(value) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+def _one_of(names: tuple[str, ...]):
+    return lambda value: None if value in names else f"one of {', '.join(names)}"
+
+
+# The SessionOptions runtime/session.json may set, each with the check of its value (what valid values are, or None).
+# Anything else (optimized_model_filepath, profile_file_prefix: files written wherever the JSON says) is refused;
+# docs/report-formats.md lists them.
+SESSION_OPTIONS = {
+    "graph_optimization_level": _one_of(OPTIMIZATION_LEVELS),
+    "intra_op_num_threads": _threads,
+    "inter_op_num_threads": _threads,
+    "execution_mode": _one_of(EXECUTION_MODES),
+    "enable_mem_pattern": _flag,
+    "enable_mem_reuse": _flag,
+    "enable_cpu_mem_arena": _flag,
+    "use_deterministic_compute": _flag,
+    "log_severity_level": lambda v: None if type(v) is int and 0 <= v <= 4 else "an integer 0..4 (0 verbose, 4 fatal)",
+}
+
+
+def session_options_problem(options) -> str | None:
+    """What is wrong with session options read from a file (runtime/session.json's `session_options`), None when
+    nothing: every key must be in SESSION_OPTIONS with a value its check accepts."""
+    if not isinstance(options, dict):
+        return "session_options: not a JSON object"
+    for key, value in options.items():
+        check = SESSION_OPTIONS.get(key)
+        if check is None:
+            return f"session_options.{key}: not an option softsyn passes to ONNX Runtime; valid: {', '.join(SESSION_OPTIONS)}"
+        valid = check(value)
+        if valid:
+            return f"session_options.{key}: {json_text(value)} is not valid; valid: {valid}"
+    return None
+
+
+def json_text(value) -> str:
+    """A value as the JSON file wrote it, one line, at most 60 characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -104,11 +159,15 @@ def open_session(model, settings: SessionSettings = SessionSettings(), external:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if settings.intra_op_threads is not None:
         so.intra_op_num_threads = settings.intra_op_threads
+    problem = session_options_problem(dict(settings.options))
+    if problem:
+        raise SoftsynError(f"{model}: {problem}" if isinstance(model, (str, Path)) else problem)
     for key, value in settings.options:
-        if key == "graph_optimization_level" and isinstance(value, str):
+        if key == "graph_optimization_level":
             value = getattr(ort.GraphOptimizationLevel, value)
-        if hasattr(so, key):
-            setattr(so, key, value)
+        elif key == "execution_mode":
+            value = getattr(ort.ExecutionMode, value)
+        setattr(so, key, value)
     if settings.optimized_model_filepath:
         so.optimized_model_filepath = settings.optimized_model_filepath
     if settings.profile_prefix:
