@@ -13,8 +13,7 @@ REASON = "# deferred:"
 LIMIT = 20  # function-level imports outside PENDING (issue 24)
 # Files whose long functions issue 24 item 5 splits in parallel: their function-level imports move (or get a reason)
 # with that split. A file leaves this set once none of its function-level imports lacks a reason (checked below).
-PENDING = {"softsyn/frontends/hf.py", "softsyn/characterize/plan.py", "softsyn/flow/signoff.py",
-           "softsyn/timing/sta.py"}
+PENDING = {"softsyn/frontends/hf.py"}
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:

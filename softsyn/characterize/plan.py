@@ -51,7 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import yaml
+from onnx import helper
 
 from softsyn.characterize.catalogue import CellKind, cell_kinds, geometric_mid, plan_name, run_cell_grid
 from softsyn.characterize.cellgraph import FLOAT, Ctx, Graph, make_model
@@ -104,7 +107,6 @@ def holdout_points(grids: list[list[float]], limit: int, discrete: tuple = ()) -
 
 def _in_computes(kind: CellKind, ctx: Ctx) -> str | None:
     """None if the provider runs the cell natively, else why not."""
-    import onnx
     sizes = {a: g[0] for a, g in zip(kind.axes, kind.grids[plan_name(ctx.provider, True)])}
     graph = kind.build(sizes, 1, ctx)
     model = make_model(graph)
@@ -228,8 +230,6 @@ def _stamp_header(lib: dict, provider: str, plan: str, *, command: str | None, n
                   cuda_graph: bool) -> None:
     """The header's `characterization` (plan, date, runtime, method; a resumed run's command listed after the
     library's own), the graph tables' note, and an empty `not_characterised` where there is none."""
-    import onnxruntime as ort  # deferred: the session module loads it too, only once a run measures
-
     st = SETTINGS[plan]
     lib.setdefault("characterization", {})
     ch = lib["characterization"]
@@ -504,8 +504,6 @@ def _run_cell(provider: str, plan: str, lib: dict) -> dict:
     """Fixed cost of one run call vs ios = graph inputs + outputs ([1, 8] fp32 Identity per pair), timed the way the
     signoff times a model (through session.run with numpy feeds the CPU cell read 3.2-15.8 us over 2-32 ios, as
     the signoff runs them 1.0-1.5 us; the H200's with preallocated outputs 96-130 us, as the signoff 9-18 us)."""
-    from onnx import helper
-
     grid = run_cell_grid(plan)[0]
     launch = float(lib["ceilings"]["launch_overhead"])
     delays = []

@@ -37,6 +37,7 @@ from softsyn.constraints import Constraints
 from softsyn.library import Library
 from softsyn.netlist import Netlist
 from softsyn.timing.capture import Launch
+from softsyn.timing.tp import collective_bytes
 from softsyn.timing.cost import PRECISION_BY_DTYPE, Work, has_cost_model, node_work, precision_of
 from softsyn.results.analysis import GroupTiming, PathPoint, Scenario, TimingPath
 
@@ -173,8 +174,6 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict,
 
 
 def _collective(op: str, value: ir.Value, shapes: dict, ranks: int, collectives) -> tuple[str, float, str, float]:
-    from softsyn.timing.tp import collective_bytes
-
     size = collective_bytes(value, shapes)
     precision = PRECISION_BY_DTYPE.get(value.dtype, "fp16") if value.dtype is not None else "fp16"
     delay, source = collectives.delay(op, size, ranks, precision)
