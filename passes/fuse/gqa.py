@@ -16,6 +16,7 @@ from passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, f
 from passes.fuse.base import Cell, Replacement, stand_in
 from passes.fuse.gqa_absorb import absorb_into, absorb_note
 from passes.fuse.graph import MS, attr, dim, fresh, insert_before, int64, make_node, replace_value
+from passes.fuse.window import window_attrs
 
 
 class GroupQueryAttentionRule(AttentionOp):
@@ -43,7 +44,7 @@ class GroupQueryAttentionRule(AttentionOp):
             k, v = m.k_new, m.v_new
         seqlens, total = self._lengths(ctx, anchor, m, q, new)
         inputs = [q, k, v, m.past_k, m.past_v, seqlens, total]
-        attrs = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)}
+        attrs = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)} | window_attrs(m)
         if ctx.target == "cuda":
             absorb_into(ctx, ctx.site(anchor), inputs, attrs, m.num_heads, m.kv_heads)
         node = make_node(anchor, MS, "GroupQueryAttention", inputs, attrs, num_outputs=3)
@@ -65,7 +66,7 @@ class GroupQueryAttentionRule(AttentionOp):
                    stand_in(fresh("total_sequence_length"), [], ir.DataType.INT32))
         cell = Cell("GroupQueryAttention", (q, k, v, m.past_k, m.past_v) + lengths,
                     (stand_in(fresh("gqa_out"), [m.q.shape[0], m.q.shape[2], m.num_heads * m.head_size], m.q.dtype),)
-                    + self._presents(m), {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads})
+                    + self._presents(m), {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads} | window_attrs(m))
         replaces = (m.out,) if m.past_k is None else (m.out, m.present_k, m.present_v)
         sources = (bsd_source(m.q),) + ((bsd_source(m.k_new), bsd_source(m.v_new)) if m.past_k is not None else (k, v))
         reads = tuple(x for x in sources + (m.past_k, m.past_v, m.mask_input) if x is not None)
