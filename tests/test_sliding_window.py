@@ -46,16 +46,31 @@ def _config(name: str, **changes):
     return cfg
 
 
-def _hf_greedy(cfg, prompt: np.ndarray, n: int) -> list[int]:
-    """transformers' greedy tokens of the zoo model (torch.manual_seed(0) + from_config, as softsyn builds it)."""
+def _hf_model(cfg):
+    """The zoo model in transformers (torch.manual_seed(0) + from_config, as softsyn builds it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def _hf_greedy(cfg, prompt: np.ndarray, n: int) -> list[int]:
+    """transformers' greedy tokens (generate, do_sample=False) after `prompt`."""
+    import torch
+
     with torch.no_grad():
-        out = model.generate(torch.tensor(prompt[None]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out = _hf_model(cfg).generate(torch.tensor(prompt[None]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return out[0, len(prompt):].tolist()
+
+
+def _hf_next_tokens(cfg, tokens: list[int], n: int) -> list[int]:
+    """The argmax after each of the last `n` positions of `tokens` in one forward (teacher forced)."""
+    import torch
+
+    with torch.no_grad():
+        logits = _hf_model(cfg)(torch.tensor([tokens])).logits[0, -n:]
+    return logits.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -110,8 +125,11 @@ def test_softsyn_run_and_genai_generate_transformers_tokens_past_the_window(name
     prompt = prompt_ids(cfg.vocab_size, PROMPT, 0)  # what `softsyn run --seed 0` prefills
     want = _hf_greedy(cfg, prompt, NEW)
     assert cfg.eos_token_id not in want  # genai would stop there
-    # the window binds: the same weights without it (one window longer than every sequence here) decode otherwise
-    assert _hf_greedy(_config(name, sliding_window=4096), prompt, NEW) != want
+    # the window binds: on the same sequence, the same weights without it (a window longer than every sequence
+    # here) would pick other tokens
+    sequence = prompt.tolist() + want[:-1]
+    assert _hf_next_tokens(cfg, sequence, NEW) == want
+    assert _hf_next_tokens(_config(name, sliding_window=4096), sequence, NEW) != want
     with pytest.raises(SystemExit) as exc:
         run(["run", str(out), "--prompt-len", str(PROMPT), "--gen", str(NEW), "--runs", "1", "--warmup", "0", "--json",
              "-q"])
