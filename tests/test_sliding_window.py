@@ -97,8 +97,10 @@ def test_every_attention_site_is_one_windowed_soft_capped_gqa_over_one_kv_layout
     assert {i.shape[2] for i in pasts} == {512}  # cpu-tiny.yaml's kv_cache.max_length, on every layer
     genai = json.loads((out / "genai_config.json").read_text())
     assert genai["search"]["past_present_share_buffer"] is True and genai["model"]["type"] == cfg.model_type
-    if name == "gemma2-tiny":  # the final logit soft cap stays in the graph (no fused op covers it)
-        assert sum(n.op_type == "Tanh" for n in nodes) == 1
+    if name == "gemma2-tiny":  # the final logit soft cap stays in the graph (no fused op covers it), after the
+        assert sum(n.op_type == "Tanh" for n in nodes) == 1  # lm_head, which reads the last position only
+        logits = next(o for o in model.graph.outputs if o.name == "logits")
+        assert logits.shape[1] == 1 and "last_token_logits: the lm_head reads" in (out / "compile.log").read_text()
     else:  # Gemma 3: the sliding layers rotate by the local base (10000), the full layer by 1e6: two caches
         caches = {layer: {i.name for i in n.inputs if i is not None and "cos" in i.name}
                   for layer, n in enumerate(n for n in nodes if n.op_type == "RotaryEmbedding" and n.inputs[0] is not None)}
