@@ -152,3 +152,20 @@ def test_the_window_is_read_from_which_keys_each_query_sees():
     broken[0, 0, 2, 5] = 0.0  # a key outside the window left open for the last query
     reason = read_window(broken, past)
     assert isinstance(reason, str) and "[q 2, k 5]" in reason and "a window of 4 keys expects -inf" in reason
+
+
+def test_the_cuda_artifact_keeps_window_and_cap_where_gqa_takes_the_rotary(cache_dir, tmp_path):
+    """On cuda GroupQueryAttention also takes the rotary (do_rotary=1): the window and the cap stay its own (they
+    were reset there before), and its CPU view verifies at decode past 256 and a 128-token prefill."""
+    out = tmp_path / "cuda"
+    result = CliRunner().invoke(main, ["compile", "zoo:gemma2-tiny", "-c", str(ROOT / "constraints" / "tiny-h200.yaml"),
+                                       "--effort", "low", "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output
+    cfg = _config("gemma2-tiny")
+    gqa = [n for n in ir.load(str(out / "model.onnx")).graph if n.op_type == "GroupQueryAttention"]
+    attrs = [{k: a.value for k, a in n.attributes.items()} for n in gqa]
+    assert [a["do_rotary"] for a in attrs] == [1, 1]
+    assert [a["local_window_size"] for a in attrs] == [cfg.sliding_window, -1]
+    assert [a["softcap"] for a in attrs] == [pytest.approx(cfg.attn_logit_softcapping)] * 2
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
