@@ -81,9 +81,8 @@ def read_window(m: np.ndarray, past: int) -> int | str:
     open_ = np.abs(m) < 1e-6
     q = past + np.arange(s)[:, None]
     k = np.arange(t)[None, :]
-    first = open_.reshape(-1, s, t)[0, 0]
-    width = int(first.sum())
-    window = -1 if width == past + 1 else width
+    width = int(open_.reshape(-1, s, t)[0, -1].sum())  # the last query sees the most keys: min(W, all of them)
+    window = -1 if width == past + s else width
     allowed = (k <= q) & ((k > q - window) if window > 0 else True)
     want = np.broadcast_to(allowed, m.shape)
     blocked = m <= -1e4
