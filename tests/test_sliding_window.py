@@ -149,9 +149,11 @@ def test_the_window_is_read_from_which_keys_each_query_sees():
     window = np.where((k <= q) & (k > q - 4), 0.0, -np.inf)[None, None]
     assert read_window(window, past) == 4
     broken = window.copy()
-    broken[0, 0, 2, 5] = 0.0  # a key outside the window left open for the last query
+    broken[0, 0, 0, 5] = 0.0  # a key outside the window left open for the first query
     reason = read_window(broken, past)
-    assert isinstance(reason, str) and "[q 2, k 5]" in reason and "a window of 4 keys expects -inf" in reason
+    assert isinstance(reason, str) and "[q 0, k 5]" in reason and "a window of 4 keys expects -inf" in reason
+    prefill = np.where((k[:, :s] <= q - past) & (k[:, :s] > q - past - 2), 0.0, -np.inf)[None, None]
+    assert read_window(prefill, 0) == 2  # no past: the first query sees one key, the last the window
 
 
 def test_the_cuda_artifact_keeps_window_and_cap_where_gqa_takes_the_rotary(cache_dir, tmp_path):
