@@ -23,7 +23,7 @@ from softsyn.library import Library, UnknownLibraryError, default_library, load_
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
-from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
+from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, TimingRequest, time_group, timing_graph
 from softsyn.timing.area import area
 from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
 from softsyn.timing.sta import unmodelled_warnings
@@ -235,9 +235,10 @@ class Design:
             start = time.perf_counter()
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
-            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
-                                      absorbed, self.partition, self.collectives if self.partition else None,
-                                      mode=self.launches.get(group.name)))
+            request = TimingRequest(annotation=annotation, absorbed=absorbed, partition=self.partition,
+                                    collectives=self.collectives if self.partition else None,
+                                    mode=self.launches.get(group.name))
+            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, request))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results

@@ -43,8 +43,9 @@ class CompileLog:
         worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
         slack = analysis.area.slack
         rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
-        row = LogRow(time.perf_counter() - self.start, phase, min(analysis.wns, 0.0), analysis.tns,
-                     analysis.area.total, worst.name if worst is not None and worst.wns < 0 else "", cells, rules)
+        row = LogRow(elapsed=time.perf_counter() - self.start, phase=phase, wns=min(analysis.wns, 0.0),
+                     tns=analysis.tns, area=analysis.area.total,
+                     worst_group=worst.name if worst is not None and worst.wns < 0 else "", cells=cells, rules=rules)
         self.rows.append(row)
         return row
 
@@ -55,8 +56,9 @@ class CompileLog:
         for t in getattr(report, "trace", ()):
             phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
             at = getattr(t, "at", None)  # when the step ended; a row made before this log started reads 0
-            self.rows.append(LogRow(max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start,
-                                    phase, t.wns, t.tns, base + t.area_delta, t.worst_group, cells, t.rules))
+            elapsed = max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start
+            self.rows.append(LogRow(elapsed=elapsed, phase=phase, wns=t.wns, tns=t.tns, area=base + t.area_delta,
+                                    worst_group=t.worst_group, cells=cells, rules=t.rules))
 
 
 def check_effort(name: str) -> Effort:

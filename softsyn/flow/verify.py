@@ -286,8 +286,10 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                 violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
             if top1 is not None and min_top1 is not None and not top1 >= min_top1:
                 violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-            checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
-    return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+            checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine,
+                                      top1=top1, violations=violations))
+    return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=min_top1,
+                        provider=provider, reference=settings.get("reference") or {}, precision=precision)
 
 
 def run_compiled(session, feeds: dict, aliases: dict[str, str], provider: str) -> list[np.ndarray]:
