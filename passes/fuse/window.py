@@ -3,9 +3,9 @@
 Gemma 2/3 and Mistral-style models restrict some layers to the last W keys (transformers' sliding mask:
 key k is open to query q when q - W < k <= q), and Gemma 2 squashes the scores as c * tanh(scores / c) before
 the mask. GroupQueryAttention does both: `softcap` c applied to scale * Q K^T, then causal masking that keeps
-the last `local_window_size` keys of each query, its own included (ORT 1.31's CPU kernel, measured against
-that mask; its CUDA flash path takes local_window_size - 1 as the left window), so W is written as is (the
-onnxruntime-genai builder writes config.sliding_window there too).
+the last `local_window_size` keys of each query, its own included (ORT 1.31.1's CPU kernel, measured against
+that mask: docs/decisions/2026-12-02-sliding-window.md), so W is written as is (the onnxruntime-genai builder
+writes config.sliding_window there too).
 
 A window is a property of the mask, and no small probe shows it (the probe's 7 keys fit any real window): the
 mask's cone is evaluated once more at the longest past the design holds, and read by meaning, row by row (the
@@ -55,7 +55,7 @@ def _long_dims(ctx, s: int, cached: bool) -> dict[str, int]:
 
 def _long_arrays(ctx, bias: ir.Value, dims: dict[str, int]) -> dict[str, np.ndarray] | str:
     """Inputs for the graph inputs the mask's cone reads, at `dims`: masks all ones, positions after the past,
-    everything else zeros (np.zeros is not touched until written: a long past cache costs no memory here)."""
+    everything else zeros (only their shapes reach a mask: a past cache is read through Shape)."""
     shapes = ctx.netlist.bind(dims)
     past = dims.get("past", 0)
     arrays = {}
@@ -106,6 +106,7 @@ def local_window(ctx, bias: ir.Value, s: int, cached: bool) -> int | str:
 
 
 def _probe_window(ctx, bias: ir.Value, s: int, cached: bool) -> int | str:
+    """The window read from the mask's cone evaluated at the long probe's dims, or why it could not be."""
     dims = _long_dims(ctx, LONG_PROBE_SEQ if cached else s, cached)
     arrays = _long_arrays(ctx, bias, dims)
     if isinstance(arrays, str):
@@ -117,7 +118,6 @@ def _probe_window(ctx, bias: ir.Value, s: int, cached: bool) -> int | str:
     if m.ndim != 4:
         return f"attention mask at the long probe has shape {m.shape}, not [B, 1|N, S, T]"
     return read_window(m, dims.get("past", 0) if cached else 0)
-
 
 
 def window_attrs(site) -> dict:
