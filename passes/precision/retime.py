@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from softsyn import progress
 from passes.precision import mapping as mp
 from passes.precision import search
 
@@ -438,8 +439,10 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
         load0 = os.getloadavg()[0]
         maps = [current.mapping, *sub_maps(tables, current.mapping).values()]
         try:
-            pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
-                                              provider).items() if g in timing}
+            with progress.step(f"optimize: measured re-timing round {index}/{max_rounds} on {provider}",
+                               enabled=getattr(design, "progress", False)):
+                pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
+                                                  provider).items() if g in timing}
         except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
             report.notes.append(f"measured re-timing round {index} could not run on {provider}: "
                                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")

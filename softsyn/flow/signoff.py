@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -35,7 +34,7 @@ from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
 from softsyn.runtime.session import describe_device, device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
-from softsyn.progress import log
+from softsyn.progress import log, step
 from softsyn.timing import RUN_CALL, cell_timings
 from reports.common import json_nulls
 
@@ -336,15 +335,19 @@ def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, war
             + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
             enabled=progress)
     aliases = kv_aliases(netlist)
-    measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
-                            options=target.session_options, cuda_graphs=graphs, aliases=aliases)
+    with step(f"signoff: timing {len(chosen)} group(s) x {runs} runs", enabled=progress,
+              done="signoff: timed runs"):
+        measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
+                                options=target.session_options, cuda_graphs=graphs, aliases=aliases)
     neighbours = neighbours_share(cpu_before, cpu_seconds())
     machine = machine_state(probe_before, speed_probe(provider), design.library, describe_device(provider),
                             (load_before, os.getloadavg()[0]), neighbours)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
-    profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
-                            provider=provider, options=target.session_options, blocking=blocking, aliases=aliases)
+    with step("signoff: per-node profiles", enabled=progress, done="signoff: profiled"):
+        profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
+                                provider=provider, options=target.session_options, blocking=blocking,
+                                aliases=aliases)
     results = []
     for (group, timing), m, prof in zip(chosen, measured, profiles):
         annotation.provider = m.provider

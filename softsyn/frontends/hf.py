@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
 from softsyn.netlist import Netlist
+from softsyn.progress import step
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
@@ -235,7 +235,9 @@ def load_transformers_design(
                       materialize=materialize)
     key = _cache.content_key(_key_material(ex))
     entry = _cache.entry_dir(cache_dir, name, key)
-    cached = _cache.load_entry(entry)
+    with step(f"reading {name} from the export cache", enabled=progress and entry.is_dir(),
+              done=f"read {name} from the export cache"):
+        cached = _cache.load_entry(entry)
     if cached is not None:
         cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
         return cached
@@ -243,10 +245,9 @@ def load_transformers_design(
         return _materialised(ex, cache_dir, progress, entry=entry, key=key)
 
     t0 = time.perf_counter()
-    if progress:
-        print(f"exporting {name} with {ex.exporter} ({WEIGHTS_DESC[ex.weights]}, {ex.dtype})...", end="",
-              file=sys.stderr, flush=True)
-    ir_model, parameters, copies = _export_model(ex, progress)
+    with step(f"exporting {name} with {ex.exporter} ({WEIGHTS_DESC[ex.weights]}, {ex.dtype})", enabled=progress,
+              done=f"exported {name}"):
+        ir_model, parameters, copies = _export_model(ex)
     elapsed = time.perf_counter() - t0
     nl = Netlist(
         ir_model,
@@ -258,8 +259,6 @@ def load_transformers_design(
     )
     nl = _cache.save_entry(nl, entry)
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 
@@ -294,7 +293,7 @@ def _torch_model(ex: _Export):
             hf_logging.enable_progress_bar()
 
 
-def _export_model(ex: _Export, progress: bool) -> tuple:
+def _export_model(ex: _Export) -> tuple:
     """(the exported onnx-ir model, its parameter count, how many times a layer was copied or None)."""
     _export.torch_num_threads()
     model = _torch_model(ex)
@@ -308,8 +307,6 @@ def _export_model(ex: _Export, progress: bool) -> tuple:
     except SoftsynError:
         raise
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
-        if progress:
-            print(" failed", file=sys.stderr)
         raise SoftsynError(f"{ex.source}: exporting {ex.name} with {ex.exporter} failed: {brief(e)}") from e
     copies = None
     if ex.replicate:
@@ -350,20 +347,17 @@ def _materialised(ex: _Export, cache_dir: Path, progress: bool, *, entry: Path, 
     base = load_transformers_design(ex.cfg, name, ex.source, cache_dir, progress, folder=ex.folder, weights="meta",
                                     dtype=dtype)
     t0 = time.perf_counter()
-    if progress:
-        print(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer...", end="",
-              file=sys.stderr, flush=True)
-    model = materialize(base.model, ex.cfg)
-    provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
-    provenance.pop("weights_location", None)
-    provenance.pop("cache", None)
-    provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
-    nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
-                 derived_dims=dict(base.derived_dims))
-    nl = _cache.save_entry(nl, entry)
+    with step(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer", enabled=progress,
+              done=f"materialised {name}'s weights"):
+        model = materialize(base.model, ex.cfg)
+        provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
+        provenance.pop("weights_location", None)
+        provenance.pop("cache", None)
+        provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
+        nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
+                     derived_dims=dict(base.derived_dims))
+        nl = _cache.save_entry(nl, entry)  # the weights written to the cache: part of the wait
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 
