@@ -3,6 +3,8 @@
     python bench/compare_peers.py                           # ORT CPU, zoo:qwen3-tiny: compiled, plain, ort_fusions
     python bench/compare_peers.py --provider cuda --model qwen3-1.7b \\
         --genai .whl/onnxruntime_genai-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl     # H200: + genai builder
+    python bench/compare_peers.py --provider cuda --model gemma2-2b --genai WHEEL   # sliding window + soft caps
+    python bench/compare_peers.py --model gemma2-tiny --variants compiled,plain,builder # the same offline, ORT CPU
 
 Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, seed 0):
   compiled     `softsyn compile zoo:MODEL --effort low` for the target (cpu-ort | h200-ort-cuda), through

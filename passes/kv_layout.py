@@ -40,7 +40,7 @@ from softsyn.errors import SoftsynError
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import is_weightless
 from passes import PassResult, register
-from passes.fuse.graph import add_initializer, make_node
+from passes.fuse.graph import add_initializer, make_node, scalar
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
 from softsyn.runtime.design_runner import DesignRunner
 from softsyn.runtime.kv_quant import BITS, QUANT_TYPE, channel_scales
@@ -55,6 +55,7 @@ GQA_COS, GQA_K_SCALE, GQA_V_SCALE = 7, 12, 13  # GroupQueryAttention's cos_cache
 # Ops a lengths computation passes through from the mask to GQA's seqlens_k / total_sequence_length
 LENGTH_OPS = {"ReduceSum", "Sub", "Cast", "Shape", "Squeeze", "Gather", "Slice", "Unsqueeze", "Reshape"}
 LOGITS_OPS = {"MatMul", "Gemm", "MatMulNBits", "MatMulBlockQuantizedFp8Weight"}
+SCALAR_OPS = {"Mul", "Div"}  # by a constant scalar, like Tanh and Cast each position's own (Gemma 2's final soft cap)
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,10 @@ def slice_last_position(graph: ir.Graph) -> str:
     """Slice the lm_head's input to the last position; returns what was done (or why not)."""
     out = next((v for v in graph.outputs if v.name == LOGITS), None)
     head = out.producer() if out is not None else None
-    while head is not None and head.op_type == "Cast":
+    after: list[ir.Value] = []  # what lies between the lm_head and the logits, each position on its own
+    while head is not None and (head.op_type in ("Cast", "Tanh")
+                                or (head.op_type in SCALAR_OPS and scalar(head.inputs[1]) is not None)):
+        after.append(head.outputs[0])
         head = head.inputs[0].producer()
     if head is None or head.op_type not in LOGITS_OPS:
         return f"last_token_logits: not applied ({LOGITS} is not computed by a MatMul/Gemm lm_head)"
@@ -282,8 +286,9 @@ def slice_last_position(graph: ir.Graph) -> str:
     cut.outputs[0].type = x.type
     graph.insert_before(head, [cut])
     head.replace_input_with(0, cut.outputs[0])
-    if out.shape is not None and len(out.shape) == 3:
-        out.shape = ir.Shape([out.shape[0], 1, out.shape[2]])
+    for v in [head.outputs[0]] + after:
+        if v.shape is not None and len(v.shape) == 3:
+            v.shape = ir.Shape([v.shape[0], 1, v.shape[2]])
     return "last_token_logits: the lm_head reads the last position only (logits [batch, 1, vocab] at prefill)"
 
 

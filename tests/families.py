@@ -24,8 +24,15 @@ FAMILIES = {  # name -> (transformers config class, kwargs, model class, inputs:
     "llama": ("LlamaConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                   intermediate_size=128, vocab_size=512, max_position_embeddings=128,
                                   head_dim=16), "LlamaForCausalLM", "tokens"),
+    # sliding window 8 (the tests run 13- and 24-token sequences past it), Gemma 2's attention soft cap. (Gemma 3's
+    # plain export is not here: without a cache its K is rotated per head, [B, N, S, H], which the no-KV K walk
+    # does not take; with softsyn's cache it fuses: tests/test_sliding_window.py)
+    "gemma2": ("Gemma2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                    head_dim=16, intermediate_size=128, vocab_size=512, max_position_embeddings=128,
+                                    sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=0.05),
+               "Gemma2ForCausalLM", "tokens"),
 }
-DECODERS = ("gpt2", "phi3", "mistral", "qwen2", "llama")
+DECODERS = ("gpt2", "phi3", "mistral", "qwen2", "llama", "gemma2")
 OTHERS = {  # encoders whose attention or activation has a form of its own; not in FAMILIES' fused-everywhere guards
     # disentangled attention: c2p/p2c position scores; share_att_key: every layer projects the relative embeddings
     "deberta": ("DebertaV2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -142,8 +142,9 @@ def test_report_text(fused):
 
 
 # ------------------------------------------------------------------ unusual attention built on the fly
-def _odd_attention(softcap: bool = False) -> Netlist:
-    """KV-cached attention with no causal mask (bidirectional over the cache) — or soft-capped scores."""
+def _odd_attention(softcap: bool = False, bias_inside: bool = False) -> Netlist:
+    """KV-cached attention with no causal mask (bidirectional over the cache) — or soft-capped scores, with an
+    additive bias inside the cap (tanh(scores + bias)) where `bias_inside`."""
     B, S, P, N, H = "batch", "seq", "past", 2, 8
     vi = oh.make_tensor_value_info
     nodes = [
@@ -153,8 +154,11 @@ def _odd_attention(softcap: bool = False) -> Netlist:
         oh.make_node("MatMul", ["q", "kt"], ["scores"]),
     ]
     last = "scores"
+    if bias_inside:
+        nodes += [oh.make_node("Add", ["scores", "bias"], ["biased"])]
+        last = "biased"
     if softcap:
-        nodes += [oh.make_node("Tanh", ["scores"], ["capped"])]
+        nodes += [oh.make_node("Tanh", [last], ["capped"])]
         last = "capped"
     nodes += [
         oh.make_node("Softmax", [last], ["probs"], axis=-1),
@@ -165,7 +169,8 @@ def _odd_attention(softcap: bool = False) -> Netlist:
     graph = oh.make_graph(
         nodes, "odd",
         [vi("q", T.FLOAT, [B, N, S, H]), vi("k", T.FLOAT, [B, N, S, H]), vi("v", T.FLOAT, [B, N, S, H]),
-         vi("past_key", T.FLOAT, [B, N, P, H]), vi("past_value", T.FLOAT, [B, N, P, H])],
+         vi("past_key", T.FLOAT, [B, N, P, H]), vi("past_value", T.FLOAT, [B, N, P, H])]
+        + ([vi("bias", T.FLOAT, [B, 1, S, "total"])] if bias_inside else []),
         [vi("out", T.FLOAT, [B, S, N * H]), vi("present.key", T.FLOAT, None), vi("present.value", T.FLOAT, None)],
         initializer=[oh.make_tensor("shape", T.INT64, [3], [0, 0, N * H])])
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=10)
@@ -181,10 +186,15 @@ def test_unusual_attention_is_a_miss_with_a_reason():
     assert "causal" in miss.reason and "Softmax" in miss.site
     assert "Softmax" in [n.op_type for n in nl.nodes()]  # left as it was
 
+    # a soft cap is GroupQueryAttention's softcap (passes.fuse.window): the site misses for its mask alone
     nl = _odd_attention(softcap=True)
     (cov,) = fuse(nl, "cpu", kinds=["attention"])
-    assert cov.fused == 0 and "Tanh" in cov.misses[0].reason
-    assert "Misses (1)" in report_fusion([cov]) and "Tanh" in report_fusion([cov])
+    assert cov.fused == 0 and "causal" in cov.misses[0].reason and "Tanh" not in cov.misses[0].reason
+    # a bias inside the cap is squashed to -softcap, not masked: no fused op computes that
+    nl = _odd_attention(softcap=True, bias_inside=True)
+    (cov,) = fuse(nl, "cpu", kinds=["attention"])
+    assert cov.fused == 0 and "inside the soft cap" in cov.misses[0].reason
+    assert "Misses (1)" in report_fusion([cov]) and "before the Tanh" in report_fusion([cov])
 
 
 def test_unknown_kind_is_an_error():

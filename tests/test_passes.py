@@ -245,3 +245,21 @@ def test_dont_touch_cells_of_an_fp16_source_stay_fp16_and_load(tmp_path):
     ir.save(model, str(path))
     out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": np.array([[1, 2, 3, 4]])})
     assert out[0].dtype == np.float16 and out[0].shape == (1, 4, 16)
+
+
+def test_flatten_keeps_a_weightless_scalar_weight_it_cannot_read():
+    """A plan's one-element weight (Gemma's embed_scale) has no data: flatten cannot tell it is neutral, keeps it."""
+    from softsyn.frontends.export import META_WEIGHTS
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", 4]))
+    scale = ir.Value(name="embed_scale", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([]),
+                     const_value=ir.ExternalTensor(location=META_WEIGHTS, offset=0, length=4, dtype=ir.DataType.FLOAT,
+                                                   shape=ir.Shape([]), name="embed_scale"))
+    mul = ir.node("Mul", [x, scale])
+    out = ir.node("Relu", mul.outputs)
+    out.outputs[0].name, out.outputs[0].dtype, out.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["batch", 4])
+    graph = ir.Graph([x], out.outputs, nodes=[mul, out], initializers=[scale], opset_imports={"": 18})
+    design = Design(Netlist.from_model(ir.Model(graph, ir_version=10), name="plan"), Constraints.default(),
+                    load_library("cpu-ort"), progress=False)
+    run_pass(design, "flatten")
+    assert [n.op_type for n in design.netlist.model.graph] == ["Mul", "Relu"]

@@ -22,8 +22,10 @@ from passes.fuse.attention_sites import attention_softmaxes, position_terms
 from passes.fuse.base import Replacement, Rule, stand_in
 from passes.fuse.graph import (attr, cone_inputs, const, consumers, dim, input_dependent, int64, is_graph_output,
                                make_node, op, scalar)
+from passes.fuse.window import inner_bias_reason, local_window, softcap_step
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
+SCORE_OPS = ("MatMul", "Mul", "Div", "Add", "Tanh")  # what lies between Q.K^T and the mask's Add (a soft cap: Tanh)
 
 
 def _scalar_strip(v: ir.Value) -> tuple[ir.Value, float]:
@@ -54,16 +56,17 @@ def _reaches_matmul(v: ir.Value, depth: int = 4, through=("MatMul", "Mul", "Div"
 
 
 def _walk_scores(v: ir.Value):
-    """(qk MatMul, bias value or None, scale) or a reason."""
-    bias, scale = None, 1.0
-    for _ in range(8):
+    """(qk MatMul, bias value or None, scale, softcap) or a reason: the scores are softcap * tanh(scale / softcap *
+    Q.K^T) + bias with a soft cap (passes.fuse.window), scale * Q.K^T + bias without (softcap 0)."""
+    bias, scale, softcap = None, 1.0, 0.0
+    for _ in range(10):
         n = v.producer()
         if n is None:
             return "softmax input does not come from a MatMul"
         if n.op_type == "MatMul":
             if const(n.inputs[1]) is not None:
                 return "the scores MatMul multiplies by a constant weight (not Q.K^T)"
-            return n, bias, scale
+            return n, bias, scale * softcap if softcap else scale, softcap
         if n.op_type in ("Mul", "Div"):
             inner, s = _scalar_strip(v)
             if inner is v:
@@ -71,10 +74,13 @@ def _walk_scores(v: ir.Value):
             v, scale = inner, scale * s
             continue
         if n.op_type == "Add":
+            if softcap:
+                return inner_bias_reason(n)
             a, b = n.inputs
-            if _reaches_matmul(a) and not _reaches_matmul(b):
+            ra, rb = _reaches_matmul(a, 6, SCORE_OPS), _reaches_matmul(b, 6, SCORE_OPS)
+            if ra and not rb:
                 v, extra = a, b
-            elif _reaches_matmul(b) and not _reaches_matmul(a):
+            elif rb and not ra:
                 v, extra = b, a
             else:
                 return f"cannot tell scores from mask in {n.name}"
@@ -83,7 +89,11 @@ def _walk_scores(v: ir.Value):
             bias = extra
             continue
         if n.op_type == "Tanh":
-            return "scores are soft-capped (Tanh): softcap attention is not fused"
+            step = softcap_step(n, scale, softcap)
+            if isinstance(step, str):
+                return step
+            (v, softcap), scale = step, 1.0
+            continue
         return f"unsupported {n.op_type} ({n.name}) between the scores MatMul and Softmax"
     return "scores chain too long"
 
@@ -197,6 +207,8 @@ class Site:
     causal: bool
     head_size: int
     bias: ir.Value | None = None  # the additive mask the scores get (its value in the graph), if any
+    softcap: float = 0.0   # GroupQueryAttention's softcap: scores capped as softcap * tanh(scores / softcap)
+    window: int = -1       # GroupQueryAttention's local_window_size: the last `window` keys (-1: all)
 
 
 def exact_scale(scale: float, head_size) -> float:
@@ -333,7 +345,7 @@ def match(ctx, sm: ir.Node) -> Site | str:
     walked = _walk_scores(sm.inputs[0])
     if isinstance(walked, str):
         return walked
-    qk, bias, scale = walked
+    qk, bias, scale, softcap = walked
     # forward: optional NaN guard / Cast, then probs @ V
     probs = sm.outputs[0]
     users = consumers(probs)
@@ -389,11 +401,15 @@ def match(ctx, sm: ir.Node) -> Site | str:
         if isinstance(res, str):
             return res
         mask_input, causal = res
+    window = local_window(ctx, bias, s, kcat is not None) if causal else -1
+    if isinstance(window, str):
+        return window
     scale = exact_scale(scale * sq * sk, h)
     if kcat is not None:
         return Site(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
-                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h, bias)
-    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h, bias)
+                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h, bias, softcap=softcap, window=window)
+    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h, bias,
+                softcap=softcap, window=window)
 
 
 def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:

@@ -20,6 +20,7 @@ from passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, f
 from passes.fuse.base import Cell, Replacement, stand_in
 from passes.fuse.gqa_absorb import absorb_into, absorb_note
 from passes.fuse.graph import MS, attr, dim, fresh, insert_before, int64, make_node, replace_value
+from passes.fuse.window import window_attrs
 
 
 class GroupQueryAttentionRule(AttentionOp):
@@ -54,9 +55,10 @@ class GroupQueryAttentionRule(AttentionOp):
         # with the mask as attention_bias every row's keys count (seqlens_k = T - 1), as without a mask
         seqlens, total = self._lengths(ctx, anchor, replace(m, mask_input=None) if padded else m, q, new)
         inputs = [q, k, v, m.past_k, m.past_v, seqlens, total]
-        attrs = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)}
+        attrs = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)} | window_attrs(m)
         if padded:
             inputs = gqa_padding.bias_input(inputs, m)
+            attrs.pop("local_window_size", None)  # the bias holds the window, as it holds the causal mask
             if not ctx.cache["gqa-bias-causal"][id(m.softmax)]:
                 attrs["causal"] = 0  # a finite mask: the mask alone, as the export's Softmax reads it
         if m.past_k is None and m.mask_input is not None:
@@ -83,7 +85,7 @@ class GroupQueryAttentionRule(AttentionOp):
         bias = (None, None, None, m.bias) if gqa_padding.uses_bias(ctx, m) else ()
         cell = Cell("GroupQueryAttention", (q, k, v, m.past_k, m.past_v) + lengths + bias,
                     (stand_in(fresh("gqa_out"), [m.q.shape[0], m.q.shape[2], m.num_heads * m.head_size], m.q.dtype),)
-                    + self._presents(m), {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads})
+                    + self._presents(m), {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads} | window_attrs(m))
         replaces = (m.out,) if m.past_k is None else (m.out, m.present_k, m.present_v)
         sources = (bsd_source(m.q),) + ((bsd_source(m.k_new), bsd_source(m.v_new)) if m.past_k is not None else (k, v))
         reads = tuple(x for x in sources + (m.past_k, m.past_v, m.mask_input) + bias[3:] if x is not None)

@@ -159,7 +159,9 @@ def absorb_into(ctx, site_name: str, inputs: list, attrs: dict, nq: int, nkv: in
         return
     inputs[0], inputs[1] = ab.q, ab.k
     inputs += [ab.cos, ab.sin]
-    attrs.update({"local_window_size": -1, "softcap": 0.0, "do_rotary": 1, "rotary_interleaved": 0})
+    attrs.setdefault("local_window_size", -1)  # a window or soft cap the site has (passes.fuse.window) stays
+    attrs.setdefault("softcap", 0.0)
+    attrs.update({"do_rotary": 1, "rotary_interleaved": 0})
     log["rotary"] += 1
     if ab.q_norm is not None:
         inputs += [None, None, None, None, None, ab.q_norm, ab.k_norm]

@@ -22,6 +22,8 @@ class MultiHeadAttentionRule(AttentionOp):
         if site.kv_heads != site.num_heads:
             return (f"{site.kv_heads} KV heads for {site.num_heads} query heads, not causal: MultiHeadAttention "
                     "takes one K/V head per query head")
+        if site.softcap:
+            return f"soft-capped scores (softcap {site.softcap:g}): MultiHeadAttention has no softcap"
         if ctx.netlist.kind == "decoder":
             return "attention without a KV cache in a decoder: not fused"
         return site

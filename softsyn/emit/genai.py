@@ -135,7 +135,9 @@ def genai_config(netlist, io, session: dict, source: str, *, tokens: SourceToken
     context = context_length(cfg, io)
     asked = (session.get("kv_cache") or {}).get("max_length")
     max_length = io.buffer_length if io.shares_buffer and io.buffer_length else min(asked or context, context)
-    model_type = str(cfg.get("model_type") or "").replace("_", "")
+    model_type = str(cfg.get("model_type") or "")
+    if model_type not in GENAI_LLM_TYPES:  # genai spells some without the underscore (ernie4_5 and gemma3_text keep it)
+        model_type = model_type.replace("_", "")
     if model_type not in GENAI_LLM_TYPES:
         notes.append(f"{CONFIG_FILE}: model type {cfg.get('model_type')!r} is not one onnxruntime-genai names; "
                      "written as its generic \"decoder\"")

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
 
-FRONTEND_VERSION = "4"  # bump when what an export records changes (kinds, roles, derived dims): old entries are stale
+FRONTEND_VERSION = "5"  # bump when what an export records changes (kinds, roles, derived dims): old entries are stale
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 # Provenance keys that describe a run on one machine, not the design: where the cache entry is and

@@ -129,13 +129,31 @@ def _finish(model: ir.Model, graph_name: str) -> ir.Model:
     return model
 
 
+def full_length_cache(config):
+    """A DynamicCache whose sliding-window layers keep every token, like its full-attention layers.
+
+    transformers' sliding layers keep only the last window - 1 tokens and size the mask by how many tokens they
+    have seen; traced at the example's few tokens, that branch is frozen, and the export indexes its mask out of
+    range once past exceeds the window. With every layer full-length the window lives in the mask alone
+    (kv_idx > q_idx - window, over past + seq keys), which stays right at any past, and every layer's KV has one
+    layout (what onnxruntime-genai needs of a shared buffer, and what GroupQueryAttention's local_window_size
+    reads).
+    """
+    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False):
+            cache.layers[i] = DynamicLayer()
+    return cache
+
+
 def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4, optimize: bool | None = None) -> ir.Model:
     """Export a causal LM with KV cache. Example sizes must be > 1 so no dim is specialised."""
     # deferred: torch is seconds to import; only an export needs it
     import torch
-    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
-    from transformers.cache_utils import DynamicCache
-
+    Dim = torch.export.Dim
     cfg = model.config
     layers, kv, head_dim = _kv_geometry(cfg)
     param = next(model.parameters())
@@ -153,7 +171,7 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
             self.m = m
 
         def forward(self, input_ids, attention_mask, position_ids, *past_kv):
-            cache = DynamicCache(config=self.m.config)
+            cache = full_length_cache(self.m.config)
             for i in range(len(past_kv) // 2):
                 cache.update(past_kv[2 * i], past_kv[2 * i + 1], i)
             kw = {cache_kw: cache}

