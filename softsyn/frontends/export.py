@@ -153,7 +153,6 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     """Export a causal LM with KV cache. Example sizes must be > 1 so no dim is specialised."""
     # deferred: torch is seconds to import; only an export needs it
     import torch
-    Dim = torch.export.Dim
     cfg = model.config
     layers, kv, head_dim = _kv_geometry(cfg)
     param = next(model.parameters())
