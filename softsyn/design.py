@@ -98,7 +98,7 @@ class Design:
         else:  # none named: the shipped CPU library whose device is this machine's, else the closest, said
             match = pick_cpu_library(host_cpu(describe_device("cpu")), default=default_library())
             library, mismatch = load_library(match.library), match.mismatch
-            if not mismatch:
+            if not mismatch and library.name != default_library():  # the default needs no naming; another does
                 progress_log(f"library {library.name}: characterised on this machine's device ({match.device})",
                              enabled=progress)
         extra = {"materialize": True} if materialize else {}
