@@ -142,6 +142,32 @@ def test_a_model_onnx_checker_refuses_exits_2_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checker_failure_of_softsyns_own_output_exits_3(tmp_path, capsys, monkeypatch):
+    """A valid source whose compiled model the checker refuses is softsyn's defect (exit 3), never bad input: a
+    pass that leaves the graph out of topological order (as fuse's skip norms once did on Qwen3-VL's vision)."""
+    import passes
+
+    original = passes.get("kv_layout")
+
+    def disorder(design, **options):
+        result = original.run(design, **options)
+        graph = design.netlist.model.graph
+        last = graph.node(len(graph) - 1)
+        graph.remove(last)
+        graph.insert_before(graph.node(0), last)  # the Sigmoid now reads h4 before the Add makes it
+        return result
+
+    monkeypatch.setitem(passes.PASSES, "kv_layout", passes.Pass("kv_layout", original.help, disorder))
+    model = mlp(tmp_path / "m.onnx", names=("a", "b", "c", "d", "e"))
+    code, _, err = cli(capsys, "compile", model, "-q", "-o", tmp_path / "out")
+    lines = err.strip().splitlines()
+    assert code == 3 and len(lines) == 1, err
+    assert lines[0].startswith("softsyn: internal error: SoftsynDefect: design m: softsyn wrote model.onnx, which "
+                               "fails onnx.checker (a softsyn defect, not your input): "), err
+    assert "topologically sorted" in lines[0] and "node: name: e" in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_shape_inference_leaves_the_working_directory_alone(tmp_path, capsys, monkeypatch):
     """A GroupQueryAttention without a past cache: ORT's symbolic shape inference cannot finish, and used to
     save sym_shape_infer_temp.onnx into the cwd."""

@@ -235,6 +235,13 @@ def insert_before(graph: ir.Graph, anchor: ir.Node, nodes: list[ir.Node]) -> Non
     graph.insert_before(anchor, nodes)
 
 
+def first_in_order(graph: ir.Graph, nodes: list[ir.Node]) -> ir.Node:
+    """The node of `nodes` that comes first in the graph: where a node replacing several must go, so that every
+    consumer of any value it takes over still comes after it."""
+    wanted = {id(n) for n in nodes}
+    return next(n for n in graph if id(n) in wanted)
+
+
 def site(netlist, node: ir.Node) -> str:
     h = netlist.hierarchy(node) if netlist is not None else node.metadata_props.get(HIERARCHY_KEY, "")
     label = node.name or f"{node.op_type} -> {node.outputs[0].name if node.outputs else '?'}"
