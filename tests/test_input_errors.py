@@ -130,6 +130,47 @@ def test_bad_transformers_configs_exit_2_in_one_short_line(tmp_path, capsys, con
         assert code == 2 and all(w in line for w in words) and len(line) < 400, err
 
 
+def tiny_hf_folder(folder, shards: bool = False):
+    """save_pretrained of a seeded 1-layer llama (TINY_LLAMA) into `folder`; `shards`: two safetensors + index."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, "vocab_size": 64}))
+    model.save_pretrained(str(folder), max_shard_size="100KB" if shards else "5GB")
+    return folder
+
+
+@pytest.mark.parametrize("case", ["truncated", "truncated-real-size", "missing-shard", "shard-without-index"])
+def test_weight_files_that_cannot_be_read_exit_2_naming_the_file(tmp_path, capsys, monkeypatch, case):
+    """A folder whose weights do not load (a safetensors file cut short by a full disk) was compiled "with seeded
+    random weights" as if it had none; now compile stops in one line naming the file, before any export."""
+    from softsyn.frontends import hf
+
+    folder = tiny_hf_folder(tmp_path / "m", shards=case in ("missing-shard", "shard-without-index"))
+    shards = sorted(folder.glob("model-*.safetensors"))
+    if case.startswith("truncated"):
+        bad = folder / "model.safetensors"
+        os.truncate(bad, bad.stat().st_size // 2)
+        words = ["holds", "safetensors header describes: cut short"]
+    elif case == "missing-shard":
+        bad = folder / "model.safetensors.index.json"
+        shards[-1].unlink()
+        words = [f"names shard {shards[-1].name}, which is not in the folder"]
+    else:
+        (folder / "model.safetensors.index.json").unlink()
+        bad = shards[0]
+        words = ["a weight file transformers does not load on its own", "is the shards' index file missing?"]
+    if case == "truncated-real-size":
+        monkeypatch.setattr(hf, "MATERIALISE_LIMIT", 0)  # the issue's model: real-size, so compile materialises
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = cli(capsys, "compile", folder, "-o", tmp_path / "out", "--cache-dir", tmp_path / "cache")
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"softsyn: error: {bad}: ") and all(w in line for w in words), err
+    assert "seeded random weights" not in err.replace("seeded random weights are only for", "")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
 def test_a_model_onnx_checker_refuses_exits_2_in_one_line(tmp_path, capsys):
     """A Relu with two inputs: analyze times it, compile's onnx.checker refuses it."""
     model = mlp(tmp_path / "m.onnx", names=("a", "b", "c", "d", "e"))
