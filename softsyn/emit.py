@@ -36,6 +36,7 @@ from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, SessionSetting
 from passes.precision.mapping import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 from softsyn.timing.cost import FP8_MATMUL
+from softsyn.timing.realised import realised_precision
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -304,7 +305,8 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
                      "max_length": getattr(kv_layout, "max_length", None) or cons.kv_cache.max_length,
                      "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
         "precision": compiled_precision(netlist),
-        "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
+        "precision_request": design.pass_reports.get("precision"),  # requested vs realised (read from the model)
+        "realised_precision": realised_precision(netlist).to_dict(),  # per weight precision and KV port, as held
         "precision_map": _precision_map(design.pass_reports.get("optimize")),
         "kv_moves": [dataclasses.asdict(m) for m in getattr(design.pass_reports.get("optimize"), "kv", ())],
         "reference": reference,

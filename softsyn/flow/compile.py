@@ -14,6 +14,7 @@ import passes
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from passes import Effort
+from passes.precision import record_realised
 from softsyn.timing import Analysis
 
 
@@ -92,6 +93,9 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
             log.add_estimates(result.report, before, len(design.netlist.nodes()))
             error_over = result.report.estimate_error - result.report.budget
             log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
+        held = record_realised(design, step.pass_name)  # labels read from the model after every pass
+        if held and held not in log.notes:
+            log.notes.append(held)
         analysis = design.analyze(tp_plan=step is level.steps[-1])  # the plan once, for what emit writes
         log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
     path = emit(design, analysis, out_dir, log, reference, plan=plan)
