@@ -113,3 +113,37 @@ def test_int4_lm_head_is_labelled_int4_with_its_logical_parameters(cache_dir):
     assert re.search(rf"weights int4 +[\d.]+ GB +{k * n / 1e3:.2f} K ", line), line  # 131.07 K parameters
     chart = {row["name"]: row for row in area_table(analysis.area).to_dict()["rows"]}
     assert chart["weights int4"]["count"] == k * n and "weights int8" not in chart
+
+
+def test_dont_touch_cells_of_an_fp16_source_keep_fp16_on_an_fp32_target(tmp_path):
+    """A pinned lm_head of an fp16 source stays fp16 (Casts on its edges) while the rest goes up to fp32; the model
+    loads and computes the unpinned function in fp32, the pinned MatMul in fp16."""
+    from passes.precision.fp16 import to_fp32
+    from softsyn.netlist import HIERARCHY_KEY
+
+    rng = np.random.default_rng(0)
+    w16 = rng.standard_normal((16, 8)).astype(np.float16)
+    w = ir.Value(name="w", shape=ir.Shape([16, 8]), type=ir.TensorType(ir.DataType.FLOAT16),
+                 const_value=ir.tensor(w16, name="w"))
+    ids = ir.Value(name="ids", shape=ir.Shape([1, 4]), type=ir.TensorType(ir.DataType.INT64))
+    gather = ir.node("Gather", [w, ids], name="emb")
+    trans = ir.node("Transpose", [w], attributes={"perm": [1, 0]}, name="t")
+    mm = ir.node("MatMul", [gather.outputs[0], trans.outputs[0]], name="mm")
+    for n, h, shape in ((gather, "model.embed_tokens", [1, 4, 8]), (trans, "lm_head", [8, 16]),
+                        (mm, "lm_head", [1, 4, 16])):
+        n.metadata_props[HIERARCHY_KEY] = h
+        n.outputs[0].name, n.outputs[0].shape = f"{n.name}_out", ir.Shape(shape)
+        n.outputs[0].type = ir.TensorType(ir.DataType.FLOAT16)
+    graph = ir.Graph([ids], [mm.outputs[0]], nodes=[gather, trans, mm], initializers=[w], opset_imports={"": 17})
+    model = ir.Model(graph, ir_version=10)
+    result = to_fp32(model, ["lm_head"])
+    assert result.pinned_cells == 2 and result.weights == 1 and result.ports == 1
+    assert w.dtype == ir.DataType.FLOAT and gather.outputs[0].dtype == ir.DataType.FLOAT
+    assert trans.inputs[0].dtype == mm.inputs[0].dtype == mm.outputs[0].dtype == ir.DataType.FLOAT16  # pinned
+    assert graph.outputs[0].dtype == ir.DataType.FLOAT and graph.outputs[0].name == "mm_out"
+    path = tmp_path / "m.onnx"
+    ir.save(model, str(path))
+    token = np.array([[1, 2, 3, 4]])
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": token})[0]
+    want = (w16[token[0]].astype(np.float32) @ w16.T.astype(np.float32))[None]
+    assert out.dtype == np.float32 and np.abs(out - want).max() / np.abs(want).max() < 2e-3  # fp16 MatMul rounding
