@@ -88,8 +88,9 @@ def test_labels_are_read_from_the_model_not_the_request(cache_dir):
     design.pass_reports["precision"] = {"requested": "fp32", "target": "fp32", "realised": "fp32", "kv": "fp32"}
     note = record_realised(design, "some_pass")
     assert design.pass_reports["precision"]["realised"] == "fp16" and design.pass_reports["precision"]["kv"] == "fp16"
-    assert note.startswith("precision: after some_pass the model's float weights are mostly fp16 (") and \
-        note.endswith("not the uniform fp32; session.json says fp16")
+    assert note.startswith("precision: the model's float weights are mostly fp16 (") and \
+        note.endswith("not the uniform fp32 (read after some_pass, dont_touch cells keep the source's); "
+                      "session.json says fp16")
 
 
 def test_int4_lm_head_is_labelled_int4_with_its_logical_parameters(cache_dir):

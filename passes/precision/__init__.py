@@ -66,7 +66,8 @@ def run(design) -> PassResult:
 def record_realised(design, after: str) -> str | None:
     """Re-read what the model holds after pass `after` into the uniform precision report: its `realised` and `kv`
     are the model's (softsyn.timing.realised), whatever a pass asked for. Returns a line for the compile log where
-    the model's float weights are not in the uniform target's precision (a dont_touch pin holding most of them)."""
+    the model's float weights are not in the uniform target's precision (a dont_touch pin holding most of them);
+    the line names no pass first, so the log keeps one per state, not one per pass."""
     report = design.pass_reports.get("precision")
     if report is None or "target" not in report:
         return None
@@ -74,6 +75,7 @@ def record_realised(design, after: str) -> str | None:
     report["realised"], report["kv"] = held.float_precision or report["target"], held.kv_precision
     if report["realised"] == report["target"]:
         return None
-    return (f"precision: after {after} the model's float weights are mostly {report['realised']} "
+    return (f"precision: the model's float weights are mostly {report['realised']} "
             f"({held.weights.get(report['realised'], 0)} of {sum(held.weights.values())} parameters), not the uniform "
-            f"{report['target']}; session.json says {report['realised']}")
+            f"{report['target']} (read after {after}, dont_touch cells keep the source's); session.json says "
+            f"{report['realised']}")

@@ -94,7 +94,7 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
             error_over = result.report.estimate_error - result.report.budget
             log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
         held = record_realised(design, step.pass_name)  # labels read from the model after every pass
-        if held and held not in log.notes:
+        if held and held.split(" (read after")[0] not in [n.split(" (read after")[0] for n in log.notes]:
             log.notes.append(held)
         analysis = design.analyze(tp_plan=step is level.steps[-1])  # the plan once, for what emit writes
         log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
