@@ -7,6 +7,7 @@ from reports.columns import (AREA_HIERARCHY_COLUMNS, AREA_KIND_COLUMNS, AREA_KV_
                                      AREA_WEIGHT_COLUMNS)
 from reports.common import (Table, banner_lines, byte_unit_for, fbytes, fcount, fpercent, indexed_scope,
                                     render, table_header, table_row, table_rule)
+from reports.advice import Facts, analysis_facts
 from reports.suggest import area_suggestions
 from reports.tp import tp_lines
 
@@ -119,7 +120,7 @@ def kv_budget_lines(budget: KVBudget, unit: str) -> list[str]:
     return lines
 
 
-def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
+def report_area(analysis: Analysis, hierarchy_depth: int = 3, facts: Facts | None = None) -> str:
     area = analysis.area
     unit = byte_unit_for(area.total, area.limit)
     whole = area.total or 1.0
@@ -163,4 +164,4 @@ def report_area(analysis: Analysis, hierarchy_depth: int = 3) -> str:
                   parameters=fcount(area.parameters), kv_detail=area.kv_detail,
                   activation_scenario=area.activation_scenario, constraint=constraint,
                   kv_budget=kv_budget_lines(area.kv_budget, unit) if area.kv_budget else [],
-                  tp_lines=tp_lines(analysis.tp, unit), suggestions=area_suggestions(area))
+                  tp_lines=tp_lines(analysis.tp, unit), suggestions=area_suggestions(area, facts or analysis_facts(analysis)))

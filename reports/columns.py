@@ -196,3 +196,52 @@ RETIME_COLUMNS: tuple[Column, ...] = (
     _time("slack_map", "Meas slack (ms)", 15),
     Column("verdict", "Map", 8, gap=1),
 )
+
+
+# ------------------------------------------------------------------------------------------ the HTML page's views
+
+# time per op type on a group's critical path (reports.views.op_time); flops / bytes: the cells' work
+OP_TIME_COLUMNS: tuple[Column, ...] = (
+    Column("op", "Op type", 28),
+    Column("cells", "Cells", 6, "right", "count", gap=1),
+    _time("time", "Time", 10),
+    Column("share", "Share", 7, "right", "percent", gap=1),
+    Column("flops", "FLOP", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
+    Column("bytes", "Bytes", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
+)
+
+# the roofline (reports.views.roofline): a cell's achieved rates from its delay against the library's ceilings
+ROOFLINE_COLUMNS: tuple[Column, ...] = (
+    Column("name", "Cell", 40, clip=True),
+    Column("op", "Op type", 20, gap=1),
+    _time("time", "Delay", 10),
+    Column("source", "Source", 12, gap=1),
+    Column("intensity", "FLOP/byte", 10, "right", "number", fmt="{:.3g}", gap=1),
+    Column("flops_rate", "FLOP/s", 10, "right", "number", fmt="{:.3g}", gap=1),
+    Column("bytes_rate", "Bytes/s", 10, "right", "number", fmt="{:.3g}", gap=1),
+    Column("roof", "Of roof", 8, "right", "percent", gap=1),
+    Column("measured", "Profiled", 10, "right", "time", missing="-", gap=1),
+    Column("measured_rate", "Profiled FLOP/s", 10, "right", "number", fmt="{:.3g}", missing="-", gap=1),
+)
+CEILING_COLUMNS: tuple[Column, ...] = (
+    Column("ceiling", "Ceiling", 28),
+    Column("value", "Value", 12, "right", "number", fmt="{:.3g}", gap=1),
+    Column("unit", "Unit", 8, gap=1),
+)
+
+# a signed-off group's kernels in the path's order (reports.views.timeline)
+TIMELINE_COLUMNS: tuple[Column, ...] = (
+    Column("instance", "Cell", 40, clip=True),
+    Column("op", "Op type", 20, gap=1),
+    _time("start", "Start", 10),
+    _time("predicted", "Predicted", 10),
+    _time("measured", "Measured", 10),
+)
+
+# endpoint slacks per group, binned (reports.views.slack_histogram)
+SLACK_BIN_COLUMNS: tuple[Column, ...] = (
+    _time("low", "From", 10),
+    _time("high", "To", 10),
+    Column("paths", "Paths", 6, "right", "count", gap=1),
+)
+

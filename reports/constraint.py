@@ -7,6 +7,7 @@ from softsyn.timing import Analysis
 from reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
 from reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
                                     table_row, table_rule)
+from reports.advice import Facts, analysis_facts
 from reports.suggest import area_suggestions, timing_suggestions
 
 
@@ -25,8 +26,9 @@ def _header(columns: Sequence[Column], unit: str) -> list[str]:
 
 
 def report_constraint(analysis: Analysis, all_violators: bool = True, significant_digits: int = 3,
-                      time_unit: str = "ms", extra: list[list[str]] = ()) -> str:
-    """`extra`: suggestions computed elsewhere from the same figures (the compile loop's precision moves), first."""
+                      time_unit: str = "ms", extra: list[list[str]] = (), facts: Facts | None = None) -> str:
+    """`extra`: suggestions computed elsewhere from the same figures, first; `facts`: what the suggestions agree
+    with (reports.advice; from the analysis alone when not given)."""
     unit, digits = time_unit, significant_digits
     t = lambda s: ftime(s, unit, digits)  # noqa: E731
     sections = []
@@ -57,6 +59,8 @@ def report_constraint(analysis: Analysis, all_violators: bool = True, significan
     if not all_violators:
         sections.append({"title": "accuracy", "header": [], "rule": "", "rows": ["not checked"]})
     options = ["-all_violators"] if all_violators else []
-    suggestions = list(extra) + timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
+    facts = facts or analysis_facts(analysis)
+    suggestions = (list(extra) + timing_suggestions(analysis.groups, unit, digits, facts=facts)
+                   + area_suggestions(area, facts))
     return render("constraint.j2", banner=banner_lines("constraint", analysis, options), sections=sections,
                   all_violators=all_violators, suggestions=suggestions)

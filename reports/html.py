@@ -11,24 +11,28 @@ predicted vs measured after a sign-off, one VRAM bar per device when the area ho
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
 from softsyn.flow.signoff import SignoffResult
+from reports.advice import analysis_facts
 from reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
 from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
                                     write_atomic)
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
 from reports.suggest import area_suggestions, timing_suggestions
-from reports.svg import OP_KIND_NAMES, Segment, line_plot, op_kind, scatter, stacked_bar
+from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
+from reports.views import before_after, op_time, roofline, slack_histogram, timeline
 from reports.waterfall import group_sections, path_status
 from softsyn.timing import Analysis
 
 HTML_FILE = "reports/report.html"
 FILES = {"analysis": "analysis.json", "fusion": "reports/fusion.json", "compile_log": "compile_log.json",
-         "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json"}
+         "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json",
+         "suggestions": "reports/suggestions.json"}
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
@@ -42,6 +46,7 @@ class Page:
     cells: tuple[dict, ...] | None = None  # netlist.json's cells
     session: dict | None = None  # runtime/session.json
     signoff: SignoffResult | None = None
+    suggestions: tuple | None = None  # reports/suggestions.json's items: the advice the text reports print
 
 
 def _read(dirs: tuple[Path, ...], key: str) -> dict | None:
@@ -70,9 +75,11 @@ def load_page(*dirs: str | Path) -> Page:
         raise SoftsynError(f"{saved}: not a readable softsyn analysis ({exc}); re-run softsyn analyze") from None
     netlist = _read(paths, "netlist")
     signoff = _read(paths, "signoff")
+    advice = _read(paths, "suggestions")
     return Page(analysis, fusion=_read(paths, "fusion"), compile_log=_read(paths, "compile_log"),
                 cells=tuple(netlist["cells"]) if netlist else None, session=_read(paths, "session"),
-                signoff=SignoffResult.from_dict(signoff) if signoff else None)
+                signoff=SignoffResult.from_dict(signoff) if signoff else None,
+                suggestions=tuple(advice["items"]) if advice else None)
 
 
 # ------------------------------------------------------------------------------------------ header
@@ -256,8 +263,16 @@ def signoff(page: Page) -> dict | None:
                                       f"{g.name}: predicted vs measured per cell (ms)", fmt=fmt),
                       "table": table_html(cell_table(g, top=len(g.cells)), f"{g.name}: every cell, largest error "
                                           "first", css="cell-table")})
+    slacks = []  # each group's predicted and measured slack on its own axis: they can differ by orders of magnitude
+    for g in result.groups:
+        pair = [(label, v) for label, v in (("predicted", g.predicted_slack), ("measured", g.measured_slack))
+                if v is not None and math.isfinite(v)]
+        if pair:
+            slacks.append({"name": g.name, "chart": hbars([(label, abs(v), "slack-neg" if v < 0 else "slack-pos", t(v))
+                                                           for label, v in pair], f"{g.name}: predicted and measured slack")})
     return {"provider": result.provider, "device": result.device, "runs": result.runs, "date": result.date,
-            "groups": table_html(group_table(result), "sign-off per path group"), "plot": per_group,
+            "slacks": slacks,
+            "groups": table_html(group_table(result), "sign-off per path group", css="stack"), "plot": per_group,
             "cells": cells, "error_means": result.error_means}
 
 
@@ -276,18 +291,24 @@ def fusion(page: Page) -> dict | None:
 
 
 def suggestions(page: Page) -> list[list[str]]:
+    """The advice the text reports print (reports/suggestions.json), else the analysis's own."""
+    if page.suggestions is not None:
+        return list(page.suggestions)
     a = page.analysis
-    return timing_suggestions(a.groups, UNIT) + area_suggestions(a.area)
+    return timing_suggestions(a.groups, UNIT, facts=analysis_facts(a)) + area_suggestions(a.area)
 
 
 # ------------------------------------------------------------------------------------------ page
 
 def render_html(page: Page) -> str:
     """The whole page: every section whose data `page` holds."""
-    return render("report_html.j2", head=header(page), groups=group_sections(page.analysis), precision=precision_map(page),
+    a = page.analysis
+    views = {"op_time": op_time(a), "roofline": roofline(a, page.signoff), "slack": slack_histogram(a),
+             "timeline": timeline(a, page.signoff) if page.signoff else None, "compare": before_after(page.compile_log)}
+    return render("report_html.j2", head=header(page), groups=group_sections(a), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),
                   suggestions=suggestions(page), op_kinds=OP_KIND_NAMES, precisions=PRECISIONS,
-                  precision_class=precision_class, t=t, table_html=table_html)
+                  precision_class=precision_class, t=t, table_html=table_html, views=views)
 
 
 def write_html(*dirs: str | Path) -> Path:

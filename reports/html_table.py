@@ -25,8 +25,8 @@ def cell_html(col: Column, value, byte_unit: str = "GB", tag: str = "td") -> Mar
         text = format_cell(col, value, UNIT, 3, byte_unit)
     numeric = col.align == "right"
     si = _si(value)
-    return Markup('<{t} class="{c}" data-key="{k}"{a}>{x}</{t}>').format(
-        t=tag, c="num" if numeric else "txt", k=col.key, x=text,
+    return Markup('<{t} class="{c}" data-key="{k}" data-title="{h}"{a}>{x}</{t}>').format(
+        t=tag, c="num" if numeric else "txt", k=col.key, h=col.header(UNIT).replace("\n", " "), x=text,
         a=Markup(' data-si="{}"').format(si) if si and not (isinstance(value, float) and math.isinf(value)) else "")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from softsyn.timing import Analysis, AreaResult
 from reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, is_unconstrained,
                                     render)
+from reports.advice import Facts, analysis_facts
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.tp import tp_lines
 
@@ -68,7 +69,7 @@ def group_block(g, unit: str, digits: int) -> list[str]:
     ] + ([f"{'Launch:':<{LABEL_WIDTH}}{g.launch}"] if g.launch else [])
 
 
-def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str = "ms") -> str:
+def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str = "ms", facts: Facts | None = None) -> str:
     unit, digits = time_unit, significant_digits
     groups = [{"name": g.name, "lines": group_block(g, unit, digits)} for g in analysis.groups]
 
@@ -108,7 +109,9 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
                    f"{ftime(g.critical.slack, unit, digits)} {unit} {how} weight {g.weight:g}; the optimiser serves "
                    "it first)"
                    f"\n  {closing}")
-    suggestions = timing_suggestions(analysis.groups, unit, digits) + area_suggestions(area)
+    facts = facts or analysis_facts(analysis)
+    suggestions = (timing_suggestions(analysis.groups, unit, digits, facts=facts)
+                   + area_suggestions(area, facts))
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,
                   closing=closing, notes=analysis.notes, tp_lines=tp_lines(analysis.tp, bunit),

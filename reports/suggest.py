@@ -5,46 +5,17 @@ delay, how many of its cells are roofline estimates, and what fills VRAM.
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
 from passes.precision.search import map_error
+from reports.advice import Facts, op_advice, weight_advice
+from softsyn.errors import SoftsynError
 from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained
 
-_ADVICE: list[tuple[set[str], str]] = [
-    ({"MatMulNBits", "QMoE"},
-     "already low-bit: consider fusing it with its neighbours, measured (table) block sizes, or tensor parallelism"),
-    ({"MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Einsum"},
-     "consider precision int8/int4 weights (MatMulNBits) and fusing projections (QKV, gate/up)"),
-    ({"Conv", "ConvTranspose", "FusedConv", "QLinearConv"},
-     "consider precision fp16/int8 and conv+activation fusion"),
-    ({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PagedAttention", "Softmax"},
-     "consider fused attention (GroupQueryAttention / flash kernels) and a lower-precision KV cache"),
-    ({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-      "SkipSimplifiedLayerNormalization", "RMSNormalization", "RMSNorm", "GroupNormalization"},
-     "consider fusing the norm with its residual Add (SkipSimplifiedLayerNormalization)"),
-    ({"Gather", "GatherElements", "GatherND"},
-     "consider a lower-precision embedding table or fusing the lookup"),
-    ({"Run"},
-     "session run overhead: consider CUDA graphs / IO binding, or batching more tokens per run"),
-]
-_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Cast", "Transpose",
-                "Reshape", "Concat", "Slice", "Split", "Expand", "Unsqueeze", "Squeeze", "Where",
-                "Sigmoid", "Tanh", "Relu", "Gelu", "FastGelu", "Erf", "Exp", "ReduceMean", "Shape",
-                "Range", "Equal", "Less", "Greater", "And", "Or", "Not", "Cos", "Sin", "Trilu",
-                "ScatterND", "Identity", "Max", "Min", "Softplus", "SiLU", "QuickGelu", "RotaryEmbedding"}
-
-
-def advice_for(op_type: str) -> str:
-    for ops, text in _ADVICE:
-        if op_type in ops:
-            return text
-    if op_type in _ELEMENTWISE:
-        return "consider fusion: many small elementwise kernels each pay launch overhead"
-    return "consider fusion or a faster library cell"
-
-
-def op_shares(path) -> list[tuple[str, float, int]]:
-    """(op type, share of the path's cell delay, cells) sorted by share, largest first."""
+def op_shares(path) -> list[tuple[str, float, int, float]]:
+    """(op type, share of the path's cell delay, cells, delay) sorted by share, largest first."""
     delay: dict[str, float] = defaultdict(float)
     cells: dict[str, int] = defaultdict(int)
     for p in path.points:
@@ -53,11 +24,15 @@ def op_shares(path) -> list[tuple[str, float, int]]:
     total = sum(delay.values())
     if total <= 0:
         return []
-    return sorted(((op, d / total, cells[op]) for op, d in delay.items()), key=lambda t: (-t[1], t[0]))
+    return sorted(((op, d / total, cells[op], d) for op, d in delay.items()), key=lambda t: (-t[1], t[0]))
 
 
-def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int = 3) -> list[list[str]]:
-    """One item (a list of lines, first is the headline) per violating group's critical path."""
+def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int = 3,
+                       facts: Facts | None = None) -> list[list[str]]:
+    """One item (a list of lines, first is the headline) per violating group's critical path; the advice agrees
+    with `facts` (reports.advice: what the design is, what the constraints allow, what the loop found slower)."""
+    facts = facts or Facts()
+    ms = lambda v: ftime(v, time_unit, digits, suffix=True)  # noqa: E731
     items: list[list[str]] = []
     for g in groups:
         if not g.paths:
@@ -66,32 +41,61 @@ def timing_suggestions(groups, time_unit: str = "ms", digits: int = 3, top: int 
         if is_unconstrained(path.slack) or path.slack >= 0:
             continue
         miss = -path.slack
-        lines = [f"{g.name} misses by {ftime(miss, time_unit, digits, suffix=True)} "
-                 f"(arrival {ftime(path.arrival, time_unit, digits, suffix=True)}, "
-                 f"required {ftime(path.required, time_unit, digits, suffix=True)})."]
+        lines = [f"{g.name} misses by {ms(miss)} (arrival {ms(path.arrival)}, required {ms(path.required)})."]
         cell_delay = sum(p.incr for p in path.points)
         budget = path.required - path.input_delay
         if budget <= 0:
-            lines.append(f"The I/O delays and uncertainty alone use the whole {ftime(path.clock_period, time_unit, digits, suffix=True)} "
+            lines.append(f"The I/O delays and uncertainty alone use the whole {ms(path.clock_period)} "
                          f"period: no cell optimisation can meet it; relax input/output delay or the period.")
         elif cell_delay > 0:
-            lines.append(f"The path's cells take {ftime(cell_delay, time_unit, digits, suffix=True)}: cut "
-                         f"{fpercent(miss / cell_delay)} of that (to {ftime(cell_delay - miss, time_unit, digits, suffix=True)}).")
+            lines.append(f"The path's cells take {ms(cell_delay)}: cut {fpercent(miss / cell_delay)} of that "
+                         f"(to {ms(cell_delay - miss)}).")
         shares = op_shares(path)[:top]
         if shares:
             lines.append("Top cells by share of the path's delay: "
-                         + ", ".join(f"{op} {fpercent(s)} ({n} cell{'s' if n != 1 else ''})" for op, s, n in shares) + ".")
-            for op, s, _ in shares:
-                lines.append(f"- {op} ({fpercent(s)}): {advice_for(op)}.")
+                         + ", ".join(f"{op} {fpercent(s)} ({n} cell{'s' if n != 1 else ''})" for op, s, n, _ in shares)
+                         + ".")
+            said: set[str] = set()  # a fusion both MatMul and MatMulNBits rows touch is said once
+            decode = g.scenario.dims.get("past", 0) > 0
+            for op, s, _, d in shares:
+                advice = [a for a in op_advice(op, facts, g.name, decode) if a not in said] or ["as above"]
+                said.update(advice)
+                lines.append(f"- {op} ({fpercent(s)}, {ms(d)}): " + "; ".join(advice) + ".")
         est = sum(1 for p in path.points if p.source == "est")
         if est:
             lines.append(f"- {est} of {len(path.points)} cells on the path are roofline estimates (est): "
                          f"characterise the library for measured delays before optimising.")
+        where = f" ({facts.device})" if facts.device else " (the machine its library describes)"
+        lines.append(f"- or raise the clock to {ms(path.clock_period + miss)}: the design as compiled meets it"
+                     + (f" on {facts.library}{where}; another machine needs its own library" if facts.library else "")
+                     + ".")
         items.append(lines)
     return items
 
 
-def area_suggestions(area) -> list[list[str]]:
+SUGGESTIONS_FILE = "suggestions.json"  # under DIR/reports
+
+
+def suggestions_json(analysis, facts: Facts, extra: list[list[str]] = ()) -> str:
+    """The advice every report prints (timing + area), with the facts it agrees with: what the HTML page renders."""
+    items = (list(extra) + timing_suggestions(analysis.groups, "ms", 3, facts=facts)
+             + area_suggestions(analysis.area, facts))
+    return json.dumps({"schema": "softsyn.suggestions/1", "facts": facts.to_dict(), "items": items}, indent=1) + "\n"
+
+
+def saved_facts(directory) -> Facts | None:
+    """The facts a compile or analyze saved beside its reports (DIR/reports/suggestions.json); None without them."""
+    path = Path(directory) / "reports" / SUGGESTIONS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Facts.from_dict(json.loads(path.read_text())["facts"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SoftsynError(f"{path}: not readable softsyn suggestions ({exc}); re-run the command that wrote "
+                           "the directory") from None
+
+
+def area_suggestions(area, facts: Facts | None = None) -> list[list[str]]:
     """Why VRAM does not fit and what would, from the area result's figures: with a KV budget, the
     shorter context, lower-precision KV, fewer sequences or lower-precision weights that fit."""
     if area.limit is None or area.slack is None or area.slack >= 0:
@@ -104,17 +108,17 @@ def area_suggestions(area) -> list[list[str]]:
              "Largest: " + ", ".join(f"{k.name} {fpercent(k.bytes / total)}" for k in kinds) + "."]
     budget = area.kv_budget
     if budget is None or budget.limit is None:
-        return [lines + generic_area_advice(kinds)]
+        return [lines + generic_area_advice(kinds, facts or Facts())]
     return [lines + kv_budget_advice(budget, unit)]
 
 
-def generic_area_advice(kinds) -> list[str]:
-    """Advice by kind, for a design without a KV budget (no KV cache)."""
+def generic_area_advice(kinds, facts: Facts) -> list[str]:
+    """Advice by kind, for a design without a KV budget (no KV cache); weights as `facts` allow."""
     lines = []
     for k in kinds:
         name = k.name.lower()
         if name.startswith("weights"):
-            lines.append(f"- {k.name}: consider precision int8/int4 weights (MatMulNBits) or tensor parallelism.")
+            lines.append(f"- {k.name}: {weight_advice(facts)}")
         elif name.startswith("kv"):
             lines.append(f"- {k.name}: consider an fp8/int8 KV cache, a shorter context_len or lower concurrency.")
         elif name.startswith("activation"):
@@ -172,16 +176,17 @@ def kv_budget_advice(budget, unit: str) -> list[str]:
     return lines
 
 
-def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
+def precision_moves(report, groups, time_unit: str = "ms") -> dict[str, str]:
     """Per violated group, from the compile loop's own tables (passes.optimize.OptimizeReport): the cells
-    still above their fastest precision, fastest saving first, that would close the miss, what they save and
-    the error they add (both estimates), and the clock that the design as it is would meet."""
+    still above their fastest precision (the tables hold only precisions the constraints allow and the library
+    times faster), fastest saving first, that would close the miss, what they save and the error they add (both
+    estimates); a move past the accuracy budget is said to be one."""
     problem = getattr(report, "problem", None)
     if problem is None:
-        return []
+        return {}
     current = {c.name: c.realised for c in report.cells}
     hierarchy = {c.name: c.hierarchy or c.name for c in report.cells}
-    lines = []
+    out = {}
     for g in groups:
         slack = g.critical.slack
         if is_unconstrained(g.clock_period) or slack >= 0 or g.name not in problem.cost:
@@ -201,24 +206,33 @@ def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
                 break
             taken.append(move)
             saved += move[0]
-        line = f"{g.name} misses by {ftime(miss, time_unit)} {time_unit}"
-        if taken:
-            kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-            for _, cell, precision in taken:
-                kinds[precision][hierarchy[cell].rsplit(".", 1)[-1]] += 1
-            what = "; ".join(f"{p} for {sum(k.values())} cell{'s' if sum(k.values()) != 1 else ''} ("
-                             + ", ".join(f"{n} {kind}" for kind, n in k.items()) + ")" for p, k in kinds.items())
-            now = {c: problem.error[c][current.get(c, problem.options[c][0])] for c in problem.cells}
-            after = map_error({**now, **{cell: problem.error[cell][p] for _, cell, p in taken}}.values())
-            added = after - map_error(now.values())  # the estimate combines, it does not add (search.map_error)
-            over = after - report.budget
-            line += (f": {what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error "
-                     f"(est; the map's now {fpercent(report.estimate_error)}, budget {fpercent(report.budget)}"
-                     + (f": raise accuracy.max_rel_error by {fpercent(over)}" if over > 0 else "") + ")")
-            if saved < miss:
-                line += f", still {ftime(miss - saved, time_unit)} {time_unit} short"
+        if not taken:
+            out[g.name] = "no cell has a faster precision left (precision.allowed x the library)"
+            continue
+        kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for _, cell, precision in taken:
+            kinds[precision][hierarchy[cell].rsplit(".", 1)[-1]] += 1
+        what = "; ".join(f"{p} for {sum(k.values())} more cell{'s' if sum(k.values()) != 1 else ''} ("
+                         + ", ".join(f"{n} {kind}" for kind, n in k.items()) + ")" for p, k in kinds.items())
+        now = {c: problem.error[c][current.get(c, problem.options[c][0])] for c in problem.cells}
+        after = map_error({**now, **{cell: problem.error[cell][p] for _, cell, p in taken}}.values())
+        added = after - map_error(now.values())  # the estimate combines, it does not add (search.map_error)
+        over = after - report.budget
+        line = f"{what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error (est)"
+        if over > 0:
+            line += (f", past accuracy.max_rel_error {fpercent(report.budget)} (the map's now "
+                     f"{fpercent(report.estimate_error)}): a move only with the budget raised by {fpercent(over)}")
         else:
-            line += ": no cell has a faster precision left (precision.allowed x the library)"
-        line += f"; or raise the clock to {ftime(g.clock_period + miss, time_unit)} {time_unit}"
-        lines.append(line)
-    return lines
+            line += f" (the map's now {fpercent(report.estimate_error)}, budget {fpercent(report.budget)})"
+        if saved < miss:
+            line += f", still {ftime(miss - saved, time_unit)} {time_unit} short"
+        out[g.name] = line
+    return out
+
+
+def precision_suggestions(report, groups, time_unit: str = "ms") -> list[str]:
+    """precision_moves as one line per violated group, with the clock the design as it is would meet."""
+    moves = precision_moves(report, groups, time_unit)
+    return [f"{g.name} misses by {ftime(-g.critical.slack, time_unit)} {time_unit}: {moves[g.name]}; or raise the "
+            f"clock to {ftime(g.clock_period - g.critical.slack, time_unit)} {time_unit}"
+            for g in groups if g.name in moves]

@@ -174,4 +174,128 @@ def scatter(points: Sequence[tuple[float, float, str]], title: str, fmt=str, ban
     return Markup("").join(parts)
 
 
-__all__ = ["Segment", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES"]
+
+
+def hbars(rows: Sequence[tuple[str, float, str, str]], title: str, log: bool = False) -> Markup:
+    """Horizontal bars, one per (label, value, css class, value text), on a linear axis from 0, or a log axis
+    (`log`: values that differ by orders of magnitude); a value that is not positive gets no bar on a log axis."""
+    label_w, bar_w, row_h = 150, 270, 18
+    height = PAD_T + row_h * max(len(rows), 1) + 8
+    shown = [v for _, v, _, _ in rows if v > 0]
+    parts = [Markup('<svg class="chart hbars" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(
+        label_w + bar_w + 100, height, title), _title(title)]
+    if shown:
+        top = max(shown)
+        low = min(shown) / 2 if log else 0.0
+        span = (math.log10(top) - math.log10(low)) if log and top > low else 1.0
+        length = (lambda v: bar_w * (math.log10(v) - math.log10(low)) / span) if log else (lambda v: bar_w * v / top)
+        for i, (label, value, css, text) in enumerate(rows):
+            y = PAD_T + i * row_h
+            parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="end">{}</text>').format(
+                label_w - 6, y + 12, label[:24]))
+            if value > 0:
+                parts.append(Markup('<rect x="{}" y="{}" width="{:.1f}" height="{}" class="{}"><title>{}: {}</title>'
+                                    '</rect>').format(label_w, y + 2, max(length(value), 1.0), row_h - 5, css, label, text))
+            parts.append(Markup('<text x="{:.1f}" y="{}" class="axis">{}</text>').format(
+                label_w + (max(length(value), 0.0) if value > 0 else 0) + 4, y + 12, text))
+    parts.append(Markup("</svg>"))
+    return Markup("").join(parts)
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    return [10.0 ** e for e in range(math.ceil(lo), math.floor(hi) + 1)]
+
+
+def roofline_chart(points: Sequence[tuple[float, float, str, str]], bandwidth: float | None,
+                   peaks: dict[str, float], title: str) -> Markup:
+    """Achieved FLOP/s (y) against arithmetic intensity, FLOP/byte (x), both log: the cells as points
+    (x, y, css class, hover text) under the library's ceilings, the memory roof (y = x * bandwidth) and one
+    flat roof per precision's peak."""
+    shown = [(x, y, c, t) for x, y, c, t in points if x > 0 and y > 0]
+    parts = [Markup('<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(W, H, title),
+             _title(title)]
+    if not shown:
+        parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">no cell with FLOPs and bytes to '
+                            'plot</text></svg>').format(W / 2, H / 2))
+        return Markup("").join(parts)
+    xs = [p[0] for p in shown]
+    ys = [p[1] for p in shown] + [v for v in peaks.values() if v]
+    x_lo, x_hi = math.log10(min(xs)) - 0.3, math.log10(max(xs)) + 0.3
+    y_lo, y_hi = math.log10(min(ys)) - 0.3, math.log10(max(ys)) + 0.3
+    pw, ph = W - PAD_L - PAD_R - 80, H - PAD_T - PAD_B
+    x = lambda v: PAD_L + pw * (math.log10(v) - x_lo) / (x_hi - x_lo)  # noqa: E731
+    y = lambda v: PAD_T + ph * (y_hi - math.log10(v)) / (y_hi - y_lo)  # noqa: E731
+    for v in _log_ticks(x_lo, x_hi):
+        parts.append(Markup('<line x1="{x:.1f}" x2="{x:.1f}" y1="{t}" y2="{b}" class="grid"/><text x="{x:.1f}" '
+                            'y="{ty}" class="axis" text-anchor="middle">{v:g}</text>').format(
+            x=x(v), t=PAD_T, b=PAD_T + ph, ty=PAD_T + ph + 14, v=v))
+    for v in _log_ticks(y_lo, y_hi):
+        parts.append(Markup('<line x1="{l}" x2="{r}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/><text x="{lx}" '
+                            'y="{ty:.1f}" class="axis" text-anchor="end">{v:.0e}</text>').format(
+            l=PAD_L, r=PAD_L + pw, y=y(v), lx=PAD_L - 4, ty=y(v) + 4, v=v))
+    parts.append(Markup('<svg x="{}" y="{}" width="{}" height="{}" overflow="hidden"><g transform="translate({},{})">'
+                        ).format(PAD_L, PAD_T, pw, ph, -PAD_L, -PAD_T))
+    a, b = 10 ** x_lo, 10 ** x_hi
+    if bandwidth:
+        parts.append(Markup('<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="roof"><title>memory '
+                            'bandwidth {:.3g} B/s</title></line>').format(x(a), y(a * bandwidth), x(b), y(b * bandwidth),
+                                                                        bandwidth))
+    for name, peak in peaks.items():
+        if peak:
+            parts.append(Markup('<line x1="{l}" x2="{r}" y1="{y:.1f}" y2="{y:.1f}" class="roof peak"><title>peak {n} '
+                                '{p:.3g} FLOP/s</title></line>').format(l=PAD_L, r=PAD_L + pw, y=y(peak), n=name, p=peak))
+    parts.append(Markup("</g></svg>"))
+    labels: list[list] = []  # peaks within 12 px of each other share one label, so no two overlap
+    for name, peak in sorted(peaks.items(), key=lambda kv: -kv[1]):
+        if peak and y_lo <= math.log10(peak) <= y_hi:
+            if labels and abs(y(peak) - labels[-1][0]) < 12:
+                labels[-1][1].append(name)
+            else:
+                labels.append([y(peak), [name]])
+    for at, names in labels:
+        parts.append(Markup('<text x="{}" y="{:.1f}" class="axis">{}</text>').format(PAD_L + pw + 3, at + 4,
+                                                                                      "/".join(names)))
+    for px, py, css, text in shown:
+        parts.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="3.5" class="pt {}"><title>{}</title></circle>').format(
+            x(px), y(py), css, text))
+    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">FLOP/byte</text>'
+                        '<text x="{}" y="{}" class="axis" text-anchor="start">FLOP/s</text>').format(
+        PAD_L + pw / 2, H - 4, PAD_L + 4, PAD_T + 10))
+    parts.append(Markup("</svg>"))
+    return Markup("").join(parts)
+
+
+def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> Markup:
+    """Counts per [low, high) bin as columns, with the zero-slack line where it falls inside."""
+    parts = [Markup('<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(W, H, title),
+             _title(title)]
+    lo, hi = min(b[0] for b in bins), max(b[1] for b in bins)
+    if hi <= lo:
+        lo, hi = lo - 1e-4, hi + 1e-4
+    top = max(max(b[2] for b in bins), 1)
+    pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
+    x = lambda v: PAD_L + pw * (v - lo) / (hi - lo)  # noqa: E731
+    for t in _ticks(0, top, 4):
+        y = PAD_T + ph * (1 - t / top)
+        parts.append(Markup('<line x1="{l}" x2="{r}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/><text x="{lx}" y="{ty:.1f}" '
+                            'class="axis" text-anchor="end">{v:g}</text>').format(l=PAD_L, r=PAD_L + pw, y=y, lx=PAD_L - 4,
+                                                                             ty=y + 4, v=t))
+    for low, high, n in bins:
+        h = ph * n / top
+        parts.append(Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}"><title>{} to {}: {} '
+                            'path{}</title></rect>').format(x(low) + 1, PAD_T + ph - h, max(x(high) - x(low) - 2, 1.5), h,
+                                                           "bin neg" if high <= 0 else "bin", fmt(low), fmt(high), n,
+                                                           "s" if n != 1 else ""))
+    for v in (lo, hi):
+        parts.append(Markup('<text x="{:.1f}" y="{}" class="axis" text-anchor="middle">{}</text>').format(
+            x(v), PAD_T + ph + 14, fmt(v)))
+    if lo < 0 < hi:
+        parts.append(Markup('<line x1="{x:.1f}" x2="{x:.1f}" y1="{t}" y2="{b}" class="diag"><title>slack 0</title></line>'
+                            ).format(x=x(0), t=PAD_T, b=PAD_T + ph))
+    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">slack (ms)</text></svg>').format(
+        PAD_L + pw / 2, H - 4))
+    return Markup("").join(parts)
+
+
+__all__ = ["Segment", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES", "hbars",
+           "roofline_chart", "histogram"]

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from softsyn.timing import Analysis, PathPoint, TimingPath
 from reports.columns import TIMING_COLUMNS
 from reports.common import banner_lines, ftime, indexed_scope, is_unconstrained, render, table_header, table_row
+from reports.advice import Facts, analysis_facts
 from reports.suggest import timing_suggestions
 
 
@@ -127,8 +128,9 @@ def select_paths(paths: list[TimingPath], max_paths: int, nworst: int) -> list[T
 
 
 def report_timing(analysis: Analysis, group: str | None = None, max_paths: int = 1, fold: bool = False,
-                  significant_digits: int = 3, nworst: int = 1, time_unit: str = "ms") -> str:
-    """PrimeTime-style `report_timing -path full -delay max` of each group's worst paths."""
+                  significant_digits: int = 3, nworst: int = 1, time_unit: str = "ms", facts: Facts | None = None) -> str:
+    """PrimeTime-style `report_timing -path full -delay max` of each group's worst paths; `facts`: what the
+    suggestions agree with (reports.advice; from the analysis alone when not given)."""
     groups = [analysis.group(group)] if group else list(analysis.groups)
     unit, digits = time_unit, significant_digits
     options = ["-path full", "-delay max", f"-max_paths {max_paths}"]
@@ -163,4 +165,4 @@ def report_timing(analysis: Analysis, group: str | None = None, max_paths: int =
         sections.append({"group": g, "paths": paths})
     return render("timing.j2", banner=banner_lines("timing", analysis, options, scenarios),
                   sections=sections, header=header, rule=rule,
-                  suggestions=timing_suggestions(groups, unit, digits))
+                  suggestions=timing_suggestions(groups, unit, digits, facts=facts or analysis_facts(analysis)))

@@ -18,39 +18,42 @@ def path_status(path) -> str:
     return "MET" if path.met else "VIOLATED"
 
 
-def _segment(p) -> Segment:
+def _segment(p, offset: float = 0.0) -> Segment:
+    """A cell on the waterfall's axis, which starts at the first cell (`offset`: the input delay, drawn apart)."""
     mark = SOURCE_MARK.get(p.source, f"({p.source})")
-    return Segment(p.arrival - p.incr, p.incr, f"op-{op_kind(p.op_type)}",
+    return Segment(p.arrival - p.incr - offset, p.incr, f"op-{op_kind(p.op_type)}",
                    f"{p.name} {p.cell} {mark}: {t(p.incr)}")
 
 
 def waterfall(path) -> list[dict]:
     """The critical path as timing.rpt folds it (fold_points), each folded row with the cells behind it; on the
-    arrival's scale (the clock is on the bars above), so short cells stay visible."""
-    scale = path.arrival
+    cells' own span (the input delay is drawn apart, on its own row: it would take most of a decode step's
+    scale; the clock is on the bars above), so short cells stay visible."""
+    off = path.input_delay
+    scale = path.arrival - off
     rows, i = [], 0
-    rows.append({"name": "input external delay", "incr": path.input_delay, "path": path.input_delay, "members": [],
-                 "lane": lane([Segment(0.0, path.input_delay, "io", f"input delay {t(path.input_delay)}")], scale,
-                              "input external delay"), "mark": "", "op": "io"})
+    rows.append({"name": "input external delay", "incr": off, "path": off, "members": [], "apart": True,
+                 "lane": lane([Segment(0.0, 1.0, "io apart", f"input delay {t(off)}, drawn apart")], 1.0,
+                              "input external delay, drawn apart"), "mark": "drawn apart", "op": "io"})
     for row in fold_points(path.points):
         members = path.points[i:i + row.cells]
         i += row.cells
-        cells = [_cell_row(p, scale) for p in members]
+        cells = [_cell_row(p, scale, off) for p in members]
         single = len(members) == 1
         rows.append({"name": row.point, "incr": row.incr, "path": row.path, "members": [] if single else cells,
-                     "layers": _layers(members, scale) if row.folded else [],
-                     "lane": lane([_segment(p) for p in members], scale, f"{row.point}: {t(row.incr)}", titled=single),
+                     "layers": _layers(members, scale, off) if row.folded else [],
+                     "lane": lane([_segment(p, off) for p in members], scale, f"{row.point}: {t(row.incr)}", titled=single),
                      "mark": cells[0]["mark"] if single else _marks(members), "op": cells[0]["op"] if single else "",
                      "cell": row.cell})
     return rows
 
 
-def _cell_row(p, scale: float) -> dict:
+def _cell_row(p, scale: float, offset: float) -> dict:
     return {"name": p.name, "cell": p.cell, "op": op_kind(p.op_type), "incr": p.incr, "path": p.arrival,
-            "mark": SOURCE_MARK.get(p.source, f"({p.source})"), "lane": lane([_segment(p)], scale, "", titled=False)}
+            "mark": SOURCE_MARK.get(p.source, f"({p.source})"), "lane": lane([_segment(p, offset)], scale, "", titled=False)}
 
 
-def _layers(points, scale: float) -> list[dict]:
+def _layers(points, scale: float, offset: float) -> list[dict]:
     """A folded run of repeated scopes opened one level: a row per index (model.layers.3), its cells inside."""
     out: list[dict] = []
     for p in points:
@@ -61,8 +64,8 @@ def _layers(points, scale: float) -> list[dict]:
         out[-1]["points"].append(p)
     return [{"name": f"{layer['name']} ({len(layer['points'])} cells)", "incr": sum(p.incr for p in layer["points"]),
              "path": layer["points"][-1].arrival, "mark": _marks(layer["points"]),
-             "lane": lane([_segment(p) for p in layer["points"]], scale, layer["name"], titled=False),
-             "members": [_cell_row(p, scale) for p in layer["points"]]} for layer in out]
+             "lane": lane([_segment(p, offset) for p in layer["points"]], scale, layer["name"], titled=False),
+             "members": [_cell_row(p, scale, offset) for p in layer["points"]]} for layer in out]
 
 
 def _marks(points) -> str:

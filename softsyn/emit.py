@@ -57,7 +57,8 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
     import reports
     from reports.compile_log import compile_log_json, report_compile_log
     from reports.html import write_html
-    from reports.suggest import precision_suggestions
+    from reports.advice import design_facts
+    from reports.suggest import precision_moves, precision_suggestions
 
     netlist = design.netlist
     if not plan:
@@ -89,7 +90,8 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         precision_map = design.pass_reports.get("optimize")
         moves = precision_suggestions(precision_map, analysis.groups) if precision_map is not None else []
         log.notes += [f"suggestion: {m}" for m in moves]
-        reports.write_reports(analysis, tmp, [[m] for m in moves])
+        facts = design_facts(design, analysis, log.effort, precision_moves(precision_map, analysis.groups))
+        reports.write_reports(analysis, tmp, facts=facts)
         coverage = design.pass_reports.get("fuse")
         if coverage is not None:
             (tmp / "reports" / "fusion.rpt").write_text(

@@ -122,7 +122,7 @@ def test_violation_exit_code_and_saved_reports(tmp_path, cache_dir):
     assert result.exit_code == 1, result.output
     assert "slack (VIOLATED)" in result.output
     assert sorted(p.name for p in (out / "reports").iterdir()) == [
-        "area.rpt", "constraint.rpt", "qor.rpt", "report.html", "timing.rpt", "timing_full.rpt"]
+        "area.rpt", "constraint.rpt", "qor.rpt", "report.html", "suggestions.json", "timing.rpt", "timing_full.rpt"]
     again = CliRunner().invoke(main, ["report", "timing", str(out)])
     assert again.exit_code == 0
     assert again.output.strip() == (out / "reports" / "timing.rpt").read_text().strip()

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -99,7 +100,8 @@ def test_page_numbers_are_the_json_reports(compiled):
     assert misses == [r["reason"] for r in fusion["misses"]["rows"]] and misses  # every miss with its reason
     log = json.loads((compiled / "compile_log.json").read_text())
     assert si_values(root, "compile log", "wns") == [r["wns"] for r in log["rows"]]
-    assert [td.text for td in root.iter("td") if td.get("data-key") == "phase"] == [r["phase"] for r in log["rows"]]
+    assert [td.text for td in sections(root)["compile-log"].iter("td") if td.get("data-key") == "phase"] == [
+        r["phase"] for r in log["rows"]]
 
 
 def test_signoff_section_has_the_measured_figures(signed):
@@ -108,9 +110,59 @@ def test_signoff_section_has_the_measured_figures(signed):
     data = json.loads((signed / "signoff" / "signoff.json").read_text())
     assert si_values(root, "sign-off per path group", "measured") == [g["measured_median"] for g in data["groups"]]
     assert si_values(root, "sign-off per path group", "predicted") == [g["predicted"] for g in data["groups"]]
-    figures = list(found["signoff"].iter("figure"))
+    figures = [f for f in found["signoff"].iter("figure") if f.get("class") != "signoff-slack"]
     assert len(figures) == 1 + len(data["groups"])  # per group, then per cell of each group
+    slack = [f for f in found["signoff"].iter("figure") if f.get("class") == "signoff-slack"]
+    assert [f.get("data-group") for f in slack] == [g["name"] for g in data["groups"]]  # each on its own axis
     assert all(list(f.iter("circle")) and list(f.iter("line")) for f in figures)  # points and error bands
+
+
+def test_engineering_views_hold_the_analysis_and_library_figures(compiled):
+    """Time per op type sums the critical path's cells; the roofline's ceilings are the library's; the slack
+    histogram counts every timed path; before/after is the compile log's first and last row."""
+    from softsyn.library import load_library
+
+    root = parse((compiled / HTML_FILE).read_text())
+    found = sections(root)
+    assert {"op-time", "roofline", "slack-histogram", "before-after"} <= set(found) and "timeline" not in found
+    analysis = json.loads((compiled / "analysis.json").read_text())
+    for g in analysis["groups"]:
+        points = g["paths"][0]["points"]
+        times = si_values(root, f"{g['name']}: time per op type", "time")
+        assert sum(times) == pytest.approx(sum(p["incr"] for p in points))
+        assert times == sorted(times, reverse=True)
+        positive = [v for v in times if v > 0]
+        view = next(d for d in found["op-time"].iter("div") if d.get("data-group") == g["name"])
+        caption = "".join(next(view.iter("figcaption")).itertext())
+        assert ("(log axis)" in caption) == (max(positive) / min(positive) > 100)  # orders of magnitude: log
+        assert sum(si_values(root, f"{g['name']}: timed paths per slack bin", "paths")) == len(g["paths"])
+    ceilings = load_library(analysis["library"]).ceilings
+    assert si_values(root, "ceilings of", "value") == [ceilings.memory_bandwidth] + [
+        v for v in ceilings.peak_flops.values() if v]
+    assert any("estimates" in (c.text or "") for c in found["roofline"].iter("figcaption"))
+    log = json.loads((compiled / "compile_log.json").read_text())
+    assert si_values(root, "before (as read)", "wns") == [log["rows"][0]["wns"], log["rows"][-1]["wns"]]
+    # the waterfall starts at the first cell: the input delay is drawn apart, on its own row
+    wf = next(d for d in found[f"group-{analysis['groups'][0]['name']}"].iter("div") if "waterfall" in (d.get("class") or ""))
+    first = next(r for r in wf.iter("div") if r.get("class") == "row")
+    assert "input external delay" in "".join(first.itertext()) and "drawn apart" in "".join(first.itertext())
+
+
+def test_kernel_timeline_is_the_profile_or_says_not_measured(signed):
+    page = load_page(signed)
+    root = parse(render_html(page))
+    timeline = sections(root)["timeline"]
+    measured = {g.name: sum(c.measured for c in g.cells if c.match in ("exact", "fused-anchor")) for g in page.signoff.groups}
+    for g in page.signoff.groups:
+        starts = si_values(root, f"{g.name}: kernels in the path's order", "start")
+        kernels = si_values(root, f"{g.name}: kernels in the path's order", "measured")
+        assert starts == sorted(starts) and sum(kernels) <= measured[g.name] + 1e-12  # the profile's own times
+    blank = copy.deepcopy(page.signoff)
+    for g in blank.groups:
+        for c in g.cells:
+            c.measured = 0.0
+    text = "".join(sections(parse(render_html(Page(page.analysis, signoff=blank))))["timeline"].itertext())
+    assert text.count("not measured") == len(blank.groups) and "profiled kernels" not in text
 
 
 def test_sections_follow_the_data_present(compiled):
@@ -198,6 +250,16 @@ def browser():
 
 
 WIDTHS = {"desktop": 1280, "phone": 390}
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+# every table cell whose content is wider than its box, unless a scroll container (overflow-x auto/scroll) holds it
+CLIPPED = """() => Array.from(document.querySelectorAll('td, th')).filter(c => {
+  if (c.scrollWidth <= c.clientWidth) return false;
+  for (let p = c.parentElement; p; p = p.parentElement) {
+    const o = getComputedStyle(p).overflowX;
+    if (o === 'auto' || o === 'scroll') return false;
+  }
+  return true;
+}).map(c => c.textContent.trim())"""
 
 
 @pytest.mark.parametrize("which", ["compiled", "signed"])
@@ -217,7 +279,7 @@ def test_page_in_chromium(browser, which, request, tmp_path):
         assert page.locator("section.group").count() == len(groups)
         assert page.locator(".waterfall").count() == len(groups)
         assert page.locator("#vram svg.lane").count() >= 2 and page.locator("#fusion table").count() >= 2
-        assert page.locator("#signoff figure").count() == (1 + len(groups) if which == "signed" else 0)
+        assert page.locator("#signoff figure").count() == (1 + 2 * len(groups) if which == "signed" else 0)
         # folded layers open to one row per layer, and a layer to its cells, without script
         fold = page.locator(".waterfall details.fold:has(details.layer)").first
         layer = fold.locator("details.layer").first
@@ -228,6 +290,25 @@ def test_page_in_chromium(browser, which, request, tmp_path):
         assert layer.locator(".row.cell").first.is_visible()
         # nothing wider than the screen: wide tables scroll inside their own box
         assert page.evaluate("document.documentElement.scrollWidth") <= width
+        page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")  # every table shown
+        assert page.evaluate(CLIPPED) == [], f"clipped table cells at {width} px"
+        assert page.locator("#op-time svg.chart, #roofline svg.chart, #slack-histogram svg.chart").count() >= 3
         page.screenshot(path=str(tmp_path / f"{which}-{name}.png"), full_page=True)
+        if which == "signed" and os.environ.get("SOFTSYN_UPDATE_DOCS_IMG") == "1":  # the README's pictures
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(DOCS_IMG / f"report-{width}.png"), full_page=False)
         page.close()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(f"{which}-{n}.png" for n in WIDTHS)
+
+
+def test_clipping_check_finds_a_clipped_cell(browser, tmp_path):
+    """The check above fails where a cell's text is cut off outside a scroll container."""
+    page_file = tmp_path / "clipped.html"
+    page_file.write_text('<!DOCTYPE html><html><body><table style="table-layout: fixed; width: 60px"><tr>'
+                         '<td style="overflow: hidden; white-space: nowrap">VIOLATED VIOLATED</td></tr></table>'
+                         '<div style="overflow-x: auto; width: 60px"><table><tr><td style="white-space: nowrap">'
+                         'scrolls, not clipped</td></tr></table></div></body></html>')
+    page = browser.new_page(viewport={"width": 390, "height": 300})
+    page.goto(page_file.as_uri())
+    assert page.evaluate(CLIPPED) == ["VIOLATED VIOLATED"]
+    page.close()

@@ -138,7 +138,7 @@ def test_user_files_in_an_output_are_kept_and_said(tmp_path, capsys):
     assert cli(capsys, "analyze", model, "-q", "-o", out)[0] == 0
     manifest = json.loads((out / outdir.MANIFEST).read_text())
     assert manifest["kind"] == "analyze" and manifest["design"] == "m"
-    assert manifest["files"]["analysis.json"]["by"] == "analyze" and len(manifest["files"]) == 8
+    assert manifest["files"]["analysis.json"]["by"] == "analyze" and len(manifest["files"]) == 9  # + reports/suggestions.json
     assert all(r["size"] == (out / p).stat().st_size for p, r in manifest["files"].items())
     (out / "notes.txt").write_text("keep me")
     (out / "signoff").mkdir()

@@ -357,14 +357,14 @@ def test_write_reports(analysis, tmp_path):
     written = write_reports(analysis, tmp_path)
     names = sorted(p.relative_to(tmp_path).as_posix() for p in written)
     assert names == ["analysis.json", "reports/area.rpt", "reports/constraint.rpt", "reports/qor.rpt",
-                     "reports/timing.rpt", "reports/timing_full.rpt"]
+                     "reports/suggestions.json", "reports/timing.rpt", "reports/timing_full.rpt"]
     assert (tmp_path / "reports/timing.rpt").read_text() == report_timing(analysis, fold=True)
     assert (tmp_path / "reports/timing_full.rpt").read_text() == report_timing(analysis)
     assert from_json((tmp_path / "analysis.json").read_text()) == analysis
     assert not [p for p in tmp_path.rglob("*.tmp")]
     # rewriting replaces in place
     write_reports(analysis, tmp_path)
-    assert len(list((tmp_path / "reports").iterdir())) == 5
+    assert len(list((tmp_path / "reports").iterdir())) == 6
 
 
 def test_reports_registry():

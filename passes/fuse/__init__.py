@@ -39,12 +39,13 @@ def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())
     positions = held_positions(design)
+    coverages = fuse(design.netlist, target, cost=cost_check(design), positions=positions)
     trained = design.netlist.config.get("max_position_embeddings")
-    if trained and positions > int(trained):
+    rotary = any(c.kind == "rotary" and c.candidates for c in coverages)
+    if rotary and trained and positions > int(trained):  # the warning is about the rotary cache: none, no warning
         design.log(f"fuse: warning: the design holds {positions} positions (KV buffer / scenarios), past the model's "
                    f"max_position_embeddings {trained}: the rotary cache covers all {positions}, but positions past "
                    f"{trained} are outside the context the model was trained for")
-    coverages = fuse(design.netlist, target, cost=cost_check(design), positions=positions)
     design.netlist_changed()
     after = len(design.netlist.nodes())
     kept = sum(1 for c in coverages for m in c.misses if m.reason.startswith(KEPT))

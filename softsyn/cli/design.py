@@ -70,6 +70,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     """
     from softsyn.design import Design
     from reports import report_qor, report_timing, write_reports
+    from reports.advice import design_facts
 
     if out_dir:
         outdir.check(out_dir, "analyze", given_paths(model))
@@ -77,8 +78,9 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                          annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
                          tp=tp, **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
-    click.echo(report_timing(analysis, max_paths=max_paths, fold=True))
-    click.echo(report_qor(analysis))
+    facts = design_facts(design, analysis)
+    click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
+    click.echo(report_qor(analysis, facts=facts))
     if out_dir:
         from reports.common import write_atomic
         from reports.html import write_html
@@ -89,7 +91,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
             design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
         with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
-            written = write_reports(analysis, staged.path) + [
+            written = write_reports(analysis, staged.path, facts=facts) + [
                 write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
             written.append(write_html(staged.path))
         for path in written:
@@ -153,7 +155,6 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     from softsyn.emit import require_weights
     from softsyn.flow.verify import reference_record
     from softsyn.frontends.onnx_file import check_external_data
-    from reports import report_qor
 
     out = outdir.check(out_dir, "compile", given_paths(model))
     check_effort(effort)
@@ -168,7 +169,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
                                     options=options)
     click.echo((path / "compile.log").read_text())
-    click.echo(report_qor(analysis))
+    click.echo((path / "reports" / "qor.rpt").read_text())  # as written: its advice knows the compile's facts
     if not quiet:
         click.echo(f"[softsyn] wrote {path}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)

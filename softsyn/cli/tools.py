@@ -41,6 +41,7 @@ def report(kind, directory, group, max_paths, fold, digits):
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
     """
     from reports import REPORTS, from_json, to_json
+    from reports.suggest import saved_facts
 
     if kind == "html":
         from reports.html import HTML_FILE, write_html
@@ -62,12 +63,14 @@ def report(kind, directory, group, max_paths, fold, digits):
             analysis.group(group)
         except KeyError as exc:
             raise SoftsynError(exc.args[0]) from None
+    facts = saved_facts(directory)  # the advice agrees with what the command that wrote DIR knew
     if kind == "json":
         click.echo(to_json(analysis))
     elif kind == "timing":
-        click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits))
+        click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits,
+                                     facts=facts))
     else:
-        click.echo(REPORTS[kind](analysis))
+        click.echo(REPORTS[kind](analysis, facts=facts))
 
 
 @main.command("passes")
