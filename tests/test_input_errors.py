@@ -130,26 +130,36 @@ def test_bad_transformers_configs_exit_2_in_one_short_line(tmp_path, capsys, con
         assert code == 2 and all(w in line for w in words) and len(line) < 400, err
 
 
-def tiny_hf_folder(folder, shards: bool = False):
-    """save_pretrained of a seeded 1-layer llama (TINY_LLAMA) into `folder`; `shards`: two safetensors + index."""
+def tiny_hf_folder(folder, shards: bool = False, safe: bool = True):
+    """save_pretrained of a seeded 1-layer llama (TINY_LLAMA) into `folder`; `shards`: two safetensors + index;
+    `safe` False: its weights as a torch pytorch_model.bin instead (transformers 5 saves safetensors only)."""
     import torch
     import transformers
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, "vocab_size": 64}))
     model.save_pretrained(str(folder), max_shard_size="100KB" if shards else "5GB")
+    if not safe:
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
     return folder
 
 
-@pytest.mark.parametrize("case", ["truncated", "truncated-real-size", "missing-shard", "shard-without-index"])
+@pytest.mark.parametrize("case", ["truncated", "truncated-real-size", "missing-shard", "shard-without-index",
+                                  "truncated-bin"])
 def test_weight_files_that_cannot_be_read_exit_2_naming_the_file(tmp_path, capsys, monkeypatch, case):
     """A folder whose weights do not load (a safetensors file cut short by a full disk) was compiled "with seeded
     random weights" as if it had none; now compile stops in one line naming the file, before any export."""
     from softsyn.frontends import hf
 
-    folder = tiny_hf_folder(tmp_path / "m", shards=case in ("missing-shard", "shard-without-index"))
+    folder = tiny_hf_folder(tmp_path / "m", shards=case in ("missing-shard", "shard-without-index"),
+                            safe=case != "truncated-bin")
     shards = sorted(folder.glob("model-*.safetensors"))
-    if case.startswith("truncated"):
+    if case == "truncated-bin":
+        bad = folder / "pytorch_model.bin"
+        os.truncate(bad, bad.stat().st_size - 100)
+        words = ["is a torch zip archive without its directory", "cut short?"]
+    elif case.startswith("truncated"):
         bad = folder / "model.safetensors"
         os.truncate(bad, bad.stat().st_size // 2)
         words = ["holds", "safetensors header describes: cut short"]
