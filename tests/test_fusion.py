@@ -223,6 +223,17 @@ def test_skip_norm_goes_before_every_reader_of_the_residual_sum(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_rewrite_out_of_topological_order_is_a_defect_naming_the_rule(monkeypatch):
+    """The skip norm placed at its norm (as before the fix) reads as what it is: softsyn's defect, named by rule."""
+    from passes.fuse import norms
+    from softsyn.errors import SoftsynDefect
+
+    monkeypatch.setattr(norms, "first_in_order", lambda graph, nodes: nodes[0])  # the norm, after the Reshape
+    with pytest.raises(SoftsynDefect, match=r"fuse: rule skip_layer_norm left node side_reader \(Reshape\) reading "
+                                            r"\S+ before the node that makes it"):
+        fuse(_residual_read_before_its_norm(), "cuda", kinds=["skip_layer_norm"])
+
+
 def test_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="unknown kind"):
         fuse(_odd_attention(), kinds=["bogus"])

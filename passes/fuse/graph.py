@@ -242,6 +242,18 @@ def first_in_order(graph: ir.Graph, nodes: list[ir.Node]) -> ir.Node:
     return next(n for n in graph if id(n) in wanted)
 
 
+def read_before_made(graph: ir.Graph) -> tuple[ir.Node, ir.Value] | None:
+    """The first node reading a value whose producer comes after it in the graph, or None (topological order)."""
+    placed: set[int] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.graph is graph and id(producer) not in placed:
+                return node, value
+        placed.add(id(node))
+    return None
+
+
 def site(netlist, node: ir.Node) -> str:
     h = netlist.hierarchy(node) if netlist is not None else node.metadata_props.get(HIERARCHY_KEY, "")
     label = node.name or f"{node.op_type} -> {node.outputs[0].name if node.outputs else '?'}"
