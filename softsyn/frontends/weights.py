@@ -74,7 +74,10 @@ def _safetensors_problem(path: Path) -> str | None:
             return f"its safetensors header is not JSON ({exc})"
     if not isinstance(header, dict):
         return "its safetensors header is not a JSON object"
-    ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    try:
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return "its safetensors header has a tensor without [begin, end] data_offsets"
     need = 8 + length + max(ends, default=0)
     if size < need:
         return (f"holds {size} bytes of the {need} its safetensors header describes: cut short (a full disk or an "
