@@ -8,16 +8,16 @@ STAMP  := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-# onnxruntime-genai (tests/test_genai.py) declares plain `onnxruntime`, whose files would overwrite
-# onnxruntime-gpu's (one `onnxruntime` package, two distributions): installed without its dependencies.
-GENAI  := onnxruntime-genai==0.18.0
+# The genai extra, onnxruntime-genai (tests/test_genai.py): the -cuda build, which declares onnxruntime-gpu (the runtime softsyn
+# already depends on; plain onnxruntime-genai declares the CPU `onnxruntime`, whose files would overwrite
+# onnxruntime-gpu's). Its CUDA provider loads only when a GPU is asked for; on the CPU it runs as the plain build.
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77.0.3'  # torch 2.13 declares setuptools>=77.0.3
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,zoo]'
-	$(PY) -m pip install -q --no-deps '$(GENAI)'
+	$(PY) -m pip install -q -e '.[test,zoo,genai]'
+	$(PY) -m pip check
 	touch $(STAMP)
 
 # Analyse the built-in default (a tiny Qwen3 decoder) against a CPU budget.

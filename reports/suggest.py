@@ -126,7 +126,7 @@ def generic_area_advice(kinds, facts: Facts) -> list[str]:
     return lines
 
 
-def weight_advice(budget, unit: str) -> list[str]:
+def area_weight_advice(budget, unit: str) -> list[str]:
     lines = []
     for w in budget.weight_precisions[1:]:
         verdict = (f"fits, up to concurrency {w.max_concurrency:,} at {budget.length} tokens" if w.fits else
@@ -142,12 +142,12 @@ def kv_budget_advice(budget, unit: str) -> list[str]:
     b = budget
     if b.weights > b.limit:
         return [f"The weights and constants alone ({fbytes(b.weights, unit)}) exceed the limit: no KV cache fits "
-                "at any context."] + weight_advice(b, unit)
+                "at any context."] + area_weight_advice(b, unit)
     if b.max_context == 0:
         return [f"The weights and constants ({fbytes(b.weights, unit)}) and the workspace "
                 f"({fbytes(b.workspace, unit)}, {b.workspace_scenario} scenario) leave "
                 f"{fbytes(b.available, unit)} for the KV cache: not one token of one sequence fits.",
-                "- a smaller prefill chunk (workload.prompt_len) or batch shrinks the workspace."] + weight_advice(b, unit)
+                "- a smaller prefill chunk (workload.prompt_len) or batch shrinks the workspace."] + area_weight_advice(b, unit)
     need = (f"The KV cache at the workload needs {fbytes(b.kv_bytes, unit)} ({b.length} tokens x batch {b.batch} x "
             f"concurrency {b.concurrency} x {fbytes(b.bytes_per_token, 'KB')} per token, from the netlist's KV inputs)")
     if b.available >= 0:

@@ -194,8 +194,9 @@ def hbars(rows: Sequence[tuple[str, float, str, str]], title: str, log: bool = F
             parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="end">{}</text>').format(
                 label_w - 6, y + 12, label[:24]))
             if value > 0:
-                parts.append(Markup('<rect x="{}" y="{}" width="{:.1f}" height="{}" class="{}"><title>{}: {}</title>'
-                                    '</rect>').format(label_w, y + 2, max(length(value), 1.0), row_h - 5, css, label, text))
+                parts.append(Markup('<rect x="{x}" y="{y}" width="{w:.1f}" height="{h}" class="{css}"><title>{label}: '
+                                    '{text}</title></rect>').format(x=label_w, y=y + 2, w=max(length(value), 1.0),
+                                                                     h=row_h - 5, css=css, label=label, text=text))
             parts.append(Markup('<text x="{:.1f}" y="{}" class="axis">{}</text>').format(
                 label_w + (max(length(value), 0.0) if value > 0 else 0) + 4, y + 12, text))
     parts.append(Markup("</svg>"))
@@ -282,10 +283,10 @@ def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> 
                                                                              ty=y + 4, v=t))
     for low, high, n in bins:
         h = ph * n / top
-        parts.append(Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}"><title>{} to {}: {} '
-                            'path{}</title></rect>').format(x(low) + 1, PAD_T + ph - h, max(x(high) - x(low) - 2, 1.5), h,
-                                                           "bin neg" if high <= 0 else "bin", fmt(low), fmt(high), n,
-                                                           "s" if n != 1 else ""))
+        parts.append(Markup('<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" class="{css}"><title>{low} '
+                            'to {high}: {n} path{s}</title></rect>').format(
+            x=x(low) + 1, y=PAD_T + ph - h, w=max(x(high) - x(low) - 2, 1.5), h=h, css="bin neg" if high <= 0 else "bin",
+            low=fmt(low), high=fmt(high), n=n, s="s" if n != 1 else ""))
     for v in (lo, hi):
         parts.append(Markup('<text x="{:.1f}" y="{}" class="axis" text-anchor="middle">{}</text>').format(
             x(v), PAD_T + ph + 14, fmt(v)))

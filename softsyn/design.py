@@ -20,10 +20,12 @@ from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library import Library, UnknownLibraryError, default_library, load_library
+from softsyn.library.match import check_library, host_cpu, pick_cpu_library
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
 from softsyn.progress import log as progress_log
-from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, time_group, timing_graph
+from softsyn.runtime.session import describe_device
+from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, TimingRequest, time_group, timing_graph
 from softsyn.timing.area import area
 from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
 from softsyn.timing.sta import unmodelled_warnings
@@ -45,6 +47,12 @@ DEFAULT_GROUPS = {
 }
 
 
+def _library_mismatch(library: Library) -> str:
+    """The line saying a named library describes another machine (softsyn.library.match), "" when it is this one."""
+    gpu = describe_device("cuda") if library.header.get("provider") == "CUDAExecutionProvider" else None
+    return check_library(library.name, library.header, host_cpu(describe_device("cpu")), gpu)
+
+
 class Design:
     annotation = None  # softsyn.flow.annotate.Annotation: back-annotated (measured) delays replace the library's
 
@@ -58,6 +66,7 @@ class Design:
         self.tp_request = tp if tp is not None else constraints.parallel.tensor
         self.tp_from_cli = tp is not None
         self.pass_reports: dict[str, object] = {}  # pass name -> the report its PassResult carried (fuse: coverage)
+        self.library_mismatch = ""  # the library describes another machine (set by load; every banner says it)
 
     @classmethod
     def load(cls, spec: str, constraints: str | Path | None = None, target: str | None = None,
@@ -76,8 +85,16 @@ class Design:
                 library = load_library(cons.target)
             except UnknownLibraryError as exc:
                 raise cons.error("target", str(exc)) from None
-        else:
-            library = load_library(target or default_library())
+            mismatch = _library_mismatch(library)
+        elif target:
+            library = load_library(target)
+            mismatch = _library_mismatch(library)
+        else:  # none named: the shipped CPU library whose device is this machine's, else the closest, said
+            match = pick_cpu_library(host_cpu(describe_device("cpu")), default=default_library())
+            library, mismatch = load_library(match.library), match.mismatch
+            if not mismatch:
+                progress_log(f"library {library.name}: characterised on this machine's device ({match.device})",
+                             enabled=progress)
         extra = {"materialize": True} if materialize else {}
         images = {g.image for g in cons.path_groups.values() if g.image is not None}
         if len(images) > 1:
@@ -86,8 +103,11 @@ class Design:
                              "exported at one grid: give one image size per constraints file")
         if images:
             extra["image_size"] = images.pop()
+        if mismatch:  # said once, before the design is read (an export takes minutes)
+            progress_log(f"warning: {mismatch}", enabled=progress)
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress, tp)
+        design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
         if annotate:
             from softsyn.flow.annotate import load_annotation
 
@@ -235,9 +255,10 @@ class Design:
             start = time.perf_counter()
             annotation = self.annotation.for_group(group.name, group.scenario.dims) if self.annotation else None
             absorbed = self.runtime_view.absorbed if self.runtime_view is not None and annotation is None else frozenset()
-            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, annotation,
-                                      absorbed, self.partition, self.collectives if self.partition else None,
-                                      mode=self.launches.get(group.name)))
+            request = TimingRequest(annotation=annotation, absorbed=absorbed, partition=self.partition,
+                                    collectives=self.collectives if self.partition else None,
+                                    mode=self.launches.get(group.name))
+            results.append(time_group(self.netlist, self.graph, self.library, self.constraints, group, request))
             self.log(f"timed {group.scenario.description}: {len(self.netlist.nodes())} cells, "
                      f"{time.perf_counter() - start:.1f} s")
         return results
@@ -268,7 +289,12 @@ class Design:
             area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
-            warnings=unmodelled_warnings(self.netlist, self.library), tp=self.tp_plan if tp_plan else None)
+            warnings=self._library_warnings() + unmodelled_warnings(self.netlist, self.library),
+            tp=self.tp_plan if tp_plan else None)
+
+    def _library_warnings(self) -> list[str]:
+        """The library describes another machine (softsyn.library.match): the first warning of every banner."""
+        return [f"timings describe another machine: {self.library_mismatch}"] if self.library_mismatch else []
 
     def _annotation_notes(self) -> list[str]:
         if self.annotation is None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from softsyn import __version__, outdir
+from softsyn import __version__, outdir, progress
 from softsyn.errors import SoftsynDefect, SoftsynError
 from softsyn.frontends.cache import design_provenance
 from softsyn.frontends.vlm import split_blocks
@@ -67,14 +67,20 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
                         inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
         tmp = staged.path
         session = session_json(design, reference, plan)
-        if not plan and netlist.blocks():
-            for block, model in split_blocks(netlist.model, netlist.blocks()).items():
-                file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
-                _write_model(netlist, tmp, model, file)
-                check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
-        elif not plan:
-            _write_model(netlist, tmp)
-            check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
+        with progress.step(f"emit: writing {netlist.name}'s model, onnx.checker, ONNX Runtime load check",
+                           enabled=design.progress and not plan, done="emit: model written and loaded"):
+            if not plan and netlist.blocks():
+                for block, model in split_blocks(netlist.model, netlist.blocks()).items():
+                    file = next(b["file"] for b in netlist.blocks() if b["name"] == block)
+                    _write_model(netlist, tmp, model, file)
+                    check_loads(tmp / file, session["providers"], f"{netlist.name} block {block}")
+                    for written in (file, f"{file}.data"):
+                        staged.seal(written, "compile")
+            elif not plan:
+                _write_model(netlist, tmp)
+                check_loads(tmp / MODEL_FILE, session["providers"], netlist.name)
+                for written in (MODEL_FILE, DATA_FILE):
+                    staged.seal(written, "compile")
         _write_json(tmp / "netlist.json", netlist_json(design, analysis))
         _write_json(tmp / SESSION_FILE, session)
         kv_layout = design.pass_reports.get("kv_layout")
@@ -101,6 +107,7 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log, reference: dict, 
         if precision_map is not None:
             (tmp / "reports" / "precision.rpt").write_text(
                 reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
+        log.add("emit", analysis, len(netlist.nodes()))  # its elapsed: the model written and loaded, the reports
         (tmp / "compile.log").write_text(report_compile_log(log))
         (tmp / "compile_log.json").write_text(compile_log_json(log))
         write_html(tmp)  # last: the page reads the files above

@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from softsyn import __version__
@@ -75,6 +75,22 @@ class Staged:
     path: Path
     out: Path
     kept: tuple[str, ...] = ()  # entries softsyn did not write, kept in DIR
+    sealed: dict = field(default_factory=dict)  # rel -> (size, mtime_ns, FileRecord) checksummed before the commit
+
+    def seal(self, rel: str, kind: str) -> None:
+        """Checksum a finished file now, in the step that wrote it (a GB of weights took 7 s to hash at the
+        commit, after the compile log's last row): the commit takes the record while size and mtime are unchanged."""
+        path = self.path / rel
+        if path.is_file():
+            st = path.stat()
+            self.sealed[rel] = (st.st_size, st.st_mtime_ns, _record(path, kind))
+
+    def record(self, rel: str, kind: str) -> "FileRecord":
+        """The manifest's record of a staged file: its seal when the file is unchanged since, else hashed now."""
+        st = (self.path / rel).stat()
+        size, mtime, record = self.sealed.get(rel, (None, None, None))
+        return record if (size, mtime) == (st.st_size, st.st_mtime_ns) and record.by == kind else _record(
+            self.path / rel, kind)
 
 
 def read_manifest(directory: Path) -> Manifest | None:
@@ -390,7 +406,7 @@ def _commit(staged: Staged, kind: str, design: str, model: str) -> None:
         new = {rel for rel in _walk(staging)[0] if rel != STAGING_MARK}
         keep, carried, empty = _plan(out, old, kind, new)
         _link_kept(out, staging, keep, empty)
-        records = {rel: _record(staging / rel, kind) for rel in sorted(new)}
+        records = {rel: staged.record(rel, kind) for rel in sorted(new)}
         primary = kind if kind in PRIMARY else old.kind
         manifest = Manifest(primary, design if kind in PRIMARY else old.design,
                             model if kind in PRIMARY else old.model, {**carried, **records})

@@ -87,7 +87,7 @@ def test_compile_writes_a_checked_loadable_model_and_its_records(compiled):
 
     log = (compiled / "compile.log").read_text().splitlines()
     phases = [line.split()[1] for line in log if line.strip()[:1].isdigit()]
-    assert phases == ["elaborate", "flatten", "fuse", "precision", "kv_layout"]
+    assert phases == ["elaborate", "flatten", "fuse", "precision", "kv_layout", "emit"]
     for name in ("timing", "qor", "area", "constraint", "fusion"):
         assert (compiled / "reports" / f"{name}.rpt").is_file()
     assert not [p.name for p in compiled.parent.iterdir() if p.name.startswith(".")]  # no temp folders left

@@ -18,7 +18,7 @@ FLOORS = {"units": 1, "errors": 1, "progress": 1,
           "timing": 3, "runtime": 3,
           "passes": 4, "characterize": 4, "design": 4,
           "flow": 5, "emit": 5, "reports": 5, "outdir": 5,
-          "cli": 6}
+          "cli": 6, "__main__": 6}
 UPWARD = {("design", "softsyn.flow.annotate")}  # the one upward arrow: Design.load reads a back-annotation
 
 

@@ -918,3 +918,45 @@ def test_rotary_cache_covers_every_position_the_kv_buffer_holds(target, cache_di
     caches = {v.name: v.const_value.numpy().shape for n in nl.nodes() for v in n.inputs
               if v is not None and "cos_cache" in v.name and v.const_value is not None}
     assert caches and all(rows == trained + 904 for rows, _ in caches.values()), caches
+
+
+# ------------------------------------------------------------------ pattern chains: the first broken link names its value
+def _rms_block(middle: str = "Sqrt", eps_input: bool = False, sqrt_out: bool = False) -> Netlist:
+    """y = x / middle(mean(x**2) + eps) * gamma on [2, 3, 8] fp32 (middle Sqrt: an RMSNorm)."""
+    n = oh.make_node
+    nodes = [n("Pow", ["x", "two"], ["sq"], name="n_pow"),
+             n("ReduceMean", ["sq", "axes"], ["mean"], name="n_mean", keepdims=1),
+             n("Add", ["mean", "eps"], ["var"], name="n_add"),
+             n(middle, ["var"], ["root"], name="n_root"),
+             n("Div", ["x", "root"], ["normed"], name="n_div"),
+             n("Mul", ["normed", "gamma"], ["y"], name="n_gamma")]
+    vi = oh.make_tensor_value_info
+    inits = [oh.make_tensor("two", T.FLOAT, [], [2.0]), oh.make_tensor("axes", T.INT64, [1], [-1]),
+             oh.make_tensor("gamma", T.FLOAT, [8], np.linspace(0.5, 1.5, 8).tolist())]
+    inputs = [vi("x", T.FLOAT, [2, 3, 8])]
+    if eps_input:
+        inputs.append(vi("eps", T.FLOAT, []))
+    else:
+        inits.append(oh.make_tensor("eps", T.FLOAT, [], [1e-6]))
+    outputs = [vi("y", T.FLOAT, [2, 3, 8])] + ([vi("root", T.FLOAT, [2, 3, 1])] if sqrt_out else [])
+    graph = oh.make_graph(nodes, "rms", inputs, outputs, initializer=inits)
+    model = onnx.shape_inference.infer_shapes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)],
+                                                            ir_version=10))
+    return Netlist(ir.serde.deserialize_model(model), "rms-block", kind="generic")
+
+
+@pytest.mark.parametrize("variant, reason", [
+    (dict(middle="Log"), "mean(x**2)+eps (var) feeds Log (n_root), not Sqrt (no rsqrt form recognised)"),
+    (dict(eps_input=True), "mean(x**2) (mean) feeds Add (n_add), not Add(eps): epsilon is not a constant scalar"),
+    (dict(sqrt_out=True), "sqrt(mean(x**2)+eps) (root) has 1 consumers and is a graph output (an intermediate of "
+                          "the pattern is used outside it), not only Reciprocal/Div"),
+])
+def test_a_norm_that_breaks_its_chain_names_the_link_and_the_value(variant, reason):
+    (cov,) = fuse(_rms_block(**variant), "cpu", kinds=["rms_norm"])
+    assert cov.candidates == 1 and cov.fused == 0 and cov.misses[0].reason == reason
+
+
+def test_a_norm_that_follows_its_chain_fuses():
+    nl = _rms_block()
+    (cov,) = fuse(nl, "cpu", kinds=["rms_norm"])
+    assert cov.fused == 1 and [n.op_type for n in nl.nodes()] == ["SimplifiedLayerNormalization"]

@@ -14,8 +14,8 @@ from softsyn.runtime.genai import save_tokenizer, source_tokens
 from softsyn.runtime.generate import Generator, prompt_ids
 from softsyn.runtime.session import open_model
 
-pytest.importorskip("onnxruntime_genai", reason="make install puts it in .venv: pip install --no-deps "
-                                                     "onnxruntime-genai==0.18.0 (it declares plain onnxruntime)")
+pytest.importorskip("onnxruntime_genai", reason="make install puts it in .venv: the genai extra, "
+                                                     "onnxruntime-genai-cuda==0.18.0 (it declares onnxruntime-gpu)")
 
 
 def test_genai_config_describes_the_graph(tiny_cpu_artifact):

@@ -203,7 +203,7 @@ def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
     import dataclasses
     import json
 
-    from softsyn.timing import time_group
+    from softsyn.timing import TimingRequest, time_group
     from softsyn.timing.capture import group_launch
 
     session = json.loads((cuda_artifact / "runtime" / "session.json").read_text())
@@ -220,7 +220,7 @@ def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
     decode = next(g for g in design.groups if g.name == "decode")
     captured = design.launches["decode"]
     assert captured.captured and not design.launches["prefill"].captured
-    graph = time_group(design.netlist, design.graph, library, design.constraints, decode, mode=captured)
+    graph = time_group(design.netlist, design.graph, library, design.constraints, decode, TimingRequest(mode=captured))
     eager = time_group(design.netlist, design.graph, library, design.constraints, decode)
     assert graph.critical.arrival < eager.critical.arrival and eager.launch == ""
     # a node the provider cannot run (the library recorded it) keeps the whole group eager, named
@@ -237,7 +237,7 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
 
     from softsyn.library import Cell
     from softsyn.library.model import GRAPH_SUFFIX
-    from softsyn.timing import time_group
+    from softsyn.timing import TimingRequest, time_group
     from softsyn.timing.sta import cell_timings, in_graph
 
     library = load_library("h200-ort-cuda")
@@ -273,10 +273,9 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
         if graphed.graph_delay("MatMul", "fp16", sizes) is not None:
             assert tables["decode"][cand.name]["fp16"] == pytest.approx(graphed.graph_delay("MatMul", "fp16", sizes))
             assert tables["prefill"][cand.name]["fp16"] != tables["decode"][cand.name]["fp16"]
-    captured = time_group(design.netlist, design.graph, graphed, design.constraints, decode,
-                          mode=design.launches["decode"])
-    plain = time_group(design.netlist, design.graph, library, design.constraints, decode,
-                       mode=design.launches["decode"])
+    request = TimingRequest(mode=design.launches["decode"])
+    captured = time_group(design.netlist, design.graph, graphed, design.constraints, decode, request)
+    plain = time_group(design.netlist, design.graph, library, design.constraints, decode, request)
     assert captured.critical.arrival != plain.critical.arrival
 
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from passes.fuse.attention_sites import attention_softmaxes, position_terms
 from passes.fuse.base import Replacement, Rule, stand_in
-from passes.fuse.graph import attr, cone_inputs, const, consumers, dim, int64, is_graph_output, make_node, op, scalar
+from passes.fuse.graph import (attr, cone_inputs, const, consumers, dim, input_dependent, int64, is_graph_output,
+                               make_node, op, scalar)
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
 
@@ -194,6 +196,7 @@ class Site:
     mask_input: ir.Value | None
     causal: bool
     head_size: int
+    bias: ir.Value | None = None  # the additive mask the scores get (its value in the graph), if any
 
 
 def exact_scale(scale: float, head_size) -> float:
@@ -389,8 +392,8 @@ def match(ctx, sm: ir.Node) -> Site | str:
     scale = exact_scale(scale * sq * sk, h)
     if kcat is not None:
         return Site(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
-                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h)
-    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h)
+                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h, bias)
+    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h, bias)
 
 
 def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:
@@ -454,11 +457,14 @@ class AttentionRule(Rule):
         self.target_op = " | ".join(o.target_op for o in ops)
 
     def anchors(self, ctx):
-        # anchor: every Softmax with a non-constant MatMul within a few elementwise ops upstream
-        wide = ("MatMul", "Mul", "Div", "Add", "Sub", "Tanh", "Where", "Cast")
-        return [n for n in ctx.graph if n.op_type == "Softmax" and _reaches_matmul(n.inputs[0], 5, wide)]
+        # anchor: every Softmax over a Q.K^T (attention_sites), whatever lies between them
+        ctx.cache["input-dependent"] = input_dependent(ctx.graph)
+        return attention_softmaxes(ctx.graph, ctx.cache["input-dependent"])
 
     def check(self, ctx, sm):
+        unfusable = position_terms(sm, ctx.cache["input-dependent"])
+        if unfusable:
+            return unfusable
         site = match(ctx, sm)
         if isinstance(site, str):
             return site

@@ -5,7 +5,9 @@ Each rule (onnxscript rewriter style) has three parts:
 * ``anchors(ctx)`` — a structural anchor that does not depend on the rule succeeding (every
   Softmax fed by a MatMul is an attention candidate, every ReduceMean(x²) an RMSNorm candidate),
   so a site that does not fuse is counted, never silent;
-* ``check(ctx, anchor)`` — returns a match object, or a string: the reason it does not fuse;
+* ``check(ctx, anchor)`` — returns a match object, or a string: the reason it does not fuse; a pattern's hops from
+  one value through the nodes it must feed are spelled as a chain (``passes.fuse.chain``: ``follow`` returns the
+  matched nodes or the first broken link, naming the value it broke at);
 * ``rewrite(ctx, match)`` — replaces the site in place;
 * ``replacement(ctx, match)`` — what the rewrite would put in and take out (a ``Replacement``), so the pass can
   ask the target library whether the fused cells are faster than the nodes they replace before rewriting.

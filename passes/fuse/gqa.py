@@ -2,16 +2,20 @@
 
 GQA is always causal and takes K/V with their own (fewer) heads. It claims a site that appends to a KV cache
 (softsyn's own decoder exports: its mask must be causal + key padding) and a causal site without a cache (a
-plain decoder export: past_key/past_value left out, the presents computed but unused). MultiHeadAttention has
-no causal option (it would need the mask as an attention bias and K/V repeated to every head), and ORT's CPU
-and CUDA providers both run GQA without a past. The node reads the new K/V as [B, S, Nkv*H], the past cache as
-is, and the lengths every layer shares (seqlens_k = valid tokens - 1 per row, total_sequence_length). On cuda
-it also takes over the rotary and q/k norms around it (gqa_absorb).
+plain decoder export: past_key/past_value left out, the presents computed but unused). MultiHeadAttention
+(unidirectional=1) would need K/V repeated to every head, and under a padding mask it gives NaN for a query row
+with no open key on ORT CPU; ORT's CPU and CUDA providers both run GQA without a past. The node reads the new K/V
+as [B, S, Nkv*H], the past cache as is, and the lengths every layer shares (seqlens_k = valid tokens - 1 per row,
+total_sequence_length). A site without a cache under a padding mask takes that mask as attention_bias on cpu
+(gqa_padding). On cuda the node also takes over the rotary and q/k norms around it (gqa_absorb).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import onnx_ir as ir
 
+from passes.fuse import gqa_padding
 from passes.fuse.attention import AttentionOp, Site, bsd_source, bsd_stand_in, fused_output, to_bsd
 from passes.fuse.base import Cell, Replacement, stand_in
 from passes.fuse.gqa_absorb import absorb_into, absorb_note
@@ -29,6 +33,11 @@ class GroupQueryAttentionRule(AttentionOp):
             return "decoder attention without a causal mask (GroupQueryAttention is always causal)"
         if site.past_k is not None and dim(site.past_k, 3) != site.head_size:
             return f"past key head size {dim(site.past_k, 3)} differs from Q's {site.head_size}"
+        if gqa_padding.uses_bias(ctx, site):
+            causal = gqa_padding.check_bias(ctx, site)
+            if isinstance(causal, str):
+                return causal
+            ctx.cache.setdefault("gqa-bias-causal", {})[id(site.softmax)] = causal
         return site
 
     def rewrite(self, ctx, m: Site):
@@ -41,9 +50,17 @@ class GroupQueryAttentionRule(AttentionOp):
             k, v = to_bsd(ctx, anchor, m.k_new, new), to_bsd(ctx, anchor, m.v_new, new)
         else:  # the projections, already [B, T, Nkv*H]
             k, v = m.k_new, m.v_new
-        seqlens, total = self._lengths(ctx, anchor, m, q, new)
+        padded = gqa_padding.uses_bias(ctx, m)
+        # with the mask as attention_bias every row's keys count (seqlens_k = T - 1), as without a mask
+        seqlens, total = self._lengths(ctx, anchor, replace(m, mask_input=None) if padded else m, q, new)
         inputs = [q, k, v, m.past_k, m.past_v, seqlens, total]
         attrs = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads, "scale": float(m.scale)}
+        if padded:
+            inputs = gqa_padding.bias_input(inputs, m)
+            if not ctx.cache["gqa-bias-causal"][id(m.softmax)]:
+                attrs["causal"] = 0  # a finite mask: the mask alone, as the export's Softmax reads it
+        if m.past_k is None and m.mask_input is not None:
+            ctx.cache["gqa-padding"] = ctx.cache.get("gqa-padding", 0) + 1
         if ctx.target == "cuda":
             absorb_into(ctx, ctx.site(anchor), inputs, attrs, m.num_heads, m.kv_heads)
         node = make_node(anchor, MS, "GroupQueryAttention", inputs, attrs, num_outputs=3)
@@ -63,16 +80,17 @@ class GroupQueryAttentionRule(AttentionOp):
         batch = [m.q.shape[0]] if m.q.shape is not None else None
         lengths = (stand_in(fresh("seqlens_k"), batch, ir.DataType.INT32),
                    stand_in(fresh("total_sequence_length"), [], ir.DataType.INT32))
-        cell = Cell("GroupQueryAttention", (q, k, v, m.past_k, m.past_v) + lengths,
+        bias = (None, None, None, m.bias) if gqa_padding.uses_bias(ctx, m) else ()
+        cell = Cell("GroupQueryAttention", (q, k, v, m.past_k, m.past_v) + lengths + bias,
                     (stand_in(fresh("gqa_out"), [m.q.shape[0], m.q.shape[2], m.num_heads * m.head_size], m.q.dtype),)
                     + self._presents(m), {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads})
         replaces = (m.out,) if m.past_k is None else (m.out, m.present_k, m.present_v)
         sources = (bsd_source(m.q),) + ((bsd_source(m.k_new), bsd_source(m.v_new)) if m.past_k is not None else (k, v))
-        reads = tuple(x for x in sources + (m.past_k, m.past_v, m.mask_input) if x is not None)
+        reads = tuple(x for x in sources + (m.past_k, m.past_v, m.mask_input) + bias[3:] if x is not None)
         return Replacement((cell,), replaces, reads)
 
     def note(self, ctx):
-        return absorb_note(ctx)
+        return "; ".join(n for n in (absorb_note(ctx), gqa_padding.note(ctx, ctx.cache.get("gqa-padding", 0))) if n)
 
     @staticmethod
     def _presents(m: Site) -> tuple[ir.Value, ir.Value]:

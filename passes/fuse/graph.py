@@ -359,3 +359,13 @@ def cone_inputs(values: list[ir.Value], stop: set[int] | None = None) -> list[ir
 
 def int64(graph: ir.Graph, name: str, values) -> ir.Value:
     return add_initializer(graph, name, np.asarray(values, dtype=np.int64))
+
+
+def input_dependent(graph: ir.Graph) -> set[int]:
+    """ids of the values that depend on a graph input (activations), in one pass over the graph's topological
+    order; the rest (weights, constants and what only they feed) the runtime can compute at load."""
+    dynamic = {id(v) for v in graph.inputs if v.const_value is None}  # an input with an initializer is a weight
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if any(v is not None and id(v) in dynamic for v in node.inputs):
+            dynamic.update(id(o) for o in node.outputs)
+    return dynamic

@@ -31,6 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.chain import Link, follow
 from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, downstream,
                                        evaluate, fresh, insert_before, make_node, replace_value, weightless)
 
@@ -111,6 +112,46 @@ class MoERule(Rule):
             return str(m)
 
     def _match(self, ctx, topk):
+        logits, raw_logits, k = self._router(topk)
+        vals, idx = topk.outputs
+        weights, normalize = self._routing_weights(vals)
+        gathers, stand_ins, E = self._gathers(idx, logits)
+        fc1, fc2, x = self._projections(gathers, raw_logits)
+        down = fc2[0][1]
+        H, inter = int(down.shape[1]), int(down.shape[2])
+        if x.shape is not None and isinstance(x.shape[-1], int) and x.shape[-1] != H:
+            raise _Miss(f"down projection emits {H} but the tokens have {x.shape[-1]} features")
+
+        gate_w, up_w, act = self._activation(fc1, fc2[0], inter)
+        probe = all(w.strides[0] for _, w in stand_ins.values())
+        if probe:
+            fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
+        else:  # shape-only stand-ins (zero-stride): the weightless rewrite needs the fused weights' shapes only
+            fc1_w = np.broadcast_to(gate_w.dtype.type(0), (E, 2 * inter, gate_w.shape[2]))
+        out = self._block_output(self._combine(weights, fc2[0][3]), x)
+        why = self._target_limits(ctx.target, x, H, inter, k, E)
+        if why:
+            raise _Miss(why)
+
+        dt = _dtype_np(x)
+        m = dict(topk=topk, wname=gathers[0][0].inputs[0].name or "experts", x=x, logits=raw_logits, out=out, k=k,
+                 normalize=normalize, act=act, E=E, H=H, inter=inter, weightless=bool(stand_ins),
+                 fc1=fc1_w.astype(dt, copy=False), fc2=down.astype(dt, copy=False),
+                 feeds=dict(stand_ins.values()))
+        if not probe:  # matched by data flow alone; the probe runs on materialised and small weightless sites
+            m["verified_rel"] = None
+            return m
+        rel = self._verify(ctx, m)
+        tol = 1e-4 if dt == np.float32 else 2e-2
+        if not rel < tol:
+            raise _Miss(f"com.microsoft.MoE differs from the expert graph on probe tokens (max rel {rel:.2e} > "
+                        f"{tol:g}): the expert math is not silu(gate)*up -> down with softmax top-k routing")
+        m["verified_rel"] = rel
+        return m
+
+    @staticmethod
+    def _router(topk: ir.Node) -> tuple[ir.Value, ir.Value, int]:
+        """(the router logits the Softmax reads, the same before any upcast, k): logits -> Softmax(-1) -> TopK(k)."""
         score = _score_node(topk)
         if score.op_type == "Sigmoid":
             raise _Miss("router scores are Sigmoid (DeepSeek/GLM-style gating); com.microsoft.MoE routes by "
@@ -126,15 +167,14 @@ class MoERule(Rule):
         kc = const(topk.inputs[1])
         if kc is None or kc.size != 1:
             raise _Miss("TopK k is not a constant")
-        k = int(np.ravel(kc)[0])
         raw_logits = logits
         while raw_logits.producer() is not None and raw_logits.producer().op_type == "Cast":
             raw_logits = raw_logits.producer().inputs[0]  # fp16 exports upcast before the softmax
+        return logits, raw_logits, int(np.ravel(kc)[0])
 
-        vals, idx = topk.outputs
-        weights, normalize = self._routing_weights(vals)
-
-        # ---- experts: gathers of stacked constants by the top-k indices
+    def _gathers(self, idx: ir.Value, logits: ir.Value) -> tuple[list, dict, int]:
+        """(gathers of stacked [E, ., .] expert weights by the top-k indices with the weights, the seeded stand-ins of
+        weightless ones (id -> (value, array)), E)."""
         gathers, biases, stand_ins = [], [], {}
         through_layout = lambda u, v: u.outputs[0] if u.op_type in LAYOUT and u.inputs[0] is v else None  # noqa: E731
         for u, v in downstream(idx, through_layout):
@@ -161,7 +201,12 @@ class MoERule(Rule):
         E = num_experts.pop()
         if isinstance(logits.shape[1], int) and logits.shape[1] != E:
             raise _Miss(f"the router scores {logits.shape[1]} experts but the stacked weights hold {E}")
+        return gathers, stand_ins, E
 
+    @staticmethod
+    def _projections(gathers: list, raw_logits: ir.Value) -> tuple[list, list, ir.Value]:
+        """(FC1 entries, FC2 entries, the token states): an entry (gather, weight [E, out, in], its batched MatMul,
+        the MatMul's output past layout ops, the MatMul's other operand); FC1 reads the router's token states."""
         router_in = set()
         rp = raw_logits.producer()
         if rp is not None and rp.op_type in ("Gemm", "MatMul"):
@@ -170,9 +215,11 @@ class MoERule(Rule):
                     router_in = {id(v) for v in _back(i)}
         fc1, fc2, x = [], [], None
         for g, w in gathers:
-            mm = _single(g.outputs[0], "MatMul")
-            if mm is None:
-                raise _Miss(f"gathered expert weight {g.inputs[0].name} does not feed a (batched) MatMul")
+            mm = follow(g.outputs[0], f"gathered expert weight {g.inputs[0].name}",
+                        Link("a (batched) MatMul", ("MatMul",)))
+            if isinstance(mm, str):
+                raise _Miss(mm)
+            mm = mm[0]
             pos = 0 if mm.inputs[0] is g.outputs[0] else 1
             wt = w if pos == 0 else np.transpose(w, (0, 2, 1))  # -> [E, out, in]
             operand = mm.inputs[1 - pos]
@@ -190,46 +237,21 @@ class MoERule(Rule):
         if len(fc2) != 1 or len(fc1) not in (1, 2):
             raise _Miss(f"expected 1-2 input projections and 1 output projection per expert, found "
                         f"{len(fc1)} and {len(fc2)}")
-        down = fc2[0][1]
-        H, inter = int(down.shape[1]), int(down.shape[2])
-        if x.shape is not None and isinstance(x.shape[-1], int) and x.shape[-1] != H:
-            raise _Miss(f"down projection emits {H} but the tokens have {x.shape[-1]} features")
+        return fc1, fc2, x
 
-        gate_w, up_w, act = self._activation(fc1, fc2[0], inter)
-        weightless_site = bool(stand_ins)
-        probe = all(w.strides[0] for _, w in stand_ins.values())
-        if probe:
-            fc1_w = np.stack([gate_w, up_w], axis=2).reshape(E, 2 * inter, gate_w.shape[2])  # interleaved g, l
-        else:  # shape-only stand-ins (zero-stride): the weightless rewrite needs the fused weights' shapes only
-            fc1_w = np.broadcast_to(gate_w.dtype.type(0), (E, 2 * inter, gate_w.shape[2]))
-
-        out = self._combine(weights, fc2[0][3])
+    @staticmethod
+    def _block_output(out: ir.Value, x: ir.Value) -> ir.Value:
+        """The value the fused op replaces: the combined output, past the Cast back to the tokens' dtype."""
         if out.dtype is not None and x.dtype is not None and out.dtype != x.dtype:
-            back = _single(out, "Cast")  # fp16 exports sum the k slots in fp32, then cast back
-            if back is None or attr(back, "to") != x.dtype:
-                raise _Miss(f"the combined expert output is {out.dtype}, not cast back to the tokens' {x.dtype}")
-            out = back.outputs[0]
+            # fp16 exports sum the k slots in fp32, then cast back
+            back = follow(out, "the combined expert output", Link(f"Cast to the tokens' {x.dtype}", ("Cast",),
+                          test=lambda n, _: None if attr(n, "to") == x.dtype else f"it casts to {attr(n, 'to')}"))
+            if isinstance(back, str):
+                raise _Miss(back)
+            out = back[0].outputs[0]
         if out.shape is None or x.shape is None or len(out.shape) != len(x.shape):
             raise _Miss(f"the combined expert output (shape {out.shape}) is not shaped like the tokens ({x.shape})")
-        why = self._target_limits(ctx.target, x, H, inter, k, E)
-        if why:
-            raise _Miss(why)
-
-        dt = _dtype_np(x)
-        m = dict(topk=topk, wname=gathers[0][0].inputs[0].name or "experts", x=x, logits=raw_logits, out=out, k=k,
-                 normalize=normalize, act=act, E=E, H=H, inter=inter, weightless=weightless_site,
-                 fc1=fc1_w.astype(dt, copy=False), fc2=down.astype(dt, copy=False),
-                 feeds=dict(stand_ins.values()))
-        if not probe:  # matched by data flow alone; the probe runs on materialised and small weightless sites
-            m["verified_rel"] = None
-            return m
-        rel = self._verify(ctx, m)
-        tol = 1e-4 if dt == np.float32 else 2e-2
-        if not rel < tol:
-            raise _Miss(f"com.microsoft.MoE differs from the expert graph on probe tokens (max rel {rel:.2e} > "
-                        f"{tol:g}): the expert math is not silu(gate)*up -> down with softmax top-k routing")
-        m["verified_rel"] = rel
-        return m
+        return out
 
     @staticmethod
     def _stand_in(v: ir.Value) -> np.ndarray:
@@ -320,11 +342,11 @@ class MoERule(Rule):
                                 "factor); com.microsoft.MoE has no such input")
                 if id(other) not in from_expert:
                     raise _Miss("routing weights multiply something other than the expert output")
-                r = _forward(u.outputs[0])
-                red = _single(r, "ReduceSum")
-                if red is None:
-                    raise _Miss("weighted expert outputs are not summed by one ReduceSum over the k slots")
-                found = red.outputs[0]
+                red = follow(_forward(u.outputs[0]), "weighted expert outputs",
+                             Link("one ReduceSum over the k slots", ("ReduceSum",)))
+                if isinstance(red, str):
+                    raise _Miss(red)
+                found = red[0].outputs[0]
         if found is None:
             raise _Miss("routing weights never multiply the expert outputs")
         return found

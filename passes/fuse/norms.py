@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from softsyn.netlist import eval_dim_expr
 from passes.fuse.base import Cell, Replacement, Rule, stand_in
+from passes.fuse.chain import Link, follow
 from passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, first_in_order, insert_before,
                                   make_node, op, other_input, rank, replace_value, scalar)
 
@@ -39,17 +40,6 @@ def _squared_input(node: ir.Node | None) -> ir.Value | None:
     return None
 
 
-def _only_consumer(v: ir.Value, ctx) -> ir.Node | str:
-    users = consumers(v)
-    if len(users) != 1 or any(o is v for o in ctx.graph.outputs):
-        return f"{v.name} has {len(users)} consumers (an intermediate of the norm is used outside it)"
-    return users[0]
-
-
-def _desc(node: ir.Node | None) -> str:
-    return "nothing" if node is None else f"{node.op_type} ({node.name})"
-
-
 def _weight_mul(y: ir.Value, h) -> tuple[ir.Value | None, ir.Value]:
     """(gamma, output) if y feeds exactly one Mul by a constant vector, else (None, y)."""
     users = consumers(y)
@@ -71,6 +61,34 @@ class _RMS:
     out: ir.Value
 
 
+def _eps(add: ir.Node, mean: ir.Value) -> str | None:
+    return None if scalar(other_input(add, mean)) is not None else "epsilon is not a constant scalar"
+
+
+def _rsqrt(n: ir.Node) -> bool:
+    """Reciprocal(s) or Div(1, s)."""
+    return n.op_type == "Reciprocal" or (n.op_type == "Div" and scalar(n.inputs[0]) == 1.0)
+
+
+def _rms_tail(x: ir.Value) -> tuple[Link, ...]:
+    """mean(x**2) -> Add(eps) -> Sqrt -> Reciprocal | Div(1, .) | Div(x, .)."""
+    def over_sqrt(n: ir.Node, s: ir.Value) -> str | None:
+        if _rsqrt(n):
+            return None
+        if n.op_type != "Div" or n.inputs[1] is not s:
+            return "it does not divide by sqrt(...)"
+        return None if n.inputs[0] is x else "x / sqrt(...) divides a different tensor than the one squared"
+
+    return (Link("Add(eps)", ("Add",), gives="mean(x**2)+eps", test=_eps),
+            Link("Sqrt (no rsqrt form recognised)", ("Sqrt",), gives="sqrt(mean(x**2)+eps)"),
+            Link("Reciprocal/Div", ("Reciprocal", "Div"), test=over_sqrt))
+
+
+def _times_x(x: ir.Value) -> Link:
+    return Link("Mul(x, rsqrt) of the same x", ("Mul",),
+                test=lambda n, r: None if other_input(n, r) is x else "it multiplies another tensor than x")
+
+
 def match_rms(ctx, rm: ir.Node) -> _RMS | str:
     x = _squared_input(op(rm.inputs[0], "Pow", "Mul"))
     if x is None:
@@ -79,35 +97,17 @@ def match_rms(ctx, rm: ir.Node) -> _RMS | str:
         return f"mean is over axes {_axes(ctx, rm)}, not the last axis only"
     if attr(rm, "keepdims", 1) != 1:
         return "ReduceMean keepdims=0"
-    add = _only_consumer(rm.outputs[0], ctx)
-    if isinstance(add, str):
-        return add
-    if add.op_type != "Add":
-        return f"mean(x**2) feeds {_desc(add)}, not Add(eps)"
+    tail = follow(rm.outputs[0], "mean(x**2)", *_rms_tail(x))
+    if isinstance(tail, str):
+        return tail
+    add, _, last = tail
     eps = scalar(other_input(add, rm.outputs[0]))
-    if eps is None:
-        return "epsilon is not a constant scalar"
-    sq = _only_consumer(add.outputs[0], ctx)
-    if isinstance(sq, str):
-        return sq
-    if sq.op_type != "Sqrt":
-        return f"mean(x**2)+eps feeds {_desc(sq)}, not Sqrt (no rsqrt form recognised)"
-    nxt = _only_consumer(sq.outputs[0], ctx)
-    if isinstance(nxt, str):
-        return nxt
-    if nxt.op_type == "Reciprocal" or (nxt.op_type == "Div" and scalar(nxt.inputs[0]) == 1.0):
-        mul = _only_consumer(nxt.outputs[0], ctx)
+    if _rsqrt(last):
+        mul = follow(last.outputs[0], "rsqrt", _times_x(x))
         if isinstance(mul, str):
             return mul
-        if mul.op_type != "Mul" or other_input(mul, nxt.outputs[0]) is not x:
-            return f"rsqrt feeds {_desc(mul)}, not Mul(x, rsqrt) of the same x"
-        y = mul.outputs[0]
-    elif nxt.op_type == "Div" and nxt.inputs[1] is sq.outputs[0]:
-        if nxt.inputs[0] is not x:
-            return "x / sqrt(...) divides a different tensor than the one squared"
-        y = nxt.outputs[0]
-    else:
-        return f"sqrt feeds {_desc(nxt)}, not Reciprocal/Div"
+        last = mul[0]
+    y = last.outputs[0]
     if x.dtype is not None and x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         return f"x has dtype {x.dtype}"
     x, y = _strip_upcast(x, y)
@@ -311,9 +311,9 @@ class LayerNormRule(Rule):
         sq_means = [u for u in consumers(d) if u.op_type in ("Pow", "Mul") and _squared_input(u) is d]
         if len(sq_means) != 1:
             return "no (x - mean)**2 found"
-        rm2 = consumers(sq_means[0].outputs[0])
-        if len(rm2) != 1 or rm2[0].op_type != "ReduceMean":
-            return "variance is not ReduceMean((x - mean)**2)"
+        rm2 = follow(sq_means[0].outputs[0], "(x - mean)**2", Link("ReduceMean (the variance)", ("ReduceMean",)))
+        if isinstance(rm2, str):
+            return rm2
         m = match_rms(ctx, rm2[0])   # same tail as RMSNorm, applied to d
         if isinstance(m, str):
             return "variance tail: " + m

@@ -10,8 +10,8 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.fuse.base import Cell, Replacement, Rule, stand_in
-from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, fresh, insert_before,
-                                       int64, make_node, op, other_input, replace_value, weightless)
+from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, fresh, input_dependent,
+                               insert_before, int64, make_node, op, other_input, replace_value, weightless)
 
 
 def _weight(v: ir.Value | None):
@@ -94,7 +94,11 @@ class ProjectionMergeRule(Rule):
     def anchors(self, ctx):
         groups = _projections(ctx)
         want = (lambda g: len(g) >= 3) if self.kind == "packed_qkv" else (lambda g: len(g) == 2)
-        sel = [g for g in groups if want(g)]
+        # projections of a load-time constant (DeBERTa's relative position embeddings, read by every layer's
+        # query and key projections) are folded by the runtime at load: nothing to merge, not a candidate
+        dynamic = input_dependent(ctx.graph)
+        sel = [g for g in groups if want(g) and id(g[0].inputs[0]) in dynamic]
+        ctx.cache[("proj-folded", self.kind)] = sum(1 for g in groups if want(g) and id(g[0].inputs[0]) not in dynamic)
         ctx.cache[("proj", self.kind)] = {id(g[0]): g for g in sel}
         return [g[0] for g in sel]
 
@@ -165,7 +169,11 @@ class ProjectionMergeRule(Rule):
 
     def note(self, ctx):
         n = ctx.cache.get("packed-into-gqa", 0) if self.kind == "packed_qkv" else 0
-        return f"{n} packed QKV feed GroupQueryAttention as its query (no Split, no key/value inputs)" if n else ""
+        folded = ctx.cache.get(("proj-folded", self.kind), 0)
+        notes = [f"{n} packed QKV feed GroupQueryAttention as its query (no Split, no key/value inputs)" if n else "",
+                 f"{folded} group(s) of projections of a load-time constant not counted (the runtime folds them at "
+                 "load)" if folded else ""]
+        return "; ".join(x for x in notes if x)
 
     def replacement(self, ctx, match) -> Replacement:
         group, ws, biases = match

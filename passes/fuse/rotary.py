@@ -21,7 +21,8 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.fuse.base import Cell, Replacement, Rule, stand_in
-from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, consumers, dim,
+from passes.fuse.chain import Link, follow
+from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, cone_inputs, const, dim,
                                        evaluate, fresh, insert_before, int64, make_node, op, other_input, placeholders,
                                        replace_value)
 
@@ -76,6 +77,15 @@ def _position_source(cos: ir.Value, sin: ir.Value):
     return None
 
 
+def _rotary_tail(x: ir.Value) -> tuple[Link, ...]:
+    """rotate_half(x) -> Mul(sin) -> Add(x*cos, .)."""
+    def plus_x_cos(add: ir.Node, v: ir.Value) -> str | None:
+        mcos = op(other_input(add, v), "Mul")
+        return None if mcos is not None and x in list(mcos.inputs) else "the Add's other operand is not x*cos"
+
+    return (Link("Mul(sin)", ("Mul",), gives="rotate_half(x)*sin"), Link("Add(x*cos, .)", ("Add",), test=plus_x_cos))
+
+
 @dataclass
 class _Rot:
     anchor: ir.Node
@@ -116,24 +126,18 @@ class RotaryRule(Rule):
         if not (hi[0] == h // 2 and hi[1] >= h and lo[0] == 0 and lo[1] == h // 2):
             return (f"rotary covers part of the head (slices [{lo[0]}:{lo[1]}] and [{hi[0]}:{hi[1]}] of {h}): "
                     "partial rotary is not fused")
-        users = consumers(concat.outputs[0])
-        if len(users) != 1 or users[0].op_type != "Mul":
-            return "rotate_half(x) does not feed exactly one Mul(sin)"
-        msin = users[0]
+        chain = follow(concat.outputs[0], "rotate_half(x)", *_rotary_tail(x))
+        if isinstance(chain, str):
+            return chain
+        msin, add = chain
         sin = other_input(msin, concat.outputs[0])
-        adds = consumers(msin.outputs[0])
-        if len(adds) != 1 or adds[0].op_type != "Add":
-            return "rotate_half(x)*sin does not feed an Add"
-        add = adds[0]
-        mcos = op(other_input(add, msin.outputs[0]), "Mul")
-        if mcos is None or x not in list(mcos.inputs):
-            return "the Add's other operand is not x*cos"
-        cos = other_input(mcos, x)
+        cos = other_input(op(other_input(add, msin.outputs[0]), "Mul"), x)
         caches = self._caches(ctx, cos, sin, h)
         if isinstance(caches, str):
             return caches
         pos, cc, sc, meta = caches
-        return _Rot(concat, x, cos, sin, add.outputs[0], pos, cc, sc, meta)
+        return _Rot(anchor=concat, x=x, cos=cos, sin=sin, out=add.outputs[0], pos=pos, cos_cache=cc, sin_cache=sc,
+                    weightless=meta)
 
     def _caches(self, ctx, cos, sin, h):
         key = ("rotary", id(cos), id(sin))

@@ -115,7 +115,8 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
         current = precision_of(node)
         offered = [p for p in quantised if p != "fp8" or node.inputs[0].dtype in FP8_ACTS]
         fp8_refused += len(quantised) - len(offered)
-        found.append(Candidate(node.name, hierarchy, k, n, current, (current, *offered), k * n))
+        found.append(Candidate(name=node.name, hierarchy=hierarchy, k=k, n=n, current=current,
+                               options=(current, *offered), params=k * n))
     if fp8_refused:
         skipped["fp8"] = (f"{fp8_refused} cell{'s' if fp8_refused != 1 else ''} with activations other than "
                           f"fp16/bf16: {FP8_OP} takes only those")
@@ -251,7 +252,7 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
             continue
         w = node.inputs[1]
         k, n = int(w.shape[0]), int(w.shape[1])
-        cand = Candidate(name, "", k, n, "", (), k * n)
+        cand = Candidate(name=name, hierarchy="", k=k, n=n, current="", options=(), params=k * n)
         source, transposed = weight_source(w)
         if is_weightless(source):
             tensors = _weightless_tensors(cand, precision, w.dtype)

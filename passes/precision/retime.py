@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from softsyn import progress
 from passes.precision import mapping as mp
 from passes.precision import search
 
@@ -282,7 +283,9 @@ def _figures(name: str, timing, problem: search.Problem, mapping: dict[str, str]
     delta = sum(problem.cost[name][c][mapping[c]] - problem.cost[name][c][base[c]] for c in problem.cells) \
         if name in problem.cost else 0.0
     ratio, lo, hi = _spread([mb / ma for ma, mb in zip(a.round_medians, b.round_medians) if ma > 0])
-    return GroupFigures(name, timing.weight, budget, predicted, predicted + delta, a.median, b.median, ratio, lo, hi)
+    return GroupFigures(group=name, weight=timing.weight, budget=budget, predicted_base=predicted,
+                        predicted_map=predicted + delta, measured_base=a.median, measured_map=b.median, ratio=ratio,
+                        ratio_p10=lo, ratio_p90=hi)
 
 
 def sub_maps(problem: search.Problem, mapping: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -346,8 +349,8 @@ def judge(index: int, design_timing: dict, problem: search.Problem, mapping: dic
             lat_a[r] += timing.weight * ma
             lat_b[r] += timing.weight * mb
     ratio, lo, hi = _spread([b / a for a, b in zip(lat_a, lat_b) if a > 0])
-    rnd = Round(index, {c: p for c, p in mapping.items() if p != base[c]}, groups, ratio, lo, hi, False, "",
-                load, len(lat_a), split)
+    rnd = Round(index=index, moved={c: p for c, p in mapping.items() if p != base[c]}, groups=groups, ratio=ratio,
+                ratio_p10=lo, ratio_p90=hi, kept=False, verdict="", load=load, rounds=len(lat_a), parts=split)
     slack = (f"weighted negative slack {-rnd.negative_slack('base') * 1e3:.3f} -> {-rnd.negative_slack('map') * 1e3:.3f}"
              " ms")
     latency = f"weighted latency x{ratio:.3f} [{lo:.3f}-{hi:.3f}]"
@@ -415,7 +418,7 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
     with tempfile.TemporaryDirectory(prefix="softsyn-retime-") as tmp:
         bench = measure or Bench(Path(tmp))
         try:
-            return _rounds(design, problem, chosen, propose, report, bench, max_rounds, provider)
+            return _rounds(design, problem, chosen, propose, report, bench, max_rounds=max_rounds, provider=provider)
         finally:
             getattr(bench, "close", lambda: None)()
 
@@ -436,8 +439,10 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
         load0 = os.getloadavg()[0]
         maps = [current.mapping, *sub_maps(tables, current.mapping).values()]
         try:
-            pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
-                                              provider).items() if g in timing}
+            with progress.step(f"optimize: measured re-timing round {index}/{max_rounds} on {provider}",
+                               enabled=getattr(design, "progress", False)):
+                pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
+                                                  provider).items() if g in timing}
         except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
             report.notes.append(f"measured re-timing round {index} could not run on {provider}: "
                                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")

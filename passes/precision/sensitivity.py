@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from softsyn import progress
 from passes.precision.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
                                               weight_source)
 from passes.precision.search import ESTIMATE_RULE, cell_error
@@ -251,12 +252,15 @@ def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[st
     todo = [(c, p) for c in cands for p in c.options[1:] if p not in cached.get(c.name, {})]
     where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
     if todo:
-        runner = Runner(design, provider)
-        where = runner.where
-        for i, (c, p) in enumerate(todo, 1):
-            cached.setdefault(c.name, {})[p] = runner.error({c.name: p})
-            if log is not None and (i % 10 == 0 or i == len(todo)):
-                log(f"optimize: sensitivity {i}/{len(todo)} measured")
+        with progress.step("optimize: sensitivity, each cell quantised alone and run", total=len(todo),
+                           enabled=getattr(design, "progress", False), done=f"optimize: sensitivity of {len(todo)} cell options") as bar:
+            runner = Runner(design, provider)
+            where = runner.where
+            for i, (c, p) in enumerate(todo, 1):
+                cached.setdefault(c.name, {})[p] = runner.error({c.name: p})
+                bar.advance()
+                if log is not None and (i % 10 == 0 or i == len(todo)):
+                    log(f"optimize: sensitivity {i}/{len(todo)} measured")
         path = _cache_file(design, cands, runner.provider)
         _write_cache(path, cached)
     errors = {c.name: {c.current: 0.0, **{p: cached[c.name][p] for p in c.options[1:]}} for c in cands}
@@ -294,13 +298,16 @@ def measure_per_role(design, cands: list[Candidate], log=None) -> tuple[dict[str
             if p not in cached.get(role, {})]
     where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
     if todo:
-        runner = Runner(design, provider)
-        where = runner.where
-        for i, (role, p) in enumerate(todo, 1):
-            cached.setdefault(role, {})[p] = runner.error({c.name: p for c in groups[role] if p in c.options})
-            if log is not None:
-                log(f"optimize: sensitivity per role {i}/{len(todo)}: {role} x{len(groups[role])} {p} "
-                    f"{cached[role][p]:.3e}")
+        with progress.step("optimize: sensitivity per role, each role quantised at once and run", total=len(todo),
+                           enabled=getattr(design, "progress", False), done=f"optimize: sensitivity of {len(todo)} role options") as bar:
+            runner = Runner(design, provider)
+            where = runner.where
+            for i, (role, p) in enumerate(todo, 1):
+                cached.setdefault(role, {})[p] = runner.error({c.name: p for c in groups[role] if p in c.options})
+                bar.advance()
+                if log is not None:
+                    log(f"optimize: sensitivity per role {i}/{len(todo)}: {role} x{len(groups[role])} {p} "
+                        f"{cached[role][p]:.3e}")
         path = _cache_file(design, cands, runner.provider, "role")
         _write_cache(path, cached)
     errors = {}

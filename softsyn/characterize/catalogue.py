@@ -64,19 +64,20 @@ def plan_name(provider: str, quick: bool) -> str:
 
 # ------------------------------------------------------------------------------------------ grids
 
-def _e(*points):
+def _e(points: list) -> list[list]:
+    """An elements-only grid: one axis of `points`."""
     return [list(points)]
 
 
-E_CPU = _e(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20)
-E_CPU_Q = _e(1, 64, 4096, 262144)
-E_GPU = _e(1, 1024, 16384, 262144, 1 << 22, 1 << 25)
-E_GPU_Q = _e(1, 16384, 1 << 22)
+E_CPU = _e([1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20])
+E_CPU_Q = _e([1, 64, 4096, 262144])
+E_GPU = _e([1, 1024, 16384, 262144, 1 << 22, 1 << 25])
+E_GPU_Q = _e([1, 16384, 1 << 22])
 # moves/views: the big end matters less on the tiny zoo, smaller grid on CPU
-E_SMALL_CPU = _e(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
-E_SMALL_CPU_Q = _e(1, 256, 65536)
+E_SMALL_CPU = _e([1, 4, 16, 64, 256, 1024, 4096, 16384, 65536])
+E_SMALL_CPU_Q = _e([1, 256, 65536])
 # GatherND also gathers MoE expert weights per token: outputs of tens of MiB, far beyond the caches
-E_GATHER_CPU = _e(1, 16, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24)
+E_GATHER_CPU = _e([1, 16, 256, 4096, 65536, 1 << 20, 1 << 22, 1 << 24])
 EL = {"cpu": E_CPU, "cpu-quick": E_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 ES = {"cpu": E_SMALL_CPU, "cpu-quick": E_SMALL_CPU_Q, "cuda": E_GPU, "cuda-quick": E_GPU_Q}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -175,8 +175,8 @@ def chained(g: Graph, src: str, optimize: bool = True) -> Graph:
         nodes[i].input[:] = [prev if n == src else n for n in ins]
     last = nodes[-1].output[0]
     outs = [(n, e) for n, e in g.outputs if n == last]
-    return Graph(nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize, form="chain",
-                 aliases={o: i for o, i in g.aliases.items() if o == last})
+    return replace(g, nodes=nodes, outputs=outs, optimize=optimize, form="chain",
+                   aliases={o: i for o, i in g.aliases.items() if o == last})
 
 
 def intermediates(g: Graph) -> Graph:
@@ -187,5 +187,5 @@ def intermediates(g: Graph) -> Graph:
     The session runs without graph rewrites: they would merge the identical copies (common subexpressions)."""
     last = set(g.nodes[-1].output)
     outs = [(n, e) for n, e in g.outputs if n in last]
-    return Graph(g.nodes, g.inputs, outs, g.inits, g.ms_domain, g.cpu_inputs, g.opset, optimize=False,
-                 form="intermediates", aliases={o: i for o, i in g.aliases.items() if o in last})
+    return replace(g, outputs=outs, optimize=False, form="intermediates",
+                   aliases={o: i for o, i in g.aliases.items() if o in last})

@@ -47,6 +47,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +55,13 @@ import yaml
 
 from softsyn.characterize.catalogue import CellKind, cell_kinds, geometric_mid, plan_name, run_cell_grid
 from softsyn.characterize.cellgraph import FLOAT, Ctx, Graph, make_model
-from softsyn.characterize.ceilings import time_interleaved
+from softsyn.characterize.ceilings import measure_ceilings, time_interleaved
 from softsyn.characterize.probe import speed_probe, summarise
 from softsyn.characterize.runner import (
     OUTLIER, SETTINGS, Runner, Sample, best_delay, cell_session, measure_point, remeasure_outliers)
 from softsyn.characterize.writer import write_library
 from softsyn.errors import SoftsynError
+from softsyn.library import Cell
 from softsyn.library.model import GRAPH_SUFFIX
 from softsyn.progress import log
 from softsyn.runtime.binding import BoundRunner
@@ -172,25 +174,39 @@ def graph_grids(kind: CellKind, grids: list[list[float]]) -> list[list[float]]:
     return [[g[0]] if a == rows else list(g) for a, g in zip(kind.axes, grids)]
 
 
-def characterize(provider: str, output: str | os.PathLike, cells: str | None = None, quick: bool = False,
+def characterize(provider: str, output: str | os.PathLike, *, cells: str | None = None, quick: bool = False,
                  progress: bool = True, command: str | None = None, note: str | None = None,
                  holdout_limit: int | None = None, cuda_graph: bool = False, again: bool = False) -> dict:
     """Characterise `provider` into `output` (resuming it if it exists); returns the library dict. `cuda_graph`:
     the graph tables instead (GRAPH_ROWS' kinds at one row, timed as CUDA graph replays; CUDA only). `again`: the
     `cells` selected are measured again though the file has them (a recipe changed), each entry replaced when its
-    new measurement is written (an interrupted run keeps the old ones it had not reached)."""
-    from softsyn.characterize.ceilings import measure_ceilings
-    from softsyn.library import Cell
+    new measurement is written (an interrupted run keeps the old ones it had not reached).
 
+    Three stages: the library's header (read or measured ceilings, the method), the plan (plan_cells: which cells,
+    in which order), then each cell measured (_Measurement) and written as soon as it is."""
     if provider not in PROVIDERS:
         raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
     if cuda_graph and provider != "cuda":
         raise SoftsynError(f"--graph times cells as CUDA graph replays: it needs --provider cuda, not {provider}")
     say = functools.partial(log, enabled=progress, tag="characterize")
     path = Path(output)
-    plan = plan_name(provider, quick)
-    st = SETTINGS[plan]
     started = time.perf_counter()
+    lib = _open_library(provider, path, quick=quick, progress=progress, command=command, say=say)
+    _stamp_header(lib, provider, plan_name(provider, quick), command=command, note=note, cuda_graph=cuda_graph)
+    plan = plan_cells(provider, lib, cells=cells, quick=quick, cuda_graph=cuda_graph, again=again,
+                      holdout_limit=holdout_limit)
+    _Measurement(plan, lib, path, say, started).sweep()
+    e = lib.get("interpolation_error", {})
+    say(f"done in {time.perf_counter() - started:.0f} s: {len(lib['cells'])} cells, "
+        f"interpolation error median {e.get('median_pct')}% max {e.get('max_pct')}% over {e.get('points')} "
+        f"held-out points -> {path}")
+    return lib
+
+
+# ------------------------------------------------------------------------------------------ the header
+
+def _open_library(provider: str, path: Path, *, quick: bool, progress: bool, command: str | None, say) -> dict:
+    """The library at `path` to resume (it must be one, for `provider`), or a new one from measured ceilings."""
     if path.exists():
         lib = yaml.safe_load(path.read_text())
         if not isinstance(lib, dict) or "ceilings" not in lib:
@@ -200,12 +216,21 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
         lib.setdefault("notes", {})
         lib["cells"] = lib.get("cells") or []
         say(f"resuming {path}: {len(lib['cells'])} cells already measured")
-    else:
-        say(f"measuring ceilings ({provider}{', quick' if quick else ''}) ...")
-        lib = measure_ceilings(provider, quick=quick, progress=progress,
-                               name="cpu-ort" if provider == "cpu" else "h200-ort-cuda", command=command)
-        lib["cells"] = []
-    import onnxruntime as ort
+        return lib
+    say(f"measuring ceilings ({provider}{', quick' if quick else ''}) ...")
+    lib = measure_ceilings(provider, quick=quick, progress=progress,
+                           name="cpu-ort" if provider == "cpu" else "h200-ort-cuda", command=command)
+    lib["cells"] = []
+    return lib
+
+
+def _stamp_header(lib: dict, provider: str, plan: str, *, command: str | None, note: str | None,
+                  cuda_graph: bool) -> None:
+    """The header's `characterization` (plan, date, runtime, method; a resumed run's command listed after the
+    library's own), the graph tables' note, and an empty `not_characterised` where there is none."""
+    import onnxruntime as ort  # deferred: the session module loads it too, only once a run measures
+
+    st = SETTINGS[plan]
     lib.setdefault("characterization", {})
     ch = lib["characterization"]
     if not lib.get("command"):
@@ -231,151 +256,230 @@ def characterize(provider: str, output: str | os.PathLike, cells: str | None = N
             "T(N copies) - T(1) difference with both graphs captured (enable_cuda_graph=1) and replayed: the kernel "
             "time plus what one more node costs inside a graph, with no host share; read only by captured groups")
     lib.setdefault("not_characterised", {})
-    done = {(c["op"], str(c["precision"]), str(c.get("implementation", ""))) for c in lib["cells"]}
 
-    ctx = Ctx(provider=provider, row=256 if provider == "cpu" else 1024, head_dim=32 if provider == "cpu" else 128,
-              act="fp32" if provider == "cpu" else "fp16", form=st.form, cuda_graph=cuda_graph)
-    run_overhead = float(lib["ceilings"]["run_overhead"])
-    kinds = [k for k in cell_kinds() if provider in k.providers]
-    kinds.append(None)  # the Run cell
-    if cuda_graph:
-        kinds = [k for k in kinds if graph_kind(k)]
+
+# ------------------------------------------------------------------------------------------ the plan
+
+def _cell_name(provider: str, kind: CellKind | None, cuda_graph: bool) -> tuple[str, str, str]:
+    """(op, precision, implementation) of `kind` as the library names its entry (None: the Run cell)."""
+    impl = kind.implementation(provider) if kind else f"ort-{provider}"
+    impl += GRAPH_SUFFIX if cuda_graph else ""
+    op, prec = (kind.op, kind.precision) if kind else ("Run", "fp32")
+    return op, prec, impl
+
+
+def _entry_name(cell: dict) -> tuple[str, str, str]:
+    return cell["op"], str(cell["precision"]), str(cell.get("implementation", ""))
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What one characterize run measures: the kinds selected, in catalogue order, each with its 1-based index (None:
+    the Run cell); the entries the library already has (skipped); the library's cell order; how points are taken."""
+
+    provider: str
+    name: str  # the plan (softsyn.characterize.catalogue.plan_name): its grids and SETTINGS
+    kinds: tuple  # ((index, CellKind | None), ...)
+    done: frozenset  # (op, precision, implementation) of the entries the library has
+    order: dict  # (op, precision, implementation) -> position in the catalogue: the library's cell order
+    holdout_limit: int
+    quick: bool
+    cuda_graph: bool
+    again: bool
+
+    def cell(self, kind: CellKind | None) -> tuple[str, str, str]:
+        return _cell_name(self.provider, kind, self.cuda_graph)
+
+
+def plan_cells(provider: str, lib: dict, *, cells: str | None, quick: bool, cuda_graph: bool, again: bool,
+               holdout_limit: int | None) -> CellPlan:
+    """The cells `characterize` measures into `lib`: the provider's kinds and the Run cell, the graph tables' only
+    with `cuda_graph`, those `cells` (comma-separated fnmatch patterns on key or op) selects. `again`: the
+    selected cells count as not measured, and their not_characterised entries are dropped from `lib`."""
+    catalogue = [k for k in cell_kinds() if provider in k.providers] + [None]  # None: the Run cell
+    kinds = [k for k in catalogue if graph_kind(k)] if cuda_graph else list(catalogue)
     if cells:
         pats = [p.strip() for p in cells.split(",") if p.strip()]
         kinds = [k for k in kinds if any(fnmatch.fnmatchcase(k.key if k else "Run.fp32", p)
                                          or fnmatchcase_op(k, p) for p in pats)]
     elif again:
         raise SoftsynError("characterize --again measures the --cells given again: name them with --cells")
+    done = {_entry_name(c) for c in lib["cells"]}
     if again:
         for k in kinds:
-            impl = (k.implementation(provider) if k else f"ort-{provider}") + (GRAPH_SUFFIX if cuda_graph else "")
-            op, prec = (k.op, k.precision) if k else ("Run", "fp32")
+            op, prec, impl = _cell_name(provider, k, cuda_graph)
             done.discard((op, prec, impl))
             lib["not_characterised"].pop(f"{op}.{prec}.{impl}", None)
     order = {(k.op, k.precision, k.implementation(provider)) if k else ("Run", "fp32", f"ort-{provider}"): i
-             for i, k in enumerate([k for k in cell_kinds() if provider in k.providers] + [None])}
-    total = len(kinds)
-    limit = holdout_limit or (6 if quick else 24)
-    probes: list[float] = []  # the machine's speed before each measured cell (softsyn.characterize.probe)
-    previous_probe = lib.get("probe")
-    # a cell whose every pass started in a slow phase of the machine (probe > PASS_GATE x the run's fastest, known
-    # at the end of the plan) is measured once more then; the measurement whose passes ran faster stands
-    queue, retried, pass_min, swept = list(enumerate(kinds, 1)), set(), {}, False
-    while queue or not swept:
-        if not queue:  # the end of the plan: the run's fastest probe is known
-            swept = True
-            retried = {k for k, (_, _, pm) in pass_min.items() if pm > PASS_GATE * min(probes)}
-            queue = [(i, k) for key, (i, k, _) in pass_min.items() if key in retried]
-            for key in sorted(retried):
-                say(f"{key}: every pass started in a slow phase (probe "
-                    f"{pass_min[key][2] * 1e6:.0f} us vs the run's fastest {min(probes) * 1e6:.0f} us): measured again")
-            continue
-        idx, kind = queue.pop(0)
-        impl = kind.implementation(provider) if kind else f"ort-{provider}"
-        impl += GRAPH_SUFFIX if cuda_graph else ""
-        op, prec = (kind.op, kind.precision) if kind else ("Run", "fp32")
+             for i, k in enumerate(catalogue)}
+    return CellPlan(provider=provider, name=plan_name(provider, quick), kinds=tuple(enumerate(kinds, 1)),
+                    done=frozenset(done), order=order, holdout_limit=holdout_limit or (6 if quick else 24),
+                    quick=quick, cuda_graph=cuda_graph, again=again)
+
+
+# ------------------------------------------------------------------------------------------ measure and write
+
+class _Measurement:
+    """Measures a plan's cells into `lib`, writing the file after each. A cell whose every pass started in a slow
+    phase of the machine (probe > PASS_GATE x the run's fastest, known at the end of the plan) is measured once more
+    then; the measurement whose passes ran faster stands."""
+
+    def __init__(self, plan: CellPlan, lib: dict, path: Path, say, started: float):
+        self.plan, self.lib, self.path, self.say = plan, lib, path, say
+        provider = plan.provider
+        self.ctx = Ctx(provider=provider, row=256 if provider == "cpu" else 1024,
+                       head_dim=32 if provider == "cpu" else 128, act="fp32" if provider == "cpu" else "fp16",
+                       form=SETTINGS[plan.name].form, cuda_graph=plan.cuda_graph)
+        self.run_overhead = float(lib["ceilings"]["run_overhead"])
+        self.probes: list[float] = []  # the machine's speed before each measured cell and pass
+        self.previous_probe = lib.get("probe")
+        self.pass_min: dict = {}  # key -> (index, kind, its fastest pass's probe s)
+        self.started = started  # when the run began: the progress line's clock
+
+    def sweep(self) -> None:
+        queue, retried, swept = list(self.plan.kinds), set(), False
+        while queue or not swept:
+            if not queue:  # the end of the plan: the run's fastest probe is known
+                swept = True
+                retried = {k for k, (_, _, pm) in self.pass_min.items() if pm > PASS_GATE * min(self.probes)}
+                queue = [(i, k) for key, (i, k, _) in self.pass_min.items() if key in retried]
+                for key in sorted(retried):
+                    self.say(f"{key}: every pass started in a slow phase (probe {self.pass_min[key][2] * 1e6:.0f} us "
+                             f"vs the run's fastest {min(self.probes) * 1e6:.0f} us): measured again")
+                continue
+            idx, kind = queue.pop(0)
+            self._cell(idx, kind, retried)
+
+    def _cell(self, idx: int, kind: CellKind | None, retried: set) -> None:
+        plan, lib = self.plan, self.lib
+        op, prec, impl = plan.cell(kind)
         key = f"{op}.{prec}.{impl}"
-        if ((op, prec, impl) in done and key not in retried) or key in lib["not_characterised"]:
-            say(f"{idx:>3}/{total} {key}: already in {path.name}, skipped")
-            continue
-        probes.append(speed_probe(provider))
-        lib["probe"] = summarise(probes, previous_probe)
+        if ((op, prec, impl) in plan.done and key not in retried) or key in lib["not_characterised"]:
+            self.say(f"{idx:>3}/{len(plan.kinds)} {key}: already in {self.path.name}, skipped")
+            return
+        self.probes.append(speed_probe(plan.provider))
+        lib["probe"] = summarise(self.probes, self.previous_probe)
         t_cell = time.perf_counter()
         if kind is None:
-            entry = _run_cell(provider, plan, lib)
+            entry = _run_cell(plan.provider, plan.name, lib)
+            entry["measured"] = {"seconds": round(time.perf_counter() - t_cell, 1)}
         else:
-            ctx.precision = kind.precision
-            why = _in_computes(kind, ctx)
-            if why:
-                lib["not_characterised"][key] = why
-                say(f"{idx:>3}/{total} {key}: not characterised: {why[:100]}")
-                write_library(lib, path)
-                continue
-            grids = graph_grids(kind, kind.grids[plan]) if cuda_graph else kind.grids[plan]
-            pts = _grid_points(grids)
-            hold = holdout_points(grids, limit, tuple(kind.axes.index(a) for a in kind.discrete))
-            budget = st.point_budget
-            cap = st.cell_cap
-            allpts = [(p, False) for p in pts] + [(p, True) for p in hold]
-            passes = st.passes
-            taken: list[list[Sample]] = [[] for _ in allpts]
-            failed = None
-            pass_probes = [probes[-1]]  # the machine's speed at the start of each pass
-            for pas in range(passes):  # every point once per pass (best_delay combines them)
-                if pas:
-                    probes.append(speed_probe(provider))
-                    pass_probes.append(probes[-1])
-                for j, (p, is_hold) in enumerate(allpts):
-                    remaining = cap - (time.perf_counter() - t_cell)
-                    left = (passes - pas) * len(allpts) - j
-                    b = max(0.02, min(budget / passes, remaining / max(1, left)))
-                    sizes = dict(zip(kind.axes, p))
-                    try:
-                        n = taken[j][0].copies if taken[j] and not taken[j][0].direct else None
-                        taken[j].append(measure_point(kind, sizes, ctx, run_overhead, b, quick, copies=n))
-                    except Exception as e:  # noqa: BLE001 - one bad point must not lose the run: record why
-                        failed = f"failed at {sizes}: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
-                        break
-                    say(f"{idx:>3}/{total} {key}: pass {pas + 1}/{passes} point "
-                        f"{j + 1}/{len(allpts)} {time.perf_counter() - started:6.0f} s", end="")
-                if failed:
-                    break
-            # passes that started in a slow phase of the machine are dropped (PASS_GATE), the rest combined
-            keep = [i for i, pp in enumerate(pass_probes) if pp <= PASS_GATE * min(pass_probes)]
-            best = [best_delay([t[i] for i in keep if i < len(t)] or t, run_overhead, st.combine) if t else math.inf
-                    for t in taken]
-            values, hvalues = best[:len(pts)], best[len(pts):]
-            if not failed:
-                try:
-                    redone = remeasure_outliers(kind, allpts, values, hvalues, ctx, run_overhead, quick)
-                except Exception as e:  # noqa: BLE001
-                    failed = "failed re-measuring an outlier: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
-                if redone and not failed:
-                    say(f"{idx:>3}/{total} {key}: re-measured {redone} outlier point(s)")
-            if failed:
-                lib["not_characterised"][key] = failed
-                say(f"{idx:>3}/{total} {key}: not characterised: {failed[:120]}")
-                write_library(lib, path)
-                continue
-            entry = {"op": kind.op, "precision": kind.precision, "implementation": impl, "axes": list(kind.axes),
-                     "points": [[int(v) for v in g] for g in grids],
-                     "delays": _nest(values, [len(g) for g in grids]),
-                     "bytes_per_weight": kind.bytes_per_weight, "error": None}
-            if kind.scale:
-                entry["scale"] = {k: (v if v is not None else ctx.head_dim) for k, v in kind.scale.items()}
-            entry["notes"] = kind.notes or None
-            cell = Cell(op=entry["op"], precision=entry["precision"], implementation=impl, axes=entry["axes"],
-                        points=[[float(v) for v in g] for g in grids], delays=entry["delays"], _flat=list(values))
-            interp = [cell.lookup(dict(zip(kind.axes, p)))[0] for p in hold]
-            errs = [abs(i - m) / m * 100 for i, m in zip(interp, hvalues)]
-            entry["holdout"] = {"median_pct": round(statistics.median(errs), 1) if errs else None,
-                                "max_pct": round(max(errs), 1) if errs else None,
-                                "points": [[int(v) for v in p] for p in hold], "measured": hvalues,
-                                "interpolated": interp}
+            entry = self._table(idx, kind, key, t_cell)
+        if entry is not None:
+            self._write(idx, kind, entry, t_cell)
+
+    def _not_characterised(self, idx: int, key: str, why: str, shown: int) -> None:
+        self.lib["not_characterised"][key] = why
+        self.say(f"{idx:>3}/{len(self.plan.kinds)} {key}: not characterised: {why[:shown]}")
+        write_library(self.lib, self.path)
+
+    def _table(self, idx: int, kind: CellKind, key: str, t_cell: float) -> dict | None:
+        """The cell's entry: its delay table over the grid, hold-out error, how it was measured; None (recorded as
+        not characterised) when the provider does not compute in it or a point fails."""
+        plan = self.plan
+        self.ctx.precision = kind.precision
+        why = _in_computes(kind, self.ctx)
+        if why:
+            self._not_characterised(idx, key, why, 100)
+            return None
+        grids = graph_grids(kind, kind.grids[plan.name]) if plan.cuda_graph else kind.grids[plan.name]
+        pts = _grid_points(grids)
+        hold = holdout_points(grids, plan.holdout_limit, tuple(kind.axes.index(a) for a in kind.discrete))
+        allpts = [(p, False) for p in pts] + [(p, True) for p in hold]
+        taken, pass_probes, failed = self._passes(idx, kind, key, allpts, t_cell)
+        # passes that started in a slow phase of the machine are dropped (PASS_GATE), the rest combined
+        keep = [i for i, pp in enumerate(pass_probes) if pp <= PASS_GATE * min(pass_probes)]
+        best = [best_delay([t[i] for i in keep if i < len(t)] or t, self.run_overhead, SETTINGS[plan.name].combine)
+                if t else math.inf for t in taken]
+        values, hvalues = best[:len(pts)], best[len(pts):]
+        if not failed:
+            try:
+                redone = remeasure_outliers(kind, allpts, values, hvalues, self.ctx, self.run_overhead,
+                                            quick=plan.quick)
+            except Exception as e:  # noqa: BLE001
+                failed = "failed re-measuring an outlier: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
+            if not failed and redone:
+                self.say(f"{idx:>3}/{len(plan.kinds)} {key}: re-measured {redone} outlier point(s)")
+        if failed:
+            self._not_characterised(idx, key, failed, 120)
+            return None
+        impl = plan.cell(kind)[2]
+        entry = _table_entry(kind, impl, grids, values)
+        if kind.scale:
+            entry["scale"] = {k: (v if v is not None else self.ctx.head_dim) for k, v in kind.scale.items()}
+        entry["notes"] = kind.notes or None
+        table = Cell(op=entry["op"], precision=entry["precision"], implementation=impl, axes=entry["axes"],
+                     points=[[float(v) for v in g] for g in grids], delays=entry["delays"], _flat=list(values))
+        entry["holdout"] = _holdout(table, kind.axes, hold, hvalues)
         entry["measured"] = {"seconds": round(time.perf_counter() - t_cell, 1)}
-        if kind is not None and passes > 1:
+        if SETTINGS[plan.name].passes > 1:
             entry["measured"]["passes_kept"] = len(keep)
             entry["measured"]["pass_probes_us"] = [round(pp * 1e6) for pp in pass_probes]
-        earlier = [c for c in lib["cells"] if (c["op"], str(c["precision"]), str(c.get("implementation", ""))) ==
-                   (op, prec, impl)]
-        if earlier and not again and min(earlier[0]["measured"].get("pass_probes_us") or [0]) <= min(
+        return entry
+
+    def _passes(self, idx: int, kind: CellKind, key: str, allpts: list, t_cell: float):
+        """(samples per point, the machine-speed probe at the start of each pass, why a point failed or None):
+        every point once per pass (best_delay combines them), within the plan's per-point budget and cell cap."""
+        plan, st = self.plan, SETTINGS[self.plan.name]
+        passes = st.passes
+        taken: list[list[Sample]] = [[] for _ in allpts]
+        pass_probes = [self.probes[-1]]
+        for pas in range(passes):
+            if pas:
+                self.probes.append(speed_probe(plan.provider))
+                pass_probes.append(self.probes[-1])
+            for j, (p, _) in enumerate(allpts):
+                remaining = st.cell_cap - (time.perf_counter() - t_cell)
+                left = (passes - pas) * len(allpts) - j
+                b = max(0.02, min(st.point_budget / passes, remaining / max(1, left)))
+                sizes = dict(zip(kind.axes, p))
+                try:
+                    n = taken[j][0].copies if taken[j] and not taken[j][0].direct else None
+                    taken[j].append(measure_point(kind, sizes, self.ctx, self.run_overhead, b, plan.quick, copies=n))
+                except Exception as e:  # noqa: BLE001 - one bad point must not lose the run: record why
+                    return taken, pass_probes, f"failed at {sizes}: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
+                self.say(f"{idx:>3}/{len(plan.kinds)} {key}: pass {pas + 1}/{passes} point "
+                         f"{j + 1}/{len(allpts)} {time.perf_counter() - self.started:6.0f} s", end="")
+        return taken, pass_probes, None
+
+    def _write(self, idx: int, kind: CellKind | None, entry: dict, t_cell: float) -> None:
+        """Put `entry` in the library in catalogue order (an earlier entry for the cell whose passes ran at least as
+        fast stands, unless --again), pool the interpolation error, and rewrite the file."""
+        plan, lib = self.plan, self.lib
+        name = plan.cell(kind)
+        key = ".".join(name)
+        earlier = [c for c in lib["cells"] if _entry_name(c) == name]
+        if earlier and not plan.again and min(earlier[0]["measured"].get("pass_probes_us") or [0]) <= min(
                 entry["measured"].get("pass_probes_us") or [0]):
             entry = earlier[0]  # the first measurement ran at least as fast: it stands
-        lib["cells"] = sorted([c for c in lib["cells"] if c not in earlier] + [entry], key=lambda c: order.get(
-            (c["op"], str(c["precision"]), str(c.get("implementation", ""))), 10_000))
+        lib["cells"] = sorted([c for c in lib["cells"] if c not in earlier] + [entry],
+                              key=lambda c: plan.order.get(_entry_name(c), 10_000))
         if kind is not None and "pass_probes_us" in entry["measured"]:
-            pass_min[key] = (idx, kind, min(entry["measured"]["pass_probes_us"]) * 1e-6)
+            self.pass_min[key] = (idx, kind, min(entry["measured"]["pass_probes_us"]) * 1e-6)
         lib["interpolation_error"] = _pool_errors(lib)
+        ch = lib["characterization"]
         ch["elapsed_s"] = round(float(ch.get("elapsed_s", 0)) + time.perf_counter() - t_cell, 1)
-        write_library(lib, path)
+        write_library(lib, self.path)
         h = entry.get("holdout", {})
-        say(f"{idx:>3}/{total} {key}: {time.perf_counter() - t_cell:.1f} s"
-            + (f", hold-out error median {h.get('median_pct')}% max {h.get('max_pct')}%" if h else ""))
-    e = lib.get("interpolation_error", {})
-    say(f"done in {time.perf_counter() - started:.0f} s: {len(lib['cells'])} cells, "
-        f"interpolation error median {e.get('median_pct')}% max {e.get('max_pct')}% over {e.get('points')} "
-        f"held-out points -> {path}")
-    return lib
+        self.say(f"{idx:>3}/{len(plan.kinds)} {key}: {time.perf_counter() - t_cell:.1f} s"
+                 + (f", hold-out error median {h.get('median_pct')}% max {h.get('max_pct')}%" if h else ""))
+
+
+def _table_entry(kind: CellKind, impl: str, grids: list[list[float]], values: list[float]) -> dict:
+    """A measured kind's library entry, up to its hold-out figures."""
+    return {"op": kind.op, "precision": kind.precision, "implementation": impl, "axes": list(kind.axes),
+            "points": [[int(v) for v in g] for g in grids],
+            "delays": _nest(values, [len(g) for g in grids]),
+            "bytes_per_weight": kind.bytes_per_weight, "error": None}
+
+
+def _holdout(table: Cell, axes: list[str], hold: list[tuple], hvalues: list[float]) -> dict:
+    """The table's own log-log interpolation at the hold-out points against what they measured."""
+    interp = [table.lookup(dict(zip(axes, p)))[0] for p in hold]
+    errs = [abs(i - m) / m * 100 for i, m in zip(interp, hvalues)]
+    return {"median_pct": round(statistics.median(errs), 1) if errs else None,
+            "max_pct": round(max(errs), 1) if errs else None,
+            "points": [[int(v) for v in p] for p in hold], "measured": hvalues, "interpolated": interp}
 
 
 def fnmatchcase_op(kind, pattern: str) -> bool:

@@ -3,14 +3,22 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from softsyn import outdir
+from softsyn import cli, outdir, progress
 from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
 from softsyn.constraints.reader import MAX_INT
+from softsyn.library import shipped_libraries
 from passes import EFFORTS
+
+
+TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (shipped: "
+               f"{', '.join(shipped_libraries())}). With neither, the shipped CPU library whose device is this "
+               "machine's, else the closest, named on stderr.")
 
 
 @main.command()
@@ -20,15 +28,14 @@ from passes import EFFORTS
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="write DIR/reports/*.rpt and DIR/analysis.json (DIR: new, empty or an earlier analyze output; "
                    "replaced atomically, files softsyn did not write are kept).")
-@click.option("--target", help="library name or .yaml path; overrides the constraints' target "
-                               "(shipped: cpu-ort, h200-ort-cuda).")
+@click.option("--target", help=TARGET_HELP)
 @click.option("--batch", type=click.IntRange(1, MAX_INT), help="workload batch size (overrides the constraints).")
 @click.option("--prompt-len", type=click.IntRange(1, MAX_INT), help="prefill tokens (overrides the constraints).")
 @click.option("--context-len", type=click.IntRange(0, MAX_INT),
               help="decode context length (overrides the constraints).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10),
               help="paths printed per group in the timing report.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE, else $XDG_CACHE_HOME/softsyn, else ~/.cache/softsyn).")
 @click.option("--annotate", "annotate_file", type=click.Path(dir_okay=False),
               help="back-annotation from `softsyn signoff` (DIR/signoff/annotation.json): measured delays replace "
                    "the library's for the cells and groups it covers (source annot).")
@@ -36,9 +43,11 @@ from passes import EFFORTS
               help="export real-size models with seeded random weights (not weightless), so signoff can run "
                    "them; needs RAM for the weights.")
 @click.option("--tp", type=TPDegree(), help=TP_HELP)
+@click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON on stdout (SI units; the schema of "
+                                                      "`softsyn report json`) instead of the reports.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir,
-            annotate_file, materialize, tp, quiet):
+            annotate_file, materialize, tp, as_json, quiet):
     """Time MODEL against its constraints and print timing and QoR reports.
 
     \b
@@ -63,13 +72,14 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
       softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/tiny
       softsyn analyze zoo:qwen3-8b --target h200-ort-cuda --context-len 4096
       softsyn analyze model.onnx -c constraints/guide-short.yaml
-      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --annotate out/tiny/signoff/annotation.json
+      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml \\
+          --annotate out/tiny/signoff/annotation.json
 
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation, 2 on bad input.
     """
     from softsyn.design import Design
-    from reports import report_qor, report_timing, write_reports
+    from reports import report_qor, report_timing, to_json, write_reports
     from reports.advice import design_facts
 
     if out_dir:
@@ -79,16 +89,22 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                          tp=tp, **({"materialize": True} if materialize else {}))
     analysis = design.analyze()
     facts = design_facts(design, analysis)
-    click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
-    click.echo(report_qor(analysis, facts=facts))
+    if as_json:
+        click.echo(to_json(analysis), nl=False)
+    else:
+        click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
+        click.echo(report_qor(analysis, facts=facts))
     if out_dir:
         from reports.common import write_atomic
         from reports.html import write_html
         from softsyn.flow.signoff import DESIGN_FILE, design_record
 
-        record = design_record(model, constraints_file, target, cache_dir, dict(
-            batch=batch, prompt_len=prompt_len, context_len=context_len), annotate_file, design.netlist,
-            design.library.name if Path(design.library.path).parent.name == "libs" else str(design.library.path), materialize)
+        record = design_record(
+            model, constraints_file, target, cache_dir, workload=dict(batch=batch, prompt_len=prompt_len,
+                                                                      context_len=context_len),
+            annotate=annotate_file, netlist=design.netlist,
+            library=(design.library.name if Path(design.library.path).parent.name == "libs"
+                     else str(design.library.path)), materialize=materialize)
         with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
                             inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
             written = write_reports(analysis, staged.path, facts=facts) + [
@@ -110,8 +126,8 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output DIR (new, empty, or an earlier softsyn output; replaced atomically, files softsyn "
                    "did not write are kept).")
-@click.option("--target", help="library name or .yaml path; overrides the constraints' target.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn).")
+@click.option("--target", help=TARGET_HELP)
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="export cache (default $SOFTSYN_CACHE, else $XDG_CACHE_HOME/softsyn, else ~/.cache/softsyn).")
 @click.option("--plan", is_flag=True,
               help="weightless compile: the design, reports, netlist.json and runtime settings, no model.onnx "
                    "(what a model too big to materialise on this machine gets).")
@@ -119,9 +135,12 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
               help="keep every position's logits at prefill (kv_layout's last_token_logits off: the lm_head then "
                    "runs on the whole prompt).")
 @click.option("--tp", type=TPDegree(), help=TP_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object on stdout (SI units): the output directory, whether a constraint is "
+                   "violated, the compile log's rows and the final analysis, instead of the log and QoR.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @help_with(efforts=effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, quiet):
+def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, as_json, quiet):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -130,14 +149,18 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
 
     \b
     Writes, atomically (a failed or killed compile leaves DIR as it was):
-      DIR/model.onnx (+ model.onnx.data)  the compiled model, onnx.checker-clean
-      DIR/netlist.json                    every cell: hierarchy, op, library cell, precision, delay per group
-      DIR/runtime/session.json            ORT providers and options, IO dtypes, scenario dims, KV ports,
-                                          the fp32 reference `softsyn verify` compares against
-      DIR/reports/*.rpt, DIR/analysis.json  timing, QoR, area, constraint (and fusion) reports
-      DIR/compile.log, compile_log.json   one row per step: elapsed, phase, WNS, TNS, area, worst group
-      DIR/reports/report.html             the design at a glance (`softsyn report html DIR` re-renders it)
-      DIR/softsyn-manifest.json           what softsyn wrote (only those files are ever replaced)
+      DIR/model.onnx (+ .data)   the compiled model, onnx.checker-clean
+      DIR/netlist.json           every cell: hierarchy, op, library cell, precision,
+                                 delay per group
+      DIR/runtime/session.json   ORT providers and options, IO dtypes, scenario dims,
+                                 KV ports, the fp32 reference `softsyn verify` uses
+      DIR/genai_config.json      a decoder's onnxruntime-genai configuration
+      DIR/reports/*.rpt          timing, QoR, area, constraint, fusion reports
+      DIR/analysis.json          the analysis `softsyn report` re-renders
+      DIR/compile.log            one row per step: elapsed wall time, phase, WNS,
+                                 TNS, area, worst group (compile_log.json: the same)
+      DIR/reports/report.html    the design at a glance (`softsyn report html DIR`)
+      DIR/softsyn-manifest.json  what softsyn wrote (only those files are replaced)
     The MODEL you gave is never modified, and may not be inside DIR. The
     model is refused (exit 2) when ONNX Runtime cannot load it with the
     target's providers. Prints the compile log and QoR.
@@ -155,7 +178,9 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     from softsyn.emit import require_weights
     from softsyn.flow.verify import reference_record
     from softsyn.frontends.onnx_file import check_external_data
+    from reports import to_json
 
+    started = cli.STARTED if cli.STARTED is not None else time.perf_counter()
     out = outdir.check(out_dir, "compile", given_paths(model))
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
@@ -167,13 +192,18 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     outdir.check(out, "compile", outdir.input_paths(design.netlist.provenance))
     options = {"kv_layout": {"last_token_logits": False}} if all_logits else None
     analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
-                                    options=options)
-    click.echo((path / "compile.log").read_text())
-    click.echo((path / "reports" / "qor.rpt").read_text())  # as written: its advice knows the compile's facts
+                                    options=options, started=started)
+    violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
+    if as_json:
+        click.echo(json.dumps({"schema": "softsyn.compile/1", "directory": str(path), "violated": violated,
+                               "compile_log": json.loads((path / "compile_log.json").read_text()),
+                               "analysis": json.loads(to_json(analysis))}, indent=1, allow_nan=False))
+    else:
+        click.echo((path / "compile.log").read_text())
+        click.echo((path / "reports" / "qor.rpt").read_text())  # as written: its advice knows the compile's facts
     if not quiet:
         click.echo(f"[softsyn] wrote {path}", err=True)
-    violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
-    if violated:  # the best design found is written; what violates, and what would close it
+    if violated and not as_json:  # the best design found is written; what violates, and what would close it
         click.echo((path / "reports" / "constraint.rpt").read_text())
     sys.exit(1 if violated else 0)
 
@@ -184,7 +214,8 @@ def _plan_instead(model: str, quiet: bool) -> bool:
     from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
     from softsyn.units import fmt_bytes
 
-    need = seeded_weight_bytes(model)
+    with progress.step(f"{model}: sizing its weights", enabled=not quiet):
+        need = seeded_weight_bytes(model)
     if need is None:
         return False
     ram = available_memory()
@@ -205,7 +236,10 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="export cache, to re-export the reference if its recorded ONNX file is gone.")
 @click.option("--cpu", is_flag=True, help="run the compiled model on the CPU provider, whatever session.json says.")
-def verify(directory, seed, cache_dir, cpu):
+@click.option("--json", "as_json", is_flag=True,
+              help="print the checks as JSON on stdout (per scenario and output; an undefined error is null).")
+@click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
+def verify(directory, seed, cache_dir, cpu, as_json, quiet):
     """Compare a compiled model with its fp32 reference on the same inputs.
 
     \b
@@ -220,9 +254,15 @@ def verify(directory, seed, cache_dir, cpu):
     """
     from softsyn.flow.verify import verify as run_verify
     from reports import report_verify
+    from reports.common import json_nulls
 
-    result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu)
-    click.echo(report_verify(result, directory), nl=False)
+    result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
+    if as_json:
+        click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
+                                          "violations": result.violations, **asdict(result)}),
+                              indent=1, allow_nan=False))
+    else:
+        click.echo(report_verify(result, directory), nl=False)
     sys.exit(1 if result.violations else 0)
 
 
@@ -233,14 +273,16 @@ def verify(directory, seed, cache_dir, cpu):
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(min=1),
               help="timed runs per path group (median and p90 reported).")
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0),
-              help="warm-up block: untimed runs before each timed turn, in blocks of this many until one is within 5 %% of the block before.")
+              help="warm-up block: untimed runs before each timed turn, in blocks of this many until one is within 5 % of the block before.")
 @click.option("--profile-runs", type=click.IntRange(min=1), help="profiled runs per group (default min(runs, 10), at least 3).")
 @click.option("--group", "groups", multiple=True, help="only this path group (repeatable).")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 100), help="rows per error table.")
 @click.option("-o", "--annotation", "annotation_out", type=click.Path(dir_okay=False),
               help="where to write the back-annotation (default DIR/signoff/annotation.json).")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the sign-off as JSON on stdout (signoff.json's content) instead of the report.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
-def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annotation_out, quiet):
+def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annotation_out, as_json, quiet):
     """Measure the design on the real runtime, compare with the analysis, and back-annotate.
 
     \b
@@ -266,7 +308,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Examples:
       softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml -o out/tiny
       softsyn signoff out/tiny --runs 50
-      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --annotate out/tiny/signoff/annotation.json
+      softsyn analyze zoo:qwen3-tiny -c constraints/cpu-tiny.yaml \\
+          --annotate out/tiny/signoff/annotation.json
 
     Exit status: 0 when every group's measured time meets its clock, 1 when
     a measured group violates, 2 on bad input.
@@ -283,7 +326,7 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
                              progress=not quiet, groups=list(groups) or None)
         result.annotation_file = str(annotation)
         text = report_signoff(result, top=top)
-        click.echo(text)
+        click.echo(json.dumps(result.to_dict(), indent=1, allow_nan=False) if as_json else text)
         written = [out / p.relative_to(staged.path) for p in write_results(result, staged.path, text)]
     for path in written + [annotation]:
         if not quiet:

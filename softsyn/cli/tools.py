@@ -136,9 +136,10 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
       softsyn characterize --provider cpu -o softsyn/library/libs/cpu-ort.yaml
       softsyn characterize --provider cpu --quick --cells 'MatMul*' -o /tmp/mm.yaml
       softsyn characterize --provider cuda -o h200-ort-cuda.yaml      # on the GPU machine
-      softsyn characterize --provider cuda --graph -o h200-ort-cuda.yaml   # + graph tables (decode as a CUDA graph)
-      softsyn characterize --provider cuda --cells 'AllReduce*,AllGather*,ReduceScatter*' -o h200-nccl.yaml
-                                       # on a multi-GPU host: collectives, one process per GPU (NCCL)
+      softsyn characterize --provider cuda --graph -o h200-ort-cuda.yaml   # + CUDA-graph tables
+      # on a multi-GPU host: the collectives, one process per GPU (NCCL)
+      softsyn characterize --provider cuda -o h200-nccl.yaml \\
+          --cells 'AllReduce*,AllGather*,ReduceScatter*' 
     """
     from softsyn.characterize.collectives import characterize_collectives, collective_cells
     from softsyn.characterize.plan import characterize as run_characterize, list_cells

@@ -31,7 +31,6 @@ merged keys keep the line where they are written (in the anchored mapping).
 from __future__ import annotations
 
 import difflib
-import math
 from pathlib import Path
 from typing import Any
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import passes
+from softsyn import progress
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from passes import Effort
@@ -44,8 +45,9 @@ class CompileLog:
         worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
         slack = analysis.area.slack
         rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
-        row = LogRow(time.perf_counter() - self.start, phase, min(analysis.wns, 0.0), analysis.tns,
-                     analysis.area.total, worst.name if worst is not None and worst.wns < 0 else "", cells, rules)
+        row = LogRow(elapsed=time.perf_counter() - self.start, phase=phase, wns=min(analysis.wns, 0.0),
+                     tns=analysis.tns, area=analysis.area.total,
+                     worst_group=worst.name if worst is not None and worst.wns < 0 else "", cells=cells, rules=rules)
         self.rows.append(row)
         return row
 
@@ -56,8 +58,9 @@ class CompileLog:
         for t in getattr(report, "trace", ()):
             phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
             at = getattr(t, "at", None)  # when the step ended; a row made before this log started reads 0
-            self.rows.append(LogRow(max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start,
-                                    phase, t.wns, t.tns, base + t.area_delta, t.worst_group, cells, t.rules))
+            elapsed = max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start
+            self.rows.append(LogRow(elapsed=elapsed, phase=phase, wns=t.wns, tns=t.tns, area=base + t.area_delta,
+                                    worst_group=t.worst_group, cells=cells, rules=t.rules))
 
 
 def check_effort(name: str) -> Effort:
@@ -72,23 +75,35 @@ def check_effort(name: str) -> Effort:
 
 
 def compile_design(design: Design, effort: str, out_dir: str | Path, reference: dict,
-                   plan: bool = False, options: dict[str, dict] | None = None) -> tuple[Analysis, Path]:
+                   plan: bool = False, options: dict[str, dict] | None = None,
+                   started: float | None = None) -> tuple[Analysis, Path]:
     """Run the effort script on the design, then emit everything into out_dir (atomically).
 
     `reference` says what `softsyn verify` compares against (the fp32 source: spec and ONNX path).
     `plan`: the netlist may be weightless; everything but the model itself is written.
     `options`: pass name -> keyword arguments that override its step's options (compile --all-logits).
+    `started`: the perf_counter the command started at, so the log's elapsed is the command's wall time (reading
+    the design, an export included, is then inside the first row); default now.
     """
     from softsyn.emit import emit
 
     level = check_effort(effort)
     log = CompileLog(design.netlist.name, design.library.name, level)
+    if started is not None:
+        hit = (design.netlist.provenance.get("cache") or {}).get("hit")
+        how = "read from the export cache" if hit else "exported now" if hit is False else "read"
+        log.notes.append(f"elaborate's elapsed includes starting up and reading the design "
+                         f"({log.start - started:.1f} s; {how})")
+        log.start = started
     analysis = design.analyze()
     log.add("elaborate", analysis, len(design.netlist.nodes()))
     error_over = 0.0
     for step in level.steps:
         before = analysis
-        result = passes.run_pass(design, step.pass_name, {**dict(step.options), **(options or {}).get(step.pass_name, {})})
+        with progress.step(f"compile: {step.pass_name}", enabled=design.progress,
+                           done=f"compile: {step.pass_name} done"):
+            result = passes.run_pass(design, step.pass_name,
+                                     {**dict(step.options), **(options or {}).get(step.pass_name, {})})
         if getattr(result.report, "trace", None):
             log.add_estimates(result.report, before, len(design.netlist.nodes()))
             error_over = result.report.estimate_error - result.report.budget

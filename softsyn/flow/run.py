@@ -145,9 +145,10 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     if io.vocab_size is None:
         raise SoftsynError(f"{model}: output {io.logits} has no static vocabulary dim to draw prompt ids below")
     prompt = prompt_ids(io.vocab_size, settings.prompt_len, settings.seed)
-    result = RunResult(str(directory), design, settings, sess.get_providers()[0], device_name(provider),
-                       "shared" if generator.shared else "grown", generator.max_length, cuda_graph,
-                       time.strftime("%a %b %d %H:%M:%S %Y"), viewed=viewed)
+    result = RunResult(directory=str(directory), design=design, settings=settings,
+                       execution_provider=sess.get_providers()[0], device=device_name(provider),
+                       kv="shared" if generator.shared else "grown", max_length=generator.max_length,
+                       cuda_graph=cuda_graph, date=time.strftime("%a %b %d %H:%M:%S %Y"), viewed=viewed)
     total = settings.warmup + settings.runs
     for r in range(total):
         label = f"warm-up {r + 1}/{settings.warmup}" if r < settings.warmup else f"run {r - settings.warmup + 1}/{settings.runs}"

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
@@ -35,7 +34,8 @@ from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import MEASURED_INTERVAL, measure_many, onnx_path, profile_many
 from softsyn.runtime.session import describe_device, device_name
 from softsyn.characterize.probe import PROBE_WORKLOAD, speed_probe
-from softsyn.progress import log
+from softsyn.progress import log, step
+from softsyn.timing import RUN_CALL, cell_timings
 from reports.common import json_nulls
 
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
@@ -306,35 +306,21 @@ def _read_json(path: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------ the flow
 
-def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup: int = 3, profile_runs: int | None = None,
-            annotation_out: str | Path | None = None, progress: bool = True, groups: list[str] | None = None,
-            blocking_profile: bool | None = None) -> SignoffResult:
-    from softsyn.timing import RUN_CALL, cell_timings
-
+def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, warmup: int = 3,
+            profile_runs: int | None = None, annotation_out: str | Path | None = None, progress: bool = True,
+            groups: list[str] | None = None, blocking_profile: bool | None = None) -> SignoffResult:
+    """Measure the groups of an `analyze -o` DIRECTORY on `provider` (one session, interleaved), profile them per
+    node, compare with the saved analysis cell by cell, and write the back-annotation (default
+    DIRECTORY/signoff/annotation.json)."""
     directory = Path(directory)
     target = load_target(directory, progress=False)
     design, analysis = target.design, target.analysis
     netlist = design.netlist
-    nodes = netlist.nodes()
-    netlist_nodes = [(n.name, n.op_type) for n in nodes]
-    instances = [f"{netlist.hierarchy(n)}/{n.name}" if netlist.hierarchy(n) else n.name for n in nodes]
-    unique = {name for name, count in Counter(instances).items() if count == 1}  # what a saved point can name
     device = device_name(provider)
     blocking = provider == "cuda" if blocking_profile is None else blocking_profile
     node_time = "kernel" if provider != "cuda" or blocking else "host-launch"
     annotation: Annotation = new_annotation(netlist.name, str(target.onnx), "", device, node_time, MEASURED_INTERVAL)
-    chosen = []
-    for group in design.groups:
-        if groups and group.name not in groups:
-            continue
-        try:
-            timing = analysis.group(group.name)
-        except KeyError:
-            timing = None
-        if timing is not None and timing.paths:
-            chosen.append((group, timing))
-    if not chosen:
-        raise SoftsynError(f"{directory}: no path group to sign off" + (f" among {', '.join(groups)}" if groups else ""))
+    chosen = _chosen_groups(design, analysis, groups, directory)
     # One session measures every group, interleaved; one profiling session (a subprocess on CUDA) profiles them.
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
     log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
@@ -349,68 +335,25 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
             + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
             enabled=progress)
     aliases = kv_aliases(netlist)
-    measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
-                            options=target.session_options, cuda_graphs=graphs, aliases=aliases)
+    with step(f"signoff: timing {len(chosen)} group(s) x {runs} runs", enabled=progress,
+              done="signoff: timed runs"):
+        measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
+                                options=target.session_options, cuda_graphs=graphs, aliases=aliases)
     neighbours = neighbours_share(cpu_before, cpu_seconds())
     machine = machine_state(probe_before, speed_probe(provider), design.library, describe_device(provider),
                             (load_before, os.getloadavg()[0]), neighbours)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
-    profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
-                            provider=provider, options=target.session_options, blocking=blocking, aliases=aliases)
+    with step("signoff: per-node profiles", enabled=progress, done="signoff: profiled"):
+        profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
+                                provider=provider, options=target.session_options, blocking=blocking,
+                                aliases=aliases)
     results = []
     for (group, timing), m, prof in zip(chosen, measured, profiles):
         annotation.provider = m.provider
-        ga = group_annotation(group.name, group.scenario.dims, netlist_nodes, prof, m)
+        ga = group_annotation(group.name, group.scenario.dims, [(n.name, n.op_type) for n in netlist.nodes()], prof, m)
         annotation.groups[group.name] = ga
-
-        # Predicted per cell: the saved analysis's critical path (one stream: every executed cell); any cell it
-        # lacks is re-timed from the design's library.
-        critical = timing.critical
-        saved = {p.name: p for p in critical.points}
-        shapes = None
-        recomputed = []
-        rows = []
-        run_point = saved.get(RUN_CALL)
-        rows.append(CellRow(RUN_CALL, RUN_CALL, "Run", run_point.incr if run_point else 0.0, ga.residual,
-                            run_point.source if run_point else "est", "residual", "session.run residual"))
-        for i, (node, instance) in enumerate(zip(nodes, instances)):
-            if node.op_type == "Constant":
-                continue
-            point = saved.get(instance) if instance in unique else None
-            if point is None:
-                if shapes is None:
-                    shapes = netlist.bind(group.scenario.dims)
-                    recomputed = cell_timings(netlist, design.library, shapes)
-                c = recomputed[i]
-                predicted, source = c.delay, c.source
-            else:
-                predicted, source = point.incr, point.source
-            cell = ga.cells.get(node.name)
-            rows.append(CellRow(instance, node.name, node.op_type, predicted,
-                                cell.delay if cell else 0.0, source, cell.match if cell else "absorbed",
-                                cell.runtime_op if cell else ""))
-        by_op: dict[str, OpRow] = {}
-        for r in rows:
-            row = by_op.setdefault(r.op_type, OpRow(r.op_type, 0, 0.0, 0.0))
-            row.cells += 1
-            row.predicted += r.predicted
-            row.measured += r.measured
-        rows.sort(key=lambda r: -abs(r.delta))
-        counts = {"exact": sum(1 for c in ga.cells.values() if c.match == "exact"),
-                  "fused-anchor": sum(1 for c in ga.cells.values() if c.match == "fused-anchor"),
-                  "absorbed": sum(1 for name, op in netlist_nodes if name not in ga.cells and op != "Constant"),
-                  "constant": sum(1 for _, op in netlist_nodes if op == "Constant"),
-                  "runtime-only": len(ga.runtime_only), "profiled": len(prof.nodes)}
-        budget = min(p.required - p.input_delay for p in timing.paths)
-        results.append(GroupResult(
-            name=group.name, description=group.scenario.description, dims=dict(group.scenario.dims),
-            clock_period=timing.clock_period, input_delay=critical.input_delay, budget=budget,
-            predicted=critical.arrival - critical.input_delay, measured_median=m.median, measured_quiet=m.quiet, measured_p10=m.p10,
-            measured_p90=m.p90, runs=m.runs, kernel_sum=ga.kernel_sum, residual=ga.residual,
-            profiler_run=prof.run_median, profiler_overhead=prof.overhead_per_node, kernel_scale=ga.kernel_scale, predicted_overhead=run_point.incr if run_point else 0.0, counts=counts,
-            by_op=sorted(by_op.values(), key=lambda o: -abs(o.measured - o.predicted)), cells=rows,
-            runtime_only=ga.runtime_only))
+        results.append(_group_result(design, group, timing, measured=(m, prof, ga)))
         log(f"  {group.name}: predicted {results[-1].predicted * 1e3:.3f} ms, measured {m.summary}", enabled=progress)
 
     out = Path(annotation_out) if annotation_out else directory / "signoff" / "annotation.json"
@@ -421,6 +364,86 @@ def signoff(directory: str | Path, provider: str = "cpu", runs: int = 20, warmup
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), runs=runs, warmup=warmup,
         node_time=node_time, model=str(target.onnx), groups=results, annotation_file=str(out), machine=machine,
         notes=list(analysis.notes))
+
+
+def _chosen_groups(design, analysis, groups: list[str] | None, directory: Path) -> list:
+    """(group, its saved timing) for each path group `groups` names (all when None) that the analysis timed."""
+    chosen = []
+    for group in design.groups:
+        if groups and group.name not in groups:
+            continue
+        try:
+            timing = analysis.group(group.name)
+        except KeyError:
+            timing = None
+        if timing is not None and timing.paths:
+            chosen.append((group, timing))
+    if not chosen:
+        raise SoftsynError(f"{directory}: no path group to sign off" + (f" among {', '.join(groups)}" if groups else ""))
+    return chosen
+
+
+def _group_result(design, group, timing, measured: tuple) -> GroupResult:
+    """One group's comparison: `measured` = (its measurement, its per-node profile, its GroupAnnotation)."""
+    m, prof, ga = measured
+    netlist = design.netlist
+    netlist_nodes = [(n.name, n.op_type) for n in netlist.nodes()]
+    critical = timing.critical
+    run_point = {p.name: p for p in critical.points}.get(RUN_CALL)
+    rows = _cell_rows(design, group, critical, ga)
+    by_op: dict[str, OpRow] = {}
+    for r in rows:
+        row = by_op.setdefault(r.op_type, OpRow(r.op_type, 0, 0.0, 0.0))
+        row.cells += 1
+        row.predicted += r.predicted
+        row.measured += r.measured
+    rows.sort(key=lambda r: -abs(r.delta))
+    counts = {"exact": sum(1 for c in ga.cells.values() if c.match == "exact"),
+              "fused-anchor": sum(1 for c in ga.cells.values() if c.match == "fused-anchor"),
+              "absorbed": sum(1 for name, op in netlist_nodes if name not in ga.cells and op != "Constant"),
+              "constant": sum(1 for _, op in netlist_nodes if op == "Constant"),
+              "runtime-only": len(ga.runtime_only), "profiled": len(prof.nodes)}
+    budget = min(p.required - p.input_delay for p in timing.paths)
+    return GroupResult(
+        name=group.name, description=group.scenario.description, dims=dict(group.scenario.dims),
+        clock_period=timing.clock_period, input_delay=critical.input_delay, budget=budget,
+        predicted=critical.arrival - critical.input_delay, measured_median=m.median, measured_quiet=m.quiet,
+        measured_p10=m.p10, measured_p90=m.p90, runs=m.runs, kernel_sum=ga.kernel_sum, residual=ga.residual,
+        profiler_run=prof.run_median, profiler_overhead=prof.overhead_per_node, kernel_scale=ga.kernel_scale,
+        predicted_overhead=run_point.incr if run_point else 0.0, counts=counts,
+        by_op=sorted(by_op.values(), key=lambda o: -abs(o.measured - o.predicted)), cells=rows,
+        runtime_only=ga.runtime_only)
+
+
+def _cell_rows(design, group, critical, ga) -> list[CellRow]:
+    """Predicted vs measured per cell, the session.run residual first. Predicted: the saved analysis's critical path
+    (one stream: every executed cell); any cell it lacks (or whose instance name repeats) is re-timed from the
+    design's library."""
+    netlist = design.netlist
+    nodes = netlist.nodes()
+    instances = [f"{netlist.hierarchy(n)}/{n.name}" if netlist.hierarchy(n) else n.name for n in nodes]
+    unique = {name for name, count in Counter(instances).items() if count == 1}  # what a saved point can name
+    saved = {p.name: p for p in critical.points}
+    run_point = saved.get(RUN_CALL)
+    rows = [CellRow(instance=RUN_CALL, node=RUN_CALL, op_type="Run", predicted=run_point.incr if run_point else 0.0,
+                    measured=ga.residual, source=run_point.source if run_point else "est", match="residual",
+                    runtime_op="session.run residual")]
+    recomputed = None
+    for i, (node, instance) in enumerate(zip(nodes, instances)):
+        if node.op_type == "Constant":
+            continue
+        point = saved.get(instance) if instance in unique else None
+        if point is None:
+            if recomputed is None:
+                recomputed = cell_timings(netlist, design.library, netlist.bind(group.scenario.dims))
+            predicted, source = recomputed[i].delay, recomputed[i].source
+        else:
+            predicted, source = point.incr, point.source
+        cell = ga.cells.get(node.name)
+        rows.append(CellRow(instance=instance, node=node.name, op_type=node.op_type, predicted=predicted,
+                            measured=cell.delay if cell else 0.0, source=source,
+                            match=cell.match if cell else "absorbed", runtime_op=cell.runtime_op if cell else ""))
+    return rows
 
 
 def machine_state(before: float, after: float, library, device: str = "",

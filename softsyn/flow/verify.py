@@ -41,6 +41,7 @@ from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of, provider_opens
 from softsyn.netlist import Netlist
+from softsyn.progress import step
 from softsyn.timing.realised import realised_precision
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
@@ -203,7 +204,8 @@ def _session(path: Path, provider: str, what: str):
     raise SoftsynError(f"{path}: ONNX Runtime cannot load the {what} ({first})")
 
 
-def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False) -> VerifyResult:
+def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False,
+           progress: bool = False) -> VerifyResult:
     import onnxruntime as ort
 
     out_dir = Path(out_dir)
@@ -232,67 +234,71 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
 
     # One session at a time: the reference's outputs for every scenario first, then the compiled model's (a
     # real-size pair of sessions held together peaked at 22.4 GB on a 24 GB machine).
-    ref_session = _session(ref_path, "cpu", "reference")
-    ref_names = [o.name for o in ref_session.get_outputs()]
-    scenario_feeds = {scenario: {k: layout.held(k, v) for k, v in scenario_inputs(reference, spec["dims"],
-                                                                                 seed=seed).items()}
-                      for scenario, spec in settings["scenarios"].items()}
-    expected_by_scenario = {scenario: dict(zip(ref_names, ref_session.run(None, feeds)))
-                            for scenario, feeds in scenario_feeds.items()}
-    del ref_session
-    gc.collect()
+    with step("verify: the fp32 reference on every scenario", enabled=progress, done="verify: reference run"):
+        ref_session = _session(ref_path, "cpu", "reference")
+        ref_names = [o.name for o in ref_session.get_outputs()]
+        scenario_feeds = {scenario: {k: layout.held(k, v) for k, v in scenario_inputs(reference, spec["dims"],
+                                                                                     seed=seed).items()}
+                          for scenario, spec in settings["scenarios"].items()}
+        expected_by_scenario = {scenario: dict(zip(ref_names, ref_session.run(None, feeds)))
+                                for scenario, feeds in scenario_feeds.items()}
+        del ref_session
+        gc.collect()
     ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
-    target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
-    if settings.get("blocks"):  # a composite: its block files run in order, as onnxruntime-genai runs them
-        session = BlockRunner(out_dir, settings["blocks"], SessionSettings(provider=target, require_provider=False))
-    else:
-        try:
-            session = _session(out_dir / MODEL_FILE, target, "compiled model")
-        except SoftsynError as exc:  # on the CPU its view may load where the model does not (fp8 weight cells)
-            if target != "cpu" and provider_opens(target):
+    with step("verify: the compiled model on every scenario", enabled=progress, done="verify: compiled model run"):
+        target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
+        if settings.get("blocks"):  # a composite: its block files run in order, as onnxruntime-genai runs them
+            session = BlockRunner(out_dir, settings["blocks"], SessionSettings(provider=target, require_provider=False))
+        else:
+            try:
+                session = _session(out_dir / MODEL_FILE, target, "compiled model")
+            except SoftsynError as exc:  # on the CPU its view may load where the model does not (fp8 weight cells)
+                if target != "cpu" and provider_opens(target):
+                    raise
+                session, refused = None, exc
+        provider = session.get_providers()[0] if session is not None else "CPUExecutionProvider"
+        if provider == "CPUExecutionProvider" and not settings.get("blocks"):
+            try:
+                session, viewed = cpu_view_session(out_dir / MODEL_FILE)
+            except ort_errors():
+                if session is None:
+                    raise refused from None
                 raise
-            session, refused = None, exc
-    provider = session.get_providers()[0] if session is not None else "CPUExecutionProvider"
-    if provider == "CPUExecutionProvider" and not settings.get("blocks"):
-        try:
-            session, viewed = cpu_view_session(out_dir / MODEL_FILE)
-        except ort_errors():
-            if session is None:
-                raise refused from None
-            raise
-        if any(viewed.values()):
-            provider += f" (CPU view: {view_note(viewed)})"
-    input_types = {i.name: i.type for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    checks = []
-    for scenario, feeds in scenario_feeds.items():
-        compiled_feeds = {k: layout.feed(k, as_declared(v, input_types.get(k))) for k, v in feeds.items()}
-        expected = expected_by_scenario.pop(scenario)
-        try:
-            outputs = run_compiled(session, compiled_feeds, aliases, target if provider.startswith(
-                "CUDA") else "cpu") if aliases and not settings.get("blocks") else session.run(None, compiled_feeds)
-        except (*ort_errors(), RuntimeError) as exc:  # run_with_iobinding raises a plain RuntimeError
-            first = str(exc).splitlines()[0]
-            raise SoftsynError(
-                f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
-                f"verify it on its target (runtime/session.json providers: {', '.join(settings.get('providers') or [])})"
-            ) from None
-        for name, got in zip(names, outputs):
-            if name not in expected:
-                raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
-                                   f"{ref_path} (outputs: {', '.join(expected)})")
-            got, expected[name] = layout.aligned(name, got, expected[name])
-            if got.shape != expected[name].shape:
-                raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
-                                   f"{scenario}, the reference's {list(expected[name].shape)}")
-            max_abs, rel, cosine, top1 = compare(got, expected[name], top1=is_logits(ports.get(name), vocab), max_rel=max_rel)
-            violations = []
-            if not rel <= max_rel:
-                violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
-            if top1 is not None and min_top1 is not None and not top1 >= min_top1:
-                violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-            checks.append(OutputCheck(scenario, name, max_abs, rel, cosine, top1, violations))
-    return VerifyResult(checks, max_rel, source, min_top1, provider, settings.get("reference") or {}, precision)
+            if any(viewed.values()):
+                provider += f" (CPU view: {view_note(viewed)})"
+        input_types = {i.name: i.type for i in session.get_inputs()}
+        names = [o.name for o in session.get_outputs()]
+        checks = []
+        for scenario, feeds in scenario_feeds.items():
+            compiled_feeds = {k: layout.feed(k, as_declared(v, input_types.get(k))) for k, v in feeds.items()}
+            expected = expected_by_scenario.pop(scenario)
+            try:
+                outputs = run_compiled(session, compiled_feeds, aliases, target if provider.startswith(
+                    "CUDA") else "cpu") if aliases and not settings.get("blocks") else session.run(None, compiled_feeds)
+            except (*ort_errors(), RuntimeError) as exc:  # run_with_iobinding raises a plain RuntimeError
+                first = str(exc).splitlines()[0]
+                raise SoftsynError(
+                    f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
+                    f"verify it on its target (runtime/session.json providers: {', '.join(settings.get('providers') or [])})"
+                ) from None
+            for name, got in zip(names, outputs):
+                if name not in expected:
+                    raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
+                                       f"{ref_path} (outputs: {', '.join(expected)})")
+                got, expected[name] = layout.aligned(name, got, expected[name])
+                if got.shape != expected[name].shape:
+                    raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
+                                       f"{scenario}, the reference's {list(expected[name].shape)}")
+                max_abs, rel, cosine, top1 = compare(got, expected[name], top1=is_logits(ports.get(name), vocab), max_rel=max_rel)
+                violations = []
+                if not rel <= max_rel:
+                    violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
+                if top1 is not None and min_top1 is not None and not top1 >= min_top1:
+                    violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
+                checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine,
+                                          top1=top1, violations=violations))
+    return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=min_top1,
+                        provider=provider, reference=settings.get("reference") or {}, precision=precision)
 
 
 FLOAT_FEEDS = {"tensor(float16)": np.float16, "tensor(float)": np.float32}

@@ -27,8 +27,13 @@ RUN_FACTS = ("cache", "export_seconds", "materialise_seconds", "file")
 
 
 def default_cache_dir() -> Path:
+    """$SOFTSYN_CACHE, else $XDG_CACHE_HOME/softsyn (the XDG base-directory rule), else ~/.cache/softsyn."""
     env = os.environ.get("SOFTSYN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "softsyn"
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # the XDG spec: a relative XDG_CACHE_HOME is invalid and ignored
+    return (Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache") / "softsyn"
 
 
 def versions() -> dict:

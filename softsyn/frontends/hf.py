@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import json
 import logging
 import os
 import re
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
@@ -17,6 +18,7 @@ from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
 from softsyn.frontends.weights import LOADABLE, checked_weights
 from softsyn.netlist import Netlist
+from softsyn.progress import step
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
@@ -140,6 +142,73 @@ def _dtype_name(cfg, weights: str) -> str:
     return d if d in ("float16", "bfloat16") else "float16"
 
 
+@dataclass(frozen=True)
+class _Export:
+    """How a transformers model is read, decided from its config and load_transformers_design's arguments."""
+
+    cfg: object  # a private copy: building a model sets attributes on its config
+    name: str
+    source: str
+    folder: Path | None
+    weights: str  # random | pretrained | meta | filled
+    dtype: str
+    weight_file: Path | None
+    decoder: bool
+    moe: bool
+    exporter: str  # the exporter, as provenance and the cache key name it
+    replicate: bool  # a weightless MoE decoder of identical layers: trace two, copy the second (frontends.replicate)
+
+    @property
+    def layers(self):
+        return getattr(self.cfg, "num_hidden_layers", None)
+
+
+def _plan_export(cfg, name: str, source: str, *, folder: Path | None, weights: str | None, dtype: str | None,
+                 materialize: bool) -> _Export:
+    """The weights (unless given: random, pretrained from `folder`, or for a model too large to build in torch meta,
+    filled with `materialize`), their dtype and the exporter a read of `cfg` uses."""
+    decoder = is_decoder(cfg)
+    moe = is_moe(cfg)
+    weight_file = checked_weights(folder)  # a folder's weight files load, or this names the one that cannot
+    real_size = False
+    if weights is None:
+        real_size = count_meta_params(cfg, decoder, source) * 4 > MATERIALISE_LIMIT
+        if weight_file is not None:  # its own weights (a real-size one weightless unless it is to run)
+            weights = "pretrained" if materialize or not real_size else "meta"
+        else:
+            weights = ("filled" if materialize else "meta") if real_size else "random"
+    if weights == "pretrained" and weight_file is None:
+        raise SoftsynError(f"{source}: no weights ({', '.join(LOADABLE)}) in {folder}")
+    # a real-size model runs in its config's half precision, whoever made its weights
+    dtype = dtype or _dtype_name(cfg, "meta" if real_size else weights)
+    exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
+    layers = getattr(cfg, "num_hidden_layers", None)
+    replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
+                 and _replicate.homogeneous(cfg))
+    if replicate:
+        exporter += f", layers {_replicate.EXPORTED} exported then replicated to {layers}"
+    return _Export(cfg=cfg, name=name, source=source, folder=folder, weights=weights, dtype=dtype,
+                   weight_file=weight_file, decoder=decoder, moe=moe, exporter=exporter, replicate=replicate)
+
+
+def _key_material(ex: _Export) -> dict:
+    """What the cached netlist depends on."""
+    return {
+        "config": ex.cfg.to_dict(),
+        "kind": "decoder" if ex.decoder else "encoder",
+        "exporter": ex.exporter,
+        "opset": _export.OPSET,
+        "weights": ex.weights,
+        "dtype": ex.dtype,
+        "weights_file": _fingerprint(ex.weight_file) if ex.weights == "pretrained" else None,
+        "frontend": _cache.FRONTEND_VERSION,
+        "versions": _cache.versions(),
+    }
+
+
+WEIGHTS_DESC = {"random": "random seed 0", "pretrained": "pretrained", "meta": "meta (not materialised)"}
+
+
 def load_transformers_design(
     cfg,
     name: str,
@@ -155,165 +224,133 @@ def load_transformers_design(
 
     ``materialize``: a model too large to build in torch (exported weightless, "meta") gets seeded random
     weights filled into that export instead ("filled"), so it runs."""
-    import copy
-
-    import torch
-    import transformers
-
-    cfg = copy.deepcopy(cfg)  # building a model sets attributes on its config: the caller's (and the cache key) stay
-
-    decoder = is_decoder(cfg)
-    kind = "decoder" if decoder else "encoder"
-    moe = is_moe(cfg)
-    weight_file = checked_weights(folder)  # a folder's weight files load, or this names the one that cannot
-    n_params = None
-    real_size = False
-    if weights is None:
-        n_params = count_meta_params(cfg, decoder, source)
-        real_size = n_params * 4 > MATERIALISE_LIMIT
-        if weight_file is not None:  # its own weights (a real-size one weightless unless it is to run)
-            weights = "pretrained" if materialize or not real_size else "meta"
-        else:
-            weights = ("filled" if materialize else "meta") if real_size else "random"
-    if weights == "pretrained" and weight_file is None:
-        raise SoftsynError(f"{source}: no weights ({', '.join(LOADABLE)}) in {folder}")
-    # a real-size model runs in its config's half precision, whoever made its weights
-    dtype = dtype or _dtype_name(cfg, "meta" if real_size else weights)
-    exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
-    layers = getattr(cfg, "num_hidden_layers", None)
-    replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
-                 and _replicate.homogeneous(cfg))
-    if replicate:  # a weightless MoE decoder of identical layers: trace two, copy the second (frontends.replicate)
-        exporter += f", layers {_replicate.EXPORTED} exported then replicated to {layers}"
-    key_material = {
-        "config": cfg.to_dict(),
-        "kind": kind,
-        "exporter": exporter,
-        "opset": _export.OPSET,
-        "weights": weights,
-        "dtype": dtype,
-        "weights_file": _fingerprint(weight_file) if weights == "pretrained" else None,
-        "frontend": _cache.FRONTEND_VERSION,
-        "versions": _cache.versions(),
-    }
-    key = _cache.content_key(key_material)
+    ex = _plan_export(copy.deepcopy(cfg), name, source, folder=folder, weights=weights, dtype=dtype,
+                      materialize=materialize)
+    key = _cache.content_key(_key_material(ex))
     entry = _cache.entry_dir(cache_dir, name, key)
-    cached = _cache.load_entry(entry)
+    with step(f"reading {name} from the export cache", enabled=progress and entry.is_dir(),
+              done=f"read {name} from the export cache"):
+        cached = _cache.load_entry(entry)
     if cached is not None:
         cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
         return cached
-    if weights == "filled":
-        return _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, key)
+    if ex.weights == "filled":
+        return _materialised(ex, cache_dir, progress, entry=entry, key=key)
 
-    weights_desc = {
-        "random": "random seed 0",
-        "pretrained": "pretrained",
-        "meta": "meta (not materialised)",
-    }[weights]
     t0 = time.perf_counter()
-    if progress:
-        print(f"exporting {name} with {exporter} ({weights_desc}, {dtype})...", end="", file=sys.stderr, flush=True)
-    _export.torch_num_threads()
-    torch_dtype = getattr(torch, dtype)
-    cls = _auto_class(decoder)
-    kwargs = {}
-    if moe:
-        kwargs["experts_implementation"] = EXPERTS_IMPL
-    if weights == "meta":
-        traced = cfg
-        if replicate:
-            traced = copy.deepcopy(cfg)
-            traced.num_hidden_layers = _replicate.EXPORTED
-        with building(source), torch.device("meta"):
-            model = cls.from_config(traced, dtype=torch_dtype, **kwargs)
-    elif weights == "random":
-        torch.manual_seed(0)
-        with building(source):
-            model = cls.from_config(cfg, dtype=torch_dtype, **kwargs)
-    else:
-        from transformers.utils import logging as hf_logging
+    with step(f"exporting {name} with {ex.exporter} ({WEIGHTS_DESC[ex.weights]}, {ex.dtype})", enabled=progress,
+              done=f"exported {name}"):
+        ir_model, parameters, copies = _export_model(ex)
+    elapsed = time.perf_counter() - t0
+    nl = Netlist(
+        ir_model,
+        name=name,
+        kind="decoder" if ex.decoder else "encoder",
+        provenance=_provenance(ex, elapsed, copies),
+        config=config_summary(ex.cfg, parameters),
+        derived_dims={"total": "past + seq"} if ex.decoder else {},
+    )
+    nl = _cache.save_entry(nl, entry)
+    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+    return nl
 
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            with building(source):
-                model = cls.from_pretrained(str(folder), dtype=torch_dtype, **kwargs)
-        finally:
-            if bar:
-                hf_logging.enable_progress_bar()
+
+def _torch_model(ex: _Export):
+    """The torch model to export: on the meta device (weightless; the traced layers only when replicating),
+    seeded random, or from the folder's pretrained weights."""
+    import torch  # deferred: torch loads only when a model is exported
+
+    torch_dtype = getattr(torch, ex.dtype)
+    cls = _auto_class(ex.decoder)
+    kwargs = {"experts_implementation": EXPERTS_IMPL} if ex.moe else {}
+    if ex.weights == "meta":
+        traced = ex.cfg
+        if ex.replicate:
+            traced = copy.deepcopy(ex.cfg)
+            traced.num_hidden_layers = _replicate.EXPORTED
+        with building(ex.source), torch.device("meta"):
+            return cls.from_config(traced, dtype=torch_dtype, **kwargs)
+    if ex.weights == "random":
+        torch.manual_seed(0)
+        with building(ex.source):
+            return cls.from_config(ex.cfg, dtype=torch_dtype, **kwargs)
+    from transformers.utils import logging as hf_logging  # deferred with torch
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with building(ex.source):
+            return cls.from_pretrained(str(ex.folder), dtype=torch_dtype, **kwargs)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _export_model(ex: _Export) -> tuple:
+    """(the exported onnx-ir model, its parameter count, how many times a layer was copied or None)."""
+    _export.torch_num_threads()
+    model = _torch_model(ex)
     model.eval()
-    if moe and hasattr(model, "set_experts_implementation"):
+    if ex.moe and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(EXPERTS_IMPL)
     parameters = sum(p.numel() for p in model.parameters())
     try:
         with _quiet_torch_export():
-            ir_model = (_export.export_decoder if decoder else _export.export_encoder)(model, name)
+            ir_model = (_export.export_decoder if ex.decoder else _export.export_encoder)(model, ex.name)
     except SoftsynError:
         raise
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
-        if progress:
-            print(" failed", file=sys.stderr)
-        raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
-    if replicate:
+        raise SoftsynError(f"{ex.source}: exporting {ex.name} with {ex.exporter} failed: {brief(e)}") from e
+    copies = None
+    if ex.replicate:
         try:
-            copies = _replicate.replicate_layers(ir_model, layers)
+            copies = _replicate.replicate_layers(ir_model, ex.layers)
         except _replicate.NotReplicable as e:
-            raise SoftsynError(f"{source}: cannot replicate the layers of {name}: {e}") from None
-        parameters = count_meta_params(cfg, decoder, source)
-    elapsed = time.perf_counter() - t0
-    del model
+            raise SoftsynError(f"{ex.source}: cannot replicate the layers of {ex.name}: {e}") from None
+        parameters = count_meta_params(ex.cfg, ex.decoder, ex.source)
+    return ir_model, parameters, copies
+
+
+def _provenance(ex: _Export, elapsed: float, copies) -> dict:
     provenance = {
-        "source": source,
-        "exporter": exporter,
-        "weights": weights_desc,
-        "dtype": dtype,
+        "source": ex.source,
+        "exporter": ex.exporter,
+        "weights": WEIGHTS_DESC[ex.weights],
+        "dtype": ex.dtype,
         "versions": _cache.versions(),
         "export_seconds": round(elapsed, 2),
         "scope_prefix": _export.SCOPE_PREFIX,
     }
-    if replicate:
+    if ex.replicate:
         provenance["layers"] = (f"{_replicate.EXPORTED} traced by torch.export, model.layers.{_replicate.EXPORTED - 1} "
-                                f"copied {copies} times to {layers} (softsyn.frontends.replicate)")
-    if weights == "meta":
+                                f"copied {copies} times to {ex.layers} (softsyn.frontends.replicate)")
+    if ex.weights == "meta":
         provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
-    if weights == "pretrained":
-        provenance["weights_file"] = str(weight_file)
-    nl = Netlist(
-        ir_model,
-        name=name,
-        kind=kind,
-        provenance=provenance,
-        config=config_summary(cfg, parameters),
-        derived_dims={"total": "past + seq"} if decoder else {},
-    )
-    nl = _cache.save_entry(nl, entry)
-    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {elapsed:.1f} s", file=sys.stderr, flush=True)
-    return nl
+    if ex.weights == "pretrained":
+        provenance["weights_file"] = str(ex.weight_file)
+    return provenance
 
 
-def _materialised(cfg, name, source, cache_dir, progress, folder, dtype, entry, key) -> Netlist:
+def _materialised(ex: _Export, cache_dir: Path, progress: bool, *, entry: Path, key: str) -> Netlist:
     """The weightless export (cached) with seeded random weights and the exporter's optimizer applied
     (softsyn.frontends.materialize): a runnable real-size model without building it in torch."""
     from softsyn.frontends.materialize import materialize
 
-    base = load_transformers_design(cfg, name, source, cache_dir, progress, folder, weights="meta", dtype=dtype)
+    name, dtype = ex.name, ex.dtype
+    base = load_transformers_design(ex.cfg, name, ex.source, cache_dir, progress, folder=ex.folder, weights="meta",
+                                    dtype=dtype)
     t0 = time.perf_counter()
-    if progress:
-        print(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer...", end="",
-              file=sys.stderr, flush=True)
-    model = materialize(base.model, cfg)
-    provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
-    provenance.pop("weights_location", None)
-    provenance.pop("cache", None)
-    provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
-    nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
-                 derived_dims=dict(base.derived_dims))
-    nl = _cache.save_entry(nl, entry)
+    with step(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer", enabled=progress,
+              done=f"materialised {name}'s weights"):
+        model = materialize(base.model, ex.cfg)
+        provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
+        provenance.pop("weights_location", None)
+        provenance.pop("cache", None)
+        provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)
+        nl = Netlist(model, name=name, kind=base.kind, provenance=provenance, config=base.config,
+                     derived_dims=dict(base.derived_dims))
+        nl = _cache.save_entry(nl, entry)  # the weights written to the cache: part of the wait
     nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return nl
 
 

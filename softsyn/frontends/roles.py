@@ -5,7 +5,8 @@ onnxruntime-genai write `batch_size`, `sequence_length`, `past_sequence_length`.
 (`batch`, `prompt_len`, `context_len`) and the default path groups bind dims by role, so a file is
 read with its dims renamed to their roles, found from the ports they appear in: dim 0 of a token or
 image input is the batch, dim 1 of the token ids the sequence, the cached-token dim of a past KV input
-the past, and a mask dim that is neither the attention total (past + seq). What cannot be placed keeps
+the past, and a mask dim that is neither the attention total (past + seq); the mask's dims take these roles
+even where the exporter named them apart from the token ids' (one name per role). What cannot be placed keeps
 its name and is reported by the design, which then names the dim and the roles it needs.
 """
 from __future__ import annotations
@@ -78,14 +79,18 @@ def find_roles(model: ir.Model) -> Roles:
             place(dims[2], "frames")
     mask = by_name.get("attention_mask")
     if mask is not None and mask.shape is not None and len(mask.shape) >= 2:
-        place(_sym(mask.shape[0]), "batch")
+        # the mask's rows are the batch and, without a cache, its keys the new tokens, even where the exporter gave
+        # them names of their own (dynamic_shapes with Dim.DYNAMIC per input): one name, or probes feed mismatches
+        b = _sym(mask.shape[0])
+        if b is not None and b not in found:
+            found[b] = "batch"
         m = _sym(mask.shape[-1])
         if m is not None and m not in found:
             if "past" in found.values():
                 found[m] = "total"
                 roles.derived["total"] = "past + seq"
             else:
-                place(m, "seq")
+                found[m] = "seq"
     roles.renames = {k: r for k, r in found.items() if k != r}
     for v in inputs:
         for d in v.shape or ():

@@ -144,7 +144,7 @@ def reference_modules(model, grid: ImageGrid) -> dict:
                                        deepstack)}
 
 
-def _export_module(module, args, dynamic_shapes, in_names, out_names, name, optimize):
+def _export_module(module, args, dynamic_shapes, *, in_names, out_names, name, optimize):
     import torch
 
     with _export.quiet(), torch.no_grad():
@@ -178,7 +178,8 @@ def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
     ds = ["deepstack_features"] if deepstack else []
     pixels = example(torch.randn(2 * grid.patches, pixel_dim, generator=g))
     out = {"vision": _export_module(mods["vision"], (pixels,), {"pixel_values": {0: images * grid.patches}},
-                                    ["pixel_values"], ["image_features"] + ds, f"{name}.vision", not meta)}
+                                    in_names=["pixel_values"], out_names=["image_features"] + ds,
+                                    name=f"{name}.vision", optimize=not meta)}
     ids = example(torch.randint(0, text.vocab_size, (2, 5), generator=g))
     tokens = Dim("image_tokens")
     feats = (example(torch.randn(3, text.hidden_size, generator=g)),)
@@ -186,9 +187,10 @@ def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
     if deepstack:
         feats += (example(torch.randn(deepstack, 3, text.hidden_size, generator=g)),)
         shapes["deepstack_features"] = ({1: tokens},)
-    out["embedding"] = _export_module(mods["embedding"], (ids,) + feats, shapes, ["input_ids", "image_features"] + ds,
-                                      ["inputs_embeds"] + (["deepstack_embeds"] if deepstack else []),
-                                      f"{name}.embedding", not meta)
+    out["embedding"] = _export_module(mods["embedding"], (ids,) + feats, shapes,
+                                      in_names=["input_ids", "image_features"] + ds,
+                                      out_names=["inputs_embeds"] + (["deepstack_embeds"] if deepstack else []),
+                                      name=f"{name}.embedding", optimize=not meta)
     embeds = example(torch.randn(2, 3, text.hidden_size, generator=g))
     mask = example(torch.ones(2, 7, dtype=torch.long))
     pos = example(torch.arange(4, 7).view(1, 1, 3).expand(3, 2, 3).contiguous())
@@ -202,5 +204,5 @@ def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
         mods["decoder"], (embeds, mask, pos) + extra + past_t,
         {"inputs_embeds": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: Dim("total")},
          "position_ids": {1: batch, 2: seq}, "rest": rest},
-        in_names, out_names, f"{name}.decoder", not meta)
+        in_names=in_names, out_names=out_names, name=f"{name}.decoder", optimize=not meta)
     return out

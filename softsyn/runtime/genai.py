@@ -128,7 +128,8 @@ def context_length(config: dict, io) -> int:
     return min(bounds)
 
 
-def genai_config(netlist, io, session: dict, source: str, tokens: SourceTokens, tokenizer, notes: list[str]) -> dict:
+def genai_config(netlist, io, session: dict, source: str, *, tokens: SourceTokens, tokenizer,
+                 notes: list[str]) -> dict:
     """The genai_config.json of a compiled decoder whose IO (softsyn.runtime.decoder) is `io`."""
     cfg = netlist.config
     context = context_length(cfg, io)
@@ -203,7 +204,7 @@ def write_genai(folder: Path, netlist, session: dict, source: str) -> list[str]:
     if tokenizer is None and not notes:
         notes.append(f"tokenizer: {source} has no tokenizer files (a model built from its config); none written: "
                      "give onnxruntime-genai token ids (Generator.append_tokens)")
-    config = genai_config(netlist, io, session, source, tokens, tokenizer, notes)
+    config = genai_config(netlist, io, session, source, tokens=tokens, tokenizer=tokenizer, notes=notes)
     if blocks:
         multimodal_sections(config, blocks, notes)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=4, allow_nan=False) + "\n")

@@ -304,7 +304,8 @@ def profile(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 10, warm
     (floored at 0); `NodeProfile.raw` keeps the recorded one.
     blocking=True (CUDA): run in a subprocess with CUDA_LAUNCH_BLOCKING=1 so node times include the GPU work.
     """
-    return profile_many(model_path, [feeds], runs, warmup, provider, options, keep_trace, blocking, calibrate)[0]
+    return profile_many(model_path, [feeds], runs=runs, warmup=warmup, provider=provider, options=options,
+                        keep_trace=keep_trace, blocking=blocking, calibrate=calibrate)[0]
 
 
 def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs: int = 10, warmup: int = 2,
@@ -312,7 +313,8 @@ def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
                  blocking: bool = False, calibrate: bool = True, aliases: dict[str, str] | None = None) -> list[Profile]:
     """profile() for several scenarios on one profiling session: warmup + runs of each in turn, one trace."""
     if blocking and provider == "cuda":
-        return _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace, aliases)
+        return _profile_subprocess(model_path, scenarios, runs=runs, warmup=warmup, provider=provider, options=options,
+                                   keep_trace=keep_trace, aliases=aliases)
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
         sess = open_model(model_path, provider, options, profile_prefix=str(Path(tmp) / "ort"))
         for feeds in scenarios:
@@ -341,7 +343,8 @@ def profile_many(model_path: Path, scenarios: list[dict[str, np.ndarray]], runs:
     return results
 
 
-def _profile_subprocess(model_path, scenarios, runs, warmup, provider, options, keep_trace, aliases) -> list[Profile]:
+def _profile_subprocess(model_path, scenarios, *, runs, warmup, provider, options, keep_trace,
+                        aliases) -> list[Profile]:
     with tempfile.TemporaryDirectory(prefix="softsyn-prof-") as tmp:
         for i, feeds in enumerate(scenarios):
             np.savez(Path(tmp) / f"feeds{i}.npz", **feeds)
@@ -364,8 +367,9 @@ def _main(job_file: str) -> None:
     for i in range(job["scenarios"]):
         with np.load(Path(job_file).parent / f"feeds{i}.npz") as data:
             scenarios.append({k: data[k] for k in data.files})
-    results = profile_many(Path(job["model"]), scenarios, job["runs"], job["warmup"], job["provider"], job["options"],
-                           job["keep_trace"] or None, aliases=job.get("aliases") or None)
+    results = profile_many(Path(job["model"]), scenarios, runs=job["runs"], warmup=job["warmup"],
+                           provider=job["provider"], options=job["options"], keep_trace=job["keep_trace"] or None,
+                           aliases=job.get("aliases") or None)
     Path(job["out"]).write_text(json.dumps([r.to_dict() for r in results]))
 
 

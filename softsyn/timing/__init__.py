@@ -7,8 +7,8 @@ here would shadow the submodule ``softsyn.timing.area``.
 from softsyn.timing.cost import Work, node_work, precision_of
 from softsyn.timing.results import (AreaItem, AreaResult, Analysis, GroupTiming, KVBudget, KVOption, PathPoint, Scenario,
                                     TimingPath, TPPlan, TPRow, WeightOption, WorkspacePoint)
-from softsyn.timing.sta import (RUN_CALL, CellTiming, PathGroup, cell_timings, load_time_constants, time_group,
-                                timing_graph)
+from softsyn.timing.sta import (RUN_CALL, CellTiming, PathGroup, TimingRequest, cell_timings, load_time_constants,
+                                time_group, timing_graph)
 
 __all__ = [
     "Work",
@@ -19,6 +19,7 @@ __all__ = [
     "RUN_CALL",
     "timing_graph",
     "time_group",
+    "TimingRequest",
     "cell_timings",
     "load_time_constants",
     "Analysis",

@@ -320,14 +320,14 @@ def kv_budget(kv: KVBudget) -> KVBudget:
         kv_bytes = per_token * sequences * kv.length
         total = kv.weights + kv_bytes + kv.workspace
         source = "estimate" if rows else "netlist"
+        row = dict(dtype=name, source=source, bytes_per_token=per_token, kv_bytes=kv_bytes, total=total)
         if available is None:
-            rows.append(KVOption(name, source, per_token, kv_bytes, total, None, None, None))
+            rows.append(KVOption(**row, max_concurrency=None, max_context=None, fits=None))
         else:
-            rows.append(KVOption(name, source, per_token, kv_bytes, total,
-                                 largest_concurrency(available, per_token * kv.length, kv.batch),
-                                 largest_context(kv.limit - kv.weights, per_token, sequences, kv.workspace_points,
-                                                 context_cap(kv)),
-                                 total <= kv.limit))
+            rows.append(KVOption(**row, max_concurrency=largest_concurrency(available, per_token * kv.length, kv.batch),
+                                 max_context=largest_context(kv.limit - kv.weights, per_token, sequences,
+                                                             kv.workspace_points, context_cap(kv)),
+                                 fits=total <= kv.limit))
     kv.kv_dtypes = rows
     kv.available = available
     kv.max_concurrency, kv.max_context = rows[0].max_concurrency, rows[0].max_context
@@ -349,7 +349,7 @@ def workspace_with_length(netlist: Netlist, scenarios: dict[str, dict], length: 
     return max((activation_peak(netlist, netlist.bind(dims), share) for dims in shifted), default=0.0)
 
 
-def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem], workspace: float,
+def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem], *, workspace: float,
                workspace_scenario: str, scenarios: dict[str, dict], share: dict[str, float] | None = None
                ) -> KVBudget | None:
     """The KV budget of the netlist's past-KV inputs under area_constraint (None: no KV cache)."""
@@ -420,4 +420,5 @@ def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict],
     return AreaResult(
         by_kind=kinds, by_hierarchy=scopes, total=sum(k.bytes for k in kinds), limit=constraints.area_constraint,
         parameters=parameters, kv_detail=kv.detail if kv else "no KV cache", activation_scenario=worst_group,
-        kv_budget=budget_for(netlist, constraints, kinds, worst_peak, worst_group, scenarios, share))
+        kv_budget=budget_for(netlist, constraints, kinds, workspace=worst_peak, workspace_scenario=worst_group,
+                             scenarios=scenarios, share=share))

@@ -72,6 +72,27 @@ class CellTiming:
     collectives: tuple = ()  # (op, delay s, source, bytes) run right after it (tensor parallelism, softsyn.timing.tp)
 
 
+@dataclass(frozen=True)
+class TimingRequest:
+    """How one group is timed, beyond the netlist, library and constraints it is timed on (the default: the
+    library's delays, eager launches, one device).
+
+    `annotation`: a softsyn.flow.annotate.GroupAnnotation for the group's scenario: it replaces the library's delay,
+    source "annot", for every node it knows (0 s for nodes the runtime folded or fused away; by name, so a node whose
+    name another node shares keeps its library delay), and its residual the library's run_overhead on the
+    session.run row. `absorbed`: nodes the runtime fuses into another when it loads (softsyn.runtime.load_view); on a
+    GPU they keep their kernel time, which the fused kernel still does, but launch nothing. `partition` (a
+    softsyn.timing.tp.Partition): each cell timed at one device's part of its work, and the collectives it places
+    timed from `collectives` (a softsyn.library.collectives.CollectiveLibrary). `mode`: the group runs as a captured
+    CUDA graph (softsyn.timing.capture) or eagerly (None: eagerly, unlabelled)."""
+
+    annotation: object = None
+    absorbed: frozenset = frozenset()
+    partition: object = None
+    collectives: object = None
+    mode: Launch | None = None
+
+
 def timing_graph(netlist: Netlist) -> nx.DiGraph:
     """Cells and ports as a DAG: an edge for every net from its driver to each load.
 
@@ -112,18 +133,12 @@ def load_time_constants(netlist: Netlist) -> set[ir.Node]:
     return folded
 
 
-def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=None,
-                 absorbed: frozenset = frozenset(), partition=None, collectives=None) -> list[CellTiming]:
-    """Delay of every cell in execution order under one scenario's shapes.
-
-    `annotation` (a softsyn.flow.annotate.GroupAnnotation) replaces the library's delay, source "annot",
-    for every node it knows (0 s for nodes the runtime folded or fused away); it knows nodes by name, so
-    a node whose name another node shares keeps its library delay. A cell of an op neither the library
-    nor the cost model knows gets 0 work (its delay is the launch overhead), source "no-model".
-    `absorbed`: nodes the runtime fuses into another when it loads (softsyn.runtime.load_view); on a GPU they
-    keep their kernel time, which the fused kernel still does, but launch nothing.
-    `partition` (a softsyn.timing.tp.Partition): each cell timed at one device's part of its work, and the
-    collectives it places timed from `collectives` (a softsyn.library.collectives.CollectiveLibrary)."""
+def cell_timings(netlist: Netlist, library: Library, shapes: dict,
+                 request: TimingRequest = TimingRequest()) -> list[CellTiming]:
+    """Delay of every cell in execution order under one scenario's shapes, as `request` says (annotation,
+    absorbed nodes, partition: see TimingRequest). A cell of an op neither the library nor the cost model knows
+    gets 0 work (its delay is the launch overhead), source "no-model"."""
+    annotation, absorbed, partition = request.annotation, request.absorbed, request.partition
     cells = []
     folded = load_time_constants(netlist)
     shared = {name for name, n in Counter(n.name for n in netlist.nodes()).items() if n > 1}
@@ -150,10 +165,10 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict, annotation=No
                 host = 0.0
         moves = ()
         if partition is not None and node in partition.collectives:
-            moves = tuple(_collective(kind, value, shapes, partition.n, collectives)
+            moves = tuple(_collective(kind, value, shapes, partition.n, request.collectives)
                           for kind, value in partition.collectives[node])
-        cells.append(CellTiming(node, f"{op}.{precision}", work, delay, source,
-                                delay if host is None else host, device, collectives=moves))
+        cells.append(CellTiming(node=node, cell=f"{op}.{precision}", work=work, delay=delay, source=source,
+                                host=delay if host is None else host, device=device, collectives=moves))
     return cells
 
 
@@ -178,15 +193,12 @@ def unmodelled_warnings(netlist: Netlist, library: Library) -> list[str]:
 
 
 def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraints: Constraints,
-               group: PathGroup, annotation=None, absorbed: frozenset = frozenset(), partition=None,
-               collectives=None, mode: Launch | None = None) -> GroupTiming:
-    """`annotation`: a softsyn.flow.annotate.GroupAnnotation for this group's scenario (back-annotated delays;
-    its residual replaces the library's run_overhead on the session.run row); `absorbed`, `partition` and
-    `collectives`: see cell_timings. A collective is issued by the host (one launch on a GPU) after its cell
-    and holds the stream for its delay; on a CPU the host waits it out. `mode`: the group runs as a captured
-    CUDA graph (softsyn.timing.capture) or eagerly."""
+               group: PathGroup, request: TimingRequest = TimingRequest()) -> GroupTiming:
+    """Every output path of `group`, timed as `request` says (see TimingRequest). A collective is issued by the
+    host (one launch on a GPU) after its cell and holds the stream for its delay; on a CPU the host waits it out."""
+    annotation, mode = request.annotation, request.mode
     shapes = netlist.bind(group.scenario.dims)
-    cells = cell_timings(netlist, library, shapes, annotation, absorbed, partition, collectives)
+    cells = cell_timings(netlist, library, shapes, request)
     if mode is not None and mode.captured and annotation is None:
         in_graph(cells, library)
 
@@ -194,15 +206,38 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
                     for name in group.inputs}
     launch_port = max(group.inputs, key=lambda n: port_arrival[n]) if group.inputs else ""
     launch = port_arrival.get(launch_port, 0.0)
-    starts = _stream_starts(netlist, library, group, cells, port_arrival, launch, annotation)
-    stream_of = {c.node: c.stream for c in cells}
-
-    # Arrival at each cell: max(data predecessors, stream free, issued by the host) + device time; remember
-    # which one set the start (the host's issue order follows the stream order: its last cell). Keyed by the
-    # timing graph's keys: nodes by identity, ports as ("in", name).
+    starts = _stream_starts(netlist, library, group, cells, port_arrival=port_arrival, launch=launch,
+                            annotation=annotation)
     arrival: dict = {("in", p.name): port_arrival.get(p.name, 0.0) for p in netlist.model.graph.inputs}
+    critical_pred, moved = _propagate(graph, library, cells, starts, arrival)
+
+    period = group.clock_period
+    paths = [_output_path(constraints, group, port, arrival, (launch_port, launch))
+             for port in netlist.model.graph.outputs]
+    paths.sort(key=lambda p: (p.slack, -p.arrival))
+    drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
+    timed = {c.node: c for c in cells}
+    for path in paths[:STORED_PATHS]:
+        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, starts,
+                             annotated=annotation is not None, moved=moved)
+
+    return GroupTiming(
+        name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
+        critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
+        estimated_cells=sum(1 for c in cells if c.source == "est"),
+        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells),
+        launch="" if mode is None else mode.describe(library))
+
+
+def _propagate(graph: nx.DiGraph, library: Library, cells: list[CellTiming], starts: dict[int, tuple[float, float]],
+               arrival: dict) -> tuple[dict, dict]:
+    """Fill `arrival` (keyed by the timing graph's keys: nodes by identity, ports as ("in", name); it holds the
+    ports' arrivals) at each cell: max(data predecessors, stream free, issued by the host) + device time. Returns
+    (critical_pred: the key that set each cell's start, moved: node -> its arrival before its collectives, then
+    after each). The host's issue order follows the stream order: its last cell."""
+    stream_of = {c.node: c.stream for c in cells}
     critical_pred: dict = {}
-    moved: dict = {}  # node -> its arrival before its collectives, then after each
+    moved: dict = {}
     stream_free = {s: start + overhead for s, (start, overhead) in starts.items()}
     stream_last: dict = dict.fromkeys(starts)
     host_free, host_last = dict(stream_free), dict.fromkeys(starts)
@@ -233,32 +268,23 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
         critical_pred[node] = pred
         stream_free[s], stream_last[s] = arrival[node], node
         host_last[s] = node
+    return critical_pred, moved
 
+
+def _output_path(constraints: Constraints, group: PathGroup, port: ir.Value, arrival: dict,
+                 launched: tuple[str, float]) -> TimingPath:
+    """The path to output `port` (its points traced later): launched at (port name, its input delay)."""
+    launch_port, launch = launched
     period = group.clock_period
-    paths = []
-    for port in netlist.model.graph.outputs:
-        driver = port.producer()
-        end = arrival[driver] if driver is not None else arrival.get(("in", port.name), launch)
-        output_delay = constraints.output_delay_for(port.name)
-        required = math.inf if period is None else period - constraints.clock_uncertainty - output_delay
-        paths.append(TimingPath(
-            group=group.name, scenario=group.scenario, startpoint=launch_port, endpoint=port.name,
-            clock_period=math.inf if period is None else period, input_delay=launch,
-            clock_uncertainty=constraints.clock_uncertainty, output_delay=output_delay,
-            points=[], arrival=end, required=required, slack=required - end))
-    paths.sort(key=lambda p: (p.slack, -p.arrival))
-    drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
-    timed = {c.node: c for c in cells}
-    for path in paths[:STORED_PATHS]:
-        path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, starts,
-                             annotated=annotation is not None, moved=moved)
-
-    return GroupTiming(
-        name=group.name, clock_period=math.inf if period is None else period, weight=group.weight,
-        critical_range=group.critical_range, scenario=group.scenario, paths=paths, cell_count=len(cells),
-        estimated_cells=sum(1 for c in cells if c.source == "est"),
-        total_flops=sum(c.work.flops for c in cells), total_bytes=sum(c.work.bytes for c in cells),
-        launch="" if mode is None else mode.describe(library))
+    driver = port.producer()
+    end = arrival[driver] if driver is not None else arrival.get(("in", port.name), launch)
+    output_delay = constraints.output_delay_for(port.name)
+    required = math.inf if period is None else period - constraints.clock_uncertainty - output_delay
+    return TimingPath(
+        group=group.name, scenario=group.scenario, startpoint=launch_port, endpoint=port.name,
+        clock_period=math.inf if period is None else period, input_delay=launch,
+        clock_uncertainty=constraints.clock_uncertainty, output_delay=output_delay,
+        points=[], arrival=end, required=required, slack=required - end)
 
 
 def in_graph(cells: list[CellTiming], library: Library) -> None:

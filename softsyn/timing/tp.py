@@ -237,98 +237,149 @@ def partition(netlist: Netlist, n: int, shapes: dict, devices: int = 8, weights:
     p = Partition(n, heads, kv_heads, math.ceil(kv_heads / n), experts, weights=weights)
     if n == 1 and not weights:
         return p
-    head_dim = (netlist.config or {}).get("head_dim")
-    vocab = (netlist.config or {}).get("vocab_size")
-    share = p.share
-    inputs = {v.name for v in netlist.model.graph.inputs}
+    config = netlist.config or {}
+    walk = _Walk(p=p, shapes=shapes, head_dim=config.get("head_dim"), vocab=config.get("vocab_size"))
     for v in kv_cache_inputs(netlist):
-        share[v.name] = p.kv_share
-    residual: set[str] = set()
-    elems = lambda v: numel(shape_of(v, shapes))  # noqa: E731
-
+        p.share[v.name] = p.kv_share
     for node in netlist.nodes():
-        # activations: float (or untyped: exporters leave some dtypes out) values not computed from weights alone
-        acts = [v for v in node.inputs if v is not None and not v.is_initializer()
-                and (v.dtype is None or v.dtype.is_floating_point()) and not weight_roots(v)]
-        split = [v for v in acts if share.get(v.name, 1.0) < 1.0 or v.name in p.partial]
-        w = _weight(node)
-        op = node.op_type
-        if op == "Gather" and _is_embedding(node, vocab):  # vocab-parallel, then summed
-            share[node.inputs[0].name] = 1.0 / n
-            p.role[node] = "vocab"
-            if n > 1:
-                p.collectives[node] = [("AllReduce", node.outputs[0])]
-            residual.add(node.outputs[0].name)
-            continue
-        if op in RESIDUAL_JOINS and split and any(v.name in residual for v in acts):
-            for v in split:
-                producer = v.producer()
-                if producer is not None:
-                    p.collectives.setdefault(producer, []).append(("AllReduce", v))
-            outs = [node.outputs[0]] if op == "Add" else [o for i, o in enumerate(node.outputs) if i == SKIP_SUM_OUTPUT]
-            residual.update(o.name for o in outs if o is not None)
-            continue
-        if w is not None and acts:
-            a = acts[0]
-            roots = weight_roots(node.inputs[1])
-            if weights and node.op_type in ("MatMul", "Gemm") and all(r.dtype.is_floating_point() for r in roots):
-                p.weight_elems[node] = (numel(w), roots[0].dtype.itemsize)
-                p.recast.update((r.name, weights) for r in roots)
-            if a.name in p.partial or share.get(a.name, 1.0) < 1.0:  # row-parallel: input rows split
-                part = share.get(a.name, 1.0)
-                p.role[node], p.cell[node] = "row", part
-                _share_weights(node, part, share)
-                p.partial.add(node.outputs[0].name)
-                continue
-            width = _out_width(node, w)
-            if experts and width == experts:
-                p.role[node] = "router"
-                continue
-            part = _column_share(width, p, head_dim)
-            is_logits = any(o.is_graph_output() for o in node.outputs)
-            p.role[node], p.cell[node] = ("vocab" if is_logits else "column"), part
-            _share_weights(node, part, share)
-            share[node.outputs[0].name] = part
-            continue
-        expert_weights = [v for v in node.inputs if v is not None and experts and weight_roots(v)
-                          and len(weight_shape(v) or ()) >= 3 and weight_shape(v)[0] == experts]
-        if (expert_weights and op not in LOAD_TIME_OPS) or op in MOE_OPS:
-            for v in expert_weights:
-                share[v.name] = 1.0 / n
-                share.update((r.name, 1.0 / n) for r in weight_roots(v))
-                if weights:  # sized at the what-if precision; expert cells keep their kernels' timing
-                    p.recast.update((r.name, weights) for r in weight_roots(v) if r.dtype.is_floating_point())
-            p.role[node], p.cell[node] = "expert", 1.0 / n
-            for o in node.outputs:
-                if o is not None:
-                    share[o.name] = 1.0 / n
-            continue
-        if op in ATTENTION_OPS and split:
-            p.role[node], p.cell[node] = "attention", 1.0 / n
-            for i, o in enumerate(node.outputs):
-                if o is not None:
-                    share[o.name] = 1.0 / n if i == 0 else p.kv_share
-            continue
-        if not split:
-            if any(v.name in residual for v in acts) and op in ("Cast", "Identity"):
-                residual.update(o.name for o in node.outputs if o is not None)
-            continue
-        big = max(split, key=lambda v: (elems(v), -share.get(v.name, 1.0)))
-        if big.name in p.partial:  # layout ops between a row-parallel cell and its reduction
-            p.partial.update(o.name for o in node.outputs if o is not None)
-            continue
-        part = share.get(big.name, 1.0)
-        p.cell[node] = part
-        for o in node.outputs:
-            if o is not None:
-                share[o.name] = part
+        _place(walk, node)
+    inputs = {v.name for v in netlist.model.graph.inputs}
     for port in netlist.model.graph.outputs:
         if port.name.startswith(KV_OUTPUT_PREFIXES) or port.name in inputs:
             continue
         producer = port.producer()
-        if n > 1 and producer is not None and share.get(port.name, 1.0) < 1.0:
+        if n > 1 and producer is not None and p.share.get(port.name, 1.0) < 1.0:
             p.collectives.setdefault(producer, []).append(("AllGather", port))
     return p
+
+
+@dataclass
+class _Walk:
+    """partition's walk over the cells in execution order: the partition it fills, and the residual stream's values
+    (the embedding's output and what the residual joins make: where a split value is reduced)."""
+
+    p: Partition
+    shapes: dict
+    head_dim: int | None
+    vocab: int | None
+    residual: set = field(default_factory=set)
+
+
+def _place(walk: _Walk, node: ir.Node) -> None:
+    """The first of the placements below that takes the cell places it."""
+    # activations: float (or untyped: exporters leave some dtypes out) values not computed from weights alone
+    acts = [v for v in node.inputs if v is not None and not v.is_initializer()
+            and (v.dtype is None or v.dtype.is_floating_point()) and not weight_roots(v)]
+    split = [v for v in acts if walk.p.share.get(v.name, 1.0) < 1.0 or v.name in walk.p.partial]
+    if not (_embedding(walk, node) or _residual_join(walk, node, acts, split) or _weighted(walk, node, acts)
+            or _expert_cell(walk, node) or _attention_cell(walk, node, split)):
+        _follower(walk, node, acts, split)
+
+
+def _embedding(walk: _Walk, node: ir.Node) -> bool:
+    """The token embedding: vocab-parallel, then summed."""
+    p = walk.p
+    if node.op_type != "Gather" or not _is_embedding(node, walk.vocab):
+        return False
+    p.share[node.inputs[0].name] = 1.0 / p.n
+    p.role[node] = "vocab"
+    if p.n > 1:
+        p.collectives[node] = [("AllReduce", node.outputs[0])]
+    walk.residual.add(node.outputs[0].name)
+    return True
+
+
+def _residual_join(walk: _Walk, node: ir.Node, acts: list, split: list) -> bool:
+    """A residual join a split value reaches: the value is all-reduced after its producer."""
+    op = node.op_type
+    if op not in RESIDUAL_JOINS or not split or not any(v.name in walk.residual for v in acts):
+        return False
+    for v in split:
+        producer = v.producer()
+        if producer is not None:
+            walk.p.collectives.setdefault(producer, []).append(("AllReduce", v))
+    outs = [node.outputs[0]] if op == "Add" else [o for i, o in enumerate(node.outputs) if i == SKIP_SUM_OUTPUT]
+    walk.residual.update(o.name for o in outs if o is not None)
+    return True
+
+
+def _weighted(walk: _Walk, node: ir.Node, acts: list) -> bool:
+    """A cell with a weight: row-parallel on split rows, else the router, or column-parallel (vocab: the logits)."""
+    p, share = walk.p, walk.p.share
+    w = _weight(node)
+    if w is None or not acts:
+        return False
+    a = acts[0]
+    roots = weight_roots(node.inputs[1])
+    if p.weights and node.op_type in ("MatMul", "Gemm") and all(r.dtype.is_floating_point() for r in roots):
+        p.weight_elems[node] = (numel(w), roots[0].dtype.itemsize)
+        p.recast.update((r.name, p.weights) for r in roots)
+    if a.name in p.partial or share.get(a.name, 1.0) < 1.0:  # row-parallel: input rows split
+        part = share.get(a.name, 1.0)
+        p.role[node], p.cell[node] = "row", part
+        _share_weights(node, part, share)
+        p.partial.add(node.outputs[0].name)
+        return True
+    width = _out_width(node, w)
+    if p.experts and width == p.experts:
+        p.role[node] = "router"
+        return True
+    part = _column_share(width, p, walk.head_dim)
+    is_logits = any(o.is_graph_output() for o in node.outputs)
+    p.role[node], p.cell[node] = ("vocab" if is_logits else "column"), part
+    _share_weights(node, part, share)
+    share[node.outputs[0].name] = part
+    return True
+
+
+def _expert_cell(walk: _Walk, node: ir.Node) -> bool:
+    """A cell of stacked expert weights (or an MoE op): expert-parallel, 1/n of the experts each."""
+    p, share, experts = walk.p, walk.p.share, walk.p.experts
+    expert_weights = [v for v in node.inputs if v is not None and experts and weight_roots(v)
+                      and len(weight_shape(v) or ()) >= 3 and weight_shape(v)[0] == experts]
+    if not ((expert_weights and node.op_type not in LOAD_TIME_OPS) or node.op_type in MOE_OPS):
+        return False
+    for v in expert_weights:
+        share[v.name] = 1.0 / p.n
+        share.update((r.name, 1.0 / p.n) for r in weight_roots(v))
+        if p.weights:  # sized at the what-if precision; expert cells keep their kernels' timing
+            p.recast.update((r.name, p.weights) for r in weight_roots(v) if r.dtype.is_floating_point())
+    p.role[node], p.cell[node] = "expert", 1.0 / p.n
+    for o in node.outputs:
+        if o is not None:
+            share[o.name] = 1.0 / p.n
+    return True
+
+
+def _attention_cell(walk: _Walk, node: ir.Node, split: list) -> bool:
+    """An attention op on split heads: 1/n of the heads, its present KV at the KV share."""
+    p = walk.p
+    if node.op_type not in ATTENTION_OPS or not split:
+        return False
+    p.role[node], p.cell[node] = "attention", 1.0 / p.n
+    for i, o in enumerate(node.outputs):
+        if o is not None:
+            p.share[o.name] = 1.0 / p.n if i == 0 else p.kv_share
+    return True
+
+
+def _follower(walk: _Walk, node: ir.Node, acts: list, split: list) -> None:
+    """Any other cell: at the share of its largest split input (none: whole; a partial sum's layout ops stay
+    partial)."""
+    p, share = walk.p, walk.p.share
+    if not split:
+        if any(v.name in walk.residual for v in acts) and node.op_type in ("Cast", "Identity"):
+            walk.residual.update(o.name for o in node.outputs if o is not None)
+        return
+    big = max(split, key=lambda v: (numel(shape_of(v, walk.shapes)), -share.get(v.name, 1.0)))
+    if big.name in p.partial:  # layout ops between a row-parallel cell and its reduction
+        p.partial.update(o.name for o in node.outputs if o is not None)
+        return
+    part = share.get(big.name, 1.0)
+    p.cell[node] = part
+    for o in node.outputs:
+        if o is not None:
+            share[o.name] = part
 
 
 def collective_bytes(value: ir.Value, shapes: dict) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from softsyn.library.collectives import COLLECTIVE_OPS
 from softsyn.timing.area import activation_peak, kv_cache_item, weight_items
 from softsyn.timing.results import TPPlan, TPRow
-from softsyn.timing.sta import time_group
+from softsyn.timing.sta import TimingRequest, time_group
 from softsyn.timing.tp import TPError, check_degree, partition, valid_degrees
 
 
@@ -45,8 +45,8 @@ def row(design, n: int) -> TPRow:
     absorbed = design.runtime_view.absorbed if design.runtime_view is not None else frozenset()
     arrival, moved = {}, {}
     for group in design.groups:
-        timing = time_group(netlist, design.graph, design.library, design.constraints, group, None, absorbed,
-                            part, design.collectives)
+        request = TimingRequest(absorbed=absorbed, partition=part, collectives=design.collectives)
+        timing = time_group(netlist, design.graph, design.library, design.constraints, group, request)
         arrival[group.name] = timing.critical.arrival
         moved[group.name] = sum(p.incr for p in timing.critical.points if p.op_type in COLLECTIVE_OPS)
     return TPRow(n=n, weights=weights, kv_cache=kv_bytes, workspace=workspace, total=total,
