@@ -24,7 +24,7 @@ MODELS = {"zoo:qwen3-wide": "cpu-loop.yaml", "zoo:minilm": "embedding-cpu.yaml"}
 
 def rules() -> dict:
     """The estimates compared: the old sum, the plain RSS, the max, and the loop's rule (search.map_error)."""
-    from passes.precision.search import ERROR_SAFETY, map_error
+    from passes.optimize.search import ERROR_SAFETY, map_error
 
     return {"sum": sum, "rss": lambda es: math.sqrt(sum(e * e for e in es)), "max": max,
             f"rss x{ERROR_SAFETY}": map_error}
@@ -44,7 +44,7 @@ def random_maps(cells: list[str], n: int, rng: random.Random) -> list[dict[str, 
 def measure_model(model: str, constraints: Path, n_maps: int, seed: int) -> list[dict]:
     import passes
     from softsyn.design import Design
-    from passes.precision import mapping, sensitivity
+    from passes.optimize import mapping, sensitivity
 
     design = Design.load(model, constraints, progress=False)
     for step in passes.effort("low").steps:

@@ -1,5 +1,5 @@
 """Weight error of the fp8 (e4m3, block 128) quantiser against ORT's int8 / int4 one (block 32): the ratio behind
-passes.precision.sensitivity.PRIOR_ERROR["fp8"].
+passes.optimize.sensitivity.PRIOR_ERROR["fp8"].
 
     python bench/fp8_error.py [--k 1024] [--n 1024]
 
@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from passes.precision.mapping import BLOCK, fp8_blocks, fp8_dequantised, quantise_weight
+from passes.optimize.mapping import BLOCK, fp8_blocks, fp8_dequantised, quantise_weight
 
 
 def nbits_dequantised(weight: np.ndarray, bits: int) -> np.ndarray:

@@ -43,7 +43,7 @@ def run(model: str, constraints: Path, measure: bool, runs: int, separate: bool 
     import passes
     from softsyn.design import Design
     from passes import optimize
-    from passes.precision import mapping
+    from passes.optimize import mapping
 
     design = Design.load(model, constraints, progress=False)
     for step in passes.effort("low").steps:

@@ -7,7 +7,7 @@ MatMulBlockQuantizedFp8Weight, where the design computes in fp16/bf16: the op's 
 library says it is faster, runs the design on every path group's seeded inputs (on the target's device when it is
 here, else ORT CPU, the CPU view for a CUDA design) and prints verify's relative error:
 - `cell`: each cell alone, per cell, and the medians per precision: the figures behind
-  passes.precision.sensitivity.PRIOR_ERROR;
+  passes.optimize.sensitivity.PRIOR_ERROR;
 - `role`: each role group (sensitivity.roles) quantised at once, per role, with each cell's share (the loop's
   sensitivity for designs over optimize.MEASURE_LIMIT), and the whole model at each precision measured end to end
   against the estimate (search.map_error) from the shares;
@@ -33,7 +33,7 @@ def main() -> None:
 
     import passes
     from softsyn.design import Design
-    from passes.precision import mapping, search, sensitivity
+    from passes.optimize import mapping, search, sensitivity
 
     design = Design.load(args.model, args.constraints, progress=False, materialize=True)  # real sizes: seeded weights
     for step in passes.effort("low").steps:

@@ -35,11 +35,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from softsyn.constraints import shared_buffer_length
 from softsyn.errors import SoftsynError
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import is_weightless
 from passes import PassResult, register
 from passes.fuse.graph import add_initializer, make_node
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
+from softsyn.runtime.design_runner import DesignRunner
+from softsyn.runtime.kv_quant import BITS, QUANT_TYPE, channel_scales
 
 GQA_SEQLENS, GQA_TOTAL = 5, 6  # GroupQueryAttention's seqlens_k and total_sequence_length inputs
 SEQ_AXIS = 2  # the sequence axis of a [batch, kv_heads, seq, head_dim] KV port
@@ -90,18 +94,10 @@ def kv_attention(graph: ir.Graph) -> list[ir.Node]:
     return found
 
 
-def buffer_length(cons) -> tuple[int, str]:
-    """(the shared KV buffer's length, where it came from): kv_cache.max_length, else the workload's longest sequence."""
-    if cons.kv_cache.max_length:
-        return cons.kv_cache.max_length, "kv_cache.max_length"
-    w = cons.workload
-    return max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"
-
-
 def max_length_for(design) -> tuple[int, str]:
-    """(max_length, where it came from): buffer_length; SoftsynError when a timed scenario does not fit in it."""
+    """(max_length, where it came from): shared_buffer_length; SoftsynError when a timed scenario does not fit in it."""
     cons = design.constraints
-    length, key = buffer_length(cons)
+    length, key = shared_buffer_length(cons)
     for group in design.groups:
         dims = group.scenario.dims
         need = dims.get("past", 0) + dims.get("seq", 1)
@@ -190,8 +186,6 @@ def kv_dtype_note(requested: str | None, emitted: str | None, why: str = "") -> 
 
 
 def weightless(design) -> bool:
-    from passes.precision.mapping import is_weightless
-
     return any(is_weightless(v) for v in design.netlist.model.graph.initializers.values())
 
 
@@ -210,10 +204,7 @@ def calibrate(design, nodes: list[ir.Node]) -> tuple[dict[str, tuple[np.ndarray,
     seeded inputs (ORT CPU), over the positions each group writes: a decode group's new token attends a seeded
     random cache and may run wider than a prompt's K/V; rounding's error is bounded by half a step, saturation's
     is not."""
-    from passes.precision.sensitivity import Runner
-    from softsyn.runtime.kv_quant import channel_scales
-
-    runner = Runner(design, provider="cpu")
+    runner = DesignRunner(design, provider="cpu")
     names = [v.name for v in design.netlist.model.graph.outputs]
     groups = list(design.groups)
     tokens = sum(g.scenario.dims.get("seq", 1) * g.scenario.dims.get("batch", 1) for g in groups)
@@ -243,8 +234,6 @@ def placeholder_scales(node: ir.Node) -> tuple[np.ndarray, np.ndarray]:
 
 def quantise_cache(graph: ir.Graph, nodes: list[ir.Node], scales: dict) -> None:
     """GQA's int8 cache on every node: the quant attributes, the scale initializers, int8 past/present ports."""
-    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
-
     for node in nodes:
         k_scale, v_scale = scales[node.name]
         if len(node.inputs) <= GQA_V_SCALE:

@@ -1,4 +1,4 @@
-"""reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.timing.results objects.
+"""reports: text reports (DC / PrimeTime shapes) and JSON of softsyn.results.analysis objects.
 
 Every builder takes a result (an `Analysis`, fusion coverage, a signoff or verify result) and returns
 text; none recomputes timing or area. Tables are column data (reports.columns).

@@ -47,7 +47,7 @@ CONSTRAINT_AREA_COLUMNS: tuple[Column, ...] = (
 
 # ------------------------------------------------------------------------------------------ format-spec layout
 
-# report_area's KV budget: one row per KV dtype (softsyn.timing.results.KVOption), one per weight precision
+# report_area's KV budget: one row per KV dtype (softsyn.results.analysis.KVOption), one per weight precision
 # (WeightOption); the keys are those objects' fields.
 AREA_KV_COLUMNS: tuple[Column, ...] = (
     Column("dtype", "KV dtype", 10),
@@ -155,7 +155,7 @@ RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed
     Column("interval", "Interval", 40, gap=2),
 )
 
-# report_area / report_qor's tensor-parallel plan: one row per degree (softsyn.timing.results.TPRow); a group's
+# report_area / report_qor's tensor-parallel plan: one row per degree (softsyn.results.analysis.TPRow); a group's
 # columns (its critical arrival per device, the collectives on that path, the speed-up over one device) by
 # tp_group_columns.
 TP_COLUMNS: tuple[Column, ...] = (

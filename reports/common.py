@@ -12,15 +12,14 @@ in this module (through `softsyn.units`).
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jinja2
 
+from softsyn.results.files import write_atomic  # noqa: F401 -- reports' writers take it from here
 from softsyn.units import fmt_count, fmt_time
 
 BANNER_RULE = "*" * 40
@@ -268,45 +267,3 @@ def render(template: str, **context) -> str:
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------------------ files
-
-def umask() -> int:
-    """The process umask (read without changing it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def json_nulls(data):
-    """``data`` with every infinite or NaN float replaced by None: JSON has neither (an unconstrained budget, the
-    error of a zero measurement are null)."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: json_nulls(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [json_nulls(v) for v in data]
-    return data
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write text to `path` via a temporary file in the same directory and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a report is as readable as any file the user writes
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path

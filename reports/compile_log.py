@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from reports.common import TIME_UNITS, Column
+from softsyn.results.compile_log import CompileLog, LogRow
 from softsyn.units import fmt_bytes
-
-if TYPE_CHECKING:
-    from softsyn.flow.compile import CompileLog, LogRow
 
 SCHEMA = "softsyn.compile_log/1"
 UNITS = {"elapsed": "s", "wns": "s", "tns": "s", "area": "B", "rules": "MB over the area limit + % error over budget"}
@@ -38,7 +35,7 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def _texts(row: "LogRow") -> list[str]:
+def _texts(row: LogRow) -> list[str]:
     """A row's values as printed: elapsed as H:MM:SS, slacks in TIME_UNIT, area with its unit."""
     scale = 1 / TIME_UNITS[TIME_UNIT]
     printed = {"elapsed": _clock(row.elapsed), "phase": row.phase, "wns": f"{row.wns * scale:.3f}",
@@ -65,7 +62,7 @@ def _header() -> list[str]:
     return [_line(top, header=True), _line(bottom, header=True), _line(["-" * c.width for c in COMPILE_LOG_COLUMNS])]
 
 
-def report_compile_log(log: "CompileLog") -> str:
+def report_compile_log(log: CompileLog) -> str:
     """The text of DIR/compile.log: design, library, effort and its script, then one row per step."""
     lines = [f"softsyn compile: design {log.design}, library {log.library}, effort {log.effort.name}",
              f"script: {log.effort.script_text()}", "", *_header()]
@@ -75,7 +72,7 @@ def report_compile_log(log: "CompileLog") -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_log_json(log: "CompileLog") -> str:
+def compile_log_json(log: CompileLog) -> str:
     """The same rows as JSON, SI units (elapsed, slacks in s; area in bytes), with the column layout."""
     data = {"schema": SCHEMA, "units": UNITS, "design": log.design, "library": log.library,
             "effort": log.effort.name, "script": list(log.effort.script),

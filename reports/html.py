@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
-from softsyn.flow.signoff import SignoffResult
+from softsyn.results.signoff import SignoffResult
 from reports.advice import analysis_facts
 from reports.columns import AREA_KIND_COLUMNS, VERDICT_COLUMNS
 from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scope, is_unconstrained, render,
                                     write_atomic)
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
+from reports.signoff import cell_table, group_table
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
 from reports.views import before_after, op_time, roofline, slack_histogram, timeline
@@ -247,8 +248,6 @@ def compile_log(page: Page) -> dict | None:
 
 def signoff(page: Page) -> dict | None:
     """Predicted vs measured: per group (one scatter) and per cell of each group, from signoff.json."""
-    from reports.signoff import cell_table, group_table
-
     result = page.signoff
     if result is None:
         return None

@@ -8,7 +8,7 @@ import typing
 from dataclasses import MISSING, fields, is_dataclass
 
 from softsyn.timing import Analysis
-from softsyn.timing.results import UNCONSTRAINED_FIELDS
+from softsyn.results.analysis import UNCONSTRAINED_FIELDS
 
 SCHEMA = "softsyn.analysis/1"
 # Lists the reports index into, never empty as analyze writes them (a group has a path per output port).

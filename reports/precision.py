@@ -8,7 +8,7 @@ predicted latency (the STA's, plus the tables' change for the map) next to the m
 """
 from __future__ import annotations
 
-from passes.precision.search import ESTIMATE_RULE
+from passes.optimize.search import ESTIMATE_RULE
 from reports.columns import RETIME_COLUMNS, precision_columns
 from reports.common import BANNER_RULE, Table
 

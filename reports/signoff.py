@@ -1,6 +1,6 @@
 """report_signoff: predicted (analysis) vs measured (runtime) per path group, op type and cell.
 
-Renders a softsyn.flow.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
+Renders a softsyn.results.signoff.SignoffResult; recomputes nothing. PrimeTime's sign-off summary in shape:
 banner, what was measured, one line per group (predicted, measured, error, both slacks), then per
 group the measured breakdown, the op types and the cells with the largest error, and for each
 violated group the cells responsible. The three tables (group_table, op_table, cell_table) are
@@ -26,7 +26,7 @@ def _status(g) -> str:
 
 
 def group_table(result) -> Table:
-    """One row per path group of a softsyn.flow.signoff.SignoffResult: budget, predicted, measured, errors, slacks."""
+    """One row per path group of a softsyn.results.signoff.SignoffResult: budget, predicted, measured, errors, slacks."""
     return Table(SIGNOFF_GROUP_COLUMNS, tuple(
         {"group": g.name, "scenario": ", ".join(f"{k} {v}" for k, v in g.dims.items()), "budget": g.budget,
          "predicted": g.predicted, "measured": g.measured_median, "p90": g.measured_p90, "quiet": g.measured_quiet,

@@ -9,7 +9,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from passes.precision.search import map_error
+from passes.optimize.search import map_error
 from reports.advice import Facts, op_advice, weight_advice
 from softsyn.errors import SoftsynError
 from reports.common import byte_unit_for, fbytes, fpercent, ftime, is_unconstrained

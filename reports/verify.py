@@ -1,6 +1,6 @@
 """report_verify: the compiled model's outputs against its fp32 reference, per scenario and output.
 
-Renders a softsyn.flow.verify.VerifyResult; recomputes nothing. The table is column data
+Renders a softsyn.results.verify.VerifyResult; recomputes nothing. The table is column data
 (verify_table): the text here and a JSON reader print the same rows.
 """
 from __future__ import annotations

@@ -29,6 +29,10 @@ from softsyn.timing import Analysis, GroupTiming, PathGroup, Scenario, TimingReq
 from softsyn.timing.area import area
 from softsyn.timing.capture import Launch, group_launch, shared_kv_buffer
 from softsyn.timing.sta import unmodelled_warnings
+from softsyn.results.annotation import load_annotation
+from softsyn.runtime.load_view import load_view
+from softsyn.timing.tp_plan import partition_at, plan
+from softsyn.library.collectives import load_collectives
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
 DEFAULT_GROUPS = {
@@ -54,7 +58,7 @@ def _library_mismatch(library: Library) -> str:
 
 
 class Design:
-    annotation = None  # softsyn.flow.annotate.Annotation: back-annotated (measured) delays replace the library's
+    annotation = None  # softsyn.results.annotation.Annotation: back-annotated (measured) delays replace the library's
 
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
                  tp: str | int | None = None):
@@ -109,8 +113,6 @@ class Design:
         design = cls(netlist, cons, library, progress, tp)
         design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
         if annotate:
-            from softsyn.flow.annotate import load_annotation
-
             design.annotation = load_annotation(annotate)
         return design
 
@@ -131,7 +133,6 @@ class Design:
         None for a CPU target, whose delay tables already hold each node's whole cost, or another runtime."""
         if not self.library.is_gpu or not str(self.library.header.get("runtime", "")).startswith("onnxruntime"):
             return None
-        from softsyn.runtime.load_view import load_view
 
         start = time.perf_counter()
         view = load_view(self.netlist)
@@ -152,7 +153,6 @@ class Design:
         """The tensor-parallel plan (softsyn.timing.tp_plan) when one is asked for, else None."""
         if self.tp_request is None:
             return None
-        from softsyn.timing.tp_plan import plan
 
         start = time.perf_counter()
         result = plan(self)
@@ -166,7 +166,6 @@ class Design:
         None without tensor parallelism. A given degree needs no plan: the plan times every degree."""
         if self.tp_request is None:
             return None
-        from softsyn.timing.tp_plan import partition_at
 
         return partition_at(self, self.tp_request if isinstance(self.tp_request, int) else self.tp_plan.n)
 
@@ -265,8 +264,6 @@ class Design:
 
     @functools.cached_property
     def collectives(self):
-        from softsyn.library.collectives import load_collectives
-
         return load_collectives()
 
     def analyze(self, tp_plan: bool = True) -> Analysis:

@@ -13,7 +13,7 @@ import passes
 from softsyn.cli import main
 from softsyn.emit import check
 from softsyn.errors import SoftsynError
-from softsyn.flow.compile import CompileLog, LogRow
+from softsyn.results.compile_log import CompileLog, LogRow
 from passes import LOW
 from reports.compile_log import COMPILE_LOG_COLUMNS, compile_log_json, report_compile_log
 

@@ -13,13 +13,12 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OUTSIDE = re.compile(r"\.\./shared|shared/reference|shared/tools|DESIGN\.md|steering repo")
 
 # docs/architecture.md, "Layering": a module imports only from its own floor or below
-FLOORS = {"units": 1, "errors": 1, "progress": 1,
+FLOORS = {"units": 1, "errors": 1, "progress": 1, "results": 1,
           "netlist": 2, "frontends": 2, "constraints": 2, "library": 2,
           "timing": 3, "runtime": 3,
           "passes": 4, "characterize": 4, "design": 4,
           "flow": 5, "emit": 5, "reports": 5, "outdir": 5,
           "cli": 6, "__main__": 6}
-UPWARD = {("design", "softsyn.flow.annotate")}  # the one upward arrow: Design.load reads a back-annotation
 
 
 @pytest.mark.parametrize("folder", ["bench/results", "docs/decisions"])
@@ -39,8 +38,10 @@ def test_docs_cite_nothing_outside_the_repository():
 
 
 def test_architecture_is_a_map():
-    lines = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines()
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    lines, words = text.splitlines(), len(text.split())
     assert len(lines) <= 250, f"docs/architecture.md has {len(lines)} lines; dated notes go to docs/decisions/"
+    assert words <= 1500, f"docs/architecture.md has {words} words (at most 1500): dated findings go to docs/decisions/"
 
 
 def test_links_resolve():
@@ -69,7 +70,7 @@ def test_layering():
                 parts = name.split(".")
                 if parts[0] in ("passes", "reports"):
                     target = parts[0]
-                elif parts[0] == "softsyn" and len(parts) >= 2 and (floor, name) not in UPWARD:
+                elif parts[0] == "softsyn" and len(parts) >= 2:
                     target = parts[1]
                 else:
                     continue

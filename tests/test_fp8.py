@@ -11,7 +11,7 @@ import pytest
 
 from softsyn.library import load_library
 from softsyn.netlist import Netlist
-from passes.precision import mapping as mp
+from passes.optimize import mapping as mp
 from softsyn.timing.cost import node_work, precision_of
 
 FP8 = ir.DataType.FLOAT8E4M3FN

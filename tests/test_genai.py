@@ -10,7 +10,7 @@ import pytest
 from genai_tokens import genai_tokens
 from softsyn.frontends.zoo import minilm_folder
 from softsyn.runtime.decoder import decoder_io
-from softsyn.runtime.genai import save_tokenizer, source_tokens
+from softsyn.emit.genai import save_tokenizer, source_tokens
 from softsyn.runtime.generate import Generator, prompt_ids
 from softsyn.runtime.session import open_model
 

@@ -263,7 +263,7 @@ def test_graph_tables_time_a_captured_group_only(cuda_artifact):
         assert c.device == pytest.approx(graphed.graph_delay("MatMul", "fp16", c.work.sizes))
         assert c.device != eager_device[id(c.node)]
     # the compile loop's option tables read the same graph table for the captured group, the eager tables for prefill
-    from passes.precision import mapping
+    from passes.optimize import mapping
 
     cands, _ = mapping.candidates(design)
     tables = mapping.delay_tables(design, cands)

@@ -1,4 +1,4 @@
-"""The compile loop's KV moves (passes.precision.kv_moves): the area-driven cut of the shared KV buffer to the
+"""The compile loop's KV moves (passes.optimize.kv_moves): the area-driven cut of the shared KV buffer to the
 longest scenario's past + seq (kept when the area budget only fits the shorter buffer; still over, exit 1 with what
 would close it), and the KV dtype move's decision on fake tables (a GroupQueryAttention.int8 cell faster than fp16:
 kept with its measured error; slower: rejected and the fp16 cache restored)."""
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from softsyn.cli import main
 from softsyn.design import Design
 from passes import LOW, run_pass
-from passes.precision import kv_moves
+from passes.optimize import kv_moves
 
 TINY = """target: h200-ort-cuda
 area_constraint: {area}
@@ -81,7 +81,6 @@ def without_int8_cell(library):
     """`library` with no GroupQueryAttention.int8 cell (as one characterised before the cell existed)."""
     return dataclasses.replace(library, cells=[c for c in library.cells if not (
         c.op == "GroupQueryAttention" and c.precision == "int8")])
-    design.netlist_changed()
 
 
 def gqa_ports(design):

@@ -13,8 +13,8 @@ from softsyn.cli import main
 from softsyn.library import load_library
 from passes import effort
 from passes.optimize import CellMap, OptimizeReport
-from passes.precision import mapping as mp
-from passes.precision import search
+from passes.optimize import mapping as mp
+from passes.optimize import search
 from reports import report_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def tiny(cache_dir):
 
 def test_mapped_cells_are_ort_quantised_matmulnbits_that_run_as_measured(tiny):
     from softsyn.emit import netlist_json
-    from passes.precision.sensitivity import Runner
+    from passes.optimize.sensitivity import Runner
 
     cands, _ = mp.candidates(tiny)
     assert {c.hierarchy for c in cands} >= {"lm_head", "model.layers.0.mlp.down_proj"}
@@ -271,7 +271,7 @@ def test_a_gpu_map_says_its_speed_up_is_predicted_not_measured(cache_dir, tmp_pa
 def _calibration_problem():
     """Four cells whose int4 saves 5 us each on a decode that misses by 15 us; at 0.15 error each the estimate
     (RSS x1.25) admits one cell under a 0.25 budget, at half that error the three that meet the clock and more."""
-    from passes.precision import search
+    from passes.optimize import search
 
     cells = ("a", "b", "c", "d")
     return search.Problem(cells, {c: ("fp16", "int4") for c in cells},
@@ -283,7 +283,7 @@ def _calibration_problem():
 def test_ultra_calibrates_the_errors_by_a_check_that_read_well_under_the_estimate():
     from passes import effort
     from passes.optimize import OptimizeReport, calibrated_search
-    from passes.precision import search
+    from passes.optimize import search
 
     (step,) = [s for s in effort("ultra").steps if s.pass_name == "optimize"]
     assert dict(step.options)["calibrate"] is True
@@ -325,11 +325,11 @@ def test_each_search_step_row_is_stamped_when_the_step_ended():
     handed its report over: ultra's measured rounds on a GPU take minutes after the search."""
     from types import SimpleNamespace
 
-    from softsyn.flow.compile import CompileLog
-    from passes.optimize import TraceRow
+    from softsyn.results.compile_log import CompileLog
+    from softsyn.results.compile_log import TraceRow
 
     log = CompileLog("d", "lib", effort("ultra"))
     trace = [TraceRow("opt.ilp", 0.0, 0.0, 0.0, 0.0, "", at=log.start + 1.5),
              TraceRow("opt.measured.1", 0.0, 0.0, 0.0, 0.0, "", measured=True, at=log.start + 93.0)]
-    log.add_estimates(SimpleNamespace(trace=trace), SimpleNamespace(area=SimpleNamespace(total=0.0)), 1)
+    log.add_trace(trace, SimpleNamespace(area=SimpleNamespace(total=0.0)), 1)
     assert [(r.phase, r.elapsed) for r in log.rows] == [("opt.ilp (est)", 1.5), ("opt.measured.1", 93.0)]

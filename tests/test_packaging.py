@@ -14,7 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from softsyn.cli import HELP_WIDTH, main
+from softsyn.cli import main
+from softsyn.cli.app import HELP_WIDTH
 from softsyn.constraints.schema import SCHEMA_FILE, constraints_schema, schema_text
 from softsyn.frontends import zoo_names
 from softsyn.frontends.cache import default_cache_dir

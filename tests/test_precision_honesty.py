@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import passes
-from passes.precision import mapping as mp
+from passes.optimize import mapping as mp
 from passes.precision import record_realised
 from passes.precision.fp16 import HALF
 from reports import report_area

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from softsyn.flow.signoff import CellRow, GroupResult, OpRow, SignoffResult
-from softsyn.flow.verify import OutputCheck, VerifyResult
+from softsyn.results.signoff import CellRow, GroupResult, OpRow, SignoffResult
+from softsyn.results.verify import OutputCheck, VerifyResult
 from reports import fusion_table, report_fusion, report_signoff, report_verify, verify_table
 from reports.common import Column, fixed_line
 from reports.signoff import cell_table, group_table, op_table

@@ -9,12 +9,12 @@ import pytest
 import passes
 from softsyn.design import Design
 from softsyn.emit import session_json
-from softsyn.flow.compile import CompileLog
+from softsyn.results.compile_log import CompileLog
 from passes import effort
 from passes import optimize
-from passes.precision import mapping as mp
-from passes.precision import retime as rt
-from passes.precision import search
+from passes.optimize import mapping as mp
+from passes.optimize import retime as rt
+from passes.optimize import search
 from reports import report_precision
 from softsyn.runtime.measure import Measurement
 
@@ -85,7 +85,7 @@ def test_ultra_on_cpu_measures_the_map_against_the_design_before_it(cache_dir, t
     assert rows[1].wns == pytest.approx(min(0.0, min(g.slack_map for g in first.groups)))
     assert rows[1].worst_group == "decode" and decode.slack_map < 0
     log = CompileLog("qwen3-tiny", "cpu-ort", effort("ultra"))
-    log.add_estimates(report, design.analyze(tp_plan=False), 1)
+    log.add_trace(report.trace, design.analyze(tp_plan=False), 1)
     phases = [r.phase for r in log.rows]
     assert "opt.measured.1" in phases and "opt.greedy (est)" in phases  # measured rows are not labelled estimates
     note = next(n for n in report.notes if n.startswith("measured re-timing round 1 on cpu (baseline vs map of 1 int4)"))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from passes import effort
-from passes.precision import search
+from passes.optimize import search
 
 CUDA_CONSTRAINTS = ("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 32, context_len: 64}\npath_groups:\n"
                     "  prefill: {kind: prefill, clock_period: 100ms, dims: {batch: 1, seq: 32, past: 0}}\n"
@@ -92,8 +92,8 @@ def test_a_large_design_is_measured_per_role_on_the_cpu_view_without_an_error(cu
     """Over the per-cell limit the cells are measured per role (one run per role and precision), here on the CPU
     view of the CUDA design (no device on this machine): no ORT error printed, the result cached, the label said."""
     from passes import optimize
-    from passes.precision import mapping as mp
-    from passes.precision import sensitivity
+    from passes.optimize import mapping as mp
+    from passes.optimize import sensitivity
 
     cands, _ = mp.candidates(cuda_tiny)
     assert sensitivity.target_provider(cuda_tiny) == "cpu"  # no H200 here: ORT CPU, through the CPU view
@@ -129,8 +129,8 @@ def test_fp8_cells_are_measured_on_the_cpu_view_between_int8_and_int4(cuda_tiny,
     kernel); e4m3's 3 mantissa bits put its error between int8's and int4's, as the prior assumes."""
     import dataclasses
 
-    from passes.precision import mapping as mp
-    from passes.precision import sensitivity
+    from passes.optimize import mapping as mp
+    from passes.optimize import sensitivity
 
     fake = [dataclasses.replace(c, op=mp.FP8_OP, precision="fp8") for c in cuda_tiny.library.cells
             if c.op == "MatMulNBits" and c.precision == "int8"]

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from softsyn.flow.annotate import load_annotation, match_profile
+from softsyn.flow.annotate import match_profile
+from softsyn.results.annotation import load_annotation
 from softsyn.cli import main, run
 from softsyn.runtime.measure import parse_profile, profile
 from softsyn.timing import Analysis
@@ -92,7 +93,8 @@ def test_signoff_writes_report_and_annotation(signed):
 def test_signoff_says_when_the_library_describes_another_machine_or_a_busy_one(signed):
     """cpu-ort was characterised on an AMD EPYC; qwen3-wide decode signed off on an Intel Xeon at 2.4-2.6x its
     prediction, and at 12-25x with every core taken: the report names both, from signoff.json's machine entry."""
-    from softsyn.flow.signoff import SignoffResult, same_device
+    from softsyn.flow.signoff import same_device
+    from softsyn.results.signoff import SignoffResult
     from softsyn.library import load_library
     from reports.signoff import report_signoff
     from softsyn.runtime.session import describe_device

@@ -16,7 +16,7 @@ from softsyn.emit import compiled_precision
 from softsyn.frontends import read_design
 from softsyn.library.collectives import load_collectives, parse_collectives
 from reports import from_json, report_area, report_qor, to_json
-from softsyn.runtime.engines import engine_files
+from softsyn.emit.engines import engine_files
 from softsyn.timing.tp import TPError, partition
 
 from test_reliability import cli
@@ -180,7 +180,7 @@ def test_compile_writes_engine_settings(tiny_cpu_artifact):
 
 def test_collective_cells_pattern(capsys, tmp_path):
     """--cells names collectives by op glob; they are measured alone (their own library, one process per device)."""
-    from softsyn.characterize.collectives import collective_cells
+    from softsyn.library.collectives import collective_cells
 
     assert collective_cells("AllReduce*") == ["AllReduce"]
     assert collective_cells("All*,ReduceScatter.fp16") == ["AllReduce", "AllGather", "ReduceScatter"]

@@ -23,8 +23,8 @@ from passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, Ski
 from passes.fuse.projections import ProjectionMergeRule
 from passes.fuse.rotary import RotaryRule
 from passes.fuse.silu import SiluRule
-from passes.kv_layout import buffer_length
 from passes.precision import default_precision
+from softsyn.constraints import shared_buffer_length
 
 RULES: tuple[Rule, ...] = (
     RMSNormRule(), SkipRMSNormRule(), LayerNormRule(), SkipLayerNormRule(),
@@ -73,7 +73,7 @@ def fusion_kinds() -> list[str]:
 def held_positions(design) -> int:
     """The longest sequence the compiled design must run: its KV buffer's length (kv_cache.max_length, else the
     workload's) or a timed scenario's past + seq, whichever is longer."""
-    held, _ = buffer_length(design.constraints)
+    held, _ = shared_buffer_length(design.constraints)
     return max([held] + [g.scenario.dims.get("past", 0) + g.scenario.dims.get("seq", 1) for g in design.groups])
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.fuse.graph import MS, cone_inputs, evaluate, site
+from softsyn.runtime.inputs import scenario_inputs
 
 PROBE = {"batch": 2, "seq": 3, "past": 4}  # dims of the probe inputs checks evaluate cones on (others: 3)
 
@@ -68,8 +69,6 @@ class FusionContext:
     def probe(self) -> "Probe | str":
         """Seeded inputs for every graph input at the PROBE dims (built once per context), or why there are none."""
         if "probe" not in self.cache:
-            from softsyn.runtime.inputs import scenario_inputs
-
             nl = self.netlist
             dims = {k: v for k, v in PROBE.items() if k in nl.symbolic_dims()}
             dims.update({d: 3 for d in nl.symbolic_dims() - set(dims)})

@@ -4,9 +4,13 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnx
 import onnx_ir as ir
+from onnx_ir import serde
 
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS
+from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
 MS = "com.microsoft"
 _counter = itertools.count()
@@ -97,8 +101,6 @@ def const_shape(v: ir.Value | None) -> tuple[int, ...] | None:
 
 def add_weightless(graph: ir.Graph, name: str, shape, dtype: ir.DataType) -> ir.Value:
     """A new initializer with shape and dtype only, like a meta export's weights (see frontends.export)."""
-    from softsyn.frontends.export import META_WEIGHTS
-
     base, k = name, 0
     while name in graph.initializers:
         k += 1
@@ -264,11 +266,6 @@ def site(netlist, node: ir.Node) -> str:
 def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict[str, int]) -> list[np.ndarray]:
     """Run the cone of `outputs` on ORT CPU. `feeds` maps ir.Value (graph inputs or any inner value,
     which then acts as an input) -> numpy array. Raises ValueError naming what the cone needs."""
-    import onnx
-    from onnx_ir import serde
-
-    from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
-
     fed = {id(v): (v, a) for v, a in feeds.items()}
     nodes: list[ir.Node] = []
     seen: set[int] = set()

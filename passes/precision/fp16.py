@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
 from passes.precision.router import router_cells
-from softsyn.timing.cost import FP8_MATMUL
+from softsyn.netlist.keys import FP8_MATMUL
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from softsyn.timing.cost import FP8_MATMUL
+from softsyn.netlist.keys import FP8_MATMUL
 
 RULE = "moe_router"
 FLOOR = ("fp32", "fp16", "bf16")  # the precisions router cells may take

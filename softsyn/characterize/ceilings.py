@@ -46,6 +46,9 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from softsyn.characterize.catalogue import plan_name
 from softsyn.characterize.cellgraph import ELEM, FLOAT, NP, tensor
@@ -79,8 +82,6 @@ CEILING_PLANS = {  # by plan name (softsyn.characterize.catalogue.plan_name)
 # ------------------------------------------------------------------------------------------ graphs
 
 def _onnx():
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
     return onnx, TensorProto, helper, numpy_helper
 
 
@@ -185,7 +186,6 @@ def _computes_in(precision: str, provider: str) -> str | None:
     """None if the provider computes a MatMul in `precision`, else why not (CPU: inserted Casts)."""
     if provider != "cpu" or precision in ("int4", "int8"):
         return None
-    import onnx
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "opt.onnx")
         open_session(matmul_model(8, 64, 64, precision), session_settings(provider, optimized_model_filepath=path))
@@ -268,7 +268,6 @@ def _ort_package() -> str:
 def measure_ceilings(provider: str = "cpu", quick: bool = False, progress: bool = True,
                      name: str | None = None, command: str | None = None) -> dict:
     """Measure ceilings on this machine; returns a library mapping (header, ceilings, cells: [])."""
-    import onnxruntime as ort
     if provider not in PROVIDERS:
         raise SoftsynError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
     plan = CEILING_PLANS[plan_name(provider, quick)]

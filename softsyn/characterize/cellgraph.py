@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from softsyn.runtime.session import IR_VERSION, OPSET
 
@@ -122,7 +123,6 @@ def blob_array(elem: int, shape: tuple, seed: int = 0, scale: float = 1.0) -> np
 
 
 def _blob_tensor(b: Blob, external: dict | None):
-    from onnx import TensorProto, helper
     if external is None:
         arr = blob_array(b.elem, b.shape, b.seed, b.scale)
         if b.elem in NP:
@@ -139,7 +139,6 @@ def _blob_tensor(b: Blob, external: dict | None):
 
 def tensor(name, array, elem):
     """An initializer `name` holding `array` as element type `elem` (bf16: the top 16 bits of fp32; numpy has none)."""
-    from onnx import helper, numpy_helper
     if elem == BF16:
         bits = (np.asarray(array, np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return helper.make_tensor(name, BF16, array.shape, bits.tobytes(), raw=True)
@@ -149,7 +148,6 @@ def tensor(name, array, elem):
 def make_model(g: Graph, external: dict | None = None):
     """The graph's ONNX model. `external`: a dict that receives name -> (elem, array) for every Blob, which the model
     then references as external data (the session adds the arrays: softsyn.runtime.session.open_session)."""
-    from onnx import helper
     opsets = [helper.make_opsetid("", g.opset)]
     if g.ms_domain:
         opsets.append(helper.make_opsetid("com.microsoft", 1))

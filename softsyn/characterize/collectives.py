@@ -12,30 +12,23 @@ The result is a collective library (kind: collectives) with one table per op ove
 from __future__ import annotations
 
 import datetime
-import fnmatch
 import os
 import socket
 import statistics
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import yaml
 
-from softsyn.library.collectives import COLLECTIVE_OPS
+from softsyn.library.collectives import PRECISION
 from softsyn.progress import log
+from softsyn.errors import SoftsynError
 
 SIZES = [2**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 QUICK_SIZES = [2**10, 2**14, 2**18]
-PRECISION = "fp16"
-
-
-def collective_cells(pattern: str | None) -> list[str]:
-    """The collective ops a --cells pattern names (on OP or OP.PRECISION), in library order."""
-    if not pattern:
-        return []
-    globs = [p.strip() for p in pattern.split(",") if p.strip()]
-    return [op for op in COLLECTIVE_OPS if any(fnmatch.fnmatchcase(op, g) or fnmatch.fnmatchcase(f"{op}.{PRECISION}", g)
-                                               for g in globs)]
 
 
 def _free_port() -> int:
@@ -45,9 +38,6 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, ops: list[str], sizes: list[int], runs: int, backend: str, out: str):
-    import torch
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -86,11 +76,6 @@ def _rank(rank: int, world: int, port: int, ops: list[str], sizes: list[int], ru
 def characterize_collectives(provider: str, output: str | os.PathLike, ops: list[str], quick: bool = False,
                              progress: bool = True, command: str = "", devices: int | None = None) -> Path:
     """Measure `ops` at every group size the host allows and write the collective library to `output`."""
-    import torch
-    import torch.multiprocessing as mp
-
-    from softsyn.errors import SoftsynError
-
     backend = "nccl" if provider == "cuda" else "gloo"
     available = torch.cuda.device_count() if provider == "cuda" else (devices or 2)
     if available < 2:

@@ -18,6 +18,7 @@ import statistics
 import time
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
@@ -31,7 +32,6 @@ def _probe_session(provider: str):
     that measure (signoff's, characterisation's) check theirs."""
     if provider in _SESSIONS:
         return _SESSIONS[provider]
-    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     nodes, inits, prev = [], [], "x"

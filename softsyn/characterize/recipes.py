@@ -7,9 +7,11 @@ copies, or a chain where the op's output can feed its input; softsyn.characteriz
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from softsyn.characterize.cellgraph import (
     BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
+from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
 
 GQA_GROUP = 2  # heads per KV head in the attention cells (tiny zoo: 4/2, Qwen3-1.7B: 16/8)
 
@@ -27,7 +29,6 @@ def _rows_cols(e: int, row: int) -> tuple[int, int]:
 
 
 def _node(op, ins, outs, i, domain="", **attrs):
-    from onnx import helper
     return helper.make_node(op, ins, outs, name=f"{op.lower()}{i}", domain=domain or None, **attrs)
 
 
@@ -400,8 +401,6 @@ def rotary(s, copies, ctx: Ctx) -> Graph:
 def gqa(precision: str, cache: str | None = None):
     """GroupQueryAttention: q_tokens new tokens attending kv_len cached + new tokens, batch 1; `cache` "int8": the
     quantised cache passes.kv_layout emits (int8 past/present, PER_CHANNEL fp32 scales [kv_heads, head_dim])."""
-    from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
-
     def build(s, copies, ctx: Ctx) -> Graph:
         elem = ELEM[precision]
         kv_elem = INT8 if cache == "int8" else elem

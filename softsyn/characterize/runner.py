@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import onnxruntime as ort
+from onnx import numpy_helper
 
 from softsyn.characterize.catalogue import CellKind, plan_name
 from softsyn.characterize.ceilings import session_settings, time_calls, time_interleaved
@@ -92,7 +94,6 @@ class Runner(BoundRunner):
     them out again)."""
 
     def __init__(self, graph: Graph, provider: str, uploaded: dict | None = None, cuda_graph: bool = False):
-        import onnxruntime as ort
         external = {} if SETTINGS[provider].shared_weights else None
         self.model = make_model(graph, external)
         super().__init__(cell_session(self.model, provider, optimize=graph.optimize, external=external),
@@ -146,7 +147,6 @@ def _timed(fn) -> float:
 
 
 def _init_bytes(g: Graph) -> int:
-    from onnx import numpy_helper
     return sum(t.nbytes if isinstance(t, Blob) else len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
                for t in g.inits)
 

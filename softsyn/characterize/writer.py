@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from softsyn.library import parse_library
+
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "command", "environment",
                "session_options", "quick")
 SECTIONS = ("characterization", "probe", "interpolation_error", "not_characterised")  # after the notes
@@ -88,8 +90,6 @@ def render_library_yaml(lib: dict) -> str:
 
 def write_library(lib: dict, path: str | Path) -> None:
     """Write the library to `path` atomically, after checking that what is written loads as a library."""
-    from softsyn.library import parse_library
-
     path = Path(path)
     text = render_library_yaml(lib)
     parse_library(text, path)

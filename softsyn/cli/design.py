@@ -9,11 +9,27 @@ from pathlib import Path
 
 import click
 
-from softsyn import cli, outdir, progress
-from softsyn.cli import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
+from softsyn import outdir, progress
+from softsyn.cli import app
+from softsyn.cli.app import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
 from softsyn.constraints.reader import MAX_INT
 from softsyn.library import shipped_libraries
 from passes import EFFORTS
+from softsyn.design import Design
+from reports import report_qor, report_signoff, report_timing, report_verify, to_json, write_reports
+from reports.advice import design_facts
+from softsyn.results.files import json_nulls, write_atomic
+from reports.html import write_html
+from softsyn.flow.signoff import DESIGN_FILE, design_record, signoff as run_signoff, write_results
+from softsyn.flow.compile import check_effort, compile_design
+from softsyn.emit import require_weights
+from softsyn.flow.verify import reference_record, verify as run_verify
+from softsyn.frontends.onnx_file import check_external_data
+from softsyn.frontends import seeded_weight_bytes
+from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
+from softsyn.units import fmt_bytes
+from softsyn.flow.run import RunSettings, run as run_artifact
+from reports.run import report_run, run_json
 
 
 TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (shipped: "
@@ -78,10 +94,6 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation, 2 on bad input.
     """
-    from softsyn.design import Design
-    from reports import report_qor, report_timing, to_json, write_reports
-    from reports.advice import design_facts
-
     if out_dir:
         outdir.check(out_dir, "analyze", given_paths(model))
     design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
@@ -95,10 +107,6 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
         click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
         click.echo(report_qor(analysis, facts=facts))
     if out_dir:
-        from reports.common import write_atomic
-        from reports.html import write_html
-        from softsyn.flow.signoff import DESIGN_FILE, design_record
-
         record = design_record(
             model, constraints_file, target, cache_dir, workload=dict(batch=batch, prompt_len=prompt_len,
                                                                       context_len=context_len),
@@ -173,14 +181,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation (the design is still written), 2 on bad input.
     """
-    from softsyn.flow.compile import check_effort, compile_design
-    from softsyn.design import Design
-    from softsyn.emit import require_weights
-    from softsyn.flow.verify import reference_record
-    from softsyn.frontends.onnx_file import check_external_data
-    from reports import to_json
-
-    started = cli.STARTED if cli.STARTED is not None else time.perf_counter()
+    started = app.STARTED if app.STARTED is not None else time.perf_counter()
     out = outdir.check(out_dir, "compile", given_paths(model))
     check_effort(effort)
     plan = plan or _plan_instead(model, quiet)
@@ -210,10 +211,6 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
 
 def _plan_instead(model: str, quiet: bool) -> bool:
     """Whether a model without weights of its own is too big to materialise here (then it gets the plan)."""
-    from softsyn.frontends import seeded_weight_bytes
-    from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
-    from softsyn.units import fmt_bytes
-
     with progress.step(f"{model}: sizing its weights", enabled=not quiet):
         need = seeded_weight_bytes(model)
     if need is None:
@@ -252,10 +249,6 @@ def verify(directory, seed, cache_dir, cpu, as_json, quiet):
 
     Exit status: 0 within budget, 1 on a violation, 2 on bad input.
     """
-    from softsyn.flow.verify import verify as run_verify
-    from reports import report_verify
-    from reports.common import json_nulls
-
     result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
     if as_json:
         click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
@@ -314,9 +307,6 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Exit status: 0 when every group's measured time meets its clock, 1 when
     a measured group violates, 2 on bad input.
     """
-    from reports import report_signoff
-    from softsyn.flow.signoff import signoff as run_signoff, write_results
-
     out = outdir.check(directory, "signoff")
     annotation = Path(annotation_out).absolute() if annotation_out else out / "signoff" / "annotation.json"
     inside = out in annotation.parents
@@ -368,8 +358,5 @@ def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, q
     plan without model.onnx, not a softsyn compile output, not a decoder
     with a KV cache; one line), 3 internal error.
     """
-    from softsyn.flow.run import RunSettings, run as run_artifact
-    from reports.run import report_run, run_json
-
     result = run_artifact(directory, RunSettings(prompt_len, gen, provider, runs, warmup, seed), show_progress=not quiet)
     click.echo(run_json(result) if as_json else report_run(result), nl=False)

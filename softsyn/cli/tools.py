@@ -8,9 +8,14 @@ from pathlib import Path
 import click
 
 from softsyn import outdir
-from softsyn.cli import ANALYSIS_FILE, main
+from softsyn.cli.app import ANALYSIS_FILE, main
 from softsyn.errors import SoftsynError
-from passes import EFFORTS
+from passes import EFFORTS, load_all
+from reports import REPORTS, from_json, to_json
+from reports.html import HTML_FILE, write_html
+from reports.suggest import saved_facts
+from softsyn.library.collectives import collective_cells
+from softsyn.characterize.plan import characterize as run_characterize, list_cells
 
 
 @main.command()
@@ -40,12 +45,7 @@ def report(kind, directory, group, max_paths, fold, digits):
     Example:
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
     """
-    from reports import REPORTS, from_json, to_json
-    from reports.suggest import saved_facts
-
     if kind == "html":
-        from reports.html import HTML_FILE, write_html
-
         out = outdir.check(directory, "report")
         with outdir.replace(out, "report", "", progress=False) as staged:
             write_html(staged.path, out)
@@ -76,8 +76,6 @@ def report(kind, directory, group, max_paths, fold, digits):
 @main.command("passes")
 def list_passes():
     """List the registered passes and the effort scripts that run them."""
-    from passes import load_all
-
     registered = load_all()
     width = max((len(n) for n in registered), default=0)
     for name in sorted(registered):
@@ -141,9 +139,6 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
       softsyn characterize --provider cuda -o h200-nccl.yaml \\
           --cells 'AllReduce*,AllGather*,ReduceScatter*' 
     """
-    from softsyn.characterize.collectives import characterize_collectives, collective_cells
-    from softsyn.characterize.plan import characterize as run_characterize, list_cells
-
     if list_only:
         rows = list_cells(provider, quick, cells, cuda_graph)
         for name, grid, hold in rows:
@@ -162,6 +157,9 @@ def characterize(runtime, provider, cells, quick, note, cuda_graph, again, list_
         if len(collectives) != len([p for p in cells.split(",") if p.strip()]):
             raise SoftsynError(f"characterize --cells {cells!r}: collectives ({', '.join(collectives)}) are measured "
                                "apart from kernel cells (their own library, one process per device); give them alone")
+        # deferred: torch.distributed, seconds to import, only for characterising collectives
+        from softsyn.characterize.collectives import characterize_collectives
+
         path = characterize_collectives(provider, output, collectives, quick=quick, progress=not quiet,
                                         command=command)
         click.echo(f"[softsyn] wrote {path}", err=True)

@@ -77,6 +77,7 @@ __all__ = [
     "KV_DTYPES",
     "GROUP_KINDS",
     "KEYS",
+    "shared_buffer_length",
 ]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
@@ -439,3 +440,11 @@ class _Reader(YamlReader):
             if c.kv_cache.max_length < c.workload.context_len:
                 raise self.at("kv_cache.max_length", f"{c.kv_cache.max_length} is smaller than workload.context_len "
                               f"({c.workload.context_len}); the KV cache must hold the context")
+
+
+def shared_buffer_length(cons) -> tuple[int, str]:
+    """(the shared KV buffer's length, where it came from): kv_cache.max_length, else the workload's longest sequence."""
+    if cons.kv_cache.max_length:
+        return cons.kv_cache.max_length, "kv_cache.max_length"
+    w = cons.workload
+    return max(w.prompt_len, w.context_len + 1), "workload: max(prompt_len, context_len + 1)"

@@ -6,8 +6,6 @@ group), which reports.compile_log renders.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import passes
@@ -16,51 +14,9 @@ from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from passes import Effort
 from passes.precision import record_realised
+from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
-
-
-@dataclass(frozen=True)
-class LogRow:
-    elapsed: float  # s since the compile started
-    phase: str
-    wns: float  # s (0 when every group meets its clock)
-    tns: float  # s
-    area: float  # bytes
-    worst_group: str
-    cells: int
-    rules: float = 0.0  # design-rule cost: area over its limit (MB) + estimated error over the accuracy budget (%)
-
-
-@dataclass
-class CompileLog:
-    design: str
-    library: str
-    effort: Effort
-    rows: list[LogRow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what the emitted artifacts lack or assume, printed under the rows
-    start: float = field(default_factory=time.perf_counter)
-
-    def add(self, phase: str, analysis: Analysis, cells: int, error_over: float = 0.0) -> LogRow:
-        """A row from a re-timed design; `error_over`: the estimated error over the accuracy budget (fraction)."""
-        worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
-        slack = analysis.area.slack
-        rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
-        row = LogRow(elapsed=time.perf_counter() - self.start, phase=phase, wns=min(analysis.wns, 0.0),
-                     tns=analysis.tns, area=analysis.area.total,
-                     worst_group=worst.name if worst is not None and worst.wns < 0 else "", cells=cells, rules=rules)
-        self.rows.append(row)
-        return row
-
-    def add_estimates(self, report, analysis: Analysis, cells: int) -> None:
-        """The optimize pass's search steps, from its tables (labelled est), and its measured rounds (ultra, not
-        labelled): WNS, TNS, rules, area."""
-        base = analysis.area.total
-        for t in getattr(report, "trace", ()):
-            phase = t.phase if getattr(t, "measured", False) else f"{t.phase} (est)"
-            at = getattr(t, "at", None)  # when the step ended; a row made before this log started reads 0
-            elapsed = max(0.0, at - self.start) if at is not None else time.perf_counter() - self.start
-            self.rows.append(LogRow(elapsed=elapsed, phase=phase, wns=t.wns, tns=t.tns, area=base + t.area_delta,
-                                    worst_group=t.worst_group, cells=cells, rules=t.rules))
+from softsyn.emit import emit
 
 
 def check_effort(name: str) -> Effort:
@@ -85,8 +41,6 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     `started`: the perf_counter the command started at, so the log's elapsed is the command's wall time (reading
     the design, an export included, is then inside the first row); default now.
     """
-    from softsyn.emit import emit
-
     level = check_effort(effort)
     log = CompileLog(design.netlist.name, design.library.name, level)
     if started is not None:
@@ -104,10 +58,11 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
                            done=f"compile: {step.pass_name} done"):
             result = passes.run_pass(design, step.pass_name,
                                      {**dict(step.options), **(options or {}).get(step.pass_name, {})})
-        if getattr(result.report, "trace", None):
-            log.add_estimates(result.report, before, len(design.netlist.nodes()))
-            error_over = result.report.estimate_error - result.report.budget
-            log.notes += [f"optimize: {n}" for n in [f"sensitivity {result.report.sensitivity}", *result.report.notes]]
+        trace = getattr(result.report, "trace", None)  # a pass with search steps (the loop): its rows and notes
+        if trace:
+            log.add_trace(trace, before, len(design.netlist.nodes()))
+            error_over = result.report.error_over()
+            log.notes += result.report.log_notes()
         held = record_realised(design, step.pass_name)  # labels read from the model after every pass
         if held and held.split(" (read after")[0] not in [n.split(" (read after")[0] for n in log.notes]:
             log.notes.append(held)

@@ -16,6 +16,7 @@ import onnx
 
 from softsyn.runtime.fp8_view import expand_fp8_matmuls
 from softsyn.runtime.gqa_view import expand_qk_norms
+from softsyn.runtime.session import open_model
 
 
 def rewrite(proto: onnx.ModelProto) -> dict[str, int]:
@@ -37,8 +38,6 @@ def cpu_view_session(model_path: Path, options: dict | None = None):
     """(CPU session, {rewrite: nodes changed}, see `rewrite`): the model at model_path, or its CPU view where it
     absorbed what only GPU kernels run; the view file lives beside the weights only while the session loads.
     `options`: SessionOptions attributes by name (runtime/session.json's)."""
-    from softsyn.runtime.session import open_model
-
     model_path = Path(model_path)
     proto = onnx.load(str(model_path), load_external_data=False)
     changed = rewrite(proto)

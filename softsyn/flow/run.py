@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx_ir as ir
+
 from softsyn import outdir, progress
 from softsyn.emit import MODEL_FILE, SESSION_FILE
 from softsyn.errors import SoftsynError
@@ -121,8 +123,6 @@ def load_artifact(directory: str | Path) -> tuple[Path, dict, str]:
 
 def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progress: bool = True) -> RunResult:
     """Generate `settings.runs` times with the artifact in `directory` and time every step."""
-    import onnx_ir as ir
-
     model, session, design = load_artifact(directory)
     try:
         io = decoder_io(ir.load(str(model)))

@@ -20,7 +20,6 @@ naming what is broken.
 from __future__ import annotations
 
 import gc
-
 import json
 import math
 from dataclasses import dataclass
@@ -29,49 +28,27 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
 from softsyn import outdir
 from softsyn.flow.cpu_view import cpu_view_session, view_note
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
-from softsyn.frontends import roles
+from softsyn.frontends import read_design, roles
 from softsyn.frontends.onnx_file import check_external_data, name_nodes
 from softsyn.runtime.blocks import BlockRunner
-from softsyn.runtime.decoder import kv_aliases
+from softsyn.runtime.decoder import NotDecoder, decoder_io, kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
 from softsyn.runtime.session import SessionSettings, open_session, provider_of, provider_opens
 from softsyn.netlist import Netlist
 from softsyn.progress import step
+from softsyn.results.verify import DEFAULT_REL_ERROR, OutputCheck, VerifyResult
+from softsyn.runtime.measure import onnx_path
+from softsyn.runtime.binding import BoundRunner
+from softsyn.runtime.kv_quant import dequantise, quantise
 from softsyn.timing.realised import realised_precision
 
-DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
 WIDE_LOGITS = 1000  # without a known vocabulary, a final MatMul/Gemm at least this wide is read as logits
-
-
-@dataclass
-class OutputCheck:
-    scenario: str
-    output: str
-    max_abs: float
-    rel: float
-    cosine: float
-    top1: float | None
-    violations: list[str]
-
-
-@dataclass
-class VerifyResult:
-    checks: list[OutputCheck]
-    max_rel_error: float
-    budget_source: str
-    min_top1: float | None
-    provider: str
-    reference: dict
-    precision: str
-
-    @property
-    def violations(self) -> list[str]:
-        return [f"{c.scenario}/{c.output}: {v}" for c in self.checks for v in c.violations]
 
 
 def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool,
@@ -165,8 +142,6 @@ def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
     source, key = ref.get("source"), ref.get("key")
     if not isinstance(source, str) or not source:
         raise SoftsynError(f"{SESSION_FILE}: no reference recorded; re-run softsyn compile")
-    from softsyn.frontends import read_design
-    from softsyn.runtime.measure import onnx_path
 
     netlist = read_design(source, cache_dir=cache_dir, progress=False, materialize=bool(ref.get("materialize")))
     found = content_key(netlist)
@@ -206,8 +181,6 @@ def _session(path: Path, provider: str, what: str):
 
 def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False,
            progress: bool = False) -> VerifyResult:
-    import onnxruntime as ort
-
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
     compiled_netlist = _load(out_dir / MODEL_FILE, "compiled model")
@@ -316,8 +289,6 @@ def run_compiled(session, feeds: dict, aliases: dict[str, str], provider: str) -
     its past, GroupQueryAttention updating it in place): the outputs in the session's order. A separate present is
     another code path in the kernel (on ORT 1.31.1 CUDA an int8 cache read wrong at decode that way, 2026-12-01,
     while shared-buffer generation matched the CPU token for token)."""
-    from softsyn.runtime.binding import BoundRunner
-
     runner = BoundRunner.from_feeds(session, feeds, provider, aliases)
     runner.run()
     return [value.numpy() for value in runner.binding.get_outputs()]
@@ -339,14 +310,10 @@ class SharedLayout:
         """A past the reference gets: as an int8 cache holds it (its seeded values are no K/V of the model, and
         saturate on scales calibrated for its K/V: both models read the same cache, the new tokens' error is
         measured), else as given."""
-        from softsyn.runtime.kv_quant import dequantise, quantise
-
         scale = dict(self.kv_scales).get(name)
         return value if scale is None else dequantise(quantise(value, scale), scale).astype(value.dtype)
 
     def feed(self, name: str, value: np.ndarray) -> np.ndarray:
-        from softsyn.runtime.kv_quant import quantise
-
         scale = dict(self.kv_scales).get(name)
         if scale is not None:
             value = quantise(value, scale)
@@ -361,8 +328,6 @@ class SharedLayout:
 
     def aligned(self, name: str, got: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(compiled, reference) over what both hold: a present's first positions, the last position's logits."""
-        from softsyn.runtime.kv_quant import dequantise
-
         scale = dict(self.kv_scales).get(name)
         if scale is not None:
             got = dequantise(got, scale)
@@ -375,8 +340,6 @@ class SharedLayout:
 
 def shared_layout(model: ir.Model) -> SharedLayout:
     """The compiled model's shared KV buffer and last-position logits (passes.kv_layout), if any."""
-    from softsyn.runtime.decoder import NotDecoder, decoder_io
-
     try:
         io = decoder_io(model)
     except NotDecoder:

@@ -10,7 +10,7 @@ import difflib
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
-from softsyn.frontends import zoo as _zoo
+from softsyn.frontends import hf, onnx_file, vlm, zoo as _zoo
 from softsyn.frontends.cache import default_cache_dir
 from softsyn.frontends.weights import checked_weights
 from softsyn.netlist import Netlist
@@ -39,8 +39,6 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
     benchmarks); needs RAM for them (`seeded_weight_bytes` says how much before anything is exported).
     ``image_size``: (width, height) a vision-language composite's vision block is exported at (its grid is fixed
     per export; softsyn.frontends.vlm)."""
-    from softsyn.frontends import hf, onnx_file, vlm
-
     spec = str(spec).strip()
     if not spec:
         raise _bad_spec(spec, "empty spec")
@@ -101,8 +99,6 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
 def seeded_weight_bytes(spec: str) -> int | None:
     """Bytes of seeded weights `read_design(spec, materialize=True)` would make, found before any export
     (None: the model brings its weights, or is built in torch at fp32: a tiny zoo model, an ONNX file)."""
-    from softsyn.frontends import hf
-
     spec = str(spec).strip()
     name = spec[4:] if spec.startswith("zoo:") else spec
     path = Path(spec).expanduser()

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import onnx_ir as ir
@@ -37,8 +38,6 @@ def default_cache_dir() -> Path:
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for pkg in ("torch", "transformers", "onnx", "onnx-ir", "onnxscript"):
         try:

@@ -9,6 +9,7 @@ written (see ``META_WEIGHTS``), so they are analysable but not runnable.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import math
@@ -18,9 +19,9 @@ import warnings
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY, annotate_hierarchy
+from softsyn.netlist.keys import META_WEIGHTS
 
 DYNAMO = "torch.onnx.export(dynamo=True)"
-META_WEIGHTS = "weights.not-materialised"  # external-data location of meta (weightless) initializers
 SCOPE_PREFIX = "m"  # attribute name of the wrapped model inside the export wrappers
 OPSET = 18
 
@@ -72,6 +73,7 @@ def make_weightless(model: ir.Model) -> int:
     Returns the number of initializers replaced. Shape and dtype stay exact, so parameter and
     byte counts are true; reading the data fails (the file does not exist).
     """
+    # deferred: torch is seconds to import; only an export needs it
     import torch
 
     offset = 0
@@ -129,8 +131,9 @@ def _finish(model: ir.Model, graph_name: str) -> ir.Model:
 
 def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4, optimize: bool | None = None) -> ir.Model:
     """Export a causal LM with KV cache. Example sizes must be > 1 so no dim is specialised."""
+    # deferred: torch is seconds to import; only an export needs it
     import torch
-    from torch.export import Dim
+    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers.cache_utils import DynamicCache
 
     cfg = model.config
@@ -140,8 +143,6 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     meta = device.type == "meta"
     if optimize is None:
         optimize = not meta
-
-    import inspect
 
     # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated)
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -173,7 +174,8 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
     past_t = tuple(
         torch.randn(batch, kv, past, head_dim, generator=g).to(dtype=dtype, device=device) for _ in range(2 * layers)
     )
-    b, s, p, t = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+    dim = torch.export.Dim
+    b, s, p, t = dim("batch"), dim("seq"), dim("past"), dim("total")
     dynamic_shapes = {
         "input_ids": {0: b, 1: s},
         "attention_mask": {0: b, 1: t},
@@ -202,10 +204,8 @@ def export_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4
 
 def export_encoder(model, name: str, batch: int = 2, seq: int = 5, optimize: bool | None = None) -> ir.Model:
     """Export an encoder (BERT-like): input_ids, attention_mask[, token_type_ids] -> last_hidden_state."""
-    import inspect
-
+    # deferred: torch is seconds to import; only an export needs it
     import torch
-    from torch.export import Dim
 
     param = next(model.parameters())
     device = param.device
@@ -229,7 +229,7 @@ def export_encoder(model, name: str, batch: int = 2, seq: int = 5, optimize: boo
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g).to(device)
     mask = torch.ones(batch, seq, dtype=torch.long, device=device)
-    b, s = Dim("batch"), Dim("seq")
+    b, s = torch.export.Dim("batch"), torch.export.Dim("seq")
     args = (ids, mask)
     ds = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
     names = ["input_ids", "attention_mask"]
@@ -284,6 +284,7 @@ quiet, kv_geometry, finish = _quiet, _kv_geometry, _finish
 
 
 def torch_num_threads() -> None:
+    # deferred: torch is seconds to import; only an export needs it
     import torch
 
     n = os.cpu_count() or 1

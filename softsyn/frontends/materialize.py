@@ -22,6 +22,9 @@ import hashlib
 import numpy as np
 import onnx_ir as ir
 
+from softsyn.netlist.keys import META_WEIGHTS
+from softsyn.frontends.export import name_folded_weights
+
 POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
 
 
@@ -62,8 +65,6 @@ def seeded_weights(model: ir.Model, cfg, seed: int = 0) -> dict[str, np.ndarray]
     """The one source of seeded random weights: a value for every weightless (meta) initializer of an export,
     keyed by its name. `fill_random` puts them into the ONNX model; `softsyn.frontends.hf.write_seeded_folder`
     puts the same values into a Hugging Face folder (what peers such as onnxruntime-genai's builder read)."""
-    from softsyn.frontends.export import META_WEIGHTS
-
     pool = seed_pool(seed, float(getattr(cfg, "initializer_range", 0.02) or 0.02))
     out = {}
     for v in model.graph.initializers.values():
@@ -93,6 +94,7 @@ def anchored_multi_output_matching():
     checking them first changes no result (qwen3-0.6b: byte-identical graph and weights, 3.8 s).
     Without the matcher internals (another onnxscript version) the rewriter runs unchanged."""
     try:
+        # deferred: onnxscript's optimizer is slow to import; only materialising weights needs it
         from onnxscript.rewriter import _basics, _matcher
     except ImportError:
         _basics = _matcher = None
@@ -118,9 +120,8 @@ def anchored_multi_output_matching():
 
 def materialize(model: ir.Model, cfg, seed: int = 0) -> ir.Model:
     """fill_random + the exporter's optimizer, in place; weights the optimizer folded get their module names."""
+    # deferred: onnxscript's optimizer is slow to import; only materialising weights needs it
     import onnxscript.optimizer
-
-    from softsyn.frontends.export import name_folded_weights
 
     fill_random(model, cfg, seed)
     with anchored_multi_output_matching():

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+import networkx as nx
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
@@ -120,8 +121,6 @@ def check_structure(graph: ir.Graph, path: Path) -> None:
 def _cycle(nodes: list[ir.Node]) -> list[tuple[ir.Node, ir.Value]]:
     """One cycle in data-flow order as [(consumer, the input it reads from the previous node)], starting at
     a node that reads a later node's output; [] if there is none."""
-    import networkx as nx
-
     index = {id(n): i for i, n in enumerate(nodes)}
     flow = nx.DiGraph()
     for i, node in enumerate(nodes):

@@ -14,8 +14,8 @@ import re
 
 import onnx_ir as ir
 
-from softsyn.frontends.export import META_WEIGHTS
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS
 
 EXPORTED = 2  # layers traced: layer 0 (whatever the first layer shares) and layer 1, the template
 LAYER = re.compile(r"^model\.layers\.(\d+)(?:\.|$)")

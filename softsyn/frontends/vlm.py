@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import time
 from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.frontends import export as _export
-from softsyn.netlist import HIERARCHY_KEY
+from softsyn.frontends import cache as _cache, export as _export
+from softsyn.netlist import HIERARCHY_KEY, Netlist
+from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
 
 BLOCKS = ("vision", "embedding", "decoder")
 BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
@@ -151,16 +154,11 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
     `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
     frontends' materialise limit (a real-size config is planned, not run)."""
-    import sys
-    import time
-
+    # deferred: torch is seconds to import; only an export needs it
     import torch
 
-    from softsyn.frontends import cache as _cache
-    from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
-    from softsyn.netlist import Netlist
-
     if weights is None:
+        # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
         from transformers import Qwen3VLForConditionalGeneration
 
         with building(source), torch.device("meta"):
@@ -183,6 +181,7 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     if progress:
         print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
     _export.torch_num_threads()
+    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers import Qwen3VLForConditionalGeneration
 
     torch.manual_seed(0)
@@ -190,6 +189,7 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
         model = Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
     parameters = sum(p.numel() for p in model.parameters())
     try:
+        # deferred: the torch side of a vision-language export (imports torch and transformers)
         from softsyn.frontends.vlm_export import export_blocks
 
         blocks = export_blocks(model, name, grid)

@@ -4,17 +4,17 @@ text decoder with a KV cache, and their export with torch.onnx.export(dynamo=Tru
 from __future__ import annotations
 
 import onnx_ir as ir
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+from transformers.cache_utils import DynamicCache
+from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
 from softsyn.frontends import export as _export
-from softsyn.frontends.vlm import ImageGrid
 
 
-def _vision_module(visual, grid: ImageGrid):
+def _vision_module(visual, grid):
     """Qwen3-VL's vision tower at one fixed grid, `images` images of it per call."""
-    import torch
-    import torch.nn.functional as F
-    from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
-
     grid_thw = torch.tensor([grid.thw])
     idx, weights = get_vision_interpolation_indices_and_weights(
         grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
@@ -68,8 +68,6 @@ def _vision_module(visual, grid: ImageGrid):
 def _embedding_module(embed_tokens, image_token_id: int, deepstack: int):
     """input_ids + image features (+ DeepStack features [layers, tokens, hidden]) -> inputs_embeds (+ the DeepStack
     features scattered to their prompt positions, zeros elsewhere: [layers, batch, seq, hidden])."""
-    import torch
-
     class Holder(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -98,9 +96,6 @@ def _embedding_module(embed_tokens, image_token_id: int, deepstack: int):
 
 
 def _decoder_module(language_model, lm_head, layers: int, deepstack: int):
-    import torch
-    from transformers.cache_utils import DynamicCache
-
     class Holder(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -134,7 +129,7 @@ def _decoder_module(language_model, lm_head, layers: int, deepstack: int):
     return Decoder().eval()
 
 
-def reference_modules(model, grid: ImageGrid) -> dict:
+def reference_modules(model, grid) -> dict:
     """The three torch modules the blocks are exported from (tests compare them with transformers' own model)."""
     cfg = model.config
     deepstack = len(cfg.vision_config.deepstack_visual_indexes or [])
@@ -145,8 +140,6 @@ def reference_modules(model, grid: ImageGrid) -> dict:
 
 
 def _export_module(module, args, dynamic_shapes, *, in_names, out_names, name, optimize):
-    import torch
-
     with _export.quiet(), torch.no_grad():
         prog = torch.onnx.export(module, args, dynamic_shapes=dynamic_shapes, dynamo=True, input_names=in_names,
                                  output_names=out_names, opset_version=_export.OPSET, optimize=optimize,
@@ -154,11 +147,8 @@ def _export_module(module, args, dynamic_shapes, *, in_names, out_names, name, o
     return _export.finish(prog.model, name)
 
 
-def export_blocks(model, name: str, grid: ImageGrid) -> dict[str, ir.Model]:
+def export_blocks(model, name: str, grid) -> dict[str, ir.Model]:
     """The vision, embedding and decoder blocks as onnx-ir models (example sizes > 1 so no dim is specialised)."""
-    import torch
-    from torch.export import Dim
-
     cfg = model.config
     text = cfg.text_config
     layers, kv, head_dim = _export.kv_geometry(text)

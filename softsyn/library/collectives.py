@@ -13,6 +13,7 @@ scattered (ReduceScatter).
 """
 from __future__ import annotations
 
+import fnmatch
 import importlib.resources
 import os
 from dataclasses import dataclass
@@ -102,3 +103,14 @@ def load_collectives(name_or_path: str | os.PathLike = DEFAULT_COLLECTIVES) -> C
                          if e.name.endswith(".yaml"))
         raise SoftsynError(f"unknown collective library {spec!r}; shipped: {', '.join(shipped)}")
     return parse_collectives(res.read_text(), Path(str(res)))
+
+PRECISION = "fp16"  # the precision collective cells are characterised and named in
+
+
+def collective_cells(pattern: str | None) -> list[str]:
+    """The collective ops a --cells pattern names (on OP or OP.PRECISION), in library order."""
+    if not pattern:
+        return []
+    globs = [p.strip() for p in pattern.split(",") if p.strip()]
+    return [op for op in COLLECTIVE_OPS if any(fnmatch.fnmatchcase(op, g) or fnmatch.fnmatchcase(f"{op}.{PRECISION}", g)
+                                               for g in globs)]

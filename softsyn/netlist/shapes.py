@@ -12,7 +12,9 @@ import math
 import os
 import tempfile
 
+import onnx
 import onnx_ir as ir
+from onnx_ir import serde
 
 from softsyn.netlist.dims import eval_dim_expr
 
@@ -50,7 +52,6 @@ def _canonical_constant(node_proto):
     """Constant(value_int[s]/value_float[s]=...) -> Constant(value=tensor): ORT's symbolic shape inference reads only `value`."""
     if node_proto.op_type != "Constant" or node_proto.domain not in ("", "ai.onnx"):
         return node_proto
-    import onnx
 
     for a in node_proto.attribute:
         if a.name in ("value_int", "value_ints", "value_float", "value_floats"):
@@ -75,10 +76,6 @@ def skeleton_proto(model: ir.Model, any_dtype: bool = False, vectors: int = 0):
     small float ones too (the scalars ONNX Runtime's fusions check, e.g. GELU's 0.044715). `vectors`: other
     initializers of rank <= 1 up to that many elements stay initializers, as zeros (norm scales and biases,
     which fusions want constant but never read)."""
-    import onnx
-
-    from onnx_ir import serde
-
     g = model.graph
     nodes = [_canonical_constant(serde.serialize_node(n)) for n in g]
     big_inits = []
@@ -137,8 +134,6 @@ def _scratch_cwd():
 def infer_missing(skeleton, env: dict[str, int], shapes: Shapes) -> int:
     """Add to ``shapes`` what shape inference finds on ``skeleton`` (see skeleton_proto) with its inputs made
     concrete from ``shapes`` and ``env``; returns how many values it added."""
-    import onnx
-
     proto = onnx.ModelProto()
     proto.CopyFrom(skeleton)
     # concrete graph inputs (and typed weightless initializers)
@@ -160,6 +155,7 @@ def infer_missing(skeleton, env: dict[str, int], shapes: Shapes) -> int:
         vi.type.tensor_type.ClearField("shape")
     inferred = None
     try:  # ORT's symbolic shape inference evaluates shape arithmetic that ONNX's data_prop gives up on
+        # deferred: ORT's symbolic shape inference imports sympy; only graphs onnx cannot infer need it
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         with _scratch_cwd(), contextlib.redirect_stdout(io.StringIO()):

@@ -13,6 +13,7 @@ The CUDA provider synchronises its stream at the end of a run, so the call cover
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
 
 def device_of(provider: str) -> str:
@@ -22,15 +23,11 @@ def device_of(provider: str) -> str:
 
 def to_device(array: np.ndarray, device: str):
     """An OrtValue holding a copy of `array` on `device` ("cpu" | "cuda")."""
-    import onnxruntime as ort
-
     return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
 
 
 def empty(shape, elem: int, device: str):
     """An OrtValue of `shape` and onnx element type `elem` allocated on `device`, contents undefined."""
-    import onnxruntime as ort
-
     return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, device, 0)
 
 
@@ -48,8 +45,6 @@ class BoundRunner:
     @classmethod
     def from_values(cls, sess, inputs: dict, outputs: dict) -> "BoundRunner":
         """Inputs and preallocated outputs bound as the OrtValues given (no allocation, no transfer in the call)."""
-        import onnxruntime as ort
-
         runner = cls(sess, ort.RunOptions())
         for name, value in inputs.items():
             runner.bind_input(name, value)

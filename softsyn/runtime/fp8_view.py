@@ -5,10 +5,11 @@ B's bytes retyped uint8 (the same bytes: e4m3fn has no other layout) and decoded
 (Gather; Cast from float8 needs opset 19), each value times its block's scale (b_scale gathered along K by the
 block index k // block_size), cast to the activation type, transposed to [K, N] and multiplied: the op's
 `A @ (fp8_e4m3(B) * b_scale)^T (+ bias)`. W8A8 nodes (an a_scale) are left as they are: the CPU session then says
-it has no kernel. Used on files (softsyn.flow.cpu_view) and on in-memory protos (passes.precision.sensitivity).
+it has no kernel. Used on files (softsyn.flow.cpu_view) and on in-memory protos (passes.optimize.sensitivity).
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -19,8 +20,6 @@ A_SCALE, BIAS = 3, 4  # the op's optional inputs
 
 def e4m3_table() -> np.ndarray:
     """fp32 value of every float8e4m3fn byte (0x7F / 0xFF are NaN)."""
-    import ml_dtypes
-
     return np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+import onnxruntime as ort
 
 from softsyn.errors import SoftsynError
 from softsyn.runtime.binding import device_of, empty, to_device
@@ -138,7 +139,6 @@ class Generator:
     def _run_options(self, graph_id: str | None):
         if not self.cuda_graph:
             return None
-        import onnxruntime as ort
 
         options = ort.RunOptions()
         options.add_run_config_entry("gpu_graph_id", graph_id)

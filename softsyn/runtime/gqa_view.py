@@ -4,7 +4,7 @@ The cuda target's GroupQueryAttention takes q_norm_weight and k_norm_weight: ORT
 WebGPU providers only. `expand_qk_norms` computes the same function with ops the CPU provider has: the norms as
 SimplifiedLayerNormalization over each head's features, before the GQA node (which keeps its rotary), exactly the
 graph the fusion absorbed. Used on files (softsyn.flow.cpu_view, for verify and run) and on in-memory protos
-(passes.precision.sensitivity, for the compile loop's runs on a machine without the device).
+(passes.optimize.sensitivity, for the compile loop's runs on a machine without the device).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 from onnx_ir import serde
 
@@ -62,8 +63,6 @@ class LoadView:
 
 def load_view(netlist: Netlist) -> LoadView:
     """The netlist's view through ORT's load-time optimiser; an empty view (with `error`) when ORT cannot load it."""
-    import onnx
-
     model = netlist.model
     if model.functions:
         return LoadView(error="the netlist has local functions")

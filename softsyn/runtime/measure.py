@@ -20,6 +20,7 @@ subprocess that sets it), which makes each node's time include its GPU execution
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -32,15 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from softsyn.errors import SoftsynError
 from softsyn.netlist import Netlist
 from softsyn.runtime.binding import BoundRunner
 from softsyn.runtime.session import IR_VERSION, open_model
 
-MEASURED_INTERVAL = ("one run_with_iobinding call, host wall clock: inputs pre-bound on the device, outputs "
-                     "bound by name on the device and allocated by the runtime, host dispatch + kernels + the "
-                     "provider's end-of-run synchronisation; no host<->device copies, no tokenisation or sampling")
 
 
 @dataclass
@@ -113,7 +112,7 @@ def onnx_path(netlist: Netlist) -> Path:
 
 def measure(model_path: Path, feeds: dict[str, np.ndarray], runs: int = 20, warmup: int = 3,
             provider: str = "cpu", options: dict | None = None) -> Measurement:
-    """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see MEASURED_INTERVAL)."""
+    """Median, p10 and p90 of `runs` warm run_with_iobinding calls (see softsyn.results.signoff.MEASURED_INTERVAL)."""
     return measure_many(model_path, [feeds], runs, warmup, provider, options)[0]
 
 
@@ -254,7 +253,6 @@ def calibrate_profiler(provider: str = "cpu", nodes: int = 200, runs: int = 100)
     key = (provider, nodes)
     if key in _CALIBRATION:
         return _CALIBRATION[key]
-    from onnx import TensorProto, helper
 
     def chain(n: int) -> bytes:
         one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
@@ -286,8 +284,6 @@ _CALIBRATION: dict = {}
 
 
 def _run_index(starts: list[float], runs: list[dict], ts: float) -> int | None:
-    import bisect
-
     i = bisect.bisect_right(starts, ts) - 1
     if i < 0 or ts > runs[i]["ts"] + runs[i]["dur"]:
         return None

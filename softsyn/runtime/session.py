@@ -17,6 +17,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
+import onnxruntime as ort
+
 from softsyn.errors import SoftsynError
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads at most 13, and the exporter writes 10
@@ -56,9 +59,6 @@ def provider_problem(provider: str) -> str | None:
     """None when a session on `provider` ("cpu" / "cuda") opens here, else why not, in words: onnxruntime-gpu lists
     CUDAExecutionProvider on a machine without a GPU too, and falls back to the CPU there (said as an error log,
     silenced), so a one-node session is opened to know."""
-    import onnx
-    import onnxruntime as ort
-
     if provider == "cpu":
         return None
     if provider in _PROBED:
@@ -95,8 +95,6 @@ def open_session(model, settings: SessionSettings = SessionSettings(), external:
     (softsyn.characterize.cellgraph.make_model), copied in by ORT when the session loads. A model ORT cannot load
     raises ORT's own exception (characterisation records that as a missing kernel); a session on another provider
     than asked for is a SoftsynError unless `settings.require_provider` is off."""
-    import onnxruntime as ort
-
     if settings.provider not in PROVIDERS:
         raise SoftsynError(f"unknown provider {settings.provider!r}; valid: {', '.join(PROVIDERS)}")
     so = ort.SessionOptions()

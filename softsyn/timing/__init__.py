@@ -5,7 +5,7 @@ The area computation stays under its module's name, ``softsyn.timing.area.area``
 here would shadow the submodule ``softsyn.timing.area``.
 """
 from softsyn.timing.cost import Work, node_work, precision_of
-from softsyn.timing.results import (AreaItem, AreaResult, Analysis, GroupTiming, KVBudget, KVOption, PathPoint, Scenario,
+from softsyn.results.analysis import (AreaItem, AreaResult, Analysis, GroupTiming, KVBudget, KVOption, PathPoint, Scenario,
                                     TimingPath, TPPlan, TPRow, WeightOption, WorkspacePoint)
 from softsyn.timing.sta import (RUN_CALL, CellTiming, PathGroup, TimingRequest, cell_timings, load_time_constants,
                                 time_group, timing_graph)

@@ -27,8 +27,8 @@ from softsyn.constraints import KV_DTYPES, Constraints
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import eval_dim_expr
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
+from softsyn.results.analysis import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
 from softsyn.timing.realised import weight_storage
-from softsyn.timing.results import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
 
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")
 
@@ -85,7 +85,7 @@ REFINE_ROUNDS = 2
 # Bytes per element of each kv_cache.dtype; int8/fp8 scales are not counted (one per head or tensor).
 KV_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 # Bytes per parameter of each weight precision; int8/int4 as MatMulNBits stores them (an fp16 scale per 32), fp8 as
-# MatMulBlockQuantizedFp8Weight does (e4m3, an fp32 scale per 128: passes.precision.mapping.FP8_BLOCK).
+# MatMulBlockQuantizedFp8Weight does (e4m3, an fp32 scale per 128: passes.optimize.mapping.FP8_BLOCK).
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 2 / 32, "fp8": 1.0 + 4 / 128,
                 "int4": 0.5 + 2 / 32}
 

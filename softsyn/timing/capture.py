@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from softsyn.library import Library
 from softsyn.netlist import Netlist
 from softsyn.timing.cost import precision_of
+from softsyn.runtime.decoder import NotDecoder, decoder_io
 
 GRAPH = "CUDA graph"
 
@@ -37,8 +38,6 @@ class Launch:
 def shared_kv_buffer(netlist: Netlist) -> bool:
     """Every past KV input is a GroupQueryAttention past that the node updates in place (same shape as its
     present): the graph runs with fixed KV shapes and addresses at every decode step."""
-    from softsyn.runtime.decoder import NotDecoder, decoder_io
-
     try:
         return decoder_io(netlist.model).shares_buffer
     except NotDecoder:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import onnx.defs
 import onnx_ir as ir
 
+from softsyn.netlist.keys import FP8_MATMUL
+
 Shapes = dict[str, tuple[int, ...]]
 
 # Ops the runtime executes without moving data (metadata only or buffer reuse).
@@ -54,7 +56,6 @@ PRECISION_BY_DTYPE = {
 }
 QUANTISED_CACHE = {ir.DataType.INT8: "int8", ir.DataType.FLOAT8E4M3FN: "fp8"}  # GQA past dtype -> cell precision
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
-FP8_MATMUL = "MatMulBlockQuantizedFp8Weight"  # com.microsoft's block-scaled fp8 (e4m3) weight-only MatMul
 MOE_OPS = {"MoE", "QMoE"}
 # Ops with a rule of their own in node_work; any other standard ONNX op counts 1 FLOP per output element.
 MODELLED = (VIEW_OPS | MOVE_OPS | set(PER_INPUT_ELEMENT) | set(PER_OUTPUT_ELEMENT) | ATTENTION_OPS | MOE_OPS

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from softsyn.timing.cost import FP8_MATMUL, PRECISION_BY_DTYPE, numel, precision_of
+from softsyn.netlist.keys import FP8_MATMUL
+from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, precision_of
 
 FLOAT_PRECISIONS = ("fp32", "fp16", "bf16", "fp64")
 # input index -> part, for the cells whose weights are stored packed or scaled

@@ -38,7 +38,7 @@ from softsyn.library import Library
 from softsyn.netlist import Netlist
 from softsyn.timing.capture import Launch
 from softsyn.timing.cost import PRECISION_BY_DTYPE, Work, has_cost_model, node_work, precision_of
-from softsyn.timing.results import GroupTiming, PathPoint, Scenario, TimingPath
+from softsyn.results.analysis import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 RUN_CALL = "session.run"  # the pseudo-cell for the runtime's fixed per-call overhead

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from softsyn.library.collectives import COLLECTIVE_OPS
 from softsyn.timing.area import activation_peak, kv_cache_item, weight_items
-from softsyn.timing.results import TPPlan, TPRow
+from softsyn.results.analysis import TPPlan, TPRow
 from softsyn.timing.sta import TimingRequest, time_group
 from softsyn.timing.tp import TPError, check_degree, partition, valid_degrees
 

@@ -37,6 +37,7 @@ So at ultra, when the target's provider runs here (`device_absent`), a map the a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -45,8 +46,17 @@ from pathlib import Path
 from typing import Callable
 
 from softsyn import progress
-from passes.precision import mapping as mp
-from passes.precision import search
+import onnx_ir as ir
+
+from passes.optimize import mapping as mp, search
+from softsyn.results.compile_log import TraceRow
+from softsyn.errors import SoftsynError
+from softsyn.runtime.session import ARTIFACT_OPTIONS, IR_VERSION, provider_of, provider_problem
+from softsyn.netlist import Netlist
+from softsyn.timing.capture import group_launch, shared_kv_buffer
+from softsyn.runtime.decoder import kv_aliases
+from softsyn.runtime.measure import bound_runners, measure_runners
+from softsyn.runtime.inputs import scenario_inputs
 
 ROUNDS = 3  # measured rounds (the map, then re-searches on corrected tables) before the design keeps its precision
 RUNS, TIMING_ROUNDS, WARMUP = 40, 10, 3  # timed calls per model and group, interleaved rounds, warm-up block
@@ -142,9 +152,6 @@ Measure = Callable[..., dict]  # (design, [mapped netlist, ...], provider) -> {g
 
 def target_provider(library) -> str | None:
     """The library's provider as softsyn names it ("cpu" | "cuda"), None for one softsyn does not run."""
-    from softsyn.errors import SoftsynError
-    from softsyn.runtime.session import provider_of
-
     try:
         return provider_of(library.provider)
     except SoftsynError:
@@ -154,8 +161,6 @@ def target_provider(library) -> str | None:
 def device_absent(library) -> str | None:
     """None when the library's provider runs here (listed by onnxruntime and, for CUDA, a session opens on it), else
     why not, in words."""
-    from softsyn.runtime.session import provider_problem
-
     provider = target_provider(library)
     if provider is None:
         return f"provider {library.provider or '(none)'} is not one softsyn runs"
@@ -178,8 +183,6 @@ def not_runnable(design, moved: dict[str, str]) -> str | None:
 
 def mapped_netlist(netlist, mapping: dict[str, str]):
     """A copy of the netlist with `mapping` applied (the tensors are shared, the graph is the copy's own)."""
-    from softsyn.netlist import Netlist
-
     copy = Netlist(netlist.model.clone(deep_copy=True), netlist.name, netlist.kind, netlist.provenance,
                    netlist.config, netlist.derived_dims)
     mp.apply_mapping(copy, mapping)
@@ -188,9 +191,6 @@ def mapped_netlist(netlist, mapping: dict[str, str]):
 
 def _write(model, path: Path) -> Path:
     """The model as an ONNX file with its weights beside it (a real-size model is over protobuf's 2 GB)."""
-    import onnx_ir as ir
-
-    from softsyn.runtime.session import IR_VERSION
 
     path.parent.mkdir(parents=True, exist_ok=True)
     model.ir_version = min(model.ir_version, IR_VERSION)
@@ -207,8 +207,6 @@ def alternate(groups: int, width: int = 2) -> Callable[[int], list[int]]:
 def graph_flags(design, mapped, provider: str) -> dict[str, list[bool]]:
     """{"base" | "map": per design group, whether it is timed as a CUDA graph replay}: where the design's launches
     say the group is captured (softsyn.timing.capture, as emit enables it in session.json), on CUDA only."""
-    from softsyn.timing.capture import group_launch, shared_kv_buffer
-
     shared = shared_kv_buffer(mapped)
     return {"base": [provider == "cuda" and getattr(design.launches.get(g.name), "captured", False)
                      for g in design.groups],
@@ -220,7 +218,6 @@ class Bench:
     """Measures maps against the design before them: the baseline is written and its runners opened once, at the
     first call, and kept for every round (a real-size model loads in tens of seconds); each map is written, opened,
     timed interleaved with them, and dropped. Files live under `folder` (the caller removes it)."""
-
     def __init__(self, folder: Path, runs: int = RUNS, rounds: int = TIMING_ROUNDS, warmup: int = WARMUP):
         self.folder, self.runs, self.rounds, self.warmup = folder, runs, rounds, warmup
         self.base: list | None = None
@@ -228,18 +225,11 @@ class Bench:
         self.maps = 0
 
     def _open(self, netlist, name: str, graphs: list[bool], provider: str) -> list:
-        from softsyn.runtime.decoder import kv_aliases
-        from softsyn.runtime.measure import bound_runners
-        from softsyn.runtime.session import ARTIFACT_OPTIONS
-
         path = _write(netlist.model.clone(), self.folder / name / "model.onnx")
         return bound_runners(path, self.feeds, provider, ARTIFACT_OPTIONS, graphs, kv_aliases(netlist))
 
     def __call__(self, design, maps: list, provider: str) -> dict:
         """{group: (Measurement before the map, one per netlist in `maps`)}, all timed in one interleaved run."""
-        from softsyn.runtime.inputs import scenario_inputs
-        from softsyn.runtime.measure import measure_runners
-
         groups = list(design.groups)
         flags = [graph_flags(design, mapped, provider) for mapped in maps]
         if self.base is None:
@@ -302,6 +292,7 @@ def _decide(deltas: list[float], reference: float) -> int:
     """+1 when the map runs a group faster, -1 slower, 0 when the rounds cannot tell. `deltas`: per round, the
     baseline's round median less the map's. A sign test over the rounds that differ at SIGN_P, and the mean change
     over all rounds at least MIN_GAIN x `reference` (the baseline's median)."""
+    # deferred: scipy.stats is slow to import; only measured re-timing (ultra, device present) tests with it
     from scipy.stats import binomtest
 
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
@@ -396,7 +387,7 @@ def corrected(problem: search.Problem, rnd: Round) -> tuple[search.Problem, list
     note = (f"tables back-annotated from round {rnd.index}: each group's change at each precision scaled by its "
             f"measured / predicted relative change{split} ({', '.join(lines) or 'no group changed'}; 0: no change "
             "told from the rounds' spread)")
-    return search.Problem(**{**problem.__dict__, "cost": cost}), [note]
+    return dataclasses.replace(problem, cost=cost), [note]
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -425,8 +416,6 @@ def retime(design, problem: search.Problem, chosen: search.Outcome, propose: Cal
 
 def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, provider: str):
     """retime's loop, measuring with `measure`."""
-    from passes.optimize import TraceRow
-
     base = search.baseline(problem)
     result = Retime(provider)
     report.retime = result

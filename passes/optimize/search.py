@@ -1,8 +1,8 @@
 """Searching a precision map on tables: greedy (medium), exact ILP (high), recovery (ultra).
 
 Everything here is pure arithmetic on a `Problem`: per path group, the slack of the design as timed and each
-option's cost per cell (passes.precision.mapping.delay_tables); per cell and option the output error
-(measured, passes.precision.sensitivity) and the weight bytes. A map's slack in a group is the baseline
+option's cost per cell (passes.optimize.mapping.delay_tables); per cell and option the output error
+(measured, passes.optimize.sensitivity) and the weight bytes. A map's slack in a group is the baseline
 slack less the sum of its options' extra cost, its error `map_error` of its cells' errors: the root sum of squares
 times ERROR_SAFETY (independent rounding perturbations add in variance; measured in bench/error_combination.py).
 The accuracy budget is a hard rule (the baseline always meets it): no search step exceeds it, and the ILP holds it
@@ -156,6 +156,7 @@ def ilp(problem: Problem, ceiling: dict[str, float] | None = None, time_limit: f
     area(x) <= area_slack, or, when the baseline already exceeds the area, an excess r_area >= 0. Minimise
     RULE_WEIGHT x rules + VIOLATION_WEIGHT x sum w_g v_g + sum w_g extra_g(x) (`Cost.scalar`), so no map of
     lower cost exists; the greedy map is one the program could choose."""
+    # deferred: scipy's MILP solver is slow to import; only effort high/ultra searches with it
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     pairs = [(c, o) for c in problem.cells for o in problem.options[c]]

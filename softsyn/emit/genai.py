@@ -25,6 +25,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from softsyn.frontends.zoo import ZOO, make_config
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 
 CONFIG_FILE = "genai_config.json"
@@ -61,8 +62,6 @@ def _read_json(path: Path) -> dict:
 def source_tokens(source: str) -> SourceTokens:
     """Special tokens of `source` (a zoo spec or a path): generation_config.json overrides config.json."""
     if source.startswith("zoo:"):
-        from softsyn.frontends.zoo import ZOO, make_config
-
         entry = ZOO.get(source[4:])
         if entry is None or not entry.model_type:
             return SourceTokens()
@@ -89,6 +88,7 @@ def save_tokenizer(tokens: SourceTokens, folder: Path, context_length: int, note
     if tokens.folder is None or not any((tokens.folder / f).is_file() for f in TOKENIZER_FILES):
         return None
     try:
+        # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(tokens.folder))

@@ -1,14 +1,14 @@
 """Sensitivity: the output error each cell adds at each candidate precision, measured and cached.
 
 Per cell: for each (cell, precision) the design is run with that one MatMul quantised (ONNX Runtime's quantiser for
-int4/int8, the block-scaled e4m3 one for fp8: passes.precision.mapping.quantise) on every path group's seeded scenario inputs
+int4/int8, the block-scaled e4m3 one for fp8: passes.optimize.mapping.quantise) on every path group's seeded scenario inputs
 (softsyn.runtime.inputs), and compared with the design as it stands: the error is verify's relative error,
 max|quantised - design| / max|design|, the worst over outputs and groups.
 Per role (`measure_per_role`, for designs too large to run cell by cell): the cells grouped by role (`roles`: the
 hierarchy without its layer indices, so model.layers.*.mlp.down_proj is one group; a packed QKV or gate-up apart
 from the plain projection it is named after), each group quantised at once per precision and run end to end
 (~10 groups x 2 precisions instead of ~400 runs); each cell's error is the group's shared by the combination rule
-(passes.precision.search.cell_error), labelled "measured per role".
+(passes.optimize.search.cell_error), labelled "measured per role".
 
 Where: on the target's device when it is here (the CUDA provider for a CUDA library's design, when onnxruntime has
 it and a session opens), else on ORT CPU, through the CPU view verify uses (softsyn.runtime.gqa_view: the q/k norms a
@@ -24,22 +24,20 @@ loop makes before it keeps a map.
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnx_ir as ir
+import onnxruntime as ort
 
 from softsyn import progress
-from passes.precision.mapping import (BLOCK, FP8_BLOCK, QUANTISED, Candidate, is_weightless, quantise,
-                                              weight_source)
-from passes.precision.search import ESTIMATE_RULE, cell_error
-from softsyn.timing.cost import FP8_MATMUL as FP8_OP
+from passes.optimize.mapping import BLOCK, FP8_BLOCK, QUANTISED, Candidate, quantise, weight_source
+from passes.optimize.search import ESTIMATE_RULE, cell_error
+from softsyn.frontends.cache import default_cache_dir
+from softsyn.netlist.keys import is_weightless
+from softsyn.runtime.design_runner import SEED, DesignRunner, target_provider
 
 # Per-cell output error of one MatMul quantised alone, as a prior for plans (estimate): the median of the 36 cells
 # measured on the pretrained zoo:minilm (2.05e-2 int4, 1.32e-3 int8; bench/sensitivity.py), rounded up. Seeded
@@ -51,19 +49,9 @@ from softsyn.timing.cost import FP8_MATMUL as FP8_OP
 # and 3.3 on Student-t weights, e4m3 block 128 vs int8 block 32, where int4 / int8 reads 16 as the priors' 15; output
 # error per cell of seeded qwen3-tiny 2.6-5.6, median 3.8).
 PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2, "fp8": 7.0e-3}
-SEED = 0
-EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
-
-
-class CannotRun(Exception):
-    """ORT cannot run the design on any provider here (e.g. an op without a kernel): the message says why."""
 
 
 def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell") -> Path:
-    import onnxruntime as ort
-
-    from softsyn.frontends.cache import default_cache_dir
-
     prov = design.netlist.provenance
     source = (prov.get("cache") or {}).get("key") or prov.get("file") or prov.get("source")
     if prov.get("file") and Path(prov["file"]).is_file():  # a file read as given: its size and time stand for it
@@ -87,145 +75,10 @@ def _write_cache(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def target_provider(design) -> str:
-    """"cuda" for a CUDA library's design where onnxruntime's CUDA provider opens a session here, else "cpu"."""
-    from softsyn.runtime.session import provider_opens
-
-    if not design.library.is_gpu or "cuda" not in design.library.provider.lower() or not provider_opens("cuda"):
-        return "cpu"
-    return "cuda"
-
-
-def host_array(array: np.ndarray) -> np.ndarray:
-    """An initializer's array as ORT's external initializers take it: float8 (ml_dtypes) as its bytes (uint8)."""
-    array = np.ascontiguousarray(array)
-    return array.view(np.uint8) if array.dtype.name.startswith("float8") else array
-
-
-def _stub(t: onnx.TensorProto) -> onnx.TensorProto:
-    """The initializer's header, its data named external (the session gets the array itself)."""
-    stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-    stub.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", "softsyn-sensitivity"), ("offset", "0"), ("length", "0")):
-        entry = stub.external_data.add()
-        entry.key, entry.value = key, value
-    return stub
-
-
-class Runner:
-    """Runs the design, or the design with some MatMuls quantised, on every group's seeded inputs, on `provider`
-    (default: target_provider); a CUDA session that does not open falls back to the CPU view, said in `where`."""
-
-    def __init__(self, design, provider: str | None = None):
-        from softsyn.runtime.inputs import scenario_inputs
-
-        proto = ir.to_proto(design.netlist.model)
-        values = design.netlist.model.graph.initializers
-        self.arrays: dict[str, tuple[int, np.ndarray]] = {}  # name -> (onnx elem type, array): external initializers
-        for i, t in enumerate(proto.graph.initializer):
-            if t.data_location == onnx.TensorProto.EXTERNAL or len(t.raw_data) >= EXTERNAL_MIN:
-                self.arrays[t.name] = (t.data_type, host_array(values[t.name].const_value.numpy()))
-                proto.graph.initializer[i].CopyFrom(_stub(t))
-        self.proto = proto
-        names = {t.name for t in proto.graph.initializer}
-        self.transposed = {n.output[0]: n.input[0] for n in proto.graph.node  # Transpose(W) weights
-                           if n.op_type == "Transpose" and n.input and n.input[0] in names}
-        self.feeds = {g.name: scenario_inputs(design.netlist, g.scenario.dims, seed=SEED) for g in design.groups}
-        self.provider, self.where = provider or target_provider(design), ""
-        self.fp8_view = False
-        if self.provider == "cuda":
-            try:
-                self.where = "ORT CUDA"
-                self.reference = self.run({})
-                return
-            except CannotRun as exc:
-                self.provider, self.where = "cpu", f" (the CUDA session did not open: {str(exc)[:120]})"
-        self._cpu_view()
-        self.reference = self.run({})
-
-    def _cpu_view(self) -> None:
-        from softsyn.runtime.gqa_view import expand_qk_norms
-
-        viewed = expand_qk_norms(self.proto)
-        self.fp8_view = True  # fp8 cells (the design's own, or a map's) run as their decode: no CPU kernel
-        self.where = "ORT CPU" + (f" (CPU view: q/k norms outside {viewed} GroupQueryAttention nodes)" if viewed
-                                  else "") + self.where
-
-    def _weight(self, name: str) -> np.ndarray:
-        node = self.proto.graph.node[self.index[name]]
-        source = self.transposed.get(node.input[1])
-        name = source or node.input[1]
-        if name in self.arrays:
-            weight = self.arrays[name][1]
-        else:
-            weight = onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == name))
-        return weight.T if source else weight
-
-    @property
-    def index(self) -> dict[str, int]:
-        return {n.name: i for i, n in enumerate(self.proto.graph.node)}
-
-    def run(self, mapping: dict[str, str]) -> dict[str, list[np.ndarray]]:
-        """Outputs per group with `mapping`'s cells quantised (the proto is restored afterwards)."""
-        from softsyn.runtime.session import SessionSettings, open_session
-
-        graph = self.proto.graph
-        index = self.index
-        saved, added, external = {}, 0, dict(self.arrays)
-        for name, precision in mapping.items():
-            if precision not in QUANTISED:
-                continue
-            i = index[name]
-            node = graph.node[i]
-            qnode, inits = quantise(name, self._weight(name), precision)
-            renamed = {t.name: f"{node.input[1]}.sens.{t.name}" for t in inits}
-            for t in inits:
-                t.name = renamed[t.name]
-                if len(t.raw_data) >= EXTERNAL_MIN:
-                    external[t.name] = (t.data_type, host_array(onnx.numpy_helper.to_array(t)))
-                    t.CopyFrom(_stub(t))
-            qnode.input[:] = [node.input[0]] + [renamed[x] for x in qnode.input[1:]]
-            qnode.output[:] = list(node.output)
-            saved[i] = onnx.NodeProto()
-            saved[i].CopyFrom(node)
-            node.CopyFrom(qnode)
-            graph.initializer.extend(inits)
-            added += len(inits)
-        if saved and not any(o.domain == "com.microsoft" for o in self.proto.opset_import):
-            self.proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-        used = {x for n in graph.node for x in n.input}
-        external = {name: v for name, v in external.items() if name in used}  # ORT drops the unused before it reads
-        session, model = None, self.proto
-        if self.fp8_view and any(n.op_type == FP8_OP for n in graph.node):
-            from softsyn.runtime.fp8_view import expand_fp8_matmuls
-
-            model = onnx.ModelProto()
-            model.CopyFrom(self.proto)  # big weights are stubs: the copy is the graph
-            expand_fp8_matmuls(model, external)
-        try:
-            session = open_session(model, SessionSettings(provider=self.provider, log_severity=3), external)
-            return {g: session.run(None, feeds) for g, feeds in self.feeds.items()}
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-            raise CannotRun(" ".join(str(exc).split())[:300]) from None
-        finally:
-            del session, external, model  # one session (and one set of quantised weights) at a time
-            gc.collect()
-            for i, node in saved.items():
-                graph.node[i].CopyFrom(node)
-            for _ in range(added):
-                graph.initializer.pop()
-
-    def error(self, mapping: dict[str, str]) -> float:
-        """verify's relative error (max|quantised - design| / max|design|, softsyn.flow.verify.compare) of the
-        quantised design against the design, the worst over outputs and groups."""
-        got = self.run(mapping)
-        worst = 0.0
-        for g, outputs in got.items():
-            for have, want in zip(outputs, self.reference[g]):
-                scale = float(np.abs(want.astype(np.float64)).max()) if want.size else 0.0
-                diff = float(np.abs(have.astype(np.float64) - want).max()) if want.size else 0.0
-                worst = max(worst, diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
-        return worst
+class Runner(DesignRunner):
+    """The design runner with `mapping`'s cells quantised (mapping.quantise) for the precisions QUANTISED names."""
+    def quantise_cell(self, name: str, weight: np.ndarray, precision: str):
+        return quantise(name, weight, precision) if precision in QUANTISED else None
 
 
 def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]], str] | None:

@@ -20,8 +20,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import onnx_ir as ir
 
+from passes import kv_layout
 from softsyn.runtime.decoder import GQA_PAST, GQA_PRESENT
+from softsyn.runtime.design_runner import DesignRunner
+from softsyn.runtime.kv_quant import dequantise, quantise
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,6 @@ def needed_length(design) -> int:
 
 def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
     """opt.kv.length on a design whose area is over budget (None when there is nothing to try); the analysis after."""
-    from passes import kv_layout  # imported here: fuse and kv_layout import each other
-
     report = design.pass_reports.get("kv_layout")
     slack = analysis.area.slack
     if slack is None or slack >= 0 or report is None or not report.applied:
@@ -101,8 +103,6 @@ def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
 
 def dtype_blocker(design) -> str:
     """Why opt.kv.dtype is not tried on this design ("" when it is)."""
-    from passes import kv_layout  # imported here: fuse and kv_layout import each other
-
     report = design.pass_reports.get("kv_layout")
     cons = design.constraints
     if report is None or not report.applied:
@@ -128,10 +128,6 @@ def kv_error(design, nodes, scales) -> float:
     """verify's relative error of the non-KV outputs (logits) with the int8 cache against the fp16 cache, on every
     group's seeded inputs (ORT CPU), both reading the cached values an int8 cache holds (the seeded past is no K/V
     of the model: quantised, it saturates; held, the new tokens' and the attention's error is measured)."""
-    from passes import kv_layout  # imported here: fuse and kv_layout import each other
-    from passes.precision.sensitivity import Runner
-    from softsyn.runtime.kv_quant import dequantise, quantise
-
     ports = {}
     for node in nodes:
         k_scale, v_scale = scales[node.name]
@@ -140,7 +136,7 @@ def kv_error(design, nodes, scales) -> float:
     outputs = [v.name for v in design.netlist.model.graph.outputs]
     kept = [i for i, n in enumerate(outputs) if not any(n == node.outputs[GQA_PRESENT[k]].name
                                                          for node in nodes for k in GQA_PRESENT)]
-    fp16 = Runner(design, provider="cpu")
+    fp16 = DesignRunner(design, provider="cpu")
     for feeds in fp16.feeds.values():
         for name, scale in ports.items():
             feeds[name] = dequantise(quantise(feeds[name], scale), scale).astype(feeds[name].dtype)
@@ -150,7 +146,7 @@ def kv_error(design, nodes, scales) -> float:
     graph = design.netlist.model.graph
     kv_layout.quantise_cache(graph, nodes, scales)
     design.netlist_changed()
-    int8 = Runner(design, provider="cpu")
+    int8 = DesignRunner(design, provider="cpu")
     for g, feeds in held.items():
         int8.feeds[g] = {n: (quantise(v, ports[n]) if n in ports else v) for n, v in feeds.items()}
     got = int8.run({})
@@ -168,8 +164,6 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
     """opt.kv.dtype (see the module docstring); `budget`: the error the end-to-end check allows; `map_error`: the
     weight map's error, combined with the cache's in root sum of squares (two measured errors of independent
     roundings)."""
-    from passes import kv_layout  # imported here: fuse and kv_layout import each other
-
     report = design.pass_reports.get("kv_layout")
     if report is None or not report.applied or report.kv_dtype != "fp16":
         return None, analysis  # no shared fp16 KV cache (a CPU target's is fp32): nothing to move
@@ -203,10 +197,6 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
 
 def unquantise_cache(graph, nodes) -> None:
     """Undo kv_layout.quantise_cache: the fp16 ports back, the quant attributes and scale initializers removed."""
-    import onnx_ir as ir
-
-    from passes import kv_layout  # imported here: fuse and kv_layout import each other
-
     for node in nodes:
         for idx in (kv_layout.GQA_K_SCALE, kv_layout.GQA_V_SCALE):
             scale = node.inputs[idx]

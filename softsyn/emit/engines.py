@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
 import yaml
 
+from softsyn.emit.session import compiled_precision
 from softsyn.timing import Analysis
 from softsyn.timing.area import kv_length
 
@@ -121,7 +123,7 @@ def vllm_serve(args: dict) -> str:
 
 def engine_files(design, analysis: Analysis, source: str, precision: str, notes: list[str]) -> dict[str, str]:
     """DIR-relative path -> text of each engine settings file (module docstring); a line for the compile log.
-    `precision`: the compiled weights' (softsyn.emit.compiled_precision)."""
+    `precision`: the compiled weights' (softsyn.emit.session.compiled_precision)."""
     s = settings(design, analysis, source, precision)
     v, t = vllm_args(s), trtllm_args(s)
     head = (f"# softsyn {design.netlist.name}: serving settings derived from the compile (TP={s['tp']}, "
@@ -143,3 +145,11 @@ def engine_files(design, analysis: Analysis, source: str, precision: str, notes:
             "--extra_llm_api_options", "$(dirname \"$0\")/trtllm-llm-api.yaml"]).replace(
             "'$(dirname \"$0\")/trtllm-llm-api.yaml'", "\"$(dirname \"$0\")/trtllm-llm-api.yaml\"") + "\n",
     }
+
+
+def write_engines(design, analysis: Analysis, folder: Path, source: str, notes: list[str]) -> None:
+    """A decoder's engine settings files (engine_files) into `folder`; their line goes to `notes`."""
+    if design.netlist.kind != "decoder":
+        return
+    for name, text in engine_files(design, analysis, source, compiled_precision(design.netlist), notes).items():
+        (folder / name).write_text(text)

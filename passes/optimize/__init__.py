@@ -1,8 +1,8 @@
 """optimize (effort medium and up): slack-driven precision mapping under the accuracy and area budgets.
 
 The loop: tabulate once, per path group, every candidate cell's cost at each precision its library has a cell
-for (passes.precision.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
-search a map on the tables (passes.precision.search: greedy at `medium`, an exact ILP at `high`, the
+for (passes.optimize.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
+search a map on the tables (passes.optimize.search: greedy at `medium`, an exact ILP at `high`, the
 ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
 map end to end (the design with the whole map quantised, run on the target's device when it is here, else ORT CPU,
 against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
@@ -13,20 +13,25 @@ Options per effort step: `search` ("greedy", "ilp", "ultra"), `max_steps` (the g
 error is scaled by measured / estimated and the map searched once more on those calibrated errors, checked end to
 end again; the estimate is a bound built to over-read, 1.2-7x for a plain sum, `calibrated_search`), `retime`
 (ultra: a kept map is measured against the design before it on the target's provider, when it runs here, and the
-tables back-annotated and searched again if the map is no faster: passes.precision.retime).
+tables back-annotated and searched again if the map is no faster: passes.optimize.retime).
 The report (`OptimizeReport`) holds, per candidate cell, the requested and realised precision, its measured
 error and its cost per group, and the rows the compile log prints for each search step (estimates).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from passes import PassResult, register
-from passes.precision import kv_moves
-from passes.precision import mapping as mp
-from passes.precision import retime as measured
-from passes.precision import search, sensitivity
+from passes.optimize import kv_moves
+from passes.optimize import mapping as mp
+from passes.optimize import retime as measured
+from passes.optimize import search, sensitivity
+from softsyn.results.compile_log import TraceRow
+from softsyn.results.verify import DEFAULT_REL_ERROR
+from softsyn.runtime.design_runner import CannotRun
+from softsyn.timing.area import area as area_of
 from softsyn.timing.cost import precision_of
 
 ATTEMPTS = 3  # end-to-end checks before the design keeps its precision
@@ -34,7 +39,6 @@ CALIBRATE_BELOW = 0.8  # ultra: a check reading under this share of its estimate
 ESTIMATE_SHARE = 0.8  # the estimate (search.map_error) may use this share of the accuracy budget ...
 CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
 MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours: measured per role instead (labelled)
-DEFAULT_BUDGET = {"fp32": 1e-4, "fp16": 1e-2}  # verify's defaults (softsyn.flow.verify.DEFAULT_REL_ERROR)
 
 
 @dataclass
@@ -46,18 +50,6 @@ class CellMap:
     error: float  # the error its precision adds (measured, or the prior)
     cost: dict[str, float]  # group -> s at the realised precision
     baseline_cost: dict[str, float]  # group -> s at the precision it had
-
-
-@dataclass
-class TraceRow:
-    phase: str
-    wns: float  # s, estimated from the tables (<= 0)
-    tns: float  # s, the groups' negative slacks summed
-    rules: float  # design-rule cost
-    area_delta: float  # bytes
-    worst_group: str
-    measured: bool = False  # wns/tns measured on the target (measured re-timing), not estimated from the tables
-    at: float = field(default_factory=time.perf_counter)  # when the step ended (perf_counter): the log's elapsed
 
 
 # A low-bit map's speed-up on a GPU is a prediction until measured: on the H200 an int8 map measured slower than fp16,
@@ -82,12 +74,28 @@ class OptimizeReport:
     retime: measured.Retime | None = None  # the measured re-timing's rounds (ultra, the device present)
     kv: list[kv_moves.KvMove] = field(default_factory=list)  # the KV moves after the map (opt.kv.*)
 
+    def log_notes(self) -> list[str]:
+        """The lines the compile log prints under its rows (flow.compile reads them; no pass name needed)."""
+        return [f"optimize: {n}" for n in [f"sensitivity {self.sensitivity}", *self.notes]]
+
+    def error_over(self) -> float:
+        """The kept map's estimated error over the accuracy budget (the compile log's design-rule cost)."""
+        return self.estimate_error - self.budget
+
+
+@dataclass
+class CheckState:
+    """What the end-to-end checks carry from one attempt to the next: the estimate's share of the budget (halved
+    after each rejected map) and the design runner (made at the first check, reused after)."""
+    share: float = ESTIMATE_SHARE
+    runner: sensitivity.Runner | None = None
+
 
 def accuracy_budget(design) -> float:
     given = design.constraints.accuracy.max_rel_error
     if given is not None:
         return given
-    return DEFAULT_BUDGET["fp16" if design.library.is_gpu else "fp32"]
+    return DEFAULT_REL_ERROR["fp16" if design.library.is_gpu else "fp32"]
 
 
 def _trace(problem: search.Problem, outcome_map: dict[str, str], phase: str) -> TraceRow:
@@ -108,8 +116,6 @@ def build_problem(design, cands, errors, budget: float, tables: dict | None = No
     area_limit = design.constraints.area_constraint
     area_slack = None
     if area_limit is not None:
-        from softsyn.timing.area import area as area_of
-
         area_slack = area_limit - area_of(design.netlist, design.constraints,
                                           {g.name: g.scenario.dims for g in design.groups}).total
     return search.Problem(
@@ -164,12 +170,12 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     problem = build_problem(design, cands, errors, budget * ESTIMATE_SHARE, tables)
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
-    state = {"share": ESTIMATE_SHARE, "runner": None}
+    state = CheckState()
 
     def propose(tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
         """The effort's map on `tables`, checked end to end (`attempts` times at most); None when every map fails."""
         for attempt in range(1, attempts + 1):
-            outcome = search_map(search.Problem(**{**tables.__dict__, "budget": budget * state["share"]}),
+            outcome = search_map(dataclasses.replace(tables, budget=budget * state.share),
                                  search_mode, max_steps, report)
             moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
             if not moved:
@@ -178,18 +184,18 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
                 report.notes.append("end-to-end check not run (no weights to run here, or not runnable on ORT here): "
                                     "softsyn verify DIR checks the artifact where it can run")
                 return outcome
-            state["runner"] = state["runner"] or sensitivity.Runner(design)
-            error = state["runner"].error(moved)
+            state.runner = state.runner or sensitivity.Runner(design)
+            error = state.runner.error(moved)
             if error <= budget * CHECK_SHARE:
                 report.checked_error = error
-                report.notes.append(f"end-to-end check (attempt {attempt}, {state['runner'].where}): error {error:.3e} "
+                report.notes.append(f"end-to-end check (attempt {attempt}, {state.runner.where}): error {error:.3e} "
                                     f"(estimate {outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} "
                                     f"of the budget {budget:.3e}): kept")
                 return outcome
             report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
                                 f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
                                 "again with half the estimate's budget")
-            state["share"] /= 2
+            state.share /= 2
         return None
 
     chosen = propose(problem)
@@ -231,13 +237,11 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
 
 def start_area(design) -> float:
     """The design's area (bytes) as the pass finds it: the compile log's rows are deltas from it."""
-    from softsyn.timing.area import area as area_of
-
     return area_of(design.netlist, design.constraints, {g.name: g.scenario.dims for g in design.groups}).total
 
 
 def kv_step(design, report: OptimizeReport, budget: float, map_error: float, area0: float) -> dict[str, int]:
-    """The KV moves (passes.precision.kv_moves) after the map: the buffer's length when the area is over
+    """The KV moves (passes.optimize.kv_moves) after the map: the buffer's length when the area is over
     budget, then the KV dtype; their rows into the trace, their verdicts into the notes; counts of kept moves."""
     def row(phase: str, analysis) -> None:
         worst = min(analysis.groups, key=lambda g: g.wns) if analysis.groups else None
@@ -273,8 +277,8 @@ def calibrated_search(problem: search.Problem, chosen: search.Outcome, report: O
     if chosen.cost.violation <= 0 or not chosen.error or measured >= CALIBRATE_BELOW * chosen.error:
         return chosen, problem
     ratio = measured / chosen.error
-    scaled = search.Problem(**{**problem.__dict__, "error": {c: {p: e * ratio for p, e in options.items()}
-                                                             for c, options in problem.error.items()}})
+    scaled = dataclasses.replace(problem, error={c: {p: e * ratio for p, e in options.items()}
+                                                 for c, options in problem.error.items()})
     report.notes.append(f"calibration: the map still misses a clock and its check measured {measured:.3e} against the "
                         f"estimate {chosen.error:.3e}: every cell's error scaled by x{ratio:.2f}, searched once more")
     first = search.outcome(scaled, chosen.mapping, chosen.steps)
@@ -306,7 +310,7 @@ def sensitivities(design, cands) -> tuple[dict, str, bool]:
     measure = sensitivity.measure_per_role if weights > MEASURE_LIMIT else sensitivity.measure
     try:
         return (*measure(design, cands, design.log), True)
-    except sensitivity.CannotRun as exc:
+    except CannotRun as exc:
         return (*_prior(cands, f"ORT cannot run this design here ({exc})"), False)
 
 

@@ -14,15 +14,17 @@ weightless tensors of the quantiser's shapes: it is timed and sized, never run.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from softsyn.frontends.export import META_WEIGHTS as WEIGHTLESS
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
@@ -34,7 +36,6 @@ FP8_BLOCK = 128
 FP8_MAX = 448.0  # float8e4m3fn's largest finite value
 QUANTISED = ("int4", "int8", "fp8")  # the quantised options, in the order they are offered
 FP8_ACTS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # the op's activation types (T)
-REQUESTED_KEY = "softsyn.precision_request"  # node metadata: the precision the mapping asked this cell for
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,7 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
 
 def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
-    import logging
-
+    # deferred: ORT's quantization tooling loads its own stack; only quantising a cell needs it
     from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
                                                                  DefaultWeightOnlyQuantizer, logger)
 
@@ -188,8 +188,6 @@ def fp8_blocks(weight_nk: np.ndarray, block: int = FP8_BLOCK) -> tuple[np.ndarra
     """(q float8e4m3fn [N, K], scales fp32 [N, ceil(K / block)]) of a weight laid out [N, K]: each block of `block`
     values along K scaled by amax / 448 into e4m3's range (an all-zero block keeps scale 1) and cast saturating
     (clipped first: ml_dtypes' cast gives NaN past 448), round to nearest even."""
-    import ml_dtypes
-
     w = np.asarray(weight_nk, np.float32)
     n, k = w.shape
     kb = -(-k // block)
@@ -287,8 +285,3 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
     if counts and "com.microsoft" not in netlist.model.opset_imports:
         netlist.model.opset_imports["com.microsoft"] = 1
     return counts
-
-
-def is_weightless(value: ir.Value) -> bool:
-    t = value.const_value
-    return isinstance(t, ir.ExternalTensor) and str(t.location) == WEIGHTLESS

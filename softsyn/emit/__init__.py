@@ -1,0 +1,66 @@
+"""Emit a compiled design into DIR through softsyn.outdir (staged beside DIR, swapped in whole, with its manifest).
+
+The writers, in the order `emit` runs them, one line each:
+
+    model.write_models            DIR/model.onnx (+ model.onnx.data; a composite: one model per block), checked to load
+    netlist_json.netlist_json     DIR/netlist.json: every cell, its library cell, precision and delay per group
+    session.session_json          DIR/runtime/session.json: ORT session settings, IO, scenario dims, KV buffers, reference
+    genai.write_genai             DIR/genai_config.json (+ tokenizer): a decoder's onnxruntime-genai config
+    engines.write_engines         DIR/runtime/vllm*.json|sh, trtllm-*: a decoder's vLLM and TensorRT-LLM settings
+    report_files.write_report_files  DIR/reports/*, compile.log, compile_log.json, then reports/report.html
+    softsyn.outdir                DIR/softsyn-manifest.json: what softsyn wrote (on leaving outdir.replace)
+
+A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the export cache is
+(no run facts or absolute paths in it: softsyn.frontends.cache.design_provenance).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from softsyn import outdir, progress
+from softsyn.emit.engines import write_engines
+from softsyn.emit.genai import write_genai
+from softsyn.emit.model import MODEL_FILE, check, ort_errors, require_weights, write_models
+from softsyn.emit.netlist_json import netlist_json
+from softsyn.emit.report_files import write_report_files
+from softsyn.emit.session import SESSION_FILE, compiled_precision, session_json, write_json
+from softsyn.results.compile_log import CompileLog
+from softsyn.timing import Analysis
+
+__all__ = ["emit", "MODEL_FILE", "SESSION_FILE", "check", "compiled_precision", "netlist_json", "ort_errors",
+           "require_weights", "session_json"]
+
+
+def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, reference: dict, plan: bool = False) -> Path:
+    """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
+    netlist, source = design.netlist, str(reference.get("source", ""))
+    if not plan:
+        require_weights(netlist)
+    with outdir.replace(out_dir, "compile", netlist.name, model=source,
+                        inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
+        tmp = staged.path
+        session = session_json(design, reference, plan)
+        if not plan:
+            with progress.step(f"emit: writing {netlist.name}'s model, onnx.checker, ONNX Runtime load check",
+                               enabled=design.progress, done="emit: model written and loaded"):
+                for written in write_models(design, tmp, session["providers"]):
+                    staged.seal(written, "compile")
+        write_json(tmp / "netlist.json", netlist_json(design, analysis))
+        write_json(tmp / SESSION_FILE, session)
+        log.notes += pass_notes(design)
+        log.notes += write_genai(tmp, netlist, session, source)
+        write_engines(design, analysis, tmp, source, log.notes)
+        write_report_files(design, analysis, tmp, log)
+    return staged.out
+
+
+def pass_notes(design) -> list[str]:
+    """What the layout passes say about the artifact, for the compile log: kv_layout's lines, then the precision rules
+    that held cells."""
+    notes = []
+    kv_layout = design.pass_reports.get("kv_layout")
+    if kv_layout is not None:
+        notes += kv_layout.lines()
+    for name, rule in ((design.pass_reports.get("precision") or {}).get("rules") or {}).items():
+        notes.append(f"precision rule {name}: {rule['held']}")
+    return notes
