@@ -1,2 +1,7 @@
 class SoftsynError(Exception):
     """A user-facing error: the CLI prints its message and exits with code 2, without a traceback."""
+
+
+class SoftsynDefect(RuntimeError):
+    """softsyn's own output is wrong (an emitted model the ONNX checker refuses, from a valid source): a bug in
+    softsyn, never the user's input, so the CLI reports it as an internal error and exits with code 3."""

@@ -327,6 +327,29 @@ def test_hf_folder_and_config_json(tmp_path, cache_dir):
     assert again.bind(PREFILL)["logits"] == (1, 16, 512)
 
 
+def test_a_real_size_folder_with_weights_runs_on_them(tmp_path, cache_dir, monkeypatch):
+    """A folder above the materialise limit that holds weights is not filled with seeded random ones when it is to
+    run (compile): its own weights are loaded, in the config's half precision; analyze still reads it weightless."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    from softsyn.frontends import hf
+
+    folder = tmp_path / "real"
+    torch.manual_seed(3)
+    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**_SMALL_QWEN3)).save_pretrained(str(folder))
+    monkeypatch.setattr(hf, "MATERIALISE_LIMIT", 0)  # every model is real-size
+    nl = read_design(str(folder), cache_dir=tmp_path / "cache", progress=False, materialize=True)
+    assert nl.provenance["weights"] == "pretrained" and nl.provenance["dtype"] == "float16"
+    saved = load_file(str(folder / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+    inits = {v.name: v for v in nl.model.graph.initializers.values()}
+    got = next(v.const_value.numpy() for name, v in inits.items() if "layers.0.mlp.down_proj" in name)
+    np.testing.assert_array_equal(np.sort(got.ravel()), np.sort(saved.astype(np.float16).ravel()))
+    weightless = read_design(str(folder), cache_dir=tmp_path / "cache", progress=False)
+    assert weightless.provenance["weights"].startswith("meta")
+
+
 def test_meta_export_is_weightless(cache_dir):
     from softsyn.frontends import hf
     from transformers import AutoConfig

@@ -197,6 +197,52 @@ def test_unusual_attention_is_a_miss_with_a_reason():
     assert "Misses (1)" in report_fusion([cov]) and "before the Tanh" in report_fusion([cov])
 
 
+def _residual_read_before_its_norm() -> Netlist:
+    """x + r -> s; Reshape(s) (a second reader of the residual sum, before the norm, as Qwen3-VL's DeepStack
+    merger reads the vision stream) -> side; LayerNormalization(s) -> y."""
+    vi = oh.make_tensor_value_info
+    rng = np.random.default_rng(0)
+    nodes = [oh.make_node("Add", ["x", "r"], ["s"], name="add"),
+             oh.make_node("Reshape", ["s", "flat"], ["side"], name="side_reader"),
+             oh.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], name="norm", axis=-1, epsilon=1e-5)]
+    graph = oh.make_graph(
+        nodes, "residual", [vi("x", T.FLOAT, ["batch", "seq", 8]), vi("r", T.FLOAT, ["batch", "seq", 8])],
+        [vi("y", T.FLOAT, ["batch", "seq", 8]), vi("side", T.FLOAT, None)],
+        initializer=[oh.make_tensor("flat", T.INT64, [2], [-1, 8]),
+                     onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "gamma"),
+                     onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "beta")])
+    model = onnx.shape_inference.infer_shapes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)],
+                                                            ir_version=10))
+    return Netlist(ir.serde.deserialize_model(model), "residual", kind="generic")
+
+
+def test_skip_norm_goes_before_every_reader_of_the_residual_sum(tmp_path):
+    nl = _residual_read_before_its_norm()
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 3, 8)).astype(np.float32),
+              "r": rng.standard_normal((2, 3, 8)).astype(np.float32)}]
+    ref_names, ref = _run(nl.model, tmp_path / "ref.onnx", feeds)
+    (cov,) = fuse(nl, "cuda", kinds=["skip_layer_norm"])
+    assert cov.fused == cov.candidates == 1, cov.misses
+    assert [n.op_type for n in nl.model.graph] == ["SkipLayerNormalization", "Reshape"]
+    onnx.checker.check_model(ir.serde.serialize_model(nl.model))  # topologically sorted
+    names, got = _run(nl.model, tmp_path / "fused.onnx", feeds)
+    assert names == ref_names
+    for a, b in zip(got[0], ref[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rewrite_out_of_topological_order_is_a_defect_naming_the_rule(monkeypatch):
+    """The skip norm placed at its norm (as before the fix) reads as what it is: softsyn's defect, named by rule."""
+    from passes.fuse import norms
+    from softsyn.errors import SoftsynDefect
+
+    monkeypatch.setattr(norms, "first_in_order", lambda graph, nodes: nodes[0])  # the norm, after the Reshape
+    with pytest.raises(SoftsynDefect, match=r"fuse: rule skip_layer_norm left node side_reader \(Reshape\) reading "
+                                            r"\S+ before the node that makes it"):
+        fuse(_residual_read_before_its_norm(), "cuda", kinds=["skip_layer_norm"])
+
+
 def test_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="unknown kind"):
         fuse(_odd_attention(), kinds=["bogus"])

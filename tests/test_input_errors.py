@@ -130,6 +130,57 @@ def test_bad_transformers_configs_exit_2_in_one_short_line(tmp_path, capsys, con
         assert code == 2 and all(w in line for w in words) and len(line) < 400, err
 
 
+def tiny_hf_folder(folder, shards: bool = False, safe: bool = True):
+    """save_pretrained of a seeded 1-layer llama (TINY_LLAMA) into `folder`; `shards`: two safetensors + index;
+    `safe` False: its weights as a torch pytorch_model.bin instead (transformers 5 saves safetensors only)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, "vocab_size": 64}))
+    model.save_pretrained(str(folder), max_shard_size="100KB" if shards else "5GB")
+    if not safe:
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("case", ["truncated", "truncated-real-size", "missing-shard", "shard-without-index",
+                                  "truncated-bin"])
+def test_weight_files_that_cannot_be_read_exit_2_naming_the_file(tmp_path, capsys, monkeypatch, case):
+    """A folder whose weights do not load (a safetensors file cut short by a full disk) was compiled "with seeded
+    random weights" as if it had none; now compile stops in one line naming the file, before any export."""
+    from softsyn.frontends import hf
+
+    folder = tiny_hf_folder(tmp_path / "m", shards=case in ("missing-shard", "shard-without-index"),
+                            safe=case != "truncated-bin")
+    shards = sorted(folder.glob("model-*.safetensors"))
+    if case == "truncated-bin":
+        bad = folder / "pytorch_model.bin"
+        os.truncate(bad, bad.stat().st_size - 100)
+        words = ["is a torch zip archive without its directory", "cut short?"]
+    elif case.startswith("truncated"):
+        bad = folder / "model.safetensors"
+        os.truncate(bad, bad.stat().st_size // 2)
+        words = ["holds", "safetensors header describes: cut short"]
+    elif case == "missing-shard":
+        bad = folder / "model.safetensors.index.json"
+        shards[-1].unlink()
+        words = [f"names shard {shards[-1].name}, which is not in the folder"]
+    else:
+        (folder / "model.safetensors.index.json").unlink()
+        bad = shards[0]
+        words = ["a weight file transformers does not load on its own", "is the shards' index file missing?"]
+    if case == "truncated-real-size":
+        monkeypatch.setattr(hf, "MATERIALISE_LIMIT", 0)  # the issue's model: real-size, so compile materialises
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = cli(capsys, "compile", folder, "-o", tmp_path / "out", "--cache-dir", tmp_path / "cache")
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"softsyn: error: {bad}: ") and all(w in line for w in words), err
+    assert "seeded random weights" not in err.replace("seeded random weights are only for", "")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
 def test_a_model_onnx_checker_refuses_exits_2_in_one_line(tmp_path, capsys):
     """A Relu with two inputs: analyze times it, compile's onnx.checker refuses it."""
     model = mlp(tmp_path / "m.onnx", names=("a", "b", "c", "d", "e"))
@@ -139,6 +190,32 @@ def test_a_model_onnx_checker_refuses_exits_2_in_one_line(tmp_path, capsys):
     code, _, err = cli(capsys, "compile", model, "-q", "-o", tmp_path / "out")
     line = one_error_line(err)
     assert code == 2 and "fails onnx.checker: Node(b) with schema(::Relu:14) has input size 2" in line, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checker_failure_of_softsyns_own_output_exits_3(tmp_path, capsys, monkeypatch):
+    """A valid source whose compiled model the checker refuses is softsyn's defect (exit 3), never bad input: a
+    pass that leaves the graph out of topological order (as fuse's skip norms once did on Qwen3-VL's vision)."""
+    import passes
+
+    original = passes.get("kv_layout")
+
+    def disorder(design, **options):
+        result = original.run(design, **options)
+        graph = design.netlist.model.graph
+        last = graph.node(len(graph) - 1)
+        graph.remove(last)
+        graph.insert_before(graph.node(0), last)  # the Sigmoid now reads h4 before the Add makes it
+        return result
+
+    monkeypatch.setitem(passes.PASSES, "kv_layout", passes.Pass("kv_layout", original.help, disorder))
+    model = mlp(tmp_path / "m.onnx", names=("a", "b", "c", "d", "e"))
+    code, _, err = cli(capsys, "compile", model, "-q", "-o", tmp_path / "out")
+    lines = err.strip().splitlines()
+    assert code == 3 and len(lines) == 1, err
+    assert lines[0].startswith("softsyn: internal error: SoftsynDefect: design m: softsyn wrote model.onnx, which "
+                               "fails onnx.checker (a softsyn defect, not your input): "), err
+    assert "topologically sorted" in lines[0] and "node: name: e" in lines[0], err
     assert not (tmp_path / "out").exists()
 
 

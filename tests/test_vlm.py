@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from softsyn.cli import main
+from softsyn.netlist import HIERARCHY_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "constraints" / "vl-tasks.yaml"
@@ -101,6 +102,27 @@ def test_qor_blocks_and_limiting_group(vl_artifact):
     weighted = {g["name"]: (g["paths"][0]["slack"] / g["weight"] if g["paths"][0]["slack"] >= 0
                             else g["paths"][0]["slack"] * g["weight"]) for g in analysis["groups"]}
     assert f"Limiting group: {min(weighted, key=weighted.get)} (weighted slack" in result.output
+
+
+def test_task_group_batch_on_a_gpu_target_compiles_checker_clean(cache_dir, tmp_path):
+    """vl-tasks.yaml (ocr_tasks at batch 4) on h200-ort-cuda, where the vision blocks' residual + LayerNorm fuse into
+    SkipLayerNormalization whose sum DeepStack's merger reads: the fused node once went after that reader, and
+    compile exited 2 with "fails onnx.checker: Nodes in a graph must be topologically sorted"."""
+    import onnx
+
+    constraints = tmp_path / "vl-tasks-h200.yaml"
+    constraints.write_text(TASKS.read_text().replace("target: cpu-ort", "target: h200-ort-cuda"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-vl-tiny", "-c", str(constraints), "--effort", "low",
+                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    vision = onnx.load(str(out / "vision.onnx"), load_external_data=False)
+    skips = [n for n in vision.graph.node if n.op_type == "SkipLayerNormalization"]
+    onnx.checker.check_model(str(out / "vision.onnx"))
+    merger = [n for n in vision.graph.node
+              if "deepstack" in next((e.value for e in n.metadata_props if e.key == HIERARCHY_KEY), "")]
+    assert skips and any(set(s.output[3:]) & {i for m in merger for i in m.input} for s in skips)
+    assert json.loads((out / "analysis.json").read_text())["groups"][0]["scenario"]["dims"]["batch"] == 4
 
 
 @pytest.mark.parametrize("text, why", [

@@ -9,12 +9,13 @@ is one kind with one op rule per target op: `attention` matches every site once,
 from __future__ import annotations
 
 from passes import PassResult, register
+from softsyn.errors import SoftsynDefect
 from passes.fuse.attention import AttentionRule
 from passes.fuse.base import Coverage, FusionContext, Miss, Rule
 from passes.fuse.cost import KEPT, BoundScenario, CostCheck
 from passes.fuse.gelu import GeluRule
 from passes.fuse.gqa import GroupQueryAttentionRule
-from passes.fuse.graph import remove_dead
+from passes.fuse.graph import read_before_made, remove_dead
 from passes.fuse.linear_attention import LinearAttentionRule
 from passes.fuse.mha import MultiHeadAttentionRule
 from passes.fuse.moe import MoERule
@@ -124,6 +125,11 @@ def fuse(netlist, target: str = "cpu", kinds: list[str] | None = None, cost: Cos
             cov.fused += 1
         cov.note = rule.note(ctx) if cov.candidates else ""
         remove_dead(ctx.graph)
+        disorder = read_before_made(ctx.graph)  # a rewrite placed a node after a reader of its output
+        if disorder is not None:
+            node, value = disorder
+            raise SoftsynDefect(f"fuse: rule {rule.kind} left node {node.name} ({node.op_type}) reading {value.name} "
+                                "before the node that makes it: the graph is out of topological order")
         netlist.invalidate()
         result.append(cov)
     return result

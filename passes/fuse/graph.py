@@ -237,6 +237,25 @@ def insert_before(graph: ir.Graph, anchor: ir.Node, nodes: list[ir.Node]) -> Non
     graph.insert_before(anchor, nodes)
 
 
+def first_in_order(graph: ir.Graph, nodes: list[ir.Node]) -> ir.Node:
+    """The node of `nodes` that comes first in the graph: where a node replacing several must go, so that every
+    consumer of any value it takes over still comes after it."""
+    wanted = {id(n) for n in nodes}
+    return next(n for n in graph if id(n) in wanted)
+
+
+def read_before_made(graph: ir.Graph) -> tuple[ir.Node, ir.Value] | None:
+    """The first node reading a value whose producer comes after it in the graph, or None (topological order)."""
+    placed: set[int] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.graph is graph and id(producer) not in placed:
+                return node, value
+        placed.add(id(node))
+    return None
+
+
 def site(netlist, node: ir.Node) -> str:
     h = netlist.hierarchy(node) if netlist is not None else node.metadata_props.get(HIERARCHY_KEY, "")
     label = node.name or f"{node.op_type} -> {node.outputs[0].name if node.outputs else '?'}"

@@ -10,8 +10,8 @@ import onnx_ir as ir
 from softsyn.netlist import eval_dim_expr
 from passes.fuse.base import Cell, Replacement, Rule, stand_in
 from passes.fuse.chain import Link, follow
-from passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, insert_before, make_node,
-                                  op, other_input, rank, replace_value, scalar)
+from passes.fuse.graph import (MS, add_initializer, attr, const, const_shape, consumers, first_in_order, insert_before,
+                                  make_node, op, other_input, rank, replace_value, scalar)
 
 
 def _axes(ctx, node: ir.Node):
@@ -243,7 +243,9 @@ def _emit_skip(ctx, norm: ir.Node, add: ir.Node, op_type: str, inputs: list) -> 
     out, summed = node.outputs[0], node.outputs[3]
     out.shape, out.type = norm.outputs[0].shape, norm.outputs[0].type
     summed.shape, summed.type = add.outputs[0].shape, add.outputs[0].type
-    insert_before(ctx.graph, norm, [node])
+    # before the norm and before every reader of the sum (a DeepStack merger reads a vision block's residual
+    # stream between the Add and the norm): each of them reads an output of the new node
+    insert_before(ctx.graph, first_in_order(ctx.graph, [norm, *consumers(add.outputs[0])]), [node])
     replace_value(ctx.graph, norm.outputs[0], out)
     replace_value(ctx.graph, add.outputs[0], summed)
 

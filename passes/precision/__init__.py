@@ -2,17 +2,20 @@
 
 The default is the library's native activation precision: fp16 on GPU targets, fp32 on CPU
 (where ORT runs fp16 MatMuls as Cast -> fp32 -> Cast, so fp16 buys nothing). The constraints'
-`precision.default` overrides it. fp32 is the export's precision: the pass changes nothing.
+`precision.default` overrides it. fp32 on an fp32 export changes nothing; on an fp16/bf16 source (a real-size
+export) it converts everything up to fp32 (passes.precision.fp16.to_fp32), dont_touch cells kept as they are.
 fp16 converts weights, activations and the float ports (past KV in, logits and present KV out),
 keeping fp32 islands where fp16 loses more than rounding (passes.precision.fp16).
+The report's `realised` is read from the model after the conversion (softsyn.timing.realised), never the request.
 Named rules hold cells above the map: `moe_router` (passes.precision.router) keeps MoE routing at
 fp16/bf16 or wider, and the log and session.json's precision report say how many cells it held.
 """
 from __future__ import annotations
 
 from softsyn.errors import SoftsynError
+from softsyn.timing.realised import realised_precision
 from passes import PassResult, register
-from passes.precision.fp16 import to_fp16
+from passes.precision.fp16 import holds_half, to_fp16, to_fp32
 from passes.precision.router import RULE, router_cells, summary
 
 UNIFORM = ("fp32", "fp16")
@@ -49,8 +52,30 @@ def run(design) -> PassResult:
         report["rules"] = {RULE: summary(cells, realised)}
         rule = {f"rule_{RULE}": len(cells["matmul"]) + len(cells["scores"])}
         design.log(f"precision rule {RULE}: {report['rules'][RULE]['held']}")
-    if realised == "fp32":
-        return PassResult(rule, report)
-    counts = to_fp16(design.netlist.model, design.constraints.dont_touch).counts()
-    design.netlist_changed()
+    model, pinned = design.netlist.model, design.constraints.dont_touch
+    if realised == "fp32" and not holds_half(model):
+        counts = {}
+    else:
+        counts = (to_fp32 if realised == "fp32" else to_fp16)(model, pinned).counts()
+        design.netlist_changed()
+    held = realised_precision(design.netlist)  # what the model holds now, per weight and KV buffer
+    report.update({"target": realised, "realised": held.float_precision or realised, "kv": held.kv_precision})
     return PassResult({**counts, **rule}, report)
+
+
+def record_realised(design, after: str) -> str | None:
+    """Re-read what the model holds after pass `after` into the uniform precision report: its `realised` and `kv`
+    are the model's (softsyn.timing.realised), whatever a pass asked for. Returns a line for the compile log where
+    the model's float weights are not in the uniform target's precision (a dont_touch pin holding most of them);
+    the line names no pass first, so the log keeps one per state, not one per pass."""
+    report = design.pass_reports.get("precision")
+    if report is None or "target" not in report:
+        return None
+    held = realised_precision(design.netlist)
+    report["realised"], report["kv"] = held.float_precision or report["target"], held.kv_precision
+    if report["realised"] == report["target"]:
+        return None
+    return (f"precision: the model's float weights are mostly {report['realised']} "
+            f"({held.weights.get(report['realised'], 0)} of {sum(held.weights.values())} parameters), not the uniform "
+            f"{report['target']} (read after {after}, dont_touch cells keep the source's); session.json says "
+            f"{report['realised']}")

@@ -1,4 +1,5 @@
-"""Convert a netlist to fp16 on onnx-ir: weights, activations and float ports, with fp32 islands.
+"""Convert a netlist to fp16 on onnx-ir: weights, activations and float ports, with fp32 islands; and an fp16/bf16
+source up to fp32 (`to_fp32`: an fp32 target, where a half model would run as a half model labelled fp32).
 
 Why not a converter off the shelf: onnxconverter-common's output fails to load in ORT
 (stack-notes), and ORT's `convert_float_to_float16` works on a ModelProto in RAM (weights
@@ -225,7 +226,7 @@ def _schema_fp32(node: ir.Node, index: int) -> bool:
 
 
 def _cast(graph: ir.Graph, value: ir.Value, dtype: ir.DataType, consumer: ir.Node | None,
-          casts: dict, result: Fp16Result) -> ir.Value:
+          casts: dict, result: Fp16Result | Fp32Result) -> ir.Value:
     key = (id(value), dtype)
     if key not in casts:
         cast = ir.node("Cast", [value], attributes={"to": dtype}, name=f"{value.name}_to_{dtype.name.lower()}")
@@ -241,3 +242,104 @@ def _cast(graph: ir.Graph, value: ir.Value, dtype: ir.DataType, consumer: ir.Nod
         casts[key] = out
         result.casts += 1
     return casts[key]
+
+
+# --------------------------------------------------------------------------- up to fp32
+HALF = (F16, ir.DataType.BFLOAT16)
+
+
+@dataclass
+class Fp32Result:
+    fp32_cells: int = 0
+    pinned_cells: int = 0
+    weights: int = 0
+    casts: int = 0
+    casts_removed: int = 0
+    ports: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return {"fp32_cells": self.fp32_cells, "weights_fp32": self.weights, "ports_fp32": self.ports,
+                "casts_inserted": self.casts, "casts_removed": self.casts_removed,
+                **({"half_dont_touch": self.pinned_cells} if self.pinned_cells else {})}
+
+
+def holds_half(model: ir.Model) -> bool:
+    """Whether any port, weight or value of the main graph is fp16 or bf16."""
+    graph = model.graph
+    values = [*graph.inputs, *graph.outputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+    return any(v is not None and v.dtype in HALF for v in values)
+
+
+def to_fp32(model: ir.Model, dont_touch: list[str] = ()) -> Fp32Result:
+    """Convert an fp16/bf16 `model` up to fp32 in place: weights, activations, float ports, Cast targets and
+    tensor attributes. Exact (every half value is an fp32 value). Cells the user pinned (`dont_touch`) keep the
+    source's dtypes, with Casts on their edges; Casts left converting fp32 to fp32 are removed."""
+    graph = model.graph
+    result = Fp32Result()
+    pinned = {n for n in graph if dont_touch and
+              any(fnmatch.fnmatchcase(n.metadata_props.get(HIERARCHY_KEY, ""), g) for g in dont_touch)}
+    result.pinned_cells = len(pinned)
+    wanted = {(id(n), i): v.dtype for n in pinned for i, v in enumerate(n.inputs) if v is not None}
+    result.ports = sum(1 for v in [*graph.inputs, *graph.outputs] if v.dtype in HALF)
+    for value in graph.inputs:
+        if value.dtype in HALF:
+            value.dtype = F32
+    for value in list(graph.initializers.values()):
+        if value.dtype in HALF and value.const_value is not None and not all(u in pinned for u, _ in value.uses()):
+            value.const_value = _full_tensor(value.const_value)
+            value.dtype = F32
+            result.weights += 1
+    for node in graph:
+        if node in pinned:
+            continue
+        result.fp32_cells += 1
+        _full_attributes(node)
+        for out in node.outputs:
+            if out is not None and out.dtype in HALF:
+                out.dtype = F32
+    casts: dict = {}
+    for node in list(graph):
+        for i, value in enumerate(node.inputs):
+            if value is None or value.dtype not in (F32, *HALF) or not _is_float_operand(node, i):
+                continue
+            want = wanted.get((id(node), i)) if node in pinned else (F32 if node.op_type != "Cast" else None)
+            if want is not None and value.dtype != want:
+                node.replace_input_with(i, _cast(graph, value, want, node, casts, result))
+    for i, port in enumerate(graph.outputs):
+        if port.dtype in HALF:  # a pinned cell's output
+            name = port.name
+            port.name = f"{name}_{port.dtype.name.lower()}"
+            full = _cast(graph, port, F32, None, casts, result)
+            full.name = name
+            graph.outputs[i] = full
+    result.casts_removed = _drop_noop_casts(graph, pinned)
+    return result
+
+
+def _full_attributes(node: ir.Node) -> None:
+    for name, attr in list(node.attributes.items()):
+        if name in ("to", "dtype") and attr.type == ir.AttributeType.INT and attr.value in HALF:
+            node.attributes[name] = ir.AttrInt64(name, F32)
+        elif attr.type == ir.AttributeType.TENSOR and attr.value.dtype in HALF:
+            node.attributes[name] = ir.AttrTensor(name, _full_tensor(attr.value))
+
+
+def _full_tensor(tensor) -> ir.TensorProtocol:
+    """fp32 copy of a half tensor, evaluated lazily (at save)."""
+    def convert():
+        return ir.tensor(np.asarray(tensor.numpy()).astype(np.float32), name=tensor.name)
+    return ir.LazyTensor(convert, dtype=F32, shape=tensor.shape, name=tensor.name)
+
+
+def _drop_noop_casts(graph: ir.Graph, pinned: set[ir.Node]) -> int:
+    """Casts from fp32 to fp32 (an fp16 source's upcasts and downcasts, now both fp32): their readers read the input."""
+    removed = []
+    for node in graph:
+        src, out = node.inputs[0] if node.inputs else None, node.outputs[0] if node.outputs else None
+        if node.op_type != "Cast" or node in pinned or src is None or src.dtype != F32 or out.dtype != F32 \
+                or out.is_graph_output():
+            continue
+        out.replace_all_uses_with(src)
+        removed.append(node)
+    graph.remove(removed, safe=True)
+    return len(removed)

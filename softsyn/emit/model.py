@@ -12,7 +12,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from softsyn.errors import SoftsynError
+from softsyn.errors import SoftsynDefect, SoftsynError
 from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.frontends.cache import design_provenance
 from softsyn.frontends.vlm import split_blocks
@@ -62,7 +62,23 @@ def _write_model(netlist, folder: Path, model=None, file: str = MODEL_FILE) -> N
         check(path)
     except onnx.checker.ValidationError as exc:
         first = " ".join(str(exc).split())
-        raise SoftsynError(f"design {netlist.name}: the compiled model fails onnx.checker: {first}") from None
+        source = netlist.provenance.get("file")  # an ONNX source: the checker may refuse what the user gave
+        why = source_fails_checker(Path(source)) if source and str(source).endswith(".onnx") else None
+        if why:
+            raise SoftsynError(f"{source}: the source model fails onnx.checker: {why}") from None
+        raise SoftsynDefect(f"design {netlist.name}: softsyn wrote {file}, which fails onnx.checker (a softsyn "
+                            f"defect, not your input): {first}") from None
+
+
+def source_fails_checker(path: Path) -> str | None:
+    """The checker's first complaint about a source ONNX file, or None where it passes (or the file is gone)."""
+    if not path.is_file():
+        return None
+    try:
+        check(path)
+    except onnx.checker.ValidationError as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 # How ONNX Runtime says a node has no kernel: an op a provider lacks, an unknown ONNX op, an unknown domain op

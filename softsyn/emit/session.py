@@ -14,6 +14,7 @@ from softsyn.emit.model import MODEL_FILE
 from softsyn.netlist.keys import FP8_MATMUL
 from softsyn.runtime.session import ARTIFACT_OPTIONS
 from softsyn.timing import precision_of
+from softsyn.timing.realised import realised_precision
 
 SESSION_FILE = "runtime/session.json"
 
@@ -76,7 +77,8 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
                      "max_length": getattr(kv_layout, "max_length", None) or cons.kv_cache.max_length,
                      "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
         "precision": compiled_precision(netlist),
-        "precision_request": design.pass_reports.get("precision"),  # requested vs realised uniform precision
+        "precision_request": design.pass_reports.get("precision"),  # requested vs realised (read from the model)
+        "realised_precision": realised_precision(netlist).to_dict(),  # per weight precision and KV port, as held
         "precision_map": _precision_map(design.pass_reports.get("optimize")),
         "kv_moves": [dataclasses.asdict(m) for m in getattr(design.pass_reports.get("optimize"), "kv", ())],
         "reference": reference,

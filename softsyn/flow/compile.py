@@ -13,6 +13,7 @@ from softsyn import progress
 from softsyn.design import Design
 from softsyn.errors import SoftsynError
 from passes import Effort
+from passes.precision import record_realised
 from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
 from softsyn.emit import emit
@@ -62,6 +63,9 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
             log.add_trace(trace, before, len(design.netlist.nodes()))
             error_over = result.report.error_over()
             log.notes += result.report.log_notes()
+        held = record_realised(design, step.pass_name)  # labels read from the model after every pass
+        if held and held.split(" (read after")[0] not in [n.split(" (read after")[0] for n in log.notes]:
+            log.notes.append(held)
         analysis = design.analyze(tp_plan=step is level.steps[-1])  # the plan once, for what emit writes
         log.add(step.pass_name, analysis, len(design.netlist.nodes()), error_over)
     path = emit(design, analysis, out_dir, log, reference, plan=plan)

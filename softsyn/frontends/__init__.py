@@ -12,6 +12,7 @@ from pathlib import Path
 from softsyn.errors import SoftsynError
 from softsyn.frontends import hf, onnx_file, vlm, zoo as _zoo
 from softsyn.frontends.cache import default_cache_dir
+from softsyn.frontends.weights import checked_weights
 from softsyn.netlist import Netlist
 
 __all__ = ["read_design", "default_cache_dir", "zoo_names"]
@@ -77,6 +78,7 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
     if path.is_dir() and (path / "config.json").is_file():
         cfg, folder = hf.read_config(path)
         if vlm.is_vlm(cfg):
+            checked_weights(folder)  # its weights are not read (a composite exports from its config), but never cut
             return vlm.load_vlm_design(cfg, path.resolve().name, str(path), cache, progress, image_size=image_size)
         return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)

@@ -17,12 +17,12 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
+from softsyn.frontends.weights import LOADABLE, checked_weights
 from softsyn.netlist import Netlist
 from softsyn.progress import step
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 EXPERTS_IMPL = "batched_mm"
 
 
@@ -114,15 +114,6 @@ def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
     return int(n)
 
 
-def _weights_in(folder: Path | None) -> Path | None:
-    if folder is None:
-        return None
-    for f in WEIGHT_FILES:
-        if (folder / f).is_file():
-            return folder / f
-    return None
-
-
 def _fingerprint(path: Path | None) -> str | None:
     if path is None:
         return None
@@ -134,7 +125,7 @@ def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Pat
                         source: str = "the config") -> int | None:
     """Bytes of the seeded weights a materialised read of this model makes (None: it brings its own weights or
     is small enough to build in torch, at fp32). Counted on the meta device: nothing is allocated."""
-    if weights not in (None, "meta") or (weights is None and _weights_in(folder) is not None):
+    if weights not in (None, "meta") or (weights is None and checked_weights(folder) is not None):
         return None
     n_params = count_meta_params(cfg, is_decoder(cfg), source)
     if weights is None and n_params * 4 <= MATERIALISE_LIMIT:
@@ -179,16 +170,18 @@ def _plan_export(cfg, name: str, source: str, *, folder: Path | None, weights: s
     filled with `materialize`), their dtype and the exporter a read of `cfg` uses."""
     decoder = is_decoder(cfg)
     moe = is_moe(cfg)
-    weight_file = _weights_in(folder)
+    weight_file = checked_weights(folder)  # a folder's weight files load, or this names the one that cannot
+    real_size = False
     if weights is None:
-        n_params = count_meta_params(cfg, decoder, source)
-        if n_params * 4 > MATERIALISE_LIMIT:
-            weights = "filled" if materialize else "meta"
+        real_size = count_meta_params(cfg, decoder, source) * 4 > MATERIALISE_LIMIT
+        if weight_file is not None:  # its own weights (a real-size one weightless unless it is to run)
+            weights = "pretrained" if materialize or not real_size else "meta"
         else:
-            weights = "pretrained" if weight_file is not None else "random"
+            weights = ("filled" if materialize else "meta") if real_size else "random"
     if weights == "pretrained" and weight_file is None:
-        raise SoftsynError(f"{source}: no weights ({', '.join(WEIGHT_FILES)}) in {folder}")
-    dtype = dtype or _dtype_name(cfg, weights)
+        raise SoftsynError(f"{source}: no weights ({', '.join(LOADABLE)}) in {folder}")
+    # a real-size model runs in its config's half precision, whoever made its weights
+    dtype = dtype or _dtype_name(cfg, "meta" if real_size else weights)
     exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
     layers = getattr(cfg, "num_hidden_layers", None)
     replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED

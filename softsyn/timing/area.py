@@ -28,6 +28,7 @@ from softsyn.netlist import Netlist
 from softsyn.netlist.dims import eval_dim_expr
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
 from softsyn.results.analysis import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
+from softsyn.timing.realised import weight_storage
 
 _INDEXED = re.compile(r"\.(\d+)(?=\.|$)")
 
@@ -38,8 +39,9 @@ def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | Non
     part of each named tensor one device holds (softsyn.timing.tp), 1 for those it does not name; `recast`:
     tensors counted at another precision's WEIGHT_BYTES (a what-if: "weights int4 (est)").
 
-    Parameters are the float and quantised initializers; integer and bool
-    initializers (shape and index constants) are counted apart as constants.
+    Parameters are the float and quantised initializers, labelled and counted as the cells reading them store
+    them (softsyn.timing.realised: a MatMulNBits weight is int4/int8 by its `bits`, K x N parameters, its scales
+    in its bytes); integer and bool initializers (shape and index constants) are counted apart as constants.
     """
     by_dtype: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     by_scope: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -48,9 +50,11 @@ def weight_items(netlist: Netlist, depth: int = 4, share: dict[str, float] | Non
         if value.dtype is None or value.shape is None:
             continue
         part = share.get(value.name, 1.0) if share else 1.0
-        count = numel(tuple(value.shape.numpy())) * part
-        size = count * value.dtype.itemsize
-        precision = PRECISION_BY_DTYPE.get(value.dtype)
+        stored = numel(tuple(value.shape.numpy())) * part
+        size = stored * value.dtype.itemsize
+        storage = weight_storage(value)  # labelled as its cell stores it: a packed int4 weight is int4, K x N
+        precision = storage.precision
+        count = storage.parameters * part if precision else stored
         kind = f"weights {precision}" if precision else "constants"
         if recast and value.name in recast:
             precision = recast[value.name]
