@@ -10,10 +10,7 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("softsyn", "passes", "reports")
 REASON = "# deferred:"
-LIMIT = 20  # function-level imports outside PENDING (issue 24)
-# Files whose long functions issue 24 item 5 splits in parallel: their function-level imports move (or get a reason)
-# with that split. A file leaves this set once none of its function-level imports lacks a reason (checked below).
-PENDING = {"softsyn/frontends/hf.py"}
+LIMIT = 20  # function-level imports across softsyn/, passes/, reports/ (issue 24)
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
@@ -84,19 +81,13 @@ def test_no_import_cycles():
 
 def test_function_level_imports_are_few_and_say_why():
     _, in_functions = import_graph()
-    unexplained = [f"{file}:{line}" for file, line, text in in_functions if REASON not in text and file not in PENDING]
+    unexplained = [f"{file}:{line}" for file, line, text in in_functions if REASON not in text]
     assert not unexplained, (f"imports inside functions without a '{REASON} why' comment (move them to the module top, "
                              "or say which heavy optional dependency they defer):\n" + "\n".join(unexplained))
-    counted = [f"{file}:{line}" for file, line, _ in in_functions if file not in PENDING]
+    counted = [f"{file}:{line}" for file, line, _ in in_functions]
     assert len(counted) <= LIMIT, (f"{len(counted)} imports inside functions (at most {LIMIT}): defer a heavy "
                                    "dependency once, where its side of the code is entered:\n" + "\n".join(counted))
 
-
-def test_pending_files_still_pending():
-    _, in_functions = import_graph()
-    waiting = {file for file, _, text in in_functions if file in PENDING and REASON not in text}
-    done = sorted(PENDING - waiting)
-    assert not done, f"no unexplained function-level import left in {', '.join(done)}: take it out of PENDING"
 
 
 def test_the_cycle_check_sees_function_level_imports(tmp_path):

@@ -3,47 +3,26 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
-import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from softsyn.constraints.reader import read_text
+import numpy as np
+
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
+from softsyn.frontends.hf_common import EXPERTS_IMPL, brief
+from softsyn.frontends.materialize import materialize
 from softsyn.frontends.weights import LOADABLE, checked_weights
 from softsyn.netlist import Netlist
 from softsyn.progress import step
 
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
-EXPERTS_IMPL = "batched_mm"
-
-
-def brief(exc: BaseException, limit: int = 200) -> str:
-    """One short line for a library's exception: the innermost cause's first line, terminal colours removed."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
-    first = " ".join(lines[0].split()) if lines else ""
-    return f"{type(exc).__name__}: {first if len(first) <= limit else first[:limit - 3] + '...'}"
-
-
-@contextlib.contextmanager
-def building(source: str):
-    """A model transformers or torch cannot build from its config is bad input: one line naming the config."""
-    try:
-        yield
-    except SoftsynError:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- a config can fail anywhere in a model's constructor
-        raise SoftsynError(f"{source}: transformers cannot build the model: {brief(exc)}") from None
 
 
 @contextlib.contextmanager
@@ -65,9 +44,7 @@ def is_decoder(cfg) -> bool:
         return True
     if archs:
         return False
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(cfg, "is_encoder_decoder", False)
+    return _torch_side().causal_lm_type(cfg.model_type) and not getattr(cfg, "is_encoder_decoder", False)
 
 
 def is_moe(cfg) -> bool:
@@ -97,23 +74,6 @@ def config_summary(cfg, parameters: int) -> dict:
     return out
 
 
-def _auto_class(decoder: bool):
-    from transformers import AutoModel, AutoModelForCausalLM
-
-    return AutoModelForCausalLM if decoder else AutoModel
-
-
-def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
-    """Parameters of the model ``cfg`` describes, counted on the meta device (no weights allocated)."""
-    import torch
-
-    with building(source), torch.device("meta"):
-        m = _auto_class(decoder).from_config(cfg)
-    n = sum(p.numel() for p in m.parameters())
-    del m
-    return int(n)
-
-
 def _fingerprint(path: Path | None) -> str | None:
     if path is None:
         return None
@@ -130,8 +90,6 @@ def seeded_weight_bytes(cfg, weights: str | None, dtype: str | None, folder: Pat
     n_params = count_meta_params(cfg, is_decoder(cfg), source)
     if weights is None and n_params * 4 <= MATERIALISE_LIMIT:
         return None
-    import numpy as np
-
     return n_params * np.dtype(dtype or _dtype_name(cfg, "meta")).itemsize
 
 
@@ -256,41 +214,10 @@ def load_transformers_design(
     return nl
 
 
-def _torch_model(ex: _Export):
-    """The torch model to export: on the meta device (weightless; the traced layers only when replicating),
-    seeded random, or from the folder's pretrained weights."""
-    import torch  # deferred: torch loads only when a model is exported
-
-    torch_dtype = getattr(torch, ex.dtype)
-    cls = _auto_class(ex.decoder)
-    kwargs = {"experts_implementation": EXPERTS_IMPL} if ex.moe else {}
-    if ex.weights == "meta":
-        traced = ex.cfg
-        if ex.replicate:
-            traced = copy.deepcopy(ex.cfg)
-            traced.num_hidden_layers = _replicate.EXPORTED
-        with building(ex.source), torch.device("meta"):
-            return cls.from_config(traced, dtype=torch_dtype, **kwargs)
-    if ex.weights == "random":
-        torch.manual_seed(0)
-        with building(ex.source):
-            return cls.from_config(ex.cfg, dtype=torch_dtype, **kwargs)
-    from transformers.utils import logging as hf_logging  # deferred with torch
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with building(ex.source):
-            return cls.from_pretrained(str(ex.folder), dtype=torch_dtype, **kwargs)
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
-
-
 def _export_model(ex: _Export) -> tuple:
     """(the exported onnx-ir model, its parameter count, how many times a layer was copied or None)."""
     _export.torch_num_threads()
-    model = _torch_model(ex)
+    model = _torch_side().torch_model(ex)
     model.eval()
     if ex.moe and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(EXPERTS_IMPL)
@@ -335,8 +262,6 @@ def _provenance(ex: _Export, elapsed: float, copies) -> dict:
 def _materialised(ex: _Export, cache_dir: Path, progress: bool, *, entry: Path, key: str) -> Netlist:
     """The weightless export (cached) with seeded random weights and the exporter's optimizer applied
     (softsyn.frontends.materialize): a runnable real-size model without building it in torch."""
-    from softsyn.frontends.materialize import materialize
-
     name, dtype = ex.name, ex.dtype
     base = load_transformers_design(ex.cfg, name, ex.source, cache_dir, progress, folder=ex.folder, weights="meta",
                                     dtype=dtype)
@@ -355,63 +280,25 @@ def _materialised(ex: _Export, cache_dir: Path, progress: bool, *, entry: Path, 
     return nl
 
 
+def _torch_side():
+    """softsyn.frontends.hf_torch, imported on first use."""
+    # deferred: torch and transformers take seconds to import; only reading a Hugging Face model needs them
+    from softsyn.frontends import hf_torch
+
+    return hf_torch
+
+
+def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
+    """Parameters of the model ``cfg`` describes, counted on the meta device (no weights allocated)."""
+    return _torch_side().count_meta_params(cfg, decoder, source)
+
+
 def read_config(path: Path):
-    """AutoConfig from a folder or a config.json path, with a clear error."""
-    from transformers import AutoConfig
-
-    folder = path if path.is_dir() else path.parent
-    cfg_file = folder / "config.json" if path.is_dir() else path
-    import transformers
-    from transformers import CONFIG_MAPPING
-
-    text = read_text(cfg_file, "transformers config.json")  # a regular file of bounded size (a FIFO would hang)
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise SoftsynError(f"{path}: cannot read {cfg_file.name}: {e}") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise SoftsynError(f"{cfg_file}: not a transformers config (no model_type)")
-    model_type = data["model_type"]
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise SoftsynError(f"{cfg_file}: model_type {model_type!r} is not an architecture transformers "
-                           f"{transformers.__version__} knows{hint}")
-    try:
-        if path.is_dir() or path.name == "config.json":
-            return AutoConfig.from_pretrained(str(folder)), folder
-        return AutoConfig.for_model(**data), folder
-    except Exception as e:  # noqa: BLE001 -- transformers validates configs with many exception types
-        raise SoftsynError(f"{cfg_file}: transformers cannot build config: {brief(e)}") from None
+    """AutoConfig from a folder or a config.json path, with a clear error: (config, folder)."""
+    return _torch_side().read_config(path)
 
 
 def write_seeded_folder(cfg, meta_model, folder: Path, dtype: str = "float16", seed: int = 0) -> int:
-    """Save a Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model` (the
-    model's weightless export): the same values, parameter by parameter (softsyn.frontends.materialize.
-    seeded_weights), so a peer built from the folder computes the same function as softsyn's materialised
-    netlist. Tied parameters (lm_head = embed_tokens) take the value of the name the export kept.
-    Returns the number of parameters written."""
-    import copy
-
-    import torch
-
-    from softsyn.frontends.materialize import seeded_weights
-
-    cfg = copy.deepcopy(cfg)
-    values = seeded_weights(meta_model, cfg, seed)
-    net = _auto_class(is_decoder(cfg)).from_config(cfg, dtype=getattr(torch, dtype))
-    names_by_storage: dict[int, list[str]] = {}
-    for name, p in net.named_parameters(remove_duplicate=False):
-        names_by_storage.setdefault(p.data_ptr(), []).append(name)
-    written = 0
-    with torch.no_grad():
-        for names in names_by_storage.values():
-            known = [n for n in names if n in values]
-            if not known:
-                raise SoftsynError(f"{folder}: parameter {names[0]} has no initializer in the export "
-                                   f"({len(values)} weights there); cannot write the same weights")
-            param = net.get_parameter(names[0])
-            param.copy_(torch.from_numpy(values[known[-1]]).to(param.dtype))
-            written += 1
-    net.save_pretrained(str(folder))
-    return written
+    """A Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model` (see
+    softsyn.frontends.hf_torch.write_seeded_folder); the number of parameters written."""
+    return _torch_side().write_seeded_folder(cfg, meta_model, folder, decoder=is_decoder(cfg), dtype=dtype, seed=seed)

@@ -26,7 +26,8 @@ import onnx_ir as ir
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache, export as _export
 from softsyn.netlist import HIERARCHY_KEY, Netlist
-from softsyn.frontends.hf import MATERIALISE_LIMIT, building, brief, config_summary
+from softsyn.frontends.hf import MATERIALISE_LIMIT, config_summary
+from softsyn.frontends.hf_common import brief
 
 BLOCKS = ("vision", "embedding", "decoder")
 BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
@@ -149,20 +150,21 @@ def _name_image_dims(graph) -> None:
                 d.dim_param = pattern.sub("images", d.dim_param)
 
 
+def _torch_side():
+    """softsyn.frontends.vlm_export (the torch side of a vision-language read), imported on first use."""
+    # deferred: torch and transformers take seconds to import; only reading a Hugging Face model needs them
+    from softsyn.frontends import vlm_export
+
+    return vlm_export
+
+
 def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str | None = None,
                     dtype: str | None = None, image_size: tuple[int, int] | None = None):
     """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
     `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
     frontends' materialise limit (a real-size config is planned, not run)."""
-    # deferred: torch is seconds to import; only an export needs it
-    import torch
-
     if weights is None:
-        # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
-        from transformers import Qwen3VLForConditionalGeneration
-
-        with building(source), torch.device("meta"):
-            count = sum(p.numel() for p in Qwen3VLForConditionalGeneration(cfg).parameters())
+        count = _torch_side().parameter_count(cfg, source)
         weights = "meta" if count * 4 > MATERIALISE_LIMIT else "random"
     dtype = dtype or ("float16" if weights == "meta" else "float32")
 
@@ -181,18 +183,10 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     if progress:
         print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
     _export.torch_num_threads()
-    # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
-    from transformers import Qwen3VLForConditionalGeneration
-
-    torch.manual_seed(0)
-    with building(source), (torch.device("meta") if weights == "meta" else torch.device("cpu")):
-        model = Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
+    model = _torch_side().build_model(cfg, source, weights=weights, dtype=dtype)
     parameters = sum(p.numel() for p in model.parameters())
     try:
-        # deferred: the torch side of a vision-language export (imports torch and transformers)
-        from softsyn.frontends.vlm_export import export_blocks
-
-        blocks = export_blocks(model, name, grid)
+        blocks = _torch_side().export_blocks(model, name, grid)
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
         raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
     joined, info = join_blocks(blocks, name)

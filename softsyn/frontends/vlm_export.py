@@ -7,10 +7,25 @@ import onnx_ir as ir
 import torch
 import torch.nn.functional as F
 from torch.export import Dim
+from transformers import Qwen3VLForConditionalGeneration
 from transformers.cache_utils import DynamicCache
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
 from softsyn.frontends import export as _export
+from softsyn.frontends.hf_common import building
+
+
+def parameter_count(cfg, source: str) -> int:
+    """Parameters of the Qwen3-VL model `cfg` describes, counted on the meta device (nothing allocated)."""
+    with building(source), torch.device("meta"):
+        return sum(p.numel() for p in Qwen3VLForConditionalGeneration(cfg).parameters())
+
+
+def build_model(cfg, source: str, *, weights: str, dtype: str):
+    """The Qwen3-VL model to export: seeded random weights (seed 0), or on the meta device for a weightless plan."""
+    torch.manual_seed(0)
+    with building(source), (torch.device("meta") if weights == "meta" else torch.device("cpu")):
+        return Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
 
 
 def _vision_module(visual, grid):

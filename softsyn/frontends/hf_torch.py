@@ -1,0 +1,121 @@
+"""The torch and transformers side of reading a Hugging Face model: its config read and checked, the model built
+(on the meta device, seeded random or from its folder's weights), its parameters counted, a seeded folder written.
+
+softsyn.frontends.hf imports this module only when it reads a model (torch and transformers take seconds to import),
+so the command line starts without them.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
+
+from softsyn.constraints.reader import read_text
+from softsyn.errors import SoftsynError
+from softsyn.frontends import replicate as _replicate
+from softsyn.frontends.hf_common import EXPERTS_IMPL, brief, building
+from softsyn.frontends.materialize import seeded_weights
+
+
+def causal_lm_type(model_type: str) -> bool:
+    """Whether transformers builds `model_type` as a causal LM."""
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def auto_class(decoder: bool):
+    return AutoModelForCausalLM if decoder else AutoModel
+
+
+def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
+    """Parameters of the model ``cfg`` describes, counted on the meta device (no weights allocated)."""
+    with building(source), torch.device("meta"):
+        m = auto_class(decoder).from_config(cfg)
+    n = sum(p.numel() for p in m.parameters())
+    del m
+    return int(n)
+
+
+def torch_model(ex):
+    """The torch model to export: on the meta device (weightless; the traced layers only when replicating),
+    seeded random, or from the folder's pretrained weights. `ex`: softsyn.frontends.hf's export plan (its cfg,
+    source, folder, weights, dtype, decoder, moe, replicate)."""
+    torch_dtype = getattr(torch, ex.dtype)
+    cls = auto_class(ex.decoder)
+    kwargs = {"experts_implementation": EXPERTS_IMPL} if ex.moe else {}
+    if ex.weights == "meta":
+        traced = ex.cfg
+        if ex.replicate:
+            traced = copy.deepcopy(ex.cfg)
+            traced.num_hidden_layers = _replicate.EXPORTED
+        with building(ex.source), torch.device("meta"):
+            return cls.from_config(traced, dtype=torch_dtype, **kwargs)
+    if ex.weights == "random":
+        torch.manual_seed(0)
+        with building(ex.source):
+            return cls.from_config(ex.cfg, dtype=torch_dtype, **kwargs)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with building(ex.source):
+            return cls.from_pretrained(str(ex.folder), dtype=torch_dtype, **kwargs)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def read_config(path: Path):
+    """AutoConfig from a folder or a config.json path, with a clear error."""
+    folder = path if path.is_dir() else path.parent
+    cfg_file = folder / "config.json" if path.is_dir() else path
+    text = read_text(cfg_file, "transformers config.json")  # a regular file of bounded size (a FIFO would hang)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise SoftsynError(f"{path}: cannot read {cfg_file.name}: {e}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise SoftsynError(f"{cfg_file}: not a transformers config (no model_type)")
+    model_type = data["model_type"]
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise SoftsynError(f"{cfg_file}: model_type {model_type!r} is not an architecture transformers "
+                           f"{transformers.__version__} knows{hint}")
+    try:
+        if path.is_dir() or path.name == "config.json":
+            return AutoConfig.from_pretrained(str(folder)), folder
+        return AutoConfig.for_model(**data), folder
+    except Exception as e:  # noqa: BLE001 -- transformers validates configs with many exception types
+        raise SoftsynError(f"{cfg_file}: transformers cannot build config: {brief(e)}") from None
+
+
+def write_seeded_folder(cfg, meta_model, folder: Path, *, decoder: bool, dtype: str = "float16", seed: int = 0) -> int:
+    """Save a Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model` (the
+    model's weightless export): the same values, parameter by parameter (softsyn.frontends.materialize.
+    seeded_weights), so a peer built from the folder computes the same function as softsyn's materialised
+    netlist. Tied parameters (lm_head = embed_tokens) take the value of the name the export kept.
+    Returns the number of parameters written."""
+    cfg = copy.deepcopy(cfg)
+    values = seeded_weights(meta_model, cfg, seed)
+    net = auto_class(decoder).from_config(cfg, dtype=getattr(torch, dtype))
+    names_by_storage: dict[int, list[str]] = {}
+    for name, p in net.named_parameters(remove_duplicate=False):
+        names_by_storage.setdefault(p.data_ptr(), []).append(name)
+    written = 0
+    with torch.no_grad():
+        for names in names_by_storage.values():
+            known = [n for n in names if n in values]
+            if not known:
+                raise SoftsynError(f"{folder}: parameter {names[0]} has no initializer in the export "
+                                   f"({len(values)} weights there); cannot write the same weights")
+            param = net.get_parameter(names[0])
+            param.copy_(torch.from_numpy(values[known[-1]]).to(param.dtype))
+            written += 1
+    net.save_pretrained(str(folder))
+    return written
