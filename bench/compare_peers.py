@@ -98,7 +98,8 @@ PLANS = {
             "scenarios": {"decode128": {"batch": 1, "seq": 1, "past": 128},
                           "decode512": {"batch": 1, "seq": 1, "past": 512},
                           "prefill128": {"batch": 1, "seq": 128, "past": 0}}},
-    "cuda": {"model": "qwen3-1.7b", "target": "h200-ort-cuda", "variants": VARIANTS,
+    "cuda": {"model": "qwen3-1.7b", "target": "h200-ort-cuda",
+             "variants": tuple(v for v in VARIANTS if not v.startswith("low")),  # low: beside a --compiled-dir only
              "builder": ("fp16", "cuda"), "rounds": 20, "runs": 10, "warmup": 10,
              "scenarios": {"decode512": {"batch": 1, "seq": 1, "past": 512},
                            "decode4096": {"batch": 1, "seq": 1, "past": 4096},
