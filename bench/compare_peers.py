@@ -508,6 +508,7 @@ def main() -> int:
                         help="build the variants and stop: no sessions, no timing, no results file")
     parser.add_argument("--kv-buffer", type=int, default=4160,
                         help="builder's shared past/present buffer length, positions (default 4160: decode at 4096 fits)")
+    parser.add_argument("--scenarios", help="comma-separated subset of the provider's scenarios (default: all)")
     parser.add_argument("--kernels", default="decode512,decode4096",
                         help="cuda: scenarios whose kernels CUPTI records per variant (torch.profiler), "
                              "printed as a per-kernel table; '' = none (default decode512,decode4096)")
@@ -539,6 +540,11 @@ def main() -> int:
     rounds, runs, warmup = (args.rounds or plan["rounds"], args.runs or plan["runs"], args.warmup or plan["warmup"])
     provider = args.measure_on or args.provider
     scenarios = plan["scenarios"]
+    if args.scenarios:  # a subset, e.g. the ones a sliding-window cache of --kv-buffer positions can hold
+        unknown = [n for n in args.scenarios.split(",") if n not in scenarios]
+        if unknown:
+            parser.error(f"unknown scenario {', '.join(unknown)}; valid: {', '.join(scenarios)}")
+        scenarios = {n: scenarios[n] for n in args.scenarios.split(",")}
     work = args.work or Path(tempfile.gettempdir()) / f"softsyn-peers-{args.provider}-{model}"
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
