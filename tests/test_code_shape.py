@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import fnmatch
 import functools
 from pathlib import Path
 
@@ -14,11 +13,6 @@ MAX_POSITIONAL = 6
 # Wide calls left in files other engineers were rewriting at the same time (issue 24): the sliding-window / no-KV
 # attention work (passes/fuse/attention.py) and the compile loop's package move (passes/optimize). (path pattern,
 # callee) each; an entry that no longer offends fails its own test, so the list only shrinks.
-PENDING_WIDE_CALLS = {("passes/fuse/attention.py", "Site"), ("passes/fuse/attention.py", "_verify_kv"),
-                      ("passes/fuse/attention.py", "_verify_out"), ("passes/optimize*", "CellMap"),
-                      ("passes/optimize*", "mp.Candidate")}
-
-
 def _sources() -> list[Path]:
     return [p for top in PACKAGES for p in sorted((ROOT / top).rglob("*.py"))]
 
@@ -64,16 +58,6 @@ def test_no_function_over_100_lines():
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
 
 
-def _pending(offender: str) -> tuple[str, str] | None:
-    path, callee = offender.split(":")[0], offender.split(" ")[1]
-    return next((e for e in PENDING_WIDE_CALLS if fnmatch.fnmatchcase(path, e[0]) and callee == e[1]), None)
-
-
 def test_no_call_with_more_than_6_positional_arguments():
-    offenders = [o for p in _sources() for o in wide_calls(p) if _pending(o) is None]
+    offenders = [o for p in _sources() for o in wide_calls(p)]
     assert not offenders, f"calls with more than {MAX_POSITIONAL} positional arguments:\n" + "\n".join(offenders)
-
-
-def test_pending_wide_calls_still_offend():
-    seen = {_pending(o) for p in _sources() for o in wide_calls(p)}
-    assert PENDING_WIDE_CALLS <= seen, f"fixed, drop from PENDING_WIDE_CALLS: {sorted(PENDING_WIDE_CALLS - seen)}"

@@ -389,8 +389,9 @@ def match(ctx, sm: ir.Node) -> Site | str:
             return nkv
         if _kv_heads(vsrc, nq, h, "V") != nkv:
             return f"V source {vsrc.name} (shape {vsrc.shape}) does not have K's {nkv} heads of {h}"
-    bad = _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached=kcat is not None) \
-        or _verify_out(ctx, probe, q, pv.outputs[0], out, nq, h)
+    heads = dict(nq=nq, h=h)
+    bad = _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nkv=nkv, cached=kcat is not None, **heads) \
+        or _verify_out(ctx, probe, q, pv.outputs[0], out, **heads)
     if bad:
         return bad
     mask_input, causal = None, False
@@ -405,11 +406,12 @@ def match(ctx, sm: ir.Node) -> Site | str:
     if isinstance(window, str):
         return window
     scale = exact_scale(scale * sq * sk, h)
+    shared = dict(softmax=sm, q=q, out=out, num_heads=nq, kv_heads=nkv, scale=scale, mask_input=mask_input,
+                  causal=causal, head_size=h, bias=bias, softcap=softcap, window=window)
     if kcat is not None:
-        return Site(sm, q, kcat.inputs[1], vcat.inputs[1], kcat.inputs[0], vcat.inputs[0], kcat.outputs[0],
-                    vcat.outputs[0], out, nq, nkv, scale, mask_input, causal, h, bias, softcap=softcap, window=window)
-    return Site(sm, q, ksrc, vsrc, None, None, None, None, out, nq, nkv, scale, mask_input, causal, h, bias,
-                softcap=softcap, window=window)
+        return Site(k_new=kcat.inputs[1], v_new=vcat.inputs[1], past_k=kcat.inputs[0], past_v=vcat.inputs[0],
+                    present_k=kcat.outputs[0], present_v=vcat.outputs[0], **shared)
+    return Site(k_new=ksrc, v_new=vsrc, past_k=None, past_v=None, present_k=None, present_v=None, **shared)
 
 
 def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:

@@ -136,7 +136,7 @@ def prune(design, cands) -> tuple[list, list[str], dict]:
         for p in c.options[1:]:
             if p not in faster:
                 dropped[p] = dropped.get(p, 0) + 1
-        kept.append(mp.Candidate(c.name, c.hierarchy, c.k, c.n, c.current, (c.current, *faster), c.params))
+        kept.append(dataclasses.replace(c, options=(c.current, *faster)))
     for p, n in dropped.items():
         notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].current} in any group "
                      f"(library {design.library.name}), not candidates")
@@ -322,9 +322,10 @@ def _prior(cands, why: str) -> tuple[dict, str]:
 
 
 def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> CellMap:
-    return CellMap(cand.name, cand.hierarchy, requested, realised, problem.error[cand.name][requested],
-                   {g: problem.cost[g][cand.name][requested] for g in problem.cost},
-                   {g: problem.cost[g][cand.name][cand.current] for g in problem.cost})
+    return CellMap(name=cand.name, hierarchy=cand.hierarchy, requested=requested, realised=realised,
+                   error=problem.error[cand.name][requested],
+                   cost={g: problem.cost[g][cand.name][requested] for g in problem.cost},
+                   baseline_cost={g: problem.cost[g][cand.name][cand.current] for g in problem.cost})
 
 
 def _weightless(design, cands) -> bool:
