@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -350,3 +352,20 @@ def test_a_mask_that_opens_non_causal_keys_on_padded_rows_is_a_miss_with_its_rea
     (cov,) = fuse(nl, "cpu", kinds=["attention"])
     assert (cov.candidates, cov.fused) == (1, 0)
     assert "opens a non-causal key on padded rows" in cov.misses[0].reason, cov.misses[0].reason
+
+
+def test_verify_names_a_scenario_the_reference_model_cannot_run(plain_dir, tmp_path):
+    """GPT-2's position table ends at n_positions: a prompt past it is what the constraints asked of the user's
+    model, so verify says so in one line and exits 2 (it was an internal error, exit 3)."""
+    model = export_family("gpt2", plain_dir, mask=True)
+    guide = tmp_path / "long.yaml"
+    guide.write_text(GUIDE.replace("prompt_len: 24", "prompt_len: 200"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["compile", str(model), "-c", str(guide), "--effort", "low", "-o", str(out),
+                                       "-q"])
+    assert result.exit_code in (0, 1), result.output + repr(result.exception)
+    proc = subprocess.run([sys.executable, "-m", "softsyn", "verify", str(out), "-q"], capture_output=True,
+                          text=True, timeout=600)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and "the reference model cannot run scenario" in lines[0] and "give that group smaller dims" in lines[0], lines

@@ -160,6 +160,18 @@ def _load(path: Path, what: str) -> Netlist:
     return Netlist.from_model(model)
 
 
+def _reference_run(session, feeds: dict, ref_path, scenario: str, spec: dict) -> list:
+    """The reference's outputs for one scenario. The reference is the user's own model: a scenario it refuses (a
+    sequence past its position table, say) is what the constraints asked of it, bad input rather than a defect."""
+    try:
+        return session.run(None, feeds)
+    except ort_errors() as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise SoftsynError(f"{ref_path}: the reference model cannot run scenario {scenario} (dims {spec['dims']}): "
+                           f"{first}; the constraints ask more of the model than it accepts (e.g. past + seq beyond "
+                           "its positions): give that group smaller dims") from None
+
+
 def _session(path: Path, provider: str, what: str):
     """A session on `path` (the target's provider, the CPU where this machine lacks it), or one line naming why not."""
     try:
@@ -203,6 +215,9 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             max_rel, source = looser, f"{source} against an {held} reference"
     min_top1 = budget.get("min_top1")
 
+    # ORT's own log lines would come before softsyn's one: a GPU provider that cannot load logs an error (then CPU
+    # runs it), a run that fails logs it before it raises
+    ort.set_default_logger_severity(4)
     # One session at a time: the reference's outputs for every scenario first, then the compiled model's (a
     # real-size pair of sessions held together peaked at 22.4 GB on a 24 GB machine).
     with step("verify: the fp32 reference on every scenario", enabled=progress, done="verify: reference run"):
@@ -211,11 +226,11 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
         scenario_feeds = {scenario: {k: layout.held(k, v) for k, v in scenario_inputs(reference, spec["dims"],
                                                                                      seed=seed).items()}
                           for scenario, spec in settings["scenarios"].items()}
-        expected_by_scenario = {scenario: dict(zip(ref_names, ref_session.run(None, feeds)))
+        expected_by_scenario = {scenario: dict(zip(ref_names, _reference_run(ref_session, feeds, ref_path, scenario,
+                                                                            settings["scenarios"][scenario])))
                                 for scenario, feeds in scenario_feeds.items()}
         del ref_session
         gc.collect()
-    ort.set_default_logger_severity(4)  # a GPU provider that cannot load logs an error, then CPU runs it
     with step("verify: the compiled model on every scenario", enabled=progress, done="verify: compiled model run"):
         target = "cpu" if cpu else provider_of((settings.get("providers") or ["CPUExecutionProvider"])[0])
         if settings.get("blocks"):  # a composite: its block files run in order, as onnxruntime-genai runs them
