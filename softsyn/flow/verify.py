@@ -215,9 +215,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
             max_rel, source = looser, f"{source} against an {held} reference"
     min_top1 = budget.get("min_top1")
 
-    # ORT's own log lines would come before softsyn's one: a GPU provider that cannot load logs an error (then CPU
-    # runs it), a run that fails logs it before it raises
-    ort.set_default_logger_severity(4)
+    ort.set_default_logger_severity(4)  # ORT's log lines (a failed run, a GPU fallback) would precede softsyn's one
     # One session at a time: the reference's outputs for every scenario first, then the compiled model's (a
     # real-size pair of sessions held together peaked at 22.4 GB on a 24 GB machine).
     with step("verify: the fp32 reference on every scenario", enabled=progress, done="verify: reference run"):
