@@ -93,29 +93,45 @@ def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]],
                       "int8 prior times the fp8 / int8 weight error ratio)")
 
 
+def _measured(design, cands: list[Candidate], options: dict, mode: str, log, said):
+    """The cached errors {key: {precision: error}} of `mode`'s cache file, every option {(key, precision): the
+    cells quantised to measure it} not cached yet measured end to end and written back; `said(i, total, key,
+    precision, error)` gives the line `log` gets after each (None: no line). Returns (cached, where it ran, the
+    cache file, the options measured now)."""
+    provider = target_provider(design)
+    path = _cache_file(design, cands, provider, mode)
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    todo = [(key, p) for key, p in options if p not in cached.get(key, {})]
+    where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
+    if not todo:
+        return cached, where, path, todo
+    with progress.step(f"optimize: sensitivity, each {mode} quantised and run", total=len(todo),
+                       enabled=getattr(design, "progress", False),
+                       done=f"optimize: sensitivity of {len(todo)} {mode} options") as bar:
+        runner = Runner(design, provider)
+        for i, (key, p) in enumerate(todo, 1):
+            cached.setdefault(key, {})[p] = runner.error(options[key, p])
+            bar.advance()
+            line = said(i, len(todo), key, p, cached[key][p])
+            if log is not None and line:
+                log(line)
+    path = _cache_file(design, cands, runner.provider, mode)
+    _write_cache(path, cached)
+    return cached, runner.where, path, todo
+
+
 def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[str, float]], str]:
     """({cell: {precision: error}}, how they were obtained): each cell quantised alone (cached) or, for a plan, the
     prior."""
     prior = _prior(design, cands)
     if prior is not None:
         return prior
-    provider = target_provider(design)
-    path = _cache_file(design, cands, provider)
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    todo = [(c, p) for c in cands for p in c.options[1:] if p not in cached.get(c.name, {})]
-    where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
-    if todo:
-        with progress.step("optimize: sensitivity, each cell quantised alone and run", total=len(todo),
-                           enabled=getattr(design, "progress", False), done=f"optimize: sensitivity of {len(todo)} cell options") as bar:
-            runner = Runner(design, provider)
-            where = runner.where
-            for i, (c, p) in enumerate(todo, 1):
-                cached.setdefault(c.name, {})[p] = runner.error({c.name: p})
-                bar.advance()
-                if log is not None and (i % 10 == 0 or i == len(todo)):
-                    log(f"optimize: sensitivity {i}/{len(todo)} measured")
-        path = _cache_file(design, cands, runner.provider)
-        _write_cache(path, cached)
+    options = {(c.name, p): {c.name: p} for c in cands for p in c.options[1:]}
+
+    def said(i, total, key, p, error):
+        return f"optimize: sensitivity {i}/{total} measured" if i % 10 == 0 or i == total else None
+
+    cached, where, path, todo = _measured(design, cands, options, "cell", log, said)
     errors = {c.name: {c.current: 0.0, **{p: cached[c.name][p] for p in c.options[1:]}} for c in cands}
     how = (f"measured: each cell quantised alone on {where}, {len(design.groups)} groups' seeded inputs, "
            f"{len(todo)} new, {sum(len(c.options) - 1 for c in cands) - len(todo)} from the cache ({path.name})")
@@ -144,25 +160,13 @@ def measure_per_role(design, cands: list[Candidate], log=None) -> tuple[dict[str
     if prior is not None:
         return prior
     groups = roles(design, cands)
-    provider = target_provider(design)
-    path = _cache_file(design, cands, provider, "role")
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    todo = [(role, p) for role, cells in groups.items() for p in sorted({p for c in cells for p in c.options[1:]})
-            if p not in cached.get(role, {})]
-    where = "ORT CUDA" if provider == "cuda" else "ORT CPU"
-    if todo:
-        with progress.step("optimize: sensitivity per role, each role quantised at once and run", total=len(todo),
-                           enabled=getattr(design, "progress", False), done=f"optimize: sensitivity of {len(todo)} role options") as bar:
-            runner = Runner(design, provider)
-            where = runner.where
-            for i, (role, p) in enumerate(todo, 1):
-                cached.setdefault(role, {})[p] = runner.error({c.name: p for c in groups[role] if p in c.options})
-                bar.advance()
-                if log is not None:
-                    log(f"optimize: sensitivity per role {i}/{len(todo)}: {role} x{len(groups[role])} {p} "
-                        f"{cached[role][p]:.3e}")
-        path = _cache_file(design, cands, runner.provider, "role")
-        _write_cache(path, cached)
+    options = {(role, p): {c.name: p for c in cells if p in c.options}
+               for role, cells in groups.items() for p in sorted({p for c in cells for p in c.options[1:]})}
+
+    def said(i, total, role, p, error):
+        return f"optimize: sensitivity per role {i}/{total}: {role} x{len(groups[role])} {p} {error:.3e}"
+
+    cached, where, path, todo = _measured(design, cands, options, "role", log, said)
     errors = {}
     for role, cells in groups.items():
         for c in cells:
