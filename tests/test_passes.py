@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from softsyn.cli import main
 from softsyn.constraints import Constraints, parse_constraints
 from softsyn.design import Design
-from softsyn.errors import SoftsynError
+from softsyn.errors import SoftsynDefect, SoftsynError
 from softsyn.frontends import read_design
 from softsyn.library import load_library
 from softsyn.runtime.inputs import scenario_inputs
@@ -264,3 +264,12 @@ def test_flatten_keeps_a_weightless_scalar_weight_it_cannot_read():
                     load_library("cpu-ort"), progress=False)
     run_pass(design, "flatten")
     assert [n.op_type for n in design.netlist.model.graph] == ["Mul", "Relu"]
+
+
+def test_a_report_outside_the_protocol_is_a_defect(tiny, monkeypatch):
+    """The loop and emit read reports only through passes.PassReport: a pass returning anything else is softsyn's own
+    defect (exit 3), caught where it is filed."""
+    monkeypatch.setitem(passes.PASSES, "bare", Pass("bare", "a test pass", lambda d: PassResult({}, {"a": "dict"})))
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
+    with pytest.raises(SoftsynDefect, match="pass 'bare' returned a dict report, not a PassReport"):
+        run_pass(design, "bare")
