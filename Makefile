@@ -8,9 +8,10 @@ STAMP  := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-# The genai extra, onnxruntime-genai (tests/test_genai.py): the -cuda build, which declares onnxruntime-gpu (the runtime softsyn
-# already depends on; plain onnxruntime-genai declares the CPU `onnxruntime`, whose files would overwrite
-# onnxruntime-gpu's). Its CUDA provider loads only when a GPU is asked for; on the CPU it runs as the plain build.
+# The genai extra, onnxruntime-genai (tests/emit/test_genai.py): the -cuda build, which declares onnxruntime-gpu (the
+# runtime softsyn already depends on; plain onnxruntime-genai declares the CPU `onnxruntime`, whose files would
+# overwrite onnxruntime-gpu's). Its CUDA provider loads only when a GPU is asked for; on the CPU it runs as the plain
+# build.
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)

@@ -1,11 +1,11 @@
 """Shared fixtures: one export cache per test session, so each zoo model is exported once; the CPU artifact of
 qwen3-tiny, compiled once per session for the tests that run it (softsyn run, onnxruntime-genai)."""
 import os
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests run as on the machine the default library (cpu-ort) describes, whatever CPU runs them: which shipped library a

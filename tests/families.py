@@ -26,7 +26,7 @@ FAMILIES = {  # name -> (transformers config class, kwargs, model class, inputs:
                                   head_dim=16), "LlamaForCausalLM", "tokens"),
     # sliding window 8 (the tests run 13- and 24-token sequences past it), Gemma 2's attention soft cap. (Gemma 3's
     # plain export is not here: without a cache its K is rotated per head, [B, N, S, H], which the no-KV K walk
-    # does not take; with softsyn's cache it fuses: tests/test_sliding_window.py)
+    # does not take; with softsyn's cache it fuses: tests/passes/fuse/test_sliding_window.py)
     "gemma2": ("Gemma2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                     head_dim=16, intermediate_size=128, vocab_size=512, max_position_embeddings=128,
                                     sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=0.05),

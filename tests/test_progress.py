@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from paths import ROOT
 from softsyn import progress
 
 
@@ -48,7 +49,7 @@ def test_the_compile_log_counts_from_the_command_start(cache_dir, tmp_path):
     from softsyn.flow.compile import compile_design
     from softsyn.flow.verify import reference_record
 
-    cons = Path(__file__).resolve().parents[1] / "constraints" / "cpu-tiny.yaml"
+    cons = ROOT / "constraints" / "cpu-tiny.yaml"
     design = Design.load("zoo:qwen3-tiny", cons, cache_dir=cache_dir, progress=False)
     started = time.perf_counter() - 50.0  # as if reading the design had taken 50 s
     compile_design(design, "low", tmp_path / "out", reference_record("zoo:qwen3-tiny", design.netlist),

@@ -11,7 +11,7 @@ the concurrency the per-device KV budget holds and the decode batch sizes to cap
     DIR/runtime/trtllm-serve.sh     that trtllm-serve line
 
 Option names are those of vLLM's EngineArgs / CompilationConfig and TensorRT-LLM's LlmArgs / KvCacheConfig /
-CudaGraphConfig (a test checks each key against a list read from their sources, tests/data/engine_options.json).
+CudaGraphConfig (a test checks each key against a list read from their sources, tests/timing/data/engine_options.json).
 """
 from __future__ import annotations
 
