@@ -1,5 +1,5 @@
-"""DIR/reports/*.rpt, analysis.json, fusion.json, precision.rpt, compile.log, compile_log.json and, last,
-DIR/reports/report.html (the page reads the files before it): the compiled design's reports, rendered by reports."""
+"""DIR/reports/*.rpt, analysis.json, fusion.json, precision.rpt, pareto.rpt/.json, compile.log, compile_log.json
+and, last, DIR/reports/report.html (the page reads the files before it): the compiled design's reports, rendered by reports."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +7,7 @@ from pathlib import Path
 import reports
 from reports.compile_log import compile_log_json, report_compile_log
 from reports.html import write_html
+from reports.pareto import write_pareto
 from reports.advice import design_facts
 from reports.suggest import precision_moves, precision_suggestions
 from softsyn.results.compile_log import CompileLog
@@ -30,6 +31,7 @@ def write_report_files(design, analysis: Analysis, folder: Path, log: CompileLog
     if precision_map is not None:
         (folder / "reports" / "precision.rpt").write_text(
             reports.report_precision(precision_map, design=netlist.name, target=design.library.name))
+        write_pareto(precision_map, folder, netlist.name, design.library.name)  # pareto.rpt, pareto.json
     log.add("emit", analysis, len(netlist.nodes()))  # its elapsed: the model written and loaded, the reports
     (folder / "compile.log").write_text(report_compile_log(log))
     (folder / "compile_log.json").write_text(compile_log_json(log))
