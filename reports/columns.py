@@ -204,7 +204,7 @@ def pareto_columns(groups: list[str]) -> tuple[Column, ...]:
     predicted (tables, est) and the measured latency, its error and how it was obtained, whether it is on the front
     and kept, and its label last (a label of any length leaves the columns in place)."""
     width = lambda g: max(10, len(g) + 5)  # noqa: E731
-    return (Column("origin", "Origin", 7), Column("mix", "Mix", 26, gap=1),
+    return (Column("origin", "Origin", 7), Column("mix", "Mix", 30, gap=1),
             *(Column(f"pred_{g}", f"Pred {g}", width(g), "right", "time", missing="-", gap=1) for g in groups),
             *(Column(f"meas_{g}", f"Meas {g}", width(g), "right", "time", missing="-", gap=1) for g in groups),
             Column("error", "Error", 9, "right", "number", fmt="{:.3e}", missing="-", gap=1),

@@ -8,6 +8,7 @@ of them are on the front (softsyn.results.pareto.front) and what dominates the k
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,8 +29,9 @@ def pareto_set(report, design: str, target: str) -> ParetoSet:
     """The optimize pass's points (passes.optimize.OptimizeReport.pareto) with what they stand on."""
     problem = report.problem
     groups = list(problem.cost) if problem is not None else []
-    return ParetoSet(design, target, axis_group(groups, problem.weight if problem is not None else None), groups,
-                     report.budget, report.sensitivity, list(report.pareto), list(report.pareto_notes))
+    return ParetoSet(design=design, target=target, groups=groups,
+                     axis=axis_group(groups, problem.weight if problem is not None else None), budget=report.budget,
+                     sensitivity=report.sensitivity, points=list(report.pareto), notes=list(report.pareto_notes))
 
 
 def pareto_table(ps: ParetoSet) -> Table:
@@ -154,14 +156,13 @@ def with_peers(ps: ParetoSet, peers: list[ParetoPoint], notes: list[str]) -> Par
     old = [n for n in ps.notes if not n.startswith("peers: ")]
     missing = [p.label for p in peers if ps.axis not in (p.measured or {})]
     extra = [f"peers: no {ps.axis} latency for {', '.join(missing)}: on no front"] if missing else []
-    return ParetoSet(ps.design, ps.target, ps.axis, ps.groups, ps.budget, ps.sensitivity, kept + peers,
-                     old + notes + extra)
+    return dataclasses.replace(ps, points=kept + peers, notes=old + notes + extra)
 
 
 # ------------------------------------------------------------------------------------------ the page's chart
 
 def pareto_chart(ps: ParetoSet) -> Markup:
-    """Error (y) against the axis group's latency (x, ms), both linear from 0: one mark per point with both, by
+    """Error (y, linear from 0) against the axis group's latency (x, ms, linear over the points' span): one mark per point with both, by
     origin (loop: circle, uniform: square, peer: diamond), the front joined in latency order, the kept map ringed."""
     flags = ps.on_front()
     shown = [(p.latency(ps.axis), p.error, p, f) for p, f in zip(ps.points, flags) if on_axes(p, ps.axis)]
@@ -171,12 +172,14 @@ def pareto_chart(ps: ParetoSet) -> Markup:
     if not shown:
         return parts[0] + Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">no point with a latency and an '
                                  'error</text></svg>').format(W / 2, H / 2)
-    x_hi = max(v[0] for v in shown) * 1.08 or 1.0
+    lo, hi = min(v[0] for v in shown), max(v[0] for v in shown)
+    pad = 0.08 * ((hi - lo) or hi or 1.0)  # maps a few percent apart stay apart: the x axis spans the points only
+    x_lo, x_hi = max(0.0, lo - pad), hi + pad
     y_hi = max(v[1] for v in shown) * 1.08 or 1.0
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
-    x = lambda v: PAD_L + pw * v / x_hi  # noqa: E731
+    x = lambda v: PAD_L + pw * (v - x_lo) / (x_hi - x_lo)  # noqa: E731
     y = lambda v: PAD_T + ph * (1 - v / y_hi)  # noqa: E731
-    for t in ticks(0.0, x_hi):
+    for t in ticks(x_lo, x_hi):
         parts.append(Markup('<line x1="{x:.1f}" x2="{x:.1f}" y1="{t}" y2="{b}" class="grid"/><text x="{x:.1f}" y="{ty}" '
                             'class="axis" text-anchor="middle">{v:.3g}</text>').format(x=x(t), t=PAD_T, b=PAD_T + ph,
                                                                                       ty=PAD_T + ph + 14, v=t * 1e3))
@@ -207,8 +210,8 @@ def _mark(cx: float, cy: float, p: ParetoPoint, text: str) -> Markup:
         shape = Markup('<rect x="{:.1f}" y="{:.1f}" width="7" height="7" class="{}">').format(cx - 3.5, cy - 3.5, css)
         end = Markup("</rect>")
     elif p.origin == "peer":
-        shape = Markup('<polygon points="{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}" class="{}">').format(
-            cx, cy - 5, cx + 5, cy, cx, cy + 5, cx - 5, cy, css)
+        corners = " ".join(f"{cx + dx:.1f},{cy + dy:.1f}" for dx, dy in ((0, -5), (5, 0), (0, 5), (-5, 0)))
+        shape = Markup('<polygon points="{}" class="{}">').format(corners, css)
         end = Markup("</polygon>")
     else:
         shape, end = Markup('<circle cx="{:.1f}" cy="{:.1f}" r="3.5" class="{}">').format(cx, cy, css), Markup("</circle>")

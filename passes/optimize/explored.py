@@ -114,7 +114,8 @@ class Explored:
             same = self.entries.get(e.key, e)  # a uniform design the loop also evaluated: the loop's measurements
             checked = e.checked if e.checked is not None else same.checked
             error, how = (checked, "measured") if checked is not None else (e.estimate, "estimated")
-            out.append(ParetoPoint(" = ".join(e.labels) or "kept", e.origin, mix(e.mapping),
-                                   {g: base[g] + d for g, d in e.delta.items() if g in base},
-                                   e.measured or same.measured, error, how, kept=e.key == key and e is same))
+            out.append(ParetoPoint(label=" = ".join(e.labels) or "kept", origin=e.origin, mix=mix(e.mapping),
+                                   predicted={g: base[g] + d for g, d in e.delta.items() if g in base},
+                                   measured=e.measured or same.measured, error=error, error_how=how,
+                                   kept=e.key == key and e is same))
         return out

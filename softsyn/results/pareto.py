@@ -102,8 +102,9 @@ class ParetoSet:
     def from_dict(cls, data: dict) -> "ParetoSet":
         if data.get("schema") != SCHEMA:
             raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA!r}")
-        return cls(data["design"], data["target"], data["axis"], list(data["groups"]), data["budget"],
-                   data["sensitivity"], [ParetoPoint.from_dict(p) for p in data["points"]], list(data["notes"]))
+        return cls(design=data["design"], target=data["target"], axis=data["axis"], groups=list(data["groups"]),
+                   budget=data["budget"], sensitivity=data["sensitivity"],
+                   points=[ParetoPoint.from_dict(p) for p in data["points"]], notes=list(data["notes"]))
 
 
 # ------------------------------------------------------------------------------------------ peers.json (untrusted)
@@ -139,7 +140,8 @@ def _peer(entry, i: int, source: str) -> ParetoPoint:
     error = None if error is None else _number(error, f"{where}.error", source, False)
     mix = entry.get("mix", "")
     mix = "" if mix == "" else _text(mix, f"{where}.mix", source)
-    return ParetoPoint(label, "peer", mix, {}, measured, error, "measured")
+    return ParetoPoint(label=label, origin="peer", mix=mix, predicted={}, measured=measured, error=error,
+                       error_how="measured")
 
 
 def peer_points(data, source: str) -> tuple[list[ParetoPoint], list[str]]:
