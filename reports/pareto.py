@@ -197,9 +197,9 @@ def pareto_chart(ps: ParetoSet) -> Markup:
         parts.append(_mark(x(lat), y(err), p, f"{p.label} ({p.origin}{', on the front' if flag else ''}"
                                                f"{', kept' if p.kept else ''}): {ps.axis} {lat * 1e3:.3g} ms, error "
                                                f"{err:.3e} ({p.error_how})"))
-    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">{} latency (ms)</text><text x="{}" y="{}" '
-                        'class="axis" text-anchor="start">error</text></svg>').format(
-        PAD_L + pw / 2, H - 4, ps.axis, PAD_L + 4, PAD_T + 10))
+    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">{} latency (ms)</text><text x="12" y="{}" '
+                        'class="axis" transform="rotate(-90 12 {})" text-anchor="middle">error</text></svg>').format(
+        PAD_L + pw / 2, H - 4, ps.axis, PAD_T + ph / 2, PAD_T + ph / 2))
     return Markup("").join(parts)
 
 
