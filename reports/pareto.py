@@ -2,8 +2,8 @@
 
 Renders a softsyn.results.pareto.ParetoSet: DIR/reports/pareto.rpt (text), DIR/reports/pareto.json (the points,
 the front and the same table's rows) and the chart of report.html's front section (`pareto_view`). The set comes
-from the optimize pass's report at emit (`write_pareto`), or back from pareto.json (`read_pareto`) when `softsyn
-report pareto DIR --peers FILE` adds peers (`with_peers`). Computes nothing the points do not hold, beyond which
+from the optimize pass's report at emit (`pareto_rpt`, `pareto_file_json`), or back from pareto.json
+(`read_pareto`) when `softsyn report pareto DIR --peers FILE` adds peers (`with_peers`). Computes nothing the points do not hold, beyond which
 of them are on the front (softsyn.results.pareto.front) and what dominates the kept map when it is off it.
 """
 from __future__ import annotations
@@ -128,9 +128,14 @@ def pareto_json(ps: ParetoSet) -> str:
     return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
-def write_pareto(report, folder: Path, design: str, target: str) -> None:
-    """emit's one call: the optimize pass's points as DIR/reports/pareto.rpt and pareto.json."""
-    write_files(pareto_set(report, design, target), folder)
+def pareto_rpt(report, design: str | None = None, target: str | None = None) -> str:
+    """emit's renderer (softsyn.emit.report_files): the optimize pass's report as pareto.rpt's text."""
+    return report_pareto(pareto_set(report, design or "", target or ""))
+
+
+def pareto_file_json(report, design: str | None = None, target: str | None = None) -> str:
+    """emit's renderer: the optimize pass's report as pareto.json's text."""
+    return pareto_json(pareto_set(report, design or "", target or ""))
 
 
 def write_files(ps: ParetoSet, folder: Path) -> list[Path]:
@@ -231,5 +236,5 @@ def pareto_view(data: dict | None) -> dict | None:
             "notes": ps.notes, "count": len(ps.points), "peers": sum(p.origin == "peer" for p in ps.points)}
 
 
-__all__ = ["pareto_set", "pareto_table", "report_pareto", "pareto_json", "write_pareto", "write_files",
+__all__ = ["pareto_set", "pareto_table", "report_pareto", "pareto_json", "pareto_rpt", "pareto_file_json", "write_files",
            "read_pareto", "with_peers", "pareto_chart", "pareto_view", "front_lines"]
