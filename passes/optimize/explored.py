@@ -44,7 +44,7 @@ class Entry:
 class Explored:
     """The loop's points, in the order first evaluated; `stage` prefixes the labels (an attempt, a re-search)."""
     stage: str = ""
-    entries: dict[frozenset, Entry] = field(default_factory=dict)
+    entries: dict[object, Entry] = field(default_factory=dict)  # a map (frozenset) or a uniform design (origin, label)
 
     def add(self, problem: search.Problem, mapping: dict[str, str], label: str | None, origin: str = "loop") -> Entry:
         """The map's point (made on first sight, from `problem`'s tables), with `label` (behind `stage`) added; a
