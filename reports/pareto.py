@@ -3,8 +3,9 @@
 Renders a softsyn.results.pareto.ParetoSet: DIR/reports/pareto.rpt (text), DIR/reports/pareto.json (the points,
 the front and the same table's rows) and the chart of report.html's front section (`pareto_view`). The set comes
 from the optimize pass's report at emit (`pareto_rpt`, `pareto_file_json`), or back from pareto.json
-(`read_pareto`) when `softsyn report pareto DIR --peers FILE` adds peers (`with_peers`). Computes nothing the points do not hold, beyond which
-of them are on the front (softsyn.results.pareto.front) and what dominates the kept map when it is off it.
+(`read_pareto`) when `softsyn report pareto DIR --peers FILE` adds peers (`with_peers`). Computes nothing the
+points do not hold, beyond which of them are on the front (softsyn.results.pareto.front) and what dominates the kept
+map when it is off it.
 """
 from __future__ import annotations
 
@@ -167,8 +168,9 @@ def with_peers(ps: ParetoSet, peers: list[ParetoPoint], notes: list[str]) -> Par
 # ------------------------------------------------------------------------------------------ the page's chart
 
 def pareto_chart(ps: ParetoSet) -> Markup:
-    """Error (y, linear from 0) against the axis group's latency (x, ms, linear over the points' span): one mark per point with both, by
-    origin (loop: circle, uniform: square, peer: diamond), the front joined in latency order, the kept map ringed."""
+    """Error (y, linear from 0) against the axis group's latency (x, ms, linear over the points' span): one mark per
+    point with both, by origin (loop: circle, uniform: square, peer: diamond), the front joined in latency order, the
+    kept map ringed."""
     flags = ps.on_front()
     shown = [(p.latency(ps.axis), p.error, p, f) for p, f in zip(ps.points, flags) if on_axes(p, ps.axis)]
     title = f"error against {ps.axis} latency (ms): the front joined"
