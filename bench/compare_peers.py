@@ -519,6 +519,10 @@ def main() -> int:
     parser.add_argument("--cache-dir", help="softsyn export cache (default $SOFTSYN_CACHE or ~/.cache/softsyn)")
     parser.add_argument("-o", "--output", type=Path,
                         help="results file (default bench/results/compare-peers-PROVIDER-DATE.md); '-' = none")
+    parser.add_argument("--peers-json", type=Path, metavar="FILE",
+                        help="also write the variants as peers.json for `softsyn report pareto DIR --peers FILE`: per "
+                             "variant its median per path group (the first decode and prefill scenario) and its worst "
+                             "logits rel error against the plain export")
     parser.add_argument("--make-hf-folder", type=Path, metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -781,12 +785,40 @@ def main() -> int:
                      + "".join(f"; {n}" for n in v.notes) + (f"; **FAILED**: {v.error}" if v.error else ""))
     text = "\n".join(head + [""] + table + notes + kernel_lines) + "\n"
     print(text)
+    if args.peers_json:
+        data = peers_json(rows, scenarios, f"zoo:{model} on {device}, {started.date()}")
+        args.peers_json.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+        log(f"wrote {args.peers_json} ({len(data['peers'])} peers)")
     if str(args.output) != "-":
         output = args.output or ROOT / "bench" / "results" / f"compare-peers-{args.provider}-{started.date()}.md"
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
         log(f"wrote {output}")
     return 1 if any(v.error for v in found.values()) else 0
+
+
+def peers_json(rows: list[dict], scenarios: dict, where: str) -> dict:
+    """peers.json (softsyn.results.pareto.peer_points reads it): per timed variant its median per path group, a
+    group standing for the first scenario of its kind (seq 1: decode, else prefill), and its worst logits rel error
+    over those scenarios against the plain export (the reference: 0 for plain itself; null where none compared)."""
+    groups: dict[str, str] = {}
+    for name, dims in scenarios.items():
+        groups.setdefault("decode" if dims["seq"] == 1 else "prefill", name)
+    peers = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        by = {r["scenario"]: r for r in rows if r["variant"] == variant and "median" in r}
+        latency = {g: by[s]["median"] for g, s in groups.items() if s in by}
+        if not latency:
+            continue
+        errs = [by[s].get("err", (None, None))[0] for s in groups.values() if s in by]
+        errs = [e for e in errs if e is not None]
+        error = 0.0 if variant == "plain" else (max(errs) if errs else None)
+        peers.append({"label": f"{variant}: {LABELS[variant]}"[:120], "latency": latency, "error": error})
+    shown = ", ".join(f"{g} = {s} (b{scenarios[s]['batch']} s{scenarios[s]['seq']} p{scenarios[s]['past']})"
+                      for g, s in groups.items())
+    return {"schema": "softsyn.peers/1", "peers": peers,
+            "what": f"bench/compare_peers.py, {where}: {shown}; median latency; error: worst logits max rel error "
+                    "against the plain export"}
 
 
 KERNEL_RUNS = 10  # profiled runs per variant and scenario

@@ -198,6 +198,19 @@ RETIME_COLUMNS: tuple[Column, ...] = (
 )
 
 
+
+def pareto_columns(groups: list[str]) -> tuple[Column, ...]:
+    """report_pareto's columns (reports.pareto): where the point comes from, its precision mix, per group the
+    predicted (tables, est) and the measured latency, its error and how it was obtained, whether it is on the front
+    and kept, and its label last (a label of any length leaves the columns in place)."""
+    width = lambda g: max(10, len(g) + 5)  # noqa: E731
+    return (Column("origin", "Origin", 7), Column("mix", "Mix", 30, gap=1),
+            *(Column(f"pred_{g}", f"Pred {g}", width(g), "right", "time", missing="-", gap=1) for g in groups),
+            *(Column(f"meas_{g}", f"Meas {g}", width(g), "right", "time", missing="-", gap=1) for g in groups),
+            Column("error", "Error", 9, "right", "number", fmt="{:.3e}", missing="-", gap=1),
+            Column("how", "How", 4, gap=1), Column("front", "Front", 5, gap=1), Column("kept", "Kept", 4, gap=1),
+            Column("label", "Label", 5, gap=1))
+
 # ------------------------------------------------------------------------------------------ the HTML page's views
 
 # time per op type on a group's critical path (reports.views.op_time); flops / bytes: the cells' work

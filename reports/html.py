@@ -23,6 +23,7 @@ from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scop
                                     write_atomic)
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
+from reports.pareto import pareto_view
 from reports.signoff import cell_table, group_table
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
@@ -33,7 +34,7 @@ from softsyn.timing import Analysis
 HTML_FILE = "reports/report.html"
 FILES = {"analysis": "analysis.json", "fusion": "reports/fusion.json", "compile_log": "compile_log.json",
          "netlist": "netlist.json", "session": "runtime/session.json", "signoff": "signoff/signoff.json",
-         "suggestions": "reports/suggestions.json"}
+         "suggestions": "reports/suggestions.json", "pareto": "reports/pareto.json"}
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
@@ -48,6 +49,7 @@ class Page:
     session: dict | None = None  # runtime/session.json
     signoff: SignoffResult | None = None
     suggestions: tuple | None = None  # reports/suggestions.json's items: the advice the text reports print
+    pareto: dict | None = None  # reports/pareto.json: the compile loop's latency-error points (and peers)
 
 
 def _read(dirs: tuple[Path, ...], key: str) -> dict | None:
@@ -80,7 +82,7 @@ def load_page(*dirs: str | Path) -> Page:
     return Page(analysis, fusion=_read(paths, "fusion"), compile_log=_read(paths, "compile_log"),
                 cells=tuple(netlist["cells"]) if netlist else None, session=_read(paths, "session"),
                 signoff=SignoffResult.from_dict(signoff) if signoff else None,
-                suggestions=tuple(advice["items"]) if advice else None)
+                suggestions=tuple(advice["items"]) if advice else None, pareto=_read(paths, "pareto"))
 
 
 # ------------------------------------------------------------------------------------------ header
@@ -306,8 +308,8 @@ def render_html(page: Page) -> str:
              "timeline": timeline(a, page.signoff) if page.signoff else None, "compare": before_after(page.compile_log)}
     return render("report_html.j2", head=header(page), groups=group_sections(a), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),
-                  suggestions=suggestions(page), op_kinds=OP_KIND_NAMES, precisions=PRECISIONS,
-                  precision_class=precision_class, t=t, table_html=table_html, views=views)
+                  suggestions=suggestions(page), pareto=pareto_view(page.pareto), op_kinds=OP_KIND_NAMES,
+                  precisions=PRECISIONS, precision_class=precision_class, t=t, table_html=table_html, views=views)
 
 
 def write_html(*dirs: str | Path) -> Path:

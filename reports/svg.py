@@ -80,7 +80,7 @@ def stacked_bar(segments: Sequence[Segment], scale: float, label: str, limit: fl
     return body + marker
 
 
-def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+def ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if hi <= lo:
         return [lo]
     step = 10 ** math.floor(math.log10((hi - lo) / n))
@@ -107,7 +107,7 @@ def line_plot(series: dict[str, Sequence[float]], labels: Sequence[str], title: 
     y = lambda v: PAD_T + (H - PAD_T - PAD_B) * (hi - v) / (hi - lo)  # noqa: E731
     parts = [Markup('<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(W, H, title),
              _title(title)]
-    for t in _ticks(lo, hi):
+    for t in ticks(lo, hi):
         parts.append(Markup('<line x1="{l}" x2="{r}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
                             '<text x="{tx}" y="{ty:.1f}" class="axis" text-anchor="end">{v}</text>').format(
             l=PAD_L, r=W - PAD_R, y=y(t), tx=PAD_L - 4, ty=y(t) + 4, v=fmt(t)))
@@ -276,7 +276,7 @@ def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> 
     top = max(max(b[2] for b in bins), 1)
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
     x = lambda v: PAD_L + pw * (v - lo) / (hi - lo)  # noqa: E731
-    for t in _ticks(0, top, 4):
+    for t in ticks(0, top, 4):
         y = PAD_T + ph * (1 - t / top)
         parts.append(Markup('<line x1="{l}" x2="{r}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/><text x="{lx}" y="{ty:.1f}" '
                             'class="axis" text-anchor="end">{v:g}</text>').format(l=PAD_L, r=PAD_L + pw, y=y, lx=PAD_L - 4,
@@ -298,5 +298,5 @@ def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> 
     return Markup("").join(parts)
 
 
-__all__ = ["Segment", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES", "hbars",
+__all__ = ["Segment", "ticks", "lane", "stacked_bar", "line_plot", "scatter", "op_kind", "OP_KIND_NAMES", "hbars",
            "roofline_chart", "histogram"]

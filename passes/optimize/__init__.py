@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from passes import PassReport, PassResult, register, report_of
 from passes.kv_layout import KvLayoutReport
 from passes.optimize import kv_moves
+from passes.optimize.explored import Explored
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
 from passes.optimize import search, sensitivity
 from softsyn.results.compile_log import TraceRow
+from softsyn.results.pareto import ParetoPoint
 from softsyn.results.verify import DEFAULT_REL_ERROR
 from softsyn.runtime.design_runner import CannotRun
 from softsyn.timing.area import area as area_of
@@ -75,6 +77,9 @@ class OptimizeReport(PassReport):
     checked_error: float | None = None  # the end-to-end check's measured error of the kept map
     retime: measured.Retime | None = None  # the measured re-timing's rounds (ultra, the device present)
     kv: list[kv_moves.KvMove] = field(default_factory=list)  # the KV moves after the map (opt.kv.*)
+    explored: Explored = field(default_factory=Explored)  # every map evaluated, as it went (the points' source)
+    pareto: list[ParetoPoint] = field(default_factory=list)  # those maps and the uniform designs, as points
+    pareto_notes: list[str] = field(default_factory=list)  # what the points stand on (reports.pareto prints them)
 
     def log_notes(self) -> list[str]:
         """The lines the compile log prints under its rows (flow.compile reads them; no pass name needed)."""
@@ -98,11 +103,51 @@ class OptimizeReport(PassReport):
 
 
 @dataclass
-class CheckState:
-    """What the end-to-end checks carry from one attempt to the next: the estimate's share of the budget (halved
-    after each rejected map) and the design runner (made at the first check, reused after)."""
+class Proposer:
+    """The effort's map on some tables, checked end to end (`__call__`). What the checks carry from one attempt to
+    the next: the estimate's share of the budget (halved after each rejected map) and the design runner (made at the
+    first check, reused after). Every map searched and checked goes to the report's explored points."""
+    design: object
+    report: "OptimizeReport"
+    budget: float
+    search_mode: str
+    max_steps: int
+    checkable: bool = True
     share: float = ESTIMATE_SHARE
     runner: sensitivity.Runner | None = None
+
+    def __call__(self, tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
+        """The effort's map on `tables`, checked end to end (`attempts` times at most); None when every map fails."""
+        report, budget, explored = self.report, self.budget, self.report.explored
+        stage = explored.stage
+        try:
+            for attempt in range(1, attempts + 1):
+                explored.stage = f"{stage} attempt {attempt}".strip() if attempt > 1 else stage
+                outcome = search_map(dataclasses.replace(tables, budget=budget * self.share), self.search_mode,
+                                     self.max_steps, report)
+                moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
+                if not moved:
+                    return outcome
+                if not self.checkable:
+                    report.notes.append("end-to-end check not run (no weights to run here, or not runnable on ORT "
+                                        "here): softsyn verify DIR checks the artifact where it can run")
+                    return outcome
+                self.runner = self.runner or sensitivity.Runner(self.design)
+                error = self.runner.error(moved)
+                explored.checked(tables, outcome.mapping, error)
+                if error <= budget * CHECK_SHARE:
+                    report.checked_error = error
+                    report.notes.append(f"end-to-end check (attempt {attempt}, {self.runner.where}): error {error:.3e} "
+                                        f"(estimate {outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} "
+                                        f"({CHECK_SHARE:.0%} of the budget {budget:.3e}): kept")
+                    return outcome
+                report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
+                                    f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
+                                    "again with half the estimate's budget")
+                self.share /= 2
+            return None
+        finally:
+            explored.stage = stage
 
 
 def accuracy_budget(design) -> float:
@@ -173,6 +218,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     if not cands:
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0, **kv_step(design, report, budget, 0.0, start_area(design))}, report)
+    allowed = {p for c in cands for p in c.options[1:]}  # before pruning: a uniform design may have no point
     cands, notes, tables = prune(design, cands)
     report.notes += notes
     faster = any(len(c.options) > 1 for c in cands)
@@ -184,34 +230,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     problem = build_problem(design, cands, errors, budget * ESTIMATE_SHARE, tables)
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
-    state = CheckState()
-
-    def propose(tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
-        """The effort's map on `tables`, checked end to end (`attempts` times at most); None when every map fails."""
-        for attempt in range(1, attempts + 1):
-            outcome = search_map(dataclasses.replace(tables, budget=budget * state.share),
-                                 search_mode, max_steps, report)
-            moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
-            if not moved:
-                return outcome
-            if not checkable:
-                report.notes.append("end-to-end check not run (no weights to run here, or not runnable on ORT here): "
-                                    "softsyn verify DIR checks the artifact where it can run")
-                return outcome
-            state.runner = state.runner or sensitivity.Runner(design)
-            error = state.runner.error(moved)
-            if error <= budget * CHECK_SHARE:
-                report.checked_error = error
-                report.notes.append(f"end-to-end check (attempt {attempt}, {state.runner.where}): error {error:.3e} "
-                                    f"(estimate {outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} ({CHECK_SHARE:.0%} "
-                                    f"of the budget {budget:.3e}): kept")
-                return outcome
-            report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
-                                f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
-                                "again with half the estimate's budget")
-            state.share /= 2
-        return None
-
+    report.explored.start(problem)
+    first = problem  # the tables the uniform designs are predicted on: the loop's own, before any correction
+    propose = Proposer(design, report, budget, search_mode, max_steps, checkable=checkable)
     chosen = propose(problem)
     if chosen is None:
         report.notes.append("every map failed the end-to-end check: the design keeps its precision")
@@ -225,6 +246,8 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
         if report.retime is not None and report.retime.kept is None:
             report.checked_error = None
     report.estimate_error = chosen.error
+    report.pareto_notes = report.explored.uniform(first, allowed, design.library.name)
+    report.pareto = report.explored.points(base_latency(design), chosen.mapping, first)
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
     requested = dict(chosen.mapping)
@@ -247,6 +270,12 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     map_error = report.checked_error if report.checked_error is not None else (chosen.error if remapped else 0.0)
     kv = kv_step(design, report, budget, map_error, area0)
     return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}, **kv}, report)
+
+
+def base_latency(design) -> dict[str, float]:
+    """Each group's predicted latency as the design is timed now (the critical path's arrival less its input delay,
+    as measured re-timing predicts it): what the explored points' table changes are added to."""
+    return {t.name: t.critical.arrival - t.critical.input_delay for t in design.time() if t.paths}
 
 
 def start_area(design) -> float:
@@ -296,7 +325,9 @@ def calibrated_search(problem: search.Problem, chosen: search.Outcome, report: O
     report.notes.append(f"calibration: the map still misses a clock and its check measured {measured:.3e} against the "
                         f"estimate {chosen.error:.3e}: every cell's error scaled by x{ratio:.2f}, searched once more")
     first = search.outcome(scaled, chosen.mapping, chosen.steps)
+    report.explored.stage = "calibrated"
     second = propose(scaled)
+    report.explored.stage = ""
     if second is None or second.mapping == chosen.mapping or not second.cost < first.cost:
         why = ("its map failed the end-to-end check" if second is None else
                "it found the same map" if second.mapping == chosen.mapping else "its map costs no less")
@@ -352,12 +383,15 @@ def search_map(problem: search.Problem, mode: str, max_steps: int, report: "Opti
     closes more of a miss (high); that, then recovery within medium's latency (ultra). Trace rows go to `report`."""
     medium = search.greedy(problem, max_steps)
     report.trace.append(_trace(problem, medium.mapping, "opt.greedy"))
+    report.explored.add(problem, medium.mapping, "greedy")
     if mode == "greedy":
         return medium
     ceiling = {g: problem.slack[g] - s for g, s in medium.slack.items()}  # never slower than medium in any group
     exact = search.ilp(problem, ceiling)
+    report.explored.add(problem, exact.mapping, "ilp")
     if exact.cost.violation > 0:  # meeting comes before speed: a map slower somewhere that meets wins
         free = search.ilp(problem)
+        report.explored.add(problem, free.mapping, "ilp (no ceiling)")
         if free.cost.violation < exact.cost.violation:
             report.notes.append("ilp: the exact map that closes more of the miss is slower than medium in some group: kept")
             exact = free
@@ -369,4 +403,5 @@ def search_map(problem: search.Problem, mode: str, max_steps: int, report: "Opti
         return exact
     recovered = search.recover(problem, exact, ceiling, max_steps)
     report.trace.append(_trace(problem, recovered.mapping, "opt.recover"))
+    report.explored.add(problem, recovered.mapping, "recover")
     return recovered

@@ -449,6 +449,8 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
             break
         rnd = judge(index, timing, tables, current.mapping, pairs, (load0, os.getloadavg()[0]))
         result.rounds.append(rnd)
+        report.explored.measured(tables, maps, rnd, [f"measured {index}",
+                                                     *(f"measured {index}: its {p} cells only" for p in rnd.parts)])
         if index == 1:
             report.trace.append(_row(TraceRow, "opt.measured.base", rnd, "base", problem, base))
         report.trace.append(_row(TraceRow, f"opt.measured.{index}", rnd, "map", problem, current.mapping))
@@ -463,7 +465,9 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
             break
         tables, lines = corrected(tables, rnd)
         report.notes += lines
+        report.explored.stage = f"re-search {index}"  # the points the corrected tables give are labelled so
         nxt = propose(tables)
+        report.explored.stage = ""
         if nxt is None or all(p == base[c] for c, p in nxt.mapping.items()):
             result.why = "the re-search on the corrected tables finds no map faster than the baseline"
             break

@@ -2,6 +2,7 @@
 characterize (measure a library)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -13,20 +14,24 @@ from softsyn.errors import SoftsynError
 from passes import EFFORTS, load_all
 from reports import REPORTS, from_json, to_json
 from reports.html import HTML_FILE, write_html
+from reports.pareto import read_pareto, report_pareto, with_peers, write_files
+from softsyn.results.pareto import peer_points
 from reports.suggest import saved_facts
 from softsyn.library.collectives import collective_cells
 from softsyn.characterize.plan import characterize as run_characterize, list_cells, unmatched_cells
 
 
 @main.command()
-@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json", "html"]))
+@click.argument("kind", type=click.Choice(["timing", "qor", "area", "constraint", "json", "html", "pareto"]))
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--group", help="only this path group (timing).")
 @click.option("--max-paths", default=1, show_default=True, type=click.IntRange(1, 10), help="paths per group (timing).")
 @click.option("--fold/--no-fold", default=True, show_default=True,
               help="fold repeated layers (model.layers.* x28) into one row (timing).")
 @click.option("--digits", default=3, show_default=True, type=click.IntRange(0, 9), help="significant digits of times.")
-def report(kind, directory, group, max_paths, fold, digits):
+@click.option("--peers", metavar="FILE", help="pareto: other tools' models on the same axes (peers.json, as "
+                                              "bench/compare_peers.py writes it); replaces earlier peers.")
+def report(kind, directory, group, max_paths, fold, digits, peers):
     """Re-print a report from a saved analysis, without re-timing.
 
     \b
@@ -39,12 +44,20 @@ def report(kind, directory, group, max_paths, fold, digits):
       html        re-render DIRECTORY/reports/report.html (one self-contained page:
                   verdicts, waterfalls, precision map, VRAM, compile log, sign-off,
                   fusion, suggestions) and print its path
+      pareto      the compile loop's latency-error front (reports/pareto.rpt); with
+                  --peers FILE, re-rendered (.rpt, .json, report.html) with those peers
     DIRECTORY is an `analyze -o` or `compile -o` output directory (holding analysis.json).
 
     \b
     Example:
       softsyn report timing out/tiny --group decode --max-paths 3 --no-fold
+      softsyn report pareto out/tiny --peers peers.json
     """
+    if peers is not None and kind != "pareto":
+        raise SoftsynError(f"--peers goes with KIND pareto (not {kind}): softsyn report pareto {directory} --peers FILE")
+    if kind == "pareto":
+        click.echo(pareto_report(directory, peers), nl=False)
+        return
     if kind == "html":
         out = outdir.check(directory, "report")
         with outdir.replace(out, "report", "", progress=False) as staged:
@@ -71,6 +84,24 @@ def report(kind, directory, group, max_paths, fold, digits):
                                      facts=facts))
     else:
         click.echo(REPORTS[kind](analysis, facts=facts))
+
+
+def pareto_report(directory, peers: str | None) -> str:
+    """DIRECTORY's pareto.rpt; with `peers`, the front re-rendered with them (pareto.rpt, pareto.json, report.html)."""
+    out = outdir.check(directory, "report")
+    points = read_pareto(out)
+    if peers is None:
+        return report_pareto(points)
+    try:
+        data = json.loads(Path(peers).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SoftsynError(f"{peers}: not a readable peers file ({' '.join(str(exc).split())[:200]}); "
+                           "bench/compare_peers.py --peers-json FILE writes one") from None
+    points = with_peers(points, *peer_points(data, peers))
+    with outdir.replace(out, "report", "", progress=False) as staged:
+        write_files(points, staged.path)
+        write_html(staged.path, out)
+    return report_pareto(points)
 
 
 @main.command("passes")

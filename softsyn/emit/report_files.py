@@ -1,5 +1,5 @@
-"""DIR/reports/*.rpt, analysis.json, fusion.json, precision.rpt, compile.log, compile_log.json and, last,
-DIR/reports/report.html (the page reads the files before it): the compiled design's reports, rendered by reports."""
+"""DIR/reports/*.rpt, analysis.json, fusion.json, precision.rpt, pareto.rpt/.json, compile.log, compile_log.json
+and, last, DIR/reports/report.html (the page reads the files before it): the compiled design's reports, rendered by reports."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +10,7 @@ from passes.fuse.base import FusionReport
 from passes.optimize import OptimizeReport
 from reports.compile_log import compile_log_json, report_compile_log
 from reports.html import write_html
+from reports.pareto import pareto_file_json, pareto_rpt
 from reports.advice import design_facts
 from reports.suggest import precision_moves, precision_suggestions
 from softsyn.results.compile_log import CompileLog
@@ -18,7 +19,8 @@ from softsyn.timing import Analysis
 # The files a pass report renders to, by its type: (file under reports/, renderer(report, design=, target=)).
 PASS_REPORT_FILES = (
     (FusionReport, (("fusion.rpt", reports.report_fusion), ("fusion.json", reports.fusion_json))),
-    (OptimizeReport, (("precision.rpt", reports.report_precision),)),
+    (OptimizeReport, (("precision.rpt", reports.report_precision), ("pareto.rpt", pareto_rpt),
+                      ("pareto.json", pareto_file_json))),
 )
 
 

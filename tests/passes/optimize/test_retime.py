@@ -270,3 +270,22 @@ def test_a_mixed_map_is_measured_with_a_sub_map_per_precision_and_corrected_per_
             assert options["int8"] == pytest.approx(options["fp32"])  # no change measured: int8 costs fp32's time
             if abs(pred[g]["int4"]) > 1e-6:
                 assert options["int4"] == pytest.approx(problem.cost[g][c]["int4"], rel=1e-6)
+
+
+def test_measured_rounds_are_points_with_their_measured_latencies(cache_dir, tmp_path, monkeypatch):
+    """The loop's front (report.pareto): the measured map with its medians, the baseline with the run's own, the
+    re-search on the corrected tables labelled so; the design keeps its precision, so the baseline is the kept point."""
+    design = low_design(cache_dir, tmp_path)
+    monkeypatch.setattr(rt, "Bench", lambda folder: fake(1.3))
+    report = ultra(design)
+    (rnd,) = report.retime.rounds
+    points = {p.label: p for p in report.pareto}
+    (mapped,) = [p for label, p in points.items() if "measured 1" in label]
+    assert mapped.measured == {g.group: g.measured_map for g in rnd.groups} and not mapped.kept
+    assert mapped.mix == f"1 int4 + {len(report.cells) - 1} fp32" and mapped.error_how == "measured"
+    (start,) = [p for p in report.pareto if p.label.startswith("uniform fp32 (start)")]
+    assert start.kept and start.measured == {g.group: g.measured_base for g in rnd.groups}
+    assert "re-search 1: greedy" in start.label  # the corrected tables' search found the baseline
+    for g in rnd.groups:  # the points' predictions are the round's (the STA plus the tables' change)
+        assert mapped.predicted[g.group] == pytest.approx(g.predicted_map, rel=1e-9)
+        assert start.predicted[g.group] == pytest.approx(g.predicted_base, rel=1e-9)
