@@ -136,8 +136,11 @@ peers4)
     model=${2:-qwen3-1.7b}
     python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
         --compiled-dir "$dir" --builder-precision int4 --variants compiled,compiled+graph,low,low+graph,plain,builder,builder+graph \
-        --work /tmp/peers4 -o "$OUT/compare-peers-cuda-$model-$(basename "$dir")-int4.md" 2>&1 |
-        tee "$OUT/compare-peers4-$model.log" | grep -v "No registered plugin EP" ;;
+        --work /tmp/peers4 -o "$OUT/compare-peers-cuda-$model-$(basename "$dir")-int4.md" \
+        --peers-json "$OUT/peers.json" 2>&1 | tee "$OUT/compare-peers4-$model.log" | grep -v "No registered plugin EP"
+    # the builder's points on the compile's latency-error front, measured in the same run
+    softsyn report pareto "$dir" --peers "$OUT/peers.json" > "$OUT/pareto-$(basename "$dir").rpt" || true
+    cp "$dir/reports/pareto.json" "$OUT/pareto-$(basename "$dir").json" 2>/dev/null || true ;;
 tiny)
     softsyn_install
     rm -rf /tmp/tiny-h200
@@ -166,6 +169,10 @@ loop)
     # at its call's end), so the compile has one call (timeout S, 580) and `signoff NAME` the next
     softsyn_install
     cons=${1:-constraints/chat-h200-int4.yaml}
+    # BUDGET=90%: the constraints' accuracy budget replaced (the file copied to /tmp under the same stem)
+    if [ -n "${BUDGET:-}" ]; then
+        sed "s/max_rel_error: .*/max_rel_error: $BUDGET/" "$cons" > "/tmp/$(basename "$cons")"; cons="/tmp/$(basename "$cons")"
+    fi
     effort=${EFFORT:-ultra}
     name=$(basename "$cons" .yaml)${EFFORT:+-$EFFORT}
     rm -rf /tmp/$name
@@ -176,7 +183,8 @@ loop)
     set -e
     grep -v "No registered plugin EP\|shape massaging" "$OUT/$name-compile.txt" | tail -60
     cp /tmp/$name/reports/precision.rpt "$OUT/$name-precision.rpt" 2>/dev/null || true
-    cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true ;;
+    cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true
+    cp /tmp/$name/reports/pareto.rpt "$OUT/$name-pareto.rpt" 2>/dev/null || true ;;
 signoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back

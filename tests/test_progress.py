@@ -43,7 +43,6 @@ def test_a_counted_step_keeps_its_count(every_step):
 
 def test_the_compile_log_counts_from_the_command_start(cache_dir, tmp_path):
     """Reading the design (an export, seeded weights) is inside the first row's elapsed, emit is the last row."""
-    from pathlib import Path
 
     from softsyn.design import Design
     from softsyn.flow.compile import compile_design

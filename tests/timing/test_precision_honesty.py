@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
-import pytest
 
 import passes
 from passes.optimize import mapping as mp
