@@ -6,6 +6,10 @@ counts of what it changed and, optionally, a report object. `run_pass` logs a he
 counts through `design.log` and files the report under the pass's name in `design.pass_reports`; it
 re-times nothing (the compile loop decides when to re-time).
 
+A pass's report is a `PassReport`: the compile loop and emit read it through that protocol (its search trace and
+notes, the session.json entries it adds, the artifact notes), never by the pass's name; `report_of(design, cls)`
+finds a report by its type (reports render fusion and precision reports by type).
+
 Effort levels are labelled scripts: an `Effort` is an ordered tuple of `Step`s, each a pass name and
 what that step does at this level, read top to bottom. Each level extends the one below it
 (`Effort("medium", ..., LOW.steps + (...))`), so the CLI's help, `softsyn passes` and the compile
@@ -18,15 +22,39 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-from softsyn.errors import SoftsynError
+from softsyn.errors import SoftsynDefect, SoftsynError
 
 PASSES: dict[str, "Pass"] = {}
+
+
+class PassReport:
+    """What a pass's report hands the compile loop and emit; a pass's report class derives from it and overrides
+    what it has. The defaults say nothing."""
+
+    trace: tuple = ()  # the loop's search steps (results.compile_log.TraceRow), for the compile log's rows
+
+    def log_notes(self) -> list[str]:
+        """Lines the compile log prints under its rows, taken when the pass has run (with a trace)."""
+        return []
+
+    def error_over(self) -> float:
+        """The estimated error over the accuracy budget (fraction) of what the pass kept: the log's rule cost."""
+        return 0.0
+
+    def artifact_notes(self) -> list[str]:
+        """Lines emit adds to the compile log about the artifact (what a layout assumes, which cells a rule held)."""
+        return []
+
+    def session_entries(self) -> dict[str, object]:
+        """Keys this report sets in runtime/session.json (plain JSON data); a dict value is merged into the key's dict
+        where session.json has one (kv_cache)."""
+        return {}
 
 
 @dataclass(frozen=True)
 class PassResult:
     counts: dict[str, int]  # what the pass changed, by kind ("folded": 12); empty when it changed nothing
-    report: object | None = None  # what reports read after the compile (fuse: its list of Coverage)
+    report: PassReport | None = None  # what the loop, emit and reports read after the pass
 
 
 @dataclass(frozen=True)
@@ -128,5 +156,18 @@ def run_pass(design, name: str, options: dict | None = None) -> PassResult:
     shown = ", ".join(f"{kind} {n}" for kind, n in result.counts.items()) or "no change"
     design.log(f"pass {name}: {shown}")
     if result.report is not None:
+        if not isinstance(result.report, PassReport):
+            raise SoftsynDefect(f"pass {name!r} returned a {type(result.report).__name__} report, not a PassReport")
         design.pass_reports[name] = result.report
     return result
+
+
+def report_of(design, cls: type):
+    """The design's pass report of type `cls` (the last filed), or None."""
+    return next((r for r in reversed(design.pass_reports.values()) if isinstance(r, cls)), None)
+
+
+def refile(design, report: PassReport) -> None:
+    """Put `report` where the design's report of its type was filed (the loop's KV moves change kv_layout's)."""
+    key = next(k for k, r in reversed(design.pass_reports.items()) if isinstance(r, type(report)))
+    design.pass_reports[key] = report

@@ -39,7 +39,7 @@ from softsyn.constraints import shared_buffer_length
 from softsyn.errors import SoftsynError
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import is_weightless
-from passes import PassResult, register
+from passes import PassReport, PassResult, register
 from passes.fuse.graph import add_initializer, make_node, scalar
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
 from softsyn.runtime.design_runner import DesignRunner
@@ -59,7 +59,7 @@ SCALAR_OPS = {"Mul", "Div"}  # by a constant scalar, like Tanh and Cast each pos
 
 
 @dataclass(frozen=True)
-class KvLayoutReport:
+class KvLayoutReport(PassReport):
     applied: bool
     reason: str  # why not applied, or what was done
     max_length: int | None
@@ -74,6 +74,15 @@ class KvLayoutReport:
         head = (f"kv_layout: {self.layers} layers share one [batch, kv_heads, {self.max_length}, head_dim] past/present "
                 f"buffer ({self.length_key})" if self.applied else f"kv_layout: KV layout unchanged: {self.reason}")
         return [head] + [note for note in (self.kv_note, self.logits_note) if note]
+
+    def artifact_notes(self) -> list[str]:
+        return self.lines()
+
+    def session_entries(self) -> dict[str, object]:
+        """session.json's kv_cache: the shared buffer's length (softsyn run binds it) and whether GQA updates it in
+        place."""
+        return {"kv_cache": {**({"max_length": self.max_length} if self.max_length else {}),
+                             "shared_buffer": self.applied}}
 
 
 def _hierarchy_pinned(node: ir.Node, dont_touch) -> bool:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from passes import report_of
+from passes.fuse.base import FusionReport
 from passes.fuse.cost import KEPT
+from passes.optimize import OptimizeReport
 
 # Precision ranks, widest first: a "lower" precision is one to the right of the current one
 RANKS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
@@ -97,7 +100,7 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
     reports what the fuse pass kept as slower or missed and what the optimize pass pruned; `effort`: the compile's
     effort level (None for analyze); `precision_lines`: the loop's quantified precision move per violated group."""
     base = analysis_facts(analysis)
-    fuse = design.pass_reports.get("fuse") or []
+    fuse = report_of(design, FusionReport) or []
     rotary = base.rotary or any(c.kind == "rotary" and c.candidates for c in fuse)
     fusions = []
     for c in fuse:
@@ -107,7 +110,7 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
             fusions.append(Fusion(c.kind, len(kept), True, kept[0].reason))
         if missed:
             fusions.append(Fusion(c.kind, len(missed), False, missed[0].reason))
-    report = design.pass_reports.get("optimize")
+    report = report_of(design, OptimizeReport)
     pruned = tuple(n for n in getattr(report, "notes", []) if "no faster than" in n or "not in precision.allowed" in n)
     retimed = getattr(report, "retime", None)
     if retimed is not None and retimed.kept is None and retimed.why:  # ultra measured the map no faster on the device

@@ -23,15 +23,7 @@ def precision_table(report) -> Table:
 def retime_table(report) -> Table:
     """One row per measured round and group (an empty table when the map was not measured)."""
     result = getattr(report, "retime", None)
-    rows = []
-    for rnd in (result.rounds if result is not None else ()):
-        for g in rnd.groups:
-            rows.append({"round": rnd.index, "group": g.group, "predicted_base": g.predicted_base,
-                         "measured_base": g.measured_base, "predicted_map": g.predicted_map,
-                         "measured_map": g.measured_map, "ratio": g.ratio,
-                         "spread": f"{g.ratio_p10:.3f}-{g.ratio_p90:.3f}", "slack_map": g.slack_map,
-                         "verdict": "kept" if rnd.kept else "rejected"})
-    return Table(RETIME_COLUMNS, tuple(rows))
+    return Table(RETIME_COLUMNS, tuple(result.rows() if result is not None else ()))
 
 
 def report_precision(report, design: str | None = None, target: str | None = None) -> str:

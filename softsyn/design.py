@@ -71,7 +71,7 @@ class Design:
         # tensor parallelism: --tp (an int or "auto") over parallel.tensor; None with no parallel section
         self.tp_request = tp if tp is not None else constraints.parallel.tensor
         self.tp_from_cli = tp is not None
-        self.pass_reports: dict[str, object] = {}  # pass name -> the report its PassResult carried (fuse: coverage)
+        self.pass_reports: dict[str, object] = {}  # pass name -> its PassResult's report (passes.PassReport)
         self.library_mismatch = ""  # the library describes another machine (set by load; every banner says it)
 
     @classmethod

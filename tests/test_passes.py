@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from softsyn.cli import main
 from softsyn.constraints import Constraints, parse_constraints
 from softsyn.design import Design
-from softsyn.errors import SoftsynError
+from softsyn.errors import SoftsynDefect, SoftsynError
 from softsyn.frontends import read_design
 from softsyn.library import load_library
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 import passes
-from passes import EFFORTS, LOW, Effort, Pass, PassResult, Step, get, load_all, run_pass
+from passes import EFFORTS, LOW, Effort, Pass, PassReport, PassResult, Step, get, load_all, run_pass
 
 SCENARIOS = [{"batch": 1, "seq": 8, "past": 0}, {"batch": 1, "seq": 1, "past": 8}]  # prefill, decode
 
@@ -85,14 +85,15 @@ def test_a_higher_effort_level_extends_the_one_below():
 
 def test_run_pass_logs_counts_and_files_the_report(tiny, monkeypatch, capsys):
     load_all()
-    monkeypatch.setitem(passes.PASSES, "probe", Pass("probe", "a test pass", lambda d: PassResult({"x": 2}, "r")))
+    probe = PassReport()
+    monkeypatch.setitem(passes.PASSES, "probe", Pass("probe", "a test pass", lambda d: PassResult({"x": 2}, probe)))
     monkeypatch.setitem(passes.PASSES, "quiet", Pass("quiet", "changes nothing", lambda d: PassResult({})))
     design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=True)
 
-    assert run_pass(design, "probe") == PassResult({"x": 2}, "r")
+    assert run_pass(design, "probe") == PassResult({"x": 2}, probe)
     run_pass(design, "quiet")
 
-    assert design.pass_reports == {"probe": "r"}
+    assert design.pass_reports == {"probe": probe} and passes.report_of(design, PassReport) is probe
     assert capsys.readouterr().err == ("[softsyn] pass probe: a test pass\n[softsyn] pass probe: x 2\n"
                                        "[softsyn] pass quiet: changes nothing\n[softsyn] pass quiet: no change\n")
 
@@ -263,3 +264,12 @@ def test_flatten_keeps_a_weightless_scalar_weight_it_cannot_read():
                     load_library("cpu-ort"), progress=False)
     run_pass(design, "flatten")
     assert [n.op_type for n in design.netlist.model.graph] == ["Mul", "Relu"]
+
+
+def test_a_report_outside_the_protocol_is_a_defect(tiny, monkeypatch):
+    """The loop and emit read reports only through passes.PassReport: a pass returning anything else is softsyn's own
+    defect (exit 3), caught where it is filed."""
+    monkeypatch.setitem(passes.PASSES, "bare", Pass("bare", "a test pass", lambda d: PassResult({}, {"a": "dict"})))
+    design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
+    with pytest.raises(SoftsynDefect, match="pass 'bare' returned a dict report, not a PassReport"):
+        run_pass(design, "bare")

@@ -14,7 +14,7 @@ import pytest
 
 import passes
 from passes.optimize import mapping as mp
-from passes.precision import record_realised
+from passes.precision import PrecisionReport, record_realised
 from passes.precision.fp16 import HALF
 from reports import report_area
 from reports.html import area_table
@@ -85,7 +85,7 @@ def test_fp16_source_on_an_fp32_target_is_converted_up(cache_dir, tmp_path):
 def test_labels_are_read_from_the_model_not_the_request(cache_dir):
     """A report that says fp32 over a model that holds fp16 is corrected from the model after the pass, with a note."""
     design = Design(_fp16_source(cache_dir), load_constraints(CPU_TINY), load_library("cpu-ort"), progress=False)
-    design.pass_reports["precision"] = {"requested": "fp32", "target": "fp32", "realised": "fp32", "kv": "fp32"}
+    design.pass_reports["precision"] = PrecisionReport(requested="fp32", target="fp32", realised="fp32", kv="fp32")
     note = record_realised(design, "some_pass")
     assert design.pass_reports["precision"]["realised"] == "fp16" and design.pass_reports["precision"]["kv"] == "fp16"
     assert note.startswith("precision: the model's float weights are mostly fp16 (") and \

@@ -11,7 +11,7 @@ from __future__ import annotations
 from passes import PassResult, register
 from softsyn.errors import SoftsynDefect
 from passes.fuse.attention import AttentionRule
-from passes.fuse.base import Coverage, FusionContext, Miss, Rule
+from passes.fuse.base import Coverage, FusionContext, FusionReport, Miss, Rule
 from passes.fuse.cost import KEPT, BoundScenario, CostCheck
 from passes.fuse.gelu import GeluRule
 from passes.fuse.gqa import GroupQueryAttentionRule
@@ -55,7 +55,7 @@ def run(design) -> PassResult:
                + ", ".join(f"{c.kind} {c.fused}/{c.candidates}" for c in coverages if c.candidates)
                + (f"; {kept} kept (the library times the fused cells slower)" if kept else "")
                + (f"; {missed} missed (see the fusion report)" if missed else ""))
-    return PassResult({c.kind: c.fused for c in coverages}, report=coverages)
+    return PassResult({c.kind: c.fused for c in coverages}, report=FusionReport(coverages))
 
 
 def cost_check(design) -> CostCheck:

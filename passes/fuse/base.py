@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from passes import PassReport
 from passes.fuse.graph import MS, cone_inputs, evaluate, site
 from softsyn.runtime.inputs import scenario_inputs
 
@@ -46,6 +47,10 @@ class Coverage:
     @property
     def percent(self) -> float:
         return 100.0 * self.fused / self.candidates if self.candidates else 100.0
+
+
+class FusionReport(list, PassReport):
+    """The fuse pass's report: a Coverage per kind, in rule order (reports.report_fusion renders it)."""
 
 
 class FusionContext:

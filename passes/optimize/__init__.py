@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
-from passes import PassResult, register
+from passes import PassReport, PassResult, register, report_of
+from passes.kv_layout import KvLayoutReport
 from passes.optimize import kv_moves
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
@@ -61,7 +63,7 @@ GPU_SPEED_UNMEASURED = ("the map's speed-up is predicted from the GPU library's 
 
 
 @dataclass
-class OptimizeReport:
+class OptimizeReport(PassReport):
     search: str
     sensitivity: str  # how the errors were obtained (measured / prior)
     budget: float
@@ -81,6 +83,18 @@ class OptimizeReport:
     def error_over(self) -> float:
         """The kept map's estimated error over the accuracy budget (the compile log's design-rule cost)."""
         return self.estimate_error - self.budget
+
+    def session_entries(self) -> dict[str, object]:
+        """session.json's `precision_map` (the per-cell map summed: cells by requested and by realised precision;
+        netlist.json has each cell; ultra's measured rounds, SI) and `kv_moves`."""
+        measured = self.retime
+        summed = None if not self.cells else {
+            "requested": dict(Counter(c.requested for c in self.cells)),
+            "realised": dict(Counter(c.realised for c in self.cells)),
+            "estimated_error": self.estimate_error, "checked_error": self.checked_error,
+            "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
+                                                       "outcome": measured.why, "rows": measured.rows()}}
+        return {"precision_map": summed, "kv_moves": [dataclasses.asdict(m) for m in self.kv]}
 
 
 @dataclass
@@ -249,7 +263,7 @@ def kv_step(design, report: OptimizeReport, budget: float, map_error: float, are
                                      kv_moves.loop_cost(analysis).rules, analysis.area.total - area0,
                                      worst.name if worst is not None and worst.wns < 0 else ""))
 
-    layout = design.pass_reports.get("kv_layout")
+    layout = report_of(design, KvLayoutReport)
     if layout is None or not layout.applied:
         return {}  # no shared KV buffer: neither move has anything to change (and no re-timing is spent)
     analysis = design.analyze(tp_plan=False)

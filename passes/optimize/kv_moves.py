@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from passes import kv_layout
+from passes import kv_layout, refile, report_of
 from softsyn.runtime.decoder import GQA_PAST, GQA_PRESENT
 from softsyn.runtime.design_runner import DesignRunner
 from softsyn.runtime.kv_quant import dequantise, quantise
@@ -67,7 +67,7 @@ def needed_length(design) -> int:
 
 def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
     """opt.kv.length on a design whose area is over budget (None when there is nothing to try); the analysis after."""
-    report = design.pass_reports.get("kv_layout")
+    report = report_of(design, kv_layout.KvLayoutReport)
     slack = analysis.area.slack
     if slack is None or slack >= 0 or report is None or not report.applied:
         return None, analysis
@@ -88,9 +88,9 @@ def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
         design.netlist_changed()
         return KvMove("opt.kv.length", f"max_length {need}", f"max_length {current}", False,
                       "no lower cost in the order rules -> slack -> latency"), design.analyze(tp_plan=False)
-    design.pass_reports["kv_layout"] = dataclasses.replace(
+    refile(design, dataclasses.replace(
         report, max_length=need, length_key=f"the compile loop's opt.kv.length: {report.length_key} asked {current}, "
-                                            f"cut to the longest scenario's past + seq for the area budget")
+                                            f"cut to the longest scenario's past + seq for the area budget"))
     left = after_analysis.area.slack
     why = f"area {analysis.area.total / 1e6:.1f} -> {after_analysis.area.total / 1e6:.1f} MB"
     if left is not None and left < 0:
@@ -103,7 +103,7 @@ def length_move(design, analysis, row) -> tuple[KvMove | None, object]:
 
 def dtype_blocker(design) -> str:
     """Why opt.kv.dtype is not tried on this design ("" when it is)."""
-    report = design.pass_reports.get("kv_layout")
+    report = report_of(design, kv_layout.KvLayoutReport)
     cons = design.constraints
     if report is None or not report.applied:
         return "no shared KV buffer (kv_layout did not apply)"
@@ -164,7 +164,7 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
     """opt.kv.dtype (see the module docstring); `budget`: the error the end-to-end check allows; `map_error`: the
     weight map's error, combined with the cache's in root sum of squares (two measured errors of independent
     roundings)."""
-    report = design.pass_reports.get("kv_layout")
+    report = report_of(design, kv_layout.KvLayoutReport)
     if report is None or not report.applied or report.kv_dtype != "fp16":
         return None, analysis  # no shared fp16 KV cache (a CPU target's is fp32): nothing to move
     why = dtype_blocker(design)
@@ -189,9 +189,9 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
         reason = "over the accuracy budget" if total > budget else "no lower cost in the order rules -> slack -> latency"
         return KvMove("opt.kv.dtype", "int8", "fp16", False, f"rejected ({reason}): {detail}", error), \
             design.analyze(tp_plan=False)
-    design.pass_reports["kv_layout"] = dataclasses.replace(
+    refile(design, dataclasses.replace(
         report, kv_dtype="int8", kv_note=f"KV cache int8 (GroupQueryAttention's quantised cache): the compile loop's "
-                                         f"opt.kv.dtype, {error:.3e} measured end to end")
+                                         f"opt.kv.dtype, {error:.3e} measured end to end"))
     return KvMove("opt.kv.dtype", "int8", "int8", True, f"kept: {detail}", error), after_analysis
 
 

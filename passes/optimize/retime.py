@@ -144,6 +144,13 @@ class Retime:
     kept: int | None = None  # the round whose map the design keeps; None: the design keeps its precision
     why: str = ""  # how the loop ended, in a sentence
 
+    def rows(self) -> list[dict]:
+        """One row per measured round and group, SI: the table precision.rpt prints and session.json holds."""
+        return [{"round": rnd.index, "group": g.group, "predicted_base": g.predicted_base,
+                 "measured_base": g.measured_base, "predicted_map": g.predicted_map, "measured_map": g.measured_map,
+                 "ratio": g.ratio, "spread": f"{g.ratio_p10:.3f}-{g.ratio_p90:.3f}", "slack_map": g.slack_map,
+                 "verdict": "kept" if rnd.kept else "rejected"} for rnd in self.rounds for g in rnd.groups]
+
 
 Measure = Callable[..., dict]  # (design, [mapped netlist, ...], provider) -> {group: (base, map, ...) Measurements}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from softsyn.errors import SoftsynError
 from softsyn.timing.realised import realised_precision
-from passes import PassResult, register
+from passes import PassReport, PassResult, register, report_of
 from passes.precision.fp16 import holds_half, to_fp16, to_fp32
 from passes.precision.router import RULE, router_cells, summary
 
@@ -39,10 +39,21 @@ def default_precision(design) -> tuple[str, str]:
                        + (f" (or {chosen} with {instead} in precision.allowed)" if instead else ""))
 
 
+class PrecisionReport(dict, PassReport):
+    """The uniform map as session.json's `precision_request` holds it: requested, realised (read from the model),
+    target, kv and the named rules that held cells (a dict, so it lands in the JSON as it is)."""
+
+    def artifact_notes(self) -> list[str]:
+        return [f"precision rule {name}: {rule['held']}" for name, rule in (self.get("rules") or {}).items()]
+
+    def session_entries(self) -> dict[str, object]:
+        return {"precision_request": dict(self)}
+
+
 @register("precision", "uniform default precision: fp16 on GPU targets (fp32 islands for norms, rotary), fp32 on CPU")
 def run(design) -> PassResult:
     requested, realised = default_precision(design)
-    report = {"requested": requested, "realised": realised}
+    report = PrecisionReport(requested=requested, realised=realised)
     if requested != realised:
         design.log(f"precision: requested {requested}, realised {realised} (the low-effort map is uniform "
                    f"{'/'.join(UNIFORM)}; {realised} is in precision.allowed)")
@@ -68,7 +79,7 @@ def record_realised(design, after: str) -> str | None:
     are the model's (softsyn.timing.realised), whatever a pass asked for. Returns a line for the compile log where
     the model's float weights are not in the uniform target's precision (a dont_touch pin holding most of them);
     the line names no pass first, so the log keeps one per state, not one per pass."""
-    report = design.pass_reports.get("precision")
+    report = report_of(design, PrecisionReport)
     if report is None or "target" not in report:
         return None
     held = realised_precision(design.netlist)

@@ -10,6 +10,9 @@ The writers, in the order `emit` runs them, one line each:
     report_files.write_report_files  DIR/reports/*, compile.log, compile_log.json, then reports/report.html
     softsyn.outdir                DIR/softsyn-manifest.json: what softsyn wrote (on leaving outdir.replace)
 
+Passes hand emit what they add through their reports' protocol (passes.PassReport: artifact notes, session.json
+entries; reports render fusion and precision reports by type), never by a pass's name.
+
 A failed emit leaves DIR as it was; the artifact is byte-identical for the same inputs wherever the export cache is
 (no run facts or absolute paths in it: softsyn.frontends.cache.design_provenance).
 """
@@ -45,22 +48,11 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, refer
                                enabled=design.progress, done="emit: model written and loaded"):
                 for written in write_models(design, tmp, session["providers"]):
                     staged.seal(written, "compile")
-        write_json(tmp / "netlist.json", netlist_json(design, analysis))
+        write_json(tmp / "netlist.json", netlist_json(design, analysis, (session["precision_request"] or {}).get("requested")))
         write_json(tmp / SESSION_FILE, session)
-        log.notes += pass_notes(design)
+        log.notes += [line for report in design.pass_reports.values() for line in report.artifact_notes()]
         log.notes += write_genai(tmp, netlist, session, source)
         write_engines(design, analysis, tmp, source, log.notes)
         write_report_files(design, analysis, tmp, log)
     return staged.out
 
-
-def pass_notes(design) -> list[str]:
-    """What the layout passes say about the artifact, for the compile log: kv_layout's lines, then the precision rules
-    that held cells."""
-    notes = []
-    kv_layout = design.pass_reports.get("kv_layout")
-    if kv_layout is not None:
-        notes += kv_layout.lines()
-    for name, rule in ((design.pass_reports.get("precision") or {}).get("rules") or {}).items():
-        notes.append(f"precision rule {name}: {rule['held']}")
-    return notes

@@ -7,11 +7,11 @@ from softsyn.netlist.keys import REQUESTED_KEY
 from softsyn.timing import Analysis, cell_timings, precision_of
 
 
-def netlist_json(design, analysis: Analysis) -> dict:
+def netlist_json(design, analysis: Analysis, uniform: str | None = None) -> dict:
+    """`uniform`: the precision the uniform map was asked for (a cell's requested precision where it has none)."""
     netlist = design.netlist
     per_group = {g.name: cell_timings(netlist, design.library, netlist.bind(g.scenario.dims)) for g in design.groups}
     cells = []
-    uniform = (design.pass_reports.get("precision") or {}).get("requested")  # what the uniform map was asked for
     for i, node in enumerate(netlist.nodes()):
         timed = {name: timings[i] for name, timings in per_group.items()}
         first = next(iter(timed.values()), None)

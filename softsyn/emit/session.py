@@ -2,14 +2,12 @@
 scenario, KV buffers) and what `softsyn verify` needs (the reference, the accuracy budget, the compiled precision)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
 
 import onnx_ir as ir
 
-from reports import retime_table
 from softsyn.emit.model import MODEL_FILE
 from softsyn.netlist.keys import FP8_MATMUL
 from softsyn.runtime.session import ARTIFACT_OPTIONS
@@ -31,16 +29,19 @@ def _ports(values, shapes_by_group: dict) -> dict:
             for v in values}
 
 
-def _precision_map(report) -> dict | None:
-    """The compile loop's per-cell map summed: cells by requested and by realised precision (netlist.json has each)."""
-    if report is None or not getattr(report, "cells", None):
-        return None
-    measured = getattr(report, "retime", None)  # ultra's measured re-timing: the rows precision.rpt prints, SI
-    return {"requested": dict(Counter(c.requested for c in report.cells)),
-            "realised": dict(Counter(c.realised for c in report.cells)),
-            "estimated_error": report.estimate_error, "checked_error": report.checked_error,
-            "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
-                                                       "outcome": measured.why, **retime_table(report).to_dict()}}
+MERGED = ("kv_cache",)  # session.json's own sections a pass refines; null where the model has none (no KV ports)
+
+
+def with_pass_entries(session: dict, reports) -> dict:
+    """`session` with each pass report's entries (passes.PassReport.session_entries), in pass order: a MERGED
+    section's entry is merged into it where the session has it; any other entry sets its key."""
+    for report in reports:
+        for key, value in report.session_entries().items():
+            if key not in MERGED:
+                session[key] = value
+            elif session.get(key) is not None:
+                session[key] = {**session[key], **value}
+    return session
 
 
 def compiled_precision(netlist) -> str:
@@ -56,9 +57,8 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
     graph = netlist.model.graph
     providers = ([library.provider, "CPUExecutionProvider"] if library.is_gpu else ["CPUExecutionProvider"])
     kv_ports = [v.name for v in list(graph.inputs) + list(graph.outputs) if "past" in v.name or "present" in v.name]
-    kv_layout = design.pass_reports.get("kv_layout")  # its max_length is the shared buffer's (softsyn run binds it)
     captured = any(launch.captured for launch in design.launches.values())
-    return {
+    return with_pass_entries({
         "format": 1,
         "model": None if plan else MODEL_FILE,
         "plan": plan,
@@ -74,15 +74,14 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "scenarios": {g.name: {"dims": g.scenario.dims, "clock_period": g.clock_period} for g in design.groups},
         "kv_cache": {"ports": kv_ports, "dtype": next((ir.DataType(v.dtype).name.lower() for v in graph.inputs
                                                        if v.name in kv_ports), None),
-                     "max_length": getattr(kv_layout, "max_length", None) or cons.kv_cache.max_length,
-                     "shared_buffer": bool(getattr(kv_layout, "applied", False))} if kv_ports else None,
+                     "max_length": cons.kv_cache.max_length, "shared_buffer": False} if kv_ports else None,
         "precision": compiled_precision(netlist),
-        "precision_request": design.pass_reports.get("precision"),  # requested vs realised (read from the model)
+        "precision_request": None,  # the uniform map's requested vs realised (read from the model): precision's entry
         "realised_precision": realised_precision(netlist).to_dict(),  # per weight precision and KV port, as held
-        "precision_map": _precision_map(design.pass_reports.get("optimize")),
-        "kv_moves": [dataclasses.asdict(m) for m in getattr(design.pass_reports.get("optimize"), "kv", ())],
+        "precision_map": None,  # the loop's map summed and its measured rounds: optimize's entry
+        "kv_moves": [],  # the loop's KV moves: optimize's entry
         "reference": reference,
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,
         **({"blocks": netlist.blocks()} if netlist.blocks() else {}),  # a composite: one model per block, run in order
-    }
+    }, design.pass_reports.values())

@@ -58,11 +58,11 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
                            done=f"compile: {step.pass_name} done"):
             result = passes.run_pass(design, step.pass_name,
                                      {**dict(step.options), **(options or {}).get(step.pass_name, {})})
-        trace = getattr(result.report, "trace", None)  # a pass with search steps (the loop): its rows and notes
-        if trace:
-            log.add_trace(trace, before, len(design.netlist.nodes()))
-            error_over = result.report.error_over()
-            log.notes += result.report.log_notes()
+        report = result.report  # a pass with search steps (the loop): its rows, rule cost and notes (passes.PassReport)
+        if report is not None and report.trace:
+            log.add_trace(report.trace, before, len(design.netlist.nodes()))
+            error_over = report.error_over()
+            log.notes += report.log_notes()
         held = record_realised(design, step.pass_name)  # labels read from the model after every pass
         if held and held.split(" (read after")[0] not in [n.split(" (read after")[0] for n in log.notes]:
             log.notes.append(held)
