@@ -20,8 +20,9 @@ import onnx_ir as ir
 
 from passes.fuse.attention_sites import attention_softmaxes, position_terms
 from passes.fuse.base import Replacement, Rule, stand_in
-from passes.fuse.graph import (attr, cone_inputs, const, consumers, dim, input_dependent, int64, is_graph_output,
-                               make_node, op, scalar)
+from passes.fuse.chain import Link, follow, reached, trace
+from passes.fuse.graph import (attr, cone_inputs, const, consumers, dim, input_dependent, int64, make_node, op, rank,
+                               scalar)
 from passes.fuse.window import inner_bias_reason, local_window, softcap_step
 
 LAYOUT = {"Reshape", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Identity"}
@@ -110,49 +111,65 @@ def _max_rel(got, exp) -> float:
     return float(np.abs(got - exp).max() / (np.abs(exp).max() + 1e-12)) if exp.size else 0.0
 
 
-def _layout_source(v: ir.Value):
-    """Walk back through layout ops; return (source value, the layout nodes)."""
-    chain = []
-    while True:
-        n = v.producer()
-        if n is None or n.op_type not in LAYOUT:
-            return v, chain
-        chain.append(n)
-        v = n.inputs[0]
+LAYOUT_BACK = Link("a layout op", tuple(sorted(LAYOUT)), times=(0, None))  # back to where a K/V operand's view starts
 
 
-def _output_chain(graph, v: ir.Value):
-    """Forward from probs @ V [B, N, S, H] through single-use layout ops to the value the fused op's [B, S, N*H]
-    output replaces: the first 3-D value, a 2-D [B*S, N*H] one (a flattened matrix for the output projection),
-    or where the chain ends on a value of unknown rank; else a reason. Which layout it computes is checked on a
-    probe (_verify_out)."""
-    chain = []
-    while True:
-        r = len(v.shape) if v.shape is not None else None
-        if r == 3 or (chain and r == 2):
-            return v
-        users = consumers(v)
-        if len(users) != 1 or users[0].op_type not in LAYOUT or len(chain) == 6 or is_graph_output(graph, v):
-            if not any(n.op_type == "Transpose" for n in chain):
-                return (f"attention output is not transposed back to [B, S, N, H] (probs@V "
-                        f"{'-> ' + ' -> '.join(n.op_type for n in chain) + ' ' if chain else ''}feeds "
-                        f"{[u.op_type for u in users]})")
-            if r is None:
-                return v
-            return f"attention output is not reshaped to [B, S, N*H] (after {' -> '.join(n.op_type for n in chain)})"
-        chain.append(users[0])
-        v = users[0].outputs[0]
-
-
-def _cache_concat(v: ir.Value):
-    """Concat(past, new, axis=-2) with past a graph input: the KV cache append."""
-    n = op(v, "Concat")
-    if n is None or len(n.inputs) != 2 or attr(n, "axis") not in (2, -2):
-        return None
+def _appends_to_past(n: ir.Node, v: ir.Value) -> str | None:
+    """Why Concat `n` is not the KV cache append Concat(past, new, axis=-2) with past a graph input, else None."""
+    if len(n.inputs) != 2 or attr(n, "axis") not in (2, -2):
+        return f"{len(n.inputs)} inputs on axis {attr(n, 'axis')}, not (past, new) on axis -2"
     past = n.inputs[0]
     if past.producer() is not None or past.const_value is not None:
+        return f"its past ({past.name}) is not a graph input"
+    return None
+
+
+CACHE_APPEND = Link("the KV-cache Concat(past, new, axis=-2)", ("Concat",), test=_appends_to_past)
+
+
+def _kv_source(operand: ir.Value, name: str) -> tuple[ir.Value, ir.Node | str]:
+    """(where the layout chain back from K/V `operand` starts, the KV-cache Concat that makes it or why none does)."""
+    src = reached(operand, trace(operand, f"{name} operand", LAYOUT_BACK), forward=False)
+    cat = trace(src, f"{name} source", CACHE_APPEND)
+    return src, cat if isinstance(cat, str) else cat[0]
+
+
+def _nan_guard(n: ir.Node, v: ir.Value) -> str | None:
+    """Why Where `n` is not the NaN guard Where(IsNaN(v), fill, v) an exporter puts after the Softmax, else None."""
+    cond = op(n.inputs[0], "IsNaN")
+    if cond is not None and cond.inputs[0] is v and n.inputs[2] is v:
         return None
-    return n
+    return "not Where(IsNaN(probs), fill, probs)"
+
+
+# forward from the Softmax: an optional NaN guard, then probs @ V
+PROBS_TO_V = (Link("a NaN guard Where(IsNaN(probs), fill, probs)", ("Where",), gives="guarded probs", test=_nan_guard,
+                   times=(0, 1), beside=("IsNaN",)),
+              Link("MatMul(probs, V)", ("MatMul",),
+                   test=lambda n, v: None if n.inputs[0] is v else "probs is its second operand, not the first"))
+
+
+def _output_chain(v: ir.Value):
+    """Forward from probs @ V [B, N, S, H] through up to six single-use layout ops to the value the fused op's
+    [B, S, N*H] output replaces: the first 3-D value, a 2-D [B*S, N*H] one (a flattened matrix for the output
+    projection), or where the chain ends on a value of unknown rank; else a reason naming where it ended. Which
+    layout it computes is checked on a probe (_verify_out)."""
+    def unfinished(_: ir.Node, x: ir.Value) -> str | None:
+        return "the output is reached" if rank(x) == 3 or (x is not v and rank(x) == 2) else None
+
+    chain = follow(v, "probs@V", Link("a layout op", tuple(sorted(LAYOUT)), test=unfinished, times=(0, 6)))
+    end = reached(v, chain)
+    r = rank(end)
+    if r == 3 or (chain and r == 2):
+        return end
+    if not any(n.op_type == "Transpose" for n in chain):
+        return (f"attention output is not transposed back to [B, S, N, H] (probs@V "
+                f"{'-> ' + ' -> '.join(n.op_type for n in chain) + ' ' if chain else ''}feeds "
+                f"{[u.op_type for u in consumers(end)]} at {end.name})")
+    if r is None:
+        return end
+    return (f"attention output is not reshaped to [B, S, N*H] (after {' -> '.join(n.op_type for n in chain)}: "
+            f"{end.name} has rank {r})")
 
 
 def bsd_view(v: ir.Value) -> ir.Value | None:
@@ -346,16 +363,11 @@ def match(ctx, sm: ir.Node) -> Site | str:
     if isinstance(walked, str):
         return walked
     qk, bias, scale, softcap = walked
-    # forward: optional NaN guard / Cast, then probs @ V
-    probs = sm.outputs[0]
-    users = consumers(probs)
-    if len(users) == 2 and {u.op_type for u in users} == {"IsNaN", "Where"}:
-        probs = next(u for u in users if u.op_type == "Where").outputs[0]
-        users = consumers(probs)
-    if len(users) != 1 or users[0].op_type != "MatMul" or users[0].inputs[0] is not probs:
-        return f"softmax output feeds {[u.op_type for u in users]}, not MatMul(probs, V)"
-    pv = users[0]
-    out = _output_chain(ctx.graph, pv.outputs[0])
+    to_v = follow(sm.outputs[0], "softmax output", *PROBS_TO_V)
+    if isinstance(to_v, str):
+        return to_v
+    pv = to_v[-1]
+    out = _output_chain(pv.outputs[0])
     if isinstance(out, str):
         return out
     q, sq = _scalar_strip(qk.inputs[0])
@@ -367,11 +379,10 @@ def match(ctx, sm: ir.Node) -> Site | str:
     nq = dim(q, 1)
     if not isinstance(h, int) or not isinstance(nq, int):
         return f"Q heads/head size are not static (shape {q.shape})"
-    ksrc, _ = _layout_source(kt)
-    vsrc, _ = _layout_source(vv)
-    kcat, vcat = _cache_concat(ksrc), _cache_concat(vsrc)
-    if (kcat is None) != (vcat is None):
-        return "only one of K and V comes from a KV-cache Concat"
+    (ksrc, kcat), (vsrc, vcat) = _kv_source(kt, "K"), _kv_source(vv, "V")
+    if isinstance(kcat, str) != isinstance(vcat, str):
+        return f"only one of K and V comes from a KV-cache Concat ({kcat if isinstance(kcat, str) else vcat})"
+    kcat, vcat = (None, None) if isinstance(kcat, str) else (kcat, vcat)
     probe = ctx.probe()
     if isinstance(probe, str):
         return probe

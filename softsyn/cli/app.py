@@ -1,12 +1,11 @@
-"""The `softsyn` command line's group, its entry point (`run`: exceptions to exit codes) and what the commands share;
-the commands register themselves on `main` from softsyn.cli.design and softsyn.cli.tools (softsyn.cli loads both)."""
+"""The `softsyn` command line's group `main`, whose commands are imported by name when one runs or its help is shown
+(`COMMANDS`: click's LazyGroup pattern), and its entry point (`run`: exceptions to exit codes). What the commands
+share is in softsyn.cli.common."""
 from __future__ import annotations
 
 import errno
 import os
-import re
 import sys
-import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -14,11 +13,43 @@ from pathlib import Path
 import click
 
 from softsyn import __version__
-from softsyn.constraints.model import MAX_DEVICES
+from softsyn.cli import common
+from softsyn.cli.common import HELP_WIDTH, resolve
 from softsyn.errors import SoftsynError
-from passes import EFFORTS
 
-ANALYSIS_FILE = "analysis.json"
+# every command, by name: where its click spec (options, help) lives; each spec imports its body only when it runs
+COMMANDS = {
+    "analyze": "softsyn.cli.design:analyze",
+    "compile": "softsyn.cli.design:compile_cmd",
+    "verify": "softsyn.cli.design:verify",
+    "signoff": "softsyn.cli.design:signoff",
+    "run": "softsyn.cli.design:run_cmd",
+    "report": "softsyn.cli.tools:report",
+    "passes": "softsyn.cli.tools:list_passes",
+    "characterize": "softsyn.cli.tools:characterize",
+}
+
+
+class LazyGroup(click.Group):
+    """A group listing its commands from a table of "module:name" and importing one when it is asked for (run,
+    --help, completion): click's documented LazyGroup, so `softsyn X` imports X's module and no other's."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        command = resolve(self.lazy[cmd_name])
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{self.lazy[cmd_name]} (command {cmd_name}) is {type(command).__name__}, not a command")
+        return command
+
+
 def process_age() -> float:
     """Seconds since this process started (/proc/self/stat's start time against /proc/uptime; 0 where there is no
     /proc): the interpreter's start-up belongs to the command's wall time too."""
@@ -30,69 +61,13 @@ def process_age() -> float:
         return 0.0
 
 
-STARTED: float | None = None  # when the command started, set by run() (the compile log's zero; None: not through run)
 # OSErrors that are the machine refusing (full disk, read-only, permissions, a path longer than it allows), not a
 # softsyn bug: exit 2
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
-HELP_WIDTH = 100  # the group's max_content_width: lines inside a \\b block are printed as written, so wrapped here
-
-
-def effort_help() -> str:
-    """The effort levels for compile's --help: name and help, then its numbered steps (wrapped to HELP_WIDTH)."""
-    width = max(len(name) for name in EFFORTS) + 2
-    lines, earlier = [], []
-    for level in EFFORTS.values():
-        lines += _wrapped(f"  {level.name:<{width}}", level.help)
-        step_lines = level.step_lines()
-        bases = [b for b in earlier if level.steps[:len(b.steps)] == b.steps]
-        if bases:  # a level extending one below it: that level's steps once, then what this level adds
-            base = max(bases, key=lambda b: len(b.steps))
-            step_lines = [f"1-{len(base.steps)}. as {base.name}", *step_lines[len(base.steps):]]
-        for line in step_lines:
-            step = re.match(r"(\d+\. \S+\s+)(.*)", line)  # "N. pass  what": continuation lines hang under `what`
-            lines += _wrapped(f"  {'':<{width}}{step[1]}", step[2]) if step else [f"  {'':<{width}}{line}"]
-        earlier.append(level)
-    return "\n    ".join(lines)
-
-
-def _wrapped(lead: str, text: str) -> list[str]:
-    """`lead` + text wrapped so every line (after the 4-space help indent) fits HELP_WIDTH; continuations hang."""
-    return textwrap.wrap(text, HELP_WIDTH - 6, initial_indent=lead, subsequent_indent=" " * len(lead)) or [lead]
-
-
-class TPDegree(click.ParamType):
-    """--tp: a tensor-parallel degree (an integer >= 1) or `auto` (the smallest that fits area_constraint)."""
-
-    name = "N|auto"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "auto":
-            return value
-        text = str(value).strip().lower()
-        if text == "auto":
-            return "auto"
-        if text.isdigit() and 1 <= int(text) <= MAX_DEVICES:
-            return int(text)
-        self.fail(f"{value!r} is not a tensor-parallel degree; valid: an integer 1..{MAX_DEVICES} or auto", param, ctx)
-
-
-TP_HELP = ("tensor parallelism over N devices (Megatron column/row splits, vocab-parallel embedding and lm_head, "
-           "expert parallel MoE), or auto: the smallest N whose per-device VRAM fits area_constraint; timing and "
-           "area are then one device's, and the plan per N is printed (overrides parallel.tensor).")
-
-
-def help_with(**fields):
-    """Fill {field} markers of a command's docstring before click reads it (click takes the help from it)."""
-    def fill(f):
-        for key, text in fields.items():
-            f.__doc__ = f.__doc__.replace("{" + key + "}", text)
-        return f
-    return fill
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_WIDTH})
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_WIDTH})
 @click.version_option(__version__, prog_name="softsyn")
 @click.option("--debug", is_flag=True, help="on an internal error (exit status 3), print Python's trace; "
                                             "may be given anywhere on the line.")
@@ -126,12 +101,6 @@ def main(debug):
     del debug  # read by run(), which maps exceptions to exit codes and prints the trace
 
 
-def given_paths(model: str) -> list[Path]:
-    """MODEL when it names a file or folder (a zoo name does not)."""
-    path = Path(model).expanduser()
-    return [path] if not model.startswith("zoo:") and path.exists() else []
-
-
 def _one_line(text) -> str:
     return " ".join(str(text).split())
 
@@ -139,9 +108,8 @@ def _one_line(text) -> str:
 def run(argv: list[str] | None = None) -> None:
     """Entry point. Exit 0 met, 1 violated, 2 bad input, 3 internal error; every error is one line on
     stderr ("softsyn: error: ..." or "softsyn: internal error: ..."), the trace only with --debug."""
-    global STARTED
     # the process is the command when argv comes from the command line: its interpreter start-up counts too
-    STARTED = time.perf_counter() - (process_age() if argv is None else 0.0)
+    common.STARTED = time.perf_counter() - (process_age() if argv is None else 0.0)
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     if debug:  # a global flag, honoured wherever it is on the line
@@ -178,7 +146,7 @@ def _usage_message(exc: click.UsageError) -> str:
     text = _one_line(exc.format_message())
     group = exc.ctx.command if exc.ctx is not None else None
     if text.startswith("No such command") and isinstance(group, click.Group):
-        text = f"{text.rstrip('.')}; valid: {', '.join(sorted(group.commands))}"
+        text = f"{text.rstrip('.')}; valid: {', '.join(group.list_commands(exc.ctx))}"
     return text
 
 

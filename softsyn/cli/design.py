@@ -1,35 +1,13 @@
-"""The design commands: analyze, compile, verify, signoff, run (the flow a user takes on one model)."""
+"""The design commands' specs: analyze, compile, verify, signoff, run (the flow a user takes on one model), their
+options and help. Each runs its body in softsyn.cli.design_run, imported only then (softsyn.cli.common.perform)."""
 from __future__ import annotations
-
-import json
-import sys
-import time
-from dataclasses import asdict
-from pathlib import Path
 
 import click
 
-from softsyn import outdir, progress
-from softsyn.cli import app
-from softsyn.cli.app import TP_HELP, TPDegree, effort_help, given_paths, help_with, main
+from softsyn.cli.common import TP_HELP, TPDegree, effort_help, help_with, perform
 from softsyn.constraints.reader import MAX_INT
 from softsyn.library import shipped_libraries
 from passes import EFFORTS
-from softsyn.design import Design
-from reports import report_qor, report_signoff, report_timing, report_verify, to_json, write_reports
-from reports.advice import design_facts
-from softsyn.results.files import json_nulls, write_atomic
-from reports.html import write_html
-from softsyn.flow.signoff import DESIGN_FILE, design_record, signoff as run_signoff, write_results
-from softsyn.flow.compile import check_effort, compile_design
-from softsyn.emit import require_weights
-from softsyn.flow.verify import reference_record, verify as run_verify
-from softsyn.frontends.onnx_file import check_external_data
-from softsyn.frontends import seeded_weight_bytes
-from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
-from softsyn.units import fmt_bytes
-from softsyn.flow.run import RunSettings, run as run_artifact
-from reports.run import report_run, run_json
 
 SEED_MAX = 2**32 - 1  # numpy seeds are non-negative; one 32-bit word keeps them what other tools accept too
 
@@ -39,7 +17,7 @@ TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (
                "machine's, else the closest, named on stderr.")
 
 
-@main.command()
+@click.command()
 @click.argument("model")
 @click.option("-c", "--constraints", "constraints_file", type=click.Path(dir_okay=False),
               help="constraints.yaml: clock_period, input/output delays, area_constraint, path_groups...")
@@ -64,8 +42,7 @@ TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (
 @click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON on stdout (SI units; the schema of "
                                                       "`softsyn report json`) instead of the reports.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
-def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context_len, max_paths, cache_dir,
-            annotate_file, materialize, tp, as_json, quiet):
+def analyze(**options):
     """Time MODEL against its constraints and print timing and QoR reports.
 
     \b
@@ -96,38 +73,10 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation, 2 on bad input.
     """
-    if out_dir:
-        outdir.check(out_dir, "analyze", given_paths(model))
-    design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
-                         annotate=annotate_file, batch=batch, prompt_len=prompt_len, context_len=context_len,
-                         tp=tp, **({"materialize": True} if materialize else {}))
-    analysis = design.analyze()
-    facts = design_facts(design, analysis)
-    if as_json:
-        click.echo(to_json(analysis), nl=False)
-    else:
-        click.echo(report_timing(analysis, max_paths=max_paths, fold=True, facts=facts))
-        click.echo(report_qor(analysis, facts=facts))
-    if out_dir:
-        record = design_record(
-            model, constraints_file, target, cache_dir, workload=dict(batch=batch, prompt_len=prompt_len,
-                                                                      context_len=context_len),
-            annotate=annotate_file, netlist=design.netlist,
-            library=(design.library.name if Path(design.library.path).parent.name == "libs"
-                     else str(design.library.path)), materialize=materialize)
-        with outdir.replace(out_dir, "analyze", design.netlist.name, model=model,
-                            inputs=outdir.input_paths(design.netlist.provenance), progress=not quiet) as staged:
-            written = write_reports(analysis, staged.path, facts=facts) + [
-                write_atomic(staged.path / DESIGN_FILE, json.dumps(record, indent=1, allow_nan=False) + "\n")]
-            written.append(write_html(staged.path))
-        for path in written:
-            if not quiet:
-                click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
-    violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
-    sys.exit(1 if violated else 0)
+    perform("softsyn.cli.design_run:analyze", options)
 
 
-@main.command("compile")
+@click.command("compile")
 @click.argument("model")
 @click.option("-c", "--constraints", "constraints_file", type=click.Path(dir_okay=False),
               help="constraints.yaml: clocks, path groups, accuracy budget, precision, dont_touch...")
@@ -150,7 +99,7 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
                    "violated, the compile log's rows and the final analysis, instead of the log and QoR.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
 @help_with(efforts=effort_help())
-def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, as_json, quiet):
+def compile_cmd(**options):
     """Compile MODEL for its target: run the effort's passes, emit an ONNX model and runtime settings.
 
     \b
@@ -183,53 +132,10 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     Exit status: 0 when every group meets its clock and VRAM fits, 1 on a
     violation (the design is still written), 2 on bad input.
     """
-    started = app.STARTED if app.STARTED is not None else time.perf_counter()
-    out = outdir.check(out_dir, "compile", given_paths(model))
-    check_effort(effort)
-    plan = plan or _plan_instead(model, quiet)
-    design = Design.load(model, constraints_file, target=target, cache_dir=cache_dir, progress=not quiet,
-                         materialize=not plan, tp=tp)
-    if not plan:
-        require_weights(design.netlist)
-        check_external_data(design.netlist.model, design.netlist.provenance.get("file") or model)
-    outdir.check(out, "compile", outdir.input_paths(design.netlist.provenance))
-    options = {"kv_layout": {"last_token_logits": False}} if all_logits else None
-    analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
-                                    options=options, started=started)
-    violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
-    if as_json:
-        click.echo(json.dumps({"schema": "softsyn.compile/1", "directory": str(path), "violated": violated,
-                               "compile_log": json.loads((path / "compile_log.json").read_text()),
-                               "analysis": json.loads(to_json(analysis))}, indent=1, allow_nan=False))
-    else:
-        click.echo((path / "compile.log").read_text())
-        click.echo((path / "reports" / "qor.rpt").read_text())  # as written: its advice knows the compile's facts
-    if not quiet:
-        click.echo(f"[softsyn] wrote {path}", err=True)
-    if violated and not as_json:  # the best design found is written; what violates, and what would close it
-        click.echo((path / "reports" / "constraint.rpt").read_text())
-    sys.exit(1 if violated else 0)
+    perform("softsyn.cli.design_run:compile_cmd", options)
 
 
-def _plan_instead(model: str, quiet: bool) -> bool:
-    """Whether a model without weights of its own is too big to materialise here (then it gets the plan)."""
-    with progress.step(f"{model}: sizing its weights", enabled=not quiet):
-        need = seeded_weight_bytes(model)
-    if need is None:
-        return False
-    ram = available_memory()
-    if ram is not None and need * MATERIALISE_FACTOR > ram:
-        click.echo(f"[softsyn] {model}: its seeded weights ({fmt_bytes(need)}) need about "
-                   f"{fmt_bytes(need * MATERIALISE_FACTOR)} of RAM to materialise (estimate) and this machine has "
-                   f"{fmt_bytes(ram)} available: writing the weightless plan (--plan), no model.onnx", err=True)
-        return True
-    if not quiet:
-        click.echo(f"[softsyn] {model} has no weights of its own: compiling it with seeded random weights "
-                   f"({fmt_bytes(need)}; timing does not depend on their values)", err=True)
-    return False
-
-
-@main.command()
+@click.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
               help="seed of the scenario inputs.")
@@ -239,7 +145,7 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 @click.option("--json", "as_json", is_flag=True,
               help="print the checks as JSON on stdout (per scenario and output; an undefined error is null).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
-def verify(directory, seed, cache_dir, cpu, as_json, quiet):
+def verify(**options):
     """Compare a compiled model with its fp32 reference on the same inputs.
 
     \b
@@ -252,17 +158,10 @@ def verify(directory, seed, cache_dir, cpu, as_json, quiet):
 
     Exit status: 0 within budget, 1 on a violation, 2 on bad input.
     """
-    result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
-    if as_json:
-        click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
-                                          "violations": result.violations, **asdict(result)}),
-                              indent=1, allow_nan=False))
-    else:
-        click.echo(report_verify(result, directory), nl=False)
-    sys.exit(1 if result.violations else 0)
+    perform("softsyn.cli.design_run:verify", options)
 
 
-@main.command()
+@click.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="ONNX Runtime execution provider to measure on.")
@@ -278,7 +177,7 @@ def verify(directory, seed, cache_dir, cpu, as_json, quiet):
 @click.option("--json", "as_json", is_flag=True,
               help="print the sign-off as JSON on stdout (signoff.json's content) instead of the report.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")
-def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annotation_out, as_json, quiet):
+def signoff(**options):
     """Measure the design on the real runtime, compare with the analysis, and back-annotate.
 
     \b
@@ -310,24 +209,10 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
     Exit status: 0 when every group's measured time meets its clock, 1 when
     a measured group violates, 2 on bad input.
     """
-    out = outdir.check(directory, "signoff")
-    annotation = Path(annotation_out).absolute() if annotation_out else out / "signoff" / "annotation.json"
-    inside = out in annotation.parents
-    with outdir.replace(out, "signoff", "", progress=not quiet) as staged:
-        result = run_signoff(directory, provider=provider, runs=runs, warmup=warmup, profile_runs=profile_runs,
-                             annotation_out=staged.path / annotation.relative_to(out) if inside else annotation,
-                             progress=not quiet, groups=list(groups) or None)
-        result.annotation_file = str(annotation)
-        text = report_signoff(result, top=top)
-        click.echo(json.dumps(result.to_dict(), indent=1, allow_nan=False) if as_json else text)
-        written = [out / p.relative_to(staged.path) for p in write_results(result, staged.path, text)]
-    for path in written + [annotation]:
-        if not quiet:
-            click.echo(f"[softsyn] wrote {path}", err=True)
-    sys.exit(1 if result.violated else 0)
+    perform("softsyn.cli.design_run:signoff", options)
 
 
-@main.command("run")
+@click.command("run")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1), help="prompt tokens (prefill).")
 @click.option("--gen", default=32, show_default=True, type=click.IntRange(min=1), help="tokens to generate.")
@@ -338,7 +223,7 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
               help="seed of the random prompt ids.")
 @click.option("--json", "as_json", is_flag=True, help="print the numbers as JSON (SI units) instead of the report.")
 @click.option("-q", "--quiet", is_flag=True, help="no progress line on stderr.")
-def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, quiet):
+def run_cmd(**options):
     """Generate with a compiled decoder on ONNX Runtime and print TTFT, TPOT and tokens/s.
 
     \b
@@ -362,5 +247,4 @@ def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, q
     plan without model.onnx, not a softsyn compile output, not a decoder
     with a KV cache; one line), 3 internal error.
     """
-    result = run_artifact(directory, RunSettings(prompt_len, gen, provider, runs, warmup, seed), show_progress=not quiet)
-    click.echo(run_json(result) if as_json else report_run(result), nl=False)
+    perform("softsyn.cli.design_run:run_cmd", options)

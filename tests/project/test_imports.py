@@ -1,8 +1,10 @@
-"""The import graph of softsyn/, passes/ and reports/: no cycle anywhere (function-level imports included), and an
-import inside a function only where it defers a heavy optional dependency, saying so (`# deferred: why`)."""
+"""The import graph of softsyn/, passes/ and reports/: no cycle anywhere (function-level imports included, and the
+imports by name a lazy command table makes: a "package.module:name" string), and an import inside a function only
+where it defers a heavy optional dependency, saying so (`# deferred: why`)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -12,6 +14,8 @@ from paths import ROOT
 PACKAGES = ("softsyn", "passes", "reports")
 REASON = "# deferred:"
 LIMIT = 20  # function-level imports across softsyn/, passes/, reports/ (issue 24)
+# a module named to be imported later (softsyn.cli.app's COMMANDS, a command spec's body): an edge like an import
+BY_NAME = re.compile(r"((?:softsyn|passes|reports)(?:\.\w+)+):\w+")
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
@@ -59,6 +63,11 @@ def import_graph(root: Path = ROOT) -> tuple[nx.DiGraph, list[tuple[str, int, st
         nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                   for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
         for node in ast.walk(tree):
+            named = BY_NAME.fullmatch(node.value) if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                else None
+            target = _resolve(named[1], modules) if named else None
+            if target and target != module and not graph.has_edge(module, target):
+                graph.add_edge(module, target, line=node.lineno)
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             for target in _targets(node, module, path.name == "__init__.py", modules):
@@ -100,3 +109,18 @@ def test_the_cycle_check_sees_function_level_imports(tmp_path):
     (tmp_path / "passes" / "b.py").write_text("B = 1\n\n\ndef f():\n    from passes.a import A\n    return A\n")
     graph, in_functions = import_graph(tmp_path)
     assert nx.find_cycle(graph) and [(f, line) for f, line, _ in in_functions] == [("passes/b.py", 5)]
+
+
+def test_the_cycle_check_sees_imports_by_name(tmp_path):
+    """A cycle closed only by a module named for a later import ("passes.a:A", a lazy command table's entry) is found,
+    and such names are edges of the graph (softsyn.cli.app's table reaches the command specs)."""
+    for top in PACKAGES:
+        (tmp_path / top).mkdir()
+        (tmp_path / top / "__init__.py").write_text("")
+    (tmp_path / "passes" / "a.py").write_text("from passes.b import B\n")
+    (tmp_path / "passes" / "b.py").write_text('B = 1\nLATER = "passes.a:A"\n')
+    graph, _ = import_graph(tmp_path)
+    assert nx.find_cycle(graph)
+    graph, _ = import_graph()
+    assert graph.has_edge("softsyn.cli.app", "softsyn.cli.design") and graph.has_edge("softsyn.cli.design",
+                                                                                       "softsyn.cli.design_run")
