@@ -7,7 +7,6 @@ import inspect
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import click
 import pytest
