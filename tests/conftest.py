@@ -4,6 +4,11 @@ import os
 
 import pytest
 
+# The command line imports its command bodies lazily (softsyn.cli.app.COMMANDS); load them here, once, so a body's
+# `from module import name` never binds a test's monkeypatched stand-in when that test is the first to run a command.
+import softsyn.cli.design_run  # noqa: F401,E402
+import softsyn.cli.tools_run  # noqa: F401,E402
+
 from paths import ROOT
 
 
