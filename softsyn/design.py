@@ -18,9 +18,11 @@ from pathlib import Path
 from softsyn import __version__
 from softsyn.constraints import Constraints, PathGroupSpec, load_constraints
 from softsyn.constraints.reader import read_text
+from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design
 from softsyn.frontends.roles import ROLES
 from softsyn.library import Library, UnknownLibraryError, default_library, load_library
+from softsyn.library.torch_targets import torch_target, torch_target_problem
 from softsyn.library.match import check_library, host_cpu, pick_cpu_library
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import expr_names
@@ -61,6 +63,7 @@ def _library_mismatch(library: Library) -> str:
 
 class Design:
     annotation = None  # softsyn.results.annotation.Annotation: back-annotated (measured) delays replace the library's
+    torch_target = None  # a torch target's name (softsyn.library.torch_targets): emit lowers the source model in torch
 
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
                  tp: str | int | None = None):
@@ -86,6 +89,12 @@ class Design:
         for key, value in workload.items():
             if value is not None:
                 setattr(cons.workload, key, value)
+        lowered = torch_target(target or cons.target)
+        if lowered is not None:  # timed with its device's ORT library, an estimate of the same function
+            problem = torch_target_problem(lowered, spec)
+            if problem:
+                raise SoftsynError(f"--target: {problem}") if target else cons.error("target", problem)
+            target = lowered.library
         if not target and cons.target:
             try:
                 library = load_library(cons.target)
@@ -114,6 +123,7 @@ class Design:
         netlist = read_design(spec, cache_dir=cache_dir, progress=progress, **extra)
         design = cls(netlist, cons, library, progress, tp)
         design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
+        design.torch_target = lowered.name if lowered is not None else None
         if annotate:
             # a regular file of bounded size (a FIFO would hang)
             design.annotation = load_annotation(annotate, read_text(annotate, "annotation file", limit=MAX_JSON))

@@ -27,6 +27,7 @@ from softsyn.frontends import seeded_weight_bytes
 from softsyn.frontends.materialize import MATERIALISE_FACTOR, available_memory
 from softsyn.units import fmt_bytes
 from softsyn.flow.run import RunSettings, run as run_artifact
+from softsyn.runtime.artifact import is_torch_artifact
 from reports.run import report_run, run_json
 
 
@@ -115,7 +116,10 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 
 def verify(directory, seed, cache_dir, cpu, as_json, quiet):
     """`softsyn verify` (its options and help: the spec of the same name in softsyn.cli.design)."""
-    result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
+    if is_torch_artifact(directory):
+        result = _torch_flow().verify(directory, seed=seed, cache_dir=cache_dir, progress_on=not quiet)
+    else:
+        result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
     if as_json:
         click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
                                           "violations": result.violations, **asdict(result)}),
@@ -146,5 +150,15 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 
 def run_cmd(directory, prompt_len, gen, provider, runs, warmup, seed, as_json, quiet):
     """`softsyn run` (its options and help: the spec of the same name in softsyn.cli.design)."""
-    result = run_artifact(directory, RunSettings(prompt_len, gen, provider, runs, warmup, seed), show_progress=not quiet)
+    settings = RunSettings(prompt_len, gen, provider, runs, warmup, seed)
+    run = _torch_flow().run if is_torch_artifact(directory) else run_artifact
+    result = run(directory, settings, show_progress=not quiet)
     click.echo(run_json(result) if as_json else report_run(result), nl=False)
+
+
+def _torch_flow():
+    """softsyn.flow.torch_artifact, imported when DIR holds a torch target's artifact (runtime/torch.json)."""
+    # deferred: torch takes seconds to import; only a torch target's artifact needs it
+    from softsyn.flow import torch_artifact
+
+    return torch_artifact

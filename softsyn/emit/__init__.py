@@ -8,6 +8,8 @@ The writers, in the order `emit` runs them, one line each:
     genai.write_genai             DIR/genai_config.json (+ tokenizer): a decoder's onnxruntime-genai config
     engines.write_engines         DIR/runtime/vllm*.json|sh, trtllm-*: a decoder's vLLM and TensorRT-LLM settings
     report_files.write_report_files  DIR/reports/*, compile.log, compile_log.json, then reports/report.html
+    torch_package.lower           a torch target instead of the model, session.json, genai and engines: DIR/model.pt2,
+                                  DIR/runtime/torch.json, the package measured per path group (reports/torch.rpt)
     softsyn.outdir                DIR/softsyn-manifest.json: what softsyn wrote (on leaving outdir.replace)
 
 Passes hand emit what they add through their reports' protocol (passes.PassReport: artifact notes, session.json
@@ -42,6 +44,12 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, refer
     with outdir.replace(out_dir, "compile", netlist.name, model=source,
                         inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
         tmp = staged.path
+        if design.torch_target is not None and not plan:
+            for written in _torch_side().lower(design, reference, tmp, log.notes):
+                staged.seal(written, "compile")
+            write_json(tmp / "netlist.json", netlist_json(design, analysis, None))
+            write_report_files(design, analysis, tmp, log)
+            return staged.out
         session = session_json(design, reference, plan)
         if not plan:
             with progress.step(f"emit: writing {netlist.name}'s model, onnx.checker, ONNX Runtime load check",
@@ -55,4 +63,12 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, refer
         write_engines(design, analysis, tmp, source, log.notes)
         write_report_files(design, analysis, tmp, log)
     return staged.out
+
+
+def _torch_side():
+    """softsyn.emit.torch_package, imported when a torch target is compiled."""
+    # deferred: torch and transformers take seconds to import; only a torch target's lowering needs them
+    from softsyn.emit import torch_package
+
+    return torch_package
 

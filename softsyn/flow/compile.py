@@ -42,7 +42,14 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     the design, an export included, is then inside the first row); default now.
     """
     level = check_effort(effort)
+    torch_note = None
+    if design.torch_target is not None and level.name != "low":  # the loop's moves would not reach the package
+        torch_note = (f"target {design.torch_target}: effort {level.name} ran effort low's script: the compile loop's "
+                      "precision moves change the ONNX netlist, not the torch package (fp32)")
+        level = check_effort("low")
     log = CompileLog(design.netlist.name, design.library.name, level)
+    if torch_note:
+        log.notes.append(torch_note)
     if started is not None:
         hit = (design.netlist.provenance.get("cache") or {}).get("hit")
         how = "read from the export cache" if hit else "exported now" if hit is False else "read"

@@ -50,6 +50,7 @@ class RunResult:
     date: str
     generations: list[Generation] = field(default_factory=list)
     viewed: int = 0  # nodes the CPU view rewrote (GQA's q/k norms, fp8 weight MatMuls: a cuda artifact on the CPU)
+    interval: str = STEP_INTERVAL  # what one timed step covers (a torch package's: softsyn.flow.torch_artifact)
 
     @property
     def ttfts(self) -> list[float]:
@@ -80,7 +81,7 @@ class RunResult:
                 "warmup": self.settings.warmup, "seed": self.settings.seed, "batch": 1, "decoding": "greedy",
                 "kv_cache": self.kv, "max_length": self.max_length, "cuda_graph": self.cuda_graph,
                 "cpu_view_nodes": self.viewed, "units": {"ttft": "s", "tpot": "s", "tokens_per_s": "1/s", "decode_tokens_per_s": "1/s"},
-                "interval": STEP_INTERVAL, "ttft": stats(self.ttfts), "tpot": stats(self.tpots),
+                "interval": self.interval, "ttft": stats(self.ttfts), "tpot": stats(self.tpots),
                 "tokens_per_s": stats(self.tokens_per_s), "decode_tokens_per_s": stats(self.decode_tokens_per_s),
                 "tokens": list(self.generations[-1].tokens) if self.generations else [],
                 "tokens_same_every_run": len({g.tokens for g in self.generations}) <= 1}

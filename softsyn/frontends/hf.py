@@ -214,6 +214,20 @@ def load_transformers_design(
     return nl
 
 
+def source_model(cfg, name: str, source: str, *, folder: Path | None = None, weights: str | None = None,
+                 dtype: str | None = None):
+    """The torch model (eval mode) a read of `cfg` exports, built the same way (config, weights, seed 0), for a
+    torch target to lower: it computes the function the exported netlist does. A decoder with weights only."""
+    ex = _plan_export(copy.deepcopy(cfg), name, source, folder=folder, weights=weights, dtype=dtype, materialize=False)
+    if not ex.decoder:
+        raise SoftsynError(f"{source}: the torch targets lower causal decoders; {name} is not one")
+    if ex.weights not in ("random", "pretrained"):
+        raise SoftsynError(f"{source}: {name} is built weightless (real-size, {WEIGHTS_DESC[ex.weights]}); the torch "
+                           "targets lower a model with weights: a tiny zoo model or a folder with its weights")
+    model = _torch_side().torch_model(ex)
+    return model.eval()
+
+
 def _export_model(ex: _Export) -> tuple:
     """(the exported onnx-ir model, its parameter count, how many times a layer was copied or None)."""
     _export.torch_num_threads()

@@ -53,3 +53,12 @@ def check_session(session, path: Path) -> dict:
     if problem:
         raise SoftsynError(f"{path}: {problem}")
     return session
+
+
+TORCH_FILE = "runtime/torch.json"  # a torch target's settings (softsyn.runtime.torch_package); its presence marks one
+TORCH_PACKAGE = "model.pt2"  # the AOTInductor package a torch target compiles
+
+
+def is_torch_artifact(directory: str | Path) -> bool:
+    """Whether `directory` holds a torch target's artifact (runtime/torch.json), not an ONNX Runtime one."""
+    return (Path(directory) / TORCH_FILE).is_file()

@@ -1,0 +1,118 @@
+"""`softsyn verify DIR` and `softsyn run DIR` on a torch target's artifact (DIR/runtime/torch.json, DIR/model.pt2).
+
+verify: the fp32 reference (the source's ONNX export, read again through the export cache and its content key
+checked, as for an ONNX Runtime artifact) runs on ORT CPU with the seeded scenario inputs of every path group; the
+package runs the same step: the same ids and positions, the seeded past in its cache's first positions. Logits and
+the cache's filled positions (present) are compared as softsyn.flow.verify compares them, against the same budget.
+run: greedy generation with the package, a seeded prompt as `softsyn run` draws it for ONNX Runtime, timed per step.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import onnx_ir as ir
+
+from softsyn import outdir, progress
+from softsyn.errors import SoftsynError
+from softsyn.flow.run import TAKES, RunResult, RunSettings
+from softsyn.flow.verify import compare, reference_path
+from softsyn.frontends import roles
+from softsyn.netlist import Netlist
+from softsyn.results.verify import DEFAULT_REL_ERROR, OutputCheck, VerifyResult
+from softsyn.runtime.artifact import TORCH_PACKAGE
+from softsyn.runtime.generate import prompt_ids
+from softsyn.runtime.inputs import scenario_inputs
+from softsyn.runtime.session import SessionSettings, device_name, open_session
+from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+PROVIDER = f"torch AOTInductor package ({TORCH_PACKAGE}, CPU)"
+INTERVAL = ("host wall clock per step: the ids and positions made tensors, one call of the AOTInductor package "
+            "(the KV cache's updated copies returned), the last position's argmax (greedy); TTFT = the prefill step, "
+            "TPOT = one decode step; no tokenisation, package loading or cache allocation")
+
+
+def _reference(settings: dict, cache_dir) -> tuple[Path, Netlist]:
+    ref_path = reference_path(settings, cache_dir)
+    try:
+        reference = Netlist.from_model(ir.load(str(ref_path)))
+    except Exception as exc:  # protobuf and onnx-ir raise many types for a file that is not a valid model
+        raise SoftsynError(f"{ref_path}: the reference is not a readable ONNX model ({type(exc).__name__}); "
+                           "re-run softsyn compile") from None
+    roles.apply_roles(reference.model, roles.find_roles(reference.model).renames)
+    return ref_path, reference
+
+
+def _checks(scenario: str, got: dict, expected: dict, max_rel: float, min_top1) -> list[OutputCheck]:
+    checks = []
+    for name, value in got.items():
+        if value.shape != expected[name].shape:
+            raise SoftsynError(f"{TORCH_PACKAGE}: output {name} has shape {list(value.shape)} in scenario {scenario}, "
+                               f"the reference's {list(expected[name].shape)}; re-run softsyn compile")
+        max_abs, rel, cosine, top1 = compare(value, expected[name], top1=name == "logits", max_rel=max_rel)
+        violations = [f"rel error {rel:.3e} > {max_rel:.3e}"] if not rel <= max_rel else []
+        if top1 is not None and min_top1 is not None and not top1 >= min_top1:
+            violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
+        checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
+                                  violations=violations))
+    return checks
+
+
+def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = None,
+           progress_on: bool = False) -> VerifyResult:
+    out = Path(directory)
+    settings = read_torch_settings(out)
+    step = TorchStep(out, settings)
+    layers = settings["kv_cache"]["layers"]
+    budget = settings.get("accuracy") or {}
+    max_rel, source = budget.get("max_rel_error"), "accuracy.max_rel_error"
+    if max_rel is None:
+        max_rel, source = DEFAULT_REL_ERROR["fp32"], "default for fp32"
+    ref_path, reference = _reference(settings, cache_dir)
+    session = open_session(ref_path, SessionSettings(provider="cpu"))
+    names = [o.name for o in session.get_outputs()]
+    checks = []
+    with progress.step("verify: the fp32 reference (ORT CPU) and model.pt2 on every scenario", enabled=progress_on,
+                       done="verify: compared"):
+        for scenario, spec in (settings.get("scenarios") or {}).items():
+            dims = spec.get("dims") if isinstance(spec, dict) else None
+            if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
+                raise SoftsynError(f"{out}/runtime/torch.json: scenarios.{scenario}.dims: not an object of dim sizes")
+            feeds = scenario_inputs(reference, dims, seed=seed)
+            expected = dict(zip(names, session.run(None, feeds)))
+            past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")]
+            ids = feeds["input_ids"]
+            start = dims.get("past", 0)
+            logits, cache = step(ids, start, step.empty_cache(ids.shape[0], past))
+            got = {"logits": logits.numpy()}
+            filled = start + ids.shape[1]
+            got.update({f"present.{i}.{k}": cache[2 * i + j][:, :, :filled].numpy()
+                        for i in range(layers) for j, k in enumerate(("key", "value"))})
+            checks += _checks(scenario, got, expected, max_rel, budget.get("min_top1"))
+    return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=budget.get("min_top1"),
+                        provider=PROVIDER, reference=settings.get("reference") or {}, precision="fp32")
+
+
+def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progress: bool = True) -> RunResult:
+    """Generate `settings.runs` times with DIR/model.pt2 and time every step."""
+    out = Path(directory)
+    manifest = outdir.read_manifest(out)
+    if manifest is None or manifest.kind != "compile":
+        raise SoftsynError(f"{directory}: not a softsyn compile output (no {outdir.MANIFEST} of a compile); {TAKES}")
+    if settings.provider not in (None, "cpu"):
+        raise SoftsynError(f"{directory}: a cpu-torch package runs on the CPU; valid --provider: cpu")
+    torch_settings = read_torch_settings(out)
+    progress.log(f"loading {out / TORCH_PACKAGE} (torch AOTInductor)", enabled=show_progress)
+    step = TorchStep(out, torch_settings)
+    prompt = prompt_ids(step.vocab_size, settings.prompt_len, settings.seed)
+    result = RunResult(directory=str(directory), design=manifest.design, settings=settings,
+                       execution_provider=PROVIDER, device=device_name("cpu"), kv="static",
+                       max_length=step.max_length, cuda_graph=False, date=time.strftime("%a %b %d %H:%M:%S %Y"),
+                       interval=INTERVAL)
+    for r in range(settings.warmup + settings.runs):
+        generation = step.generate(prompt, settings.gen)
+        if r >= settings.warmup:
+            result.generations.append(generation)
+    progress.log(f"generated {settings.gen} tokens after a {settings.prompt_len}-token prompt, {settings.runs} timed "
+                 f"run{'s' if settings.runs != 1 else ''} after {settings.warmup} warm-up", enabled=show_progress)
+    return result
