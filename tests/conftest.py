@@ -37,3 +37,17 @@ def tiny_cpu_artifact(cache_dir, tmp_path_factory):
                                        "--effort", "low", "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_torch_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-torch-tiny.yaml -o DIR` (model.pt2): DIR, compiled once."""
+    from click.testing import CliRunner
+
+    from softsyn.cli import main
+
+    out = tmp_path_factory.mktemp("tiny-torch") / "out"
+    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-tiny", "-c", str(ROOT / "constraints" / "cpu-torch-tiny.yaml"),
+                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out

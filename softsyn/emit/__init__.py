@@ -8,7 +8,7 @@ The writers, in the order `emit` runs them, one line each:
     genai.write_genai             DIR/genai_config.json (+ tokenizer): a decoder's onnxruntime-genai config
     engines.write_engines         DIR/runtime/vllm*.json|sh, trtllm-*: a decoder's vLLM and TensorRT-LLM settings
     report_files.write_report_files  DIR/reports/*, compile.log, compile_log.json, then reports/report.html
-    torch_package.lower           a torch target instead of the model, session.json, genai and engines: DIR/model.pt2,
+    torch_lowering.lower          a torch target instead of the model, session.json, genai and engines: DIR/model.pt2,
                                   DIR/runtime/torch.json, the package measured per path group (reports/torch.rpt)
     softsyn.outdir                DIR/softsyn-manifest.json: what softsyn wrote (on leaving outdir.replace)
 
@@ -66,9 +66,9 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, refer
 
 
 def _torch_side():
-    """softsyn.emit.torch_package, imported when a torch target is compiled."""
+    """softsyn.emit.torch_lowering, imported when a torch target is compiled."""
     # deferred: torch and transformers take seconds to import; only a torch target's lowering needs them
-    from softsyn.emit import torch_package
+    from softsyn.emit import torch_lowering
 
-    return torch_package
+    return torch_lowering
 

@@ -1,0 +1,44 @@
+"""verify and run on a cpu-torch artifact: MET against the fp32 reference, the same greedy tokens as the ONNX Runtime
+artifact of the same design, and a runtime/torch.json that points out of DIR refused."""
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from helpers import cli
+from softsyn.cli import main
+
+
+def _run_json(directory):
+    result = CliRunner().invoke(main, ["run", str(directory), "--prompt-len", "16", "--gen", "8", "--runs", "1",
+                                       "--warmup", "0", "--json", "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return json.loads(result.output)
+
+
+def test_verify_met(tiny_torch_artifact, cache_dir):
+    result = CliRunner().invoke(main, ["verify", str(tiny_torch_artifact), "--cache-dir", str(cache_dir), "--json",
+                                       "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    data = json.loads(result.output)
+    assert data["violations"] == [] and data["provider"].startswith("torch AOTInductor")
+    outputs = {(c["scenario"], c["output"]) for c in data["checks"]}
+    assert ("decode", "logits") in outputs and ("prefill", "present.1.value") in outputs and len(outputs) == 10
+    assert all(c["rel"] < 1e-4 and c["top1"] in (None, 1.0) for c in data["checks"])
+
+
+def test_run_tokens_equal_the_ort_artifacts(tiny_torch_artifact, tiny_cpu_artifact):
+    torch_run, ort_run = _run_json(tiny_torch_artifact), _run_json(tiny_cpu_artifact)
+    assert len(torch_run["tokens"]) == 8
+    assert torch_run["tokens"] == ort_run["tokens"]
+    assert torch_run["kv_cache"] == "static" and torch_run["ttft"]["median"] > 0 and torch_run["tpot"]["samples"] == 7
+
+
+def test_torch_json_pointing_out_of_dir_is_refused(tiny_torch_artifact, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_torch_artifact, copy)
+    settings = json.loads((copy / "runtime" / "torch.json").read_text())
+    (copy / "runtime" / "torch.json").write_text(json.dumps({**settings, "package": "../model.pt2"}))
+    code, out, err = cli(capsys, "run", copy, "-q")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "runtime/torch.json: package: \"../model.pt2\" leads out of" in err

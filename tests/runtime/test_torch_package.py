@@ -1,0 +1,29 @@
+"""The README's loader: a fresh Python process loads DIR/model.pt2 with torch alone (softsyn never imported) and
+gets the decode step's logits the package gives softsyn's runner."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from paths import ROOT
+from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+
+def _readme_loader() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    return next(b for b in blocks if "aoti_load_package" in b)
+
+
+def test_readme_loader_in_a_fresh_process(tiny_torch_artifact, tmp_path):
+    saved = tmp_path / "logits.npy"
+    code = (_readme_loader().replace('"out/torch/', f'"{tiny_torch_artifact}/')
+            + f"import numpy, sys\nassert 'softsyn' not in sys.modules\nnumpy.save({str(saved)!r}, logits.numpy())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^next token: \d+$", done.stdout, re.M)
+    step = TorchStep(tiny_torch_artifact, read_torch_settings(tiny_torch_artifact))
+    logits, cache = step(np.array([[1, 2, 3]]), 0, step.empty_cache())
+    token = int(logits[0, -1].argmax())
+    logits, _ = step(np.array([[token]]), 3, cache)
+    np.testing.assert_array_equal(np.load(saved), logits.numpy())
