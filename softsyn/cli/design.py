@@ -14,7 +14,8 @@ SEED_MAX = 2**32 - 1  # numpy seeds are non-negative; one 32-bit word keeps them
 
 TARGET_HELP = (f"library name or .yaml path; overrides the constraints' target (shipped: "
                f"{', '.join(shipped_libraries())}). With neither, the shipped CPU library whose device is this "
-               "machine's, else the closest, named on stderr.")
+               "machine's, else the closest, named on stderr. cpu-torch: a PyTorch AOTInductor package (DIR/model.pt2) of "
+               "a zoo or Hugging Face decoder, timed with cpu-ort and measured.")
 
 
 @click.command()

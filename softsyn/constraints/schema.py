@@ -56,8 +56,9 @@ def _strings(what: str) -> dict:
 
 
 FORMS: dict[str, dict] = {
-    "target": {"type": "string", "description": "a library name (cpu-ort, cpu-ort-xeon, h200-ort-cuda) or a .yaml "
-                                                "path, relative to this file"},
+    "target": {"type": "string", "description": "a library name (cpu-ort, cpu-ort-xeon, h200-ort-cuda), a .yaml "
+                                                "path, relative to this file, or the PyTorch target cpu-torch "
+                                                "(DIR/model.pt2, timed with cpu-ort)"},
     "clock_period": TIME, "clock_uncertainty": TIME, "input_delay": DELAYS, "output_delay": DELAYS,
     "area_constraint": SIZE, "dont_touch": _strings("hierarchy globs (lm_head, model.layers.0.*)"),
     "workload.*": _integer(1),

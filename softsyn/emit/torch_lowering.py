@@ -88,6 +88,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     model = source_torch_model(source)
     if next(model.parameters()).dtype != torch.float32:
         model = model.float()  # the torch targets are fp32 until torchao's precisions are built
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):  # the 4-D mask has no window
+        raise SoftsynError(f"{source}: {design.torch_target} does not lower sliding-window attention yet (the step's "
+                           "mask covers the whole cache); valid: a decoder of full-attention layers (qwen3, llama)")
     layers, kv, head_dim = kv_geometry(model.config)
     t0 = time.perf_counter()
     try:
