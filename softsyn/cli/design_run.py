@@ -13,6 +13,7 @@ import click
 from softsyn import outdir, progress
 from softsyn.cli import common
 from softsyn.cli.common import given_paths
+from softsyn.errors import SoftsynError
 from softsyn.design import Design
 from reports import report_qor, report_signoff, report_timing, report_verify, to_json, write_reports
 from reports.advice import design_facts
@@ -131,6 +132,9 @@ def verify(directory, seed, cache_dir, cpu, as_json, quiet):
 
 def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annotation_out, as_json, quiet):
     """`softsyn signoff` (its options and help: the spec of the same name in softsyn.cli.design)."""
+    if is_torch_artifact(directory):  # signoff measures ONNX Runtime sessions: it would time the reference instead
+        raise SoftsynError(f"{directory}: a torch target's artifact (runtime/torch.json); signoff on model.pt2 is not "
+                           "built yet: its step, measured per path group at compile end, is in reports/torch.rpt")
     out = outdir.check(directory, "signoff")
     annotation = Path(annotation_out).absolute() if annotation_out else out / "signoff" / "annotation.json"
     inside = out in annotation.parents

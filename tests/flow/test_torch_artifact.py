@@ -42,3 +42,9 @@ def test_torch_json_pointing_out_of_dir_is_refused(tiny_torch_artifact, tmp_path
     code, out, err = cli(capsys, "run", copy, "-q")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "runtime/torch.json: package: \"../model.pt2\" leads out of" in err
+
+
+def test_signoff_refuses_a_torch_artifact(tiny_torch_artifact, capsys):
+    code, out, err = cli(capsys, "signoff", tiny_torch_artifact, "-q")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "signoff on model.pt2 is not built yet" in err and not (tiny_torch_artifact / "signoff").exists()
