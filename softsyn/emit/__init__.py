@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from softsyn import outdir, progress
+from softsyn.errors import SoftsynError
 from softsyn.emit.engines import write_engines
 from softsyn.emit.genai import write_genai
 from softsyn.emit.model import MODEL_FILE, check, ort_errors, require_weights, write_models
@@ -39,6 +40,9 @@ __all__ = ["emit", "MODEL_FILE", "SESSION_FILE", "check", "compiled_precision", 
 def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     netlist, source = design.netlist, str(reference.get("source", ""))
+    if design.torch_target is not None and plan:
+        raise SoftsynError(f"{source}: target {design.torch_target} lowers a model with weights, and {netlist.name} is "
+                           "compiled as a weightless plan here (too large to materialise, or --plan)")
     if not plan:
         require_weights(netlist)
     with outdir.replace(out_dir, "compile", netlist.name, model=source,

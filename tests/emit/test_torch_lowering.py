@@ -3,6 +3,7 @@ measured per path group and labelled beside the library's estimate."""
 import json
 import re
 
+from helpers import cli
 from softsyn.runtime.torch_package import read_torch_settings
 
 
@@ -28,3 +29,10 @@ def test_measured_numbers_are_labelled(tiny_torch_artifact):
     assert "per-module torchao precision (int8/int4/fp8) is not built yet" in log
     rpt = (tiny_torch_artifact / "reports" / "torch.rpt").read_text()
     assert rpt.count("torch package, measured") == 3 and rpt.count("(est, cpu-ort library") == 2
+
+
+def test_a_weightless_plan_is_refused(cache_dir, tmp_path, capsys):
+    code, out, err = cli(capsys, "compile", "zoo:qwen3-tiny", "--target", "cpu-torch", "--plan", "-o", tmp_path / "o",
+                         "--cache-dir", cache_dir, "-q")
+    assert code == 2 and err.count("\n") == 1
+    assert "target cpu-torch lowers a model with weights" in err and not (tmp_path / "o").exists()
