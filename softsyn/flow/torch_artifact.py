@@ -26,6 +26,7 @@ from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.session import SessionSettings, device_name, open_session
 from softsyn.runtime.torch_package import TorchStep, read_torch_settings
 
+MAX_BATCH = 1024  # rows a scenario of runtime/torch.json may ask verify to allocate (it is untrusted input)
 PROVIDER = f"torch AOTInductor package ({TORCH_PACKAGE}, CPU)"
 INTERVAL = ("host wall clock per step: the ids and positions made tensors, one call of the AOTInductor package "
             "(the KV cache's updated copies returned), the last position's argmax (greedy); TTFT = the prefill step, "
@@ -78,6 +79,9 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
             dims = spec.get("dims") if isinstance(spec, dict) else None
             if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
                 raise SoftsynError(f"{out}/runtime/torch.json: scenarios.{scenario}.dims: not an object of dim sizes")
+            if dims.get("past", 0) + dims.get("seq", 1) > step.max_length or not 1 <= dims.get("batch", 1) <= MAX_BATCH:
+                raise SoftsynError(f"{out}/runtime/torch.json: scenarios.{scenario}.dims: {dims} do not fit the package "
+                                   f"(past + seq <= {step.max_length}, batch 1..{MAX_BATCH}); re-run softsyn compile")
             feeds = scenario_inputs(reference, dims, seed=seed)
             expected = dict(zip(names, session.run(None, feeds)))
             past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")]
