@@ -28,7 +28,10 @@
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra (EFFORT=...) under CONSTRAINTS
 #                        (chat-h200-int4.yaml) into /tmp/NAME (the file's stem, -EFFORT when EFFORT is given) within S
-#                        seconds (580); ultra's measured re-timing runs inside it
+#                        seconds (580); ultra's measured re-timing runs inside it. BUDGET=90% replaces the file's
+#                        accuracy budget. A 1.7B model at ultra with fp8 offered needs two calls back to back: the
+#                        first spends ~320 s on the 13 per-role sensitivity runs and fills the cache in /tmp, the
+#                        second reads them (2026-12-02: optimize done at 231 s, then KV moves and the 3.4 GB emit)
 #   signoff NAME         softsyn signoff /tmp/NAME --provider cuda (the next call, while the machine is warm)
 #   sensitivity [M] [C]  bench/sensitivity.py --mode role: MODEL's (qwen3-1.7b) per-role int4/int8 errors on cuda under
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
