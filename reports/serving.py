@@ -1,0 +1,53 @@
+"""The serving checks (a constraints file's `serving:` block, softsyn.timing.serving) as tables: report_qor's
+Serving section, the HTML page's, and the same rows in analysis.json (the ServingResult they are built from).
+Every figure is simulated over step times estimated from the library: each status says so."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from softsyn.results.serving import ServingResult
+from reports.columns import (SERVING_DISTRIBUTION_COLUMNS, SERVING_RATE_COLUMNS, SERVING_STEP_COLUMNS,
+                             SERVING_SUGGESTION_COLUMNS, SERVING_TIME_COLUMNS)
+from reports.common import Table
+
+LABEL = "(simulated, est)"
+
+
+def _status(met: bool) -> str:
+    return f"{'MET' if met else 'VIOLATED'} {LABEL}"
+
+
+def serving_tables(result: ServingResult) -> dict[str, Table]:
+    """checks (latency), throughput, distributions, suggestions, steps: each a Table of SI rows."""
+    rows = {kind: tuple({**asdict(c), "status": _status(c.met)} for c in result.checks if c.kind == kind)
+            for kind in ("time", "rate")}
+    return {
+        "checks": Table(SERVING_TIME_COLUMNS, rows["time"]),
+        "throughput": Table(SERVING_RATE_COLUMNS, rows["rate"]),
+        "distributions": Table(SERVING_DISTRIBUTION_COLUMNS, tuple(asdict(d) for d in result.distributions)),
+        "suggestions": Table(SERVING_SUGGESTION_COLUMNS, tuple(asdict(s) for s in result.suggestions)),
+        "steps": Table(SERVING_STEP_COLUMNS, tuple(asdict(s) for s in result.steps)),
+    }
+
+
+def _block(table: Table, unit: str, digits: int) -> list[str]:
+    return [table.header(), table.dashes(), *table.lines(unit, digits)] if table.rows else []
+
+
+def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 3) -> list[str]:
+    """report_qor's Serving section (empty without a serving block)."""
+    if result is None:
+        return []
+    tables = serving_tables(result)
+    lines = [f"Serving {LABEL}", f"Load:  {result.load}", f"Model: {result.model}",
+             f"Completed {result.completed} of {result.requests} requests; throughput {result.throughput:,.1f} "
+             f"tok/s (offered {result.offered:,.1f} tok/s)", "", f"Checks (times in {unit})",
+             *_block(tables["checks"], unit, digits)]
+    if tables["throughput"].rows:
+        lines += ["", *_block(tables["throughput"], unit, digits)]
+    lines += ["", f"Distributions over the requests ({unit})", *_block(tables["distributions"], unit, digits)]
+    lines += [f"Note: {n}" for n in result.notes]
+    if result.suggestions:
+        lines += ["", "Suggestions (each re-runs the simulation with one knob changed)",
+                  *_block(tables["suggestions"], unit, digits)]
+    return lines
