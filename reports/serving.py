@@ -9,6 +9,7 @@ from softsyn.results.serving import ServingResult
 from reports.columns import (SERVING_DISTRIBUTION_COLUMNS, SERVING_RATE_COLUMNS, SERVING_STEP_COLUMNS,
                              SERVING_SUGGESTION_COLUMNS, SERVING_TIME_COLUMNS)
 from reports.common import Table
+from reports.html_table import table_html
 
 LABEL = "(simulated, est)"
 
@@ -51,3 +52,18 @@ def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 
         lines += ["", "Suggestions (each re-runs the simulation with one knob changed)",
                   *_block(tables["suggestions"], unit, digits)]
     return lines
+
+
+def serving_view(result: ServingResult | None) -> dict | None:
+    """The HTML page's Serving section: the same tables, as HTML (None without a serving block)."""
+    if result is None:
+        return None
+    tables = serving_tables(result)
+    captions = {"checks": f"latency checks {LABEL}", "throughput": f"throughput check, tokens/s {LABEL}",
+                "distributions": "simulated distributions over the requests",
+                "suggestions": "suggestions: the simulation re-run with one knob changed",
+                "steps": "step times the simulation ran on: the STA at these dims (est)"}
+    return {"load": result.load, "model": result.model, "notes": result.notes,
+            "verdict": "VIOLATED" if result.violated else "MET",
+            "tables": [table_html(tables[k], caption, "stack" if k == "suggestions" else "")
+                       for k, caption in captions.items() if tables[k].rows]}
