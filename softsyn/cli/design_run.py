@@ -83,6 +83,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
                                     options=options, started=started)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
+    violated = violated or (analysis.serving is not None and analysis.serving.violated)
     if as_json:
         click.echo(json.dumps({"schema": "softsyn.compile/1", "directory": str(path), "violated": violated,
                                "compile_log": json.loads((path / "compile_log.json").read_text()),
