@@ -47,7 +47,7 @@ def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 
     if tables["throughput"].rows:
         lines += ["", *_block(tables["throughput"], unit, digits)]
     lines += ["", f"Distributions over the requests ({unit})", *_block(tables["distributions"], unit, digits)]
-    lines += [f"Note: {n}" for n in result.notes]
+    lines += [""] + [f"Note: {n}" for n in result.notes] if result.notes else []
     if result.suggestions:
         lines += ["", "Suggestions (each re-runs the simulation with one knob changed)",
                   *_block(tables["suggestions"], unit, digits)]
