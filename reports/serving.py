@@ -35,6 +35,18 @@ def _block(table: Table, unit: str, digits: int) -> list[str]:
     return [table.header(), table.dashes(), *table.lines(unit, digits)] if table.rows else []
 
 
+def _steps_line(result: ServingResult) -> str:
+    """What the step table covers (its rows: analysis.json and report.html)."""
+    parts = []
+    for kind, what in (("decode", "past"), ("prefill", "prompt")):
+        points = [p for p in result.steps if p.kind == kind]
+        if points:
+            batches, tokens = [p.batch for p in points], [p.tokens for p in points]
+            parts.append(f"{len(points)} {kind} (batch {min(batches)}..{max(batches)}, {what} "
+                         f"{min(tokens)}..{max(tokens)})")
+    return f"Step times (est, the STA from the library): {', '.join(parts)} points; rows in analysis.json, report.html"
+
+
 def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 3) -> list[str]:
     """report_qor's Serving section (empty without a serving block)."""
     if result is None:
@@ -47,6 +59,7 @@ def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 
     if tables["throughput"].rows:
         lines += ["", *_block(tables["throughput"], unit, digits)]
     lines += ["", f"Distributions over the requests ({unit})", *_block(tables["distributions"], unit, digits)]
+    lines += ["", _steps_line(result)] if result.steps else []
     lines += [""] + [f"Note: {n}" for n in result.notes] if result.notes else []
     if result.suggestions:
         lines += ["", "Suggestions (each re-runs the simulation with one knob changed)",
