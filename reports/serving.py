@@ -80,3 +80,20 @@ def serving_view(result: ServingResult | None) -> dict | None:
             "verdict": "VIOLATED" if result.violated else "MET",
             "tables": [table_html(tables[k], caption, "stack" if k == "suggestions" else "")
                        for k, caption in captions.items() if tables[k].rows]}
+
+
+def constraint_sections(result: ServingResult | None, all_violators: bool, unit: str = "ms",
+                        digits: int = 3) -> list[dict]:
+    """report_constraint's serving sections (latency, throughput): every check, or with `all_violators` the
+    violated ones only."""
+    if result is None:
+        return []
+    keep = [c.group for c in result.checks if not (all_violators and c.met)]
+    sections = []
+    for key, title in (("checks", f"serving latency {LABEL}"), ("throughput", f"serving throughput {LABEL}")):
+        table = serving_tables(result)[key]
+        table = Table(table.columns, tuple(r for r in table.rows if r["group"] in keep))
+        if table.rows:
+            sections.append({"title": title + (f" ({unit})" if key == "checks" else " (tok/s)"),
+                             "header": [table.header()], "rule": table.dashes(), "rows": table.lines(unit, digits)})
+    return sections

@@ -149,6 +149,7 @@ def with_serving(analysis: Analysis) -> Analysis:
 
 GOLDEN_CASES = {
     "qor_serving.rpt": lambda a: report_qor(with_serving(a)),
+    "constraint_serving.rpt": lambda a: report_constraint(with_serving(a)),
     "timing_full.rpt": lambda a: report_timing(a),
     "timing_folded.rpt": lambda a: report_timing(a, fold=True),
     "timing_prefill_2paths.rpt": lambda a: report_timing(a, group="prefill", max_paths=2, fold=True),

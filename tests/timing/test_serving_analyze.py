@@ -52,5 +52,8 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     html = (out_dir / "reports" / "report.html").read_text()
     assert '<section id="serving" data-verdict="VIOLATED">' in html
     assert f'data-key="slack" data-title="Slack (ms)" data-si="{checks["ttft_p99"]["slack"]!r}"' in html
+    violators = (out_dir / "reports" / "constraint.rpt").read_text()
+    assert "serving latency (simulated, est) (ms)" in violators
+    assert _rows(violators)["ttft_p99"] == rows["ttft_p99"] and "tpot_p99" not in _rows(violators)
     code, again, _ = cli(capsys, "report", "qor", out_dir)
     assert code == 0 and _rows(again) == rows
