@@ -57,3 +57,16 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     assert _rows(violators)["ttft_p99"] == rows["ttft_p99"] and "tpot_p99" not in _rows(violators)
     code, again, _ = cli(capsys, "report", "qor", out_dir)
     assert code == 0 and _rows(again) == rows
+
+
+def test_step_times_are_the_sta_at_those_dims(capsys, cache_dir):
+    """The step table's points where the default groups sit (workload: prompt 128, context 256; no input delay in
+    serving-tiny.yaml) are those groups' critical arrivals: the same STA at the same dims."""
+    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", SERVING, "-q", "--json")
+    assert code == 0
+    data = json.loads(out)
+    arrival = {g["name"]: g["paths"][0]["arrival"] for g in data["groups"]}
+    steps = {(p["kind"], p["batch"], p["tokens"]): p["time"] for p in data["serving"]["steps"]}
+    assert steps[("decode", 1, 256)] == arrival["decode"]
+    assert steps[("prefill", 1, 128)] == arrival["prefill"]
+    assert steps[("decode", 16, 256)] > steps[("decode", 1, 256)]
