@@ -3,6 +3,7 @@ sane at a low and at an impossible arrival rate, admission within max_batch and 
 to p50/p99, the table's interpolation, and suggestions quantified only when a check fails."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -92,11 +93,16 @@ def test_rate_far_above_capacity_queues_and_violates():
     bad = {c.group for c in result.checks if not c.met}
     assert {"ttft_p50", "ttft_p99"} <= bad
     knobs = [s.knob for s in result.suggestions]
-    assert knobs == ["max_batch", "precision", "kv_dtype"]
-    batch = result.suggestions[0]
+    assert knobs == ["rate", "max_batch", "precision", "kv_dtype"]
+    rate, batch = result.suggestions[:2]
+    found = float(re.search(r"-> ([\d.]+)/s", rate.change).group(1))
+    assert rate.meets and 0 < found < 2000.0
+    # the rate found meets the latency checks; the given one does not
+    latency = replace(hot, throughput_min=None, arrival_rate=found)
+    assert not serving_analysis(latency, linear_time, None, NO_KNOBS).violated
     assert batch.change.startswith("max_batch 8 -> ") and "(simulated, est)" in batch.result
-    assert "not quantified: not in this test" in result.suggestions[1].result
-    assert "not simulated: no budget" in result.suggestions[2].result
+    assert "not quantified: not in this test" in result.suggestions[2].result
+    assert "not simulated: no budget" in result.suggestions[3].result
 
 
 def test_max_batch_and_kv_budget_bound_admission():

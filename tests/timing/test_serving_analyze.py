@@ -41,6 +41,8 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     rows = _rows(out)
     assert rows["ttft_p99"][4] == "VIOLATED" and float(rows["ttft_p99"][3]) < 0
     suggestions = out.split("Suggestions (each re-runs the simulation with one knob changed)")[1]
+    assert re.search(r"rate +yes +arrival_rate 400/s -> \d+/s \(the highest within 6.2/s meeting the latency "
+                     r"checks\) +ttft_p50 [\d.]+ ms, ttft_p99 [\d.]+ ms, tpot_p99 [\d.]+ ms: all met", suggestions)
     assert re.search(r"max_batch +(yes|no) +max_batch 16 -> \d+", suggestions)
     assert re.search(r"precision +(yes|no) +weight matmuls int8 \(MatMulNBits what-if; decode at batch 16, past "
                      r"\d+: [\d.]+ ms -> [\d.]+ ms\) +ttft_p50 [\d.]+ ms", suggestions)
@@ -48,7 +50,7 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     saved = json.loads((out_dir / "analysis.json").read_text())["serving"]
     checks = {c["group"]: c for c in saved["checks"]}
     assert checks["ttft_p99"]["slack"] == checks["ttft_p99"]["required"] - checks["ttft_p99"]["achieved"] < 0
-    assert [s["knob"] for s in saved["suggestions"]] == ["max_batch", "precision", "precision", "kv_dtype"]
+    assert [s["knob"] for s in saved["suggestions"]] == ["rate", "max_batch", "precision", "precision", "kv_dtype"]
     html = (out_dir / "reports" / "report.html").read_text()
     assert '<section id="serving" data-verdict="VIOLATED">' in html
     assert f'data-key="slack" data-title="Slack (ms)" data-si="{checks["ttft_p99"]["slack"]!r}"' in html

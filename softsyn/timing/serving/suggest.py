@@ -1,5 +1,6 @@
 """Suggestions for a violated serving check, each quantified by re-running the simulation with one knob changed:
-max_batch (the value nearest the given one that meets every check, else the best one tried), weight precision (the
+the arrival rate (the highest at which the latency checks meet, by bisection over the same seeded requests, their
+arrival times scaled), max_batch (the value nearest the given one that meets every check, else the best one tried), weight precision (the
 step table re-timed with the design's weight matmuls as int8/int4 MatMulNBits: the STA's what-if, an estimate),
 KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget)."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from softsyn.results.serving import ServingSuggestion
 from softsyn.timing.serving.checks import checks, summary
 from softsyn.timing.serving.simulate import Scheduler, simulate
 from softsyn.timing.serving.steps import StepTable
-from softsyn.timing.serving.workload import Requests
+from softsyn.timing.serving.workload import Requests, requests
 from softsyn.units import fmt_time
 
 
@@ -33,6 +34,30 @@ def _run(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -
     rows = checks(serving, outcome)
     worst = min((c.slack / c.required for c in rows), default=0.0)
     return all(c.met for c in rows), summary(rows, outcome), worst
+
+
+RATE_STEPS = 6  # bisection steps: the rate to within 1/64 of the given one
+
+
+def arrival_rate(serving: Serving, table: StepTable, sched: Scheduler) -> ServingSuggestion | None:
+    """The highest arrival rate (bisected below the given one) at which every latency check meets; None without a
+    latency budget. Throughput is left out: it rises with the rate, so no single highest rate holds for it."""
+    latency = replace(serving, throughput_min=None)
+    if latency.ttft_p50 is latency.ttft_p99 is latency.tpot_p50 is latency.tpot_p99 is None:
+        return None
+    low, high, best = 0.0, serving.arrival_rate, None
+    for _ in range(RATE_STEPS):
+        mid = (low + high) / 2
+        met, text, _ = _run(latency, requests(replace(serving, arrival_rate=mid)), table, sched)
+        if met:
+            low, best = mid, text
+        else:
+            high = mid
+    if best is None:
+        return ServingSuggestion("rate", f"arrival_rate {serving.arrival_rate:g}/s -> below {high:.3g}/s",
+                                 "no rate tried meets the latency checks (simulated, est)", False)
+    return ServingSuggestion("rate", f"arrival_rate {serving.arrival_rate:g}/s -> {low:.3g}/s (the highest within "
+                             f"{serving.arrival_rate / 2 ** RATE_STEPS:.2g}/s meeting the latency checks)", best, True)
 
 
 def max_batch(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> ServingSuggestion:
@@ -81,5 +106,6 @@ def kv_dtype(serving: Serving, reqs: Requests, table: StepTable, knobs: Knobs,
 
 def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
                 knobs: Knobs) -> list[ServingSuggestion]:
-    return [max_batch(serving, reqs, table, sched), *precision(serving, reqs, table, knobs, sched),
-            kv_dtype(serving, reqs, table, knobs, sched)]
+    rate = arrival_rate(serving, table, sched)
+    return [*([rate] if rate is not None else []), max_batch(serving, reqs, table, sched),
+            *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched)]
