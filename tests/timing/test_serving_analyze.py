@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from helpers import cli
+from helpers import cli, mlp
 from paths import ROOT
 
 SERVING = ROOT / "constraints" / "serving-tiny.yaml"
@@ -72,3 +72,10 @@ def test_step_times_are_the_sta_at_those_dims(capsys, cache_dir):
     assert steps[("decode", 1, 256)] == arrival["decode"]
     assert steps[("prefill", 1, 128)] == arrival["prefill"]
     assert steps[("decode", 16, 256)] > steps[("decode", 1, 256)]
+
+
+def test_serving_on_a_model_without_kv_cache_is_refused(capsys, tmp_path):
+    model = mlp(tmp_path / "mlp.onnx")
+    code, _, err = cli(capsys, "analyze", model, "-c", SERVING, "-q")
+    assert code == 2
+    assert f"{SERVING}:11: serving: design mlp is a generic model; serving simulates a decoder" in err
