@@ -10,6 +10,7 @@ from reports.columns import (SERVING_DISTRIBUTION_COLUMNS, SERVING_RATE_COLUMNS,
                              SERVING_SUGGESTION_COLUMNS, SERVING_TIME_COLUMNS)
 from reports.common import Table
 from reports.html_table import table_html
+from reports.svg import histogram
 
 LABEL = "(simulated, est)"
 
@@ -74,12 +75,19 @@ def serving_view(result: ServingResult | None) -> dict | None:
     tables = serving_tables(result)
     captions = {"checks": f"latency checks {LABEL}", "throughput": f"throughput check, tokens/s {LABEL}",
                 "distributions": "simulated distributions over the requests",
-                "suggestions": "suggestions: the simulation re-run with one knob changed",
-                "steps": "step times the simulation ran on: the STA at these dims (est)"}
-    return {"load": result.load, "model": result.model, "notes": result.notes,
+                "suggestions": "suggestions: the simulation re-run with one knob changed"}
+    charts = []
+    for metric in dict.fromkeys(b.metric for b in result.histogram):
+        bins = [(b.low, b.high, b.count) for b in result.histogram if b.metric == metric]
+        charts.append({"metric": metric, "chart": histogram(bins, f"{metric}: requests per bin {LABEL}",
+                                                            fmt=lambda v: f"{v * 1e3:.3g}", x_label=f"{metric} (ms)",
+                                                            noun="request")})
+    return {"load": result.load, "model": result.model, "notes": result.notes, "charts": charts,
             "verdict": "VIOLATED" if result.violated else "MET",
             "tables": [table_html(tables[k], caption, "stack" if k == "suggestions" else "")
-                       for k, caption in captions.items() if tables[k].rows]}
+                       for k, caption in captions.items() if tables[k].rows],
+            "steps": table_html(tables["steps"], "step times the simulation ran on: the STA at these dims (est)")
+            if tables["steps"].rows else None}
 
 
 def constraint_sections(result: ServingResult | None, all_violators: bool, unit: str = "ms",

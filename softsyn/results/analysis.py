@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 # imported here because _build finds nested classes in this module's globals and json_io reads Analysis's hints
-from softsyn.results.serving import (Distribution, ServingCheck, ServingResult,  # noqa: F401
+from softsyn.results.serving import (Distribution, HistogramBin, ServingCheck, ServingResult,  # noqa: F401
                                      ServingSuggestion, StepPoint)
 
 
@@ -319,6 +319,7 @@ _NESTED = {
     ("ServingResult", "checks"): "ServingCheck",
     ("ServingResult", "distributions"): "Distribution",
     ("ServingResult", "steps"): "StepPoint",
+    ("ServingResult", "histogram"): "HistogramBin",
     ("ServingResult", "suggestions"): "ServingSuggestion",
 }
 

@@ -37,6 +37,16 @@ class Distribution:
 
 
 @dataclass
+class HistogramBin:
+    """Requests whose metric lies in [low, high) (the last bin includes its high end)."""
+
+    metric: str  # ttft | tpot
+    low: float  # s
+    high: float
+    count: int
+
+
+@dataclass
 class StepPoint:
     """One point of the step-time table: the STA's critical arrival at these dims."""
 
@@ -69,6 +79,7 @@ class ServingResult:
     kv_tokens: float | None  # KV budget in tokens (None: no area_constraint, not binding)
     checks: list[ServingCheck] = field(default_factory=list)
     distributions: list[Distribution] = field(default_factory=list)
+    histogram: list[HistogramBin] = field(default_factory=list)  # TTFT and TPOT, binned (the HTML page's charts)
     steps: list[StepPoint] = field(default_factory=list)
     suggestions: list[ServingSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

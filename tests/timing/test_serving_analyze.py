@@ -51,8 +51,12 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     checks = {c["group"]: c for c in saved["checks"]}
     assert checks["ttft_p99"]["slack"] == checks["ttft_p99"]["required"] - checks["ttft_p99"]["achieved"] < 0
     assert [s["knob"] for s in saved["suggestions"]] == ["rate", "max_batch", "precision", "precision", "kv_dtype"]
+    for metric in ("ttft", "tpot"):  # TPOT: the requests with more than one token
+        assert sum(b["count"] for b in saved["histogram"] if b["metric"] == metric) <= saved["completed"]
+    assert sum(b["count"] for b in saved["histogram"] if b["metric"] == "ttft") == saved["completed"]
     html = (out_dir / "reports" / "report.html").read_text()
     assert '<section id="serving" data-verdict="VIOLATED">' in html
+    assert '<figure data-metric="ttft">' in html and '<figure data-metric="tpot">' in html
     assert f'data-key="slack" data-title="Slack (ms)" data-si="{checks["ttft_p99"]["slack"]!r}"' in html
     violators = (out_dir / "reports" / "constraint.rpt").read_text()
     assert "serving latency (simulated, est) (ms)" in violators

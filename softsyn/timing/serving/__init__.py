@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from softsyn.constraints.serving import Serving
 from softsyn.results.serving import ServingResult
-from softsyn.timing.serving.checks import checks, distributions
+from softsyn.timing.serving.checks import checks, distributions, histogram
 from softsyn.timing.serving.simulate import Scheduler, simulate
 from softsyn.timing.serving.steps import StepTable, TimeAt, step_table
 from softsyn.timing.serving.suggest import Knobs, suggestions
@@ -53,6 +53,7 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,
                            completed=outcome.completed, throughput=outcome.throughput, offered=offered,
                            kv_tokens=kv_tokens, checks=rows, distributions=distributions(outcome),
+                           histogram=histogram(outcome),
                            steps=table.points(), notes=notes)
     if result.violated:
         result.suggestions = suggestions(serving, reqs, table, sched, knobs)

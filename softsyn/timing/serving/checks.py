@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from softsyn.constraints.serving import Serving
-from softsyn.results.serving import Distribution, ServingCheck
+from softsyn.results.serving import Distribution, HistogramBin, ServingCheck
 from softsyn.timing.serving.simulate import Outcome
 from softsyn.units import fmt_time
 
@@ -36,6 +36,17 @@ def distributions(outcome: Outcome) -> list[Distribution]:
                          float(v.max()) if len(v) else 0.0)
             for name, v in (("ttft", outcome.ttft), ("tpot", outcome.tpot), ("e2e", outcome.e2e),
                             ("queue", outcome.queue))]
+
+
+def histogram(outcome: Outcome, bins: int = 20) -> list[HistogramBin]:
+    """TTFT and TPOT in `bins` equal bins from 0 to their largest value."""
+    out = []
+    for name in ("ttft", "tpot"):
+        values = getattr(outcome, name)
+        if len(values):
+            counts, edges = np.histogram(values, bins=bins, range=(0.0, max(float(values.max()), 1e-9)))
+            out += [HistogramBin(name, float(lo), float(hi), int(n)) for lo, hi, n in zip(edges, edges[1:], counts)]
+    return out
 
 
 def summary(rows: list[ServingCheck], outcome: Outcome) -> str:
