@@ -2,7 +2,9 @@
 
 softsyn does not run these engines; it writes what they would be started with for the design it compiled:
 the tensor-parallel degree, the context the KV cache was sized for, the KV dtype, the weights' precision,
-the concurrency the per-device KV budget holds and the decode batch sizes to capture as CUDA graphs.
+the concurrency the per-device KV budget holds and the decode batch sizes to capture as CUDA graphs; with a
+`serving:` block the batching settings come from its simulation instead (softsyn.emit.engine_serving), each with a
+comment line saying where it came from.
 
     DIR/runtime/vllm.json           vLLM EngineArgs keyword arguments (`LLM(**json)` / AsyncEngineArgs)
     DIR/runtime/vllm-serve.sh       the same as `vllm serve` flags
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from softsyn.emit.engine_serving import serving_settings
 from softsyn.emit.session import compiled_precision
 from softsyn.timing import Analysis
 from softsyn.timing.area import kv_length
@@ -49,7 +52,8 @@ def capture_sizes(max_seqs: int) -> list[int]:
 
 
 def settings(design, analysis: Analysis, source: str, precision: str) -> dict:
-    """The derived figures both engines' settings are written from; `precision`: the compiled weights'."""
+    """The derived figures both engines' settings are written from; `precision`: the compiled weights'. "derived":
+    a line per value the serving simulation set (empty without a serving block)."""
     cons, netlist = design.constraints, design.netlist
     budget = analysis.area.kv_budget
     length = budget.length if budget else kv_length(cons)[0]
@@ -58,6 +62,8 @@ def settings(design, analysis: Analysis, source: str, precision: str) -> dict:
     if budget is not None and budget.max_concurrency:
         seqs = max(seqs, budget.max_concurrency * budget.batch)
     seqs = max(1, min(seqs, MAX_SEQS))
+    kv_seqs = max(1, min(budget.max_concurrency * budget.batch, MAX_SEQS)) \
+        if budget is not None and budget.max_concurrency is not None else None
     n = analysis.tp.n if analysis.tp else 1
     limit = cons.area_constraint
     memory = _device_memory(design.library.header.get("device", ""))
@@ -68,10 +74,16 @@ def settings(design, analysis: Analysis, source: str, precision: str) -> dict:
     if budget is not None and budget.available is not None and memory:
         free = memory - budget.weights - budget.workspace
         kv_free = float(f"{min(max(budget.available / free, 0.0), 0.95):.3g}") if free > 0 else None
-    return {"model": model_name(source), "tp": n, "precision": precision, "max_len": length, "max_seqs": seqs,
-            "kv_dtype": cons.kv_cache.dtype, "memory_fraction": float(f"{min(limit / memory, 0.95):.3g}")
-            if limit and memory else None, "kv_free_fraction": kv_free, "experts": experts,
-            "max_tokens": max(w.batch * w.prompt_len, seqs)}
+    s = {"model": model_name(source), "tp": n, "precision": precision, "max_len": length, "max_seqs": seqs,
+         "kv_dtype": cons.kv_cache.dtype, "memory_fraction": float(f"{min(limit / memory, 0.95):.3g}")
+         if limit and memory else None, "kv_free_fraction": kv_free, "experts": experts,
+         "max_tokens": max(w.batch * w.prompt_len, seqs), "capture": capture_sizes(seqs), "batched_tokens": None,
+         "derived": [], "serving_notes": []}
+    served = analysis.serving.schedule if analysis.serving is not None else None
+    if cons.serving is not None and served is not None:  # the serving simulation's batching replaces the defaults
+        values, s["derived"], s["serving_notes"] = serving_settings(cons.serving, served, kv_seqs, length, s["capture"])
+        s.update(values, max_tokens=values["batched_tokens"])
+    return s
 
 
 def _device_memory(device: str) -> float | None:
@@ -83,8 +95,10 @@ def _device_memory(device: str) -> float | None:
 def vllm_args(s: dict) -> dict:
     args = {"model": s["model"], "dtype": TORCH_DTYPES.get(s["precision"], "auto"), "tensor_parallel_size": s["tp"],
             "max_model_len": s["max_len"], "kv_cache_dtype": "fp8" if s["kv_dtype"] == "fp8" else "auto",
-            "max_num_seqs": s["max_seqs"],
-            "compilation_config": {"cudagraph_capture_sizes": capture_sizes(s["max_seqs"])}}
+            "max_num_seqs": s["max_seqs"]}
+    if s["batched_tokens"]:
+        args["max_num_batched_tokens"] = s["batched_tokens"]
+    args["compilation_config"] = {"cudagraph_capture_sizes": s["capture"]}
     if s["precision"] in ("int8", "fp8"):
         args["quantization"] = "fp8"  # vLLM's online fp8 weights: the nearest it has to 8-bit weight-only
     if s["memory_fraction"]:
@@ -98,7 +112,7 @@ def trtllm_args(s: dict) -> dict:
     args = {"tensor_parallel_size": s["tp"], "dtype": TORCH_DTYPES.get(s["precision"], "auto"),
             "max_batch_size": s["max_seqs"], "max_seq_len": s["max_len"], "max_num_tokens": s["max_tokens"],
             "kv_cache_config": {"dtype": "fp8" if s["kv_dtype"] == "fp8" else "auto"},
-            "cuda_graph_config": {"batch_sizes": capture_sizes(s["max_seqs"]), "max_batch_size": s["max_seqs"],
+            "cuda_graph_config": {"batch_sizes": s["capture"], "max_batch_size": s["capture"][-1],
                                   "enable_padding": True}}
     if s["kv_free_fraction"]:
         args["kv_cache_config"]["free_gpu_memory_fraction"] = s["kv_free_fraction"]
@@ -128,11 +142,14 @@ def engine_files(design, analysis: Analysis, source: str, precision: str, notes:
     v, t = vllm_args(s), trtllm_args(s)
     head = (f"# softsyn {design.netlist.name}: serving settings derived from the compile (TP={s['tp']}, "
             f"{s['precision']} weights, {s['max_len']} tokens of context, {s['max_seqs']} sequences); "
-            "softsyn does not run this engine.\n")
+            "softsyn does not run this engine.\n") + "".join(f"# {line}\n" for line in s["derived"])
     unpublished = source.startswith("zoo:") and s["model"] == source  # a tiny zoo model: no checkpoint to load
     notes.append(f"runtime/: vLLM and TensorRT-LLM settings for TP={s['tp']} ({', '.join(FILES)}); settings for those "
                  "engines, not run here" + (f"; {source} is no published checkpoint: point `model` at one with its "
                                             "shapes" if unpublished else ""))
+    if s["derived"]:
+        notes.append("runtime/: batching from the serving simulation: " + "; ".join(s["derived"]))
+    notes += s["serving_notes"]
     if s["precision"] == "int4":
         notes.append("runtime/: int4 weights need an int4 checkpoint (AWQ/GPTQ) for vLLM and TensorRT-LLM; "
                      "the settings name none")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 # imported here because _build finds nested classes in this module's globals and json_io reads Analysis's hints
 from softsyn.results.serving import (Distribution, HistogramBin, ServingCheck, ServingResult,  # noqa: F401
-                                     ServingSuggestion, StepPoint)
+                                     ServingSchedule, ServingSuggestion, StepPoint)
 
 
 @dataclass
@@ -321,6 +321,7 @@ _NESTED = {
     ("ServingResult", "steps"): "StepPoint",
     ("ServingResult", "histogram"): "HistogramBin",
     ("ServingResult", "suggestions"): "ServingSuggestion",
+    ("ServingResult", "schedule"): "ServingSchedule",
 }
 
 

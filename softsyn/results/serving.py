@@ -67,6 +67,15 @@ class ServingSuggestion:
 
 
 @dataclass
+class ServingSchedule:
+    """The steps the simulated scheduler formed, for the engines' batching settings (softsyn.emit.engine_serving)."""
+
+    max_step_tokens: int  # the most tokens one step carried: the prompts admitted in it + one per running decode
+    decode_batches: list[int]  # the distinct decode batch sizes (sequences running in a step), ascending
+    longest: int  # the longest simulated request, prompt + generated tokens
+
+
+@dataclass
 class ServingResult:
     """The serving analysis of one design: the load, the checks, the distributions, the steps and suggestions."""
 
@@ -83,6 +92,7 @@ class ServingResult:
     steps: list[StepPoint] = field(default_factory=list)
     suggestions: list[ServingSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    schedule: ServingSchedule | None = None  # None: an analysis.json written before it was kept
 
     @property
     def violated(self) -> bool:

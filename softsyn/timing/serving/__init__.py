@@ -4,7 +4,7 @@ together for Design.analyze; everything it reports is simulated over step times 
 from __future__ import annotations
 
 from softsyn.constraints.serving import Serving
-from softsyn.results.serving import ServingResult
+from softsyn.results.serving import ServingResult, ServingSchedule
 from softsyn.timing.serving.checks import checks, distributions, histogram
 from softsyn.timing.serving.simulate import Scheduler, simulate
 from softsyn.timing.serving.steps import StepTable, TimeAt, step_table
@@ -54,7 +54,9 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
                            completed=outcome.completed, throughput=outcome.throughput, offered=offered,
                            kv_tokens=kv_tokens, checks=rows, distributions=distributions(outcome),
                            histogram=histogram(outcome),
-                           steps=table.points(), notes=notes)
+                           steps=table.points(), notes=notes,
+                           schedule=ServingSchedule(outcome.max_step_tokens, list(outcome.decode_batches),
+                                                    int((reqs.prompt + reqs.gen).max())))
     if result.violated:
         result.suggestions = suggestions(serving, reqs, table, sched, knobs)
     return result

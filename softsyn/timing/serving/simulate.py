@@ -11,7 +11,9 @@ the simulation is deterministic for given requests.
 
 TTFT = first token - arrival; TPOT = (last token - first token) / (generated - 1), per request with more than one
 token (vLLM's benchmark definition); e2e = last token - arrival; queue = admission - arrival; throughput =
-generated tokens of completed requests / (last completion - first arrival).
+generated tokens of completed requests / (last completion - first arrival). The shape of the steps it formed is
+kept for the engines' settings (softsyn.emit.engine_serving): the most tokens one step carried (the admitted
+prompts plus one per running decode) and the distinct decode batch sizes (running sequences in a step).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class Outcome:
     completed: int
     rejected: int
     throughput: float  # generated tokens/s
+    max_step_tokens: int = 0  # the most tokens one step carried: admitted prompts + running decodes
+    decode_batches: tuple[int, ...] = ()  # distinct decode batch sizes the steps ran, ascending
 
 
 class _Engine:
@@ -52,6 +56,7 @@ class _Engine:
         self.waiting: deque[int] = deque()
         self.running: list[list[int]] = []  # [request, cached tokens, tokens left]
         self.t, self.next, self.kv_used, self.done, self.rejected = 0.0, 0, 0, 0, 0
+        self.max_step_tokens, self.decode_batches = 0, set()
 
     def need(self, r: int) -> int:
         return int(self.reqs.prompt[r] + self.reqs.gen[r])
@@ -91,7 +96,10 @@ class _Engine:
     def step(self, admitted: list[int]) -> None:
         start = self.t
         dt = sum(self.table.prefill(int(self.reqs.prompt[r])) for r in admitted)
+        tokens = sum(int(self.reqs.prompt[r]) for r in admitted) + len(self.running)
+        self.max_step_tokens = max(self.max_step_tokens, tokens)
         if self.running:
+            self.decode_batches.add(len(self.running))
             dt += self.table.decode(len(self.running), sum(s[1] for s in self.running) / len(self.running))
         self.t = start + dt
         still = []
@@ -142,4 +150,5 @@ def simulate(reqs: Requests, table: StepTable, sched: Scheduler) -> Outcome:
     span = float(last.max() - reqs.arrival[0]) if ok.any() else 0.0
     return Outcome(ttft=first - arrival, tpot=(last[multi] - first[multi]) / (gen[multi] - 1), e2e=last - arrival,
                    queue=engine.admitted[ok] - arrival, completed=int(ok.sum()), rejected=engine.rejected,
-                   throughput=float(gen.sum()) / span if span > 0 else 0.0)
+                   throughput=float(gen.sum()) / span if span > 0 else 0.0,
+                   max_step_tokens=engine.max_step_tokens, decode_batches=tuple(sorted(engine.decode_batches)))
