@@ -259,7 +259,7 @@ class Design:
         tokens = int(image["tokens"])
         t, h, w = image["grid_thw"]
         dims = {**dims, "seq": dims["seq"] + per_seq * tokens, "images": dims["batch"] * per_seq}
-        each = f"{per_seq} images" if per_seq > 1 else "image"
+        each = f"{per_seq} images per sequence, each" if per_seq > 1 else "image"
         note = f"; {each} {size[0]}x{size[1]} -> grid {t}x{h}x{w} -> {tokens} tokens"
         if kind == "encoder":
             return dims, ["vision"], note + " (vision encoder only)"

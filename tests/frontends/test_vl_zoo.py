@@ -141,3 +141,40 @@ def test_image_keys_on_a_text_model(tmp_path):
     nl = read_design(str(mlp(tmp_path / "mlp.onnx")), progress=False)
     with pytest.raises(SoftsynError, match="path_groups.a.images: design mlp has no vision block"):
         _design(nl, "target: cpu-ort\npath_groups:\n  a: {images: 1}\n").groups
+
+
+MIXED = """
+target: cpu-ort
+input_delay: {image: 100ms, text: 1ms}
+workload: {batch: 1, prompt_len: 32, context_len: 64}
+path_groups:
+  enc: {kind: encoder, clock_period: 200ms}
+  ocr: {batch: 3, images: 2, clock_period: 300ms, image_size: 448x448}
+  chat: {images: 0, clock_period: 50ms}
+  decode: {kind: decode, clock_period: 50ms}
+"""
+
+
+def test_groups_with_their_own_batch_and_images_compile_and_verify(tmp_path, cache_dir):
+    """zoo:qwen3-vl-tiny with a vision-encoder group, an OCR group of batch 3 with 2 images per sequence, a text
+    group and a decode step: compiled, its block files verified on every group's inputs (the OCR group's 6 images
+    through vision.onnx, 2 x 196 placeholders per prompt)."""
+    from click.testing import CliRunner
+
+    from softsyn.cli import main
+
+    constraints = tmp_path / "mixed.yaml"
+    constraints.write_text(MIXED)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-vl-tiny", "-c", str(constraints), "--effort", "low",
+                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    groups = {g["name"]: g for g in json.loads((out / "analysis.json").read_text())["groups"]}
+    assert groups["ocr"]["scenario"]["dims"] == {"batch": 3, "seq": 32 + 2 * 196, "past": 0, "images": 6}
+    assert "2 images per sequence, each 448x448" in groups["ocr"]["scenario"]["description"]
+    assert groups["enc"]["paths"][0]["endpoint"] in ("image_features", "deepstack_features")
+    assert groups["enc"]["paths"][0]["input_delay"] == pytest.approx(0.1)
+    assert groups["chat"]["scenario"]["dims"]["images"] == 0
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "ocr        logits" in result.output and "all 20 outputs within the accuracy budget" in result.output
