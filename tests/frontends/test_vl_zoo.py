@@ -17,9 +17,10 @@ from softsyn.library import load_library
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.runtime.inputs import scenario_inputs
 
-# Parameters of the published checkpoints, from their model cards (Qwen3-VL-8B-Instruct: 8.77B, e.g. LM Studio's
-# card quoted in EduardoNicacio/LLMBenchmark qwen3-VL-8b/readme.md; 2B and 4B: the hub's 2.13B and 4.44B)
-PUBLISHED = {"qwen3-vl-2b": 2.13e9, "qwen3-vl-4b": 4.44e9, "qwen3-vl-8b": 8.77e9}
+# Parameters of the published checkpoints: Qwen3-VL-8B-Instruct's 8.77B (LM Studio's card, quoted in
+# EduardoNicacio/LLMBenchmark qwen3-VL-8b/readme.md) within 0.5 %; for the 2B and 4B no exact count was found in a
+# source, so only the size their names give (rounded to whole billions)
+PUBLISHED = {"qwen3-vl-2b": (2e9, 0.25), "qwen3-vl-4b": (4e9, 0.125), "qwen3-vl-8b": (8.77e9, 0.005)}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -31,7 +32,8 @@ def test_real_size_entries_build_on_the_meta_device(name):
     entry = zoo.ZOO[name]
     assert entry.weights == "meta" and entry.dtype == "float16" and entry.model_type == "qwen3_vl"
     cfg = zoo.make_config(entry)
-    assert parameter_count(cfg, name) == pytest.approx(PUBLISHED[name], rel=0.005)
+    size, rel = PUBLISHED[name]
+    assert parameter_count(cfg, name) == pytest.approx(size, rel=rel)
     assert cfg.text_config.rope_scaling["mrope_section"] == [24, 20, 20]
     assert sum(cfg.text_config.rope_scaling["mrope_section"]) == cfg.text_config.head_dim // 2
     assert cfg.vision_config.out_hidden_size == cfg.text_config.hidden_size
