@@ -258,3 +258,42 @@ SLACK_BIN_COLUMNS: tuple[Column, ...] = (
     Column("paths", "Paths", 6, "right", "count", gap=1),
 )
 
+
+# ------------------------------------------------------------------------------------------ serving (simulated, est)
+
+# reports.serving: the serving checks (softsyn.results.serving.ServingCheck), latency in time units, throughput in
+# tokens/s (slack = achieved - minimum), the simulated distributions and the quantified suggestions
+SERVING_TIME_COLUMNS: tuple[Column, ...] = (
+    Column("group", "Group", 12),
+    _time("required", "Required", 12),
+    _time("achieved", "Achieved", 12),
+    _time("slack", "Slack", 12),
+    Column("status", "Status", 26, gap=2),
+)
+SERVING_RATE_COLUMNS: tuple[Column, ...] = (
+    Column("group", "Group", 12),
+    Column("required", "Min tok/s", 12, "right", "number", fmt="{:,.1f}", gap=1),
+    Column("achieved", "Achieved", 12, "right", "number", fmt="{:,.1f}", gap=1),
+    Column("slack", "Slack", 12, "right", "number", fmt="{:,.1f}", gap=1),
+    Column("status", "Status", 26, gap=2),
+)
+SERVING_DISTRIBUTION_COLUMNS: tuple[Column, ...] = (
+    Column("metric", "Metric", 8),
+    _time("p50", "p50", 10),
+    _time("p90", "p90", 10),
+    _time("p99", "p99", 10),
+    _time("mean", "Mean", 10),
+    _time("max", "Max", 10),
+)
+SERVING_SUGGESTION_COLUMNS: tuple[Column, ...] = (
+    Column("knob", "Knob", 10),
+    Column("meets", "Meets", 5, missing="-", gap=1),
+    Column("change", "Change", 72, gap=2),
+    Column("result", "Simulated result", 60, gap=2),
+)
+SERVING_STEP_COLUMNS: tuple[Column, ...] = (
+    Column("kind", "Step", 8),
+    Column("batch", "Batch", 6, "right", "count", gap=1),
+    Column("tokens", "Past/prompt", 12, "right", "count", gap=1),
+    _time("time", "Time", 10),
+)

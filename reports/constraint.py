@@ -8,6 +8,7 @@ from reports.columns import CONSTRAINT_AREA_COLUMNS, CONSTRAINT_DELAY_COLUMNS
 from reports.common import (Column, banner_lines, byte_unit_for, fbytes, ftime, is_unconstrained, render,
                                     table_row, table_rule)
 from reports.advice import Facts, analysis_facts
+from reports.serving import constraint_sections
 from reports.suggest import area_suggestions, timing_suggestions
 
 
@@ -56,6 +57,7 @@ def report_constraint(analysis: Analysis, all_violators: bool = True, significan
                "slack": b(area.slack), "status": "(MET)" if area.slack >= 0 else "(VIOLATED)"}
         sections.append({"title": "max_area (VRAM)", "header": _header(CONSTRAINT_AREA_COLUMNS, bunit),
                          "rule": table_rule(CONSTRAINT_AREA_COLUMNS), "rows": table_row(CONSTRAINT_AREA_COLUMNS, row)})
+    sections += constraint_sections(analysis.serving, all_violators, unit, digits)
     if not all_violators:
         sections.append({"title": "accuracy", "header": [], "rule": "", "rows": ["not checked"]})
     options = ["-all_violators"] if all_violators else []

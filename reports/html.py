@@ -24,6 +24,7 @@ from reports.common import (Table, byte_unit_for, fbytes, fpercent, indexed_scop
 from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
 from reports.pareto import pareto_view
+from reports.serving import serving_view
 from reports.signoff import cell_table, group_table
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
@@ -309,6 +310,7 @@ def render_html(page: Page) -> str:
     return render("report_html.j2", head=header(page), groups=group_sections(a), precision=precision_map(page),
                   vram=vram(page), log=compile_log(page), signoff=signoff(page), fusion=fusion(page),
                   suggestions=suggestions(page), pareto=pareto_view(page.pareto), op_kinds=OP_KIND_NAMES,
+                  serving=serving_view(a.serving),
                   precisions=PRECISIONS, precision_class=precision_class, t=t, table_html=table_html, views=views)
 
 

@@ -6,6 +6,7 @@ from reports.common import (banner_lines, byte_unit_for, fbytes, fcount, ftime, 
                                     render)
 from reports.advice import Facts, analysis_facts
 from reports.suggest import area_suggestions, timing_suggestions
+from reports.serving import serving_lines
 from reports.tp import tp_lines
 
 LABEL_WIDTH = 28
@@ -109,11 +110,16 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
                    f"{ftime(g.critical.slack, unit, digits)} {unit} {how} weight {g.weight:g}; the optimiser serves "
                    "it first)"
                    f"\n  {closing}")
+    if analysis.serving is not None:
+        bad = [c.group for c in analysis.serving.checks if not c.met]
+        closing += (f"\n  Serving: {len(bad)} of {len(analysis.serving.checks)} checks violated"
+                    f"{' (' + ', '.join(bad) + ')' if bad else ''} (simulated, est)")
     facts = facts or analysis_facts(analysis)
     suggestions = (timing_suggestions(analysis.groups, unit, digits, facts=facts)
                    + area_suggestions(area, facts))
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,
                   cell_lines=cell_lines, cell_total=cell_total, area_lines=area_lines, rule_lines=rule_lines,
                   closing=closing, notes=analysis.notes, tp_lines=tp_lines(analysis.tp, bunit),
+                  serving_lines=serving_lines(analysis.serving, unit, digits),
                   suggestions=suggestions,
                   constraints_file=analysis.constraints_file)

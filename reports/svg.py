@@ -266,8 +266,10 @@ def roofline_chart(points: Sequence[tuple[float, float, str, str]], bandwidth: f
     return Markup("").join(parts)
 
 
-def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> Markup:
-    """Counts per [low, high) bin as columns, with the zero-slack line where it falls inside."""
+def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str, x_label: str = "slack (ms)",
+              noun: str = "path") -> Markup:
+    """Counts per [low, high) bin as columns, with the zero-slack line where it falls inside; `noun` is what is
+    counted, `x_label` the axis."""
     parts = [Markup('<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}">').format(W, H, title),
              _title(title)]
     lo, hi = min(b[0] for b in bins), max(b[1] for b in bins)
@@ -284,17 +286,17 @@ def histogram(bins: Sequence[tuple[float, float, int]], title: str, fmt=str) -> 
     for low, high, n in bins:
         h = ph * n / top
         parts.append(Markup('<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" class="{css}"><title>{low} '
-                            'to {high}: {n} path{s}</title></rect>').format(
+                            'to {high}: {n} {s}</title></rect>').format(
             x=x(low) + 1, y=PAD_T + ph - h, w=max(x(high) - x(low) - 2, 1.5), h=h, css="bin neg" if high <= 0 else "bin",
-            low=fmt(low), high=fmt(high), n=n, s="s" if n != 1 else ""))
+            low=fmt(low), high=fmt(high), n=n, s=f"{noun}s" if n != 1 else noun))
     for v in (lo, hi):
         parts.append(Markup('<text x="{:.1f}" y="{}" class="axis" text-anchor="middle">{}</text>').format(
             x(v), PAD_T + ph + 14, fmt(v)))
     if lo < 0 < hi:
         parts.append(Markup('<line x1="{x:.1f}" x2="{x:.1f}" y1="{t}" y2="{b}" class="diag"><title>slack 0</title></line>'
                             ).format(x=x(0), t=PAD_T, b=PAD_T + ph))
-    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">slack (ms)</text></svg>').format(
-        PAD_L + pw / 2, H - 4))
+    parts.append(Markup('<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text></svg>').format(
+        PAD_L + pw / 2, H - 4, x_label))
     return Markup("").join(parts)
 
 

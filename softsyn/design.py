@@ -36,6 +36,7 @@ from softsyn.timing.sta import unmodelled_warnings
 from softsyn.results.annotation import load_annotation
 from softsyn.runtime.load_view import load_view
 from softsyn.timing.tp_plan import partition_at, plan
+from softsyn.timing.serving.design_steps import design_serving
 from softsyn.library.collectives import load_collectives
 
 # Scenario dims of the default groups, from the workload (constraints.workload).
@@ -293,9 +294,10 @@ class Design:
     def collectives(self):
         return load_collectives()
 
-    def analyze(self, tp_plan: bool = True) -> Analysis:
+    def analyze(self, tp_plan: bool = True, serving: bool | None = None) -> Analysis:
         """`tp_plan`: with tensor parallelism, the plan over every degree too (off for a compile's intermediate
-        steps, whose log rows need only this degree's timing)."""
+        steps, whose log rows need only this degree's timing); `serving`: the constraints' serving block simulated
+        (softsyn.timing.serving; default: when `tp_plan` is, so a compile simulates its result, not every step)."""
         groups = self.time()
         share = self.partition.share if self.partition is not None else None
         recast = self.partition.recast if self.partition is not None else None
@@ -305,12 +307,19 @@ class Design:
         header = self.library.header
         source = f"{header['runtime']} {header['provider']}, measured {header['date']}"
         source += "; delay tables" if self.library.cells else "; ceilings only: delays are roofline estimates"
+        areas = area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast)
+        simulate = (tp_plan if serving is None else serving) and self.constraints.serving is not None
+        served = None
+        if simulate:
+            start = time.perf_counter()
+            served = design_serving(self, areas)
+            self.log(f"serving: simulated {served.requests} requests, {time.perf_counter() - start:.1f} s")
         return Analysis(
             design=self.netlist.name, library=self.library.name,
             library_source=source,
             version=f"softsyn {__version__}", date=datetime.datetime.now().strftime("%a %b %d %H:%M:%S %Y"),
             provenance=self.netlist.provenance, constraints_file=str(self.constraints.source), groups=groups,
-            area=area(self.netlist, self.constraints, {g.name: g.scenario.dims for g in self.groups}, share, recast),
+            area=areas, serving=served,
             cell_counts=dict(sorted(counts.items())),
             notes=self._annotation_notes() + ([self.runtime_view.describe()] if self.runtime_view else []),
             warnings=self._library_warnings() + unmodelled_warnings(self.netlist, self.library),

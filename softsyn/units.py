@@ -46,6 +46,8 @@ __all__ = [
     "parse_time",
     "parse_bytes",
     "parse_percent",
+    "parse_rate",
+    "RATE_UNITS",
     "fmt_time",
     "fmt_bytes",
     "fmt_count",
@@ -161,6 +163,30 @@ def parse_percent(text: str | float) -> float:
         raise UnitError(f"unknown percentage unit {_clip(unit)!r} in {_clip(text)!r}; "
                         "valid: '%' (e.g. '5%') or a fraction 0..1")
     return value / 100.0
+
+
+# per-second factor of a rate's time unit: "20/s", "1200/min", "200 tok/s" (a word before the slash names what is
+# counted and is not checked)
+RATE_UNITS: dict[str, float] = {"s": 1.0, "min": 1 / 60.0, "ms": 1e3}
+_RATE = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z]*)\s*/\s*([A-Za-z]+)\s*$")
+
+
+def parse_rate(text: str | float) -> float:
+    """``"20/s"`` -> 20.0 per second; ``"1200/min"`` -> 20.0; ``"200 tok/s"`` -> 200.0. A bare number is an error
+    (per second or per minute?)."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise UnitError(f"rate must be a number per time unit, e.g. '20/s'; got {_clip(text)!r}")
+    m = _RATE.match(str(text))
+    if not m:
+        raise UnitError(f"cannot read rate {_clip(text)!r}: expected a number per time unit, e.g. '20/s', "
+                        "'1200/min', '200 tok/s'")
+    unit = m.group(3).lower()
+    if unit not in RATE_UNITS:
+        raise UnitError(f"unknown rate unit '/{_clip(m.group(3))}' in {_clip(text)!r}; valid: /s, /min, /ms")
+    value = float(m.group(1)) * RATE_UNITS[unit]
+    if not math.isfinite(value):
+        raise NotFiniteError(f"rate {_clip(text)!r} is not a finite number")
+    return value
 
 
 # ---------------------------------------------------------------------------- formatting

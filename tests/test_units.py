@@ -12,6 +12,7 @@ from softsyn.units import (
     fmt_time,
     parse_bytes,
     parse_percent,
+    parse_rate,
     parse_time,
 )
 
@@ -171,3 +172,15 @@ def test_round_trip():
     for s in ["600ms", "2s", "250us"]:
         assert parse_time(fmt_time(parse_time(s), unit="auto")) == pytest.approx(parse_time(s))
     assert parse_bytes(fmt_bytes(16_380_000_000)) == 16_380_000_000
+
+
+@pytest.mark.parametrize("text, rate", [("20/s", 20.0), ("1200/min", 20.0), ("200 tok/s", 200.0), (" 2.5 / ms", 2500.0)])
+def test_parse_rate(text, rate):
+    assert math.isclose(parse_rate(text), rate)
+
+
+@pytest.mark.parametrize("text, message", [("20", "expected a number per time unit"), (20, "expected a number per"),
+                                           ("20/h", "unknown rate unit '/h'"), ("1e400/s", "not a finite number")])
+def test_parse_rate_refuses(text, message):
+    with pytest.raises(UnitError, match=message):
+        parse_rate(text)

@@ -63,7 +63,8 @@ def analyze(model, constraints_file, out_dir, target, batch, prompt_len, context
             if not quiet:
                 click.echo(f"[softsyn] wrote {staged.out / path.relative_to(staged.path)}", err=True)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
-    sys.exit(1 if violated else 0)
+    served = analysis.serving is not None and analysis.serving.violated  # a serving check is a timing check too
+    sys.exit(1 if violated or served else 0)
 
 
 def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, plan, all_logits, tp, as_json, quiet):
@@ -82,6 +83,7 @@ def compile_cmd(model, constraints_file, effort, out_dir, target, cache_dir, pla
     analysis, path = compile_design(design, effort, out, reference_record(model, design.netlist), plan=plan,
                                     options=options, started=started)
     violated = analysis.violating_paths > 0 or (analysis.area.slack is not None and analysis.area.slack < 0)
+    violated = violated or (analysis.serving is not None and analysis.serving.violated)
     if as_json:
         click.echo(json.dumps({"schema": "softsyn.compile/1", "directory": str(path), "violated": violated,
                                "compile_log": json.loads((path / "compile_log.json").read_text()),

@@ -17,7 +17,7 @@ The short form that deployment guides write loads as is::
     area_constraint: 80GB
 
 The full form adds ``target``, ``workload``, ``path_groups``, ``clock_uncertainty``,
-``accuracy``, ``precision``, ``dont_touch``, ``kv_cache`` and ``parallel`` (see the `constraints/`
+``accuracy``, ``precision``, ``dont_touch``, ``kv_cache``, ``parallel`` and ``serving`` (see the `constraints/`
 examples and `KEYS` below).
 
 Decisions:
@@ -63,6 +63,7 @@ from typing import Any
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from softsyn.constraints.reader import YamlReader, compose, describe, error_at, line_of, read_text
+from softsyn.constraints.serving import SERVING_KEYS, Lengths, Serving, read_serving
 from softsyn.errors import SoftsynError
 
 __all__ = [
@@ -74,6 +75,8 @@ __all__ = [
     "KVCache",
     "Parallel",
     "Constraints",
+    "Serving",
+    "Lengths",
     "load_constraints",
     "parse_constraints",
     "PRECISIONS",
@@ -93,7 +96,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "": (
         "target", "clock_period", "clock_uncertainty", "input_delay", "output_delay",
         "area_constraint", "workload", "path_groups", "accuracy", "precision",
-        "dont_touch", "kv_cache", "parallel",
+        "dont_touch", "kv_cache", "parallel", "serving",
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
     "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay", "batch",
@@ -102,6 +105,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
     "parallel": ("tensor", "devices", "weights"),
+    "serving": SERVING_KEYS["serving"],
 }
 MAX_IMAGES = 64  # images per sequence in one group (each adds its grid's tokens to the prompt)
 MAX_DEVICES = 64  # devices of one tensor-parallel group (one NVLink domain; NVL72 is the largest today)
@@ -195,6 +199,7 @@ class Constraints:
     dont_touch: list[str] = field(default_factory=list)
     kv_cache: KVCache = field(default_factory=KVCache)
     parallel: Parallel = field(default_factory=Parallel)
+    serving: Serving | None = None  # a load to simulate (softsyn.constraints.serving); None: no serving checks
     # dotted key path ("path_groups.decode.clock_period") -> 1-based line in `source`
     key_lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -352,6 +357,8 @@ class _Reader(YamlReader):
             c.kv_cache = self.kv_cache(n)
         if (n := get("parallel")) is not None:
             c.parallel = self.parallel(n)
+        if (n := get("serving")) is not None:
+            c.serving = read_serving(self, n)
 
         self.check(c, top)
         return c

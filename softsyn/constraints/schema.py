@@ -15,7 +15,8 @@ from pathlib import Path
 
 from softsyn.constraints.model import GROUP_KINDS, KEYS, KV_DTYPES, MAX_DEVICES, MAX_IMAGES, MODALITIES, PRECISIONS
 from softsyn.constraints.reader import MAX_INT
-from softsyn.units import BYTE_UNITS, TIME_UNITS
+from softsyn.constraints.serving import MAX_REQUESTS, MAX_TOKENS, SERVING_KEYS
+from softsyn.units import BYTE_UNITS, RATE_UNITS, TIME_UNITS
 
 SCHEMA_FILE = Path(__file__).with_name("constraints.schema.json")
 SCHEMA_ID = "https://softsyn.invalid/constraints.schema.json"  # an identifier, never fetched
@@ -39,6 +40,8 @@ SIZE = {"type": "string", "pattern": rf"^\s*{_NUMBER}\s*(?:{_ci(_BYTE_UNITS)})\s
 PERCENT = {"oneOf": [{"type": "string", "pattern": rf"^\s*{_NUMBER}\s*%\s*$"},
                      {"type": "number", "minimum": 0, "maximum": 1}],
            "description": "a percentage (5%) or a fraction 0..1"}
+RATE = {"type": "string", "pattern": rf"^\s*{_NUMBER}\s*[A-Za-z]*\s*/\s*(?:{_ci('|'.join(RATE_UNITS))})\s*$",
+        "description": "a rate per time unit: 20/s, 1200/min, 200 tok/s"}
 DELAYS = {"oneOf": [TIME, {"type": "object", "additionalProperties": TIME,
                            "description": f"port or modality ({', '.join(MODALITIES)}) or * -> time"}]}
 
@@ -49,6 +52,11 @@ def _integer(minimum: int, maximum: int = MAX_INT) -> dict:
 
 def _choice(values, what: str) -> dict:
     return {"type": "string", "enum": sorted({*values, *(v.upper() for v in values)}), "description": what}
+
+
+def _object(keys: tuple[str, ...], form: dict, what: str) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": dict.fromkeys(keys, form),
+            "description": what}
 
 
 def _strings(what: str) -> dict:
@@ -79,6 +87,15 @@ FORMS: dict[str, dict] = {
     "kv_cache.dtype": _choice(KV_DTYPES, "KV cache dtype"), "kv_cache.max_length": _integer(1),
     "parallel.tensor": _integer(1, MAX_DEVICES), "parallel.devices": _integer(1, MAX_DEVICES),
     "parallel.weights": _choice(("int8", "int4"), "weight precision (what-if)"),
+    "serving.arrival_rate": RATE, "serving.max_batch": _integer(1, 4096), "serving.batch_timeout": TIME,
+    "serving.prompt_len": {"oneOf": [_integer(1, MAX_TOKENS), _object(SERVING_KEYS["serving.lengths"],
+                                                                      _integer(1, MAX_TOKENS), "tokens at p50, p99")]},
+    "serving.gen_len": {"oneOf": [_integer(1, MAX_TOKENS), _object(SERVING_KEYS["serving.lengths"],
+                                                                   _integer(1, MAX_TOKENS), "tokens at p50, p99")]},
+    "serving.ttft": _object(SERVING_KEYS["serving.ttft"], TIME, "time to first token budgets"),
+    "serving.tpot": _object(SERVING_KEYS["serving.tpot"], TIME, "time per output token budgets"),
+    "serving.throughput": _object(SERVING_KEYS["serving.throughput"], RATE, "generated tokens/s, at least"),
+    "serving.requests": _integer(10, MAX_REQUESTS), "serving.seed": _integer(0),
 }
 
 

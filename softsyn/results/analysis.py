@@ -12,6 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+# imported here because _build finds nested classes in this module's globals and json_io reads Analysis's hints
+from softsyn.results.serving import (Distribution, HistogramBin, ServingCheck, ServingResult,  # noqa: F401
+                                     ServingSuggestion, StepPoint)
+
 
 @dataclass
 class PathPoint:
@@ -241,6 +245,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the figures cannot be trusted for (every report's banner)
     tp: TPPlan | None = None  # tensor parallelism: the analysis is of one of tp.n devices
+    serving: ServingResult | None = None  # constraints' serving block: the simulated checks (softsyn.timing.serving)
 
     @property
     def wns(self) -> float:
@@ -310,7 +315,14 @@ _NESTED = {
     ("KVBudget", "workspace_points"): "WorkspacePoint",
     ("Analysis", "tp"): "TPPlan",
     ("TPPlan", "rows"): "TPRow",
+    ("Analysis", "serving"): "ServingResult",
+    ("ServingResult", "checks"): "ServingCheck",
+    ("ServingResult", "distributions"): "Distribution",
+    ("ServingResult", "steps"): "StepPoint",
+    ("ServingResult", "histogram"): "HistogramBin",
+    ("ServingResult", "suggestions"): "ServingSuggestion",
 }
+
 
 
 def _build(cls, data: dict):

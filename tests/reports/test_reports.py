@@ -13,6 +13,7 @@ import pytest
 from softsyn.timing import (Analysis, AreaItem, AreaResult, GroupTiming, KVBudget, PathPoint, Scenario, TimingPath,
                             WeightOption, WorkspacePoint)
 from softsyn.timing.area import kv_budget, weight_options
+from softsyn.results.serving import Distribution, ServingCheck, ServingResult, ServingSuggestion, StepPoint
 from reports import (REPORTS, fold_points, from_json, report_area, report_constraint,
                      report_qor, report_timing, to_json, write_reports)
 
@@ -130,7 +131,25 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"{name} differs from golden (SOFTSYN_UPDATE_GOLDEN=1 rewrites)"
 
 
+def with_serving(analysis: Analysis) -> Analysis:
+    """The analysis with a hand-built serving result: a violated TTFT p99, a met throughput, two suggestions."""
+    analysis.serving = ServingResult(
+        load="100 requests, Poisson at 50/s (seed 0)", model="continuous batching (hand-built)", requests=100,
+        completed=100, throughput=1234.5, offered=1300.0, kv_tokens=8000.0,
+        checks=[ServingCheck("ttft_p50", "time", 0.3, 0.1205, 0.1795),
+                ServingCheck("ttft_p99", "time", 0.8, 0.95, -0.15),
+                ServingCheck("throughput", "rate", 1000.0, 1234.5, 234.5)],
+        distributions=[Distribution("ttft", 0.1205, 0.5, 0.95, 0.2, 1.1)],
+        steps=[StepPoint("decode", 4, 256, 0.0021)],
+        suggestions=[ServingSuggestion("max_batch", "max_batch 16 -> 32", "ttft_p99 700.0 ms: all met", True),
+                     ServingSuggestion("kv_dtype", "kv_cache.dtype int8", "not simulated: no area_constraint", None)],
+        notes=["a note"])
+    return analysis
+
+
 GOLDEN_CASES = {
+    "qor_serving.rpt": lambda a: report_qor(with_serving(a)),
+    "constraint_serving.rpt": lambda a: report_constraint(with_serving(a)),
     "timing_full.rpt": lambda a: report_timing(a),
     "timing_folded.rpt": lambda a: report_timing(a, fold=True),
     "timing_prefill_2paths.rpt": lambda a: report_timing(a, group="prefill", max_paths=2, fold=True),
@@ -332,6 +351,13 @@ def test_json_round_trip(analysis):
     for name, fn in REPORTS.items():
         assert fn(back) == fn(analysis), name
     assert report_timing(back, fold=True) == report_timing(analysis, fold=True)
+
+
+def test_json_round_trip_with_serving(analysis):
+    a = with_serving(analysis)
+    back = from_json(to_json(a))
+    assert back.serving == a.serving and back.serving.violated
+    assert report_qor(back) == report_qor(a)
 
 
 def test_json_round_trip_unconstrained(analysis):

@@ -1,0 +1,89 @@
+"""What a serving simulation produced (softsyn.timing.serving): the checks with slack, the distributions, the step
+table it ran on and the suggestions, as plain data the reports render and analysis.json holds. Every figure is
+simulated over step times estimated from the library: none is measured."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServingCheck:
+    """One serving timing check: a latency percentile below its budget, or throughput above its minimum.
+
+    Latency: slack = required - achieved (s). Throughput: slack = achieved - required (tokens/s), so a negative
+    slack is a violation either way."""
+
+    group: str  # ttft_p50 | ttft_p99 | tpot_p50 | tpot_p99 | throughput
+    kind: str  # "time" (s) | "rate" (tokens/s)
+    required: float
+    achieved: float
+    slack: float
+
+    @property
+    def met(self) -> bool:
+        return self.slack >= 0
+
+
+@dataclass
+class Distribution:
+    """One simulated metric over the requests (s; throughput has none)."""
+
+    metric: str  # ttft | tpot | e2e | queue
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    max: float
+
+
+@dataclass
+class HistogramBin:
+    """Requests whose metric lies in [low, high) (the last bin includes its high end)."""
+
+    metric: str  # ttft | tpot
+    low: float  # s
+    high: float
+    count: int
+
+
+@dataclass
+class StepPoint:
+    """One point of the step-time table: the STA's critical arrival at these dims."""
+
+    kind: str  # "decode" | "prefill"
+    batch: int
+    tokens: int  # decode: the sequences' (mean) cached tokens; prefill: prompt length
+    time: float  # s
+
+
+@dataclass
+class ServingSuggestion:
+    """One knob changed and the simulation re-run: what changed and what it gave."""
+
+    knob: str  # max_batch | precision | kv_dtype
+    change: str  # e.g. "max_batch 16 -> 32"
+    result: str  # e.g. "ttft_p99 412.0 ms, tpot_p99 1.2 ms, 1,900 tok/s: all met"
+    meets: bool | None  # every check met after the change; None: not quantified
+
+
+@dataclass
+class ServingResult:
+    """The serving analysis of one design: the load, the checks, the distributions, the steps and suggestions."""
+
+    load: str  # the workload and scheduler in words
+    model: str  # how steps are timed and scheduled, in words
+    requests: int
+    completed: int
+    throughput: float  # generated tokens/s
+    offered: float  # tokens/s the arrivals ask for (rate x mean gen_len)
+    kv_tokens: float | None  # KV budget in tokens (None: no area_constraint, not binding)
+    checks: list[ServingCheck] = field(default_factory=list)
+    distributions: list[Distribution] = field(default_factory=list)
+    histogram: list[HistogramBin] = field(default_factory=list)  # TTFT and TPOT, binned (the HTML page's charts)
+    steps: list[StepPoint] = field(default_factory=list)
+    suggestions: list[ServingSuggestion] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def violated(self) -> bool:
+        return any(not c.met for c in self.checks)

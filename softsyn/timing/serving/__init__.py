@@ -1,0 +1,60 @@
+"""Serving under load: step times from the STA (steps), requests (workload), a simulation of continuous batching
+(simulate), its checks with slack (checks) and quantified suggestions (suggest). `serving_analysis` puts them
+together for Design.analyze; everything it reports is simulated over step times estimated from the library."""
+from __future__ import annotations
+
+from softsyn.constraints.serving import Serving
+from softsyn.results.serving import ServingResult
+from softsyn.timing.serving.checks import checks, distributions, histogram
+from softsyn.timing.serving.simulate import Scheduler, simulate
+from softsyn.timing.serving.steps import StepTable, TimeAt, step_table
+from softsyn.timing.serving.suggest import Knobs, suggestions
+from softsyn.timing.serving.workload import cap, requests
+from softsyn.units import fmt_time
+
+__all__ = ["serving_analysis", "grid_for", "Knobs", "Scheduler", "StepTable", "simulate", "requests", "step_table"]
+
+MODEL = ("continuous batching (iteration-level, FCFS admission between steps within max_batch and the KV budget, "
+         "whole sequence reserved); decode step at the batch's mean past, a prefill per admitted prompt, a mixed "
+         "step = prefills + decode; step times: the STA's critical arrival at those dims from the library, "
+         "tabulated and interpolated (est)")
+BATCH_HEADROOM = 4  # the table covers batches up to this many times max_batch, for the max_batch suggestion
+
+
+def grid_for(serving: Serving) -> dict:
+    """step_table's limits for a serving block (time_at excluded)."""
+    return {"max_batch": serving.max_batch * BATCH_HEADROOM, "max_prompt": cap(serving.prompt_len),
+            "max_context": cap(serving.prompt_len) + cap(serving.gen_len)}
+
+
+def _load(serving: Serving, kv_tokens: float | None) -> str:
+    p, g = serving.prompt_len, serving.gen_len
+    kv = f"KV budget {kv_tokens:,.0f} tokens" if kv_tokens is not None else "KV budget unlimited (no area_constraint)"
+    return (f"{serving.requests} requests, Poisson at {serving.arrival_rate:g}/s (seed {serving.seed}); prompt "
+            f"p50/p99 {p.p50}/{p.p99}, gen p50/p99 {g.p50}/{g.p99} tokens (lognormal); max_batch {serving.max_batch}, "
+            f"batch_timeout {fmt_time(serving.batch_timeout, 'ms', 1)}; {kv}")
+
+
+def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs) -> ServingResult:
+    """Time the step table with `time_at`, simulate `serving`'s load, check it; when a check fails, re-run with each
+    of `knobs` changed."""
+    table = step_table(time_at, **grid_for(serving))
+    reqs = requests(serving)
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens)
+    outcome = simulate(reqs, table, sched)
+    rows = checks(serving, outcome)
+    offered = serving.arrival_rate * float(reqs.gen.mean())
+    notes = []
+    if serving.throughput_min is not None and serving.throughput_min > offered:
+        notes.append(f"throughput.min {serving.throughput_min:,.0f} tok/s is above what the arrivals offer "
+                     f"({offered:,.0f} tok/s = rate x mean gen_len): no engine meets it at this arrival rate")
+    if outcome.rejected:
+        notes.append(f"{outcome.rejected} requests never fit the KV budget alone and were rejected")
+    result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,
+                           completed=outcome.completed, throughput=outcome.throughput, offered=offered,
+                           kv_tokens=kv_tokens, checks=rows, distributions=distributions(outcome),
+                           histogram=histogram(outcome),
+                           steps=table.points(), notes=notes)
+    if result.violated:
+        result.suggestions = suggestions(serving, reqs, table, sched, knobs)
+    return result

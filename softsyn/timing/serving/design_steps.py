@@ -1,0 +1,68 @@
+"""A Design's serving analysis: its netlist timed by the STA at the step table's dims, its KV budget from the area
+result. Takes the Design as it is (duck-typed, as softsyn.timing.tp_plan does: design sits on the floor above)."""
+from __future__ import annotations
+
+from softsyn.netlist.dims import expr_names
+from softsyn.results.analysis import AreaResult, Scenario
+from softsyn.results.serving import ServingResult
+from softsyn.timing.capture import group_launch, shared_kv_buffer
+from softsyn.timing.serving import Knobs, serving_analysis, step_table, grid_for
+from softsyn.timing.sta import PathGroup, TimingRequest, time_group
+from softsyn.timing.tp import TPError, partition
+
+STEP = "serving-step"  # the path group name the steps are timed under (unconstrained: arrival is all that is read)
+
+
+def _timer(design, part=None):
+    """dims -> the critical arrival of one engine step at those dims (no input delay: a step starts when the
+    previous one ends); `part`: a what-if partition (weights at another precision), else the design's own."""
+    netlist = design.netlist
+    read = {n for expr in netlist.derived_dims.values() for n in expr_names(expr)}  # as Design._resolve binds
+    free = netlist.symbolic_dims() | read
+    absorbed = design.runtime_view.absorbed if design.runtime_view is not None else frozenset()
+    shared = shared_kv_buffer(netlist) if design.library.is_gpu else False
+    part = part if part is not None else design.partition
+
+    def time_at(dims: dict) -> float:
+        dims = {k: v for k, v in dims.items() if k in free}
+        group = PathGroup(name=STEP, clock_period=None, weight=1.0, critical_range=0.0, inputs=[],
+                          scenario=Scenario(STEP, dims, f"{STEP} ({dims})"))
+        mode = group_launch(netlist, design.library, dims, shared) if design.library.is_gpu else None
+        request = TimingRequest(absorbed=absorbed, partition=part, mode=mode,
+                                collectives=design.collectives if part is not None and part.n > 1 else None)
+        return time_group(netlist, design.graph, design.library, design.constraints, group, request).critical.arrival
+    return time_at
+
+
+def _kv(area: AreaResult) -> tuple[float | None, float | None, str]:
+    """(KV budget in tokens, the same at int8, why int8 is not simulated)."""
+    kv = area.kv_budget
+    if kv is None:
+        return None, None, "the design has no KV cache"
+    if kv.available is None:
+        return None, None, "no area_constraint: the KV budget does not bind"
+    tokens = max(kv.available, 0.0) / kv.bytes_per_token
+    int8 = next((o for o in kv.kv_dtypes if "int8" in o.dtype.split("/")), None)
+    if int8 is None or int8.bytes_per_token >= kv.bytes_per_token:
+        return tokens, None, f"the KV cache is {kv.dtype} already"
+    return tokens, max(kv.available, 0.0) / int8.bytes_per_token, ""
+
+
+def design_serving(design, area: AreaResult) -> ServingResult:
+    serving = design.constraints.serving
+    if design.netlist.kind != "decoder":
+        raise design.constraints.error("serving", f"design {design.netlist.name} is a {design.netlist.kind} model; "
+                                       "serving simulates a decoder with a KV cache (prefill, then decode steps)")
+    tokens, int8_tokens, kv_why = _kv(area)
+
+    def retime(precision: str):
+        shapes = design.netlist.bind(design.groups[0].scenario.dims)
+        try:
+            what_if = partition(design.netlist, 1, shapes, design.constraints.parallel.devices, precision)
+        except TPError:
+            return None
+        return step_table(_timer(design, what_if), **grid_for(serving))
+
+    why = "tensor parallelism is on (the what-if re-times one device's partition only)" if design.partition else ""
+    knobs = Knobs(retime=retime, precision_why=why, kv_int8_tokens=int8_tokens, kv_why=kv_why)
+    return serving_analysis(serving, _timer(design), tokens, knobs)

@@ -1,0 +1,82 @@
+"""Step times of a serving engine, tabulated from the STA on a small grid and interpolated.
+
+A decode step at batch N times the netlist bound at {batch: N, seq: 1, past: P}, where P is the running sequences'
+mean cached length: every sequence sits in one shared KV buffer set at its own length, attention's work is linear in
+each sequence's length (so the mean gives the batch's total) and the weight GEMMs do not depend on it. A prefill is
+one prompt's call at {batch: 1, seq: L, past: 0}. A mixed step (prefills joining running decodes) runs each prefill
+call, then the decode call: a graph with one [batch, seq] shape cannot hold both, and an ONNX Runtime engine runs
+them one after the other in the same iteration. Between grid points the table interpolates linearly (bilinear in
+N and P for decode), beyond its last point it extrapolates along the last segment. Every time is the library's
+estimate of the design's critical path at those dims (the STA's, no new measurement).
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from softsyn.results.serving import StepPoint
+
+TimeAt = Callable[[dict], float]  # scenario dims -> the design's critical arrival there, s
+
+
+def _axis(limit: int, first: int = 1, factor: int = 2) -> list[int]:
+    """`first`, `first` x factor ... up to and including `limit`."""
+    points, n = [], first
+    while n < limit:
+        points.append(n)
+        n *= factor
+    return points + [limit]
+
+
+def _segment(axis: list[int], x: float) -> tuple[int, float]:
+    """(index i, weight w): x = axis[i] * (1 - w) + axis[i + 1] * w, w beyond [0, 1] outside the axis."""
+    if len(axis) == 1:
+        return 0, 0.0
+    i = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
+    return i, (x - axis[i]) / (axis[i + 1] - axis[i])
+
+
+@dataclass
+class StepTable:
+    batches: list[int]  # decode grid: batch sizes
+    pasts: list[int]  # decode grid: mean cached tokens
+    decode_times: list[list[float]]  # [batch index][past index], s
+    prompts: list[int]  # prefill grid: prompt lengths
+    prefill_times: list[float]  # s
+
+    def decode(self, batch: int, past: float) -> float:
+        i, u = _segment(self.batches, batch)
+        j, v = _segment(self.pasts, past)
+        t = self.decode_times
+        i1, j1 = min(i + 1, len(self.batches) - 1), min(j + 1, len(self.pasts) - 1)
+        low = t[i][j] * (1 - v) + t[i][j1] * v
+        high = t[i1][j] * (1 - v) + t[i1][j1] * v
+        return max(low * (1 - u) + high * u, 0.0)
+
+    def prefill(self, prompt: int) -> float:
+        i, w = _segment(self.prompts, prompt)
+        t = self.prefill_times
+        return max(t[i] * (1 - w) + t[min(i + 1, len(t) - 1)] * w, 0.0)
+
+    def scaled(self, decode: float, prefill: float) -> "StepTable":
+        """Every step time multiplied (a what-if: another precision's speed-up)."""
+        return StepTable(self.batches, self.pasts, [[x * decode for x in row] for row in self.decode_times],
+                         self.prompts, [x * prefill for x in self.prefill_times])
+
+    def points(self) -> list[StepPoint]:
+        decode = [StepPoint("decode", n, p, self.decode_times[i][j])
+                  for i, n in enumerate(self.batches) for j, p in enumerate(self.pasts)]
+        return decode + [StepPoint("prefill", 1, n, t) for n, t in zip(self.prompts, self.prefill_times)]
+
+
+def step_table(time_at: TimeAt, max_batch: int, max_prompt: int, max_context: int) -> StepTable:
+    """Time the grid: batch 1, 2, 4 ... max_batch; mean past 0 and 64, 256, 1024 ... max_context (decode is
+    linear in past: a sparse axis suffices); prompts 16, 32 ... max_prompt. `time_at` binds and times the design
+    (Design.step_time)."""
+    batches = _axis(max_batch)
+    pasts = [0] + _axis(max(max_context, 64), 64, 4)
+    prompts = _axis(max(max_prompt, 16), 16)
+    decode = [[time_at({"batch": n, "seq": 1, "past": p}) for p in pasts] for n in batches]
+    prefill = [time_at({"batch": 1, "seq": n, "past": 0}) for n in prompts]
+    return StepTable(batches, pasts, decode, prompts, prefill)

@@ -1,0 +1,111 @@
+"""Suggestions for a violated serving check, each quantified by re-running the simulation with one knob changed:
+the arrival rate (the highest at which the latency checks meet, by bisection over the same seeded requests, their
+arrival times scaled), max_batch (the value nearest the given one that meets every check, else the best one tried), weight precision (the
+step table re-timed with the design's weight matmuls as int8/int4 MatMulNBits: the STA's what-if, an estimate),
+KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from softsyn.constraints.serving import Serving
+from softsyn.results.serving import ServingSuggestion
+from softsyn.timing.serving.checks import checks, summary
+from softsyn.timing.serving.simulate import Scheduler, simulate
+from softsyn.timing.serving.steps import StepTable
+from softsyn.timing.serving.workload import Requests, requests
+from softsyn.units import fmt_time
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the suggestions may change: the table at another weight precision (None: the analysis cannot re-time
+    it, and why), the KV budget at int8 (None: no area_constraint, or the KV cache is int8 or smaller already)."""
+
+    retime: Callable[[str], StepTable | None]  # precision -> the step table with weights at it (None: not timed)
+    precision_why: str  # why a precision is not quantified ("" when it is)
+    kv_int8_tokens: float | None
+    kv_why: str
+
+
+def _run(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> tuple[bool, str, float]:
+    """(every check met, the summary, the worst relative slack) of one re-run."""
+    outcome = simulate(reqs, table, sched)
+    rows = checks(serving, outcome)
+    worst = min((c.slack / c.required for c in rows), default=0.0)
+    return all(c.met for c in rows), summary(rows, outcome), worst
+
+
+RATE_STEPS = 6  # bisection steps: the rate to within 1/64 of the given one
+
+
+def arrival_rate(serving: Serving, table: StepTable, sched: Scheduler) -> ServingSuggestion | None:
+    """The highest arrival rate (bisected below the given one) at which every latency check meets; None without a
+    latency budget. Throughput is left out: it rises with the rate, so no single highest rate holds for it."""
+    latency = replace(serving, throughput_min=None)
+    if latency.ttft_p50 is latency.ttft_p99 is latency.tpot_p50 is latency.tpot_p99 is None:
+        return None
+    low, high, best = 0.0, serving.arrival_rate, None
+    for _ in range(RATE_STEPS):
+        mid = (low + high) / 2
+        met, text, _ = _run(latency, requests(replace(serving, arrival_rate=mid)), table, sched)
+        if met:
+            low, best = mid, text
+        else:
+            high = mid
+    if best is None:
+        return ServingSuggestion("rate", f"arrival_rate {serving.arrival_rate:g}/s -> below {high:.3g}/s",
+                                 "no rate tried meets the latency checks (simulated, est)", False)
+    return ServingSuggestion("rate", f"arrival_rate {serving.arrival_rate:g}/s -> {low:.3g}/s (the highest within "
+                             f"{serving.arrival_rate / 2 ** RATE_STEPS:.2g}/s meeting the latency checks)", best, True)
+
+
+def max_batch(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> ServingSuggestion:
+    tried = sorted({1 << k for k in range(12) if (1 << k) <= table.batches[-1]} - {sched.max_batch},
+                   key=lambda n: (abs(n - sched.max_batch), n))
+    best = None
+    for n in tried:
+        met, text, worst = _run(serving, reqs, table, replace(sched, max_batch=n))
+        if met:
+            return ServingSuggestion("max_batch", f"max_batch {sched.max_batch} -> {n}", text, True)
+        if best is None or worst > best[2]:
+            best = (n, text, worst)
+    if best is None:
+        return ServingSuggestion("max_batch", "max_batch: no other value timed", "not quantified", None)
+    return ServingSuggestion("max_batch", f"max_batch {sched.max_batch} -> {best[0]} (best of "
+                             f"{', '.join(map(str, sorted(tried)))}; none meets)", best[1], False)
+
+
+def precision(serving: Serving, reqs: Requests, base: StepTable, knobs: Knobs,
+              sched: Scheduler) -> list[ServingSuggestion]:
+    if knobs.precision_why:
+        return [ServingSuggestion("precision", "weights int8/int4", f"not quantified: {knobs.precision_why}", None)]
+    out = []
+    for p in ("int8", "int4"):
+        table = knobs.retime(p)
+        if table is None:
+            out.append(ServingSuggestion("precision", f"weights {p}", "not quantified: the library cannot time it",
+                                         None))
+            continue
+        met, text, _ = _run(serving, reqs, table, sched)
+        n, past = sched.max_batch, serving.prompt_len.p50 + serving.gen_len.p50 // 2
+        step = (f"decode at batch {n}, past {past}: {fmt_time(base.decode(n, past), 'ms', 3)} -> "
+                f"{fmt_time(table.decode(n, past), 'ms', 3)}")
+        out.append(ServingSuggestion("precision", f"weight matmuls {p} (MatMulNBits what-if; {step})", text, met))
+    return out
+
+
+def kv_dtype(serving: Serving, reqs: Requests, table: StepTable, knobs: Knobs,
+             sched: Scheduler) -> ServingSuggestion:
+    if knobs.kv_int8_tokens is None:
+        return ServingSuggestion("kv_dtype", "kv_cache.dtype int8", f"not simulated: {knobs.kv_why}", None)
+    met, text, _ = _run(serving, reqs, table, replace(sched, kv_tokens=knobs.kv_int8_tokens))
+    return ServingSuggestion("kv_dtype", f"kv_cache.dtype int8 (KV budget {sched.kv_tokens:,.0f} -> "
+                             f"{knobs.kv_int8_tokens:,.0f} tokens)", text, met)
+
+
+def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
+                knobs: Knobs) -> list[ServingSuggestion]:
+    rate = arrival_rate(serving, table, sched)
+    return [*([rate] if rate is not None else []), max_batch(serving, reqs, table, sched),
+            *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched)]
