@@ -192,13 +192,15 @@ class Design:
         defaults = DEFAULT_GROUPS[self.netlist.kind]
         composite = bool(self.netlist.blocks())
         kind = spec.kind or (spec.name if spec.name in defaults or not composite else "prefill")
-        base = defaults.get(kind)
+        # a composite's encoder group (the vision block alone) is scenario'd like a prefill: its images per sequence
+        base = defaults.get("prefill" if composite and kind == "encoder" else kind)
         dims = base(self.constraints.workload) if base else {"batch": self.constraints.workload.batch}
         if spec.batch is not None:
             dims["batch"] = spec.batch
         blocks, image_note = None, ""
-        if spec.image is not None and not composite:
-            raise self.constraints.error(f"path_groups.{spec.name}.image", f"design {self.netlist.name} has no vision "
+        if (spec.image is not None or spec.images) and not composite:
+            key = "image" if spec.image is not None else "images"
+            raise self.constraints.error(f"path_groups.{spec.name}.{key}", f"design {self.netlist.name} has no vision "
                                          "block (image groups need a vision-language composite, e.g. zoo:qwen3-vl-tiny)")
         if composite:
             dims, blocks, image_note = self._composite_dims(spec, kind, dims)
@@ -235,22 +237,34 @@ class Design:
             scenario=Scenario(name=spec.name, dims=dims, description=f"{spec.name} ({shown})"))
 
     def _composite_dims(self, spec: PathGroupSpec, kind: str, dims: dict) -> tuple[dict, list[str], str]:
-        """A composite group's dims, blocks and image note: a prefill with an image (the default prefill, or a
-        group naming `image`) runs every block, one image per sequence whose tokens join the prompt; a decode
-        step or a text-only group runs the embedding and the decoder, with no image features."""
+        """A composite group's dims, blocks and image note. A prefill group is an image task unless it says
+        `images: 0` (the guides' OCR, GUI-agent and visual-math groups all read images): `images` images per
+        sequence (default 1) whose tokens join the prompt, every block run; a decode step or a text-only group runs
+        the embedding and the decoder; an encoder group runs the vision block alone."""
         image = self.netlist.provenance.get("image") or {}
         names = [b["name"] for b in self.netlist.blocks()]
-        with_image = kind != "decode" and (spec.image is not None or not self.constraints.path_groups)
-        if not with_image:
+        where = f"path_groups.{spec.name}"
+        if spec.images and kind == "decode":
+            raise self.constraints.error(f"{where}.images", f"{spec.images}: a decode step reads no image (its "
+                                         "prompt's images were read at prefill); drop images or make it a prefill")
+        per_seq = 0 if kind == "decode" else 1 if spec.images is None else spec.images
+        if kind == "encoder" and not per_seq:
+            raise self.constraints.error(f"{where}.images", "0: an encoder group times the vision block, which "
+                                         "needs images (>= 1)")
+        if not per_seq:
             return {**dims, "images": 0}, [n for n in names if n != "vision"], ""
         size = tuple(image.get("size") or ())
         if spec.image is not None and tuple(spec.image) != size:
-            raise self.constraints.error(f"path_groups.{spec.name}.image", f"{spec.image[0]}x{spec.image[1]}: the "
+            raise self.constraints.error(f"{where}.image", f"{spec.image[0]}x{spec.image[1]}: the "
                                          f"design's vision block is exported at {size[0]}x{size[1]}")
         tokens = int(image["tokens"])
         t, h, w = image["grid_thw"]
-        dims = {**dims, "seq": dims["seq"] + tokens, "images": dims["batch"]}
-        return dims, names, f"; image {size[0]}x{size[1]} -> grid {t}x{h}x{w} -> {tokens} tokens"
+        dims = {**dims, "seq": dims["seq"] + per_seq * tokens, "images": dims["batch"] * per_seq}
+        each = f"{per_seq} images per sequence, each" if per_seq > 1 else "image"
+        note = f"; {each} {size[0]}x{size[1]} -> grid {t}x{h}x{w} -> {tokens} tokens"
+        if kind == "encoder":
+            return dims, ["vision"], note + " (vision encoder only)"
+        return dims, names, note
 
     def netlist_changed(self) -> None:
         """Call after changing the netlist: drops what was derived from it, so the next use rebuilds it.

@@ -21,6 +21,7 @@ FLOAT, UINT8, INT8, INT32, INT64, BOOL, FP16, DOUBLE, BF16, FP8 = 1, 2, 3, 6, 7,
 ELEM = {"fp32": FLOAT, "fp16": FP16, "bf16": BF16, "fp64": DOUBLE}
 NP = {FLOAT: np.float32, FP16: np.float16, DOUBLE: np.float64, INT64: np.int64, INT32: np.int32, BOOL: np.bool_,
       UINT8: np.uint8, INT8: np.int8}
+BLOB_NP = {**NP, BF16: np.uint16}  # a weight's host array: bf16 as its bits (numpy has no bf16)
 
 
 @dataclass
@@ -109,14 +110,18 @@ class Blob:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(NP.get(self.elem, np.uint8)).itemsize
+        return math.prod(self.shape) * np.dtype(BLOB_NP.get(self.elem, np.uint8)).itemsize
 
 
 @functools.lru_cache(maxsize=8)
 def blob_array(elem: int, shape: tuple, seed: int = 0, scale: float = 1.0) -> np.ndarray:
-    """A Blob's contents (read-only: handed out again for the same arguments). FP8: the e4m3fn bit pattern of 1.0."""
+    """A Blob's contents (read-only: handed out again for the same arguments). FP8: the e4m3fn bit pattern of 1.0;
+    bf16: the top 16 bits of the fp32 draw, as uint16 (what a bf16 initializer's raw data and
+    ortvalue_from_numpy_with_onnx_type take; numpy has no bf16, and the MoE.bf16 recipe's experts failed on it)."""
     if elem == FP8:
         return np.full(shape, 0x38, np.uint8)
+    if elem == BF16:
+        return ((uniform(shape, seed) * scale).view(np.uint32) >> 16).astype(np.uint16)
     if elem in (UINT8, INT8):
         return _bytes(shape, seed).view(NP[elem])
     return (uniform(shape, seed) * scale).astype(NP[elem])

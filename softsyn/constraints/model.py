@@ -39,8 +39,11 @@ Decisions:
 * ``path_groups.*.dims`` names are checked against the design's dims when the groups are resolved
   (`softsyn.design`), where they are known; so is ``target`` (file and line of the key when no library has
   that name).
-* ``path_groups.*.batch`` is the scenario's batch; ``path_groups.*.image`` (``WIDTHxHEIGHT``) makes the group an
-  image task of a vision-language composite (one image per sequence; one size per file, checked by the design).
+* ``path_groups.*.batch`` is the scenario's batch. On a vision-language composite every prefill group is an image
+  task by default (one image per sequence: OCR, GUI agent, visual math); ``images: N`` gives the images per sequence
+  (0: a text-only group) and ``image_size`` (``WIDTHxHEIGHT``; ``image``, its first spelling, is read the same)
+  the images' size (one size per file, checked by the design). A group of ``kind: encoder`` times the vision
+  encoder alone.
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
@@ -97,13 +100,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     ),
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
     "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay", "batch",
-                   "image"),
+                   "images", "image_size", "image"),
     "accuracy": ("max_rel_error", "min_top1"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
     "parallel": ("tensor", "devices", "weights"),
     "serving": SERVING_KEYS["serving"],
 }
+MAX_IMAGES = 64  # images per sequence in one group (each adds its grid's tokens to the prompt)
 MAX_DEVICES = 64  # devices of one tensor-parallel group (one NVLink domain; NVL72 is the largest today)
 
 # Words people write for a key; only used to suggest the right one.
@@ -148,7 +152,10 @@ class PathGroupSpec:
     input_delay: dict[str, float] | None = None  # replaces the top-level input_delay for this group (a decode step
     # does not tokenise: its token comes from the sampler)
     batch: int | None = None  # the scenario's batch (dims.batch), as the guides write it
-    image: tuple[int, int] | None = None  # (width, height) of the group's image (a vision-language composite); None: text
+    image: tuple[int, int] | None = None  # (width, height) of the group's images (`image_size`, or `image` as first
+    # written); None: the design's one image size
+    images: int | None = None  # images per sequence; None: the default (1 for a composite's prefill group: an image
+    # task; 0 for a decode step); 0: a text-only group
 
 
 @dataclass
@@ -399,13 +406,22 @@ class _Reader(YamlReader):
             g.input_delay = self.delays(e["input_delay"][1], f"{key}.input_delay")
         if "batch" in e:
             g.batch = self.integer(e["batch"][1], f"{key}.batch", 1)
-        if "image" in e:
-            text = self.string(e["image"][1], f"{key}.image", "an image size WIDTHxHEIGHT")
+        if "image" in e and "image_size" in e:
+            raise self.fail(e["image"][1], f"{key}.image", "give image_size or image (the same key), not both")
+        size_key = "image_size" if "image_size" in e else "image" if "image" in e else None
+        if size_key:
+            node = e[size_key][1]
+            text = self.string(node, f"{key}.{size_key}", "an image size WIDTHxHEIGHT")
             m = re.match(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$", text)
             if not m or min(int(m.group(1)), int(m.group(2))) < 1:
-                raise self.fail(e["image"][1], f"{key}.image", f"{text!r} is not an image size; valid: WIDTHxHEIGHT "
+                raise self.fail(node, f"{key}.{size_key}", f"{text!r} is not an image size; valid: WIDTHxHEIGHT "
                                 "in pixels, e.g. 448x448 or 1280x720")
             g.image = (int(m.group(1)), int(m.group(2)))
+        if "images" in e:
+            g.images = self.integer(e["images"][1], f"{key}.images", 0, MAX_IMAGES)
+            if g.images == 0 and g.image is not None:
+                raise self.fail(e["images"][1], f"{key}.images", f"0 with {size_key} given: a text-only group has no "
+                                f"image size; drop {size_key}, or give images >= 1")
         return g
 
     def accuracy(self, node: Node) -> Accuracy:

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from softsyn.constraints.model import GROUP_KINDS, KEYS, KV_DTYPES, MAX_DEVICES, MODALITIES, PRECISIONS
+from softsyn.constraints.model import GROUP_KINDS, KEYS, KV_DTYPES, MAX_DEVICES, MAX_IMAGES, MODALITIES, PRECISIONS
 from softsyn.constraints.reader import MAX_INT
 from softsyn.constraints.serving import MAX_REQUESTS, MAX_TOKENS, SERVING_KEYS
 from softsyn.units import BYTE_UNITS, RATE_UNITS, TIME_UNITS
@@ -63,6 +63,8 @@ def _strings(what: str) -> dict:
     return {"type": "array", "items": {"type": "string"}, "description": what}
 
 
+IMAGE_SIZE = {"type": "string", "pattern": r"^\s*\d+\s*[xX]\s*\d+\s*$", "description": "WIDTHxHEIGHT"}
+
 FORMS: dict[str, dict] = {
     "target": {"type": "string", "description": "a library name (cpu-ort, cpu-ort-xeon, h200-ort-cuda), a .yaml "
                                                 "path, relative to this file, or the PyTorch target cpu-torch "
@@ -75,7 +77,9 @@ FORMS: dict[str, dict] = {
     "path_group.dims": {"type": "object", "additionalProperties": _integer(0), "description": "dim name -> integer"},
     "path_group.inputs": _strings("input port names"), "path_group.input_delay": DELAYS,
     "path_group.batch": _integer(1),
-    "path_group.image": {"type": "string", "pattern": r"^\s*\d+\s*[xX]\s*\d+\s*$", "description": "WIDTHxHEIGHT"},
+    "path_group.image_size": IMAGE_SIZE, "path_group.image": dict(IMAGE_SIZE, description="WIDTHxHEIGHT (image_size)"),
+    "path_group.images": dict(_integer(0, MAX_IMAGES), description="images per sequence (0: text only; default 1 "
+                                                                    "on a vision-language composite's prefill)"),
     "accuracy.max_rel_error": PERCENT, "accuracy.min_top1": PERCENT,
     "precision.allowed": {"oneOf": [{"type": "array", "minItems": 1, "items": _choice(PRECISIONS, "precision")},
                                     _choice(PRECISIONS, "precision")]},

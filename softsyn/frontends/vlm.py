@@ -14,6 +14,7 @@ softsyn.frontends.vlm_export.
 """
 from __future__ import annotations
 
+import copy
 import math
 import re
 import sys
@@ -24,7 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
-from softsyn.frontends import cache as _cache, export as _export
+from softsyn.frontends import cache as _cache, export as _export, replicate as _replicate
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.frontends.hf import MATERIALISE_LIMIT, config_summary
 from softsyn.frontends.hf_common import brief
@@ -150,6 +151,26 @@ def _name_image_dims(graph) -> None:
                 d.dim_param = pattern.sub("images", d.dim_param)
 
 
+def traced_layers(cfg) -> int | None:
+    """Decoder layers to trace for a weightless export that copies the last of them to the config's depth, or None
+    when every layer is traced: the first len(deepstack) layers add DeepStack features after them (their successor
+    reads that sum, not a layer's output), so the template is the second plain layer after them."""
+    text = cfg.text_config
+    traced = len(cfg.vision_config.deepstack_visual_indexes or []) + _replicate.EXPORTED
+    if text.num_hidden_layers <= traced or not _replicate.homogeneous(text):
+        return None
+    return traced
+
+
+def _with_layers(cfg, layers: int):
+    """A copy of the Qwen3-VL config `cfg` whose text decoder has `layers` layers."""
+    traced = copy.deepcopy(cfg)
+    traced.text_config.num_hidden_layers = layers
+    if getattr(traced.text_config, "layer_types", None):
+        traced.text_config.layer_types = traced.text_config.layer_types[:layers]
+    return traced
+
+
 def _torch_side():
     """softsyn.frontends.vlm_export (the torch side of a vision-language read), imported on first use."""
     # deferred: torch and transformers take seconds to import; only reading a Hugging Face model needs them
@@ -171,6 +192,10 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     size = tuple(image_size or DEFAULT_IMAGE)
     grid = grid_for(cfg, size)
     exporter = f"{_export.DYNAMO}, blocks vision/embedding/decoder, fixed grid {'x'.join(map(str, grid.thw))}"
+    traced = traced_layers(cfg) if weights == "meta" else None
+    layers = cfg.text_config.num_hidden_layers
+    if traced:
+        exporter += f", decoder layers {traced} exported then replicated to {layers}"
     key = _cache.content_key({"config": cfg.to_dict(), "kind": "vlm", "exporter": exporter, "opset": _export.OPSET,
                               "weights": weights, "dtype": dtype, "frontend": _cache.FRONTEND_VERSION,
                               "versions": _cache.versions()})
@@ -183,12 +208,19 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
     if progress:
         print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
     _export.torch_num_threads()
-    model = _torch_side().build_model(cfg, source, weights=weights, dtype=dtype)
-    parameters = sum(p.numel() for p in model.parameters())
+    model = _torch_side().build_model(_with_layers(cfg, traced) if traced else cfg, source, weights=weights,
+                                      dtype=dtype)
+    parameters = _torch_side().parameter_count(cfg, source) if traced else sum(p.numel() for p in model.parameters())
     try:
         blocks = _torch_side().export_blocks(model, name, grid)
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
         raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
+    copies = None
+    if traced:
+        try:
+            copies = _replicate.replicate_layers(blocks["decoder"], layers)
+        except _replicate.NotReplicable as e:
+            raise SoftsynError(f"{source}: cannot replicate the decoder layers of {name}: {e}") from None
     joined, info = join_blocks(blocks, name)
     del model, blocks
     t, h, w = grid.thw
@@ -203,6 +235,10 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
                   "positions": "fixed per export: the grid's patch positions, rotary angles and resampled position "
                                "table are constants; `images` (a dynamic dim) images of that grid per call"},
     }
+    if traced:
+        provenance["layers"] = (f"decoder: {traced} traced by torch.export (the first {traced - 2} add DeepStack "
+                                f"features), model.layers.{traced - 1} copied {copies} times to {layers} "
+                                "(softsyn.frontends.replicate); vision: every block traced")
     if weights == "meta":
         provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
     summary = config_summary(cfg.text_config, parameters)

@@ -3,7 +3,8 @@
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
 ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention). Real-size shapes
 (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``, ``gemma2-2b``) are built on the meta device in
-float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM.
+float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM; so are the vision-language
+composites ``qwen3-vl-2b``/``4b``/``8b`` (docs/decisions/2026-12-02-qwen3-vl-zoo.md: the sources of their values).
 """
 from __future__ import annotations
 
@@ -54,6 +55,29 @@ def _qwen3_moe(name: str, title: str, layers: int, hidden: int, heads: int, dens
                           f"width {expert}, vocab 151936); fp16, weights not materialised", "qwen3_moe",
                     dict(_QWEN3_MOE, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          intermediate_size=dense, moe_intermediate_size=expert), weights="meta", dtype="float16")
+
+
+# Qwen3-VL-2B/4B/8B-Instruct as published (their config.json, transformers 4.57): what the three share. The
+# sources of every value are listed per entry below and in docs/decisions/2026-12-02-qwen3-vl-zoo.md.
+_QWEN3_VL_TEXT = dict(head_dim=128, vocab_size=151936, rope_theta=5_000_000.0, rms_norm_eps=1e-6, hidden_act="silu",
+                      max_position_embeddings=262144, attention_bias=False,
+                      rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True})
+_QWEN3_VL_VISION = dict(num_heads=16, patch_size=16, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
+                        num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh")
+
+
+def _qwen3_vl(name: str, title: str, text: dict, vision: dict, tied: bool) -> ZooEntry:
+    """A published Qwen3-VL dense shape on the meta device (fp16): the vision tower, its merger and DeepStack
+    mergers, and the Qwen3 text decoder with interleaved mrope."""
+    t, v = dict(_QWEN3_VL_TEXT, **text, tie_word_embeddings=tied), dict(_QWEN3_VL_VISION, **vision)
+    return ZooEntry(name, f"{title} shapes: vision {v['depth']} x {v['hidden_size']} (DeepStack after "
+                          f"{'/'.join(map(str, v['deepstack_visual_indexes']))}) + merger to {v['out_hidden_size']}, "
+                          f"text {t['num_hidden_layers']} x {t['hidden_size']} ({t['num_attention_heads']}/"
+                          f"{t['num_key_value_heads']} heads, MLP {t['intermediate_size']}, vocab 151936, "
+                          f"{'tied' if tied else 'untied'}); fp16, weights not materialised", "qwen3_vl",
+                    dict(text_config=t, vision_config=v, image_token_id=151655, video_token_id=151656,
+                         vision_start_token_id=151652, vision_end_token_id=151653, tie_word_embeddings=tied),
+                    weights="meta", dtype="float16")
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -172,6 +196,30 @@ ZOO: dict[str, ZooEntry] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Qwen/Qwen3-VL-2B-Instruct config.json; cross-checked against copies of it in public repositories (Rust and
+    # C++ test fixtures quoting it whole, transformers_version 4.57.0.dev0) and dangtruong-github/qwen3-vl-2b-inference
+    # export_bin/export_qwen_bin.py (28 text layers, 24 vision blocks, 3 DeepStack mergers): the decision record
+    "qwen3-vl-2b": _qwen3_vl("qwen3-vl-2b", "Qwen3-VL-2B-Instruct",
+                             dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                  intermediate_size=6144),
+                             dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048,
+                                  deepstack_visual_indexes=[5, 11, 17]), tied=True),
+    # Qwen/Qwen3-VL-4B-Instruct config.json; cross-checked: InternLM/xtuner xtuner/v1/model/compose/qwen3_vl/
+    # qwen3_vl_config.py (Qwen3VLDense4BConfig: vision 24 x 1024, 4096, DeepStack 5/11/17, projector to 2560, mrope
+    # 24/20/20, theta 5e6) and a Rust preset quoting the released config.json (text 36 x 2560, 32/8 heads, MLP 9728, tied)
+    "qwen3-vl-4b": _qwen3_vl("qwen3-vl-4b", "Qwen3-VL-4B-Instruct",
+                             dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                                  intermediate_size=9728),
+                             dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2560,
+                                  deepstack_visual_indexes=[5, 11, 17]), tied=True),
+    # Qwen/Qwen3-VL-8B-Instruct config.json; cross-checked: InternLM/xtuner qwen3_vl_config.py (Qwen3VLDense8BConfig:
+    # vision 27 x 1152, 4304, DeepStack 8/16/24, projector to 4096; text = xtuner/v1/model/dense/qwen3.py's Qwen3-8B:
+    # 36 x 4096, 32/8 heads, MLP 12288, untied) and a verbatim copy of the config.json in a public model report
+    "qwen3-vl-8b": _qwen3_vl("qwen3-vl-8b", "Qwen3-VL-8B-Instruct",
+                             dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                                  intermediate_size=12288),
+                             dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=4096,
+                                  deepstack_visual_indexes=[8, 16, 24]), tied=False),
     "qwen3-30b-a3b": _qwen3_moe("qwen3-30b-a3b", "Qwen3-30B-A3B", layers=48, hidden=2048, heads=32, dense=6144,
                                 expert=768),
     "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,

@@ -42,13 +42,15 @@ def scenario_inputs(netlist: Netlist, dims: dict[str, int], seed: int = 0) -> di
 
 
 def _place_image_tokens(ids: np.ndarray, image: dict, images: int, rng) -> None:
-    """A composite's prompt: text ids below the special tokens, and each image's tokens at the start of its
-    sequence (one image per sequence), so the embedding finds exactly as many placeholders as image features."""
+    """A composite's prompt: text ids below the special tokens, and each sequence's images' tokens at its start
+    (`images` spread evenly over the batch, as a group's images per sequence make them), so the embedding finds
+    exactly as many placeholders as image features."""
     token = int(image["image_token_id"])
     ids[...] = rng.integers(0, token, size=ids.shape, dtype=ids.dtype)
     per_image = int(image["tokens"])
+    per_seq = -(-images // ids.shape[0]) if images else 0
     for b in range(min(images, ids.shape[0])):
-        ids[b, :min(per_image, ids.shape[1])] = token
+        ids[b, :min(per_seq * per_image, ids.shape[1])] = token
 
 
 VIEWS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity")

@@ -211,10 +211,10 @@ def time_group(netlist: Netlist, graph: nx.DiGraph, library: Library, constraint
     critical_pred, moved = _propagate(graph, library, cells, starts, arrival)
 
     period = group.clock_period
-    paths = [_output_path(constraints, group, port, arrival, (launch_port, launch))
-             for port in netlist.model.graph.outputs]
+    ends = endpoints(netlist, group)
+    paths = [_output_path(constraints, group, port, arrival, (launch_port, launch)) for port in ends]
     paths.sort(key=lambda p: (p.slack, -p.arrival))
-    drivers = {port.name: port.producer() for port in netlist.model.graph.outputs}
+    drivers = {port.name: port.producer() for port in ends}
     timed = {c.node: c for c in cells}
     for path in paths[:STORED_PATHS]:
         path.points = _trace(drivers[path.endpoint], critical_pred, timed, arrival, netlist, starts,
@@ -268,6 +268,20 @@ def _propagate(graph: nx.DiGraph, library: Library, cells: list[CellTiming], sta
         stream_free[s], stream_last[s] = arrival[node], node
         host_last[s] = node
     return critical_pred, moved
+
+
+def endpoints(netlist: Netlist, group: PathGroup) -> list[ir.Value]:
+    """The group's endpoints: the graph's outputs, or for a composite's group the outputs of the blocks it runs
+    that none of them reads (a vision-encoder group ends at image_features, which the joined graph keeps inside)."""
+    blocks = netlist.blocks()
+    if group.blocks is None or not blocks:
+        return list(netlist.model.graph.outputs)
+    active = [b for b in blocks if b["name"] in group.blocks]
+    read = {p for b in active for p in b["inputs"]}
+    names = [o for b in active for o in b["outputs"] if o not in read]
+    values = {o.name: o for n in netlist.model.graph for o in n.outputs if o.name in names}
+    values.update({v.name: v for v in netlist.model.graph.outputs if v.name in names})
+    return [values[n] for n in names if n in values]
 
 
 def _output_path(constraints: Constraints, group: PathGroup, port: ir.Value, arrival: dict,

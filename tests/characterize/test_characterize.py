@@ -404,3 +404,29 @@ def test_graph_tables_cover_a_decode_step_s_small_nodes_at_decode_sizes():
     assert listing.exit_code == 0, listing.output
     assert "SkipSimplifiedLayerNormalization.fp16.ort-cuda-graph     4 grid" in listing.output
     assert "MatMulNBits.int4.ort-cuda-graph" in listing.output and "2 cells" in listing.output
+
+
+def test_moe_bf16_cell_builds_its_bf16_experts():
+    """MoE.bf16 (CUDA only) failed to build with a KeyError: numpy has no bf16 for its expert weights (cells.Blob).
+    Its model now holds bf16 experts of two bytes each whose values are the fp32 draw truncated to bf16, inlined
+    and as the CUDA plan's shared external initializers alike."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    from softsyn.characterize.catalogue import cell_kinds
+    from softsyn.characterize.cellgraph import BF16, Blob, Ctx, make_model, uniform
+
+    ctx = Ctx(provider="cuda", row=256, head_dim=32, act="fp16", form="copies", precision="bf16")
+    kind = next(k for k in cell_kinds() if k.key == "MoE.bf16")
+    graph = kind.build({"tokens": 4, "experts": 4, "k": 2, "hidden": 64, "inter": 96}, 2, ctx)
+    model = make_model(graph)
+    fc1 = next(t for t in model.graph.initializer if t.name == "fc1_0")
+    blob = next(t for t in graph.inits if isinstance(t, Blob) and t.name == "fc1_0")
+    assert fc1.data_type == TensorProto.BFLOAT16 and len(fc1.raw_data) == 2 * 4 * 64 * 64 == blob.nbytes
+    values = numpy_helper.to_array(fc1).astype(np.float32)
+    draw = uniform(blob.shape, blob.seed) * blob.scale
+    assert np.all(values <= draw) and np.allclose(values, draw, rtol=2 ** -7)
+    external: dict = {}
+    make_model(graph, external)
+    elem, array = external["fc1_0"]
+    assert elem == BF16 and array.dtype == np.uint16 and array.nbytes == blob.nbytes
