@@ -86,6 +86,7 @@ class ServingResult:
     throughput: float  # generated tokens/s
     offered: float  # tokens/s the arrivals ask for (rate x mean gen_len)
     kv_tokens: float | None  # KV budget in tokens (None: no area_constraint, not binding)
+    rejected: int = 0  # requests never served (too long for the design, or over the KV budget alone)
     checks: list[ServingCheck] = field(default_factory=list)
     distributions: list[Distribution] = field(default_factory=list)
     histogram: list[HistogramBin] = field(default_factory=list)  # TTFT and TPOT, binned (the HTML page's charts)
@@ -96,4 +97,5 @@ class ServingResult:
 
     @property
     def violated(self) -> bool:
-        return any(not c.met for c in self.checks)
+        """A check missed, or requests the design could not serve at all (the latencies cover only the served)."""
+        return any(not c.met for c in self.checks) or self.rejected > 0

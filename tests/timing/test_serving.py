@@ -129,3 +129,22 @@ def test_kv_int8_suggestion_is_simulated_with_the_larger_budget():
     assert result.violated
     kv = result.suggestions[-1]
     assert kv.change == "kv_cache.dtype int8 (KV budget 3,000 -> 12,000 tokens)" and kv.meets is not None
+
+
+def test_requests_longer_than_the_design_holds_are_rejected_and_the_load_is_violated():
+    """A request whose prompt + gen exceeds the positions the design holds per sequence is never served (an engine
+    refuses it), and a load with such requests is violated whatever the served requests' latencies, with a note
+    that names the key and the length that would hold them."""
+    reqs = requests(SERVING)
+    limit = int(np.percentile(reqs.prompt + reqs.gen, 90))
+    outcome = simulate(reqs, TABLE, Scheduler(SERVING.max_batch, SERVING.batch_timeout, None, limit))
+    too_long = int(((reqs.prompt + reqs.gen) > limit).sum())
+    assert outcome.too_long == too_long > 0 and outcome.rejected == too_long
+    assert outcome.completed == SERVING.requests - too_long
+    met = serving_analysis(SERVING, linear_time, None, NO_KNOBS, (int((reqs.prompt + reqs.gen).max()), "k"))
+    assert not met.violated and met.rejected == 0
+    cut = serving_analysis(SERVING, linear_time, None, NO_KNOBS, (limit, "kv_cache.max_length"))
+    assert cut.violated and cut.rejected == too_long
+    longest = int((reqs.prompt + reqs.gen).max())
+    assert any(n.startswith(f"{too_long} of {SERVING.requests} requests need more positions") and
+               f"raise kv_cache.max_length to {longest}" in n for n in cut.notes)

@@ -35,12 +35,14 @@ def _load(serving: Serving, kv_tokens: float | None) -> str:
             f"batch_timeout {fmt_time(serving.batch_timeout, 'ms', 1)}; {kv}")
 
 
-def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs) -> ServingResult:
+def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs,
+                     sequence: tuple[int, str] | None = None) -> ServingResult:
     """Time the step table with `time_at`, simulate `serving`'s load, check it; when a check fails, re-run with each
-    of `knobs` changed."""
+    of `knobs` changed. `sequence`: (positions the design holds per sequence, the key that set it); longer requests
+    are rejected, and a load with rejected requests is violated whatever its latencies."""
     table = step_table(time_at, **grid_for(serving))
     reqs = requests(serving)
-    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens)
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None)
     outcome = simulate(reqs, table, sched)
     rows = checks(serving, outcome)
     offered = serving.arrival_rate * float(reqs.gen.mean())
@@ -48,11 +50,17 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     if serving.throughput_min is not None and serving.throughput_min > offered:
         notes.append(f"throughput.min {serving.throughput_min:,.0f} tok/s is above what the arrivals offer "
                      f"({offered:,.0f} tok/s = rate x mean gen_len): no engine meets it at this arrival rate")
-    if outcome.rejected:
-        notes.append(f"{outcome.rejected} requests never fit the KV budget alone and were rejected")
+    if outcome.too_long:
+        longest = int((reqs.prompt + reqs.gen).max())
+        notes.append(f"{outcome.too_long} of {serving.requests} requests need more positions (prompt + gen, up to "
+                     f"{longest}) than the design holds per sequence ({sequence[0]}, {sequence[1]}) and were "
+                     f"rejected: raise {sequence[1]} to {longest} or shorten serving.prompt_len / gen_len")
+    if outcome.rejected > outcome.too_long:
+        notes.append(f"{outcome.rejected - outcome.too_long} requests never fit the KV budget alone and were rejected")
     result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,
                            completed=outcome.completed, throughput=outcome.throughput, offered=offered,
-                           kv_tokens=kv_tokens, checks=rows, distributions=distributions(outcome),
+                           kv_tokens=kv_tokens, rejected=outcome.rejected, checks=rows,
+                           distributions=distributions(outcome),
                            histogram=histogram(outcome),
                            steps=table.points(), notes=notes,
                            schedule=ServingSchedule(outcome.max_step_tokens, list(outcome.decode_batches),

@@ -65,4 +65,5 @@ def design_serving(design, area: AreaResult) -> ServingResult:
 
     why = "tensor parallelism is on (the what-if re-times one device's partition only)" if design.partition else ""
     knobs = Knobs(retime=retime, precision_why=why, kv_int8_tokens=int8_tokens, kv_why=kv_why)
-    return serving_analysis(serving, _timer(design), tokens, knobs)
+    sequence = (area.kv_budget.length, area.kv_budget.length_key) if area.kv_budget is not None else None
+    return serving_analysis(serving, _timer(design), tokens, knobs, sequence)

@@ -6,7 +6,8 @@ first served while the running batch is below max_batch and the KV budget holds 
 prefill (which yields its first token), then one decode step of the requests already running (one token each).
 An idle engine (nothing running) waits for up to batch_timeout after the first waiting request arrived, or until
 max_batch requests wait, before it starts, so arrivals close together share the first iteration. A request whose
-sequence alone exceeds the KV budget is rejected (counted, never completed). Step times come from a StepTable;
+sequence alone exceeds the KV budget, or is longer than the positions the design holds per sequence (its KV
+length: an engine refuses such a prompt or stops at that length), is rejected (counted, never completed). Step times come from a StepTable;
 the simulation is deterministic for given requests.
 
 TTFT = first token - arrival; TPOT = (last token - first token) / (generated - 1), per request with more than one
@@ -31,6 +32,7 @@ class Scheduler:
     max_batch: int
     batch_timeout: float  # s
     kv_tokens: float | None  # KV budget in tokens; None: unlimited
+    max_len: int | None = None  # positions the design holds per sequence (prompt + generated); None: unlimited
 
 
 @dataclass
@@ -41,7 +43,8 @@ class Outcome:
     queue: np.ndarray
     completed: int
     rejected: int
-    throughput: float  # generated tokens/s
+    throughput: float
+    too_long: int = 0  # of the rejected: longer than Scheduler.max_len  # generated tokens/s
     max_step_tokens: int = 0  # the most tokens one step carried: admitted prompts + running decodes
     decode_batches: tuple[int, ...] = ()  # distinct decode batch sizes the steps ran, ascending
 
@@ -55,7 +58,7 @@ class _Engine:
         self.first, self.last, self.admitted = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.waiting: deque[int] = deque()
         self.running: list[list[int]] = []  # [request, cached tokens, tokens left]
-        self.t, self.next, self.kv_used, self.done, self.rejected = 0.0, 0, 0, 0, 0
+        self.t, self.next, self.kv_used, self.done, self.rejected, self.too_long = 0.0, 0, 0, 0, 0, 0
         self.max_step_tokens, self.decode_batches = 0, set()
 
     def need(self, r: int) -> int:
@@ -81,6 +84,12 @@ class _Engine:
         budget = self.sched.kv_tokens
         while self.waiting and len(self.running) + len(admitted) < self.sched.max_batch:
             r = self.waiting[0]
+            if self.sched.max_len is not None and self.need(r) > self.sched.max_len:
+                self.waiting.popleft()  # longer than the design's sequence: never served
+                self.rejected += 1
+                self.too_long += 1
+                self.done += 1
+                continue
             if budget is not None and self.kv_used + self.need(r) > budget:
                 if self.running or admitted or self.need(r) <= budget:
                     break
@@ -150,5 +159,6 @@ def simulate(reqs: Requests, table: StepTable, sched: Scheduler) -> Outcome:
     span = float(last.max() - reqs.arrival[0]) if ok.any() else 0.0
     return Outcome(ttft=first - arrival, tpot=(last[multi] - first[multi]) / (gen[multi] - 1), e2e=last - arrival,
                    queue=engine.admitted[ok] - arrival, completed=int(ok.sum()), rejected=engine.rejected,
+                   too_long=engine.too_long,
                    throughput=float(gen.sum()) / span if span > 0 else 0.0,
                    max_step_tokens=engine.max_step_tokens, decode_batches=tuple(sorted(engine.decode_batches)))
