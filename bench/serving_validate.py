@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGETS = {"cpu": "cpu-ort", "cuda": "h200-ort-cuda"}
+LOGITS = {"tensor(float)": "float32", "tensor(float16)": "float16"}  # logits the harness binds (numpy has no bf16)
 STAMP = "serving-validate.json"  # beside the artifact: what it was compiled from
 
 
@@ -207,8 +208,10 @@ class Engine:
         self.row_bytes = self.kv[0][0][0].numel() * self.kv[0][0].element_size()
         self.positions = np.arange(self.length)
         self.decoders: dict[int, tuple] = {}
-        self.logits_elem = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(bfloat16)": 16}[
-            next(o.type for o in self.sess.get_outputs() if o.name == art.io.logits)]
+        kind = next(o.type for o in self.sess.get_outputs() if o.name == art.io.logits)
+        if kind not in LOGITS:
+            raise UserError(f"output {art.io.logits} is {kind}; the harness takes {', '.join(LOGITS)} logits")
+        self.np_logits = np.dtype(LOGITS[kind])
         self.sync()
 
     def sync(self) -> None:
@@ -259,7 +262,7 @@ class Engine:
 
     def _decoder(self, n: int) -> tuple:
         """Batch n's binding, made once (a captured CUDA graph replays the addresses it was captured with)."""
-        from softsyn.runtime.binding import empty, to_device
+        from softsyn.runtime.binding import to_device
 
         if n not in self.decoders:
             io = self.io
@@ -269,12 +272,13 @@ class Engine:
                                                       self.device)
             if io.position_ids:
                 values[io.position_ids] = to_device(self._array(io.position_ids, np.zeros(n), n), self.device)
-            logits = empty([n, 1, io.vocab_size], self.logits_elem, self.device)
+            logits = self.torch.zeros((n, 1, io.vocab_size), dtype=self.torch.from_numpy(np.zeros(0, self.np_logits)).dtype,
+                                      device=self.device)  # torch: the argmax runs where the logits are
             binding = self.sess.io_binding()
             for name, value in values.items():
                 binding.bind_ortvalue_input(name, value)
             self._bind_kv(binding, 0, n)
-            binding.bind_ortvalue_output(io.logits, logits)
+            binding.bind_output(io.logits, self.device, 0, self.np_logits, list(logits.shape), logits.data_ptr())
             self.decoders[n] = (binding, values, logits, self._options(n))
         return self.decoders[n]
 
@@ -291,7 +295,9 @@ class Engine:
         t = time.perf_counter()
         self.sess.run_with_iobinding(binding, options)
         run = time.perf_counter() - t
-        return logits.numpy()[:, -1].argmax(-1), run
+        if self.device == "cpu":  # numpy: one thread (torch's pool would wait for the cores ORT's pool spins on)
+            return logits.numpy()[:, -1].argmax(-1), run
+        return logits[:, -1].argmax(-1).cpu().numpy(), run  # on the device, as an engine samples: N ids come back
 
     def move(self, src: int, dst: int) -> None:
         """Row src's KV into row dst (every layer, key and value)."""
@@ -593,21 +599,12 @@ def in_trace(h: Harness, table) -> dict:
 
 
 def versions() -> str:
-    from importlib.metadata import version
+    import onnxruntime
+    import torch
 
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return (f"onnxruntime {version('onnxruntime') if _has('onnxruntime') else version('onnxruntime-gpu')}, "
-            f"torch {version('torch')}, numpy {np.__version__}, softsyn {rev.stdout.strip() or '?'}")
-
-
-def _has(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(dist)
-        return True
-    except PackageNotFoundError:
-        return False
+    return (f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}, numpy {np.__version__}, "
+            f"softsyn {rev.stdout.strip() or '?'}")
 
 
 def header(args, art: Artifact, argv) -> list[str]:
