@@ -38,6 +38,12 @@
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
+#   serving [C] [S]      bench/serving_validate.py --provider cuda: zoo:qwen3-1.7b (MODEL=...) compiled --effort low
+#                        under C (constraints/serving-h200.yaml) into /tmp/serving (reused while the machine is warm),
+#                        then its batched decode at N = 1, 4, 8, 16 and the mixed step beside the compile's step table,
+#                        and the serving simulation beside a continuous-batching run under the same arrival trace, for
+#                        S seconds (240) or what the call has left after the compile (PAST: the decode rows' mean pasts,
+#                        320,1536); when the compile leaves under 90 s, call `serving` again: it reuses the artifact
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
@@ -212,6 +218,27 @@ moe)
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
+serving)
+    softsyn_install
+    cons=${1:-constraints/serving-h200.yaml}
+    args=(--provider cuda --model "zoo:${MODEL:-qwen3-1.7b}" --constraints "$cons" --work /tmp/serving)
+    start=$SECONDS
+    timeout 540 python3 bench/serving_validate.py "${args[@]}" --compile-only 2>&1 |
+        grep -v "No registered plugin EP" | tee "$OUT/serving-compile.log" | tail -5
+    left=$((570 - (SECONDS - start) - 60))  # 60 s: loading the 1.7B session and the tail of the trace
+    secs=${2:-240}
+    [ "$left" -lt "$secs" ] && secs=$left
+    if [ "$secs" -lt 90 ]; then
+        echo "compiled in $((SECONDS - start)) s; call 'serving' again for the measurements (it reuses /tmp/serving)"
+        exit 0
+    fi
+    set +e
+    timeout $((585 - (SECONDS - start))) python3 bench/serving_validate.py "${args[@]}" --seconds "$secs" --past "${PAST:-320,1536}" \
+        -o "$OUT/serving-validate-cuda.md" 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/serving-validate.log" |
+        tail -70
+    echo "serving_validate exit ${PIPESTATUS[0]}"
+    set -e
+    cp /tmp/serving/*/compile.log "$OUT/serving-artifact-compile.log" 2>/dev/null || true ;;
 correlation)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

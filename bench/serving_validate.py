@@ -79,6 +79,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--effort", default="low")
     ap.add_argument("--work", default="/tmp/serving-validate", help="the compiled artifact goes under it")
     ap.add_argument("--artifact", help="a `softsyn compile` output compiled before (with a serving: block): no compile")
+    ap.add_argument("--compile-only", action="store_true", help="compile (or find) the artifact, print its folder, stop")
     ap.add_argument("--seconds", type=float, default=120.0, help="time budget of the measurements (compile excluded)")
     ap.add_argument("--trace-share", type=float, default=0.4,
                     help="the trace's arrivals span at most this share of --seconds (default 0.4)")
@@ -697,6 +698,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
     try:
+        if args.compile_only:
+            print(compile_artifact(args))
+            return 0
         result = run_all(args, argv)
     except UserError as exc:
         print(f"serving_validate: {exc}", file=sys.stderr)
