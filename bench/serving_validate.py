@@ -546,13 +546,14 @@ def pct(values, q: float) -> float:
 
 def step_table_md(rows: list[StepRow]) -> list[str]:
     out = ["| step | N | mean past | prompt | predicted ms (est) | run ms median (p10–p90) | run / predicted "
-           "| iteration ms median | iteration / predicted |", "|---|---|---|---|---|---|---|---|---|"]
+           "| within 10 % | iteration ms median | iteration / predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         what = (f"decode of {r.batch}" if r.kind == "decode"
                 else f"prefill {r.prompt} + decode of {r.batch - 1}")
         run, step = statistics.median(r.run), statistics.median(r.step)
         out.append(f"| {what} | {r.batch} | {r.mean_past:.0f} | {r.prompt or '-'} | {ms(r.predicted)} | {ms(run)} "
-                   f"({ms(pct(r.run, 10))}–{ms(pct(r.run, 90))}) | {run / r.predicted:.2f} | {ms(step)} "
+                   f"({ms(pct(r.run, 10))}–{ms(pct(r.run, 90))}) | {run / r.predicted:.2f} "
+                   f"| {'yes' if abs(run / r.predicted - 1) <= 0.10 else 'no'} | {ms(step)} "
                    f"| {step / r.predicted:.2f} |")
     return out
 
