@@ -45,6 +45,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -390,7 +391,10 @@ class Harness:
         self.waiting: deque[int] = deque()
         self.running: list[list[int]] = []  # [request, cached tokens, tokens left, next token, row]
         self.next = self.kv_used = self.done = self.rejected = self.too_long = 0
-        self.steps: list[tuple[int, float, tuple[int, ...], float, float]] = []  # decodes, mean past, prompts, s, run s
+        # per iteration: decodes, their mean past, admitted prompts, seconds, run calls' seconds, start (s after t0)
+        self.steps: list[tuple[int, float, tuple[int, ...], float, float, float]] = []
+        self.gaps: list[float] = []  # s between an iteration's end and the next one's start while sequences run
+        self.ended = None  # when the last iteration ended, if sequences still run
         self.moves, self.move_seconds, self.t0, self.cut = 0, 0.0, 0.0, False
 
     def clock(self) -> float:
@@ -435,6 +439,8 @@ class Harness:
 
     def step(self, admitted: list[int]) -> None:
         start, base, run = self.clock(), len(self.running), 0.0
+        if self.ended is not None:
+            self.gaps.append(start - self.ended)
         firsts = []
         for i, r in enumerate(admitted):
             token, seconds = self.eng.prefill(base + i, self.ids[r])
@@ -446,7 +452,7 @@ class Harness:
             run += seconds
         end = self.clock()
         self.steps.append((len(self.running), float(pasts.mean()) if len(pasts) else 0.0,
-                           tuple(int(self.reqs.prompt[r]) for r in admitted), end - start, run))
+                           tuple(int(self.reqs.prompt[r]) for r in admitted), end - start, run, start))
         still = []
         for s, token in zip(self.running, tokens if self.running else []):
             s[1], s[2], s[3] = s[1] + 1, s[2] - 1, int(token)
@@ -461,6 +467,7 @@ class Harness:
             else:
                 self.finish(r, end)
         self.compact(still)
+        self.ended = self.clock() if self.running else None
 
     def compact(self, still: list[list[int]]) -> None:
         """Rows 0..len(still)-1 hold the running sequences, in order (their rows only move down: no overwrite)."""
@@ -527,7 +534,7 @@ def warm(eng: Engine, art: Artifact, slots: int) -> None:
     """Every decode batch size the trace can form (CUDA graphs captured here, not on the trace's clock), and prefills
     at the prompt lengths the step table spans."""
     for n in range(1, slots + 1):
-        for _ in range(3):
+        for _ in range(4):  # ORT's CUDA provider runs a graph id plainly twice before it captures it
             eng.decode(np.ones(n, np.int64), np.zeros(n, np.int64))
     for p in art.table.prompts:
         if p < eng.length:
@@ -597,6 +604,9 @@ def in_trace(h: Harness, table) -> dict:
             "mixed_run_ratio": statistics.median(d[1] for d in mixed) if mixed else None,
             "busy_measured": busy, "busy_predicted": sum(predicted(s) for s in h.steps),
             "mean_decode_batch": float(np.mean([s[0] for s in h.steps if s[0]] or [0])),
+            "decode_iteration": [pct([s[3] for s in h.steps if not s[2]], q) for q in (50, 99)]
+            + [float(np.mean([s[3] for s in h.steps if not s[2]] or [np.nan]))],
+            "gaps": sum(h.gaps), "gap_median": pct(h.gaps, 50),
             "moves": h.moves, "move_seconds": h.move_seconds}
 
 
@@ -616,7 +626,8 @@ def header(args, art: Artifact, argv) -> list[str]:
     cmd = " ".join(shlex.quote(a) for a in ["python", "bench/serving_validate.py", *argv])
     return [f"# Serving validation, {args.provider}: {art.design} ({args.model}), predicted (est) vs measured", "",
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; command: `{cmd}`",
-            f"- device: {describe_device(args.provider)}; {platform.node() or 'host'}; {versions()}",
+            f"- device: {describe_device(args.provider)}; {platform.node() or 'host'}; {versions()}; load average "
+            f"{os.getloadavg()[0]:.2f} at the end (other processes share the machine when it is above 0)",
             f"- artifact: {art.directory} (library {analysis.get('library')}, {art.session.get_providers()[0]}, "
             f"CUDA graphs {'on: a graph per decode batch size' if art.cuda_graph else 'off'}, "
             f"KV buffer {art.io.buffer_length} positions x {len(art.io.layers)} layers, session options {art.options})",
@@ -689,6 +700,10 @@ def report(args, art: Artifact, res: dict) -> list[str]:
               f"- median measured / predicted: decode-only iteration {ratio('decode_iteration_ratio')} (run calls "
               f"{ratio('decode_run_ratio')}), mixed iteration {ratio('mixed_iteration_ratio')} (run calls "
               f"{ratio('mixed_run_ratio')})",
+              f"- decode-only iterations: median {ms(it['decode_iteration'][0])} ms, p99 "
+              f"{ms(it['decode_iteration'][1])} ms, mean {ms(it['decode_iteration'][2])} ms (a TPOT is a mean of "
+              f"iterations: the tail counts in it); between iterations, while sequences ran, "
+              f"{it['gaps'] * 1e3:.1f} ms in all (median {ms(it['gap_median'])} ms: the harness's scheduling and moves)",
               f"- engine busy {it['busy_measured']:.2f} s measured vs {it['busy_predicted']:.2f} s the table predicts for "
               f"the same iterations; KV row moves (finished sequences' rows refilled) {it['moves']}, "
               f"{it['move_seconds'] * 1e3:.1f} ms in all (not in the simulation's model)", ""]
