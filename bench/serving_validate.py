@@ -21,9 +21,10 @@ the artifact under the same arrival trace.
    so GroupQueryAttention's seqlens_k (the mask's row sums - 1) gives each row its own length. The mixed step is a
    prefill of --prompt tokens into row N-1, then the decode of rows 0..N-2: the simulation's model of it, since one
    [batch, seq] call cannot hold both (GQA derives every row's past as seqlens_k + 1 - seq, so a decode row padded
-   to the prompt's seq would write its token at the wrong positions). Configurations run round-robin, --warmup
-   rounds then --runs rounds; medians. `run` = the one run_with_iobinding call (what the STA times); `step` = the
-   engine iteration around it (inputs updated on the device, the call, logits to the host, argmax).
+   to the prompt's seq would write its token at the wrong positions). --warmup untimed rounds, then rounds in
+   which each configuration in turn runs once untimed and up to BURST times timed, back to back, until --runs
+   samples each; medians. `run` = the run_with_iobinding call(s) (what the STA times); `iteration` = the engine
+   iteration around them (inputs updated on the device, the calls, logits' argmax, the token ids to the host).
 3. Trace. One seeded Poisson trace from the serving block (softsyn.timing.serving.requests: arrival_rate, the
    lognormal prompt/gen lengths, seed), cut to the first requests whose arrivals fit --trace-share of --seconds
    (and --requests). softsyn.timing.serving.simulate runs on it with the compile's step table and scheduler (max_batch,
@@ -62,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGETS = {"cpu": "cpu-ort", "cuda": "h200-ort-cuda"}
+BURST = 5  # timed runs of one step configuration back to back, per round
 LOGITS = {"tensor(float)": "float32", "tensor(float16)": "float16"}  # logits the harness binds (numpy has no bf16)
 STAMP = "serving-validate.json"  # beside the artifact: what it was compiled from
 
@@ -88,8 +90,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--batches", default="1,4,8,16", help="decode batch sizes to measure (default 1,4,8,16)")
     ap.add_argument("--past", type=int, help="mean past of the decode rows (default prompt p50 + gen p50 / 2)")
     ap.add_argument("--prompt", type=int, help="the mixed step's prompt (default the serving block's prompt p50)")
-    ap.add_argument("--runs", type=int, default=50, help="timed rounds of the step table (default 50)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
+    ap.add_argument("--runs", type=int, default=50, help="timed runs per step configuration (default 50)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed rounds of every configuration first (default 5)")
     ap.add_argument("-o", "--output", help="markdown result (also printed)")
     args = ap.parse_args(argv)
     try:
@@ -362,18 +364,23 @@ def time_row(eng: Engine, row: StepRow, prompt: np.ndarray) -> tuple[float, floa
 
 
 def measure_steps(eng: Engine, rows: list[StepRow], args, deadline: float) -> int:
-    """Warm-up rounds, then timed rounds (every row once per round, round-robin) until --runs or the deadline."""
+    """Warm-up rounds, then timed rounds until --runs samples per row or the deadline: in each round every row in
+    turn (round-robin, so drift hits all alike) runs once untimed, then BURST times back to back (as a serving engine
+    repeats one batch's step); returns the timed samples per row."""
     prompt = np.arange(args.prompt_len) % eng.io.vocab_size
     for _ in range(args.warmup):
         for row in rows:
             time_row(eng, row, prompt)
     done = 0
-    while done < args.runs and (done < 3 or time.perf_counter() < deadline):
+    while done < args.runs and (done < BURST or time.perf_counter() < deadline):
+        burst = min(BURST, args.runs - done)
         for row in rows:
-            run, step = time_row(eng, row, prompt)
-            row.run.append(run)
-            row.step.append(step)
-        done += 1
+            time_row(eng, row, prompt)
+            for _ in range(burst):
+                run, step = time_row(eng, row, prompt)
+                row.run.append(run)
+                row.step.append(step)
+        done += burst
     return done
 
 
@@ -651,7 +658,7 @@ def run_all(args, argv) -> dict:
     eng = Engine(art, slots)
     start = time.perf_counter()
     rows = step_rows(args, art, limit)
-    log(f"step table: {len(rows)} configurations, {args.warmup} warm-up + up to {args.runs} rounds")
+    log(f"step table: {len(rows)} configurations, {args.warmup} warm-up rounds + up to {args.runs} timed runs each")
     rounds = measure_steps(eng, rows, args, start + 0.3 * args.seconds)
     warm(eng, art, serving.max_batch)
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
@@ -673,7 +680,8 @@ def run_all(args, argv) -> dict:
 def report(args, art: Artifact, res: dict) -> list[str]:
     s, it = art.serving, res["in_trace"]
     lines = ["## Batched decode and the mixed step", "",
-             f"{res['rounds']} timed rounds after {args.warmup} warm-up, configurations round-robin; decode rows at "
+             f"{res['rounds']} timed runs per configuration after {args.warmup} warm-up rounds, in rounds of one "
+             f"untimed and up to {BURST} timed runs back to back per configuration, round-robin; decode rows at "
              f"pasts spread evenly over [past/2, 3 past/2] (per-row seqlens_k in the shared buffer); `run` = the "
              f"run_with_iobinding call(s), `iteration` = with the inputs updated, logits to the host and argmax. "
              f"The mixed step is the prefill call then the decode call (one [batch, seq] call cannot hold both).", ""]
