@@ -386,12 +386,27 @@ def measure_steps(eng: Engine, rows: list[StepRow], args, deadline: float) -> in
 
 # ------------------------------------------------------------------------------------------------ the trace
 
+class WallClock:
+    """Seconds since start(), and sleeping on the wall clock: what the harness runs on (a test gives it a virtual
+    clock its fake engine advances, to check the harness schedules exactly as the simulation does)."""
+
+    def start(self) -> None:
+        self.timer.start()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 class Harness:
     """The artifact served under a trace on the wall clock, with the simulation's scheduler rules
     (softsyn.timing.serving.simulate): admission between steps, prefills then one decode step per iteration."""
 
-    def __init__(self, eng: Engine, reqs, sched):
+    def __init__(self, eng: Engine, reqs, sched, clock=None):
         self.eng, self.reqs, self.sched = eng, reqs, sched
+        self.timer = clock or WallClock()
         n = len(reqs.arrival)
         self.first, self.last, self.admitted = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.ids = [np.random.default_rng(r).integers(0, eng.io.vocab_size, int(p)) for r, p in enumerate(reqs.prompt)]
@@ -402,10 +417,10 @@ class Harness:
         self.steps: list[tuple[int, float, tuple[int, ...], float, float, float]] = []
         self.gaps: list[float] = []  # s between an iteration's end and the next one's start while sequences run
         self.ended = None  # when the last iteration ended, if sequences still run
-        self.moves, self.move_seconds, self.t0, self.cut = 0, 0.0, 0.0, False
+        self.moves, self.move_seconds, self.cut = 0, 0.0, False
 
     def clock(self) -> float:
-        return time.perf_counter() - self.t0
+        return self.timer.now()
 
     def need(self, r: int) -> int:
         return int(self.reqs.prompt[r] + self.reqs.gen[r])
@@ -478,13 +493,13 @@ class Harness:
 
     def compact(self, still: list[list[int]]) -> None:
         """Rows 0..len(still)-1 hold the running sequences, in order (their rows only move down: no overwrite)."""
-        t = time.perf_counter()
+        t = self.clock()
         for row, s in enumerate(still):
             if s[4] != row:
                 self.eng.move(s[4], row)
                 s[4] = row
                 self.moves += 1
-        self.move_seconds += time.perf_counter() - t
+        self.move_seconds += self.clock() - t
         self.running = still
 
     def finish(self, r: int, end: float) -> None:
@@ -495,7 +510,7 @@ class Harness:
     def run(self, deadline: float) -> None:
         """Serve every request (or stop at `deadline`, seconds after the start, and mark the run cut)."""
         n = len(self.reqs.arrival)
-        self.t0 = time.perf_counter()
+        self.timer.start()
         while self.done < n:
             now = self.clock()
             if now > deadline:
@@ -505,7 +520,7 @@ class Harness:
             if not self.running:
                 wake = (self.reqs.arrival[self.next] if not self.waiting else self.idle_start(now))
                 if wake > now:
-                    time.sleep(min(wake - now, max(deadline - now, 0.0)))
+                    self.timer.sleep(min(wake - now, max(deadline - now, 0.0)))
                     continue
             admitted = self.admit()
             if admitted or self.running:

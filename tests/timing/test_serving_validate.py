@@ -65,3 +65,67 @@ def test_bench_refuses_constraints_without_a_serving_block(serving_artifact, cap
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("serving_validate: ") and "no serving: block" in err[-1]
+
+
+class _VirtualClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def start(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+
+
+class _TableEngine:
+    """Steps that take exactly the step table's time on a virtual clock: the harness must then be the simulation."""
+
+    def __init__(self, table, clock):
+        self.table, self.clock = table, clock
+        self.io = type("IO", (), {"vocab_size": 64})()
+        self.rows: dict[int, int] = {}  # row -> the prompt length prefilled into it (follows the moves)
+
+    def prefill(self, slot, ids):
+        self.clock.t += self.table.prefill(len(ids))
+        self.rows[slot] = len(ids)
+        return 1, 0.0
+
+    def decode(self, pasts, tokens):
+        assert len(pasts) == len(tokens) and all(r in self.rows for r in range(len(pasts)))  # rows 0..N-1 hold them
+        self.clock.t += self.table.decode(len(pasts), float(pasts.mean()))
+        return tokens, 0.0
+
+    def move(self, src, dst):
+        assert dst < src
+        self.rows[dst] = self.rows.pop(src)
+
+
+@pytest.mark.parametrize("rate, kv_tokens", [(20.0, None), (400.0, 1500.0)])
+def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
+    # with steps taking the table's times on a virtual clock, the harness's TTFT/TPOT/e2e/queue are the simulation's:
+    # what differs on a real run is then the step times (and the harness's own costs), not the scheduling
+    import numpy as np
+
+    from softsyn.constraints.serving import Lengths, Serving
+    from softsyn.timing.serving import Scheduler, requests, simulate, step_table
+
+    bench = _bench()
+    serving = Serving(arrival_rate=rate, prompt_len=Lengths(64, 256), gen_len=Lengths(32, 128), max_batch=8,
+                      batch_timeout=0.005, requests=150, seed=1)
+    table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["batch"] * d["past"] + 2e-6 * d["seq"], 32, 512, 768)
+    sched = Scheduler(8, 0.005, kv_tokens, 300 if kv_tokens else 1000)  # 300: the longest requests are rejected
+    reqs = requests(serving)
+    sim = simulate(reqs, table, sched)
+    clock = _VirtualClock()
+    harness = bench.Harness(_TableEngine(table, clock), reqs, sched, clock)
+    harness.run(deadline=1e9)
+    got = harness.outcome()
+    assert got.completed == sim.completed and got.rejected == sim.rejected > (0 if kv_tokens else -1)
+    for name in ("ttft", "tpot", "e2e", "queue"):
+        assert np.allclose(getattr(got, name), getattr(sim, name), rtol=1e-9, atol=1e-12), name
+    assert got.decode_batches == sim.decode_batches and max(sim.decode_batches) > 1
+    assert harness.moves > 0
