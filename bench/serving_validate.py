@@ -202,6 +202,9 @@ class Engine:
 
         self.torch, self.art, self.io, self.sess = torch, art, art.io, art.session
         self.device = "cuda" if art.provider == "cuda" else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"torch {torch.__version__} sees no CUDA device: the harness keeps the KV rows in torch "
+                            "tensors on the GPU (bound to the session by address, moved with torch copies)")
         self.length = art.io.buffer_length
         self.np_kv = ir.DataType(art.io.kv_elem).numpy()
         shape = (slots, art.io.kv_heads, self.length, art.io.head_size)
