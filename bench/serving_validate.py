@@ -607,7 +607,8 @@ def trace_rows(sim, measured) -> list[tuple[str, float, float, str]]:
 def trace_md(rows) -> list[str]:
     out = ["| metric | simulated (est) | measured | measured / simulated |", "|---|---|---|---|"]
     for metric, s, m, unit in rows:
-        fmt = (lambda v: f"{v * 1e3:.3f} ms") if unit == "ms" else (lambda v: f"{v:,.1f} {unit}")
+        fmt = ((lambda v: f"{v * 1e3:.3f} ms") if unit == "ms" else (lambda v: f"{v:,.0f} {unit}") if unit == "requests"
+               else (lambda v: f"{v:,.1f} {unit}"))
         ratio = f"{m / s:.2f}" if s else "-"
         out.append(f"| {metric} | {fmt(s)} | {fmt(m)} | {ratio} |")
     return out
@@ -652,7 +653,7 @@ def header(args, art: Artifact, argv) -> list[str]:
     return [f"# Serving validation, {args.provider}: {art.design} ({args.model}), predicted (est) vs measured", "",
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; command: `{cmd}`",
             f"- device: {describe_device(args.provider)}; {platform.node() or 'host'}; {versions()}; load average "
-            f"{os.getloadavg()[0]:.2f} at the end (other processes share the machine when it is above 0)",
+            f"{os.getloadavg()[0]:.2f} at the end (this run's threads included; the machine may be shared)",
             f"- artifact: {art.directory} (library {analysis.get('library')}, {art.session.get_providers()[0]}, "
             f"CUDA graphs {'on: a graph per decode batch size' if art.cuda_graph else 'off'}, "
             f"KV buffer {art.io.buffer_length} positions x {len(art.io.layers)} layers, session options {art.options})",
