@@ -97,15 +97,15 @@ class TorchStep:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise SoftsynError(f"{package}: compiled for CUDA ({settings.get('target')}) and torch sees no CUDA device "
                                "here; run it on the GPU machine")
-        try:
-            self.runner = torch._inductor.aoti_load_package(str(package))
+        self.graphs = bool(settings.get("cuda_graphs")) and self.device == "cuda"
+        try:  # run_single_threaded: no model-instance events between runs, which a stream capture forbids
+            self.runner = torch._inductor.aoti_load_package(str(package), run_single_threaded=self.graphs)
         except Exception as exc:  # torch raises many types for a package it cannot load
             raise SoftsynError(f"{package}: torch cannot load the package ({type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:300]}); re-run softsyn compile") from None
         self.cache = settings["kv_cache"]
         self.vocab_size = settings["vocab_size"]
         self.dtype = getattr(torch, settings["dtype"])
-        self.graphs = bool(settings.get("cuda_graphs")) and self.device == "cuda"
         self._captured: dict[tuple, Graphed] = {}  # (batch, seq, the cache's address) -> its graph
         self._owned: dict[int, list[torch.Tensor]] = {}  # batch -> the cache generate and measure reuse
 
