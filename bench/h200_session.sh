@@ -48,7 +48,8 @@
 #                        then its batched decode at N = 1, 4, 8, 16 and the mixed step beside the compile's step table,
 #                        and the serving simulation beside a continuous-batching run under the same arrival trace, for
 #                        S seconds (240) or what the call has left after the compile (PAST: the decode rows' mean pasts,
-#                        320,1536); when the compile leaves under 90 s, call `serving` again: it reuses the artifact
+#                        320,1536; EAGER=1: decode without CUDA graphs); when the compile leaves under 90 s, call
+#                        `serving` again: it reuses the artifact
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
@@ -267,7 +268,7 @@ serving)
         exit 0
     fi
     set +e
-    timeout $((585 - (SECONDS - start))) python3 bench/serving_validate.py "${args[@]}" --seconds "$secs" --past "${PAST:-320,1536}" \
+    timeout $((585 - (SECONDS - start))) python3 bench/serving_validate.py "${args[@]}" --seconds "$secs" --past "${PAST:-320,1536}" --runs 100 ${EAGER:+--eager} \
         -o "$OUT/serving-validate-cuda.md" 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/serving-validate.log" |
         tail -70
     echo "serving_validate exit ${PIPESTATUS[0]}"

@@ -82,6 +82,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--effort", default="low")
     ap.add_argument("--work", default="/tmp/serving-validate", help="the compiled artifact goes under it")
     ap.add_argument("--artifact", help="a `softsyn compile` output compiled before (with a serving: block): no compile")
+    ap.add_argument("--eager", action="store_true",
+                    help="no CUDA graphs, though the artifact's session.json asks for them (decode runs eagerly)")
     ap.add_argument("--compile-only", action="store_true", help="compile (or find) the artifact, print its folder, stop")
     ap.add_argument("--seconds", type=float, default=120.0, help="time budget of the measurements (compile excluded)")
     ap.add_argument("--trace-share", type=float, default=0.4,
@@ -155,7 +157,7 @@ class Artifact:
     options: dict = field(default_factory=dict)
 
 
-def open_artifact(directory: Path, constraints: str, provider: str) -> Artifact:
+def open_artifact(directory: Path, constraints: str, provider: str, eager: bool = False) -> Artifact:
     """The artifact's session, opened as `softsyn run` opens it, its decoder IO and the compile's serving model."""
     import onnx_ir as ir
 
@@ -180,7 +182,7 @@ def open_artifact(directory: Path, constraints: str, provider: str) -> Artifact:
         raise UserError(f"{model}: its KV cache is not one shared max_length buffer (kv_layout); the harness batches "
                         "sequences as rows of that buffer")
     options = (session.get("provider_options") or {}).get(PROVIDERS[provider]) or {}
-    cuda_graph = provider == "cuda" and str(options.get("enable_cuda_graph", "0")) == "1"
+    cuda_graph = provider == "cuda" and str(options.get("enable_cuda_graph", "0")) == "1" and not eager
     so = session.get("session_options") or {}
     sess = cpu_view_session(model, so)[0] if provider == "cpu" else open_model(model, provider, so, cuda_graph=cuda_graph)
     kv = analysis["area"].get("kv_budget") or {}
@@ -664,7 +666,7 @@ def header(args, art: Artifact, argv) -> list[str]:
 
 def run_all(args, argv) -> dict:
     directory = Path(args.artifact) if args.artifact else compile_artifact(args)
-    art = open_artifact(directory, args.constraints, args.provider)
+    art = open_artifact(directory, args.constraints, args.provider, args.eager)
     serving = art.serving
     args.past_list = [int(p) for p in str(args.past).split(",")] if args.past else \
         [serving.prompt_len.p50 + serving.gen_len.p50 // 2]
@@ -678,7 +680,11 @@ def run_all(args, argv) -> dict:
     start = time.perf_counter()
     rows = step_rows(args, art, limit)
     log(f"step table: {len(rows)} configurations, {args.warmup} warm-up rounds + up to {args.runs} timed runs each")
-    rounds = measure_steps(eng, rows, args, start + 0.3 * args.seconds)
+    result = {"steps": rows, "rounds": measure_steps(eng, rows, args, start + 0.3 * args.seconds)}
+    partial = "\n".join(header(args, art, argv) + steps_section(args, result)) + "\n(the trace has not run yet)\n"
+    print(partial, file=sys.stderr, flush=True)  # kept should the trace fail or the call end
+    if args.output:
+        Path(args.output).write_text(partial)
     warm(eng, art, serving.max_batch)
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
     from softsyn.timing.serving import simulate
@@ -689,23 +695,28 @@ def run_all(args, argv) -> dict:
     harness = Harness(eng, reqs, art.sched)
     harness.run(max(left, float(reqs.arrival[-1]) + 1.0))
     measured = harness.outcome()
-    result = {"steps": rows, "rounds": rounds, "trace": trace_rows(sim, measured), "in_trace": in_trace(harness, art.table),
-              "requests": len(reqs.arrival), "offered": offered, "span": float(reqs.arrival[-1]), "cut": harness.cut,
-              "wall": harness.clock(), "simulated_batches": sim.decode_batches, "measured_batches": measured.decode_batches}
-    result["markdown"] = "\n".join(header(args, art, argv) + report(args, art, result)) + "\n"
+    result.update({"trace": trace_rows(sim, measured), "in_trace": in_trace(harness, art.table),
+                   "requests": len(reqs.arrival), "offered": offered, "span": float(reqs.arrival[-1]),
+                   "cut": harness.cut, "wall": harness.clock(), "simulated_batches": sim.decode_batches,
+                   "measured_batches": measured.decode_batches})
+    result["markdown"] = "\n".join(header(args, art, argv) + steps_section(args, result)
+                                   + trace_section(art, result)) + "\n"
     return result
 
 
-def report(args, art: Artifact, res: dict) -> list[str]:
-    s, it = art.serving, res["in_trace"]
+def steps_section(args, res: dict) -> list[str]:
     lines = ["## Batched decode and the mixed step", "",
              f"{res['rounds']} timed runs per configuration after {args.warmup} warm-up rounds, in rounds of one "
              f"untimed and up to {BURST} timed runs back to back per configuration, round-robin; decode rows at "
              f"pasts spread evenly over [past/2, 3 past/2] (per-row seqlens_k in the shared buffer); `run` = the "
              f"run_with_iobinding call(s), `iteration` = with the inputs updated, logits to the host and argmax. "
              f"The mixed step is the prefill call then the decode call (one [batch, seq] call cannot hold both).", ""]
-    lines += step_table_md(res["steps"]) + [""]
-    lines += ["## One arrival trace: simulated (est) vs measured", "",
+    return lines + step_table_md(res["steps"]) + [""]
+
+
+def trace_section(art: Artifact, res: dict) -> list[str]:
+    s, it = art.serving, res["in_trace"]
+    lines = ["## One arrival trace: simulated (est) vs measured", "",
               f"Trace: the first {res['requests']} of {res['offered']} requests of the serving block (Poisson "
               f"{s.arrival_rate:g}/s, seed {s.seed}; prompt p50/p99 {s.prompt_len.p50}/{s.prompt_len.p99}, gen "
               f"{s.gen_len.p50}/{s.gen_len.p99} tokens), arrivals over {res['span']:.1f} s; max_batch {s.max_batch}, "
