@@ -254,12 +254,16 @@ families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
 serving)
+    start=$SECONDS  # the call's clock (the device tool ends a call at 600 s)
     softsyn_install
     cons=${1:-constraints/serving-h200.yaml}
     args=(--provider cuda --model "zoo:${MODEL:-qwen3-1.7b}" --constraints "$cons" --work /tmp/serving)
-    start=$SECONDS
+    set +e
     timeout 540 python3 bench/serving_validate.py "${args[@]}" --compile-only 2>&1 |
         grep -v "No registered plugin EP" | tee "$OUT/serving-compile.log" | tail -5
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" = 0 ] || { echo "serving_validate --compile-only exit $rc (log: serving-compile.log)"; exit 1; }
     left=$((570 - (SECONDS - start) - 60))  # 60 s: loading the 1.7B session and the tail of the trace
     secs=${2:-240}
     [ "$left" -lt "$secs" ] && secs=$left
