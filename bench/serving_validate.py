@@ -90,7 +90,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the trace's arrivals span at most this share of --seconds (default 0.4)")
     ap.add_argument("--requests", type=int, help="at most this many requests of the trace (default: the serving block's)")
     ap.add_argument("--batches", default="1,4,8,16", help="decode batch sizes to measure (default 1,4,8,16)")
-    ap.add_argument("--past", type=int, help="mean past of the decode rows (default prompt p50 + gen p50 / 2)")
+    ap.add_argument("--past", help="mean pasts of the decode rows, comma-separated (default prompt p50 + gen p50 / 2); "
+                    "the mixed step uses the first")
     ap.add_argument("--prompt", type=int, help="the mixed step's prompt (default the serving block's prompt p50)")
     ap.add_argument("--runs", type=int, default=50, help="timed runs per step configuration (default 50)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed rounds of every configuration first (default 5)")
@@ -104,6 +105,12 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error("--batches, --runs and --seconds must be positive, --warmup at least 0")
     if not 0 < args.trace_share <= 1:
         ap.error("--trace-share must be in (0, 1]")
+    try:
+        args.past_list = [int(p) for p in args.past.split(",")] if args.past else None
+    except ValueError:
+        ap.error(f"--past {args.past!r}: valid: comma-separated positive integers")
+    if args.past_list is not None and min(args.past_list) < 1 or args.prompt is not None and args.prompt < 1:
+        ap.error("--past and --prompt must be positive")
     return args
 
 
@@ -137,7 +144,7 @@ def compile_artifact(args) -> Path:
         tail = " | ".join(line for line in (proc.stderr + proc.stdout).splitlines()[-3:] if line.strip())
         if proc.returncode == 2:
             raise UserError(f"softsyn compile refused the input: {tail}")
-        raise RuntimeError(f"softsyn compile exit {proc.returncode}: {tail}")
+        raise subprocess.SubprocessError(f"softsyn compile exit {proc.returncode}: {tail}")
     done.write_text(json.dumps(stamp))
     log(f"compiled {out} in {time.perf_counter() - t0:.0f} s")
     return out
@@ -668,8 +675,7 @@ def run_all(args, argv) -> dict:
     directory = Path(args.artifact) if args.artifact else compile_artifact(args)
     art = open_artifact(directory, args.constraints, args.provider, args.eager)
     serving = art.serving
-    args.past_list = [int(p) for p in str(args.past).split(",")] if args.past else \
-        [serving.prompt_len.p50 + serving.gen_len.p50 // 2]
+    args.past_list = args.past_list or [serving.prompt_len.p50 + serving.gen_len.p50 // 2]
     args.prompt_len = args.prompt or serving.prompt_len.p50
     limit = art.io.buffer_length
     if max(args.past_list) * 3 // 2 >= limit or args.prompt_len > limit:
@@ -759,6 +765,9 @@ def main(argv=None) -> int:
     except UserError as exc:
         print(f"serving_validate: {exc}", file=sys.stderr)
         return 2
+    except subprocess.SubprocessError as exc:  # softsyn compile failed on valid input: softsyn's defect
+        print(f"serving_validate: {exc}", file=sys.stderr)
+        return 3
     print(result["markdown"])
     if args.output:
         Path(args.output).write_text(result["markdown"])
