@@ -118,3 +118,28 @@ def test_packed_projections_compute_what_the_separate_ones_did():
     assert layer.mlp.gate_proj.packed.weight.shape == (2 * model.config.intermediate_size, model.config.hidden_size)
     assert type(layer.mlp.down_proj) is torch.nn.Linear  # its input is not another projection's
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
+    """h200-torch's cast (parameters to fp16, buffers as built): at position 4000 the fp16 step's keys stay within
+    fp16 rounding of the fp32 step's (an fp16 inv_freq put them 7.5 % off)."""
+    import torch
+
+    from softsyn.emit.torch_lowering import StaticStep, cast_parameters
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    layers, kv, head_dim = kv_geometry(model.config)
+    ids, positions = torch.tensor([[5, 6]]), torch.tensor([[4000, 4001]])
+    keys = {}
+    for dtype in (torch.float32, torch.float16):
+        if dtype == torch.float16:
+            cast_parameters(model, dtype)
+            assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+        model.set_attn_implementation(attentions["matmul"][0])
+        cache = [torch.zeros(1, kv, 4096, head_dim, dtype=dtype) for _ in range(2 * layers)]
+        with torch.no_grad():
+            StaticStep(model, 4096).eval()(ids, positions, *cache)
+        keys[dtype] = cache[0][:, :, 4000:4002].float()
+    rel = float((keys[torch.float16] - keys[torch.float32]).abs().max() / keys[torch.float32].abs().max())
+    assert rel < 5e-3, rel
