@@ -29,6 +29,8 @@
 #                        separate projections at qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
+#   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
+#                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
@@ -187,6 +189,11 @@ torch)
     set -e
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
     cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
+torchsignoff)
+    softsyn_install
+    set +e  # a violated group exits 1: the report still comes back
+    softsyn signoff "$1" --provider cuda 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/torch-signoff.rpt" | tail -60
+    set -e ;;
 peerst)
     softsyn_install
     dir=$1
