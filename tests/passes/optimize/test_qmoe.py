@@ -104,3 +104,25 @@ def test_a_tight_budget_keeps_the_float_experts_and_says_why(tmp_path, cache_dir
         assert text.count("experts kept fp32 (MoE): QMoE int8 adds") == 2, text
         assert "of the accuracy budget 1.0e-03 a map's estimate may use" in text
     assert "model.layers.0.mlp.experts" in rpt
+
+
+def test_the_h200_bench_compiles_qmoe_against_a_library_with_qmoe_cells(tmp_path):
+    """bench/moe_cuda.py's qmoe form: its constraints load (int4 the only quantised option, the budget that admits
+    it), its library has the QMoE.int4 cell the loop needs, and its steps compile, verify and sign off."""
+    import importlib.util
+
+    from paths import ROOT
+    from softsyn.constraints import load_constraints
+    from softsyn.library import load_library
+
+    spec = importlib.util.spec_from_file_location("moe_cuda", ROOT / "bench" / "moe_cuda.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cons = tmp_path / "q.yaml"
+    cons.write_text(bench.QMOE_CONSTRAINTS.format(prompt=512, context=4096))
+    c = load_constraints(cons)
+    assert c.precision.allowed == ["fp16", "int4"] and c.accuracy.max_rel_error == pytest.approx(0.25)
+    assert any(cell.op == "QMoE" and cell.precision == "int4" for cell in load_library(bench.QMOE_LIBRARY).cells)
+    steps = bench.commands("m", tmp_path / "c.yaml", tmp_path / "out", cons)["qmoe"]
+    assert [s[3] for s in steps] == ["compile", "verify", "signoff"]
+    assert steps[0][steps[0].index("--target") + 1] == str(bench.QMOE_LIBRARY) and "medium" in steps[0]
