@@ -126,3 +126,41 @@ def test_the_h200_bench_compiles_qmoe_against_a_library_with_qmoe_cells(tmp_path
     steps = bench.commands("m", tmp_path / "c.yaml", tmp_path / "out", cons)["qmoe"]
     assert [s[3] for s in steps] == ["compile", "verify", "signoff"]
     assert steps[0][steps[0].index("--target") + 1] == str(bench.QMOE_LIBRARY) and "medium" in steps[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_int4_qmoe_on_ort_cpu_computes_moe_with_the_dequantised_weights(dtype):
+    """ORT CPU's QMoE kernel (int4, fp32 activations; fp16 as the H200 design has them) is the MoE of the weights
+    `dequantise` reads back, so the packing is what the kernel expects (int8 is not: the CPU kernel quantises the
+    activations to int8 too, which the loop measures as part of the error)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper as oh
+
+    rng = np.random.default_rng(0)
+    e, h, i, elem = 8, 128, 64, oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    fc1, fc2 = ((0.05 * rng.standard_normal(s)).astype(dtype) for s in ((e, 2 * i, h), (e, h, i)))
+    x, router = rng.standard_normal((7, h)).astype(dtype), rng.standard_normal((7, e)).astype(dtype)
+    moe = oh.make_node("MoE", ["x", "router", "w1", "", "w2"], ["y"], domain="com.microsoft", k=2,
+                       activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
+                       normalize_routing_weights=1)
+
+    def run(node, inits):
+        graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", elem, [None, h]),
+                                            oh.make_tensor_value_info("router", elem, [None, e])],
+                              [oh.make_tensor_value_info("y", elem, None)], inits)
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {"x": x, "router": router})[0].astype(np.float32)
+
+    qnode, inits = experts.qmoe_proto(moe, fc1, fc2, "int4")
+    qnode.input[:] = ["x", "router", "fc1", "s1", "", "fc2", "s2"]
+    arrays = [onnx.numpy_helper.to_array(t) for t in inits]
+    back = [experts.dequantise(q, s, 4).astype(dtype) for q, s in (arrays[:2], arrays[2:])]
+    want = run(moe, [onnx.numpy_helper.from_array(back[0], "w1"), onnx.numpy_helper.from_array(back[1], "w2")])
+    got = run(qnode, inits)
+    exact = run(moe, [onnx.numpy_helper.from_array(fc1, "w1"), onnx.numpy_helper.from_array(fc2, "w2")])
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() / scale < (1e-6 if dtype == np.float32 else 2e-3)
+    assert np.abs(got - exact).max() / scale > 1e-2  # int4 moved the output: the comparison can fail
