@@ -164,3 +164,15 @@ def test_int4_qmoe_on_ort_cpu_computes_moe_with_the_dequantised_weights(dtype):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() / scale < (1e-6 if dtype == np.float32 else 2e-3)
     assert np.abs(got - exact).max() / scale > 1e-2  # int4 moved the output: the comparison can fail
+
+
+def test_large_designs_measure_the_experts_as_one_role(tmp_path, cache_dir, monkeypatch):
+    """Over MEASURE_LIMIT of weights (the 30B-shaped H200 bench: 6.2 GB) every layer's experts are one role,
+    quantised at once per precision; the loop still moves them and its check still runs."""
+    import passes.optimize as optimize
+
+    monkeypatch.setattr(optimize, "MEASURE_LIMIT", 0)
+    out, cells, session = _compile(tmp_path, cache_dir, "5%", "role")
+    log = (out / "compile.log").read_text()
+    assert "measured per role (not per cell): 1 role groups of 2 cells" in log
+    assert cells.count("QMoE") == 2 and session["precision_map"]["checked_error"] > 0
