@@ -25,8 +25,12 @@
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
 #                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run
+#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul) and packed vs
+#                        separate projections at qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
+#   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
+#                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
@@ -78,6 +82,12 @@ softsyn_install() {
 
 step=$1
 shift
+# the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
+case $step in
+wheels|part|install) ;;
+*) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
+       "(a fresh one: the last was released): run wheels, part x4 and install first"; exit 2; } ;;
+esac
 case $step in
 wheels)
     mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl /tmp/whl/
@@ -168,6 +178,9 @@ torchtiny)
     softsyn verify /tmp/torch-tiny 2>&1 | tail -8
     softsyn run /tmp/torch-tiny --gen 16 2>&1 | tail -12
     set -e ;;
+torchkernels)
+    softsyn_install
+    python3 bench/torch_kernels.py -o "$OUT/torch-kernels.md" 2>&1 | grep -v "No registered plugin EP" | tail -20 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
@@ -179,6 +192,11 @@ torch)
     set -e
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
     cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
+torchsignoff)
+    softsyn_install
+    set +e  # a violated group exits 1: the report still comes back
+    softsyn signoff "$1" --provider cuda 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/torch-signoff.rpt" | tail -60
+    set -e ;;
 peerst)
     softsyn_install
     dir=$1
