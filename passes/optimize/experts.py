@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 
 from passes.optimize.search import map_error
+from passes.optimize.tooling import ort_quantisers
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, is_weightless
 from softsyn.timing.cost import active_experts, node_work
 
@@ -104,11 +105,11 @@ def option_costs(library, node: ir.Node, shapes, options, captured: bool = False
 def quantise_matrix(weight: np.ndarray, bits: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(packed uint8 [..., N, K * bits / 8], scales [..., N, K / block] in `dtype`) of stacked weights [..., N, K]:
     ORT's MatMulNBits blockwise quantiser on every row at once (rows are quantised independently)."""
-    import torch, onnxruntime.quantization.cuda_quantizer as ortq  # deferred: torch; only quantising experts needs it
+    ort = ort_quantisers()
 
     *lead, n, k = weight.shape
-    rows = torch.from_numpy(np.require(weight, np.float32, ['C', 'W']).reshape(-1, k))  # torch wants it writable
-    q, scales = ortq.CudaQuantizer.matmulnbits_blockwise_quantize(rows, bits, QMOE_BLOCK)
+    rows = ort.torch.from_numpy(np.require(weight, np.float32, ['C', 'W']).reshape(-1, k))  # torch wants it writable
+    q, scales = ort.qmoe.matmulnbits_blockwise_quantize(rows, bits, QMOE_BLOCK)
     packed = q.numpy()[:, : k * bits // 8]  # the builder drops the quantiser's whole-block padding
     return (packed.reshape(*lead, n, k * bits // 8),
             scales.numpy().astype(dtype).reshape(*lead, n, math.ceil(k / QMOE_BLOCK)))

@@ -28,6 +28,7 @@ from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
 from passes.optimize import experts
+from passes.optimize.tooling import ort_quantisers
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
 BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
@@ -209,16 +210,13 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
 
 def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
-    # deferred: ORT's quantization tooling loads its own stack; only quantising a cell needs it
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 DefaultWeightOnlyQuantizer, logger)
+    nbits = ort_quantisers().nbits
+    nbits.logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
 
-    logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
-
-    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
     node = onnx.helper.make_node("MatMul", ["a", "w"], ["y"], name=name)
     graph = onnx.helper.make_graph([node], "cell", [], [], initializer=[onnx.numpy_helper.from_array(weight, "w")])
-    out = DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
+    out = nbits.DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
     if len(out) != 1 or out[0].op_type != "MatMulNBits":
         raise RuntimeError(f"{name}: the quantiser returned {[n.op_type for n in out]}, not one MatMulNBits")
     return out[0], [t for t in graph.initializer if t.name != "w"]
