@@ -46,6 +46,9 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
+#   qmoe                 bench/moe_cuda.py --only 30b --forms fused,qmoe: the 4-layer Qwen3-30B-A3B compiled with
+#                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
+#                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   serving [C] [S]      bench/serving_validate.py --provider cuda: zoo:qwen3-1.7b (MODEL=...) compiled --effort low
 #                        under C (constraints/serving-h200.yaml) into /tmp/serving (reused while the machine is warm),
@@ -268,6 +271,10 @@ moecells)
 moe)
     softsyn_install
     python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;
+qmoe)
+    softsyn_install
+    python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 | tail -40 |
+        grep -v "No registered plugin EP" ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;

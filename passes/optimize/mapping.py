@@ -1,7 +1,8 @@
 """Per-cell precision mapping: the candidates, their delays from the library, and applying a map.
 
 A candidate is a MatMul whose weight is a 2-D float initializer (projections, packed QKV and gate-up after
-fusion, the lm_head), outside `dont_touch`. Its options are the precisions `precision.allowed` names that the
+fusion, the lm_head), outside `dont_touch`, or a fused MoE cell's expert weights (passes.optimize.experts: QMoE
+int4/int8, where the library has a QMoE cell; the router MatMul never). Its options are the precisions `precision.allowed` names that the
 target's library has a cell for (MatMulNBits.int4 / .int8, MatMulBlockQuantizedFp8Weight.fp8; the cell's current
 float precision always), so no chosen cell is one the provider cannot run. int4/int8 weights are quantised by ONNX
 Runtime's own tooling (`onnxruntime.quantization.matmul_nbits_quantizer`: the DEFAULT blockwise symmetric quantiser,
@@ -26,6 +27,8 @@ import onnx_ir as ir
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
+from passes.optimize import experts
+from passes.optimize.tooling import ort_quantisers
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
 BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
@@ -46,11 +49,14 @@ class Candidate:
     n: int
     current: str  # the float precision it runs in now (fp32 / fp16)
     options: tuple[str, ...]  # current first, then the quantised precisions the library has a cell for
-    params: int  # k x n
+    params: int  # k x n (an MoE cell: experts x hidden x summed expert width)
+    op: str = "MatMul"  # or "MoE": the expert weights, whose quantised cell is QMoE
 
     def weight_bytes(self, precision: str, act_bytes: int) -> float:
         """Weight bytes at `precision`: packed bits plus one scale per block (no zero points: symmetric); fp8 one
         byte per value and an fp32 scale per FP8_BLOCK."""
+        if self.op == "MoE" and precision in NBITS:
+            return self.params * NBITS[precision] / 8 + self.params / experts.QMOE_BLOCK * act_bytes
         if precision == "fp8":
             return self.params + self.n * math.ceil(self.k / FP8_BLOCK) * 4
         if precision not in NBITS:
@@ -61,6 +67,14 @@ class Candidate:
 def cell_op(precision: str) -> str:
     """The library op a quantised precision's cell is (MatMulNBits for int4/int8)."""
     return FP8_OP if precision == "fp8" else "MatMulNBits"
+
+
+def weight_of(node: ir.Node) -> ir.Value | None:
+    """The initializer a candidate's weight is read from: a MatMul's (weight_source), an MoE cell's fc1."""
+    if node.op_type == "MoE":
+        return node.inputs[2]
+    source = weight_source(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    return None if source is None else source[0]
 
 
 def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
@@ -121,7 +135,31 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     if fp8_refused:
         skipped["fp8"] = (f"{fp8_refused} cell{'s' if fp8_refused != 1 else ''} with activations other than "
                           f"fp16/bf16: {FP8_OP} takes only those")
-    return found, skipped
+    return found + expert_candidates(design, allowed, skipped), skipped
+
+
+def expert_candidates(design, allowed: set[str], skipped: dict[str, str]) -> list[Candidate]:
+    """The fused MoE cells outside dont_touch with their QMoE options (int4/int8 the constraints allow and the
+    library has a QMoE cell for); why not, per cell or per precision, into `skipped` (keys "qmoe ...")."""
+    cons, lib = design.constraints, design.library
+    moes = [n for n in design.netlist.nodes() if n.op_type == "MoE"]
+    offered = [p for p in experts.BITS if p in allowed and has_cell(lib, "QMoE", p)]
+    for p in experts.BITS:
+        if moes and p in allowed and p not in offered:
+            skipped[f"qmoe {p}"] = f"library {lib.name} has no QMoE.{p} cell: the experts stay MoE"
+    found = []
+    for node in moes:
+        hierarchy = node.metadata_props.get(HIERARCHY_KEY, "")
+        why = "dont_touch" if any(fnmatch.fnmatchcase(hierarchy, g) for g in cons.dont_touch) else \
+            experts.why_not(node)
+        if why or not offered:
+            skipped[node.name or hierarchy] = why or "no QMoE option"
+            continue
+        hidden, width = experts.sizes(node)
+        e = int(node.inputs[2].shape[0])
+        found.append(Candidate(name=node.name, hierarchy=experts.label(hierarchy), k=hidden, n=width, current=precision_of(node),
+                               options=(precision_of(node), *offered), params=e * hidden * width, op="MoE"))
+    return found
 
 
 def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: bool = False) -> dict[str, float]:
@@ -160,6 +198,9 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
         rows = {}
         for cand in cands:
             node = by_name[cand.name]
+            if cand.op == "MoE":
+                rows[cand.name] = experts.option_costs(design.library, node, shapes, cand.options, captured)
+                continue
             act = node.inputs[0].dtype.itemsize if node.inputs[0].dtype is not None else 4
             rows[cand.name] = option_costs(design.library, cand, int(node_work(node, shapes).sizes.get("m", 1)), act,
                                            captured)
@@ -169,16 +210,13 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
 
 def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
-    # deferred: ORT's quantization tooling loads its own stack; only quantising a cell needs it
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 DefaultWeightOnlyQuantizer, logger)
+    nbits = ort_quantisers().nbits
+    nbits.logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
 
-    logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
-
-    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
     node = onnx.helper.make_node("MatMul", ["a", "w"], ["y"], name=name)
     graph = onnx.helper.make_graph([node], "cell", [], [], initializer=[onnx.numpy_helper.from_array(weight, "w")])
-    out = DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
+    out = nbits.DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
     if len(out) != 1 or out[0].op_type != "MatMulNBits":
         raise RuntimeError(f"{name}: the quantiser returned {[n.op_type for n in out]}, not one MatMulNBits")
     return out[0], [t for t in graph.initializer if t.name != "w"]
@@ -248,6 +286,10 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
         node = by_name[name]
         if requested and name in requested:
             node.metadata_props[REQUESTED_KEY] = requested[name]
+        if node.op_type == "MoE" and precision in experts.BITS:
+            experts.apply(graph, node, precision)
+            counts[f"qmoe_{precision}"] = counts.get(f"qmoe_{precision}", 0) + 1
+            continue
         if precision not in QUANTISED or node.op_type != "MatMul":
             continue
         w = node.inputs[1]
