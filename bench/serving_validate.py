@@ -666,8 +666,8 @@ def header(args, art: Artifact, argv) -> list[str]:
             f"- artifact: {art.directory} (library {analysis.get('library')}, {art.session.get_providers()[0]}, "
             f"CUDA graphs {'on: a graph per decode batch size' if art.cuda_graph else 'off'}, "
             f"KV buffer {art.io.buffer_length} positions x {len(art.io.layers)} layers, session options {art.options})",
-            f"- prediction: the step table the compile simulated on (analysis.json serving.steps: the STA's critical "
-            f"arrival from the library, interpolated as softsyn.timing.serving.steps does): an estimate",
+            "- prediction: the step table the compile simulated on (analysis.json serving.steps: the STA's critical "
+            "arrival from the library, interpolated as softsyn.timing.serving.steps does): an estimate",
             ""]
 
 

@@ -29,7 +29,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 from softsyn import progress

@@ -13,7 +13,6 @@ import click
 from softsyn import outdir, progress
 from softsyn.cli import common
 from softsyn.cli.common import given_paths
-from softsyn.errors import SoftsynError
 from softsyn.design import Design
 from reports import (report_qor, report_signoff, report_timing, report_torch_signoff, report_verify, to_json,
                      write_reports)
