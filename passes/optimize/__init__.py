@@ -252,7 +252,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
     requested = dict(chosen.mapping)
-    counts = mp.apply_mapping(design.netlist, requested, requested)
+    counts = mp.apply_mapping(design.netlist, requested, requested, design.library)
     design.netlist_changed()
     realised = {n.name: precision_of(n) for n in design.netlist.nodes() if n.name in requested}
     for c in cands:

@@ -33,7 +33,8 @@ import onnxruntime as ort
 
 from softsyn import progress
 from passes.optimize.experts import BITS as QMOE_BITS, QMOE_BLOCK, qmoe_proto
-from passes.optimize.mapping import BLOCK, FP8_BLOCK, QUANTISED, Candidate, quantise, weight_of, weight_source
+from passes.optimize.mapping import (BLOCK, FP8_BLOCK, NBITS, QUANTISED, Candidate, nbits_block, quantise, weight_of,
+                                     weight_source)
 from passes.optimize.search import ESTIMATE_RULE, cell_error
 from softsyn.frontends.cache import default_cache_dir
 from softsyn.netlist.keys import is_weightless
@@ -61,7 +62,8 @@ def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell
                 "cells": [(c.name, c.k, c.n, c.current) for c in cands],
                 "nodes": hashlib.sha256("|".join(f"{n.op_type}:{n.name}" for n in design.netlist.nodes())
                                         .encode()).hexdigest(),
-                "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED, "block": BLOCK,
+                "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED,
+                "blocks": [(c.name, c.blocks) for c in cands if c.blocks],
                 **({"fp8_block": FP8_BLOCK} if any("fp8" in c.options for c in cands) else {}),
                 **({"qmoe_block": QMOE_BLOCK} if any(c.op == "MoE" for c in cands) else {}),
                 "ort": ort.__version__, "provider": provider, "mode": mode, "format": 2}
@@ -79,10 +81,18 @@ def _write_cache(path: Path, data: dict) -> None:
 class Runner(DesignRunner):
     """The design runner with `mapping`'s cells quantised (mapping.quantise) for the precisions QUANTISED names; an
     MoE cell's experts (its weight the pair fc1, fc2) as QMoE (passes.optimize.experts)."""
+    def __init__(self, design, provider: str | None = None):
+        super().__init__(design, provider)
+        self.library = design.library  # int4/int8 cells quantised at the block it times fastest (nbits_block)
+
     def quantise_cell(self, name: str, weight, precision: str):
         if isinstance(weight, tuple):
             return qmoe_proto(self.node(name), *weight, precision) if precision in QMOE_BITS else None
-        return quantise(name, weight, precision) if precision in QUANTISED else None
+        if precision not in QUANTISED:
+            return None
+        k, n = weight.shape
+        block = nbits_block(self.library, precision, n, k) if precision in NBITS else BLOCK
+        return quantise(name, weight, precision, block)
 
 
 def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]], str] | None:
