@@ -4,6 +4,7 @@ share is in softsyn.cli.common."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import time
@@ -16,6 +17,11 @@ from softsyn import __version__
 from softsyn.cli import common
 from softsyn.cli.common import HELP_WIDTH, resolve
 from softsyn.errors import SoftsynError
+
+# Library notices that are not the user's business, silenced before any command imports their library: torchao's
+# warning per optional CUDA kernel a CPU wheel cannot load, torch's per enum torchao registers with pytree.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 # every command, by name: where its click spec (options, help) lives; each spec imports its body only when it runs
 COMMANDS = {

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
+from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
@@ -98,17 +99,22 @@ class PackedLinear(torch.nn.Module):
 
     def __init__(self, linears: list[torch.nn.Linear]):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.cat([lin.weight.data for lin in linears]), requires_grad=False)
-        biases = [lin.bias for lin in linears]
-        self.bias = (torch.nn.Parameter(torch.cat([b.data for b in biases]), requires_grad=False)
-                     if all(b is not None for b in biases) else None)
+        first, biases = linears[0], [lin.bias for lin in linears]
+        # one nn.Linear over the concatenated weights: whatever handles Linear layers (torchao's quantize_) handles it
+        self.linear = torch.nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                                      bias=all(b is not None for b in biases), device=first.weight.device,
+                                      dtype=first.weight.dtype)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.cat([lin.weight for lin in linears]))
+            if self.linear.bias is not None:
+                self.linear.bias.copy_(torch.cat(biases))
         self.sizes = [lin.out_features for lin in linears]
         self._input, self._parts, self._taken = None, None, 0
 
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if self._input is not x:
             self._input = x
-            self._parts = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+            self._parts = self.linear(x).split(self.sizes, dim=-1)
             self._taken = 0
         out = self._parts[index]
         self._taken += 1
@@ -122,7 +128,10 @@ class PackedPart(torch.nn.Module):
 
     def __init__(self, packed: PackedLinear, index: int):
         super().__init__()
-        self.packed, self.index = packed, index
+        self.index = index
+        # a plain reference, not a submodule: the PackedLinear is registered once, on the module that holds the
+        # parts, so module walks (torchao's quantize_, parameters()) meet its weight once
+        self.__dict__["packed"] = packed
 
     def forward(self, x):
         return self.packed.part(self.index, x)
@@ -142,6 +151,7 @@ def pack_projections(model: torch.nn.Module) -> int:
             if len({lin.in_features for lin in linears}) != 1:
                 continue
             group = PackedLinear(linears)
+            setattr(module, "packed_" + "_".join(n.removesuffix("_proj") for n in names), group)
             for index, name in enumerate(names):
                 setattr(module, name, PackedPart(group, index))
             packed += 1
@@ -182,6 +192,51 @@ def _export(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dt
         return torch.export.export(step, (ids, positions, *cache), dynamic_shapes=shapes, strict=False)
 
 
+TORCHAO = {"int8": Int8WeightOnlyConfig}  # the weight precisions the torch targets build, torchao's config for each
+BITS_ORDER = ("fp32", "bf16", "fp16", "int8", "fp8", "int4")  # most accurate first: a packed group takes its parts' first
+
+
+def weight_map(design) -> dict[str, str]:
+    """{module name (the cell's hierarchy): precision} of the design's quantised weight cells, as the loop left them."""
+    out = {}
+    for node in design.netlist.nodes():
+        if node.op_type == "MatMulNBits":
+            out[design.netlist.hierarchy(node)] = f"int{node.attributes.get_int('bits', 4)}"
+        elif node.op_type == "MatMulBlockQuantizedFp8Weight":
+            out[design.netlist.hierarchy(node)] = "fp8"
+    return out
+
+
+def quantise_modules(model: torch.nn.Module, precisions: dict[str, str], float_precision: str) -> list[str]:
+    """torchao weight-only quantisation of the Linear layers `precisions` names (a packed group at its most accurate
+    part's precision); the notes: what was quantised, and any cell the package keeps float (and why)."""
+    modules = dict(model.named_modules())
+    groups: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
+    notes = []
+    for name, precision in sorted(precisions.items()):
+        module = modules.get(name)
+        linear = module.packed.linear if isinstance(module, PackedPart) else module
+        if not isinstance(linear, torch.nn.Linear):
+            notes.append(f"cell {name} ({precision}): no torch Linear of that name; kept {float_precision}")
+            continue
+        groups.setdefault(id(linear), (linear, []))[1].append(precision)
+    chosen: dict[str, set[int]] = {}
+    unbuilt: dict[str, int] = {}
+    for linear, asked in groups.values():
+        precision = min(asked, key=BITS_ORDER.index)
+        if precision in TORCHAO:
+            chosen.setdefault(precision, set()).add(id(linear))
+        elif precision != float_precision:
+            unbuilt[precision] = unbuilt.get(precision, 0) + 1
+    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for the "
+              f"torch targets (built: {', '.join(TORCHAO)})" for p, n in unbuilt.items()]
+    for precision, ids in chosen.items():
+        quantize_(model, TORCHAO[precision](), filter_fn=lambda m, fqn, ids=ids: id(m) in ids)
+        notes.append(f"{len(ids)} Linear layer{'s' if len(ids) != 1 else ''} {precision} weight-only "
+                     f"(torchao {TORCHAO[precision].__name__}), as the compile's map")
+    return notes
+
+
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Parameters to `dtype`, buffers left as built: rotary's fp32 inv_freq cast to fp16 skews the angle at far
     positions (qwen3-tiny's keys at position 4096 were 7.5 % off the reference on the H200, 2026-12-03)."""
@@ -216,6 +271,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     cast_parameters(model.to(device=target.device).eval(), dtype)
     model.set_attn_implementation(ATTENTIONS[target.attention][0])
     packed = pack_projections(model)
+    weight_notes = quantise_modules(model, weight_map(design), target.float_precision)
     layers, kv, head_dim = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     t0 = time.perf_counter()
@@ -243,6 +299,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},
         "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab,
+        "weights": {name: p for name, p in sorted(weight_map(design).items()) if p in TORCHAO},
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
         "reference": reference,
         "accuracy": {"max_rel_error": design.constraints.accuracy.max_rel_error,
@@ -251,8 +308,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     write_json(folder / TORCH_FILE, settings)
     notes += [f"target {design.torch_target}: {TORCH_PACKAGE} is the step lowered by torch.export + AOTInductor "
               f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over all of "
-              f"it; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
-              "everywhere: per-module torchao precision (int8/int4/fp8) is not built yet",
+              f"it; {packed} projection groups packed: QKV, gate/up); {target.dtype} activations and cache",
+              *(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
+                f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "
               "of the same function on the ONNX netlist; the package is measured below"]
     notes += measured_notes(design, folder, settings)

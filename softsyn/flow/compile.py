@@ -17,6 +17,7 @@ from passes.precision import record_realised
 from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
 from softsyn.emit import check_target, emit
+from softsyn.library.torch_targets import narrow_constraints, torch_target
 
 
 def check_effort(name: str) -> Effort:
@@ -44,10 +45,8 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     level = check_effort(effort)
     check_target(design, str(reference.get("source", "")), plan)
     torch_note = None
-    if design.torch_target is not None and level.name != "low":  # the loop's moves would not reach the package
-        torch_note = (f"target {design.torch_target}: effort {level.name} ran effort low's script: the compile loop's "
-                      "precision moves change the ONNX netlist, not the torch package (one dtype)")
-        level = check_effort("low")
+    if design.torch_target is not None:  # the loop chooses only what the package builds (torch_lowering realises it)
+        torch_note = narrow_constraints(torch_target(design.torch_target), design.constraints)
     log = CompileLog(design.netlist.name, design.library.name, level)
     if torch_note:
         log.notes.append(torch_note)

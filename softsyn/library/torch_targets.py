@@ -3,7 +3,8 @@
 A torch target has no library of its own yet: the design is timed with the ORT library of the same device
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
-torchao's per-module precisions (int4/int8/fp8) are not built yet.
+Weights: the compile loop's per-cell choice, realised per module by torchao's weight-only quantisation; int8 is
+built (int4 needs torchao's mslk kernels, fp8 a CUDA device to measure on: neither is offered yet).
 """
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ class TorchTarget:
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
     attention: str  # softsyn.emit.torch_lowering.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
+    weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only)
+
+    @property
+    def float_precision(self) -> str:
+        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
 
 
 TORCH_TARGETS = {
@@ -42,3 +48,24 @@ def torch_target_problem(target: TorchTarget, spec: str) -> str | None:
                 "hold; give a zoo name (zoo:qwen3-tiny), a Hugging Face model folder or its config.json, or an ORT "
                 "target (cpu-ort)")
     return None
+
+
+def narrow_constraints(target: TorchTarget, cons) -> str | None:
+    """Narrow the compile's constraints (in memory; the file is untouched) to what `target`'s package builds: weight
+    precisions among its float one and `target.weights`, a KV cache of its float dtype (the loop's int8 GQA cache has
+    no torch counterpart yet). The compile log's line saying so, None when nothing was narrowed."""
+    keep = (target.float_precision, *target.weights)
+    allowed = [p for p in cons.precision.allowed if p in keep] or [target.float_precision]
+    said = []
+    dropped = [p for p in cons.precision.allowed if p not in allowed]
+    if dropped:
+        said.append(f"precision.allowed {', '.join(cons.precision.allowed)} -> {', '.join(allowed)} (the package builds "
+                    f"{', '.join(keep)})")
+        cons.precision.allowed = allowed
+    if cons.precision.default not in (None, *allowed):
+        said.append(f"precision.default {cons.precision.default} -> {target.float_precision}")
+        cons.precision.default = target.float_precision
+    if cons.kv_cache.dtype not in (None, target.float_precision):
+        said.append(f"kv_cache.dtype {cons.kv_cache.dtype} -> {target.float_precision}")
+    cons.kv_cache.dtype = target.float_precision  # pinned: the loop's KV dtype move stays off
+    return f"target {target.name}: " + "; ".join(said) if said else None

@@ -28,7 +28,7 @@ def test_measured_numbers_are_labelled(tiny_torch_artifact):
     measured = re.findall(r"^note: target cpu-torch: (prefill|decode) \(.*\): [\d.]+ ms \(torch package, measured, "
                           r"median of 10\); [\d.]+ ms \(est, cpu-ort library", log, re.M)
     assert sorted(measured) == ["decode", "prefill"]
-    assert "per-module torchao precision (int8/int4/fp8) is not built yet" in log
+    assert "note: target cpu-torch: weights fp32 (the compile's map quantised none)" in log
     rpt = (tiny_torch_artifact / "reports" / "torch.rpt").read_text()
     assert rpt.count("torch package, measured") == 3 and rpt.count("(est, cpu-ort library") == 2
 
@@ -115,7 +115,8 @@ def test_packed_projections_compute_what_the_separate_ones_did():
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, PackedPart) and isinstance(layer.mlp.up_proj, PackedPart)
     assert isinstance(layer.self_attn.q_proj.packed, PackedLinear) and layer.self_attn.q_proj.packed._parts is None
-    assert layer.mlp.gate_proj.packed.weight.shape == (2 * model.config.intermediate_size, model.config.hidden_size)
+    assert layer.mlp.gate_proj.packed.linear.weight.shape == (2 * model.config.intermediate_size,
+                                                               model.config.hidden_size)
     assert type(layer.mlp.down_proj) is torch.nn.Linear  # its input is not another projection's
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -143,3 +144,36 @@ def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
         keys[dtype] = cache[0][:, :, 4000:4002].float()
     rel = float((keys[torch.float16] - keys[torch.float32]).abs().max() / keys[torch.float32].abs().max())
     assert rel < 5e-3, rel
+
+
+def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_the_function():
+    """quantise_modules: the map's int8 cells (a packed group at its most accurate part's precision) become torchao
+    int8 weight-only Linear layers, an int4 cell is kept float and said so (not built); the quantised step still
+    exports (torch.export, what AOTInductor compiles), and its logits stay within int8's error of the float model's."""
+    import torch
+
+    from softsyn.emit.torch_lowering import StaticStep, _export, pack_projections, quantise_modules
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    ids = torch.tensor([[3, 14, 15, 92]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    model.set_attn_implementation(attentions["sdpa"][0])
+    pack_projections(model)
+    notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": "int8", "model.layers.0.mlp.down_proj": "int8",
+                                     "model.layers.1.mlp.up_proj": "int4"}, "fp32")
+    layer0, layer1 = model.model.layers
+    assert type(layer0.self_attn.packed_q_k_v.linear.weight).__name__ == "Int8Tensor"
+    assert type(layer0.mlp.down_proj.weight).__name__ == "Int8Tensor"
+    assert type(layer0.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # not in the map
+    assert type(layer1.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # int4: not built
+    assert any("2 Linear layers int8 weight-only" in n for n in notes)
+    assert any("1 Linear layer mapped int4 kept fp32: int4 is not built" in n for n in notes)
+    layers, kv, head_dim = kv_geometry(model.config)
+    program = _export(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
+    cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
+    with torch.no_grad():
+        got = program.module()(ids, torch.arange(4)[None], *cache)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert 0 < rel < 0.05, rel
