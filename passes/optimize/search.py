@@ -25,6 +25,7 @@ import numpy as np
 
 US = 1e6  # the ILP works in microseconds: delays in seconds are too small for the solver's tolerances
 VIOLATION_WEIGHT = 1e4  # a microsecond of weighted violation outweighs any latency gain (lexicographic order)
+SLACK_EPS = 1e-12  # s: a slack this far below zero is the sum's rounding (and under the ILP solver's tolerance), met
 RULE_WEIGHT = 1e8  # a design-rule unit (1 % error over budget, 1 MB over area) outweighs any timing term
 ERROR_WEIGHT = 1e3  # us of weighted latency one unit of error is worth: 1 % error must buy 10 us
 # The RSS times this stays at or above the measured end-to-end error of 57 of 60 random maps of 2..36 cells on
@@ -99,7 +100,7 @@ def evaluate(problem: Problem, mapping: dict[str, str]) -> tuple[Cost, dict[str,
     area = sum(problem.area[c][mapping[c]] - problem.area[c][problem.options[c][0]] for c in problem.cells)
     over_area = 0.0 if problem.area_slack is None else max(0.0, area - problem.area_slack) / 1e6
     rules = max(0.0, error - problem.budget) * 100 + over_area
-    violation = sum(problem.weight[g] * max(0.0, -s) for g, s in slack.items())
+    violation = sum(problem.weight[g] * max(0.0, -s - SLACK_EPS) for g, s in slack.items())
     latency = sum(problem.weight[g] * (problem.slack[g] - s) for g, s in slack.items())
     return Cost(rules, violation, latency, sum(cell_errors)), slack, error, area
 
