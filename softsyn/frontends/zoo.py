@@ -224,6 +224,18 @@ ZOO: dict[str, ZooEntry] = {
                                 expert=768),
     "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,
                                   dense=12288, expert=1536),
+    "qwen3-next-tiny": ZooEntry(
+        "qwen3-next-tiny",
+        "Qwen3-Next, 4 layers (Gated DeltaNet linear attention, gated full attention, twice), hidden 128, 4/2 "
+        "heads, DeltaNet 2 key / 4 value heads of 32 with a 4-tap conv, 4 experts top-2 + a shared expert, vocab "
+        "1024; exported with its hybrid cache (conv and recurrent states beside the KV); random weights",
+        "qwen3_next",
+        dict(_TINY, num_hidden_layers=4, rope_theta=10000.0, rms_norm_eps=1e-6,
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+             decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, linear_num_key_heads=2,
+             linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2),
+    ),
     "gemma2-tiny": ZooEntry(
         "gemma2-tiny",
         "Gemma 2, 2 layers (sliding window 64, then full), hidden 128, 4/2 heads, vocab 1024; attention and final "
