@@ -2,11 +2,13 @@
 layers): its export with the whole hybrid cache as ports.
 
 transformers' cache (`DynamicCache` over a qwen3_next config) holds K/V for the full-attention layers and, per
-linear-attention layer, a conv state [batch, conv_dim, kernel] (the last `kernel` inputs of the short causal
-convolution) and a recurrent state [batch, value_heads, key_dim, value_dim] (the delta rule's memory). The export
-wrapper takes all three as inputs and returns their next values: past_key_values.N.key/value -> present.N.key/value
-for a full-attention layer N, past_conv.N -> present_conv.N and past_recurrent.N -> present_recurrent.N for a
-linear-attention layer N (N: the model's layer index).
+linear-attention layer, a conv state (the last inputs of the short causal convolution) and a recurrent state
+[batch, value_heads, key_dim, value_dim] (the delta rule's memory). The export wrapper takes all three as inputs
+and returns their next values, named as onnxruntime-genai names a hybrid decoder's caches (its model builder, 0.18):
+past_key_values.N.key/value -> present.N.key/value for a full-attention layer N, past.N.conv -> present.N.conv and
+past.N.recurrent -> present.N.recurrent for a linear-attention layer N (N: the model's layer index). The conv state
+holds kernel - 1 inputs [batch, conv_dim, kernel - 1], as genai's does: transformers keeps `kernel`, whose oldest
+column no output reads.
 
 During the export each linear-attention layer's forward is transformers' own computation in its cached form, with
 one change of schedule: the delta rule runs token by token (transformers' `torch_recurrent_gated_delta_rule`, its
@@ -36,10 +38,10 @@ def layer_types(cfg) -> list[str]:
 
 
 def state_shapes(cfg) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """(conv state [conv_dim, kernel], recurrent state [value_heads, key_dim, value_dim]) of one sequence."""
+    """(conv state [conv_dim, kernel - 1], recurrent state [value_heads, key_dim, value_dim]) of one sequence."""
     key_dim = cfg.linear_key_head_dim * cfg.linear_num_key_heads
     value_dim = cfg.linear_value_head_dim * cfg.linear_num_value_heads
-    return ((2 * key_dim + value_dim, cfg.linear_conv_kernel_dim),
+    return ((2 * key_dim + value_dim, cfg.linear_conv_kernel_dim - 1),
             (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim))
 
 
@@ -80,7 +82,7 @@ def _linear_attention_forward(self, hidden_states, cache=None, attention_mask=No
     mixed = torch.cat([x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value)], dim=-1).transpose(1, 2)
     # causal_conv1d_update over any number of tokens: the cached inputs, then the new ones
     full = torch.cat([layer.conv_states[0], mixed.to(layer.conv_states[0].dtype)], dim=-1)
-    layer.conv_states[0] = full[:, :, -self.conv_kernel_size:]
+    layer.conv_states[0] = full[:, :, full.shape[-1] - (self.conv_kernel_size - 1):]
     mixed = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, padding=0, groups=self.conv_dim)[:, :, -seq_len:]
     mixed = ACT2FN[self.activation](mixed).to(hidden_states.dtype).transpose(1, 2)
     query, key, value = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -103,8 +105,8 @@ def port_names(cfg) -> tuple[list[str], list[str]]:
             ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
             outs += [f"present.{i}.key", f"present.{i}.value"]
         else:
-            ins += [f"past_conv.{i}", f"past_recurrent.{i}"]
-            outs += [f"present_conv.{i}", f"present_recurrent.{i}"]
+            ins += [f"past.{i}.conv", f"past.{i}.recurrent"]
+            outs += [f"present.{i}.conv", f"present.{i}.recurrent"]
     return ins, outs
 
 
