@@ -1,8 +1,9 @@
 """Linear-attention layers (Gated DeltaNet, Qwen3-Next): counted and named, never fused — ORT 1.31 has no kernel.
 
 Anchor, by structure: a depthwise causal Conv (group = input channels, one spatial axis: the short convolution over
-the sequence that Gated DeltaNet and Mamba-style mixers run on q/k/v) in a scope that also holds a CumSum (the decay's
-running sum over the chunk). Every anchor is a miss whose reason names the layer and how many cells of its scope
+the sequence that Gated DeltaNet and Mamba-style mixers run on q/k/v) in a scope that also holds the delta rule: a
+CumSum (the decay's running sum over a chunk, the chunked form) or a Scan (the recurrent form, token by token, as
+softsyn exports a hybrid decoder with its cache). Every anchor is a miss whose reason names the layer and how many cells of its scope
 stay as exported ops, each timed from its own library cell: the layer is costed from its measured ops, and the
 report says so instead of leaving it silent.
 """
@@ -15,6 +16,9 @@ from passes.fuse.base import Rule
 from passes.fuse.graph import attr, const_shape
 
 
+DELTA_RULE_OPS = ("CumSum", "Scan")  # the chunked form's decay sum, the recurrent form's loop over tokens
+
+
 def _scope(node) -> str:
     return node.metadata_props.get(HIERARCHY_KEY, "")
 
@@ -24,10 +28,10 @@ class LinearAttentionRule(Rule):
     target_op = "(no ORT 1.31 kernel: Gated DeltaNet)"
 
     def anchors(self, ctx):
-        with_cumsum = {_scope(n) for n in ctx.graph if n.op_type == "CumSum"}
+        with_rule = {_scope(n) for n in ctx.graph if n.op_type in DELTA_RULE_OPS}
         out = []
         for n in ctx.graph:
-            if n.op_type != "Conv" or _scope(n) not in with_cumsum or len(n.inputs) < 2:
+            if n.op_type != "Conv" or _scope(n) not in with_rule or len(n.inputs) < 2:
                 continue
             w = const_shape(n.inputs[1])  # [C, 1, kernel] for a depthwise conv over one axis
             if w is not None and len(w) == 3 and w[1] == 1 and attr(n, "group", 1) == w[0] > 1:

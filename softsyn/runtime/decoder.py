@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
+from softsyn.netlist.keys import STATE_PORT
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
 ORT_DOMAIN = "com.microsoft"
@@ -30,9 +31,6 @@ ORT_DOMAIN = "com.microsoft"
 COS_CACHE_INPUT = {("RotaryEmbedding", ORT_DOMAIN): 2, ("GroupQueryAttention", ORT_DOMAIN): 7, ("RotaryEmbedding", ""): 1}
 GQA_PAST = {"key": 3, "value": 4}  # GroupQueryAttention's past_key / past_value inputs
 GQA_PRESENT = {"key": 1, "value": 2}  # and its present_key / present_value outputs
-
-
-STATE_PORT = re.compile(r"(past|present)\.(\d+)\.(conv|recurrent)")  # a hybrid decoder's fixed-size state
 
 
 class NotDecoder(SoftsynError):

@@ -26,6 +26,7 @@ import onnx_ir as ir
 from softsyn.constraints import KV_DTYPES, Constraints
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import eval_dim_expr
+from softsyn.netlist.keys import STATE_PORT
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
 from softsyn.results.analysis import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
 from softsyn.timing.realised import weight_storage
@@ -172,6 +173,25 @@ def kv_cache_item(netlist: Netlist, constraints: Constraints, share: dict[str, f
     detail = (f"{len(kv_inputs)} tensors ({dtype}) x batch {w.batch} x concurrency {w.concurrency} "
               f"x {length} tokens")
     return AreaItem("kv_cache", total, len(kv_inputs), detail)
+
+
+def state_inputs(netlist: Netlist) -> list[ir.Value]:
+    """A hybrid decoder's conv and recurrent state inputs (past.N.conv, past.N.recurrent): fixed size per sequence."""
+    return [v for v in netlist.model.graph.inputs if (m := STATE_PORT.fullmatch(v.name)) and m[1] == "past"]
+
+
+def state_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None:
+    """The states a hybrid decoder carries per sequence beside its KV cache, at the workload's batch x concurrency
+    (one sequence's: every dim but the batch, which is the first)."""
+    states = state_inputs(netlist)
+    if not states:
+        return None
+    w = constraints.workload
+    per_sequence = sum(numel(tuple(int(d) for d in v.shape[1:])) * v.dtype.itemsize for v in states)
+    kinds = ", ".join(f"{k} {sum(1 for v in states if v.name.endswith(k))}" for k in ("conv", "recurrent"))
+    detail = (f"{len(states)} tensors ({kinds}) x batch {w.batch} x concurrency {w.concurrency}; a fixed size per "
+              "sequence, no token dim")
+    return AreaItem("kv_cache states", per_sequence * w.batch * w.concurrency, len(states), detail)
 
 
 def activation_peak(netlist: Netlist, shapes: dict, share: dict[str, float] | None = None) -> float:
@@ -411,6 +431,9 @@ def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict],
     kv = kv_cache_item(netlist, constraints, share)
     if kv is not None:
         kinds.append(kv)
+    states = state_item(netlist, constraints)
+    if states is not None:
+        kinds.append(states)
     worst_group, worst_peak = "", 0.0
     for name, dims in scenarios.items():
         peak = activation_peak(netlist, netlist.bind(dims), share)
