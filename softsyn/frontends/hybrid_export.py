@@ -73,8 +73,9 @@ def recurrent_delta_rule(query, key, value, g, beta, state):
 
 def _linear_attention_forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
     """Qwen3NextGatedDeltaNet.forward with its conv and recurrent states read from and written to `cache`'s
-    layer (softsyn's export cache: always holding a previous state, zeros before the first token)."""
-    hidden_states = qn.apply_mask_to_padding_states(hidden_states, attention_mask)
+    layer (softsyn's export cache: always holding a previous state, zeros before the first token). The padding
+    mask is not applied: transformers takes the mask's last `seq` columns as the new tokens', which under a shared
+    KV buffer (a max_length mask, zeros after the sequence) are the unfilled ones; unpadded sequences are exact."""
     seq_len = hidden_states.shape[1]
     layer = cache.layers[self.layer_idx]
     qkvz, ba = self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states)

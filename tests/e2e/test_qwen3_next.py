@@ -1,0 +1,102 @@
+"""zoo:qwen3-next-tiny decodes: the hybrid decoder (Gated DeltaNet linear attention + gated full attention + MoE)
+exported with its whole cache as ports generates transformers' greedy tokens on ONNX Runtime's CPU provider, from
+the export and from the compiled artifact (softsyn's loop and onnxruntime-genai's), and compile, verify and run
+work on it with their documented exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+from click.testing import CliRunner
+
+from helpers import cli
+from paths import ROOT
+from softsyn.cli import main
+from softsyn.frontends import read_design, source_torch_model
+from softsyn.runtime.decoder import decoder_io
+from softsyn.runtime.generate import Generator, prompt_ids
+from softsyn.runtime.session import open_model
+
+NAME = "qwen3-next-tiny"
+PROMPT, GEN = 8, 32
+
+
+@pytest.fixture(scope="module")
+def artifact(cache_dir, tmp_path_factory) -> Path:
+    """`softsyn compile zoo:qwen3-next-tiny -c constraints/cpu-tiny.yaml -o DIR`: DIR, compiled once."""
+    out = tmp_path_factory.mktemp("qwen3-next") / "out"
+    result = CliRunner().invoke(main, ["compile", f"zoo:{NAME}", "-c", str(ROOT / "constraints" / "cpu-tiny.yaml"),
+                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompt() -> np.ndarray:
+    return prompt_ids(1024, PROMPT, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(prompt) -> list[int]:
+    """transformers' own greedy generation (its chunked delta rule for the prompt, the recurrent one per token)."""
+    model = source_torch_model(f"zoo:{NAME}")
+    with torch.no_grad():
+        out = model.generate(torch.from_numpy(prompt)[None], max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False)
+    return out[0, PROMPT:].tolist()
+
+
+def test_the_export_declares_the_hybrid_cache(cache_dir):
+    nl = read_design(f"zoo:{NAME}", cache_dir=cache_dir, progress=False)
+    io = decoder_io(nl.model)
+    assert [layer.index for layer in io.layers] == [1, 3]  # full attention: the model's layers 1 and 3
+    assert [(p.layer, p.kind, p.shape) for p in io.states] == [
+        (0, "conv", (256, 3)), (0, "recurrent", (4, 32, 32)), (2, "conv", (256, 3)), (2, "recurrent", (4, 32, 32))]
+    assert io.states[0].past == "past.0.conv" and io.states[1].present == "present.0.recurrent"
+    assert "delta rule as one scan" in nl.provenance["exporter"]
+
+
+def test_ort_generates_transformers_greedy_tokens(cache_dir, artifact, prompt, reference_tokens):
+    """The export (its KV grown step by step) and the compiled artifact (one shared KV buffer) both decode exactly
+    transformers' 32 greedy tokens, the states fed back by softsyn's loop."""
+    exported = Path(read_design(f"zoo:{NAME}", cache_dir=cache_dir, progress=False).provenance["cache"]["path"])
+    for path in (exported / "model.onnx", artifact / "model.onnx"):
+        io = decoder_io(ir.load(str(path)))
+        generation = Generator(open_model(path), io).generate(prompt, GEN)
+        assert list(generation.tokens) == reference_tokens, path
+    assert len(set(reference_tokens)) > 4  # a sequence, not one token repeated
+
+
+def test_genai_generates_transformers_greedy_tokens(artifact, prompt, reference_tokens):
+    """onnxruntime-genai 0.18 drives the conv and recurrent states its genai_config names."""
+    pytest.importorskip("onnxruntime_genai", reason="the genai extra (onnxruntime-genai 0.18)")
+    from genai_tokens import genai_tokens
+
+    decoder = json.loads((artifact / "genai_config.json").read_text())["model"]["decoder"]
+    assert decoder["inputs"]["past_recurrent_names"] == "past.%d.recurrent"
+    assert decoder["outputs"]["present_conv_names"] == "present.%d.conv" and decoder["num_hidden_layers"] == 4
+    assert 0 not in reference_tokens  # eos_token_id 0 (the zoo model names none) would end genai early
+    assert genai_tokens(artifact, prompt, GEN) == reference_tokens
+
+
+def test_reports_count_the_states_and_name_the_deltanet_misses(artifact):
+    area = (artifact / "reports" / "area.rpt").read_text()
+    assert "kv_cache states" in area and "4 tensors (conv 2, recurrent 2)" in area
+    rows = {r["kind"]: r for r in json.loads((artifact / "reports" / "fusion.json").read_text())["kinds"]["rows"]}
+    assert (rows["linear_attention"]["candidates"], rows["linear_attention"]["fused"]) == (2, 0)
+    text = (artifact / "reports" / "fusion.rpt").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("linear_attention"))
+    assert line.split()[1:4] == ["2", "0", "2"], line  # two Gated DeltaNet layers, none fused
+    assert text.count("[linear_attention] model.layers.") == 2 and "no ONNX Runtime 1.31 kernel" in text
+
+
+def test_verify_and_run_exit_zero(artifact, capsys):
+    code, out, _ = cli(capsys, "verify", artifact)
+    assert code == 0, out
+    assert "present.2.recurrent" in out and "present.0.conv" in out and "all 18 outputs within" in out
+    code, out, _ = cli(capsys, "run", artifact, "--prompt-len", PROMPT, "--gen", 4, "--runs", 1, "--warmup", 0)
+    assert code == 0, out
+    assert "TPOT" in out and "prefill of 8 tokens" in out
