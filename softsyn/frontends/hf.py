@@ -23,7 +23,7 @@ from softsyn.progress import step
 
 # How a hybrid decoder (Qwen3-Next) is exported: softsyn.frontends.hybrid_export
 HYBRID_EXPORT = ("hybrid cache as ports (past.N.conv, past.N.recurrent beside past_key_values.N.key/value), delta rule as one "
-                 "scan over the sequence, optimize=False")
+                 "scan over the sequence")
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
 

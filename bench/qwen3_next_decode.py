@@ -1,0 +1,119 @@
+"""zoo:qwen3-next-tiny decoding with its hybrid cache: export time, tokens against transformers, verify, run, the Scan.
+
+    python bench/qwen3_next_decode.py --work /tmp/qwen3-next-decode -o bench/results/qwen3-next-decode-DATE.md
+
+Compiles zoo:qwen3-next-tiny for constraints/cpu-tiny.yaml with a fresh export cache (the export's time is in
+compile.log), checks the greedy tokens of transformers, of the compiled artifact driven by softsyn's loop and of
+onnxruntime-genai after a seeded prompt, runs `softsyn verify` and `softsyn run` at two prompt lengths, and times one
+linear-attention layer's Scan (the delta rule, token by token) alone on ORT CPU beside the STA's figure for it.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.utils
+import onnx_ir as ir
+import onnxruntime as ort
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME, PROMPT, GEN = "qwen3-next-tiny", 8, 32
+
+
+def softsyn(*args, cache: Path) -> subprocess.CompletedProcess:
+    """`softsyn ARGS` (compile and verify with the run's own export cache)."""
+    extra = ["--cache-dir", str(cache)] if args[0] in ("compile", "verify") else []
+    return subprocess.run([sys.executable, "-m", "softsyn.cli", *map(str, args), *extra], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+def tokens(out: Path) -> list[str]:
+    """Greedy tokens of transformers, the compiled artifact (softsyn's loop) and onnxruntime-genai."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from genai_tokens import genai_tokens
+    from softsyn.frontends import source_torch_model
+    from softsyn.runtime.decoder import decoder_io
+    from softsyn.runtime.generate import Generator, prompt_ids
+    from softsyn.runtime.session import open_model
+
+    prompt = prompt_ids(1024, PROMPT, seed=1)
+    with torch.no_grad():
+        hf = source_torch_model(f"zoo:{NAME}").generate(torch.from_numpy(prompt)[None], max_new_tokens=GEN,
+                                                        min_new_tokens=GEN, do_sample=False)[0, PROMPT:].tolist()
+    path = out / "model.onnx"
+    ours = list(Generator(open_model(path), decoder_io(ir.load(str(path)))).generate(prompt, GEN).tokens)
+    genai = genai_tokens(out, prompt, GEN)
+    return [f"- prompt: {PROMPT} token ids (`prompt_ids(1024, {PROMPT}, seed=1)`), {GEN} greedy tokens",
+            f"- transformers {__import__('transformers').__version__} `generate`: {hf}",
+            f"- compiled artifact, softsyn's loop (ORT {ort.__version__} CPU): "
+            f"{'identical' if ours == hf else ours}",
+            f"- onnxruntime-genai {__import__('onnxruntime_genai').__version__}: {'identical' if genai == hf else genai}"]
+
+
+def scan_times(out: Path, work: Path) -> list[str]:
+    """Layer 0's Scan extracted from the compiled model and timed alone (1 thread, median of 20)."""
+    model = ir.load(str(out / "model.onnx"))
+    scan = next(n for n in model.graph if n.op_type == "Scan")
+    part = work / "scan.onnx"
+    onnx.utils.extract_model(str(out / "model.onnx"), str(part), [v.name for v in scan.inputs],
+                             [v.name for v in scan.outputs], check_model=False)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(part), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    lines = []
+    for seq in (1, 16, 128, 256):
+        feeds = {i.name: (rng.standard_normal([1, *i.shape[1:]] if i.name == scan.inputs[0].name else
+                                              [seq, 1, *i.shape[2:]]) * 0.1).astype(np.float32)
+                 for i in sess.get_inputs()}
+        for _ in range(3):
+            sess.run(None, feeds)
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            sess.run(None, feeds)
+            times.append(time.perf_counter() - t)
+        med = float(np.median(times))
+        lines.append(f"| {seq} | {med * 1e3:.3f} | {med / seq * 1e6:.2f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/softsyn-qwen3-next-decode"))
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    args = ap.parse_args(argv)
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    out, cache = args.work / "out", args.work / "cache"
+    load = open("/proc/loadavg").read().split()[:3]
+    compiled = softsyn("compile", f"zoo:{NAME}", "-c", ROOT / "constraints" / "cpu-tiny.yaml", "-o", out, "-q",
+                       cache=cache)
+    lines = [f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before: {' '.join(load)}",
+             f"\n## softsyn compile (exit {compiled.returncode})\n", "```", (out / "compile.log").read_text().strip(),
+             "```", "\n## Tokens\n", *tokens(out)]
+    verified = softsyn("verify", out, cache=cache)
+    lines += [f"\n## softsyn verify (exit {verified.returncode})\n", "```", verified.stdout.strip(), "```"]
+    for prompt_len in (16, 128):
+        ran = softsyn("run", out, "--prompt-len", prompt_len, "--gen", GEN, "--runs", 5, cache=cache)
+        lines += [f"\n## softsyn run --prompt-len {prompt_len} --gen {GEN} --runs 5 (exit {ran.returncode})\n", "```",
+                  ran.stdout.strip(), "```"]
+    sta = [ln for ln in (out / "reports" / "timing_full.rpt").read_text().splitlines() if "Scan" in ln]
+    lines += ["\n## One Scan (layer 0's delta rule) alone, ORT CPU, 1 thread\n", "| tokens | ms (median of 20) | "
+              "us per token |", "|---|---|---|", *scan_times(out, args.work),
+              "\nThe STA's Scan cells (reports/timing_full.rpt, prefill at 128 tokens then decode):\n", "```", *sta,
+              "```"]
+    args.output.write_text("\n".join(lines) + "\n")
+    print(args.output.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
