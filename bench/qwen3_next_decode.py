@@ -44,8 +44,9 @@ def tokens(out: Path) -> list[str]:
 
     prompt = prompt_ids(1024, PROMPT, seed=1)
     with torch.no_grad():
-        hf = source_torch_model(f"zoo:{NAME}").generate(torch.from_numpy(prompt)[None], max_new_tokens=GEN,
-                                                        min_new_tokens=GEN, do_sample=False)[0, PROMPT:].tolist()
+        model = source_torch_model(f"zoo:{NAME}", hybrid=True)
+        hf = model.generate(torch.from_numpy(prompt)[None], max_new_tokens=GEN, min_new_tokens=GEN,
+                            do_sample=False)[0, PROMPT:].tolist()
     path = out / "model.onnx"
     ours = list(Generator(open_model(path), decoder_io(ir.load(str(path)))).generate(prompt, GEN).tokens)
     genai = genai_tokens(out, prompt, GEN)

@@ -156,17 +156,20 @@ def example_cache(cfg, batch: int, past: int, dtype, generator) -> tuple:
 
 
 def export_hybrid_decoder(model, name: str, batch: int = 2, seq: int = 3, past: int = 4,
-                          optimize: bool = True) -> ir.Model:
+                          optimize: bool | None = None) -> ir.Model:
     """Export a Qwen3-Next causal LM with its hybrid cache as ports; dims batch, seq, past (total = past + seq).
-    The exporter's optimizer runs (15 s on 2 cores, 2026-12-03: the Scan keeps the graph small; on the chunked form's
-    unrolled graph it ran over 15 min, 2026-12-01), so shape arithmetic folds as in the other decoders' exports."""
+    The exporter's optimizer runs unless the weights are on the meta device (it folds constants from their data), as
+    for the other decoders: 15 s on 2 cores (2026-12-03: the Scan keeps the graph small; on the chunked form's
+    unrolled graph it ran over 15 min, 2026-12-01), so shape arithmetic folds as in their exports."""
     cfg = model.config
-    dtype = next(model.parameters()).dtype
+    param = next(model.parameters())
+    dtype, device = param.dtype, param.device
+    optimize = device.type != "meta" if optimize is None else optimize
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
-    mask = torch.ones(batch, past + seq, dtype=torch.long)
-    pos = torch.arange(past, past + seq, dtype=torch.long).unsqueeze(0).expand(batch, seq).contiguous()
-    cache = example_cache(cfg, batch, past, dtype, g)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(device)
+    mask = torch.ones(batch, past + seq, dtype=torch.long, device=device)
+    pos = torch.arange(past, past + seq, dtype=torch.long, device=device).unsqueeze(0).expand(batch, seq).contiguous()
+    cache = tuple(t.to(device) for t in example_cache(cfg, batch, past, dtype, g))
     dim = torch.export.Dim
     b, s, p, t = dim("batch"), dim("seq"), dim("past"), dim("total")
     cache_dims = []

@@ -43,7 +43,7 @@ def prompt() -> np.ndarray:
 @pytest.fixture(scope="module")
 def reference_tokens(prompt) -> list[int]:
     """transformers' own greedy generation (its chunked delta rule for the prompt, the recurrent one per token)."""
-    model = source_torch_model(f"zoo:{NAME}")
+    model = source_torch_model(f"zoo:{NAME}", hybrid=True)
     with torch.no_grad():
         out = model.generate(torch.from_numpy(prompt)[None], max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False)
     return out[0, PROMPT:].tolist()
@@ -105,3 +105,11 @@ def test_verify_and_run_exit_zero(artifact, capsys):
     code, out, _ = cli(capsys, "run", artifact, "--prompt-len", PROMPT, "--gen", 4, "--runs", 1, "--warmup", 0)
     assert code == 0, out
     assert "TPOT" in out and "prefill of 8 tokens" in out
+
+
+def test_the_torch_targets_refuse_it_in_one_line(artifact, cache_dir, capsys, tmp_path):
+    """cpu-torch lowers decoders with a KV cache only: a hybrid decoder is bad input (exit 2), named."""
+    code, _, err = cli(capsys, "compile", f"zoo:{NAME}", "-c", ROOT / "constraints" / "cpu-torch-tiny.yaml", "-o",
+                       tmp_path / "out", "--cache-dir", cache_dir, "-q")
+    assert code == 2 and "hybrid decoder" in err and "cpu-ort" in err and len(err.strip().splitlines()) == 1, err
+
