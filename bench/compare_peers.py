@@ -22,6 +22,11 @@ Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, se
                native library). Default variant with --provider cuda only.
   low          (with --compiled-dir) `softsyn compile --effort low` built in this run beside the artifact, so a
                compile loop's map is measured against the uniform design it started from in the same run
+  torch        (with --torch-dir) a torch target's artifact `softsyn compile --target h200-torch` (or cpu-torch) wrote
+               before: DIR/model.pt2 (AOTInductor) run by softsyn.runtime.torch_package.TorchStep, its fixed-shape
+               steps replayed as CUDA graphs when runtime/torch.json says cuda_graphs (captured on the first warm-up
+               run); its KV cache holds the scenario's past in its first positions, written in place; timed as the
+               others, with torch.cuda.synchronize() inside each run (ORT's Run returns after its stream syncs)
   X+graph      (compiled+graph, builder+graph; --provider cuda) variant X's model with the CUDA EP's
                enable_cuda_graph=1: one session per scenario (a graph replays fixed shapes and addresses), its
                binding made once; captured on the first warm-up run. A model ORT will not capture (a node
@@ -80,7 +85,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("compiled", "compiled+graph", "low", "low+graph", "plain", "ort_fusions", "builder", "builder+graph")
+VARIANTS = ("compiled", "compiled+graph", "low", "low+graph", "torch", "plain", "ort_fusions", "builder",
+            "builder+graph")
 GRAPHED = "+graph"  # a variant of that name is its base variant's model run with the CUDA EP's enable_cuda_graph=1
 LABELS = {
     "compiled": "softsyn compile --effort low",
@@ -88,6 +94,7 @@ LABELS = {
     "low": "softsyn compile --effort low, compiled in this run (beside a --compiled-dir artifact)",
     "low+graph": "the --effort low model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "builder+graph": "the builder's model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
+    "torch": "softsyn torch target artifact (AOTInductor model.pt2)",
     "plain": "plain export (torch.onnx dynamo)",
     "ort_fusions": "plain + onnxscript ort_fusions",
     "builder": "onnxruntime-genai 0.18 model builder",
@@ -419,8 +426,34 @@ class _Inputs:
         return [i for i in self._sess.get_inputs() if i.name not in self._exclude]
 
 
+class TorchRunner:
+    """A torch artifact's step at one scenario, shaped like a BoundRunner: run() is one step (waiting for the device);
+    outputs() the logits and the cache's filled positions as present.N.key/value, on the host in fp32."""
+
+    def __init__(self, step, feeds: dict[str, np.ndarray], dims: dict[str, int]):
+        layers = step.cache["layers"]
+        past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")] if dims["past"] else []
+        self.step, self.ids, self.start, self.layers = step, feeds["input_ids"], dims["past"], layers
+        self.cache = step.empty_cache(dims["batch"], past)
+        self.filled = dims["past"] + dims["seq"]
+        self.logits = None
+
+    def run(self) -> None:
+        self.logits = self.step(self.ids, self.start, self.cache)
+        self.step.sync()
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        out = {"logits": self.logits.float().cpu().numpy()}
+        out.update({f"present.{i}.{k}": self.cache[2 * i + j][:, :, :self.filled].float().cpu().numpy()
+                    for i in range(self.layers) for j, k in enumerate(("key", "value"))})
+        return out
+
+
 def fetch(runner, sess) -> dict[str, np.ndarray]:
     """One run's outputs on the host (binding order = the session's output order, also after re-binding)."""
+    if isinstance(runner, TorchRunner):
+        runner.run()
+        return runner.outputs()
     runner.run()
     values = runner.binding.copy_outputs_to_cpu()
     return {o.name: np.asarray(v) for o, v in zip(sess.get_outputs(), values)}
@@ -500,6 +533,8 @@ def main() -> int:
     parser.add_argument("--compiled-dir", type=Path, metavar="DIR",
                         help="measure this softsyn artifact (compiled before from the same zoo model, e.g. --effort "
                              "ultra under a constraints file) as the compiled variant instead of compiling --effort low")
+    parser.add_argument("--torch-dir", type=Path, metavar="DIR",
+                        help="a torch target's artifact (softsyn compile --target h200-torch): adds variant torch")
     parser.add_argument("--builder-timeout", type=float, default=420.0,
                         help="time box of HF folder + builder generation, s (runs beside the export; default 420)")
     parser.add_argument("--builder-options", nargs="+", metavar="KEY=VALUE",
@@ -538,6 +573,10 @@ def main() -> int:
     if any(v.removesuffix(GRAPHED) == "low" for v in variants) and not args.compiled_dir:
         parser.error("variant low is the --effort low build beside a --compiled-dir artifact: without --compiled-dir "
                      "the compiled variant is that build")
+    if args.torch_dir and "torch" not in variants:
+        variants.append("torch")
+    if "torch" in variants and not args.torch_dir:
+        parser.error("variant torch is the artifact of --torch-dir DIR (softsyn compile --target h200-torch)")
     # a graph variant runs its base variant's model: build the base too
     wanted = set(variants) | {v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)}
     variants = [v for v in VARIANTS if v in wanted]
@@ -628,6 +667,19 @@ def main() -> int:
             traceback.print_exc()
         v.prep_seconds = time.perf_counter() - t
         log(f"{name}: {'failed: ' + v.error if v.error else 'done'} in {v.prep_seconds:.0f} s")
+    if "torch" in found:
+        v = found["torch"]
+        try:
+            from softsyn.runtime.torch_package import read_torch_settings
+
+            settings = read_torch_settings(args.torch_dir)
+            v.path = args.torch_dir / settings["package"]
+            LABELS["torch"] = (f"softsyn {settings['target']} artifact {args.torch_dir} ({settings['dtype']}"
+                               f"{', CUDA graphs' if settings.get('cuda_graphs') else ''}), compiled before this run")
+            v.notes.append(f"static KV cache of {settings['kv_cache']['max_length']} positions, attention over all of "
+                           "them; see its reports/torch.rpt")
+        except Exception as exc:  # noqa: BLE001
+            v.error = short_error(exc)
     if job is not None:
         job.join(max(0.0, job.deadline - time.monotonic()) + 5)
         if job.is_alive():
@@ -659,6 +711,15 @@ def main() -> int:
             continue
         t = time.perf_counter()
         try:
+            if name == "torch":
+                from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+                step = TorchStep(args.torch_dir, read_torch_settings(args.torch_dir))
+                sessions[name] = {scen: None for scen in scenarios}
+                runners[name] = {scen: TorchRunner(step, feeds[scen], dims) for scen, dims in scenarios.items()}
+                kv_lengths[name] = {scen: {} for scen in scenarios}
+                log(f"session torch: {step.device}, {step.dtype} ({time.perf_counter() - t:.0f} s)")
+                continue
             graphed = name.endswith(GRAPHED)
             sess = None if graphed else open_model(v.path, provider, options=v.options)
             sessions[name], runners[name], kv_lengths[name] = {}, {}, {}

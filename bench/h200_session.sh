@@ -24,6 +24,11 @@
 #                        the table and the compiled artifact's fusion report
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
 #                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
+#   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run
+#   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
+#                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
+#   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
+#                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra (EFFORT=...) under CONSTRAINTS
@@ -144,6 +149,35 @@ peers4)
     # the builder's points on the compile's latency-error front, measured in the same run
     softsyn report pareto "$dir" --peers "$OUT/peers.json" > "$OUT/pareto-$(basename "$dir").rpt" || true
     cp "$dir/reports/pareto.json" "$OUT/pareto-$(basename "$dir").json" 2>/dev/null || true ;;
+torchtiny)
+    softsyn_install
+    rm -rf /tmp/torch-tiny
+    set +e
+    softsyn compile zoo:qwen3-tiny -c constraints/chat-h200-torch.yaml -o /tmp/torch-tiny -q > "$OUT/torch-tiny-compile.log" 2>&1
+    echo "compile exit $?"; grep "target h200-torch" "$OUT/torch-tiny-compile.log"
+    softsyn verify /tmp/torch-tiny 2>&1 | tail -8
+    softsyn run /tmp/torch-tiny --gen 16 2>&1 | tail -12
+    set -e ;;
+torch)
+    softsyn_install
+    model=${1:-qwen3-1.7b}
+    rm -rf /tmp/torch-$model
+    set +e
+    timeout "${2:-570}" softsyn compile zoo:$model -c constraints/chat-h200-torch.yaml -o /tmp/torch-$model \
+        > "$OUT/torch-$model-compile.txt" 2>&1
+    echo "compile exit $?"
+    set -e
+    grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
+    cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
+peerst)
+    softsyn_install
+    dir=$1
+    model=${2:-qwen3-1.7b}
+    python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
+        --torch-dir "$dir" --variants compiled,compiled+graph,torch,plain,builder,builder+graph \
+        --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
+        tee "$OUT/compare-peerst-$model.log" | grep -v "No registered plugin EP"
+    cp /tmp/peerst/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
 tiny)
     softsyn_install
     rm -rf /tmp/tiny-h200

@@ -65,6 +65,7 @@ def _library_mismatch(library: Library) -> str:
 class Design:
     annotation = None  # softsyn.results.annotation.Annotation: back-annotated (measured) delays replace the library's
     torch_target = None  # a torch target's name (softsyn.library.torch_targets): emit lowers the source model in torch
+    cache_dir = None  # the export cache the design was read through (a torch target reads its source model there)
 
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
                  tp: str | int | None = None):
@@ -125,6 +126,7 @@ class Design:
         design = cls(netlist, cons, library, progress, tp)
         design.library_mismatch = mismatch  # every report's banner carries it (Analysis.warnings)
         design.torch_target = lowered.name if lowered is not None else None
+        design.cache_dir = cache_dir
         if annotate:
             # a regular file of bounded size (a FIFO would hang)
             design.annotation = load_annotation(annotate, read_text(annotate, "annotation file", limit=MAX_JSON))

@@ -33,16 +33,28 @@ from softsyn.emit.session import SESSION_FILE, compiled_precision, session_json,
 from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
 
-__all__ = ["emit", "MODEL_FILE", "SESSION_FILE", "check", "compiled_precision", "netlist_json", "ort_errors",
+__all__ = ["emit", "check_target", "MODEL_FILE", "SESSION_FILE", "check", "compiled_precision", "netlist_json", "ort_errors",
            "require_weights", "session_json"]
+
+
+def check_target(design, source: str, plan: bool) -> None:
+    """Refuse, before any pass runs, a compile whose emit could not finish: a torch target's weightless plan, or a
+    CUDA torch target where torch sees no CUDA device."""
+    if design.torch_target is None:
+        return
+    if plan:
+        raise SoftsynError(f"{source}: target {design.torch_target} lowers a model with weights, and "
+                           f"{design.netlist.name} is compiled as a weightless plan here (too large to materialise, "
+                           "or --plan)")
+    problem = _torch_side().device_problem(design.torch_target)
+    if problem:
+        raise SoftsynError(f"{source}: {problem}")
 
 
 def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, reference: dict, plan: bool = False) -> Path:
     """Write the compiled design; `plan`: everything but the model (a weightless netlist's compile)."""
     netlist, source = design.netlist, str(reference.get("source", ""))
-    if design.torch_target is not None and plan:
-        raise SoftsynError(f"{source}: target {design.torch_target} lowers a model with weights, and {netlist.name} is "
-                           "compiled as a weightless plan here (too large to materialise, or --plan)")
+    check_target(design, source, plan)
     if not plan:
         require_weights(netlist)
     with outdir.replace(out_dir, "compile", netlist.name, model=source,

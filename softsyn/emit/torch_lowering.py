@@ -2,12 +2,14 @@
 cache, exported with torch.export and compiled by AOTInductor into DIR/model.pt2, with DIR/runtime/torch.json, then
 measured at every path group's dims.
 
-The step is functional: the cache tensors are inputs and the updated ones outputs (softsyn.runtime.torch_package
-says the signature). Attention reads the whole cache (max_length slots) and the step's own keys, under a 4-D mask:
-a slot is visible when it lies before the step's first position, a new key when it is not after the query. So one
-package with a dynamic `seq` serves prefill and decode and computes the function the ONNX export does (the same
-model object, built by softsyn.frontends.source_torch_model: same config, seed, weights). Precision: fp32, the
-compile's uniform choice on a CPU; torchao's per-module precisions are not built yet.
+The cache tensors are the step's inputs and it writes its keys and values into them in place (as a static cache
+under torch.compile does; softsyn.runtime.torch_package says the signature), then attends over the whole cache
+(max_length slots) under a 4-D mask: a slot is visible when it is at or before the query's position. So one package
+with dynamic batch and `seq` serves prefill and decode, its fixed-shape steps can be replayed as CUDA graphs (the
+buffers keep their addresses), and it computes the function the ONNX export does (the same model object, built by
+softsyn.frontends.source_torch_model: same config, seed, weights). Attention runs grouped_attention, SDPA with the
+query heads of a KV head stacked, so K and V are never repeated per query head. Precision: the target's dtype
+everywhere (fp32 on cpu-torch, fp16 on h200-torch); torchao's per-module precisions are not built yet.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, StaticLayer
 
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
@@ -25,6 +28,7 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
 from softsyn.frontends.hf_common import brief
+from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE
 from softsyn.runtime.torch_package import FORMAT, TorchStep
@@ -33,10 +37,43 @@ from softsyn.units import fmt_time
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
 MEASURED = "torch package, measured"  # the label every measured number carries
 ESTIMATED = "est"  # and every number the ORT library predicts
+ATTENTION = "softsyn_grouped"  # the attention the step runs (grouped_attention)
+
+
+class BufferLayer(StaticLayer):
+    """One layer's cache as the step's input tensors, written in place at the step's positions (batch rows share
+    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor):
+        super().__init__(max_cache_len=keys.shape[2])
+        self.keys, self.values, self.where, self.device = keys, values, where, keys.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys.index_copy_(2, self.where, key_states)
+        self.values.index_copy_(2, self.where, value_states)
+        return self.keys, self.values
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA over the whole static cache with the query heads of one KV head stacked as rows ([B, Hkv, rep*seq, D]):
+    K and V are read once per KV head, never repeated (transformers' sdpa path repeats them when a mask is given,
+    which would copy the cache every step). `attention_mask`: bool [B, 1, seq, max_length], True where visible."""
+    batch, heads, seq, dim = query.shape
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
+    q = query.reshape(batch, kv_heads, rep * seq, dim)
+    mask = attention_mask[:, :, None].expand(-1, -1, rep, -1, -1).reshape(batch, 1, rep * seq, key.shape[2])
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION, grouped_attention)
 
 
 class StaticStep(torch.nn.Module):
-    """(input_ids, position_ids, k0, v0, k1, v1, ...) -> (logits, k0', v0', ...): one step over a static cache."""
+    """(input_ids, position_ids, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns, the
+    step's keys and values written into it in place. A query sees the cache slots at or before its own position."""
 
     def __init__(self, model, max_length: int):
         super().__init__()
@@ -46,58 +83,62 @@ class StaticStep(torch.nn.Module):
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def forward(self, input_ids, position_ids, *kv):
-        batch, seq = input_ids.shape
-        cache = DynamicCache(config=self.m.config)
-        for i in range(self.layers):
-            cache.update(kv[2 * i], kv[2 * i + 1], i)
+        where = position_ids[0]  # every row of a batch at the same positions
+        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where) for i in range(self.layers)])
         slots = torch.arange(self.max_length, device=input_ids.device)
-        cached = (slots[None, :] < position_ids[:, :1])[:, None, :].expand(-1, seq, -1)  # [B, seq, max_length]
-        q = torch.arange(seq, device=input_ids.device)
-        causal = (q[None, :] <= q[:, None])[None].expand(batch, -1, -1)  # [B, seq, seq]
-        mask = torch.cat([cached, causal], dim=-1)[:, None]  # [B, 1, seq, max_length + seq], True: attend
+        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, max_length]
         out = self.m(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                      **{self.cache_kw: cache})
-        where = position_ids[0]
-        flat = [out.logits]
-        for i in range(self.layers):
-            layer = out.past_key_values.layers[i]
-            flat += [kv[2 * i].index_copy(2, where, layer.keys[:, :, self.max_length:]),
-                     kv[2 * i + 1].index_copy(2, where, layer.values[:, :, self.max_length:])]
-        return tuple(flat)
+        return out.logits
 
 
-def _export(step: StaticStep, cfg, max_length: int):
+def _export(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype):
     """torch.export of the step at batch 2, seq 3 (sizes > 1 so neither is specialised), both dims dynamic."""
     layers, kv, head_dim = kv_geometry(cfg)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (2, 3), generator=g)
-    positions = torch.arange(4, 7).expand(2, 3).contiguous()
-    cache = tuple(torch.randn(2, kv, max_length, head_dim, generator=g) for _ in range(2 * layers))
-    auto = torch.export.Dim.AUTO  # a named Dim fails on guards transformers' cache concat makes (true for seq >= 0)
+    ids = torch.randint(0, cfg.vocab_size, (2, 3), generator=g).to(device)
+    positions = torch.arange(4, 7).expand(2, 3).contiguous().to(device)
+    cache = tuple(torch.zeros(2, kv, max_length, head_dim, dtype=dtype, device=device) for _ in range(2 * layers))
+    auto = torch.export.Dim.AUTO  # a named Dim fails on guards transformers' mask code makes (true for seq >= 0)
     shapes = {"input_ids": {0: auto, 1: auto}, "position_ids": {0: auto, 1: auto}, "kv": tuple({0: auto} for _ in cache)}
     with quiet(), torch.no_grad():
         return torch.export.export(step, (ids, positions, *cache), dynamic_shapes=shapes, strict=False)
+
+
+def device_problem(name: str) -> str | None:
+    """Why torch target `name` cannot be compiled on this machine, None when it can."""
+    target = torch_target(name)
+    if target.device == "cuda" and not torch.cuda.is_available():
+        return (f"target {target.name} compiles a CUDA package and torch sees no CUDA device here "
+                "(torch.cuda.is_available() is False); compile on the GPU machine, or use target cpu-torch")
+    return None
 
 
 def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     """Write DIR/model.pt2 and DIR/runtime/torch.json into `folder` and the measured step per group into `notes`;
     the files written (relative)."""
     source = str(reference.get("source", ""))
+    target = torch_target(design.torch_target)
     cfg_max, _ = shared_buffer_length(design.constraints)
     torch_num_threads()
-    model = source_torch_model(source)
-    if next(model.parameters()).dtype != torch.float32:
-        model = model.float()  # the torch targets are fp32 until torchao's precisions are built
+    with progress.step(f"emit: building {source} in torch ({target.dtype}, the weights of the design's export)",
+                       enabled=design.progress, done="emit: source model built"):
+        model = source_torch_model(source, design.cache_dir)
     if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):  # the 4-D mask has no window
         raise SoftsynError(f"{source}: {design.torch_target} does not lower sliding-window attention yet (the step's "
                            "mask covers the whole cache); valid: a decoder of full-attention layers (qwen3, llama)")
+    dtype = getattr(torch, target.dtype)
+    model = model.to(device=target.device, dtype=dtype).eval()
+    model.set_attn_implementation(ATTENTION)
     layers, kv, head_dim = kv_geometry(model.config)
+    vocab = int(model.config.vocab_size)
     t0 = time.perf_counter()
     try:
-        with progress.step(f"emit: torch.export of {design.netlist.name}'s step (static KV cache of {cfg_max})",
-                           enabled=design.progress, done="emit: step exported"):
-            program = _export(StaticStep(model, cfg_max).eval(), model.config, cfg_max)
-        with progress.step("emit: AOTInductor compiling the step into model.pt2 (tens of seconds)",
+        with progress.step(f"emit: torch.export of {design.netlist.name}'s step ({target.dtype} on {target.device}, "
+                           f"static KV cache of {cfg_max})", enabled=design.progress, done="emit: step exported"):
+            program = _export(StaticStep(model, cfg_max).eval(), model.config, cfg_max, target.device, dtype)
+        del model  # the program holds the weights; a 1.7B model would otherwise sit twice in device memory
+        with progress.step("emit: AOTInductor compiling the step into model.pt2 (tens of seconds; minutes on a GPU)",
                            enabled=design.progress, done="emit: model.pt2 written"):
             torch._inductor.aoti_compile_and_package(program, package_path=str(folder / TORCH_PACKAGE))
     except SoftsynError:
@@ -107,14 +148,15 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
                            f"{brief(exc)}") from exc
     lowered_s = time.perf_counter() - t0
     settings = {
-        "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": "cpu",
-        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, *kv) -> (logits, *kv)",
+        "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
+        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, *kv) -> logits; kv written in "
+                  "place",
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"]},
-        "outputs": {"logits": ["batch", "seq", "vocab_size", "float32"]},
+        "outputs": {"logits": ["batch", "seq", "vocab_size", target.dtype]},
         "kv_cache": {"layers": layers, "kv_heads": kv, "head_dim": head_dim, "max_length": cfg_max,
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
-                               "position_ids, updated copies after logits"},
-        "dtype": "float32", "vocab_size": int(model.config.vocab_size),
+                               "position_ids, the step's keys and values written into them at its positions"},
+        "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab,
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
         "reference": reference,
         "accuracy": {"max_rel_error": design.constraints.accuracy.max_rel_error,
@@ -122,8 +164,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     }
     write_json(folder / TORCH_FILE, settings)
     notes += [f"target {design.torch_target}: {TORCH_PACKAGE} is the step lowered by torch.export + AOTInductor "
-              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions); fp32 everywhere: per-module torchao "
-              "precision (int8/int4/fp8) is not built yet",
+              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, attention over all of it); {target.dtype} "
+              "everywhere: per-module torchao precision (int8/int4/fp8) is not built yet",
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "
               "of the same function on the ONNX netlist; the package is measured below"]
     notes += measured_notes(design, folder, settings)

@@ -16,7 +16,7 @@ from passes import Effort
 from passes.precision import record_realised
 from softsyn.results.compile_log import CompileLog
 from softsyn.timing import Analysis
-from softsyn.emit import emit
+from softsyn.emit import check_target, emit
 
 
 def check_effort(name: str) -> Effort:
@@ -42,10 +42,11 @@ def compile_design(design: Design, effort: str, out_dir: str | Path, reference: 
     the design, an export included, is then inside the first row); default now.
     """
     level = check_effort(effort)
+    check_target(design, str(reference.get("source", "")), plan)
     torch_note = None
     if design.torch_target is not None and level.name != "low":  # the loop's moves would not reach the package
         torch_note = (f"target {design.torch_target}: effort {level.name} ran effort low's script: the compile loop's "
-                      "precision moves change the ONNX netlist, not the torch package (fp32)")
+                      "precision moves change the ONNX netlist, not the torch package (one dtype)")
         level = check_effort("low")
     log = CompileLog(design.netlist.name, design.library.name, level)
     if torch_note:

@@ -27,10 +27,20 @@ from softsyn.runtime.session import SessionSettings, device_name, open_session
 from softsyn.runtime.torch_package import TorchStep, read_torch_settings
 
 MAX_BATCH = 1024  # rows a scenario of runtime/torch.json may ask verify to allocate (it is untrusted input)
-PROVIDER = f"torch AOTInductor package ({TORCH_PACKAGE}, CPU)"
-INTERVAL = ("host wall clock per step: the ids and positions made tensors, one call of the AOTInductor package "
-            "(the KV cache's updated copies returned), the last position's argmax (greedy); TTFT = the prefill step, "
-            "TPOT = one decode step; no tokenisation, package loading or cache allocation")
+INTERVAL = ("host wall clock per step: the ids and positions made tensors on the device, one call of the AOTInductor "
+            "package (the KV cache written in place; on CUDA a replayed CUDA graph, captured in the warm-up runs), "
+            "the last position's argmax (greedy) read back; TTFT = the prefill step, TPOT = one decode step; no "
+            "tokenisation, package loading or cache allocation")
+
+
+def provider_label(settings: dict) -> str:
+    graphs = ", CUDA graphs" if settings.get("cuda_graphs") and settings["device"] == "cuda" else ""
+    return f"torch AOTInductor package ({TORCH_PACKAGE}, {settings['device'].upper()}, {settings['dtype']}{graphs})"
+
+
+def host(tensor):
+    """A device tensor as fp32 on the host (the reference's dtype: fp16 logits compared as fp32)."""
+    return tensor.float().cpu().numpy()
 
 
 def _reference(settings: dict, cache_dir) -> tuple[Path, Netlist]:
@@ -68,7 +78,8 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
     budget = settings.get("accuracy") or {}
     max_rel, source = budget.get("max_rel_error"), "accuracy.max_rel_error"
     if max_rel is None:
-        max_rel, source = DEFAULT_REL_ERROR["fp32"], "default for fp32"
+        precision = "fp16" if settings["dtype"] == "float16" else "fp32"
+        max_rel, source = DEFAULT_REL_ERROR[precision], f"default for {precision}"
     ref_path, reference = _reference(settings, cache_dir)
     session = open_session(ref_path, SessionSettings(provider="cpu"))
     names = [o.name for o in session.get_outputs()]
@@ -87,14 +98,15 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
             past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")]
             ids = feeds["input_ids"]
             start = dims.get("past", 0)
-            logits, cache = step(ids, start, step.empty_cache(ids.shape[0], past))
-            got = {"logits": logits.numpy()}
+            cache = step.empty_cache(ids.shape[0], past)
+            got = {"logits": host(step(ids, start, cache))}
             filled = start + ids.shape[1]
-            got.update({f"present.{i}.{k}": cache[2 * i + j][:, :, :filled].numpy()
+            got.update({f"present.{i}.{k}": host(cache[2 * i + j][:, :, :filled])
                         for i in range(layers) for j, k in enumerate(("key", "value"))})
             checks += _checks(scenario, got, expected, max_rel, budget.get("min_top1"))
     return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=budget.get("min_top1"),
-                        provider=PROVIDER, reference=settings.get("reference") or {}, precision="fp32")
+                        provider=provider_label(settings), reference=settings.get("reference") or {},
+                        precision={"float16": "fp16", "bfloat16": "bf16"}.get(settings["dtype"], "fp32"))
 
 
 def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progress: bool = True) -> RunResult:
@@ -103,15 +115,17 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     manifest = outdir.read_manifest(out)
     if manifest is None or manifest.kind != "compile":
         raise SoftsynError(f"{directory}: not a softsyn compile output (no {outdir.MANIFEST} of a compile); {TAKES}")
-    if settings.provider not in (None, "cpu"):
-        raise SoftsynError(f"{directory}: a cpu-torch package runs on the CPU; valid --provider: cpu")
     torch_settings = read_torch_settings(out)
+    device = torch_settings["device"]
+    if settings.provider not in (None, device):
+        raise SoftsynError(f"{directory}: a {torch_settings.get('target')} package runs on the {device.upper()}; "
+                           f"valid --provider: {device}")
     progress.log(f"loading {out / TORCH_PACKAGE} (torch AOTInductor)", enabled=show_progress)
     step = TorchStep(out, torch_settings)
     prompt = prompt_ids(step.vocab_size, settings.prompt_len, settings.seed)
     result = RunResult(directory=str(directory), design=manifest.design, settings=settings,
-                       execution_provider=PROVIDER, device=device_name("cpu"), kv="static",
-                       max_length=step.max_length, cuda_graph=False, date=time.strftime("%a %b %d %H:%M:%S %Y"),
+                       execution_provider=provider_label(torch_settings), device=device_name(device), kv="static",
+                       max_length=step.max_length, cuda_graph=step.graphs, date=time.strftime("%a %b %d %H:%M:%S %Y"),
                        interval=INTERVAL)
     for r in range(settings.warmup + settings.runs):
         generation = step.generate(prompt, settings.gen)

@@ -225,22 +225,25 @@ def load_transformers_design(
 
 
 def source_model(cfg, name: str, source: str, *, folder: Path | None = None, weights: str | None = None,
-                 dtype: str | None = None, hybrid: bool = False):
-    """The torch model (eval mode) a read of `cfg` exports, built the same way (config, weights, seed 0), for a
-    torch target to lower: it computes the function the exported netlist does. A decoder with weights only;
-    a hybrid one (Qwen3-Next) only with `hybrid` (a reference to compare with: the torch targets do not lower it)."""
-    ex = _plan_export(copy.deepcopy(cfg), name, source, folder=folder, weights=weights, dtype=dtype, materialize=False)
+                 dtype: str | None = None, cache_dir: Path | None = None, hybrid: bool = False):
+    """The torch model (eval mode) a materialised read of `cfg` exports, built the same way (config, weights, seed
+    0), for a torch target to lower: it computes the function the exported netlist does. A decoder; a real-size one
+    without weights of its own gets the seeded weights softsyn fills into its weightless export (read through the
+    export cache), as the ONNX artifact of the same compile does. A hybrid decoder (Qwen3-Next) only with `hybrid`
+    (a reference to compare with: the torch targets do not lower it)."""
+    weights = "filled" if weights == "meta" else weights  # a zoo entry's real-size model, materialised
+    ex = _plan_export(copy.deepcopy(cfg), name, source, folder=folder, weights=weights, dtype=dtype, materialize=True)
     if not ex.decoder:
         raise SoftsynError(f"{source}: the torch targets lower causal decoders; {name} is not one")
     if is_hybrid(ex.cfg) and not hybrid:
         raise SoftsynError(f"{source}: {name} is a hybrid decoder (linear-attention layers with conv and recurrent "
                            "states beside the KV cache), which the torch targets do not lower yet; compile it for an "
                            "ONNX Runtime target (e.g. cpu-ort)")
-    if ex.weights not in ("random", "pretrained"):
-        raise SoftsynError(f"{source}: {name} is built weightless (real-size, {WEIGHTS_DESC[ex.weights]}); the torch "
-                           "targets lower a model with weights: a tiny zoo model or a folder with its weights")
-    model = _torch_side().torch_model(ex)
-    return model.eval()
+    if ex.weights == "filled":
+        base = load_transformers_design(ex.cfg, name, source, cache_dir, False, folder=folder, weights="meta",
+                                        dtype=ex.dtype)
+        return _torch_side().seeded_torch_model(ex.cfg, base.model, decoder=True, dtype=ex.dtype, source=source)[0]
+    return _torch_side().torch_model(ex).eval()
 
 
 def _export_model(ex: _Export) -> tuple:

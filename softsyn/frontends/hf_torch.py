@@ -101,15 +101,15 @@ def read_config(path: Path):
         raise SoftsynError(f"{cfg_file}: transformers cannot build config: {brief(e)}") from None
 
 
-def write_seeded_folder(cfg, meta_model, folder: Path, *, decoder: bool, dtype: str = "float16", seed: int = 0) -> int:
-    """Save a Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model` (the
-    model's weightless export): the same values, parameter by parameter (softsyn.frontends.materialize.
-    seeded_weights), so a peer built from the folder computes the same function as softsyn's materialised
-    netlist. Tied parameters (lm_head = embed_tokens) take the value of the name the export kept.
-    Returns the number of parameters written."""
+def seeded_torch_model(cfg, meta_model, *, decoder: bool, dtype: str = "float16", seed: int = 0, source: str = ""):
+    """(the torch model with the seeded weights softsyn materialises for `meta_model` (the model's weightless
+    export): the same values, parameter by parameter (softsyn.frontends.materialize.seeded_weights), so it computes
+    the function the materialised netlist does; the number of parameters set). Tied parameters (lm_head =
+    embed_tokens) take the value of the name the export kept."""
     cfg = copy.deepcopy(cfg)
     values = seeded_weights(meta_model, cfg, seed)
-    net = auto_class(decoder).from_config(cfg, dtype=getattr(torch, dtype))
+    with building(source):
+        net = auto_class(decoder).from_config(cfg, dtype=getattr(torch, dtype))
     names_by_storage: dict[int, list[str]] = {}
     for name, p in net.named_parameters(remove_duplicate=False):
         names_by_storage.setdefault(p.data_ptr(), []).append(name)
@@ -118,10 +118,18 @@ def write_seeded_folder(cfg, meta_model, folder: Path, *, decoder: bool, dtype: 
         for names in names_by_storage.values():
             known = [n for n in names if n in values]
             if not known:
-                raise SoftsynError(f"{folder}: parameter {names[0]} has no initializer in the export "
-                                   f"({len(values)} weights there); cannot write the same weights")
+                raise SoftsynError(f"{source or cfg.model_type}: parameter {names[0]} has no initializer in the "
+                                   f"export ({len(values)} weights there); cannot build the same weights")
             param = net.get_parameter(names[0])
             param.copy_(torch.from_numpy(values[known[-1]]).to(param.dtype))
             written += 1
+    return net.eval(), written
+
+
+def write_seeded_folder(cfg, meta_model, folder: Path, *, decoder: bool, dtype: str = "float16", seed: int = 0) -> int:
+    """Save a Hugging Face model folder holding the seeded weights softsyn materialises for `meta_model`
+    (seeded_torch_model), so a peer built from the folder computes the same function as softsyn's materialised
+    netlist. Returns the number of parameters written."""
+    net, written = seeded_torch_model(cfg, meta_model, decoder=decoder, dtype=dtype, seed=seed, source=str(folder))
     net.save_pretrained(str(folder))
     return written

@@ -1,9 +1,11 @@
 """Running a torch target's artifact: DIR/model.pt2 (an AOTInductor package) as DIR/runtime/torch.json describes it.
 
-The package is one step of the decoder over a static KV cache: (input_ids [B, seq], position_ids [B, seq], the
-cache's key and value per layer [B, kv_heads, max_length, head_dim]) -> (logits [B, seq, vocab], the caches with the
-step's keys and values written at its positions). One package serves prefill (seq = the prompt) and decode (seq 1);
-the positions say where the step's tokens go, every row of a batch at the same positions.
+The package is one step of the decoder over a static KV cache the caller owns: (input_ids [B, seq], position_ids
+[B, seq], the cache's key and value per layer [B, kv_heads, max_length, head_dim]) -> logits [B, seq, vocab]; the
+step writes its keys and values into the cache tensors in place, at its positions (every row of a batch at the same
+positions), and attends over the slots at or before each query's position. One package serves prefill (seq = the
+prompt) and decode (seq 1). On CUDA (`cuda_graphs`) each step shape is captured once as a CUDA graph over fixed
+buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
 
 runtime/torch.json is untrusted input: its fields are checked (types, bounds) and its package path kept inside DIR
 (softsyn.frontends.onnx_file.inside) before the package is opened.
@@ -23,8 +25,10 @@ from softsyn.frontends.onnx_file import inside
 from softsyn.runtime.artifact import TORCH_FILE, read_json
 from softsyn.runtime.generate import Generation
 
-FORMAT = "softsyn.torch/1"
+FORMAT = "softsyn.torch/2"  # /2: the cache is written in place (/1 returned updated copies)
 CACHE_KEYS = ("layers", "kv_heads", "head_dim", "max_length")
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
 
 
 def read_torch_settings(directory: str | Path) -> dict:
@@ -42,38 +46,78 @@ def read_torch_settings(directory: str | Path) -> dict:
             raise SoftsynError(f"{path}: kv_cache.{key}: not an integer 1..{MAX_INT}; re-run softsyn compile")
     if not (type(settings.get("vocab_size")) is int and 1 <= settings["vocab_size"] <= MAX_INT):
         raise SoftsynError(f"{path}: vocab_size: not an integer 1..{MAX_INT}; re-run softsyn compile")
-    if settings.get("dtype") not in ("float32",):
-        raise SoftsynError(f"{path}: dtype: {settings.get('dtype')!r} is not built; valid: float32")
+    for key, valid in (("dtype", DTYPES), ("device", DEVICES)):
+        if settings.get(key) not in valid:
+            raise SoftsynError(f"{path}: {key}: {settings.get(key)!r} is not one of {', '.join(valid)}")
+    if not isinstance(settings.get("cuda_graphs", False), bool):
+        raise SoftsynError(f"{path}: cuda_graphs: not true or false; re-run softsyn compile")
     for key in ("reference", "accuracy", "scenarios"):
         if not isinstance(settings.get(key) or {}, dict):
             raise SoftsynError(f"{path}: {key}: not an object; re-run softsyn compile")
     return settings
 
 
+class Graphed:
+    """One step shape captured as a CUDA graph over fixed buffers: the ids and positions copied in, the graph
+    replayed, the logits read from its output buffer (valid until the next replay)."""
+
+    def __init__(self, runner, cache: list[torch.Tensor], ids: torch.Tensor, positions: torch.Tensor):
+        self.ids, self.positions = ids.clone(), positions.clone()
+        # warm-up on a side stream (as torch.cuda.graphs asks) with the real inputs: the step it computes is the one
+        # the caller asked for, so the cache slots it writes hold the right values (each replay writes them alike)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            first(runner(self.ids, self.positions, *cache))
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.logits = first(runner(self.ids, self.positions, *cache))
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+
+def first(out) -> torch.Tensor:
+    """The logits of a package call (AOTInductor returns the one output bare or in a list, by torch version)."""
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
 class TorchStep:
-    """The loaded package and its cache layout: one call is one step."""
+    """The loaded package, its cache layout and (on CUDA) its captured step shapes: one call is one step."""
 
     def __init__(self, directory: str | Path, settings: dict):
         package = inside(directory, settings["package"], "package", Path(directory) / TORCH_FILE)
         if not package.is_file():
             raise SoftsynError(f"{package}: no such package (runtime/torch.json names it); re-run softsyn compile")
-        try:
-            self.runner = torch._inductor.aoti_load_package(str(package))
+        self.device = settings["device"]
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise SoftsynError(f"{package}: compiled for CUDA ({settings.get('target')}) and torch sees no CUDA device "
+                               "here; run it on the GPU machine")
+        self.graphs = bool(settings.get("cuda_graphs")) and self.device == "cuda"
+        try:  # run_single_threaded: no model-instance events between runs, which a stream capture forbids
+            self.runner = torch._inductor.aoti_load_package(str(package), run_single_threaded=self.graphs)
         except Exception as exc:  # torch raises many types for a package it cannot load
             raise SoftsynError(f"{package}: torch cannot load the package ({type(exc).__name__}: "
                                f"{' '.join(str(exc).split())[:300]}); re-run softsyn compile") from None
         self.cache = settings["kv_cache"]
         self.vocab_size = settings["vocab_size"]
         self.dtype = getattr(torch, settings["dtype"])
+        self._captured: dict[tuple, Graphed] = {}  # (batch, seq, the cache's address) -> its graph
+        self._owned: dict[int, list[torch.Tensor]] = {}  # batch -> the cache generate and measure reuse
 
     @property
     def max_length(self) -> int:
         return self.cache["max_length"]
 
     def empty_cache(self, batch: int = 1, past: list[np.ndarray] | None = None) -> list[torch.Tensor]:
-        """Zeroed key and value buffers per layer, `past` (arrays [B, kv_heads, n, head_dim]) in their first n."""
+        """Zeroed key and value buffers per layer on the package's device, `past` (arrays [B, kv_heads, n,
+        head_dim]) in their first n."""
         shape = (batch, self.cache["kv_heads"], self.max_length, self.cache["head_dim"])
-        buffers = [torch.zeros(shape, dtype=self.dtype) for _ in range(2 * self.cache["layers"])]
+        buffers = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.cache["layers"])]
         for buffer, held in zip(buffers, past or []):
             if held.shape[2] > self.max_length:
                 raise SoftsynError(f"a past of {held.shape[2]} positions does not fit the package's KV cache of "
@@ -81,15 +125,33 @@ class TorchStep:
             buffer[:, :, :held.shape[2]] = torch.from_numpy(np.ascontiguousarray(held)).to(self.dtype)
         return buffers
 
-    def __call__(self, ids: np.ndarray, start: int, cache: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
-        """(logits [B, seq, vocab], the updated cache) of `ids` [B, seq] at positions start..start+seq-1."""
+    def owned_cache(self, batch: int) -> list[torch.Tensor]:
+        """One cache per batch size kept for the step's life, so captured graphs stay valid across generations
+        (slots after a query's position are masked: a new generation needs no zeroing)."""
+        if batch not in self._owned:
+            self._owned[batch] = self.empty_cache(batch)
+        return self._owned[batch]
+
+    def __call__(self, ids: np.ndarray, start: int, cache: list[torch.Tensor]) -> torch.Tensor:
+        """The logits [B, seq, vocab] (on the package's device) of `ids` [B, seq] at positions start..start+seq-1;
+        their keys and values are written into `cache`."""
         batch, seq = ids.shape
         if start + seq > self.max_length:
             raise SoftsynError(f"positions up to {start + seq} do not fit the package's KV cache of {self.max_length}")
-        positions = torch.arange(start, start + seq, dtype=torch.int64).expand(batch, seq).contiguous()
-        with torch.no_grad():
-            out = self.runner(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), positions, *cache)
-        return out[0], list(out[1:])
+        tokens = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
+        positions = torch.arange(start, start + seq, dtype=torch.int64, device=self.device).expand(batch, seq)
+        positions = positions.contiguous()
+        if not self.graphs:
+            with torch.no_grad():
+                return first(self.runner(tokens, positions, *cache))
+        key = (batch, seq, cache[0].data_ptr())
+        if key not in self._captured:  # its warm-up runs this step once; the replay below runs it again, alike
+            self._captured[key] = Graphed(self.runner, cache, tokens, positions)
+        return self._captured[key](tokens, positions)
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def generate(self, prompt: np.ndarray, gen: int) -> Generation:
         """`gen` greedy tokens after `prompt` (1-D ids), each step timed on the host wall clock."""
@@ -99,29 +161,29 @@ class TorchStep:
             raise SoftsynError(f"prompt {n} + {gen} generated tokens need {n + gen - 1} positions; the package's KV "
                                f"cache holds {self.max_length}; valid: prompt >= 1, gen >= 1, prompt + gen - 1 <= "
                                f"{self.max_length}")
-        cache = self.empty_cache()
+        cache = self.owned_cache(1)
         t0 = time.perf_counter()
-        logits, cache = self(prompt, 0, cache)
-        token = int(torch.argmax(logits[0, -1]))
+        token = int(torch.argmax(self(prompt, 0, cache)[0, -1]))  # int() waits for the device
         ttft = time.perf_counter() - t0
         tokens, tpot = [token], []
         for i in range(1, gen):
             t = time.perf_counter()
-            logits, cache = self(np.array([[token]]), n + i - 1, cache)
-            token = int(torch.argmax(logits[0, -1]))
+            token = int(torch.argmax(self(np.array([[token]]), n + i - 1, cache)[0, -1]))
             tpot.append(time.perf_counter() - t)
             tokens.append(token)
         return Generation(tuple(tokens), ttft, tuple(tpot), "static")
 
     def measure(self, dims: dict[str, int], runs: int = 10, warmup: int = 2) -> float:
-        """The median seconds of one step at a path group's dims (batch, seq, past), seeded ids, a zeroed cache."""
+        """The median seconds of one step at a path group's dims (batch, seq, past), seeded ids, the step's own
+        cache; on CUDA each run waits for the device (a replayed graph when cuda_graphs)."""
         batch, seq, past = dims.get("batch", 1), dims.get("seq", 1), dims.get("past", 0)
         ids = np.random.default_rng(0).integers(0, self.vocab_size, size=(batch, seq), dtype=np.int64)
-        cache = self.empty_cache(batch)
+        cache = self.owned_cache(batch)
         times = []
         for r in range(warmup + runs):
             t = time.perf_counter()
             self(ids, past, cache)
+            self.sync()
             if r >= warmup:
                 times.append(time.perf_counter() - t)
         return statistics.median(times)

@@ -36,3 +36,58 @@ def test_a_weightless_plan_is_refused(cache_dir, tmp_path, capsys):
                          "--cache-dir", cache_dir, "-q")
     assert code == 2 and err.count("\n") == 1
     assert "target cpu-torch lowers a model with weights" in err and not (tmp_path / "o").exists()
+
+
+def _tiny_model():
+    from softsyn.emit.torch_lowering import ATTENTION  # registers the grouped attention with transformers
+    from softsyn.frontends import source_torch_model
+
+    model = source_torch_model("zoo:qwen3-tiny")
+    return model, ATTENTION
+
+
+def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv():
+    """K and V are never repeated per query head, yet the result is transformers' masked SDPA (which repeats them),
+    for one query (decode) and several (prefill), GQA 2:1."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from softsyn.emit.torch_lowering import grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = 2, True, False
+    for seq in (1, 5):
+        q = torch.randn(2, 4, seq, 16, generator=g)
+        k, v = torch.randn(2, 2, 12, 16, generator=g), torch.randn(2, 2, 12, 16, generator=g)
+        positions = torch.arange(6, 6 + seq)[None].expand(2, seq)
+        mask = (torch.arange(12)[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, seq, 12]
+        got, _ = grouped_attention(module, q, k, v, mask, scaling=0.25)
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+        assert got.shape == want.shape == (2, seq, 4, 16)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does():
+    """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
+    place, stale slots masked) give the logits of transformers' own forward over the whole sequence."""
+    import torch
+
+    from softsyn.emit.torch_lowering import StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    model, attention = _tiny_model()
+    layers, kv, head_dim = kv_geometry(model.config)
+    cache = [torch.full((1, kv, 16, head_dim), 7.0) for _ in range(2 * layers)]  # stale values: must stay masked
+    ids = torch.tensor([[3, 14, 15, 92]])
+    with torch.no_grad():
+        want = model(input_ids=torch.cat([ids, torch.tensor([[65, 35]])], 1)).logits
+        model.set_attn_implementation(attention)
+        step = StaticStep(model, 16).eval()
+        prefill = step(ids, torch.arange(4)[None], *cache)
+        first = step(torch.tensor([[65]]), torch.tensor([[4]]), *cache)
+        second = step(torch.tensor([[35]]), torch.tensor([[5]]), *cache)
+    torch.testing.assert_close(prefill, want[:, :4], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat([first, second], 1), want[:, 4:], rtol=1e-4, atol=1e-4)
+    assert all(float(c[:, :, 6:].sub(7).abs().max()) == 0 for c in cache)  # slots past the sequence untouched
+    assert all(float(c[:, :, :6].sub(7).abs().min()) > 0 for c in cache)

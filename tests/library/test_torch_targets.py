@@ -1,5 +1,8 @@
-"""The torch targets' bad inputs: a plain ONNX file (the torch targets need the source model) and h200-torch (named,
-not built), each one line and exit 2."""
+"""The torch targets' bad inputs: a plain ONNX file (the torch targets need the source model) and h200-torch compiled
+where torch sees no CUDA device, each one line and exit 2; h200-torch analyzed anywhere (its STA needs no device)."""
+import pytest
+import torch
+
 from helpers import cli
 
 
@@ -12,7 +15,15 @@ def test_onnx_file_with_a_torch_target_is_bad_input(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_h200_torch_is_refused_as_not_built(capsys):
+def test_h200_torch_analyzes_with_the_h200_library(capsys):
     code, out, err = cli(capsys, "analyze", "zoo:qwen3-tiny", "--target", "h200-torch", "-q")
-    assert code == 2 and err.count("\n") == 1
-    assert "target h200-torch is not built yet" in err and "valid torch targets: cpu-torch" in err
+    assert code in (0, 1), err
+    assert "h200-ort-cuda" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_h200_torch_compile_without_cuda_is_refused_before_the_passes(tmp_path, capsys):
+    code, out, err = cli(capsys, "compile", "zoo:qwen3-tiny", "--target", "h200-torch", "-o", tmp_path / "o", "-q")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "target h200-torch compiles a CUDA package and torch sees no CUDA device here" in err
+    assert "use target cpu-torch" in err and not (tmp_path / "o").exists()
