@@ -180,6 +180,11 @@ def state_inputs(netlist: Netlist) -> list[ir.Value]:
     return [v for v in netlist.model.graph.inputs if (m := STATE_PORT.fullmatch(v.name)) and m[1] == "past"]
 
 
+def state_bytes(netlist: Netlist) -> float:
+    """Bytes of one sequence's states (every dim but the first, the batch); 0 for a decoder without them."""
+    return float(sum(numel(tuple(int(d) for d in v.shape[1:])) * v.dtype.itemsize for v in state_inputs(netlist)))
+
+
 def state_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None:
     """The states a hybrid decoder carries per sequence beside its KV cache, at the workload's batch x concurrency
     (one sequence's: every dim but the batch, which is the first)."""
@@ -187,7 +192,7 @@ def state_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None:
     if not states:
         return None
     w = constraints.workload
-    per_sequence = sum(numel(tuple(int(d) for d in v.shape[1:])) * v.dtype.itemsize for v in states)
+    per_sequence = state_bytes(netlist)
     kinds = ", ".join(f"{k} {sum(1 for v in states if v.name.endswith(k))}" for k in ("conv", "recurrent"))
     detail = (f"{len(states)} tensors ({kinds}) x batch {w.batch} x concurrency {w.concurrency}; a fixed size per "
               "sequence, no token dim")
@@ -335,17 +340,19 @@ def kv_budget(kv: KVBudget) -> KVBudget:
     sequences = kv.batch * kv.concurrency
     available = None if kv.limit is None else kv.limit - kv.weights - kv.workspace
     rows: list[KVOption] = []
+    states = kv.state_bytes * sequences  # a hybrid decoder's: their own dtype, whatever kv_cache.dtype says
     for name, size in kv_dtype_classes(kv.dtype):
         per_token = kv.bytes_per_token * (size / base if base and size else 1.0)
-        kv_bytes = per_token * sequences * kv.length
+        kv_bytes = per_token * sequences * kv.length + states
         total = kv.weights + kv_bytes + kv.workspace
         source = "estimate" if rows else "netlist"
         row = dict(dtype=name, source=source, bytes_per_token=per_token, kv_bytes=kv_bytes, total=total)
         if available is None:
             rows.append(KVOption(**row, max_concurrency=None, max_context=None, fits=None))
         else:
-            rows.append(KVOption(**row, max_concurrency=largest_concurrency(available, per_token * kv.length, kv.batch),
-                                 max_context=largest_context(kv.limit - kv.weights, per_token, sequences,
+            rows.append(KVOption(**row, max_concurrency=largest_concurrency(
+                                     available, per_token * kv.length + kv.state_bytes, kv.batch),
+                                 max_context=largest_context(kv.limit - kv.weights - states, per_token, sequences,
                                                              kv.workspace_points, context_cap(kv)),
                                  fits=total <= kv.limit))
     kv.kv_dtypes = rows
@@ -356,7 +363,7 @@ def kv_budget(kv: KVBudget) -> KVBudget:
         if kv.limit is not None:
             w.fits = w.total <= kv.limit
             w.max_concurrency = largest_concurrency(kv.limit - w.weight_bytes - kv.workspace,
-                                                    kv.bytes_per_token * kv.length, kv.batch)
+                                                    kv.bytes_per_token * kv.length + kv.state_bytes, kv.batch)
     return kv
 
 
@@ -387,7 +394,7 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
         workspace_scenario=workspace_scenario, workspace_points=[WorkspacePoint(length, workspace)], available=None,
         max_concurrency=None, max_context=None,
         max_positions=(netlist.config or {}).get("max_position_embeddings"),
-        requested_dtype=constraints.kv_cache.dtype,
+        requested_dtype=constraints.kv_cache.dtype, state_bytes=state_bytes(netlist),
         weight_precisions=[WeightOption(p, "estimate" if i else "netlist", b, 0.0, None, None)
                            for i, (p, b) in enumerate(weight_options(kinds, constraints.precision.allowed))])
     kv_budget(budget)

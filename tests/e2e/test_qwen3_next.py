@@ -87,6 +87,13 @@ def test_reports_count_the_states_and_name_the_deltanet_misses(artifact):
     misses (ORT 1.31 has no kernel) and fuses the rest of the model."""
     area = (artifact / "reports" / "area.rpt").read_text()
     assert "kv_cache states" in area and "4 tensors (conv 2, recurrent 2)" in area
+    # per sequence: 2 layers x (conv 256 x 3 + recurrent 4 x 32 x 32) x 4 B, in the KV budget's answers too
+    assert "States:        38.912 KB per sequence" in area
+    analysis = json.loads((artifact / "analysis.json").read_text())
+    budget = analysis["area"]["kv_budget"]
+    assert budget["state_bytes"] == 2 * (256 * 3 + 4 * 32 * 32) * 4
+    per_sequence = budget["bytes_per_token"] * budget["length"] + budget["state_bytes"]
+    assert budget["max_concurrency"] == int(budget["available"] // per_sequence)
     rows = {r["kind"]: r for r in json.loads((artifact / "reports" / "fusion.json").read_text())["kinds"]["rows"]}
     assert (rows["linear_attention"]["candidates"], rows["linear_attention"]["fused"]) == (2, 0)
     # with the cache the gated attention is GroupQueryAttention's form, and the optimised export's shape arithmetic
