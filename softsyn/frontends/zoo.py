@@ -1,7 +1,9 @@
 """Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
 
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
-ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention). Real-size shapes
+ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention; ``qwen3-next-tiny``: the
+hybrid Gated DeltaNet + gated attention + MoE decoder, exported with its conv and recurrent states as cache ports by
+softsyn.frontends.hybrid_export). Real-size shapes
 (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``, ``gemma2-2b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM; so are the vision-language
 composites ``qwen3-vl-2b``/``4b``/``8b`` (docs/decisions/2026-12-02-qwen3-vl-zoo.md: the sources of their values).
