@@ -120,3 +120,17 @@ def test_the_torch_targets_refuse_it_in_one_line(artifact, cache_dir, capsys, tm
                        tmp_path / "out", "--cache-dir", cache_dir, "-q")
     assert code == 2 and "hybrid decoder" in err and "cpu-ort" in err and len(err.strip().splitlines()) == 1, err
 
+
+
+def test_an_fp16_gpu_compile_loads_and_verifies_on_the_cpu(artifact, cache_dir, capsys, tmp_path):
+    """For the H200 (fp16) the Scan stays an fp32 island the model loads with, and decode is not CUDA-graph captured
+    (ORT refuses graphs holding control flow); tiny-h200's budgets are violated (exit 1), the artifact written."""
+    out = tmp_path / "h200"
+    code, _, err = cli(capsys, "compile", f"zoo:{NAME}", "-c", ROOT / "constraints" / "tiny-h200.yaml", "-o", out,
+                       "--cache-dir", cache_dir, "-q")
+    assert code in (0, 1), err
+    session = json.loads((out / "runtime" / "session.json").read_text())
+    assert session["provider_options"]["CUDAExecutionProvider"]["enable_cuda_graph"] == "0"
+    assert "Scan is control flow" in (out / "reports" / "timing.rpt").read_text()
+    code, out_text, _ = cli(capsys, "verify", out, "--cpu")
+    assert code == 0 and "present.0.recurrent" in out_text, out_text
