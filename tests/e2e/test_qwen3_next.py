@@ -111,7 +111,7 @@ def test_verify_and_run_exit_zero(artifact, capsys):
     assert "present.2.recurrent" in out and "present.0.conv" in out and "all 18 outputs within" in out
     code, out, _ = cli(capsys, "run", artifact, "--prompt-len", PROMPT, "--gen", 4, "--runs", 1, "--warmup", 0)
     assert code == 0, out
-    assert "TPOT" in out and "prefill of 8 tokens" in out
+    assert "TPOT" in out and "prefill of 8 tokens" in out and "States: 4 conv/recurrent state ports" in out
 
 
 def test_the_torch_targets_refuse_it_in_one_line(artifact, cache_dir, capsys, tmp_path):
