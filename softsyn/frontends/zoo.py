@@ -238,6 +238,24 @@ ZOO: dict[str, ZooEntry] = {
              linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
              layer_types=["linear_attention", "full_attention"] * 2),
     ),
+    # Qwen3-Next-80B-A3B's shapes (the same as Qwen3-Coder-Next's): the shape keys as a public test quotes them from
+    # Qwen/Qwen3-Coder-Next's config.json with its published total of 79,674,391,296 parameters, which transformers'
+    # qwen3_next classes reproduce exactly on the meta device (tests/frontends/test_qwen3_next_zoo.py); rope and the
+    # context length are transformers' defaults, not sourced (docs/decisions/2026-12-03-qwen3-next-decoding.md)
+    "qwen3-next-80b-a3b": ZooEntry(
+        "qwen3-next-80b-a3b",
+        "Qwen3-Next-80B-A3B shapes (48 layers: 3 Gated DeltaNet then 1 gated attention, x12; hidden 2048, 16/2 heads "
+        "of 256; DeltaNet 16 key / 32 value heads of 128; 512 experts top-10 of width 512 + a shared expert; vocab "
+        "151936, untied; 79.67 G params); fp16, weights not materialised, exported with its hybrid cache",
+        "qwen3_next",
+        dict(hidden_size=2048, num_hidden_layers=48, vocab_size=151936, head_dim=256, num_attention_heads=16,
+             num_key_value_heads=2, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+             shared_expert_intermediate_size=512, linear_num_key_heads=16, linear_key_head_dim=128,
+             linear_num_value_heads=32, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+             layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12, tie_word_embeddings=False),
+        weights="meta",
+        dtype="float16",
+    ),
     "gemma2-tiny": ZooEntry(
         "gemma2-tiny",
         "Gemma 2, 2 layers (sliding window 64, then full), hidden 128, 4/2 heads, vocab 1024; attention and final "
