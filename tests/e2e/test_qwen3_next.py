@@ -130,3 +130,21 @@ def test_an_fp16_gpu_compile_loads_and_verifies_on_the_cpu(artifact, cache_dir, 
     assert "LinearAttention" in [n.op_type for n in ir.load(str(out / "model.onnx")).graph]
     code, out_text, _ = cli(capsys, "verify", out, "--cpu")
     assert code == 0 and "present.0.recurrent" in out_text, out_text
+
+
+def test_a_scan_that_is_not_the_delta_rule_stays(cache_dir):
+    """The linear_attention check is by meaning: the export's Scan with its decay and beta inputs swapped (same
+    shapes) computes something else, so it is a miss saying so and stays in the graph."""
+    from passes.fuse import fuse
+
+    nl = read_design(f"zoo:{NAME}", cache_dir=cache_dir, progress=False)
+    scan = next(n for n in nl.model.graph if n.op_type == "Scan")
+    g, beta = scan.inputs[4], scan.inputs[5]
+    scan.replace_input_with(4, beta)
+    scan.replace_input_with(5, g)
+    nl.invalidate()
+    (cov,) = fuse(nl, "cpu", kinds=["linear_attention"])
+    assert (cov.candidates, cov.fused) == (2, 1)
+    (miss,) = cov.misses
+    assert "is not the gated delta rule" in miss.reason and "model.layers.0.linear_attn" in miss.site, miss
+    assert sum(n.op_type == "Scan" for n in nl.model.graph) == 1
