@@ -133,15 +133,15 @@ def test_an_fp16_gpu_compile_loads_and_verifies_on_the_cpu(artifact, cache_dir, 
 
 
 def test_a_scan_that_is_not_the_delta_rule_stays(cache_dir):
-    """The linear_attention check is by meaning: the export's Scan with its decay and beta inputs swapped (same
-    shapes) computes something else, so it is a miss saying so and stays in the graph."""
+    """The linear_attention check is by meaning: a Scan whose body takes its decay and beta the other way round (the
+    same shapes) computes something else than LinearAttention on those inputs, so it is a miss saying so and stays."""
     from passes.fuse import fuse
 
     nl = read_design(f"zoo:{NAME}", cache_dir=cache_dir, progress=False)
     scan = next(n for n in nl.model.graph if n.op_type == "Scan")
-    g, beta = scan.inputs[4], scan.inputs[5]
-    scan.replace_input_with(4, beta)
-    scan.replace_input_with(5, g)
+    body = scan.attributes["body"].value
+    g, beta = body.inputs[4], body.inputs[5]
+    body.inputs[4], body.inputs[5] = beta, g
     nl.invalidate()
     (cov,) = fuse(nl, "cpu", kinds=["linear_attention"])
     assert (cov.candidates, cov.fused) == (2, 1)
