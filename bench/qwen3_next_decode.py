@@ -5,7 +5,8 @@
 Compiles zoo:qwen3-next-tiny for constraints/cpu-tiny.yaml with a fresh export cache (the export's time is in
 compile.log), checks the greedy tokens of transformers, of the compiled artifact driven by softsyn's loop and of
 onnxruntime-genai after a seeded prompt, runs `softsyn verify` and `softsyn run` at two prompt lengths, and times one
-linear-attention layer's Scan (the delta rule, token by token) alone on ORT CPU beside the STA's figure for it.
+linear-attention layer's delta rule alone on ORT CPU, as the export's Scan (token by token) and as the compiled
+model's com.microsoft.LinearAttention, beside the STA's figure for the latter.
 """
 from __future__ import annotations
 
@@ -57,10 +58,10 @@ def tokens(out: Path) -> list[str]:
             f"- onnxruntime-genai {__import__('onnxruntime_genai').__version__}: {'identical' if genai == hf else genai}"]
 
 
-def scan_model(out: Path, part: Path):
-    """Layer 0's Scan as a model of its own: its inputs and outputs as ports, the outer constants its body reads
-    (the optimizer hoists them) as initializers."""
-    model = onnx.load(str(out / "model.onnx"))
+def scan_model(export: Path, part: Path):
+    """Layer 0's Scan of the export (the delta rule before fusion) as a model of its own: its inputs and outputs as
+    ports, the outer constants its body reads (the optimizer hoists them) as initializers."""
+    model = onnx.load(str(export))
     scan = next(n for n in model.graph.node if n.op_type == "Scan")
     body = next(a.g for a in scan.attribute if a.name == "body")
     inner = {i.name for i in body.input} | {o for n in body.node for o in n.output}
@@ -71,31 +72,56 @@ def scan_model(out: Path, part: Path):
     graph = onnx.helper.make_graph([*consts, scan], "scan", [infos[n] for n in scan.input],
                                    [infos[n] for n in scan.output], inits)
     onnx.save(onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), str(part))
-    return scan
+    return [n for n in scan.input]
 
 
-def scan_times(out: Path, work: Path) -> list[str]:
-    """Layer 0's Scan alone (scan_model), timed on ORT CPU (1 thread, median of 20)."""
-    part = work / "scan.onnx"
-    scan = scan_model(out, part)
+def linear_attention_model(compiled: Path, part: Path, dk: int, dv: int) -> None:
+    """Layer 0's com.microsoft.LinearAttention of the compiled model as a model of its own (packed [1, T, H*D] ports)."""
+    model = onnx.load(str(compiled), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "LinearAttention")
+    heads = next(a.i for a in node.attribute if a.name == "q_num_heads")
+    node.input[:] = ["q", "k", "v", "state", "g", "beta"]
+    node.output[:] = ["out", "state_out"]
+    f = onnx.TensorProto.FLOAT
+    ports = [onnx.helper.make_tensor_value_info(n, f, s) for n, s in (
+        ("q", [1, "T", heads * dk]), ("k", [1, "T", heads * dk]), ("v", [1, "T", heads * dv]),
+        ("state", [1, heads, dk, dv]), ("g", [1, "T", heads]), ("beta", [1, "T", heads]))]
+    graph = onnx.helper.make_graph([node], "la", ports, [onnx.helper.make_tensor_value_info(n, f, None)
+                                                          for n in ("out", "state_out")])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), str(part))
+
+
+def _median_run(sess, feeds) -> float:
+    for _ in range(3):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(20):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def delta_rule_times(export: Path, out: Path, work: Path) -> list[str]:
+    """Layer 0's delta rule alone on ORT CPU (1 thread, median of 20): the export's Scan, then the compiled model's
+    LinearAttention, on seeded inputs (unit keys, decays below 1)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(part), so, providers=["CPUExecutionProvider"])
+    state_name = scan_model(export, work / "scan.onnx")[0]
+    scan = ort.InferenceSession(str(work / "scan.onnx"), so, providers=["CPUExecutionProvider"])
+    linear_attention_model(out / "model.onnx", work / "la.onnx", *scan.get_inputs()[0].shape[2:])
+    fused = ort.InferenceSession(str(work / "la.onnx"), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     lines = []
     for seq in (1, 16, 128, 256):
-        feeds = {i.name: (rng.standard_normal([1, *i.shape[1:]] if i.name == scan.input[0] else
-                                              [seq, 1, *i.shape[2:]]) * 0.1).astype(np.float32)
-                 for i in sess.get_inputs()}
-        for _ in range(3):
-            sess.run(None, feeds)
-        times = []
-        for _ in range(20):
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            times.append(time.perf_counter() - t)
-        med = float(np.median(times))
-        lines.append(f"| {seq} | {med * 1e3:.3f} | {med / seq * 1e6:.2f} |")
+        feeds = {i.name: (rng.standard_normal([1, *i.shape[1:]] if i.name == state_name else [seq, 1, *i.shape[2:]])
+                          * 0.1).astype(np.float32) for i in scan.get_inputs()}
+        packed = {"state": feeds[state_name]}
+        for name, i in zip(("q", "k", "v", "g", "beta"), scan.get_inputs()[1:]):
+            x = feeds[i.name].transpose(1, 0, *range(2, feeds[i.name].ndim))
+            packed[name] = np.ascontiguousarray(x.reshape(1, seq, -1))
+        a, b = _median_run(scan, feeds), _median_run(fused, packed)
+        lines.append(f"| {seq} | {a * 1e3:.3f} | {a / seq * 1e6:.2f} | {b * 1e3:.3f} | {b / seq * 1e6:.2f} |")
     return lines
 
 
@@ -119,11 +145,14 @@ def main(argv=None) -> int:
         ran = softsyn("run", out, "--prompt-len", prompt_len, "--gen", GEN, "--runs", 5, cache=cache)
         lines += [f"\n## softsyn run --prompt-len {prompt_len} --gen {GEN} --runs 5 (exit {ran.returncode})\n", "```",
                   ran.stdout.strip(), "```"]
-    sta = [ln for ln in (out / "reports" / "timing_full.rpt").read_text().splitlines() if "Scan" in ln]
-    lines += ["\n## One Scan (layer 0's delta rule) alone, ORT CPU, 1 thread\n", "| tokens | ms (median of 20) | "
-              "us per token |", "|---|---|---|", *scan_times(out, args.work),
-              "\nThe STA's Scan cells (reports/timing_full.rpt, prefill at 128 tokens then decode):\n", "```", *sta,
-              "```"]
+    rpt = (out / "reports" / "timing_full.rpt").read_text().splitlines()
+    sta = [f"{a.strip()} {b.strip()}" for a, b in zip(rpt, rpt[1:]) if "LinearAttention_" in a]
+    export = next(cache.glob(f"{NAME}-*/model.onnx"))
+    lines += ["\n## Layer 0's delta rule alone, ORT CPU, 1 thread: the export's Scan, the fused LinearAttention\n",
+              "| tokens | Scan ms (median of 20) | Scan us/token | LinearAttention ms | LinearAttention us/token |",
+              "|---|---|---|---|---|", *delta_rule_times(export, out, args.work),
+              "\nThe STA's LinearAttention cells (reports/timing_full.rpt, prefill at 128 tokens then decode):\n", "```",
+              *sta, "```"]
     args.output.write_text("\n".join(lines) + "\n")
     print(args.output.read_text())
     return 0
