@@ -31,10 +31,10 @@
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
-#   qwen3next            zoo:qwen3-next-tiny (the hybrid cache: conv/recurrent states beside the KV) compiled for the
-#                        H200 (constraints/tiny-h200.yaml: fp16, decode eager since ORT captures no graph holding a Scan),
-#                        verified on cuda, run on cuda, and 32 greedy tokens compared with transformers' (softsyn's loop
-#                        and onnxruntime-genai-cuda where installed)
+#   qwen3next            zoo:qwen3-next-tiny (the hybrid cache: conv/recurrent states beside the KV; the delta rule as
+#                        com.microsoft.LinearAttention) compiled for the H200 (constraints/tiny-h200.yaml: fp16, decode
+#                        planned as a CUDA graph, one per state parity), verified on cuda, run on cuda, and 32 greedy
+#                        tokens compared with transformers' (softsyn's loop and onnxruntime-genai-cuda where installed)
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra (EFFORT=...) under CONSTRAINTS
 #                        (chat-h200-int4.yaml) into /tmp/NAME (the file's stem, -EFFORT when EFFORT is given) within S
 #                        seconds (580); ultra's measured re-timing runs inside it. BUDGET=90% replaces the file's
