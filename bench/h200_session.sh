@@ -25,8 +25,12 @@
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
 #                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run
+#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul) and packed vs
+#                        separate projections at qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
+#   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
+#                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
@@ -46,7 +50,17 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
+#   qmoe                 bench/moe_cuda.py --only 30b --forms fused,qmoe: the 4-layer Qwen3-30B-A3B compiled with
+#                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
+#                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
+#   serving [C] [S]      bench/serving_validate.py --provider cuda: zoo:qwen3-1.7b (MODEL=...) compiled --effort low
+#                        under C (constraints/serving-h200.yaml) into /tmp/serving (reused while the machine is warm),
+#                        then its batched decode at N = 1, 4, 8, 16 and the mixed step beside the compile's step table,
+#                        and the serving simulation beside a continuous-batching run under the same arrival trace, for
+#                        S seconds (240) or what the call has left after the compile (PAST: the decode rows' mean pasts,
+#                        320,1536; EAGER=1: decode without CUDA graphs); when the compile leaves under 90 s, call
+#                        `serving` again: it reuses the artifact
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #
@@ -72,6 +86,12 @@ softsyn_install() {
 
 step=$1
 shift
+# the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
+case $step in
+wheels|part|install) ;;
+*) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
+       "(a fresh one: the last was released): run wheels, part x4 and install first"; exit 2; } ;;
+esac
 case $step in
 wheels)
     mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl /tmp/whl/
@@ -162,6 +182,9 @@ torchtiny)
     softsyn verify /tmp/torch-tiny 2>&1 | tail -8
     softsyn run /tmp/torch-tiny --gen 16 2>&1 | tail -12
     set -e ;;
+torchkernels)
+    softsyn_install
+    python3 bench/torch_kernels.py -o "$OUT/torch-kernels.md" 2>&1 | grep -v "No registered plugin EP" | tail -20 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
@@ -173,6 +196,11 @@ torch)
     set -e
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
     cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
+torchsignoff)
+    softsyn_install
+    set +e  # a violated group exits 1: the report still comes back
+    softsyn signoff "$1" --provider cuda 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/torch-signoff.rpt" | tail -60
+    set -e ;;
 peerst)
     softsyn_install
     dir=$1
@@ -280,9 +308,38 @@ moecells)
 moe)
     softsyn_install
     python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;
+qmoe)
+    softsyn_install
+    python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 | tail -40 |
+        grep -v "No registered plugin EP" ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
+serving)
+    start=$SECONDS  # the call's clock (the device tool ends a call at 600 s)
+    softsyn_install
+    cons=${1:-constraints/serving-h200.yaml}
+    args=(--provider cuda --model "zoo:${MODEL:-qwen3-1.7b}" --constraints "$cons" --work /tmp/serving)
+    set +e
+    timeout 540 python3 bench/serving_validate.py "${args[@]}" --compile-only 2>&1 |
+        grep -v "No registered plugin EP" | tee "$OUT/serving-compile.log" | tail -5
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" = 0 ] || { echo "serving_validate --compile-only exit $rc (log: serving-compile.log)"; exit 1; }
+    left=$((570 - (SECONDS - start) - 60))  # 60 s: loading the 1.7B session and the tail of the trace
+    secs=${2:-240}
+    [ "$left" -lt "$secs" ] && secs=$left
+    if [ "$secs" -lt 90 ]; then
+        echo "compiled in $((SECONDS - start)) s; call 'serving' again for the measurements (it reuses /tmp/serving)"
+        exit 0
+    fi
+    set +e
+    timeout $((585 - (SECONDS - start))) python3 bench/serving_validate.py "${args[@]}" --seconds "$secs" --past "${PAST:-320,1536}" --runs 100 ${EAGER:+--eager} \
+        -o "$OUT/serving-validate-cuda.md" 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/serving-validate.log" |
+        tail -70
+    echo "serving_validate exit ${PIPESTATUS[0]}"
+    set -e
+    cp /tmp/serving/*/compile.log "$OUT/serving-artifact-compile.log" 2>/dev/null || true ;;
 correlation)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

@@ -1,6 +1,7 @@
-"""MoE on the H200: fused com.microsoft.MoE artifacts against plain exports, predicted vs measured.
+"""MoE on the H200: fused com.microsoft.MoE artifacts against plain exports and QMoE int4 experts, predicted vs measured.
 
     python3 bench/moe_cuda.py -o bench/results/moe-cuda-DATE.md          # on the H200 (PYTHONPATH=/tmp/site:.)
+    python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o F.md     # the QMoE must-show (bench/h200_session.sh qmoe)
     python3 bench/moe_cuda.py --dry-run                                  # here: the configs, files and commands
 
 Two models, each compiled for h200-ort-cuda (experts fused into MoE; compiles on the CPU) and analysed as its plain
@@ -12,6 +13,13 @@ export (the batched_mm experts: per-token GatherND of expert weights), both sign
   seeded random weights: all 48 layers are 61 GB of fp16 weights, and materialising an export takes ~3.5x its
   weights in host RAM (213 GB > the H200 box's 128 GB); 4 layers are 6.2 GB (~22 GB of RAM), the prediction is
   for the same netlist. Its prefill touches nearly all 128 experts, its decode 8 per layer.
+
+Forms: `fused` (compile --effort low: fp16 MoE experts), `plain` (analyze the export), `qmoe` (compile --effort
+medium under QMOE_CONSTRAINTS: only the experts are candidates, int4 the one quantised precision, a decode clock the
+fp16 design misses and an accuracy budget of QMOE_BUDGET, with QMOE_LIBRARY as the target: the shipped H200 library
+plus the MoE/QMoE cells measured on 2026-12-01, since the shipped one has no QMoE cell and the loop offers QMoE only
+where its library has one). The qmoe artifact is verified against the fp32 reference (`softsyn verify`, the worst
+relative error over outputs in the table) and signed off on CUDA beside the fused one, in one run.
 """
 from __future__ import annotations
 
@@ -40,6 +48,24 @@ workload:
 """
 
 
+QMOE_LIBRARY = ROOT / "bench" / "results" / "h200-ort-cuda-moe-cells-2026-12-01.yaml"
+QMOE_BUDGET = "25%"  # admits int4 experts: seeded experts measured 0.9-2.0 % per layer on zoo:qwen3-moe-tiny (CPU)
+QMOE_CONSTRAINTS = f"""\
+target: {TARGET}
+clock_uncertainty: 0us
+input_delay: 0ms
+output_delay: 0ms
+area_constraint: 141GB
+workload: {{{{batch: 1, prompt_len: {{prompt}}, context_len: {{context}}}}}}
+path_groups:
+  prefill: {{{{kind: prefill, clock_period: 1s, dims: {{{{batch: 1, seq: {{prompt}}, past: 0}}}}}}}}
+  decode: {{{{kind: decode, clock_period: 10us, weight: 2, dims: {{{{batch: 1, seq: 1, past: {{prompt}}}}}}}}}}
+accuracy: {{{{max_rel_error: {QMOE_BUDGET}}}}}
+precision: {{{{allowed: [fp16, int4], default: fp16}}}}
+dont_touch: ["model.layers.*.self_attn.*", "lm_head"]
+"""
+
+
 def qwen3_30b_config(layers: int = LAYERS) -> dict:
     """The published Qwen3-30B-A3B config.json values (softsyn's zoo entry), cut to `layers` layers."""
     from softsyn.frontends import zoo
@@ -58,16 +84,23 @@ def models(work: Path) -> list[tuple[str, str, dict]]:
             (f"qwen3-30b-a3b x{LAYERS} layers", str(folder / "config.json"), {"prompt": 512, "context": 4096})]
 
 
-def commands(model: str, cons: Path, out: Path) -> dict[str, list[list[str]]]:
-    """The softsyn command lines of one model: fused (compile) and plain (analyze), each then signed off."""
+def commands(model: str, cons: Path, out: Path, qmoe_cons: Path | None = None) -> dict[str, list[list[str]]]:
+    """The softsyn command lines of one model: fused (compile) and plain (analyze), each then signed off; with
+    `qmoe_cons`, qmoe (compile --effort medium against QMOE_LIBRARY, verify, signoff)."""
     cli = [sys.executable, "-m", "softsyn.cli"]
-    fused, plain = out / "fused", out / "plain"
-    return {
+    fused, plain, qmoe = out / "fused", out / "plain", out / "qmoe"
+    steps = {
         "fused": [cli + ["compile", model, "-c", str(cons), "--effort", "low", "-o", str(fused), "-q"],
                   cli + ["signoff", str(fused), "--provider", "cuda", "--runs", "30", "-q"]],
         "plain": [cli + ["analyze", model, "-c", str(cons), "--materialize", "-o", str(plain), "-q"],
                   cli + ["signoff", str(plain), "--provider", "cuda", "--runs", "30", "-q"]],
     }
+    if qmoe_cons is not None:
+        steps["qmoe"] = [cli + ["compile", model, "-c", str(qmoe_cons), "--target", str(QMOE_LIBRARY), "--effort",
+                                "medium", "-o", str(qmoe), "-q"],
+                         cli + ["verify", str(qmoe), "--json", "-q"],
+                         cli + ["signoff", str(qmoe), "--provider", "cuda", "--runs", "30", "-q"]]
+    return steps
 
 
 def moe_cells(directory: Path) -> dict[str, int]:
@@ -82,14 +115,21 @@ def moe_cells(directory: Path) -> dict[str, int]:
     return {op: counts.get(op, 0) for op in ("MoE", "QMoE", "GatherND", "TopK")}
 
 
-def rows(label: str, form: str, directory: Path) -> list[str]:
+def worst_error(verify_stdout: str) -> float | None:
+    """The worst relative error over `softsyn verify --json`'s checks (None: no checks)."""
+    checks = [c["rel"] for c in json.loads(verify_stdout)["checks"] if c["rel"] is not None]
+    return max(checks) if checks else None
+
+
+def rows(label: str, form: str, directory: Path, error: float | None = None) -> list[str]:
     result = json.loads((directory / "signoff" / "signoff.json").read_text())
     cells = moe_cells(directory)
     out = []
     for g in result["groups"]:
         err = (g["predicted"] - g["measured_median"]) / g["measured_median"]
-        out.append(f"| {label} | {form} | {g['name']} | {cells['MoE']}/{cells['GatherND']} | "
-                   f"{g['predicted'] * 1e3:.3f} | {g['measured_median'] * 1e3:.3f} | {err * 100:+.1f} % |")
+        out.append(f"| {label} | {form} | {g['name']} | {cells['MoE']}/{cells['QMoE']}/{cells['GatherND']} | "
+                   f"{g['predicted'] * 1e3:.3f} | {g['measured_median'] * 1e3:.3f} | {err * 100:+.1f} % | "
+                   f"{'-' if error is None else f'{error:.3e}'} |")
     return out
 
 
@@ -97,13 +137,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "softsyn-moe-cuda")
     ap.add_argument("--only", choices=["tiny", "30b"], help="one model only")
+    ap.add_argument("--forms", default="fused,plain", help="comma-separated forms: fused, plain, qmoe")
     ap.add_argument("--dry-run", action="store_true", help="write the configs and print the commands, run nothing")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     lines = [f"# MoE on CUDA ({TARGET}), fused vs plain, predicted vs measured, {datetime.date.today()}", "",
-             "| model | form | group | MoE / GatherND cells | predicted (ms) | measured median (ms) | error |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | form | group | MoE / QMoE / GatherND cells | predicted (ms) | measured median (ms) | error | "
+             "verify: worst rel error vs fp32 |", "|---|---|---|---|---|---|---|---|"]
+    forms = args.forms.split(",")
     failed = 0
     for i, (label, spec, workload) in enumerate(models(args.work)):
         if args.only and args.only != ("tiny", "30b")[i]:
@@ -111,19 +153,27 @@ def main(argv=None) -> int:
         out = args.work / f"model{i}"
         cons = args.work / f"constraints{i}.yaml"
         cons.write_text(CONSTRAINTS.format(**workload))
-        for form, steps in commands(spec, cons, out).items():
+        qmoe_cons = args.work / f"constraints{i}-qmoe.yaml"
+        qmoe_cons.write_text(QMOE_CONSTRAINTS.format(**workload))
+        for form, steps in commands(spec, cons, out, qmoe_cons).items():
+            if form not in forms:
+                continue
             if args.dry_run:
                 print("\n".join(" ".join(s) for s in steps))
                 continue
+            error = None
             for step in steps:
                 proc = subprocess.run(step, cwd=ROOT, capture_output=True, text=True)
-                if proc.returncode not in (0, 1):  # 1: a violated clock or area; the outputs are written
+                if proc.returncode not in (0, 1):  # 1: a violated clock, area or accuracy; the outputs are written
                     print(f"{label} {form}: {' '.join(step[2:4])} failed ({proc.returncode}): "
                           f"{proc.stderr.strip()[-400:]}", file=sys.stderr)
                     failed += 1
                     break
+                if step[3] == "verify":
+                    error = worst_error(proc.stdout)
+                    print(f"{label} {form}: verify exit {proc.returncode}, worst rel error {error}", file=sys.stderr)
             else:
-                lines += rows(label, form, out / form)
+                lines += rows(label, form, out / form, error)
     if args.dry_run:
         return 0
     text = "\n".join(lines) + "\n"

@@ -97,13 +97,16 @@ LOW = Effort("low", "map: standard fusions, uniform default precision", (
     Step("kv_layout", "decoders: one max_length KV buffer GQA updates in place; last-position logits at prefill",
          (("last_token_logits", True),)),
 ))
+SERVING = Step("serving", "with a serving block: the engines' max_batch the simulated load meets every check with")
 MEDIUM = Effort("medium", "low, then a greedy per-cell precision map on the critical path", LOW.steps + (
     Step("optimize", "greedy: on the worst group, the cell move with the best delta-delay / delta-error, until met",
          (("search_mode", "greedy"), ("max_steps", 200))),
+    SERVING,
 ))
 HIGH = Effort("high", "low, then the exact per-cell precision map (an ILP over all cells x precisions)", LOW.steps + (
     Step("optimize", "exact: scipy.optimize.milp over every cell x precision, accuracy and area as constraints, "
          "groups weighted", (("search_mode", "ilp"), ("max_steps", 200))),
+    SERVING,
 ))
 ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack allows, to win back accuracy; the map "
                "measured on the target device when it is present", LOW.steps + (
@@ -113,6 +116,7 @@ ULTRA = Effort("ultra", "high, then recovery: precision raised back where slack 
          "the target's provider runs: the map kept only if measured better in the cost order (negative slack, then "
          "latency), else the tables back-annotated and searched again (3 rounds at most)",
          (("search_mode", "ultra"), ("max_steps", 200), ("calibrate", True), ("retime", True))),
+    SERVING,
 ))
 EFFORTS: dict[str, Effort] = {level.name: level for level in (LOW, MEDIUM, HIGH, ULTRA)}
 

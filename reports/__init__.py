@@ -17,7 +17,7 @@ from reports.fusion import fusion_json, fusion_table, report_fusion
 from reports.json_io import from_json, to_json
 from reports.precision import precision_table, report_precision, retime_table
 from reports.qor import report_qor
-from reports.signoff import report_signoff
+from reports.signoff import report_signoff, report_torch_signoff
 from reports.suggest import SUGGESTIONS_FILE, suggestions_json
 from reports.timing import Row, fold_points, path_rows, report_timing
 from reports.verify import report_verify, verify_table
@@ -52,7 +52,7 @@ def write_reports(analysis: Analysis, out_dir: str | Path, extra_suggestions: li
 
 
 __all__ = [
-    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff",
+    "REPORTS", "write_reports", "report_timing", "report_qor", "report_area", "report_constraint", "report_signoff", "report_torch_signoff",
     "report_fusion", "report_verify", "report_precision", "fusion_table", "fusion_json", "verify_table",
     "precision_table", "retime_table", "to_json", "from_json", "fold_points",
     "path_rows", "Row", "Facts", "suggestions_json", "Column", "Table", "TIMING_COLUMNS",

@@ -127,6 +127,12 @@ SIGNOFF_OP_COLUMNS: tuple[Column, ...] = (
     _time("delta", "Delta", 10),
     _error("error", "Error"),
 )
+SIGNOFF_KERNEL_COLUMNS: tuple[Column, ...] = (  # a torch package's kernels, which no netlist cell maps to yet
+    Column("kernel", "Kernel (runtime-only)", 60, clip=True),
+    Column("count", "Per step", 8, "right", "number", "{:.0f}", gap=1),
+    _time("seconds", "Time", 10),
+    Column("share", "Share", 8, "right", "percent", fmt="{:.1%}", missing="-", gap=1),
+)
 SIGNOFF_CELL_COLUMNS: tuple[Column, ...] = (
     Column("instance", "Instance", 58, clip=True),
     Column("op_type", "Op", 14, gap=1),

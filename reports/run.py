@@ -12,7 +12,7 @@ from reports.common import INDENT, Table
 
 KV_TEXT = {"shared": "one max_length buffer per layer, past and present bound to it, updated in place",
            "grown": "present of each step bound as the next step's past (the graph grows its cache)",
-           "static": "one max_length buffer per layer, each step's updated copy fed to the next (a torch package)"}
+           "static": "one max_length buffer per layer, written in place by each step (a torch package)"}
 
 
 def run_table(result) -> Table:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from reports.columns import SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_OP_COLUMNS
+from reports.columns import (SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_KERNEL_COLUMNS,
+                             SIGNOFF_OP_COLUMNS)
 from reports.common import BANNER_RULE, INDENT, Table, fpercent, ftime, is_unconstrained
 
 
@@ -151,6 +152,44 @@ def report_signoff(result, top: int = 10, unit: str = "ms", digits: int = 3) -> 
         out += [""] + [f"{INDENT}Note: {n}" for n in result.notes]
     out += ["", f"{INDENT}Back-annotation: {result.annotation_file}",
             f"{INDENT}  re-time with it: softsyn analyze MODEL -c CONSTRAINTS --annotate {result.annotation_file}"]
+    violated = [g.name for g in result.groups if g.violated]
+    out += ["", f"{INDENT}signoff: " + (f"VIOLATED ({', '.join(violated)})" if violated else "all groups MET")]
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def kernel_table(group, top: int = 12) -> Table:
+    """A group's `top` runtime-only kernels by time per step (a torch package's: no netlist cell maps to them)."""
+    return Table(SIGNOFF_KERNEL_COLUMNS, tuple(
+        {"kernel": name, "count": k["count"], "seconds": k["seconds"],
+         "share": k["seconds"] / group.measured_median if group.measured_median else None}
+        for name, k in list(group.runtime_only.items())[:top]))
+
+
+def report_torch_signoff(result, top: int = 12, unit: str = "ms", digits: int = 3) -> str:
+    """report_signoff's shape for a torch target's package: the group table, then per group its measured step and
+    its largest kernels (runtime-only: no per-cell comparison)."""
+    t = lambda s: ftime(s, unit, digits)  # noqa: E731
+    out = [BANNER_RULE, "Report : signoff", f"        -provider {result.provider} -runs {result.runs} -warmup {result.warmup}",
+           f"Design : {result.design} ({result.kind} output {result.directory})",
+           f"Library: {result.library} ({result.library_source})",
+           f"Runtime: {result.runtime}, {result.provider} on {result.device}",
+           f"Model  : {result.model}", f"Date   : {result.date}", BANNER_RULE, "",
+           f"{INDENT}Measured : {result.measured_interval}; median of {result.runs} steps per group, the groups "
+           "interleaved round by round.",
+           f"{INDENT}Predicted: {result.predicted_means}.",
+           f"{INDENT}Compared : predicted vs measured median; slack = required - input delay - time. Quiet: the "
+           "fastest round's median.",
+           f"{INDENT}Error    : {result.error_means}.", ""]
+    out += [*_indented(group_table(result), unit, digits, rule=True), f"{INDENT}(times in {unit})"]
+    for g in result.groups:
+        out += ["", f"{INDENT}Path Group '{g.name}': {g.description}", INDENT + "-" * 60,
+                f"{INDENT}Measured {t(g.measured_median)} {unit} (p10 {t(g.measured_p10)}, p90 {t(g.measured_p90)}, "
+                f"quiet {t(g.measured_quiet)}, {g.runs} steps)" + (
+                    f" = kernels {t(g.kernel_sum)} + host and gaps {t(g.residual)} {unit} ({g.counts['profiled']} "
+                    "kernel names profiled)" if g.runtime_only else ""),
+                *(["", f"{INDENT}Largest kernels per step (torch.profiler)", *_indented(kernel_table(g, top), unit, digits)]
+                  if g.runtime_only else [])]
+    out += [""] + [f"{INDENT}Note: {n}" for n in result.notes]
     violated = [g.name for g in result.groups if g.violated]
     out += ["", f"{INDENT}signoff: " + (f"VIOLATED ({', '.join(violated)})" if violated else "all groups MET")]
     return "\n".join(line.rstrip() for line in out) + "\n"

@@ -10,6 +10,8 @@ one `encoder` group.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import functools
 import time
@@ -66,6 +68,7 @@ class Design:
     annotation = None  # softsyn.results.annotation.Annotation: back-annotated (measured) delays replace the library's
     torch_target = None  # a torch target's name (softsyn.library.torch_targets): emit lowers the source model in torch
     cache_dir = None  # the export cache the design was read through (a torch target reads its source model there)
+    serving_max_batch = None  # the compile's max_batch for the serving block (passes.serving), None: the constraints'
 
     def __init__(self, netlist: Netlist, constraints: Constraints, library: Library, progress: bool = True,
                  tp: str | int | None = None):
@@ -295,6 +298,18 @@ class Design:
     @functools.cached_property
     def collectives(self):
         return load_collectives()
+
+    @property
+    def serving(self):
+        """The constraints' serving block with the compile's choices (max_batch) applied; None without one."""
+        serving = self.constraints.serving
+        if serving is None or self.serving_max_batch is None:
+            return serving
+        return dataclasses.replace(serving, max_batch=self.serving_max_batch)
+
+    def choose_max_batch(self, max_batch: int) -> None:
+        """The engines' batch for the serving simulation and the emitted engine settings (passes.serving)."""
+        self.serving_max_batch = max_batch
 
     def analyze(self, tp_plan: bool = True, serving: bool | None = None) -> Analysis:
         """`tp_plan`: with tensor parallelism, the plan over every degree too (off for a compile's intermediate

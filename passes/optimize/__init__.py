@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from passes import PassReport, PassResult, register, report_of
 from passes.kv_layout import KvLayoutReport
-from passes.optimize import kv_moves
+from passes.optimize import experts, kv_moves
 from passes.optimize.explored import Explored
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
@@ -202,8 +202,8 @@ def prune(design, cands) -> tuple[list, list[str], dict]:
     return kept, notes, tables
 
 
-@register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits or fp8 weights where the library says "
-                      "it is faster, under the accuracy and area budgets")
+@register("optimize", "slack-driven precision map: per-cell int4/int8 MatMulNBits or fp8 weights, QMoE int4/int8 experts, "
+                      "where the library says it is faster, under the accuracy and area budgets")
 def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool = False,
         calibrate: bool = False) -> PassResult:
     start = time.perf_counter()
@@ -211,7 +211,8 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     area0 = start_area(design)
     cands, skipped = mp.candidates(design)
     report = OptimizeReport(search_mode, "", budget)
-    report.notes += [f"{what}: {why}" for what, why in skipped.items() if what in mp.QUANTISED]
+    report.notes += [f"{what}: {why}" for what, why in skipped.items()
+                     if what in mp.QUANTISED or what.startswith("qmoe ")]
     if any(v == "dont_touch" for v in skipped.values()):
         kept = sum(1 for v in skipped.values() if v == "dont_touch")
         report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")
@@ -251,12 +252,15 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
     requested = dict(chosen.mapping)
-    counts = mp.apply_mapping(design.netlist, requested, requested)
+    counts = mp.apply_mapping(design.netlist, requested, requested, design.library)
     design.netlist_changed()
     realised = {n.name: precision_of(n) for n in design.netlist.nodes() if n.name in requested}
     for c in cands:
         p = requested[c.name]
         report.cells.append(mp_row(problem, c, p, realised.get(c.name, p)))
+    report.notes += experts.kept_float([(row, {p: problem.error[row.name][p] for p in problem.options[row.name][1:]})
+                                        for row, c in zip(report.cells, cands) if c.op == "MoE"],
+                                       budget, ESTIMATE_SHARE)
     remapped = any(c.realised != problem.options[c.name][0] for c in report.cells)
     if design.library.is_gpu and remapped and report.retime is None:
         report.notes.append(GPU_SPEED_UNMEASURED)
@@ -375,7 +379,7 @@ def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> Cell
 
 def _weightless(design, cands) -> bool:
     node = next(n for n in design.netlist.nodes() if n.name == cands[0].name)
-    return mp.is_weightless(mp.weight_source(node.inputs[1])[0])
+    return mp.is_weightless(mp.weight_of(node))
 
 
 def search_map(problem: search.Problem, mode: str, max_steps: int, report: "OptimizeReport") -> search.Outcome:

@@ -1,7 +1,8 @@
 """Per-cell precision mapping: the candidates, their delays from the library, and applying a map.
 
 A candidate is a MatMul whose weight is a 2-D float initializer (projections, packed QKV and gate-up after
-fusion, the lm_head), outside `dont_touch`. Its options are the precisions `precision.allowed` names that the
+fusion, the lm_head), outside `dont_touch`, or a fused MoE cell's expert weights (passes.optimize.experts: QMoE
+int4/int8, where the library has a QMoE cell; the router MatMul never). Its options are the precisions `precision.allowed` names that the
 target's library has a cell for (MatMulNBits.int4 / .int8, MatMulBlockQuantizedFp8Weight.fp8; the cell's current
 float precision always), so no chosen cell is one the provider cannot run. int4/int8 weights are quantised by ONNX
 Runtime's own tooling (`onnxruntime.quantization.matmul_nbits_quantizer`: the DEFAULT blockwise symmetric quantiser,
@@ -26,9 +27,12 @@ import onnx_ir as ir
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
+from passes.optimize import experts
+from passes.optimize.tooling import ort_quantisers
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
 
-BLOCK = 32  # the quantiser's block along K: the library's finest block axis point
+BLOCK = 32  # the quantiser's block along K without a library to choose by: the library's finest block axis point
+BLOCK_TIE = 0.03  # blocks timed within 3 % of the fastest count as tied: the finer (more accurate) one is taken
 NBITS = {"int4": 4, "int8": 8}
 # fp8's block along K: the op's default and the one its DeepGEMM path and fp8 checkpoints (128 x 128 tiles) use; fp8
 # keeps a relative error per value, so a finer block buys little (the library's block axis also holds 32 and 64)
@@ -46,21 +50,36 @@ class Candidate:
     n: int
     current: str  # the float precision it runs in now (fp32 / fp16)
     options: tuple[str, ...]  # current first, then the quantised precisions the library has a cell for
-    params: int  # k x n
+    params: int  # k x n (an MoE cell: experts x hidden x summed expert width)
+    op: str = "MatMul"  # or "MoE": the expert weights, whose quantised cell is QMoE
+    blocks: tuple[tuple[str, int], ...] = ()  # int4/int8: the quantiser's block (nbits_block); BLOCK where absent
+
+    def block(self, precision: str) -> int:
+        return dict(self.blocks).get(precision, BLOCK)
 
     def weight_bytes(self, precision: str, act_bytes: int) -> float:
         """Weight bytes at `precision`: packed bits plus one scale per block (no zero points: symmetric); fp8 one
         byte per value and an fp32 scale per FP8_BLOCK."""
+        if self.op == "MoE" and precision in NBITS:
+            return self.params * NBITS[precision] / 8 + self.params / experts.QMOE_BLOCK * act_bytes
         if precision == "fp8":
             return self.params + self.n * math.ceil(self.k / FP8_BLOCK) * 4
         if precision not in NBITS:
             return self.params * act_bytes
-        return self.params * NBITS[precision] / 8 + self.n * math.ceil(self.k / BLOCK) * act_bytes
+        return self.params * NBITS[precision] / 8 + self.n * math.ceil(self.k / self.block(precision)) * act_bytes
 
 
 def cell_op(precision: str) -> str:
     """The library op a quantised precision's cell is (MatMulNBits for int4/int8)."""
     return FP8_OP if precision == "fp8" else "MatMulNBits"
+
+
+def weight_of(node: ir.Node) -> ir.Value | None:
+    """The initializer a candidate's weight is read from: a MatMul's (weight_source), an MoE cell's fc1."""
+    if node.op_type == "MoE":
+        return node.inputs[2]
+    source = weight_source(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    return None if source is None else source[0]
 
 
 def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
@@ -77,6 +96,29 @@ def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
 
 def has_cell(library, op: str, precision: str) -> bool:
     return any(c.op == op and c.precision == precision for c in library.cells)
+
+
+def nbits_block(library, precision: str, n: int, k: int) -> int:
+    """The quantiser's block along K for an int4/int8 cell of weight [k, n]: of the block points the library measured
+    MatMulNBits.<precision> at, the one whose decode row (m 1) is fastest for this shape, in a captured graph where
+    the library has a graph table (on the H200 int4 runs fastest at block 128 and block 32 engages another kernel,
+    bench/results/nbits-kernels-cuda-2026-12-02.md); within BLOCK_TIE of the fastest the finer block (the more
+    accurate). BLOCK when the library has no block axis for it (or no library)."""
+    if library is None:
+        return BLOCK
+    points = sorted({int(b) for c in library.cells if c.op == "MatMulNBits" and c.precision == precision
+                     and "block" in c.axes for b in c.points[c.axes.index("block")]})
+    if not points:
+        return BLOCK
+    times = {}
+    for block in points:
+        sizes = {"m": 1, "n": n, "k": k, "block": block}
+        moved = k * 2 + n * 2 + k * n * NBITS[precision] / 8 + n * math.ceil(k / block) * 2
+        delay, _, _, device = library.node_timing("MatMulNBits", precision, 2.0 * n * k, moved, sizes)
+        graphed = library.graph_delay("MatMulNBits", precision, sizes) if library.is_gpu else None
+        times[block] = graphed if graphed is not None else (device if library.is_gpu else delay)
+    fastest = min(times.values())
+    return min(b for b, t in times.items() if t <= fastest * (1 + BLOCK_TIE))
 
 
 def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
@@ -116,12 +158,37 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
         current = precision_of(node)
         offered = [p for p in quantised if p != "fp8" or node.inputs[0].dtype in FP8_ACTS]
         fp8_refused += len(quantised) - len(offered)
+        blocks = tuple((p, nbits_block(design.library, p, n, k)) for p in offered if p in NBITS)
         found.append(Candidate(name=node.name, hierarchy=hierarchy, k=k, n=n, current=current,
-                               options=(current, *offered), params=k * n))
+                               options=(current, *offered), params=k * n, blocks=blocks))
     if fp8_refused:
         skipped["fp8"] = (f"{fp8_refused} cell{'s' if fp8_refused != 1 else ''} with activations other than "
                           f"fp16/bf16: {FP8_OP} takes only those")
-    return found, skipped
+    return found + expert_candidates(design, allowed, skipped), skipped
+
+
+def expert_candidates(design, allowed: set[str], skipped: dict[str, str]) -> list[Candidate]:
+    """The fused MoE cells outside dont_touch with their QMoE options (int4/int8 the constraints allow and the
+    library has a QMoE cell for); why not, per cell or per precision, into `skipped` (keys "qmoe ...")."""
+    cons, lib = design.constraints, design.library
+    moes = [n for n in design.netlist.nodes() if n.op_type == "MoE"]
+    offered = [p for p in experts.BITS if p in allowed and has_cell(lib, "QMoE", p)]
+    for p in experts.BITS:
+        if moes and p in allowed and p not in offered:
+            skipped[f"qmoe {p}"] = f"library {lib.name} has no QMoE.{p} cell: the experts stay MoE"
+    found = []
+    for node in moes:
+        hierarchy = node.metadata_props.get(HIERARCHY_KEY, "")
+        why = "dont_touch" if any(fnmatch.fnmatchcase(hierarchy, g) for g in cons.dont_touch) else \
+            experts.why_not(node)
+        if why or not offered:
+            skipped[node.name or hierarchy] = why or "no QMoE option"
+            continue
+        hidden, width = experts.sizes(node)
+        e = int(node.inputs[2].shape[0])
+        found.append(Candidate(name=node.name, hierarchy=experts.label(hierarchy), k=hidden, n=width, current=precision_of(node),
+                               options=(precision_of(node), *offered), params=e * hidden * width, op="MoE"))
+    return found
 
 
 def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: bool = False) -> dict[str, float]:
@@ -139,7 +206,7 @@ def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: boo
             op, sizes = FP8_OP, {"m": m, "n": cand.n, "k": cand.k, "block": FP8_BLOCK}
         elif p in NBITS:
             moved = act_io + cand.weight_bytes(p, act_bytes)
-            op, sizes = "MatMulNBits", {"m": m, "n": cand.n, "k": cand.k, "block": BLOCK}
+            op, sizes = "MatMulNBits", {"m": m, "n": cand.n, "k": cand.k, "block": cand.block(p)}
         else:
             moved, op, sizes = act_io + cand.params * act_bytes, "MatMul", {"m": m, "n": cand.n, "k": cand.k}
         delay, _, _, device = library.node_timing(op, p, flops, moved, sizes)
@@ -160,6 +227,9 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
         rows = {}
         for cand in cands:
             node = by_name[cand.name]
+            if cand.op == "MoE":
+                rows[cand.name] = experts.option_costs(design.library, node, shapes, cand.options, captured)
+                continue
             act = node.inputs[0].dtype.itemsize if node.inputs[0].dtype is not None else 4
             rows[cand.name] = option_costs(design.library, cand, int(node_work(node, shapes).sizes.get("m", 1)), act,
                                            captured)
@@ -167,18 +237,16 @@ def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str
     return tables
 
 
-def quantise_weight(name: str, weight: np.ndarray, bits: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+def quantise_weight(name: str, weight: np.ndarray, bits: int,
+                    block: int = BLOCK) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """ONNX Runtime's blockwise quantiser on one MatMul: its MatMulNBits node and initializers (packed, scales)."""
-    # deferred: ORT's quantization tooling loads its own stack; only quantising a cell needs it
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                 DefaultWeightOnlyQuantizer, logger)
+    nbits = ort_quantisers().nbits
+    nbits.logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
 
-    logger.setLevel(logging.WARNING)  # it logs two INFO lines per node
-
-    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=bits)
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, bits=bits)
     node = onnx.helper.make_node("MatMul", ["a", "w"], ["y"], name=name)
     graph = onnx.helper.make_graph([node], "cell", [], [], initializer=[onnx.numpy_helper.from_array(weight, "w")])
-    out = DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
+    out = nbits.DefaultWeightOnlyQuantizer(config).quantize(node, [graph])
     if len(out) != 1 or out[0].op_type != "MatMulNBits":
         raise RuntimeError(f"{name}: the quantiser returned {[n.op_type for n in out]}, not one MatMulNBits")
     return out[0], [t for t in graph.initializer if t.name != "w"]
@@ -216,9 +284,11 @@ def quantise_fp8(name: str, weight: np.ndarray) -> tuple[onnx.NodeProto, list[on
     return node, [onnx.numpy_helper.from_array(q, "B"), onnx.numpy_helper.from_array(scales, "b_scale")]
 
 
-def quantise(name: str, weight: np.ndarray, precision: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
-    """The quantised node and initializers of one MatMul weight [K, N] at a QUANTISED precision."""
-    return quantise_fp8(name, weight) if precision == "fp8" else quantise_weight(name, weight, NBITS[precision])
+def quantise(name: str, weight: np.ndarray, precision: str,
+             block: int = BLOCK) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """The quantised node and initializers of one MatMul weight [K, N] at a QUANTISED precision (`block`: int4/int8's
+    block along K)."""
+    return quantise_fp8(name, weight) if precision == "fp8" else quantise_weight(name, weight, NBITS[precision], block)
 
 
 def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> list[ir.ExternalTensor]:
@@ -227,8 +297,9 @@ def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> 
         weight, scales = ir.Shape([cand.n, cand.k]), ir.Shape([cand.n, math.ceil(cand.k / FP8_BLOCK)])
         wtype, dtype = ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT
     else:
-        blocks = math.ceil(cand.k / BLOCK)
-        weight = ir.Shape([cand.n, blocks, BLOCK * NBITS[precision] // 8])
+        block = cand.block(precision)
+        blocks = math.ceil(cand.k / block)
+        weight = ir.Shape([cand.n, blocks, block * NBITS[precision] // 8])
         scales, wtype = ir.Shape([cand.n, blocks]), ir.DataType.UINT8
     return [ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=math.prod(weight.dims), dtype=wtype,
                               shape=weight, name="packed"),
@@ -236,9 +307,10 @@ def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> 
                               dtype=dtype, shape=scales, name="scales")]
 
 
-def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | None = None) -> dict[str, int]:
-    """Replace each mapped MatMul by its quantised cell: MatMulNBits (int4/int8), MatMulBlockQuantizedFp8Weight
-    (fp8); float entries stay as they are.
+def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | None = None,
+                  library=None) -> dict[str, int]:
+    """Replace each mapped MatMul by its quantised cell: MatMulNBits (int4/int8, at the block `library` times fastest
+    for its shape: nbits_block), MatMulBlockQuantizedFp8Weight (fp8); float entries stay as they are.
     `requested`: what was asked of each cell, recorded on the node (REQUESTED_KEY). Returns counts by precision.
     The caller calls design.netlist_changed()."""
     graph = netlist.model.graph
@@ -248,19 +320,24 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
         node = by_name[name]
         if requested and name in requested:
             node.metadata_props[REQUESTED_KEY] = requested[name]
+        if node.op_type == "MoE" and precision in experts.BITS:
+            experts.apply(graph, node, precision)
+            counts[f"qmoe_{precision}"] = counts.get(f"qmoe_{precision}", 0) + 1
+            continue
         if precision not in QUANTISED or node.op_type != "MatMul":
             continue
         w = node.inputs[1]
         k, n = int(w.shape[0]), int(w.shape[1])
-        cand = Candidate(name=name, hierarchy="", k=k, n=n, current="", options=(), params=k * n)
+        blocks = ((precision, nbits_block(library, precision, n, k)),) if precision in NBITS else ()
+        cand = Candidate(name=name, hierarchy="", k=k, n=n, current="", options=(), params=k * n, blocks=blocks)
         source, transposed = weight_source(w)
         if is_weightless(source):
             tensors = _weightless_tensors(cand, precision, w.dtype)
             attrs = {"block_size": FP8_BLOCK} if precision == "fp8" else \
-                {"K": k, "N": n, "bits": NBITS[precision], "block_size": BLOCK}
+                {"K": k, "N": n, "bits": NBITS[precision], "block_size": cand.block(precision)}
         else:
             data = np.asarray(source.const_value.numpy())
-            proto, inits = quantise(name, data.T if transposed else data, precision)
+            proto, inits = quantise(name, data.T if transposed else data, precision, cand.block(precision))
             tensors = [ir.from_proto(t) for t in inits]
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
         values = []

@@ -188,11 +188,12 @@ def not_runnable(design, moved: dict[str, str]) -> str | None:
 
 # ------------------------------------------------------------------------------------------ measuring
 
-def mapped_netlist(netlist, mapping: dict[str, str]):
-    """A copy of the netlist with `mapping` applied (the tensors are shared, the graph is the copy's own)."""
+def mapped_netlist(netlist, mapping: dict[str, str], library=None):
+    """A copy of the netlist with `mapping` applied at `library`'s blocks (the tensors are shared, the graph is the
+    copy's own)."""
     copy = Netlist(netlist.model.clone(deep_copy=True), netlist.name, netlist.kind, netlist.provenance,
                    netlist.config, netlist.derived_dims)
-    mp.apply_mapping(copy, mapping)
+    mp.apply_mapping(copy, mapping, library=library)
     return copy
 
 
@@ -437,7 +438,7 @@ def _rounds(design, problem, chosen, propose, report, measure, max_rounds: int, 
         try:
             with progress.step(f"optimize: measured re-timing round {index}/{max_rounds} on {provider}",
                                enabled=getattr(design, "progress", False)):
-                pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m) for m in maps],
+                pairs = {g: m for g, m in measure(design, [mapped_netlist(design.netlist, m, design.library) for m in maps],
                                                   provider).items() if g in timing}
         except Exception as exc:  # noqa: BLE001 - a session that cannot open or run: ORT's own types, or ours
             report.notes.append(f"measured re-timing round {index} could not run on {provider}: "

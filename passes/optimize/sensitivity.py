@@ -29,11 +29,12 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 from softsyn import progress
-from passes.optimize.mapping import BLOCK, FP8_BLOCK, QUANTISED, Candidate, quantise, weight_source
+from passes.optimize.experts import BITS as QMOE_BITS, QMOE_BLOCK, qmoe_proto
+from passes.optimize.mapping import (BLOCK, FP8_BLOCK, NBITS, QUANTISED, Candidate, nbits_block, quantise, weight_of,
+                                     weight_source)
 from passes.optimize.search import ESTIMATE_RULE, cell_error
 from softsyn.frontends.cache import default_cache_dir
 from softsyn.netlist.keys import is_weightless
@@ -61,8 +62,10 @@ def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell
                 "cells": [(c.name, c.k, c.n, c.current) for c in cands],
                 "nodes": hashlib.sha256("|".join(f"{n.op_type}:{n.name}" for n in design.netlist.nodes())
                                         .encode()).hexdigest(),
-                "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED, "block": BLOCK,
+                "dims": {g.name: g.scenario.dims for g in design.groups}, "seed": SEED,
+                "blocks": [(c.name, c.blocks) for c in cands if c.blocks],
                 **({"fp8_block": FP8_BLOCK} if any("fp8" in c.options for c in cands) else {}),
+                **({"qmoe_block": QMOE_BLOCK} if any(c.op == "MoE" for c in cands) else {}),
                 "ort": ort.__version__, "provider": provider, "mode": mode, "format": 2}
     key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return default_cache_dir() / "sensitivity" / f"{key}.json"
@@ -76,15 +79,26 @@ def _write_cache(path: Path, data: dict) -> None:
 
 
 class Runner(DesignRunner):
-    """The design runner with `mapping`'s cells quantised (mapping.quantise) for the precisions QUANTISED names."""
-    def quantise_cell(self, name: str, weight: np.ndarray, precision: str):
-        return quantise(name, weight, precision) if precision in QUANTISED else None
+    """The design runner with `mapping`'s cells quantised (mapping.quantise) for the precisions QUANTISED names; an
+    MoE cell's experts (its weight the pair fc1, fc2) as QMoE (passes.optimize.experts)."""
+    def __init__(self, design, provider: str | None = None):
+        super().__init__(design, provider)
+        self.library = design.library  # int4/int8 cells quantised at the block it times fastest (nbits_block)
+
+    def quantise_cell(self, name: str, weight, precision: str):
+        if isinstance(weight, tuple):
+            return qmoe_proto(self.node(name), *weight, precision) if precision in QMOE_BITS else None
+        if precision not in QUANTISED:
+            return None
+        k, n = weight.shape
+        block = nbits_block(self.library, precision, n, k) if precision in NBITS else BLOCK
+        return quantise(name, weight, precision, block)
 
 
 def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]], str] | None:
     """The labelled prior for a weightless netlist (a plan), which cannot run; None for a design with weights."""
     first = next(n for n in design.netlist.nodes() if n.name == cands[0].name) if cands else None
-    if first is None or not is_weightless(weight_source(first.inputs[1])[0]):
+    if first is None or not is_weightless(weight_of(first)):
         return None
     errors = {c.name: {c.current: 0.0, **{p: PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
     return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "

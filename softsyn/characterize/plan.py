@@ -65,7 +65,7 @@ from softsyn.characterize.runner import (
 from softsyn.characterize.writer import write_library
 from softsyn.errors import SoftsynError
 from softsyn.library import Cell
-from softsyn.library.model import GRAPH_SUFFIX
+from softsyn.library.model import GRAPH_MAX_ROWS, GRAPH_SUFFIX
 from softsyn.progress import log
 from softsyn.runtime.binding import BoundRunner
 from softsyn.runtime.session import PROVIDERS
@@ -150,7 +150,8 @@ def _pool_errors(lib: dict) -> dict:
 # ------------------------------------------------------------------------------------------ main
 
 # Graph tables (--graph, CUDA): the cells whose copies-measured delay is host-bound at decode sizes, re-measured as
-# CUDA graph replays at one row (a decode step's m / q_tokens), where the host share disappears. Their tables are
+# CUDA graph replays at a decode step's rows (m / q_tokens up to GRAPH_MAX_ROWS: batch 1 and batched decode), where the
+# host share disappears. Their tables are
 # cells of implementation `<impl>GRAPH_SUFFIX`, which only a captured group's timing reads (Library.graph_delay).
 GRAPH_ROWS = {"MatMul": "m", "MatMulNBits": "m", "MatMulBlockQuantizedFp8Weight": "m", "GroupQueryAttention": "q_tokens",
               "MultiHeadAttention": "q_tokens",
@@ -168,12 +169,12 @@ def graph_kind(kind: CellKind | None) -> bool:
 
 
 def graph_grids(kind: CellKind, grids: list[list[float]]) -> list[list[float]]:
-    """A kind's grids for its graph table: the rows axis at its smallest value (one decode row), the rest as they are;
-    an elements-only kind's points up to GRAPH_ELEMENTS."""
+    """A kind's grids for its graph table: the rows axis at its points up to GRAPH_MAX_ROWS (a decode step's rows, one
+    sequence or a batch of them), the rest as they are; an elements-only kind's points up to GRAPH_ELEMENTS."""
     rows = GRAPH_ROWS.get(kind.op)
     if rows is None:
         return [[v for v in g if v <= GRAPH_ELEMENTS] or [g[0]] for g in grids]
-    return [[g[0]] if a == rows else list(g) for a, g in zip(kind.axes, grids)]
+    return [[v for v in g if v <= GRAPH_MAX_ROWS] or [g[0]] if a == rows else list(g) for a, g in zip(kind.axes, grids)]
 
 
 def characterize(provider: str, output: str | os.PathLike, *, cells: str | None = None, quick: bool = False,

@@ -80,8 +80,9 @@ def settings(design, analysis: Analysis, source: str, precision: str) -> dict:
          "max_tokens": max(w.batch * w.prompt_len, seqs), "capture": capture_sizes(seqs), "batched_tokens": None,
          "derived": [], "serving_notes": []}
     served = analysis.serving.schedule if analysis.serving is not None else None
-    if cons.serving is not None and served is not None:  # the serving simulation's batching replaces the defaults
-        values, s["derived"], s["serving_notes"] = serving_settings(cons.serving, served, kv_seqs, length, s["capture"])
+    if design.serving is not None and served is not None:  # the serving simulation's batching replaces the defaults
+        values, s["derived"], s["serving_notes"] = serving_settings(design.serving, served, kv_seqs, length,
+                                                                    s["capture"])
         s.update(values, max_tokens=values["batched_tokens"])
     return s
 

@@ -7,8 +7,8 @@ under torch.compile does; softsyn.runtime.torch_package says the signature), the
 (max_length slots) under a 4-D mask: a slot is visible when it is at or before the query's position. So one package
 with dynamic batch and `seq` serves prefill and decode, its fixed-shape steps can be replayed as CUDA graphs (the
 buffers keep their addresses), and it computes the function the ONNX export does (the same model object, built by
-softsyn.frontends.source_torch_model: same config, seed, weights). Attention runs grouped_attention, SDPA with the
-query heads of a KV head stacked, so K and V are never repeated per query head. Precision: the target's dtype
+softsyn.frontends.source_torch_model: same config, seed, weights). Attention is the target's (ATTENTIONS: SDPA, or
+matmuls and a softmax), the query heads of a KV head stacked, so K and V are never repeated per query head. Precision: the target's dtype
 everywhere (fp32 on cpu-torch, fp16 on h200-torch); torchao's per-module precisions are not built yet.
 """
 from __future__ import annotations
@@ -37,7 +37,6 @@ from softsyn.units import fmt_time
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
 MEASURED = "torch package, measured"  # the label every measured number carries
 ESTIMATED = "est"  # and every number the ORT library predicts
-ATTENTION = "softsyn_grouped"  # the attention the step runs (grouped_attention)
 
 
 class BufferLayer(StaticLayer):
@@ -55,20 +54,98 @@ class BufferLayer(StaticLayer):
         return self.keys, self.values
 
 
-def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """SDPA over the whole static cache with the query heads of one KV head stacked as rows ([B, Hkv, rep*seq, D]):
-    K and V are read once per KV head, never repeated (transformers' sdpa path repeats them when a mask is given,
-    which would copy the cache every step). `attention_mask`: bool [B, 1, seq, max_length], True where visible."""
+def _stacked(query, key, attention_mask):
+    """The query heads of one KV head stacked as rows ([B, Hkv, rep*seq, D]) and the mask repeated to match."""
     batch, heads, seq, dim = query.shape
     kv_heads = key.shape[1]
     rep = heads // kv_heads
-    q = query.reshape(batch, kv_heads, rep * seq, dim)
     mask = attention_mask[:, :, None].expand(-1, -1, rep, -1, -1).reshape(batch, 1, rep * seq, key.shape[2])
+    return query.reshape(batch, kv_heads, rep * seq, dim), mask
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA over the whole static cache, query heads stacked per KV head: K and V are read once per KV head, never
+    repeated (transformers' sdpa path repeats them when a mask is given, which would copy the cache every step).
+    `attention_mask`: bool [B, 1, seq, max_length], True where visible."""
+    batch, heads, seq, dim = query.shape
+    q, mask = _stacked(query, key, attention_mask)
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION, grouped_attention)
+def matmul_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The same function as two matmuls and a softmax in fp32 (transformers' eager form, query heads stacked):
+    Inductor fuses the mask, scale and softmax, and at decode the matmuls are GEMVs over the cache that cuBLAS spreads
+    over all its positions, where SDPA's fused kernels split the work by query rows (two at decode: 86 us a layer for
+    cuDNN's at qwen3-1.7b's shapes on the H200, 2026-12-03)."""
+    batch, heads, seq, dim = query.shape
+    q, mask = _stacked(query, key, attention_mask)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
+ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention)}
+for _name, _function in ATTENTIONS.values():
+    AttentionInterface.register(_name, _function)
+
+
+class PackedLinear(torch.nn.Module):
+    """Linear layers that read the same input as one matmul over their concatenated weights (a GEMV at decode:
+    qwen3-1.7b's separate q/k/v GEMVs ran at 0.8 TB/s on the H200, 2026-12-03; one wide GEMV streams faster). The
+    first part asked for an input computes every output; the others take theirs from it (same input object)."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.cat([lin.weight.data for lin in linears]), requires_grad=False)
+        biases = [lin.bias for lin in linears]
+        self.bias = (torch.nn.Parameter(torch.cat([b.data for b in biases]), requires_grad=False)
+                     if all(b is not None for b in biases) else None)
+        self.sizes = [lin.out_features for lin in linears]
+        self._input, self._parts, self._taken = None, None, 0
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if self._input is not x:
+            self._input = x
+            self._parts = torch.nn.functional.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+            self._taken = 0
+        out = self._parts[index]
+        self._taken += 1
+        if self._taken == len(self.sizes):  # every part taken: hold no tensor past the call
+            self._input, self._parts = None, None
+        return out
+
+
+class PackedPart(torch.nn.Module):
+    """One of a PackedLinear's outputs, where the Linear it replaces was."""
+
+    def __init__(self, packed: PackedLinear, index: int):
+        super().__init__()
+        self.packed, self.index = packed, index
+
+    def forward(self, x):
+        return self.packed.part(self.index, x)
+
+
+PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # attention's QKV, the MLP's gate and up
+
+
+def pack_projections(model: torch.nn.Module) -> int:
+    """Replace every group of PACKED Linear layers of one module (same input width) by a PackedLinear; how many."""
+    packed = 0
+    for module in list(model.modules()):
+        for names in PACKED:
+            linears = [getattr(module, name, None) for name in names]
+            if not all(type(lin) is torch.nn.Linear for lin in linears):
+                continue
+            if len({lin.in_features for lin in linears}) != 1:
+                continue
+            group = PackedLinear(linears)
+            for index, name in enumerate(names):
+                setattr(module, name, PackedPart(group, index))
+            packed += 1
+    return packed
 
 
 class StaticStep(torch.nn.Module):
@@ -105,6 +182,14 @@ def _export(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dt
         return torch.export.export(step, (ids, positions, *cache), dynamic_shapes=shapes, strict=False)
 
 
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to `dtype`, buffers left as built: rotary's fp32 inv_freq cast to fp16 skews the angle at far
+    positions (qwen3-tiny's keys at position 4096 were 7.5 % off the reference on the H200, 2026-12-03)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
+
+
 def device_problem(name: str) -> str | None:
     """Why torch target `name` cannot be compiled on this machine, None when it can."""
     target = torch_target(name)
@@ -128,8 +213,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
         raise SoftsynError(f"{source}: {design.torch_target} does not lower sliding-window attention yet (the step's "
                            "mask covers the whole cache); valid: a decoder of full-attention layers (qwen3, llama)")
     dtype = getattr(torch, target.dtype)
-    model = model.to(device=target.device, dtype=dtype).eval()
-    model.set_attn_implementation(ATTENTION)
+    cast_parameters(model.to(device=target.device).eval(), dtype)
+    model.set_attn_implementation(ATTENTIONS[target.attention][0])
+    packed = pack_projections(model)
     layers, kv, head_dim = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     t0 = time.perf_counter()
@@ -164,7 +250,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     }
     write_json(folder / TORCH_FILE, settings)
     notes += [f"target {design.torch_target}: {TORCH_PACKAGE} is the step lowered by torch.export + AOTInductor "
-              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, attention over all of it); {target.dtype} "
+              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over all of "
+              f"it; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
               "everywhere: per-module torchao precision (int8/int4/fp8) is not built yet",
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "
               "of the same function on the ONNX netlist; the package is measured below"]

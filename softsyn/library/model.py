@@ -68,6 +68,8 @@ class Ceilings:
 
 HOST_BOUND = 1.5  # a GPU cell delay within this factor of its table's floor was host (launch) bound
 GRAPH_SUFFIX = "-graph"  # implementation suffix of a cell timed as CUDA graph replays (Library.graph_delay)
+GRAPH_ROW_AXES = ("m", "q_tokens")  # a graph table's rows: a decode step's batch of sequences
+GRAPH_MAX_ROWS = 16  # rows a graph table holds at most (batched decode up to serving's usual max_batch)
 
 
 @dataclass
@@ -193,8 +195,9 @@ class Library:
 
     def graph_delay(self, op_type: str, precision: str, sizes: dict | None) -> float | None:
         """Seconds a node holds the device inside a captured CUDA graph, from its graph table (implementation
-        `*-graph`, measured as graph replays), or None: no such table, or `sizes` off an axis the table holds at one
-        value (a graph table's one row: a decode step's m or q_tokens)."""
+        `*-graph`, measured as graph replays), or None: no such table, `sizes` off an axis the table holds at one
+        value, or more rows (m, q_tokens) than it measured (tables of 2026-12-02 hold one row; newer ones rows up to
+        GRAPH_MAX_ROWS, a batched decode step's)."""
         if not sizes:
             return None
         p = canonical_precision(precision) or precision
@@ -205,6 +208,8 @@ class Library:
                 continue
             if any(len(g) == 1 and sizes[a] != g[0] for a, g in zip(c.axes, c.points)):
                 continue
+            if any(a in GRAPH_ROW_AXES and sizes[a] > max(g) for a, g in zip(c.axes, c.points)):
+                continue  # more rows than the table measured: the eager table's scaling, not an extrapolated graph
             value, _ = c.lookup(sizes)
             return c.scaled(value, sizes)[0]
         return None

@@ -17,11 +17,14 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
+    attention: str  # softsyn.emit.torch_lowering.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
 
 
 TORCH_TARGETS = {
-    "cpu-torch": TorchTarget("cpu-torch", "cpu", "cpu-ort", "float32"),
-    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16"),
+    "cpu-torch": TorchTarget("cpu-torch", "cpu", "cpu-ort", "float32", "sdpa"),
+    # matmul: SDPA's cuDNN kernel took 2.4 of a 5.1 ms decode step on the H200 (qwen3-1.7b, 2026-12-03); the matmul
+    # form is the alternative until bench/torch_attention.py's measurement says which is faster per shape
+    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul"),
 }
 
 

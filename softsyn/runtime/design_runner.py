@@ -86,14 +86,21 @@ class DesignRunner:
         self.where = "ORT CPU" + (f" (CPU view: q/k norms outside {viewed} GroupQueryAttention nodes)" if viewed
                                   else "") + self.where
 
-    def _weight(self, name: str) -> np.ndarray:
-        node = self.proto.graph.node[self.index[name]]
-        source = self.transposed.get(node.input[1])
-        name = source or node.input[1]
+    def node(self, name: str) -> onnx.NodeProto:
+        return self.proto.graph.node[self.index[name]]
+
+    def _array(self, name: str) -> np.ndarray:
         if name in self.arrays:
-            weight = self.arrays[name][1]
-        else:
-            weight = onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == name))
+            return self.arrays[name][1]
+        return onnx.numpy_helper.to_array(next(t for t in self.proto.graph.initializer if t.name == name))
+
+    def _weight(self, name: str) -> np.ndarray | tuple[np.ndarray, ...]:
+        """A MatMul cell's weight [K, N]; an MoE cell's expert weights (fc1, fc2: its inputs 2 and 4)."""
+        node = self.node(name)
+        if node.op_type == "MoE":
+            return self._array(node.input[2]), self._array(node.input[4])
+        source = self.transposed.get(node.input[1])
+        weight = self._array(source or node.input[1])
         return weight.T if source else weight
 
     @property
@@ -123,7 +130,8 @@ class DesignRunner:
                 if len(t.raw_data) >= EXTERNAL_MIN:
                     external[t.name] = (t.data_type, host_array(onnx.numpy_helper.to_array(t)))
                     t.CopyFrom(stub(t))
-            qnode.input[:] = [node.input[0]] + [renamed[x] for x in qnode.input[1:]]
+            # the cell's own initializers renamed; its other inputs are the node's at the same position (x, router)
+            qnode.input[:] = [renamed.get(x) or (node.input[j] if x else "") for j, x in enumerate(qnode.input)]
             qnode.output[:] = list(node.output)
             saved[i] = onnx.NodeProto()
             saved[i].CopyFrom(node)

@@ -389,7 +389,7 @@ def test_attention_cells_update_their_kv_buffer_in_place():
 
 def test_graph_tables_cover_a_decode_step_s_small_nodes_at_decode_sizes():
     """A captured decode step's norms and element-wise nodes get graph tables too (they cost 1.7-4 us inside a graph
-    on the H200, not an empty node's 1.1 us), over element counts a decode step has; the projections at one row."""
+    on the H200, not an empty node's 1.1 us), over element counts a decode step has; the projections at decode rows (one sequence to a batch of 16)."""
     from softsyn.characterize.catalogue import cell_kinds
     from softsyn.characterize.plan import GRAPH_ELEMENTS, graph_grids, graph_kind
 
@@ -397,7 +397,7 @@ def test_graph_tables_cover_a_decode_step_s_small_nodes_at_decode_sizes():
     norm = kinds["SkipSimplifiedLayerNormalization.fp16"]
     assert graph_kind(norm) and graph_grids(norm, norm.grids["cuda"]) == [[1, 1024, 16384, GRAPH_ELEMENTS]]
     mm = kinds["MatMulNBits.int4"]
-    assert graph_kind(mm) and graph_grids(mm, mm.grids["cuda"])[0] == [1]
+    assert graph_kind(mm) and graph_grids(mm, mm.grids["cuda"])[0] == [1, 16]  # one sequence, a batch of 16
     assert not graph_kind(kinds["Softmax.fp16"])  # not a node of a fused decode step
     listing = CliRunner().invoke(main, ["characterize", "--provider", "cuda", "--graph", "--list", "--cells",
                                         "SkipSimplifiedLayerNormalization.fp16,MatMulNBits.int4"])

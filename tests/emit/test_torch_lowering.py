@@ -3,6 +3,8 @@ measured per path group and labelled beside the library's estimate."""
 import json
 import re
 
+import pytest
+
 from helpers import cli
 from softsyn.runtime.torch_package import read_torch_settings
 
@@ -39,20 +41,23 @@ def test_a_weightless_plan_is_refused(cache_dir, tmp_path, capsys):
 
 
 def _tiny_model():
-    from softsyn.emit.torch_lowering import ATTENTION  # registers the grouped attention with transformers
+    from softsyn.emit.torch_lowering import ATTENTIONS  # registers softsyn's attentions with transformers
     from softsyn.frontends import source_torch_model
 
     model = source_torch_model("zoo:qwen3-tiny")
-    return model, ATTENTION
+    return model, ATTENTIONS
 
 
-def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv():
-    """K and V are never repeated per query head, yet the result is transformers' masked SDPA (which repeats them),
-    for one query (decode) and several (prefill), GQA 2:1."""
+@pytest.mark.parametrize("form", ["sdpa", "matmul"])
+def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
+    """K and V are never repeated per query head, yet either form gives transformers' masked SDPA (which repeats
+    them), for one query (decode) and several (prefill), GQA 2:1."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from softsyn.emit.torch_lowering import grouped_attention
+    from softsyn.emit.torch_lowering import ATTENTIONS
+
+    grouped_attention = ATTENTIONS[form][1]
 
     g = torch.Generator().manual_seed(0)
     module = torch.nn.Module()
@@ -68,7 +73,8 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does():
+@pytest.mark.parametrize("form", ["sdpa", "matmul"])
+def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
     place, stale slots masked) give the logits of transformers' own forward over the whole sequence."""
     import torch
@@ -76,13 +82,13 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
     from softsyn.emit.torch_lowering import StaticStep
     from softsyn.frontends.export import kv_geometry
 
-    model, attention = _tiny_model()
+    model, attentions = _tiny_model()
     layers, kv, head_dim = kv_geometry(model.config)
     cache = [torch.full((1, kv, 16, head_dim), 7.0) for _ in range(2 * layers)]  # stale values: must stay masked
     ids = torch.tensor([[3, 14, 15, 92]])
     with torch.no_grad():
         want = model(input_ids=torch.cat([ids, torch.tensor([[65, 35]])], 1)).logits
-        model.set_attn_implementation(attention)
+        model.set_attn_implementation(attentions[form][0])
         step = StaticStep(model, 16).eval()
         prefill = step(ids, torch.arange(4)[None], *cache)
         first = step(torch.tensor([[65]]), torch.tensor([[4]]), *cache)
@@ -91,3 +97,49 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
     torch.testing.assert_close(torch.cat([first, second], 1), want[:, 4:], rtol=1e-4, atol=1e-4)
     assert all(float(c[:, :, 6:].sub(7).abs().max()) == 0 for c in cache)  # slots past the sequence untouched
     assert all(float(c[:, :, :6].sub(7).abs().min()) > 0 for c in cache)
+
+
+def test_packed_projections_compute_what_the_separate_ones_did():
+    """QKV and gate/up become one matmul per layer (PackedLinear, the Linear modules replaced by parts of it) and the
+    model's logits stay those of the separate projections."""
+    import torch
+
+    from softsyn.emit.torch_lowering import PackedLinear, PackedPart, pack_projections
+
+    model, _ = _tiny_model()
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        assert pack_projections(model) == 2 * model.config.num_hidden_layers
+        got = model(input_ids=ids).logits
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.k_proj, PackedPart) and isinstance(layer.mlp.up_proj, PackedPart)
+    assert isinstance(layer.self_attn.q_proj.packed, PackedLinear) and layer.self_attn.q_proj.packed._parts is None
+    assert layer.mlp.gate_proj.packed.weight.shape == (2 * model.config.intermediate_size, model.config.hidden_size)
+    assert type(layer.mlp.down_proj) is torch.nn.Linear  # its input is not another projection's
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
+    """h200-torch's cast (parameters to fp16, buffers as built): at position 4000 the fp16 step's keys stay within
+    fp16 rounding of the fp32 step's (an fp16 inv_freq put them 7.5 % off)."""
+    import torch
+
+    from softsyn.emit.torch_lowering import StaticStep, cast_parameters
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    layers, kv, head_dim = kv_geometry(model.config)
+    ids, positions = torch.tensor([[5, 6]]), torch.tensor([[4000, 4001]])
+    keys = {}
+    for dtype in (torch.float32, torch.float16):
+        if dtype == torch.float16:
+            cast_parameters(model, dtype)
+            assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+        model.set_attn_implementation(attentions["matmul"][0])
+        cache = [torch.zeros(1, kv, 4096, head_dim, dtype=dtype) for _ in range(2 * layers)]
+        with torch.no_grad():
+            StaticStep(model, 4096).eval()(ids, positions, *cache)
+        keys[dtype] = cache[0][:, :, 4000:4002].float()
+    rel = float((keys[torch.float16] - keys[torch.float32]).abs().max() / keys[torch.float32].abs().max())
+    assert rel < 5e-3, rel

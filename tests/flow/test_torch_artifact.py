@@ -44,7 +44,25 @@ def test_torch_json_pointing_out_of_dir_is_refused(tiny_torch_artifact, tmp_path
     assert err.count("\n") == 1 and "runtime/torch.json: package: \"../model.pt2\" leads out of" in err
 
 
-def test_signoff_refuses_a_torch_artifact(tiny_torch_artifact, capsys):
-    code, out, err = cli(capsys, "signoff", tiny_torch_artifact, "-q")
+def test_signoff_measures_the_package_per_group(tiny_torch_artifact, tmp_path, capsys):
+    """signoff on model.pt2: every group measured beside the compile's (ORT-library) prediction, labelled an estimate;
+    kernels runtime-only (none visible on the CPU); reports/signoff.rpt and signoff/signoff.json written."""
+    copy = tmp_path / "art"
+    shutil.copytree(tiny_torch_artifact, copy)
+    code, out, err = cli(capsys, "signoff", copy, "--runs", "5", "--warmup", "1", "-q")
+    assert code in (0, 1), err
+    assert "an estimate of the ONNX netlist, not of model.pt2" in out and "Runtime: AOTInductor" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("prefill ", "decode "))]
+    assert [r[0] for r in rows] == ["prefill", "decode"] and all(float(r[8]) > 0 for r in rows), rows  # measured
+    assert "none listed" in out and "Largest kernels" not in out
+    data = json.loads((copy / "signoff" / "signoff.json").read_text())
+    assert data["schema"] == "softsyn.signoff/1" and [g["name"] for g in data["groups"]] == ["prefill", "decode"]
+    assert all(g["measured_median"] > 0 and g["cells"] == [] for g in data["groups"])
+    assert (copy / "reports" / "signoff.rpt").read_text().rstrip() == out.rstrip()
+
+
+def test_signoff_of_a_cpu_package_on_cuda_is_bad_input(tiny_torch_artifact, capsys):
+    code, out, err = cli(capsys, "signoff", tiny_torch_artifact, "--provider", "cuda", "-q")
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "signoff on model.pt2 is not built yet" in err and not (tiny_torch_artifact / "signoff").exists()
+    assert "a cpu-torch package runs on the CPU; valid --provider: cpu" in err
+    assert not (tiny_torch_artifact / "signoff").exists()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from softsyn.constraints.serving import Lengths, Serving
-from softsyn.timing.serving import Knobs, Scheduler, requests, serving_analysis, simulate, step_table
+from softsyn.timing.serving import Knobs, Scheduler, StepTable, requests, serving_analysis, simulate, step_table
 from softsyn.timing.serving.workload import cap
 
 PREFILL_PER_TOKEN = 20e-6  # s: a prompt of L tokens takes L x this
@@ -148,3 +148,12 @@ def test_requests_longer_than_the_design_holds_are_rejected_and_the_load_is_viol
     longest = int((reqs.prompt + reqs.gen).max())
     assert any(n.startswith(f"{too_long} of {SERVING.requests} requests need more positions") and
                f"raise kv_cache.max_length to {longest}" in n for n in cut.notes)
+
+
+def test_table_from_its_points_is_the_same_table():
+    # a compile's analysis.json keeps the table as points; read back, the simulation runs on the very same steps
+    back = StepTable.from_points(TABLE.points())
+    assert (back.batches, back.pasts, back.prompts) == (TABLE.batches, TABLE.pasts, TABLE.prompts)
+    assert back.decode_times == TABLE.decode_times and back.prefill_times == TABLE.prefill_times
+    with pytest.raises(ValueError, match="no decode time at batch 1, past 0"):
+        StepTable.from_points(TABLE.points()[1:])

@@ -49,7 +49,7 @@ def _kv(area: AreaResult) -> tuple[float | None, float | None, str]:
 
 
 def design_serving(design, area: AreaResult) -> ServingResult:
-    serving = design.constraints.serving
+    serving = design.serving  # the constraints' block with the compile's max_batch choice (passes.serving)
     if design.netlist.kind != "decoder":
         raise design.constraints.error("serving", f"design {design.netlist.name} is a {design.netlist.kind} model; "
                                        "serving simulates a decoder with a KV cache (prefill, then decode steps)")

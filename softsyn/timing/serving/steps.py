@@ -64,6 +64,22 @@ class StepTable:
         return StepTable(self.batches, self.pasts, [[x * decode for x in row] for row in self.decode_times],
                          self.prompts, [x * prefill for x in self.prefill_times])
 
+    @classmethod
+    def from_points(cls, points: list[StepPoint]) -> "StepTable":
+        """The table `points()` listed (analysis.json's serving.steps), so a run is simulated on the step times a
+        compile recorded; a grid with a missing decode point is a ValueError naming it."""
+        decode = {(p.batch, p.tokens): p.time for p in points if p.kind == "decode"}
+        batches, pasts = sorted({n for n, _ in decode}), sorted({t for _, t in decode})
+        missing = [(n, t) for n in batches for t in pasts if (n, t) not in decode]
+        if missing or not decode:
+            raise ValueError(f"step points: no decode time at batch {missing[0][0]}, past {missing[0][1]}" if missing
+                             else "step points: no decode point")
+        prefill = sorted((p.tokens, p.time) for p in points if p.kind == "prefill")
+        if not prefill:
+            raise ValueError("step points: no prefill point")
+        return cls(batches, pasts, [[decode[(n, t)] for t in pasts] for n in batches],
+                   [n for n, _ in prefill], [t for _, t in prefill])
+
     def points(self) -> list[StepPoint]:
         decode = [StepPoint("decode", n, p, self.decode_times[i][j])
                   for i, n in enumerate(self.batches) for j, p in enumerate(self.pasts)]

@@ -67,13 +67,13 @@ def max_batch(serving: Serving, reqs: Requests, table: StepTable, sched: Schedul
     for n in tried:
         met, text, worst = _run(serving, reqs, table, replace(sched, max_batch=n))
         if met:
-            return ServingSuggestion("max_batch", f"max_batch {sched.max_batch} -> {n}", text, True)
+            return ServingSuggestion("max_batch", f"max_batch {sched.max_batch} -> {n}", text, True, n)
         if best is None or worst > best[2]:
             best = (n, text, worst)
     if best is None:
         return ServingSuggestion("max_batch", "max_batch: no other value timed", "not quantified", None)
     return ServingSuggestion("max_batch", f"max_batch {sched.max_batch} -> {best[0]} (best of "
-                             f"{', '.join(map(str, sorted(tried)))}; none meets)", best[1], False)
+                             f"{', '.join(map(str, sorted(tried)))}; none meets)", best[1], False, best[0])
 
 
 def precision(serving: Serving, reqs: Requests, base: StepTable, knobs: Knobs,

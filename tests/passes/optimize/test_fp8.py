@@ -170,7 +170,7 @@ def test_the_recipe_builds_a_checked_graph_of_the_op_ort_resolves():
 
     kind = next(k for k in cell_kinds() if k.key == "MatMulBlockQuantizedFp8Weight.fp8")
     assert kind.providers == ("cuda",) and kind.axes == ["m", "n", "k", "block"] and kind.discrete == ("block",)
-    assert GRAPH_ROWS[kind.op] == "m" and graph_grids(kind, kind.grids["cuda"])[0] == [1]
+    assert GRAPH_ROWS[kind.op] == "m" and graph_grids(kind, kind.grids["cuda"])[0] == [1, 16]
     assert mp.FP8_BLOCK in kind.grids["cuda"][3]
     ctx = Ctx(provider="cuda", row=1024, head_dim=128, act="fp16")
     for m in (4, 1):  # an eager point, and the graph table's one row

@@ -130,14 +130,17 @@ def test_mapped_cells_are_ort_quantised_matmulnbits_that_run_as_measured(tiny):
     chosen = {c.name: "int8" for c in cands if c.hierarchy in ("lm_head", "model.layers.1.mlp.up_proj")}
     runner = Runner(tiny)
     measured = runner.error(chosen)
-    counts = mp.apply_mapping(tiny.netlist, chosen, chosen)
+    counts = mp.apply_mapping(tiny.netlist, chosen, chosen, tiny.library)
     tiny.netlist_changed()
     assert counts == {"int8": 2}
     nodes = {n.name: n for n in tiny.netlist.nodes()}
     for name in chosen:
         node = nodes[name]
         assert node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
-        assert node.attributes.get_int("bits") == 8 and node.attributes.get_int("block_size") == mp.BLOCK
+        cand = next(c for c in cands if c.name == name)  # the block the library times fastest for its shape
+        assert node.attributes.get_int("bits") == 8
+        assert node.attributes.get_int("block_size") == cand.block("int8") == mp.nbits_block(tiny.library, "int8",
+                                                                                             cand.n, cand.k)
         assert node.metadata_props[mp.REQUESTED_KEY] == "int8"
         assert tiny.netlist.hierarchy(node) == next(c.hierarchy for c in cands if c.name == name)
     # the netlist as applied runs on ORT CPU with the error the sensitivity runner measured for the same map

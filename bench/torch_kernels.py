@@ -1,0 +1,118 @@
+"""The h200-torch lowering's kernel choices measured in isolation on the GPU: attention forms and packed projections.
+
+    python bench/torch_kernels.py                 # CUDA (the H200: bash bench/h200_session.sh torchkernels)
+    python bench/torch_kernels.py --device cpu    # a smoke run of the same code on the CPU (numbers mean little)
+
+At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a static cache of 4160 positions), fp16:
+  attention  softsyn.emit.torch_lowering.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
+             matmul: two matmuls and an fp32 softmax), decode (seq 1) and prefill (seq 512), each compiled by
+             torch.compile (Inductor, as AOTInductor compiles the step) and replayed as a CUDA graph;
+  projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way.
+Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
+K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP, CACHE = 16, 8, 128, 2048, 6144, 4160
+
+
+def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
+    """Median seconds of one call of fn (compiled), replayed as a CUDA graph on CUDA."""
+    for _ in range(3):
+        fn()
+    if device != "cuda":
+        import time
+
+        times = []
+        for _ in range(runs // 10):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for r in range(warmup + runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if r >= warmup:
+            times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def attention_rows(device: str, dtype) -> list[tuple]:
+    from softsyn.emit.torch_lowering import ATTENTIONS
+
+    rows = []
+    for label, seq in (("decode", 1), ("prefill", 512)):
+        past = 512
+        q = torch.randn(1, HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+        k = torch.randn(1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        positions = torch.arange(past, past + seq, device=device)[None]
+        mask = (torch.arange(CACHE, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        for form, (_, function) in ATTENTIONS.items():
+            step = torch.compile(lambda f=function: f(None, q, k, v, mask, HEAD_DIM ** -0.5)[0], dynamic=False)
+            seconds = timed(step, device)
+            kv_bytes = 2 * k.numel() * k.element_size()
+            rows.append((f"attention {label} (seq {seq}, cache {CACHE})", form, seconds, kv_bytes / seconds))
+    return rows
+
+
+def projection_rows(device: str, dtype) -> list[tuple]:
+    from softsyn.emit.torch_lowering import PackedLinear
+
+    rows = []
+    x = torch.randn(1, 1, HIDDEN, device=device, dtype=dtype)
+    for label, widths in (("q/k/v", (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM)),
+                          ("gate/up", (MLP, MLP))):
+        linears = [torch.nn.Linear(HIDDEN, w, bias=False, device=device, dtype=dtype) for w in widths]
+        packed = PackedLinear(linears)
+        size = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
+        separate = torch.compile(lambda: [lin(x) for lin in linears], dynamic=False)
+        together = torch.compile(lambda: [packed.part(i, x) for i in range(len(widths))], dynamic=False)
+        for form, fn in (("separate", separate), ("packed", together)):
+            seconds = timed(fn, device)
+            rows.append((f"{label} projections (decode, {size / 1e6:.0f} MB of weights)", form, seconds, size / seconds))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("-o", "--output", type=Path)
+    args = parser.parse_args()
+    dtype = torch.float16 if args.device == "cuda" else torch.float32
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    rows = attention_rows(args.device, dtype) + projection_rows(args.device, dtype)
+    lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
+             "| what | form | us per call | effective GB/s (bytes it must read / time) |", "|---|---|---:|---:|"]
+    lines += [f"| {what} | {form} | {s * 1e6:.1f} | {bw / 1e9:.0f} |" for what, form, s, bw in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.output:
+        args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""bench/serving_validate.py's CPU path on a tiny trace: qwen3-tiny compiled with a serving block, its batched decode
+and mixed steps measured beside the compile's step table, and a handful of requests served by the harness beside the
+simulation of the same trace. Structure and positive measurements only: timings on a shared CPU are not asserted."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from paths import ROOT
+from softsyn.cli import main as softsyn
+
+CONSTRAINTS = ROOT / "constraints" / "serving-tiny.yaml"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("serving_validate", ROOT / "bench" / "serving_validate.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses resolve their annotations through the module
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.fixture(scope="module")
+def serving_artifact(cache_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serving") / "tiny"
+    result = CliRunner().invoke(softsyn, ["compile", "zoo:qwen3-tiny", "-c", str(CONSTRAINTS), "--effort", "low",
+                                          "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out
+
+
+def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact, tmp_path):
+    bench = _bench()
+    md = tmp_path / "serving.md"
+    rc = bench.main(["--artifact", str(serving_artifact), "--constraints", str(CONSTRAINTS), "--requests", "6",
+                     "--seconds", "8", "--runs", "3", "--warmup", "1", "--batches", "1,4", "-o", str(md)])
+    assert rc == 0
+    res = bench.main.result
+    steps = [(r.kind, r.batch) for r in res["steps"]]
+    assert steps == [("decode", 1), ("decode", 4), ("mixed", 1), ("mixed", 4)]
+    for row in res["steps"]:
+        assert row.predicted > 0 and len(row.run) == len(row.step) == res["rounds"] == 3
+        assert min(row.run) > 0 and min(row.step) >= min(row.run)
+    decode4 = res["steps"][1]
+    assert len(decode4.pasts) == 4 and decode4.mean_past == 160 and len(set(decode4.pasts.tolist())) == 4  # ragged
+    metrics = [m for m, *_ in res["trace"]]
+    assert metrics == ["ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e p50", "e2e p99", "queue p50", "queue p99",
+                       "throughput", "completed", "rejected"]
+    values = {m: (sim, measured) for m, sim, measured, _ in res["trace"]}
+    assert values["completed"] == (6, 6) and not res["cut"] and res["requests"] == 6
+    for m in ("ttft p50", "ttft p99", "e2e p99", "throughput"):
+        assert values[m][0] > 0 and values[m][1] > 0 and math.isfinite(values[m][1])
+    assert res["in_trace"]["iterations"] >= 6 and res["in_trace"]["busy_measured"] > 0
+    text = md.read_text()
+    assert "| decode of 4 | 4 | 160 |" in text and "| prefill 128 + decode of 3 | 4 |" in text
+    assert "| ttft p99 |" in text and "simulated (est)" in text
+
+
+def test_bench_refuses_constraints_without_a_serving_block(serving_artifact, capsys):
+    rc = _bench().main(["--artifact", str(serving_artifact), "--constraints", str(ROOT / "constraints" / "cpu-tiny.yaml")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("serving_validate: ") and "no serving: block" in err[-1]
+
+
+class _VirtualClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def start(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+
+
+class _TableEngine:
+    """Steps that take exactly the step table's time on a virtual clock: the harness must then be the simulation."""
+
+    def __init__(self, table, clock):
+        self.table, self.clock = table, clock
+        self.io = type("IO", (), {"vocab_size": 64})()
+        self.rows: dict[int, int] = {}  # row -> the prompt length prefilled into it (follows the moves)
+
+    def prefill(self, slot, ids):
+        self.clock.t += self.table.prefill(len(ids))
+        self.rows[slot] = len(ids)
+        return 1, 0.0
+
+    def decode(self, pasts, tokens):
+        assert len(pasts) == len(tokens) and all(r in self.rows for r in range(len(pasts)))  # rows 0..N-1 hold them
+        self.clock.t += self.table.decode(len(pasts), float(pasts.mean()))
+        return tokens, 0.0
+
+    def move(self, src, dst):
+        assert dst < src
+        self.rows[dst] = self.rows.pop(src)
+
+
+@pytest.mark.parametrize("rate, kv_tokens", [(20.0, None), (400.0, 1500.0)])
+def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
+    # with steps taking the table's times on a virtual clock, the harness's TTFT/TPOT/e2e/queue are the simulation's:
+    # what differs on a real run is then the step times (and the harness's own costs), not the scheduling
+    import numpy as np
+
+    from softsyn.constraints.serving import Lengths, Serving
+    from softsyn.timing.serving import Scheduler, requests, simulate, step_table
+
+    bench = _bench()
+    serving = Serving(arrival_rate=rate, prompt_len=Lengths(64, 256), gen_len=Lengths(32, 128), max_batch=8,
+                      batch_timeout=0.005, requests=150, seed=1)
+    table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["batch"] * d["past"] + 2e-6 * d["seq"], 32, 512, 768)
+    sched = Scheduler(8, 0.005, kv_tokens, 300 if kv_tokens else 1000)  # 300: the longest requests are rejected
+    reqs = requests(serving)
+    sim = simulate(reqs, table, sched)
+    clock = _VirtualClock()
+    harness = bench.Harness(_TableEngine(table, clock), reqs, sched, clock)
+    harness.run(deadline=1e9)
+    got = harness.outcome()
+    assert got.completed == sim.completed and got.rejected == sim.rejected > (0 if kv_tokens else -1)
+    for name in ("ttft", "tpot", "e2e", "queue"):
+        assert np.allclose(getattr(got, name), getattr(sim, name), rtol=1e-9, atol=1e-12), name
+    assert got.decode_batches == sim.decode_batches and max(sim.decode_batches) > 1
+    assert harness.moves > 0
