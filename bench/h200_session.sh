@@ -36,6 +36,10 @@
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
+#   qwen3next            zoo:qwen3-next-tiny (the hybrid cache: conv/recurrent states beside the KV; the delta rule as
+#                        com.microsoft.LinearAttention) compiled for the H200 (constraints/tiny-h200.yaml: fp16, decode
+#                        planned as a CUDA graph, one per state parity), verified on cuda, run on cuda, and 32 greedy
+#                        tokens compared with transformers' (softsyn's loop and onnxruntime-genai-cuda where installed)
 #   loop CONSTRAINTS [S] zoo:qwen3-1.7b (MODEL=...) compiled --effort ultra (EFFORT=...) under CONSTRAINTS
 #                        (chat-h200-int4.yaml) into /tmp/NAME (the file's stem, -EFFORT when EFFORT is given) within S
 #                        seconds (580); ultra's measured re-timing runs inside it. BUDGET=90% replaces the file's
@@ -216,6 +220,39 @@ tiny)
         grep -v "No registered plugin EP"
     softsyn signoff /tmp/tiny-h200 --provider cuda 2>&1 | tail -30 | grep -v "No registered plugin EP"
     cp /tmp/tiny-h200/reports/signoff.rpt "$OUT/tiny-signoff.rpt" 2>/dev/null || true ;;
+qwen3next)
+    softsyn_install
+    rm -rf /tmp/qwen3-next-h200
+    set +e  # exit 1 (a timing violation) still writes the artifact
+    softsyn compile zoo:qwen3-next-tiny -c constraints/tiny-h200.yaml -o /tmp/qwen3-next-h200 -q > "$OUT/next-compile.log" 2>&1
+    echo "compile exit $?"
+    set -e
+    grep -A3 provider_options /tmp/qwen3-next-h200/runtime/session.json
+    softsyn verify /tmp/qwen3-next-h200 2>&1 | tee "$OUT/next-verify.txt" | grep -v "No registered plugin EP"
+    softsyn run /tmp/qwen3-next-h200 --prompt-len 128 --gen 32 --runs 5 --provider cuda 2>&1 | tee "$OUT/next-run.txt" |
+        grep -v "No registered plugin EP"
+    python3 - <<'EOF' 2>&1 | tee "$OUT/next-tokens.txt"
+import sys, torch, onnx_ir as ir
+sys.path.insert(0, "tests")
+from softsyn.frontends import source_torch_model
+from softsyn.runtime.decoder import decoder_io
+from softsyn.runtime.generate import Generator, prompt_ids
+from softsyn.runtime.session import open_model
+prompt, path = prompt_ids(1024, 8, seed=1), "/tmp/qwen3-next-h200/model.onnx"
+with torch.no_grad():
+    hf = source_torch_model("zoo:qwen3-next-tiny", hybrid=True).generate(torch.from_numpy(prompt)[None], max_new_tokens=32,
+                                                                          min_new_tokens=32, do_sample=False)[0, 8:].tolist()
+ours = list(Generator(open_model(path, "cuda"), decoder_io(ir.load(path)), "cuda").generate(prompt, 32).tokens)
+print("transformers fp32:", hf)
+print("softsyn loop, cuda fp16:", ours, "identical" if ours == hf else "differs")
+try:
+    from genai_tokens import genai_tokens
+    genai = genai_tokens(__import__("pathlib").Path("/tmp/qwen3-next-h200"), prompt, 32)
+    print("onnxruntime-genai cuda:", genai, "identical" if genai == hf else "differs")
+except ImportError as exc:
+    print("onnxruntime-genai not installed:", exc)
+EOF
+    ;;
 kvint8)
     softsyn_install
     python3 bench/kv_int8.py --provider cuda -o "$OUT/kv-int8-h200.json" 2>&1 | grep -v "No registered plugin EP"

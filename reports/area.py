@@ -87,6 +87,10 @@ def kv_budget_lines(budget: KVBudget, unit: str) -> list[str]:
              f"KV per token:  {fbytes(b.bytes_per_token, 'KB')} per sequence, all layers' K and V",
              f"KV length:     {b.length} tokens per sequence ({b.length_key}), batch {b.batch} x concurrency "
              f"{b.concurrency}"]
+    if b.state_bytes:
+        lines.append(f"States:        {fbytes(b.state_bytes, 'MB' if b.state_bytes >= 1e6 else 'KB')} per sequence "
+                     "(the linear-attention layers' conv and recurrent states: a fixed size, any length), in every "
+                     "KV figure below")
     if b.limit is None:
         lines += ["No VRAM constraint (area_constraint) set: no KV budget; "
                   f"the KV cache at the workload is {fbytes(b.kv_bytes, unit)}."]

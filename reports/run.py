@@ -36,6 +36,9 @@ def report_run(result) -> str:
              f"Workload: batch 1, prompt {s.prompt_len} seeded random token ids (seed {s.seed}), {s.gen} tokens "
              f"generated greedily; {s.runs} timed run{'s' if s.runs != 1 else ''} after {s.warmup} untimed warm-up",
              f"KV cache: {kv}; CUDA graphs {'on' if result.cuda_graph else 'off'}",
+             *([f"States: {result.states} conv/recurrent state ports (a hybrid decoder's linear-attention layers), "
+                "two buffers each, zeroed before each prompt: a step reads one and writes the other"]
+               if result.states else []),
              *([f"CPU view: {result.viewed} GroupQueryAttention nodes with their q/k norms moved out (what only GPU "
                 "kernels run; the cuda artifact's CPU equivalent, as verify runs it)"] if result.viewed else []),
              f"Measured: {data['interval']}", "", "Times in ms:",

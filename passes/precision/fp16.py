@@ -14,6 +14,8 @@ fp32 islands: cells where fp16 loses more than rounding.
   2048, so angles at longer contexts would be wrong;
 - an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, passes.precision.router);
 - cells the user pinned (`dont_touch` hierarchy globs);
+- control flow (Scan, Loop, If: a hybrid decoder's delta rule is a Scan) with the outer values its body reads: the
+  body is a graph of its own, left fp32 (transformers runs the delta rule in fp32 whatever the model's dtype);
 - float producers (Constant, ConstantOfShape, initializers) whose every consumer is fp32.
 Casts sit on every edge between an fp16 and an fp32 cell.
 """
@@ -35,6 +37,7 @@ NORM_TAIL = {"Add", "Sqrt", "Reciprocal", "Div"}
 ANGLE_OPS = {"Cast", "Mul", "MatMul", "Add", "Concat", "Transpose", "Reshape", "Unsqueeze", "Expand", "Div",
              "Cos", "Sin"}
 ANGLE_DEPTH = 8  # Cast -> Unsqueeze -> MatMul/Mul -> Transpose -> Concat -> Cos: a few cells deep
+CONTROL_FLOW = ("Scan", "Loop", "If")  # ops with a body graph, which the conversion leaves as it is (fp32)
 
 
 @dataclass
@@ -66,7 +69,7 @@ def to_fp16(model: ir.Model, dont_touch: list[str] = ()) -> Fp16Result:
             result.ports += 1
     for value in list(graph.initializers.values()):
         if value.dtype == F32 and value.const_value is not None and \
-                not all(u in keep or _schema_fp32(u, i) for u, i in value.uses()):
+                not all(u in keep or u.graph is not graph or _schema_fp32(u, i) for u, i in value.uses()):
             value.const_value = _half_tensor(value.const_value)
             value.dtype = F16
             result.weights += 1
@@ -122,6 +125,9 @@ def _fp32_islands(graph: ir.Graph, dont_touch, islands: dict[str, int]) -> set[i
         elif id(node) in router:
             keep.add(node)
             islands["moe_router"] = islands.get("moe_router", 0) + 1
+        elif node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            keep.add(node)
+            islands["control_flow"] = islands.get("control_flow", 0) + 1
         if dont_touch and any(fnmatch.fnmatchcase(node.metadata_props.get(HIERARCHY_KEY, ""), g) for g in dont_touch):
             if node not in keep:
                 keep.add(node)
@@ -188,7 +194,7 @@ def _keep_fp32_producers(graph: ir.Graph, keep: set[ir.Node]) -> None:
             continue
         uses = [u for o in node.outputs for u, _ in o.uses()]
         outputs_port = any(o.is_graph_output() for o in node.outputs)
-        if uses and not outputs_port and all(u in keep for u in uses):
+        if uses and not outputs_port and all(u in keep or u.graph is not graph for u in uses):  # a body reads fp32
             keep.add(node)
 
 

@@ -128,6 +128,14 @@ def context_length(config: dict, io) -> int:
     return min(bounds)
 
 
+def layer_count(io) -> int:
+    """The decoder's layers: its KV layers, and a hybrid decoder's state layers between them (numbered as the
+    model numbers its layers, so the count is the highest number + 1)."""
+    if not io.states:
+        return len(io.layers)
+    return 1 + max([layer.index for layer in io.layers] + [p.layer for p in io.states])
+
+
 def genai_config(netlist, io, session: dict, source: str, *, tokens: SourceTokens, tokenizer,
                  notes: list[str]) -> dict:
     """The genai_config.json of a compiled decoder whose IO (softsyn.runtime.decoder) is `io`."""
@@ -150,6 +158,12 @@ def genai_config(netlist, io, session: dict, source: str, *, tokens: SourceToken
     inputs.update(past_key_names=io.template("past_key_names"), past_value_names=io.template("past_value_names"))
     outputs = {"logits": io.logits, "present_key_names": io.template("present_key_names"),
                "present_value_names": io.template("present_value_names")}
+    for kind in sorted({p.kind for p in io.states}):  # a hybrid decoder's states: genai's RecurrentState feeds them
+        inputs[f"past_{kind}_names"], outputs[f"present_{kind}_names"] = f"past.%d.{kind}", f"present.%d.{kind}"
+    if io.states:
+        notes.append(f"{CONFIG_FILE}: {len(io.states)} conv/recurrent state ports named (past_conv_names, "
+                     "past_recurrent_names and their presents): onnxruntime-genai 0.18 feeds a hybrid decoder's "
+                     "states back step by step")
     so = session.get("session_options") or {}
     search = dict(SEARCH_DEFAULTS, **dict(tokens.search))
     return {
@@ -165,7 +179,7 @@ def genai_config(netlist, io, session: dict, source: str, *, tokens: SourceToken
                 "inputs": inputs,
                 "outputs": outputs,
                 "num_attention_heads": cfg.get("num_attention_heads"),
-                "num_hidden_layers": len(io.layers),
+                "num_hidden_layers": layer_count(io),
                 "num_key_value_heads": io.kv_heads,
             },
             "eos_token_id": eos,

@@ -51,6 +51,7 @@ class RunResult:
     generations: list[Generation] = field(default_factory=list)
     viewed: int = 0  # nodes the CPU view rewrote (GQA's q/k norms, fp8 weight MatMuls: a cuda artifact on the CPU)
     interval: str = STEP_INTERVAL  # what one timed step covers (a torch package's: softsyn.flow.torch_artifact)
+    states: int = 0  # a hybrid decoder's conv/recurrent state ports, fed back step by step (two buffers each)
 
     @property
     def ttfts(self) -> list[float]:
@@ -80,7 +81,7 @@ class RunResult:
                 "prompt_len": self.settings.prompt_len, "gen": self.settings.gen, "runs": self.settings.runs,
                 "warmup": self.settings.warmup, "seed": self.settings.seed, "batch": 1, "decoding": "greedy",
                 "kv_cache": self.kv, "max_length": self.max_length, "cuda_graph": self.cuda_graph,
-                "cpu_view_nodes": self.viewed, "units": {"ttft": "s", "tpot": "s", "tokens_per_s": "1/s", "decode_tokens_per_s": "1/s"},
+                "cpu_view_nodes": self.viewed, "states": self.states, "units": {"ttft": "s", "tpot": "s", "tokens_per_s": "1/s", "decode_tokens_per_s": "1/s"},
                 "interval": self.interval, "ttft": stats(self.ttfts), "tpot": stats(self.tpots),
                 "tokens_per_s": stats(self.tokens_per_s), "decode_tokens_per_s": stats(self.decode_tokens_per_s),
                 "tokens": list(self.generations[-1].tokens) if self.generations else [],
@@ -154,7 +155,8 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     result = RunResult(directory=str(directory), design=design, settings=settings,
                        execution_provider=sess.get_providers()[0], device=device_name(provider),
                        kv="shared" if generator.shared else "grown", max_length=generator.max_length,
-                       cuda_graph=cuda_graph, date=time.strftime("%a %b %d %H:%M:%S %Y"), viewed=viewed)
+                       cuda_graph=cuda_graph, date=time.strftime("%a %b %d %H:%M:%S %Y"), viewed=viewed,
+                       states=len(io.states))
     total = settings.warmup + settings.runs
     for r in range(total):
         label = f"warm-up {r + 1}/{settings.warmup}" if r < settings.warmup else f"run {r - settings.warmup + 1}/{settings.runs}"

@@ -113,9 +113,10 @@ def seeded_weight_bytes(spec: str) -> int | None:
     return None
 
 
-def source_torch_model(spec: str, cache_dir: str | Path | None = None):
+def source_torch_model(spec: str, cache_dir: str | Path | None = None, hybrid: bool = False):
     """The torch model `read_design(spec, materialize=True)` exports (same config, seeded or pretrained weights), for
-    a torch target (softsyn.library.torch_targets) to lower: a zoo decoder or a Hugging Face folder/config of one."""
+    a torch target (softsyn.library.torch_targets) to lower: a zoo decoder or a Hugging Face folder/config of one.
+    `hybrid`: a hybrid decoder (Qwen3-Next) too, as a reference (the torch targets do not lower one)."""
     spec = str(spec).strip()
     name = spec[4:] if spec.startswith("zoo:") else spec
     path = Path(spec).expanduser()
@@ -125,11 +126,11 @@ def source_torch_model(spec: str, cache_dir: str | Path | None = None):
         if name == "minilm" or entry.model_type == "qwen3_vl":
             raise _bad_spec(spec, "the torch targets lower one causal decoder (not an encoder or a composite)")
         return hf.source_model(_zoo.make_config(entry), name, f"zoo:{name}", weights=entry.weights, dtype=entry.dtype,
-                               cache_dir=cache_dir)
+                               cache_dir=cache_dir, hybrid=hybrid)
     if path.is_dir() and (path / "config.json").is_file() or path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
         if vlm.is_vlm(cfg):
             raise _bad_spec(spec, "the torch targets lower one causal decoder (not a vision-language composite)")
         name = path.resolve().name if path.is_dir() else path.resolve().parent.name
-        return hf.source_model(cfg, name, str(path), folder=folder, cache_dir=cache_dir)
+        return hf.source_model(cfg, name, str(path), folder=folder, cache_dir=cache_dir, hybrid=hybrid)
     raise _bad_spec(spec, "the torch targets lower the source model: a zoo name, a Hugging Face folder or config.json")

@@ -21,6 +21,9 @@ from softsyn.frontends.weights import LOADABLE, checked_weights
 from softsyn.netlist import Netlist
 from softsyn.progress import step
 
+# How a hybrid decoder (Qwen3-Next) is exported: softsyn.frontends.hybrid_export
+HYBRID_EXPORT = ("hybrid cache as ports (past.N.conv, past.N.recurrent beside past_key_values.N.key/value), delta rule as one "
+                 "scan over the sequence")
 # Above this many bytes of weights a model is built on the meta device (not materialised).
 MATERIALISE_LIMIT = int(os.environ.get("SOFTSYN_MATERIALISE_LIMIT", 2 * 1024**3))
 
@@ -45,6 +48,11 @@ def is_decoder(cfg) -> bool:
     if archs:
         return False
     return _torch_side().causal_lm_type(cfg.model_type) and not getattr(cfg, "is_encoder_decoder", False)
+
+
+def is_hybrid(cfg) -> bool:
+    """A decoder whose layers mix linear attention (Gated DeltaNet) with full attention: Qwen3-Next."""
+    return "linear_attention" in (getattr(cfg, "layer_types", None) or ())
 
 
 def is_moe(cfg) -> bool:
@@ -141,6 +149,8 @@ def _plan_export(cfg, name: str, source: str, *, folder: Path | None, weights: s
     # a real-size model runs in its config's half precision, whoever made its weights
     dtype = dtype or _dtype_name(cfg, "meta" if real_size else weights)
     exporter = _export.DYNAMO + (f", experts_implementation={EXPERTS_IMPL}" if moe else "")
+    if decoder and is_hybrid(cfg):
+        exporter += f", {HYBRID_EXPORT}"
     layers = getattr(cfg, "num_hidden_layers", None)
     replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
                  and _replicate.homogeneous(cfg))
@@ -215,15 +225,20 @@ def load_transformers_design(
 
 
 def source_model(cfg, name: str, source: str, *, folder: Path | None = None, weights: str | None = None,
-                 dtype: str | None = None, cache_dir: Path | None = None):
+                 dtype: str | None = None, cache_dir: Path | None = None, hybrid: bool = False):
     """The torch model (eval mode) a materialised read of `cfg` exports, built the same way (config, weights, seed
     0), for a torch target to lower: it computes the function the exported netlist does. A decoder; a real-size one
     without weights of its own gets the seeded weights softsyn fills into its weightless export (read through the
-    export cache), as the ONNX artifact of the same compile does."""
+    export cache), as the ONNX artifact of the same compile does. A hybrid decoder (Qwen3-Next) only with `hybrid`
+    (a reference to compare with: the torch targets do not lower it)."""
     weights = "filled" if weights == "meta" else weights  # a zoo entry's real-size model, materialised
     ex = _plan_export(copy.deepcopy(cfg), name, source, folder=folder, weights=weights, dtype=dtype, materialize=True)
     if not ex.decoder:
         raise SoftsynError(f"{source}: the torch targets lower causal decoders; {name} is not one")
+    if is_hybrid(ex.cfg) and not hybrid:
+        raise SoftsynError(f"{source}: {name} is a hybrid decoder (linear-attention layers with conv and recurrent "
+                           "states beside the KV cache), which the torch targets do not lower yet; compile it for an "
+                           "ONNX Runtime target (e.g. cpu-ort)")
     if ex.weights == "filled":
         base = load_transformers_design(ex.cfg, name, source, cache_dir, False, folder=folder, weights="meta",
                                         dtype=ex.dtype)
@@ -241,7 +256,10 @@ def _export_model(ex: _Export) -> tuple:
     parameters = sum(p.numel() for p in model.parameters())
     try:
         with _quiet_torch_export():
-            ir_model = (_export.export_decoder if ex.decoder else _export.export_encoder)(model, ex.name)
+            if ex.decoder and is_hybrid(ex.cfg):
+                ir_model = _torch_side().export_hybrid(model, ex.name)
+            else:
+                ir_model = (_export.export_decoder if ex.decoder else _export.export_encoder)(model, ex.name)
     except SoftsynError:
         raise
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what

@@ -22,6 +22,7 @@ from softsyn.constraints.reader import read_text
 from softsyn.errors import SoftsynError
 from softsyn.frontends import replicate as _replicate
 from softsyn.frontends.hf_common import EXPERTS_IMPL, brief, building
+from softsyn.frontends.hybrid_export import export_hybrid_decoder
 from softsyn.frontends.materialize import seeded_weights
 
 
@@ -69,6 +70,11 @@ def torch_model(ex):
     finally:
         if bar:
             hf_logging.enable_progress_bar()
+
+
+def export_hybrid(model, name: str):
+    """A hybrid decoder (Qwen3-Next) exported with its conv, recurrent and KV caches as ports."""
+    return export_hybrid_decoder(model, name)
 
 
 def read_config(path: Path):

@@ -1,7 +1,9 @@
 """Built-in zoo: transformers configs (seeded random or meta weights) and the real MiniLM.
 
 Tiny models are materialised in float32 with seeded random weights (seed 0) so they run on
-ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention). Real-size shapes
+ONNX Runtime (``gemma2-tiny``/``gemma3-tiny``: sliding-window and soft-capped attention; ``qwen3-next-tiny``: the
+hybrid Gated DeltaNet + gated attention + MoE decoder, exported with its conv and recurrent states as cache ports by
+softsyn.frontends.hybrid_export). Real-size shapes
 (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``, ``gemma2-2b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM; so are the vision-language
 composites ``qwen3-vl-2b``/``4b``/``8b`` (docs/decisions/2026-12-02-qwen3-vl-zoo.md: the sources of their values).
@@ -224,6 +226,36 @@ ZOO: dict[str, ZooEntry] = {
                                 expert=768),
     "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", "Qwen3-235B-A22B", layers=94, hidden=4096, heads=64,
                                   dense=12288, expert=1536),
+    "qwen3-next-tiny": ZooEntry(
+        "qwen3-next-tiny",
+        "Qwen3-Next, 4 layers (Gated DeltaNet linear attention, gated full attention, twice), hidden 128, 4/2 "
+        "heads, DeltaNet 2 key / 4 value heads of 32 with a 4-tap conv, 4 experts top-2 + a shared expert, vocab "
+        "1024; exported with its hybrid cache (conv and recurrent states beside the KV); random weights",
+        "qwen3_next",
+        dict(_TINY, num_hidden_layers=4, rope_theta=10000.0, rms_norm_eps=1e-6,
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+             decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, linear_num_key_heads=2,
+             linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2),
+    ),
+    # Qwen3-Next-80B-A3B's shapes (the same as Qwen3-Coder-Next's): the shape keys as a public test quotes them from
+    # Qwen/Qwen3-Coder-Next's config.json with its published total of 79,674,391,296 parameters, which transformers'
+    # qwen3_next classes reproduce exactly on the meta device (tests/frontends/test_qwen3_next_zoo.py); rope and the
+    # context length are transformers' defaults, not sourced (docs/decisions/2026-12-03-qwen3-next-decoding.md)
+    "qwen3-next-80b-a3b": ZooEntry(
+        "qwen3-next-80b-a3b",
+        "Qwen3-Next-80B-A3B shapes (48 layers: 3 Gated DeltaNet then 1 gated attention, x12; hidden 2048, 16/2 heads "
+        "of 256; DeltaNet 16 key / 32 value heads of 128; 512 experts top-10 of width 512 + a shared expert; vocab "
+        "151936, untied; 79.67 G params); fp16, weights not materialised, exported with its hybrid cache",
+        "qwen3_next",
+        dict(hidden_size=2048, num_hidden_layers=48, vocab_size=151936, head_dim=256, num_attention_heads=16,
+             num_key_value_heads=2, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+             shared_expert_intermediate_size=512, linear_num_key_heads=16, linear_key_head_dim=128,
+             linear_num_value_heads=32, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+             layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12, tie_word_embeddings=False),
+        weights="meta",
+        dtype="float16",
+    ),
     "gemma2-tiny": ZooEntry(
         "gemma2-tiny",
         "Gemma 2, 2 layers (sliding window 64, then full), hidden 128, 4/2 heads, vocab 1024; attention and final "

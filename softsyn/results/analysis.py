@@ -171,10 +171,12 @@ class KVBudget:
     requested_dtype: str | None  # kv_cache.dtype from the constraints
     kv_dtypes: list[KVOption] = field(default_factory=list)
     weight_precisions: list[WeightOption] = field(default_factory=list)
+    state_bytes: float = 0.0  # per sequence: a hybrid decoder's conv and recurrent states (a fixed size, any length)
 
     @property
     def kv_bytes(self) -> float:
-        return self.bytes_per_token * self.batch * self.concurrency * self.length
+        """The KV cache at the workload, a hybrid decoder's states included."""
+        return (self.bytes_per_token * self.length + self.state_bytes) * self.batch * self.concurrency
 
 
 @dataclass

@@ -5,6 +5,11 @@
 past and present share one buffer, and how many positions the rotary caches hold. A model that is not a decoder
 with a KV cache raises NotDecoder, saying why.
 
+A hybrid decoder (Qwen3-Next: linear-attention layers between full-attention ones) also carries fixed-size state
+ports per linear-attention layer, named as onnxruntime-genai names them: past.N.conv -> present.N.conv and
+past.N.recurrent -> present.N.recurrent (`DecoderIO.states`); N is the model's layer index, so its KV layers'
+numbers have gaps (past_key_values.1.key, past_key_values.3.key).
+
 Past and present share a buffer when the graph says so: every past input is read only by a GroupQueryAttention
 (as its past key or value) that writes the matching present output, and both are declared with the same shape
 (a `max_length` sequence dim). GQA then updates the buffer in place; a graph whose present is `past + seq` long
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
+from softsyn.netlist.keys import STATE_PORT
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
 ORT_DOMAIN = "com.microsoft"
@@ -41,6 +47,18 @@ class KvLayer:
 
 
 @dataclass(frozen=True)
+class StatePort:
+    """One fixed-size state of a linear-attention layer: fed as `past`, its next value comes out as `present`."""
+
+    layer: int
+    kind: str  # "conv" | "recurrent"
+    past: str
+    present: str
+    shape: tuple[int, ...]  # one sequence's (the batch dim left out)
+    elem: int  # onnx element type
+
+
+@dataclass(frozen=True)
 class DecoderIO:
     input_ids: str
     attention_mask: str | None
@@ -56,6 +74,7 @@ class DecoderIO:
     shares_buffer: bool
     buffer_length: int | None  # the static sequence dim of a shared buffer (None: symbolic or not shared)
     max_positions: int | None  # rows of the smallest rotary cos cache (None: no rotary cache in the graph)
+    states: tuple[StatePort, ...] = ()  # a hybrid decoder's conv and recurrent states, in layer order
 
     def dtype(self, name: str) -> str:
         return dict(self.dtypes)[name]
@@ -85,11 +104,13 @@ def _kv_ports(values, side: str) -> dict[tuple[str, int], ir.Value]:
     return ports
 
 
-def _template(ports: dict, kind: str, layers: int, what: str) -> str:
+def _template(ports: dict, kind: str, layers: list[int], what: str) -> str:
     """The %d name template every layer's port follows (onnxruntime-genai names KV ports this way)."""
-    first = ports[(kind, 0)].name
-    template = re.sub(r"(?<![\d%])0(?!\d)", "%d", first.replace("%", "%%"), count=1) if "0" in first else ""
-    if not template or any(ports[(kind, i)].name != template % i for i in range(layers)):
+    first = ports[(kind, layers[0])].name
+    number = str(layers[0])
+    template = (re.sub(rf"(?<![\d%]){number}(?!\d)", "%d", first.replace("%", "%%"), count=1)
+                if number in first else "")
+    if not template or any(ports[(kind, i)].name != template % i for i in layers):
         raise NotDecoder(f"{what} {kind} ports ({first}, ...) do not follow one name template with the layer number")
     return template
 
@@ -114,6 +135,26 @@ def max_positions(graph: ir.Graph) -> int | None:
     return min(rows) if rows else None
 
 
+def _state_ports(graph: ir.Graph) -> tuple[StatePort, ...]:
+    """The conv and recurrent state ports of a hybrid decoder: each past.N.KIND input with its present.N.KIND output
+    and one shape (batch, then fixed dims)."""
+    outputs = {v.name: v for v in graph.outputs}
+    states = []
+    for v in graph.inputs:
+        m = STATE_PORT.fullmatch(v.name)
+        if m is None or m[1] != "past":
+            continue
+        present = outputs.get(f"present.{m[2]}.{m[3]}")
+        shape = _dims(v)
+        if present is None:
+            raise NotDecoder(f"state input {v.name}: no output present.{m[2]}.{m[3]} carries its next value")
+        if len(shape) < 2 or not all(isinstance(d, int) for d in shape[1:]) or _dims(present)[1:] != shape[1:]:
+            raise NotDecoder(f"state input {v.name}: shape {list(shape)} is not [batch, fixed dims...] matching "
+                             f"{present.name}'s {list(_dims(present))}")
+        states.append(StatePort(int(m[2]), m[3], v.name, present.name, shape[1:], int(v.dtype)))
+    return tuple(sorted(states, key=lambda p: (p.layer, p.kind)))
+
+
 def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, ...] = ()) -> DecoderIO:
     """The decoder IO of `model` (NotDecoder when it has no input_ids, logits or KV ports, or unknown inputs).
     `token_input`: the port tokens come in by (a composite's decoder block takes `inputs_embeds`); `extra`: other
@@ -123,23 +164,26 @@ def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, 
     outputs = {v.name: v for v in graph.outputs}
     if token_input not in inputs or LOGITS not in outputs:
         raise NotDecoder(f"no {token_input} input or {LOGITS} output (inputs: {', '.join(inputs)})")
-    past = _kv_ports([v for v in graph.inputs if v.name not in (token_input, ATTENTION_MASK, POSITION_IDS, *extra)],
-                     "past")
-    present = _kv_ports([v for v in graph.outputs if v.name != LOGITS], "present")
-    layers = len(past) // 2
-    if not past or set(past) != {(k, i) for k in ("key", "value") for i in range(layers)} or set(present) != set(past):
+    states = _state_ports(graph)
+    state_names = {n for p in states for n in (p.past, p.present)}
+    past = _kv_ports([v for v in graph.inputs if v.name not in (token_input, ATTENTION_MASK, POSITION_IDS, *extra)
+                      and v.name not in state_names], "past")
+    present = _kv_ports([v for v in graph.outputs if v.name != LOGITS and v.name not in state_names], "present")
+    layers = sorted({i for _, i in past})
+    if not past or set(past) != {(k, i) for k in ("key", "value") for i in layers} or set(present) != set(past):
         raise NotDecoder(f"no KV cache: its past inputs ({len(past)}) and present outputs ({len(present)}) are not "
                          "one key and one value per layer")
-    known = {token_input, ATTENTION_MASK, POSITION_IDS, *extra} | {v.name for v in past.values()}
+    known = {token_input, ATTENTION_MASK, POSITION_IDS, *extra} | {v.name for v in past.values()} | state_names
     unknown = [n for n in inputs if n not in known]
     if unknown:
-        raise NotDecoder(f"input {unknown[0]}: not a token, mask, position or KV input")
+        raise NotDecoder(f"input {unknown[0]}: not a token, mask, position, KV or state input")
     templates = tuple((f"{side}_{kind}_names", _template(ports, kind, layers, side))
                       for side, ports in (("past", past), ("present", present)) for kind in ("key", "value"))
-    shape = _dims(past[("key", 0)])
+    first = past[("key", layers[0])]
+    shape = _dims(first)
     if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
-        raise NotDecoder(f"{past[('key', 0)].name}: shape {list(shape)} is not [batch, kv_heads, seq, head_size]")
-    shares = all(_shares(past[(k, i)], present[(k, i)], k) for k in ("key", "value") for i in range(layers))
+        raise NotDecoder(f"{first.name}: shape {list(shape)} is not [batch, kv_heads, seq, head_size]")
+    shares = all(_shares(past[(k, i)], present[(k, i)], k) for k in ("key", "value") for i in layers)
     logits = _dims(outputs[LOGITS])
     return DecoderIO(
         input_ids=token_input,
@@ -147,15 +191,16 @@ def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, 
         position_ids=POSITION_IDS if POSITION_IDS in inputs else None,
         logits=LOGITS,
         layers=tuple(KvLayer(i, past[("key", i)].name, past[("value", i)].name, present[("key", i)].name,
-                             present[("value", i)].name) for i in range(layers)),
+                             present[("value", i)].name) for i in layers),
         templates=templates,
-        kv_heads=shape[1], head_size=shape[3], kv_elem=int(past[("key", 0)].dtype),
+        kv_heads=shape[1], head_size=shape[3], kv_elem=int(first.dtype),
         dtypes=tuple((n, ir.DataType(inputs[n].dtype).numpy().name) for n in (token_input, ATTENTION_MASK, POSITION_IDS)
                      if n in inputs),
         vocab_size=logits[-1] if logits and isinstance(logits[-1], int) else None,
         shares_buffer=shares,
         buffer_length=shape[2] if shares and isinstance(shape[2], int) else None,
         max_positions=max_positions(graph),
+        states=states,
     )
 
 

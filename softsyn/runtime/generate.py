@@ -11,6 +11,12 @@ fed the way the graph declares it (`DecoderIO.shares_buffer`):
   and addresses, what the CUDA provider's graph capture needs; with `cuda_graph` the prefill runs outside any
   captured graph (run option gpu_graph_id -1) and the decode steps are captured once, then replayed.
 
+A hybrid decoder's conv and recurrent states (`DecoderIO.states`, fixed size) live in two buffers per state,
+zeroed before each prompt: a step reads one and writes the other, the next step the reverse (a state is no
+in-place update: its next value is computed from the whole of it). The prompt runs as one step over all its
+tokens, like any decoder's prefill; a shared-buffer decode keeps one binding per parity (and, with CUDA graphs,
+one captured graph per parity), so addresses stay fixed.
+
 What a step's time covers (host wall clock, time.perf_counter): putting its inputs on the device (the grown
 loop binds new OrtValues, the shared one updates them in place), one run_with_iobinding (the CUDA provider
 synchronises at its end), the logits copied to the host and their argmax. TTFT is the prefill step: all of
@@ -70,6 +76,7 @@ class Generator:
         self.cuda_graph = cuda_graph
         self.buffers = None  # the shared KV buffers, allocated on first use and reused by every generation
         self.decode_io = None  # the shared-buffer decode step's binding and its input values (_static_decode)
+        self.states = None  # a hybrid decoder's two buffers per state (_states)
 
     @property
     def limit(self) -> int | None:
@@ -93,8 +100,9 @@ class Generator:
         n = len(prompt)
         self.check_room(n, gen)
         kv = self._kv()
+        self._states()
         t0 = time.perf_counter()
-        logits, kv = self._step(prompt, 0, kv)
+        logits, kv = self._step(prompt, 0, kv, 0)
         token = int(np.argmax(logits[0, -1]))
         ttft = time.perf_counter() - t0
         tokens, tpot = [token], []
@@ -104,9 +112,9 @@ class Generator:
         for i in range(1, gen):
             t = time.perf_counter()
             if decode is not None:
-                token = decode(token, n + i - 1)
+                token = decode(token, n + i - 1, i % 2)
             else:
-                logits, kv = self._step(np.array([token]), n + i - 1, kv)
+                logits, kv = self._step(np.array([token]), n + i - 1, kv, i % 2)
                 token = int(np.argmax(logits[0, -1]))
             tpot.append(time.perf_counter() - t)
             tokens.append(token)
@@ -127,6 +135,21 @@ class Generator:
             self.buffers = [(to_device(np.zeros(shape, dtype), self.device), to_device(np.zeros(shape, dtype), self.device))
                             for _ in self.io.layers]
         return self.buffers
+
+    def _states(self) -> list:
+        """Per state port, its two buffers (allocated once, zeroed here: no state before the prompt)."""
+        zeros = [np.zeros((1, *port.shape), ir.DataType(port.elem).numpy()) for port in self.io.states]
+        if self.states is None:
+            self.states = [(to_device(z, self.device), to_device(z.copy(), self.device)) for z in zeros]
+        for (first, _), z in zip(self.states, zeros):
+            first.update_inplace(z)
+        return self.states
+
+    def _bind_states(self, binding, parity: int) -> None:
+        """A step of `parity` reads each state from buffer `parity` and writes it to the other."""
+        for port, pair in zip(self.io.states, self.states or ()):
+            binding.bind_ortvalue_input(port.past, pair[parity])
+            binding.bind_ortvalue_output(port.present, pair[1 - parity])
 
     def _array(self, name: str, values) -> np.ndarray:
         return np.asarray(values, dtype=self.io.dtype(name)).reshape(1, -1)
@@ -150,8 +173,9 @@ class Generator:
         options.add_run_config_entry("gpu_graph_id", graph_id)
         return options
 
-    def _step(self, tokens: np.ndarray, start: int, kv) -> tuple[np.ndarray, list]:
-        """One run on `tokens` after `start` cached positions: (logits on the host, the next step's past)."""
+    def _step(self, tokens: np.ndarray, start: int, kv, parity: int) -> tuple[np.ndarray, list]:
+        """One run on `tokens` after `start` cached positions, states read from buffer `parity`: (logits on the
+        host, the next step's past)."""
         io, n = self.io, len(tokens)
         binding = self.session.io_binding()
         binding.bind_output(io.logits, self.device, 0)  # bound first: get_outputs() lists outputs in binding order
@@ -163,6 +187,7 @@ class Generator:
             binding.bind_ortvalue_input(io.position_ids,
                                         to_device(self._array(io.position_ids, np.arange(start, start + n)), self.device))
         self._bind_kv(binding, kv)
+        self._bind_states(binding, parity)
         self.session.run_with_iobinding(binding, self._run_options("-1"))  # -1: never captured (prefill)
         out = binding.get_outputs()
         if not self.shared:
@@ -181,24 +206,29 @@ class Generator:
             if io.position_ids:
                 values[io.position_ids] = to_device(self._array(io.position_ids, [0]), self.device)
             logits = empty([1, 1, io.vocab_size], self._logits_elem(), self.device)
-            binding = self.session.io_binding()
-            for name, value in values.items():
-                binding.bind_ortvalue_input(name, value)
-            self._bind_kv(binding, self.buffers)
-            binding.bind_ortvalue_output(io.logits, logits)
-            self.decode_io = (binding, values, mask_host, logits, self._run_options("1"))
-        binding, values, mask_host, logits, options = self.decode_io
+            bindings = []
+            for parity in range(2 if io.states else 1):  # a hybrid decoder's states alternate between two buffers
+                binding = self.session.io_binding()
+                for name, value in values.items():
+                    binding.bind_ortvalue_input(name, value)
+                self._bind_kv(binding, self.buffers)
+                self._bind_states(binding, parity)
+                binding.bind_ortvalue_output(io.logits, logits)
+                bindings.append((binding, self._run_options(str(parity + 1))))
+            self.decode_io = (bindings, values, mask_host, logits)
+        bindings, values, mask_host, logits = self.decode_io
         if mask_host is not None:  # this generation's prompt, nothing after it
             mask_host[:] = 0
             mask_host[0, :prompt_len] = 1
 
-        def step(previous: int, start: int) -> int:
+        def step(previous: int, start: int, parity: int) -> int:
             values[io.input_ids].update_inplace(self._array(io.input_ids, [previous]))
             if mask_host is not None:
                 mask_host[0, start] = 1  # the positions before it are set already
                 values[io.attention_mask].update_inplace(mask_host)
             if io.position_ids:
                 values[io.position_ids].update_inplace(self._array(io.position_ids, [start]))
+            binding, options = bindings[parity % len(bindings)]
             self.session.run_with_iobinding(binding, options)
             return int(np.argmax(logits.numpy()[0, -1]))
 

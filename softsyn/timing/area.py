@@ -26,6 +26,7 @@ import onnx_ir as ir
 from softsyn.constraints import KV_DTYPES, Constraints
 from softsyn.netlist import Netlist
 from softsyn.netlist.dims import eval_dim_expr
+from softsyn.netlist.keys import STATE_PORT
 from softsyn.timing.cost import PRECISION_BY_DTYPE, numel, value_bytes
 from softsyn.results.analysis import AreaItem, AreaResult, KVBudget, KVOption, WeightOption, WorkspacePoint
 from softsyn.timing.realised import weight_storage
@@ -174,6 +175,30 @@ def kv_cache_item(netlist: Netlist, constraints: Constraints, share: dict[str, f
     return AreaItem("kv_cache", total, len(kv_inputs), detail)
 
 
+def state_inputs(netlist: Netlist) -> list[ir.Value]:
+    """A hybrid decoder's conv and recurrent state inputs (past.N.conv, past.N.recurrent): fixed size per sequence."""
+    return [v for v in netlist.model.graph.inputs if (m := STATE_PORT.fullmatch(v.name)) and m[1] == "past"]
+
+
+def state_bytes(netlist: Netlist) -> float:
+    """Bytes of one sequence's states (every dim but the first, the batch); 0 for a decoder without them."""
+    return float(sum(numel(tuple(int(d) for d in v.shape[1:])) * v.dtype.itemsize for v in state_inputs(netlist)))
+
+
+def state_item(netlist: Netlist, constraints: Constraints) -> AreaItem | None:
+    """The states a hybrid decoder carries per sequence beside its KV cache, at the workload's batch x concurrency
+    (one sequence's: every dim but the batch, which is the first)."""
+    states = state_inputs(netlist)
+    if not states:
+        return None
+    w = constraints.workload
+    per_sequence = state_bytes(netlist)
+    kinds = ", ".join(f"{k} {sum(1 for v in states if v.name.endswith(k))}" for k in ("conv", "recurrent"))
+    detail = (f"{len(states)} tensors ({kinds}) x batch {w.batch} x concurrency {w.concurrency}; a fixed size per "
+              "sequence, no token dim")
+    return AreaItem("kv_cache states", per_sequence * w.batch * w.concurrency, len(states), detail)
+
+
 def activation_peak(netlist: Netlist, shapes: dict, share: dict[str, float] | None = None) -> float:
     """Peak bytes of live intermediate tensors in execution order (weights and inputs excluded); `share` as
     in weight_items."""
@@ -315,17 +340,19 @@ def kv_budget(kv: KVBudget) -> KVBudget:
     sequences = kv.batch * kv.concurrency
     available = None if kv.limit is None else kv.limit - kv.weights - kv.workspace
     rows: list[KVOption] = []
+    states = kv.state_bytes * sequences  # a hybrid decoder's: their own dtype, whatever kv_cache.dtype says
     for name, size in kv_dtype_classes(kv.dtype):
         per_token = kv.bytes_per_token * (size / base if base and size else 1.0)
-        kv_bytes = per_token * sequences * kv.length
+        kv_bytes = per_token * sequences * kv.length + states
         total = kv.weights + kv_bytes + kv.workspace
         source = "estimate" if rows else "netlist"
         row = dict(dtype=name, source=source, bytes_per_token=per_token, kv_bytes=kv_bytes, total=total)
         if available is None:
             rows.append(KVOption(**row, max_concurrency=None, max_context=None, fits=None))
         else:
-            rows.append(KVOption(**row, max_concurrency=largest_concurrency(available, per_token * kv.length, kv.batch),
-                                 max_context=largest_context(kv.limit - kv.weights, per_token, sequences,
+            rows.append(KVOption(**row, max_concurrency=largest_concurrency(
+                                     available, per_token * kv.length + kv.state_bytes, kv.batch),
+                                 max_context=largest_context(kv.limit - kv.weights - states, per_token, sequences,
                                                              kv.workspace_points, context_cap(kv)),
                                  fits=total <= kv.limit))
     kv.kv_dtypes = rows
@@ -336,7 +363,7 @@ def kv_budget(kv: KVBudget) -> KVBudget:
         if kv.limit is not None:
             w.fits = w.total <= kv.limit
             w.max_concurrency = largest_concurrency(kv.limit - w.weight_bytes - kv.workspace,
-                                                    kv.bytes_per_token * kv.length, kv.batch)
+                                                    kv.bytes_per_token * kv.length + kv.state_bytes, kv.batch)
     return kv
 
 
@@ -367,7 +394,7 @@ def budget_for(netlist: Netlist, constraints: Constraints, kinds: list[AreaItem]
         workspace_scenario=workspace_scenario, workspace_points=[WorkspacePoint(length, workspace)], available=None,
         max_concurrency=None, max_context=None,
         max_positions=(netlist.config or {}).get("max_position_embeddings"),
-        requested_dtype=constraints.kv_cache.dtype,
+        requested_dtype=constraints.kv_cache.dtype, state_bytes=state_bytes(netlist),
         weight_precisions=[WeightOption(p, "estimate" if i else "netlist", b, 0.0, None, None)
                            for i, (p, b) in enumerate(weight_options(kinds, constraints.precision.allowed))])
     kv_budget(budget)
@@ -411,6 +438,9 @@ def area(netlist: Netlist, constraints: Constraints, scenarios: dict[str, dict],
     kv = kv_cache_item(netlist, constraints, share)
     if kv is not None:
         kinds.append(kv)
+    states = state_item(netlist, constraints)
+    if states is not None:
+        kinds.append(states)
     worst_group, worst_peak = "", 0.0
     for name, dims in scenarios.items():
         peak = activation_peak(netlist, netlist.bind(dims), share)

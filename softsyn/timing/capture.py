@@ -19,6 +19,9 @@ from softsyn.timing.cost import precision_of
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 
 GRAPH = "CUDA graph"
+# ORT's InferenceSession refuses graph capture on a model holding any of these (inference_session.cc,
+# HasControlflowNodes): a hybrid decoder's delta rule is a Scan (softsyn.frontends.hybrid_export)
+CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ def group_launch(netlist: Netlist, library: Library, dims: dict[str, int], share
         return Launch(False, "the KV cache is not one shared max_length buffer: shapes change every step")
     if dims.get("seq") != 1 or not dims.get("past"):
         return Launch(False, "not a decode step: prompt lengths vary per request, run with gpu_graph_id -1")
+    flow = next((n for n in netlist.nodes() if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx")), None)
+    if flow is not None:
+        return Launch(False, f"node {flow.name}: {flow.op_type} is control flow, and ORT refuses to capture a model "
+                             "with control-flow nodes (session creation fails with enable_cuda_graph=1)")
     for node in netlist.nodes():
         why = library.does_not_run(node.op_type, precision_of(node))
         if why:

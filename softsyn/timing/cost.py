@@ -57,10 +57,13 @@ PRECISION_BY_DTYPE = {
 QUANTISED_CACHE = {ir.DataType.INT8: "int8", ir.DataType.FLOAT8E4M3FN: "fp8"}  # GQA past dtype -> cell precision
 ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention"}
 MOE_OPS = {"MoE", "QMoE"}
+LINEAR_ATTENTION = "LinearAttention"  # com.microsoft's recurrent linear attention (the gated delta rule)
+# FLOPs per state element per token of the gated delta rule: decay, S^T k (2), delta, outer product (2), read (2)
+DELTA_RULE_FLOPS = 8
 # Ops with a rule of their own in node_work; any other standard ONNX op counts 1 FLOP per output element.
 MODELLED = (VIEW_OPS | MOVE_OPS | set(PER_INPUT_ELEMENT) | set(PER_OUTPUT_ELEMENT) | ATTENTION_OPS | MOE_OPS
             | {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", FP8_MATMUL, "QuantizeLinear", "DequantizeLinear",
-               "DynamicQuantizeLinear", "Conv", "ConvTranspose", "Gather"})
+               "DynamicQuantizeLinear", "Conv", "ConvTranspose", "Gather", LINEAR_ATTENTION})
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
         return _attention(node, ins, shapes, in_bytes, out_bytes)
     if op in MOE_OPS and len(ins) >= 3:
         return _moe(node, ins, shapes, out_bytes)
+    if op == LINEAR_ATTENTION and len(node.outputs) > 1:
+        return _linear_attention(node, shapes, in_bytes, out_bytes)
     if op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"):
         return Work(2.0 * out_elems, in_bytes + out_bytes, {"elements": out_elems})
     if op in ("Conv", "ConvTranspose") and len(ins) >= 2:
@@ -168,6 +173,14 @@ def node_work(node: ir.Node, shapes: Shapes) -> Work:
         in_elems = numel(shape_of(ins[0], shapes)) if ins else 0
         return Work(float(PER_INPUT_ELEMENT[op] * in_elems), in_bytes + out_bytes, {"elements": in_elems})
     return Work(float(PER_OUTPUT_ELEMENT.get(op, 1) * out_elems), in_bytes + out_bytes, {"elements": out_elems})
+
+
+def _linear_attention(node: ir.Node, shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:
+    """The recurrence touches the whole state [batch, heads, d_k, d_v] once per token: DELTA_RULE_FLOPS per state
+    element per token; the bytes are its inputs and outputs (the state read and written once)."""
+    tokens = (shape_of(node.inputs[0], shapes) or (1, 1))[1]
+    state = numel(shape_of(node.outputs[1], shapes))
+    return Work(float(DELTA_RULE_FLOPS * state * tokens), in_bytes + out_bytes, {"tokens": tokens, "state": state})
 
 
 def _matmul(node: ir.Node, ins: list[ir.Value], shapes: Shapes, in_bytes: float, out_bytes: float) -> Work:

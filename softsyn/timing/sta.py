@@ -39,6 +39,7 @@ from softsyn.netlist import Netlist
 from softsyn.timing.capture import Launch
 from softsyn.timing.tp import collective_bytes
 from softsyn.timing.cost import PRECISION_BY_DTYPE, Work, has_cost_model, node_work, precision_of
+from softsyn.timing.scan import scan_timing
 from softsyn.results.analysis import GroupTiming, PathPoint, Scenario, TimingPath
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -157,6 +158,8 @@ def cell_timings(netlist: Netlist, library: Library, shapes: dict,
             delay, source = annotated, "annot"
         elif node in folded:  # the runtime computes it once, when the session loads
             delay, source = 0.0, "folded"
+        elif op == "Scan" and "body" in node.attributes:  # a loop: its body's cells once per iteration
+            (delay, host, device), source = scan_timing(node, shapes, library), "est"
         else:
             delay, source, host, device = library.node_timing(op, precision, work.flops, work.bytes,
                                                               work.sizes)
