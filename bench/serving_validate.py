@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -61,6 +60,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from softsyn.timing.serving.simulate import Queue  # noqa: E402  (the scheduler rules the harness shares)
 
 TARGETS = {"cpu": "cpu-ort", "cuda": "h200-ort-cuda"}
 BURST = 5  # timed runs of one step configuration back to back, per round
@@ -412,19 +413,16 @@ class WallClock:
         time.sleep(seconds)
 
 
-class Harness:
+class Harness(Queue):
     """The artifact served under a trace on the wall clock, with the simulation's scheduler rules
-    (softsyn.timing.serving.simulate): admission between steps, prefills then one decode step per iteration."""
+    (softsyn.timing.serving.simulate.Queue: arrivals, idle start, admission between steps), prefills then one decode
+    step per iteration."""
 
     def __init__(self, eng: Engine, reqs, sched, clock=None):
-        self.eng, self.reqs, self.sched = eng, reqs, sched
+        super().__init__(reqs, sched)  # running rows here: [request, cached tokens, tokens left, next token, row]
+        self.eng = eng
         self.timer = clock or WallClock()
-        n = len(reqs.arrival)
-        self.first, self.last, self.admitted = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.ids = [np.random.default_rng(r).integers(0, eng.io.vocab_size, int(p)) for r, p in enumerate(reqs.prompt)]
-        self.waiting: deque[int] = deque()
-        self.running: list[list[int]] = []  # [request, cached tokens, tokens left, next token, row]
-        self.next = self.kv_used = self.done = self.rejected = self.too_long = 0
         # per iteration: decodes, their mean past, admitted prompts, seconds, run calls' seconds, start (s after t0)
         self.steps: list[tuple[int, float, tuple[int, ...], float, float, float]] = []
         self.gaps: list[float] = []  # s between an iteration's end and the next one's start while sequences run
@@ -433,43 +431,6 @@ class Harness:
 
     def clock(self) -> float:
         return self.timer.now()
-
-    def need(self, r: int) -> int:
-        return int(self.reqs.prompt[r] + self.reqs.gen[r])
-
-    def arrive(self, now: float) -> None:
-        while self.next < len(self.reqs.arrival) and self.reqs.arrival[self.next] <= now:
-            self.waiting.append(self.next)
-            self.next += 1
-
-    def idle_start(self, now: float) -> float:
-        """As the simulation: batch_timeout after the first waiting arrival, or when max_batch requests wait."""
-        missing = self.sched.max_batch - len(self.waiting)
-        if missing <= 0:
-            return now
-        fill = self.next + missing - 1
-        filled = self.reqs.arrival[fill] if fill < len(self.reqs.arrival) else np.inf
-        return max(now, min(self.reqs.arrival[self.waiting[0]] + self.sched.batch_timeout, filled))
-
-    def admit(self) -> list[int]:
-        admitted: list[int] = []
-        budget = self.sched.kv_tokens
-        while self.waiting and len(self.running) + len(admitted) < self.sched.max_batch:
-            r = self.waiting[0]
-            if self.sched.max_len is not None and self.need(r) > self.sched.max_len:
-                self.waiting.popleft()
-                self.rejected, self.too_long, self.done = self.rejected + 1, self.too_long + 1, self.done + 1
-                continue
-            if budget is not None and self.kv_used + self.need(r) > budget:
-                if self.running or admitted or self.need(r) <= budget:
-                    break
-                self.waiting.popleft()
-                self.rejected, self.done = self.rejected + 1, self.done + 1
-                continue
-            self.waiting.popleft()
-            self.kv_used += self.need(r)
-            admitted.append(r)
-        return admitted
 
     def step(self, admitted: list[int]) -> None:
         start, base, run = self.clock(), len(self.running), 0.0

@@ -49,35 +49,36 @@ class Outcome:
     decode_batches: tuple[int, ...] = ()  # distinct decode batch sizes the steps ran, ascending
 
 
-class _Engine:
-    """The simulation's state; `run` advances it to the last completion."""
+class Queue:
+    """The scheduler's request state and its rules, apart from how a step is timed: arrivals into the waiting queue,
+    when an idle engine starts, FCFS admission within max_batch and the KV budget. The simulation's engine and a
+    harness that serves the artifact on the wall clock (bench/serving_validate.py) share it, so both admit alike."""
 
-    def __init__(self, reqs: Requests, table: StepTable, sched: Scheduler):
-        self.reqs, self.table, self.sched = reqs, table, sched
+    def __init__(self, reqs: Requests, sched: Scheduler):
+        self.reqs, self.sched = reqs, sched
         n = len(reqs.arrival)
         self.first, self.last, self.admitted = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         self.waiting: deque[int] = deque()
-        self.running: list[list[int]] = []  # [request, cached tokens, tokens left]
-        self.t, self.next, self.kv_used, self.done, self.rejected, self.too_long = 0.0, 0, 0, 0, 0, 0
-        self.max_step_tokens, self.decode_batches = 0, set()
+        self.running: list[list] = []  # [request, cached tokens, tokens left, ...]
+        self.next, self.kv_used, self.done, self.rejected, self.too_long = 0, 0, 0, 0, 0
 
     def need(self, r: int) -> int:
         return int(self.reqs.prompt[r] + self.reqs.gen[r])
 
-    def arrive(self) -> None:
+    def arrive(self, now: float) -> None:
         arrival = self.reqs.arrival
-        while self.next < len(arrival) and arrival[self.next] <= self.t:
+        while self.next < len(arrival) and arrival[self.next] <= now:
             self.waiting.append(self.next)
             self.next += 1
 
-    def idle_start(self) -> float:
+    def idle_start(self, now: float) -> float:
         """When an idle engine starts: the batch_timeout after the first waiting arrival, or when max_batch wait."""
         missing = self.sched.max_batch - len(self.waiting)
         if missing <= 0:
-            return self.t
+            return now
         fill = self.next + missing - 1
         filled = self.reqs.arrival[fill] if fill < len(self.reqs.arrival) else np.inf
-        return max(self.t, min(self.reqs.arrival[self.waiting[0]] + self.sched.batch_timeout, filled))
+        return max(now, min(self.reqs.arrival[self.waiting[0]] + self.sched.batch_timeout, filled))
 
     def admit(self) -> list[int]:
         admitted: list[int] = []
@@ -101,6 +102,15 @@ class _Engine:
             self.kv_used += self.need(r)
             admitted.append(r)
         return admitted
+
+
+class _Engine(Queue):
+    """The simulation's state; `run` advances it to the last completion."""
+
+    def __init__(self, reqs: Requests, table: StepTable, sched: Scheduler):
+        super().__init__(reqs, sched)
+        self.table, self.t = table, 0.0
+        self.max_step_tokens, self.decode_batches = 0, set()
 
     def step(self, admitted: list[int]) -> None:
         start = self.t
@@ -135,12 +145,12 @@ class _Engine:
     def run(self) -> None:
         n = len(self.reqs.arrival)
         while self.done < n:
-            self.arrive()
+            self.arrive(self.t)
             if not self.running:
                 if not self.waiting:
                     self.t = float(self.reqs.arrival[self.next])
                     continue
-                start = self.idle_start()
+                start = self.idle_start(self.t)
                 if start > self.t:
                     self.t = float(start)
                     continue
