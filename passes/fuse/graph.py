@@ -213,6 +213,19 @@ def replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
     ir.convenience.replace_all_uses_with(old, new)
 
 
+def swap_node(graph: ir.Graph, old: ir.Node, new: ir.Node) -> None:
+    """`new` in `old`'s place: inserted before it with its metadata, its one output taking the old output's dtype,
+    shape, name and every use (graph outputs too); `old` removed."""
+    new.metadata_props.update(old.metadata_props)
+    out, was = new.outputs[0], old.outputs[0]
+    out.dtype, out.shape = was.dtype, was.shape
+    graph.insert_before(old, new)
+    name = was.name
+    was.replace_all_uses_with(out, replace_graph_outputs=True)
+    graph.remove(old, safe=True)
+    out.name = name
+
+
 def remove_dead(graph: ir.Graph) -> int:
     """Remove nodes none of whose outputs are used or graph outputs; returns the count removed."""
     removed = 0

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from passes.fuse.graph import swap_node
 from passes.optimize.search import map_error
 from passes.optimize.tooling import ort_quantisers
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, is_weightless
@@ -176,15 +177,8 @@ def apply(graph: ir.Graph, node: ir.Node, precision: str) -> ir.Node:
     attrs = qmoe_attributes({k: a.value for k, a in node.attributes.items()}, bits)
     new = ir.Node("com.microsoft", "QMoE", inputs, attributes=ir.convenience.convert_attributes(attrs),
                   name=node.name, num_outputs=1)
-    new.metadata_props.update(node.metadata_props)
-    out, old = new.outputs[0], node.outputs[0]
-    out.dtype, out.shape = old.dtype, old.shape
-    graph.insert_before(node, new)
-    name = old.name
-    old.replace_all_uses_with(out, replace_graph_outputs=True)
     weights = [node.inputs[slot] for slot in FC]
-    graph.remove(node, safe=True)
-    out.name = name
+    swap_node(graph, node, new)
     for w in weights:
         if not w.uses():
             graph.initializers.pop(w.name, None)

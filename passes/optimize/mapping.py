@@ -27,6 +27,7 @@ import onnx_ir as ir
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS as WEIGHTLESS, REQUESTED_KEY, is_weightless
 from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
+from passes.fuse.graph import swap_node
 from passes.optimize import experts
 from passes.optimize.tooling import ort_quantisers
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
@@ -348,14 +349,7 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
             values.append(v)
         new = ir.Node("com.microsoft", cell_op(precision), [node.inputs[0], *values], attributes=[
             ir.AttrInt64(key, int(val)) for key, val in attrs.items()], name=name, num_outputs=1)
-        new.metadata_props.update(node.metadata_props)
-        out, old = new.outputs[0], node.outputs[0]
-        out.dtype, out.shape = old.dtype, old.shape
-        graph.insert_before(node, new)
-        old_name = old.name
-        old.replace_all_uses_with(out, replace_graph_outputs=True)
-        graph.remove(node, safe=True)
-        out.name = old_name
+        swap_node(graph, node, new)
         if not w.uses() and w.producer() is not None:  # the Transpose fed only this MatMul
             graph.remove(w.producer(), safe=True)
         if not source.uses():

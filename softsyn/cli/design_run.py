@@ -156,11 +156,8 @@ def signoff(directory, provider, runs, warmup, profile_runs, groups, top, annota
 
 def _torch_signoff(out: Path, provider, runs, warmup, as_json, quiet) -> None:
     """signoff of a torch target's package (softsyn.flow.torch_signoff): reports/signoff.rpt, signoff/signoff.json."""
-    # deferred: torch takes seconds to import; only a torch target's artifact needs it
-    from softsyn.flow import torch_signoff
-
     with outdir.replace(out, "signoff", "", progress=not quiet) as staged:
-        result = torch_signoff.signoff(out, provider=provider, runs=runs, warmup=warmup, progress=not quiet)
+        result = _torch_flow().signoff(out, provider=provider, runs=runs, warmup=warmup, progress=not quiet)
         text = report_torch_signoff(result)
         click.echo(json.dumps(result.to_dict(), indent=1, allow_nan=False) if as_json else text)
         written = [out / p.relative_to(staged.path) for p in write_results(result, staged.path, text)]

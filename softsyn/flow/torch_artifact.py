@@ -1,4 +1,4 @@
-"""`softsyn verify DIR` and `softsyn run DIR` on a torch target's artifact (DIR/runtime/torch.json, DIR/model.pt2).
+"""`softsyn verify DIR` and `softsyn run DIR` (and, from softsyn.flow.torch_signoff, `signoff DIR`) on a torch target's artifact (DIR/runtime/torch.json, DIR/model.pt2).
 
 verify: the fp32 reference (the source's ONNX export, read again through the export cache and its content key
 checked, as for an ONNX Runtime artifact) runs on ORT CPU with the seeded scenario inputs of every path group; the
@@ -24,6 +24,8 @@ from softsyn.runtime.artifact import TORCH_PACKAGE
 from softsyn.runtime.generate import prompt_ids
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.session import SessionSettings, device_name, open_session
+from softsyn.flow.torch_signoff import signoff  # noqa: F401  (the CLI reaches the torch flows through this module)
+from softsyn.library.torch_targets import DTYPE_PRECISION
 from softsyn.runtime.torch_package import TorchStep, read_torch_settings
 
 MAX_BATCH = 1024  # rows a scenario of runtime/torch.json may ask verify to allocate (it is untrusted input)
@@ -78,8 +80,8 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
     budget = settings.get("accuracy") or {}
     max_rel, source = budget.get("max_rel_error"), "accuracy.max_rel_error"
     if max_rel is None:
-        precision = "fp16" if settings["dtype"] == "float16" else "fp32"
-        max_rel, source = DEFAULT_REL_ERROR[precision], f"default for {precision}"
+        known = DTYPE_PRECISION[settings["dtype"]] if DTYPE_PRECISION[settings["dtype"]] in DEFAULT_REL_ERROR else "fp32"
+        max_rel, source = DEFAULT_REL_ERROR[known], f"default for {known}"
     ref_path, reference = _reference(settings, cache_dir)
     session = open_session(ref_path, SessionSettings(provider="cpu"))
     names = [o.name for o in session.get_outputs()]
@@ -87,9 +89,7 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
     with progress.step("verify: the fp32 reference (ORT CPU) and model.pt2 on every scenario", enabled=progress_on,
                        done="verify: compared"):
         for scenario, spec in (settings.get("scenarios") or {}).items():
-            dims = spec.get("dims") if isinstance(spec, dict) else None
-            if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
-                raise SoftsynError(f"{out}/runtime/torch.json: scenarios.{scenario}.dims: not an object of dim sizes")
+            dims = spec["dims"]  # read_torch_settings checked it: an object of dim sizes
             if dims.get("past", 0) + dims.get("seq", 1) > step.max_length or not 1 <= dims.get("batch", 1) <= MAX_BATCH:
                 raise SoftsynError(f"{out}/runtime/torch.json: scenarios.{scenario}.dims: {dims} do not fit the package "
                                    f"(past + seq <= {step.max_length}, batch 1..{MAX_BATCH}); re-run softsyn compile")
@@ -106,7 +106,7 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
             checks += _checks(scenario, got, expected, max_rel, budget.get("min_top1"))
     return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=budget.get("min_top1"),
                         provider=provider_label(settings), reference=settings.get("reference") or {},
-                        precision={"float16": "fp16", "bfloat16": "bf16"}.get(settings["dtype"], "fp32"))
+                        precision=DTYPE_PRECISION[settings["dtype"]])
 
 
 def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progress: bool = True) -> RunResult:

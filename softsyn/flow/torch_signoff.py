@@ -15,7 +15,6 @@ import datetime
 import json
 import re
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -51,8 +50,8 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
                            f"--provider: {device}")
     analysis = _analysis(out)
     step = TorchStep(out, settings)
-    chosen = [(g, settings["scenarios"][g.name]["dims"]) for g in analysis.groups
-              if g.paths and g.name in (settings.get("scenarios") or {})]
+    chosen = [(g, settings["scenarios"][g.name]["dims"]) for g in analysis.groups  # dims checked on reading
+              if g.paths and g.name in settings["scenarios"]]
     fits = [(g, dims) for g, dims in chosen if dims.get("past", 0) + dims.get("seq", 1) <= step.max_length]
     if not fits:
         raise SoftsynError(f"{directory}: no path group of the analysis fits the package's KV cache of "
@@ -64,10 +63,10 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
     medians: dict[str, list[float]] = {g.name: [] for g, _ in fits}
     with progress_step(f"signoff: timing {len(fits)} group(s)", enabled=progress, done="signoff: timed steps"):
         for group, dims in fits:
-            _timed(step, dims, warmup)  # capture and warm each shape before any round is timed
+            step.time_steps(dims, warmup)  # capture and warm each shape before any round is timed
         for _ in range(ROUNDS):
             for group, dims in fits:
-                times = _timed(step, dims, per_round)
+                times = step.time_steps(dims, per_round)
                 samples[group.name] += times
                 medians[group.name].append(statistics.median(times))
     with progress_step("signoff: kernels per group (torch.profiler)", enabled=progress, done="signoff: profiled"):
@@ -100,29 +99,15 @@ def _analysis(out: Path):
         raise SoftsynError(f"{path}: not a readable softsyn analysis ({exc}); re-run softsyn compile") from None
 
 
-def _timed(step: TorchStep, dims: dict, runs: int) -> list[float]:
-    """`runs` steps at `dims`, each timed on the host wall clock with the device waited for."""
-    batch, seq, past = dims.get("batch", 1), dims.get("seq", 1), dims.get("past", 0)
-    ids = torch.randint(0, step.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).numpy()
-    cache = step.owned_cache(batch)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        step(ids, past, cache)
-        step.sync()
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def _kernels(step: TorchStep, dims: dict) -> dict[str, dict]:
     """Per CUDA kernel name: count and seconds per step, over PROFILED_STEPS steps (CUPTI via torch.profiler, which
     also sees the kernels a CUDA graph replays). Empty on the CPU: the package's kernels run inside AOTInductor's
     compiled C++, which the profiler does not see into."""
     if step.device != "cuda":
         return {}
-    _timed(step, dims, 1)
+    step.time_steps(dims, 1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _timed(step, dims, PROFILED_STEPS)
+        step.time_steps(dims, PROFILED_STEPS)
     by_name: dict[str, list] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:

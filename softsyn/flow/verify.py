@@ -35,7 +35,7 @@ from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_error
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design, roles
 from softsyn.frontends.onnx_file import check_external_data, inside, name_nodes
-from softsyn.runtime.artifact import check_session, read_json
+from softsyn.runtime.artifact import check_session, read_json, scenarios_problem
 from softsyn.runtime.blocks import BlockRunner
 from softsyn.runtime.decoder import NotDecoder, decoder_io, kv_aliases
 from softsyn.runtime.inputs import VIEWS, scenario_inputs, table_rows
@@ -91,13 +91,9 @@ def _settings_problem(settings) -> str | None:
     """What is wrong with runtime/session.json for verify, None when nothing."""
     if not isinstance(settings, dict):
         return "not a JSON object"
-    scenarios = settings.get("scenarios")
-    if not isinstance(scenarios, dict) or not scenarios:
-        return "scenarios: missing or not an object of path groups"
-    for name, spec in scenarios.items():
-        dims = spec.get("dims") if isinstance(spec, dict) else None
-        if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
-            return f"scenarios.{name}.dims: not an object of dim sizes"
+    problem = scenarios_problem(settings)
+    if problem:
+        return problem
     providers = settings.get("providers")
     if not isinstance(providers, list) or not providers or not all(isinstance(p, str) for p in providers):
         return "providers: not a list of ONNX Runtime provider names"

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+DTYPE_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # torch dtype name -> softsyn's
+
+
 @dataclass(frozen=True)
 class TorchTarget:
     name: str
@@ -23,7 +26,7 @@ class TorchTarget:
 
     @property
     def float_precision(self) -> str:
-        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
+        return DTYPE_PRECISION[self.dtype]
 
 
 TORCH_TARGETS = {

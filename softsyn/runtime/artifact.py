@@ -59,6 +59,19 @@ TORCH_FILE = "runtime/torch.json"  # a torch target's settings (softsyn.runtime.
 TORCH_PACKAGE = "model.pt2"  # the AOTInductor package a torch target compiles
 
 
+def scenarios_problem(settings: dict) -> str | None:
+    """What is wrong with a settings file's `scenarios` (an artifact's path groups: name -> {"dims": {dim: size}}),
+    None when nothing: runtime/session.json and runtime/torch.json are untrusted input."""
+    scenarios = settings.get("scenarios")
+    if not isinstance(scenarios, dict) or not scenarios:
+        return "scenarios: missing or not an object of path groups"
+    for name, spec in scenarios.items():
+        dims = spec.get("dims") if isinstance(spec, dict) else None
+        if not isinstance(dims, dict) or not all(type(v) is int and v >= 0 for v in dims.values()):
+            return f"scenarios.{name}.dims: not an object of dim sizes"
+    return None
+
+
 def is_torch_artifact(directory: str | Path) -> bool:
     """Whether `directory` holds a torch target's artifact (runtime/torch.json), not an ONNX Runtime one."""
     return (Path(directory) / TORCH_FILE).is_file()

@@ -22,7 +22,7 @@ import torch
 from softsyn.constraints.reader import MAX_INT
 from softsyn.errors import SoftsynError
 from softsyn.frontends.onnx_file import inside
-from softsyn.runtime.artifact import TORCH_FILE, read_json
+from softsyn.runtime.artifact import TORCH_FILE, read_json, scenarios_problem
 from softsyn.runtime.generate import Generation
 
 FORMAT = "softsyn.torch/2"  # /2: the cache is written in place (/1 returned updated copies)
@@ -51,9 +51,12 @@ def read_torch_settings(directory: str | Path) -> dict:
             raise SoftsynError(f"{path}: {key}: {settings.get(key)!r} is not one of {', '.join(valid)}")
     if not isinstance(settings.get("cuda_graphs", False), bool):
         raise SoftsynError(f"{path}: cuda_graphs: not true or false; re-run softsyn compile")
-    for key in ("reference", "accuracy", "scenarios"):
+    for key in ("reference", "accuracy"):
         if not isinstance(settings.get(key) or {}, dict):
             raise SoftsynError(f"{path}: {key}: not an object; re-run softsyn compile")
+    problem = scenarios_problem(settings)
+    if problem:
+        raise SoftsynError(f"{path}: {problem}; re-run softsyn compile")
     return settings
 
 
@@ -173,17 +176,20 @@ class TorchStep:
             tokens.append(token)
         return Generation(tuple(tokens), ttft, tuple(tpot), "static")
 
-    def measure(self, dims: dict[str, int], runs: int = 10, warmup: int = 2) -> float:
-        """The median seconds of one step at a path group's dims (batch, seq, past), seeded ids, the step's own
-        cache; on CUDA each run waits for the device (a replayed graph when cuda_graphs)."""
+    def time_steps(self, dims: dict[str, int], runs: int) -> list[float]:
+        """Seconds of each of `runs` steps at a path group's dims (batch, seq, past): seeded ids, the step's own cache,
+        each run waiting for the device (a replayed graph when cuda_graphs)."""
         batch, seq, past = dims.get("batch", 1), dims.get("seq", 1), dims.get("past", 0)
         ids = np.random.default_rng(0).integers(0, self.vocab_size, size=(batch, seq), dtype=np.int64)
         cache = self.owned_cache(batch)
         times = []
-        for r in range(warmup + runs):
+        for _ in range(runs):
             t = time.perf_counter()
             self(ids, past, cache)
             self.sync()
-            if r >= warmup:
-                times.append(time.perf_counter() - t)
-        return statistics.median(times)
+            times.append(time.perf_counter() - t)
+        return times
+
+    def measure(self, dims: dict[str, int], runs: int = 10, warmup: int = 2) -> float:
+        """The median seconds of one step at a path group's dims, after `warmup` untimed ones (time_steps)."""
+        return statistics.median(self.time_steps(dims, warmup + runs)[warmup:])
