@@ -60,7 +60,7 @@ def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
 
 
 def attention_rows(device: str, dtype) -> list[tuple]:
-    from softsyn.emit.torch_lowering import ATTENTIONS
+    from softsyn.emit.torch_step import ATTENTIONS
 
     rows = []
     for label, seq in (("decode", 1), ("prefill", 512)):
@@ -79,7 +79,7 @@ def attention_rows(device: str, dtype) -> list[tuple]:
 
 
 def projection_rows(device: str, dtype) -> list[tuple]:
-    from softsyn.emit.torch_lowering import PackedLinear
+    from softsyn.emit.torch_step import PackedLinear
 
     rows = []
     x = torch.randn(1, 1, HIDDEN, device=device, dtype=dtype)

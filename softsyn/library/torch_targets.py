@@ -21,7 +21,7 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
-    attention: str  # softsyn.emit.torch_lowering.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
+    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only)
 
     @property

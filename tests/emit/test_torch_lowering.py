@@ -41,7 +41,7 @@ def test_a_weightless_plan_is_refused(cache_dir, tmp_path, capsys):
 
 
 def _tiny_model():
-    from softsyn.emit.torch_lowering import ATTENTIONS  # registers softsyn's attentions with transformers
+    from softsyn.emit.torch_step import ATTENTIONS  # registers softsyn's attentions with transformers
     from softsyn.frontends import source_torch_model
 
     model = source_torch_model("zoo:qwen3-tiny")
@@ -55,7 +55,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from softsyn.emit.torch_lowering import ATTENTIONS
+    from softsyn.emit.torch_step import ATTENTIONS
 
     grouped_attention = ATTENTIONS[form][1]
 
@@ -79,7 +79,7 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
     place, stale slots masked) give the logits of transformers' own forward over the whole sequence."""
     import torch
 
-    from softsyn.emit.torch_lowering import StaticStep
+    from softsyn.emit.torch_step import StaticStep
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()
@@ -104,7 +104,7 @@ def test_packed_projections_compute_what_the_separate_ones_did():
     model's logits stay those of the separate projections."""
     import torch
 
-    from softsyn.emit.torch_lowering import PackedLinear, PackedPart, pack_projections
+    from softsyn.emit.torch_step import PackedLinear, PackedPart, pack_projections
 
     model, _ = _tiny_model()
     ids = torch.tensor([[3, 14, 15, 92, 65]])
@@ -126,7 +126,7 @@ def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
     fp16 rounding of the fp32 step's (an fp16 inv_freq put them 7.5 % off)."""
     import torch
 
-    from softsyn.emit.torch_lowering import StaticStep, cast_parameters
+    from softsyn.emit.torch_step import StaticStep, cast_parameters
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()
@@ -152,7 +152,8 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     exports (torch.export, what AOTInductor compiles), and its logits stay within int8's error of the float model's."""
     import torch
 
-    from softsyn.emit.torch_lowering import StaticStep, _export, pack_projections, quantise_modules
+    from softsyn.emit.torch_lowering import export_step
+    from softsyn.emit.torch_step import StaticStep, pack_projections, quantise_modules
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()
@@ -171,7 +172,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     assert any("2 Linear layers int8 weight-only" in n for n in notes)
     assert any("1 Linear layer mapped int4 kept fp32: int4 is not built" in n for n in notes)
     layers, kv, head_dim = kv_geometry(model.config)
-    program = _export(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
+    program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
     cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
     with torch.no_grad():
         got = program.module()(ids, torch.arange(4)[None], *cache)

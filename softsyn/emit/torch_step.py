@@ -1,0 +1,206 @@
+"""The torch targets' step model (softsyn.emit.torch_lowering exports and compiles it): one decoder step over a
+static KV cache the caller owns, written in place (BufferLayer, StaticStep); attention with a KV head's query heads
+stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
+transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
+parameters only (cast_parameters); the compile loop's int8 cells as torchao weight-only layers (quantise_modules).
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torchao.quantization import Int8WeightOnlyConfig, quantize_
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, StaticLayer
+
+
+class BufferLayer(StaticLayer):
+    """One layer's cache as the step's input tensors, written in place at the step's positions (batch rows share
+    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor):
+        super().__init__(max_cache_len=keys.shape[2])
+        self.keys, self.values, self.where, self.device = keys, values, where, keys.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys.index_copy_(2, self.where, key_states)
+        self.values.index_copy_(2, self.where, value_states)
+        return self.keys, self.values
+
+
+def _stacked(query, key, attention_mask):
+    """The query heads of one KV head stacked as rows ([B, Hkv, rep*seq, D]) and the mask repeated to match."""
+    batch, heads, seq, dim = query.shape
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
+    mask = attention_mask[:, :, None].expand(-1, -1, rep, -1, -1).reshape(batch, 1, rep * seq, key.shape[2])
+    return query.reshape(batch, kv_heads, rep * seq, dim), mask
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA over the whole static cache, query heads stacked per KV head: K and V are read once per KV head, never
+    repeated (transformers' sdpa path repeats them when a mask is given, which would copy the cache every step).
+    `attention_mask`: bool [B, 1, seq, max_length], True where visible."""
+    batch, heads, seq, dim = query.shape
+    q, mask = _stacked(query, key, attention_mask)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
+def matmul_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The same function as two matmuls and a softmax in fp32 (transformers' eager form, query heads stacked):
+    Inductor fuses the mask, scale and softmax, and at decode the matmuls are GEMVs over the cache that cuBLAS spreads
+    over all its positions, where SDPA's fused kernels split the work by query rows (two at decode: 86 us a layer for
+    cuDNN's at qwen3-1.7b's shapes on the H200, 2026-12-03)."""
+    batch, heads, seq, dim = query.shape
+    q, mask = _stacked(query, key, attention_mask)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
+ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention)}
+for _name, _function in ATTENTIONS.values():
+    AttentionInterface.register(_name, _function)
+
+
+class PackedLinear(torch.nn.Module):
+    """Linear layers that read the same input as one matmul over their concatenated weights (a GEMV at decode:
+    qwen3-1.7b's separate q/k/v GEMVs ran at 0.8 TB/s on the H200, 2026-12-03; one wide GEMV streams faster). The
+    first part asked for an input computes every output; the others take theirs from it (same input object)."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        super().__init__()
+        first, biases = linears[0], [lin.bias for lin in linears]
+        # one nn.Linear over the concatenated weights: whatever handles Linear layers (torchao's quantize_) handles it
+        self.linear = torch.nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                                      bias=all(b is not None for b in biases), device=first.weight.device,
+                                      dtype=first.weight.dtype)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.cat([lin.weight for lin in linears]))
+            if self.linear.bias is not None:
+                self.linear.bias.copy_(torch.cat(biases))
+        self.sizes = [lin.out_features for lin in linears]
+        self._input, self._parts, self._taken = None, None, 0
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if self._input is not x:
+            self._input = x
+            self._parts = self.linear(x).split(self.sizes, dim=-1)
+            self._taken = 0
+        out = self._parts[index]
+        self._taken += 1
+        if self._taken == len(self.sizes):  # every part taken: hold no tensor past the call
+            self._input, self._parts = None, None
+        return out
+
+
+class PackedPart(torch.nn.Module):
+    """One of a PackedLinear's outputs, where the Linear it replaces was."""
+
+    def __init__(self, packed: PackedLinear, index: int):
+        super().__init__()
+        self.index = index
+        # a plain reference, not a submodule: the PackedLinear is registered once, on the module that holds the
+        # parts, so module walks (torchao's quantize_, parameters()) meet its weight once
+        self.__dict__["packed"] = packed
+
+    def forward(self, x):
+        return self.packed.part(self.index, x)
+
+
+PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # attention's QKV, the MLP's gate and up
+
+
+def pack_projections(model: torch.nn.Module) -> int:
+    """Replace every group of PACKED Linear layers of one module (same input width) by a PackedLinear; how many."""
+    packed = 0
+    for module in list(model.modules()):
+        for names in PACKED:
+            linears = [getattr(module, name, None) for name in names]
+            if not all(type(lin) is torch.nn.Linear for lin in linears):
+                continue
+            if len({lin.in_features for lin in linears}) != 1:
+                continue
+            group = PackedLinear(linears)
+            setattr(module, "packed_" + "_".join(n.removesuffix("_proj") for n in names), group)
+            for index, name in enumerate(names):
+                setattr(module, name, PackedPart(group, index))
+            packed += 1
+    return packed
+
+
+class StaticStep(torch.nn.Module):
+    """(input_ids, position_ids, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns, the
+    step's keys and values written into it in place. A query sees the cache slots at or before its own position."""
+
+    def __init__(self, model, max_length: int):
+        super().__init__()
+        self.m, self.max_length = model, max_length
+        self.layers = model.config.num_hidden_layers
+        # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated), as export_decoder reads it
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def forward(self, input_ids, position_ids, *kv):
+        where = position_ids[0]  # every row of a batch at the same positions
+        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where) for i in range(self.layers)])
+        slots = torch.arange(self.max_length, device=input_ids.device)
+        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, max_length]
+        out = self.m(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                     **{self.cache_kw: cache})
+        return out.logits
+
+
+TORCHAO = {"int8": Int8WeightOnlyConfig}  # the weight precisions the torch targets build, torchao's config for each
+BITS_ORDER = ("fp32", "bf16", "fp16", "int8", "fp8", "int4")  # most accurate first: a packed group takes its parts' first
+
+
+def weight_map(design) -> dict[str, str]:
+    """{module name (the cell's hierarchy): precision} of the design's quantised weight cells, as the loop left them."""
+    out = {}
+    for node in design.netlist.nodes():
+        if node.op_type == "MatMulNBits":
+            out[design.netlist.hierarchy(node)] = f"int{node.attributes.get_int('bits', 4)}"
+        elif node.op_type == "MatMulBlockQuantizedFp8Weight":
+            out[design.netlist.hierarchy(node)] = "fp8"
+    return out
+
+
+def quantise_modules(model: torch.nn.Module, precisions: dict[str, str], float_precision: str) -> list[str]:
+    """torchao weight-only quantisation of the Linear layers `precisions` names (a packed group at its most accurate
+    part's precision); the notes: what was quantised, and any cell the package keeps float (and why)."""
+    modules = dict(model.named_modules())
+    groups: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
+    notes = []
+    for name, precision in sorted(precisions.items()):
+        module = modules.get(name)
+        linear = module.packed.linear if isinstance(module, PackedPart) else module
+        if not isinstance(linear, torch.nn.Linear):
+            notes.append(f"cell {name} ({precision}): no torch Linear of that name; kept {float_precision}")
+            continue
+        groups.setdefault(id(linear), (linear, []))[1].append(precision)
+    chosen: dict[str, set[int]] = {}
+    unbuilt: dict[str, int] = {}
+    for linear, asked in groups.values():
+        precision = min(asked, key=BITS_ORDER.index)
+        if precision in TORCHAO:
+            chosen.setdefault(precision, set()).add(id(linear))
+        elif precision != float_precision:
+            unbuilt[precision] = unbuilt.get(precision, 0) + 1
+    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for the "
+              f"torch targets (built: {', '.join(TORCHAO)})" for p, n in unbuilt.items()]
+    for precision, ids in chosen.items():
+        quantize_(model, TORCHAO[precision](), filter_fn=lambda m, fqn, ids=ids: id(m) in ids)
+        notes.append(f"{len(ids)} Linear layer{'s' if len(ids) != 1 else ''} {precision} weight-only "
+                     f"(torchao {TORCHAO[precision].__name__}), as the compile's map")
+    return notes
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to `dtype`, buffers left as built: rotary's fp32 inv_freq cast to fp16 skews the angle at far
+    positions (qwen3-tiny's keys at position 4096 were 7.5 % off the reference on the H200, 2026-12-03)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
