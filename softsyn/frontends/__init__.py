@@ -64,7 +64,8 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
             )
         elif entry.model_type == "qwen3_vl":
             nl = vlm.load_vlm_design(_zoo.make_config(entry), zoo_name, f"zoo:{zoo_name}", cache, progress,
-                                     weights=entry.weights, dtype=entry.dtype, image_size=image_size)
+                                     weights=entry.weights, dtype=entry.dtype, image_size=image_size,
+                                     materialize=materialize)
         else:
             cfg = _zoo.make_config(entry)
             weights = "filled" if materialize and entry.weights == "meta" else entry.weights
@@ -79,14 +80,16 @@ def read_design(spec: str, cache_dir: str | Path | None = None, progress: bool =
         cfg, folder = hf.read_config(path)
         if vlm.is_vlm(cfg):
             checked_weights(folder)  # its weights are not read (a composite exports from its config), but never cut
-            return vlm.load_vlm_design(cfg, path.resolve().name, str(path), cache, progress, image_size=image_size)
+            return vlm.load_vlm_design(cfg, path.resolve().name, str(path), cache, progress, image_size=image_size,
+                                       materialize=materialize)
         return hf.load_transformers_design(cfg, path.resolve().name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)
     if path.is_file() and path.suffix.lower() == ".json":
         cfg, folder = hf.read_config(path)
         name = path.resolve().parent.name if path.name == "config.json" else path.stem
         if vlm.is_vlm(cfg):
-            return vlm.load_vlm_design(cfg, name, str(path), cache, progress, image_size=image_size)
+            return vlm.load_vlm_design(cfg, name, str(path), cache, progress, image_size=image_size,
+                                       materialize=materialize)
         return hf.load_transformers_design(cfg, name, str(path), cache, progress, folder=folder,
                                            materialize=materialize)
     if path.is_dir():

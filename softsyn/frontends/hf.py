@@ -16,7 +16,7 @@ from softsyn.frontends import cache as _cache
 from softsyn.frontends import export as _export
 from softsyn.frontends import replicate as _replicate
 from softsyn.frontends.hf_common import EXPERTS_IMPL, brief
-from softsyn.frontends.materialize import materialize
+from softsyn.frontends.materialize import FILLED, materialize
 from softsyn.frontends.weights import LOADABLE, checked_weights
 from softsyn.netlist import Netlist
 from softsyn.progress import step
@@ -304,7 +304,7 @@ def _materialised(ex: _Export, cache_dir: Path, progress: bool, *, entry: Path, 
     with step(f"materialising {name}: seeded random {dtype} weights + onnxscript optimizer", enabled=progress,
               done=f"materialised {name}'s weights"):
         model = materialize(base.model, ex.cfg)
-        provenance = dict(base.provenance, weights="random seed 0 (filled into the weightless export, then optimised)")
+        provenance = dict(base.provenance, weights=FILLED)
         provenance.pop("weights_location", None)
         provenance.pop("cache", None)
         provenance["materialise_seconds"] = round(time.perf_counter() - t0, 2)

@@ -26,6 +26,8 @@ from softsyn.netlist.keys import META_WEIGHTS
 from softsyn.frontends.export import name_folded_weights
 
 POOL = 1 << 24  # values in the seeded pool every float tensor is sliced from
+# A filled export's provenance `weights` (verify reads a design again with materialize when it says so)
+FILLED = "random seed 0 (filled into the weightless export, then optimised)"
 
 
 def seed_pool(seed: int, std: float) -> np.ndarray:

@@ -29,6 +29,7 @@ from softsyn.frontends import cache as _cache, export as _export, replicate as _
 from softsyn.netlist import HIERARCHY_KEY, Netlist
 from softsyn.frontends.hf import MATERIALISE_LIMIT, config_summary
 from softsyn.frontends.hf_common import brief
+from softsyn.frontends.materialize import FILLED, materialize
 
 BLOCKS = ("vision", "embedding", "decoder")
 BLOCK_FILES = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "model.onnx"}
@@ -115,7 +116,9 @@ def join_blocks(blocks: dict[str, ir.Model], name: str) -> tuple[ir.Model, list[
             node.name = local(node.name)
             node.input[:] = [local(n) for n in node.input]
             node.output[:] = [local(n) for n in node.output]
-            scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), "")
+            scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), None)
+            if scope is None:  # a node of the block's own module (no submodule scope) is still the block's
+                node.metadata_props.add(key=HIERARCHY_KEY, value=block)
             for e in node.metadata_props:
                 if e.key == HIERARCHY_KEY:
                     e.value = f"{block}.{scope}" if scope else block
@@ -179,20 +182,63 @@ def _torch_side():
     return vlm_export
 
 
-def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str | None = None,
-                    dtype: str | None = None, image_size: tuple[int, int] | None = None):
-    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
-    `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
-    frontends' materialise limit (a real-size config is planned, not run)."""
+def _weights(cfg, source: str, weights: str | None, materialize: bool) -> str:
+    """random | meta | filled: `weights` None is decided by the parameter count (meta above the frontends'
+    materialise limit); `materialize` turns a weightless read into one with seeded weights filled in."""
     if weights is None:
         count = _torch_side().parameter_count(cfg, source)
         weights = "meta" if count * 4 > MATERIALISE_LIMIT else "random"
-    dtype = dtype or ("float16" if weights == "meta" else "float32")
+    return "filled" if materialize and weights == "meta" else weights
+
+
+def _fill(blocks: dict[str, ir.Model], model, cfg, grid) -> None:
+    """Seeded weights in each weightless block (softsyn.frontends.materialize: by initializer name, then the
+    exporter's optimizer), block by block so no rewrite crosses a block's ports; the vision tower's grid constants
+    (position resampling, rotary cos/sin) get their exact values, not seeded ones."""
+    exact = _torch_side().grid_constants(model.model.visual, grid)
+    for block in blocks.values():
+        for key, value in exact.items():
+            init = block.graph.initializers.get(key)
+            if init is not None:
+                init.const_value = ir.Tensor(value.numpy().astype(init.dtype.numpy()), name=key)
+        materialize(block, cfg.text_config)  # the text config: its rope theta is the decoder's inv_freq
+
+
+def _blocks(cfg, name: str, source: str, grid, plan: dict) -> tuple[dict, int, int | None]:
+    """The three blocks of `cfg` (plan: weights, dtype, traced layers or None): (blocks, parameters, layer
+    copies or None). A filled read exports weightless, then fills (`_fill`)."""
+    weights, traced = plan["weights"], plan["traced"]
+    model = _torch_side().build_model(_with_layers(cfg, traced) if traced else cfg, source,
+                                      weights="meta" if weights == "filled" else weights, dtype=plan["dtype"])
+    parameters = _torch_side().parameter_count(cfg, source) if traced else sum(p.numel() for p in model.parameters())
+    try:
+        blocks = _torch_side().export_blocks(model, name, grid)
+    except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
+        raise SoftsynError(f"{source}: exporting {name} with {plan['exporter']} failed: {brief(e)}") from e
+    copies = None
+    if traced:
+        try:
+            copies = _replicate.replicate_layers(blocks["decoder"], cfg.text_config.num_hidden_layers)
+        except _replicate.NotReplicable as e:
+            raise SoftsynError(f"{source}: cannot replicate the decoder layers of {name}: {e}") from None
+    if weights == "filled":
+        _fill(blocks, model, cfg, grid)
+    return blocks, parameters, copies
+
+
+def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = True, weights: str | None = None,
+                    dtype: str | None = None, image_size: tuple[int, int] | None = None, materialize: bool = False):
+    """The composite netlist of a Qwen3-VL config at one image size (cached by content key, like every export).
+    `weights` None: seeded random fp32 weights for a small model, a weightless fp16 export ("meta") above the
+    frontends' materialise limit (a real-size config is planned, not run). `materialize`: a weightless read gets
+    seeded weights filled into its export instead ("filled", as a real-size decoder does: runnable)."""
+    weights = _weights(cfg, source, weights, materialize)
+    dtype = dtype or ("float32" if weights == "random" else "float16")
 
     size = tuple(image_size or DEFAULT_IMAGE)
     grid = grid_for(cfg, size)
     exporter = f"{_export.DYNAMO}, blocks vision/embedding/decoder, fixed grid {'x'.join(map(str, grid.thw))}"
-    traced = traced_layers(cfg) if weights == "meta" else None
+    traced = traced_layers(cfg) if weights != "random" else None
     layers = cfg.text_config.num_hidden_layers
     if traced:
         exporter += f", decoder layers {traced} exported then replicated to {layers}"
@@ -206,27 +252,17 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
         return cached
     t0 = time.perf_counter()
     if progress:
-        print(f"exporting {name} ({grid.describe()}) with {exporter}...", end="", file=sys.stderr, flush=True)
+        print(f"exporting {name} ({grid.describe()}) with {exporter}{' + seeded weights' * (weights == 'filled')}...",
+              end="", file=sys.stderr, flush=True)
     _export.torch_num_threads()
-    model = _torch_side().build_model(_with_layers(cfg, traced) if traced else cfg, source, weights=weights,
-                                      dtype=dtype)
-    parameters = _torch_side().parameter_count(cfg, source) if traced else sum(p.numel() for p in model.parameters())
-    try:
-        blocks = _torch_side().export_blocks(model, name, grid)
-    except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
-        raise SoftsynError(f"{source}: exporting {name} with {exporter} failed: {brief(e)}") from e
-    copies = None
-    if traced:
-        try:
-            copies = _replicate.replicate_layers(blocks["decoder"], layers)
-        except _replicate.NotReplicable as e:
-            raise SoftsynError(f"{source}: cannot replicate the decoder layers of {name}: {e}") from None
+    blocks, parameters, copies = _blocks(cfg, name, source, grid, {"weights": weights, "dtype": dtype,
+                                                                   "traced": traced, "exporter": exporter})
     joined, info = join_blocks(blocks, name)
-    del model, blocks
+    del blocks
     t, h, w = grid.thw
     provenance = {
         "source": source, "exporter": exporter, "dtype": dtype, "versions": _cache.versions(),
-        "weights": {"random": "random seed 0", "meta": "meta (not materialised)"}[weights],
+        "weights": {"random": "random seed 0", "meta": "meta (not materialised)", "filled": FILLED}[weights],
         "export_seconds": round(time.perf_counter() - t0, 2), "scope_prefix": _export.SCOPE_PREFIX,
         "blocks": info,
         "image": {"size": list(size), "resized": list(grid.resized), "grid_thw": [t, h, w], "patches": grid.patches,

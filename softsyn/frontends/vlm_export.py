@@ -28,20 +28,27 @@ def build_model(cfg, source: str, *, weights: str, dtype: str):
         return Qwen3VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
 
 
-def _vision_module(visual, grid):
-    """Qwen3-VL's vision tower at one fixed grid, `images` images of it per call."""
+def grid_constants(visual, grid) -> dict[str, torch.Tensor]:
+    """The vision tower's constants at one grid, on the CPU (from the config: a model on the meta device has none),
+    by the name of the buffer (and of the exported initializer) that holds each: the position table's resampling
+    indices and weights, the rotary cos and sin of every patch."""
     grid_thw = torch.tensor([grid.thw])
     idx, weights = get_vision_interpolation_indices_and_weights(
         grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
         align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.spatial_merge_size)
     positions = get_vision_position_ids(grid_thw, visual.spatial_merge_size)
-    hidden = visual.config.hidden_size
-    rope = visual.rotary_pos_emb  # its angles from the config, on the CPU: a model built on the meta device has none
+    rope = visual.rotary_pos_emb
     inv_freq, scale = type(rope).compute_axial_rope_parameters(visual.config)
     angles = positions[..., None].float() * inv_freq
     cos, sin = (rope.recomposition_frequencies(f * scale) for f in (angles.cos(), angles.sin()))
+    return {"interp_indices": idx, "interp_weights": weights, "rope_cos": cos.float(), "rope_sin": sin.float()}
+
+
+def _vision_module(visual, grid):
+    """Qwen3-VL's vision tower at one fixed grid, `images` images of it per call."""
+    hidden = visual.config.hidden_size
     device = next(visual.parameters()).device
-    idx, weights, cos, sin = (t.to(device) for t in (idx, weights, cos, sin))
+    constants = {k: t.to(device) for k, t in grid_constants(visual, grid).items()}
 
     def rotate_half(x):
         half = x.shape[-1] // 2
@@ -51,10 +58,8 @@ def _vision_module(visual, grid):
         def __init__(self, m):
             super().__init__()
             self.m = m
-            self.register_buffer("interp_indices", idx, persistent=False)
-            self.register_buffer("interp_weights", weights, persistent=False)
-            self.register_buffer("rope_cos", cos.float(), persistent=False)
-            self.register_buffer("rope_sin", sin.float(), persistent=False)
+            for key, value in constants.items():
+                self.register_buffer(key, value, persistent=False)
 
         def forward(self, pixel_values):
             m, patches = self.m, grid.patches

@@ -6,10 +6,13 @@ hybrid Gated DeltaNet + gated attention + MoE decoder, exported with its conv an
 softsyn.frontends.hybrid_export). Real-size shapes
 (``qwen3-0.6b``/``1.7b``/``8b``, the MoE ``qwen3-30b-a3b``/``235b-a22b``, ``gemma2-2b``) are built on the meta device in
 float16 with the published Qwen3 dimensions: exact shapes and dtypes, no weights in RAM; so are the vision-language
-composites ``qwen3-vl-2b``/``4b``/``8b`` (docs/decisions/2026-12-02-qwen3-vl-zoo.md: the sources of their values).
+composites ``qwen3-vl-2b``/``4b``/``8b`` (docs/decisions/2026-12-02-qwen3-vl-zoo.md: the sources of their values);
+``qwen3-vl-2b-reduced`` is the 2B's widths with 4 text layers and 4 vision blocks. Compiled without ``--plan``, a
+weightless entry gets seeded weights filled into its export (softsyn.frontends.materialize), so it runs.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +84,40 @@ def _qwen3_vl(name: str, title: str, text: dict, vision: dict, tied: bool) -> Zo
                          vision_start_token_id=151652, vision_end_token_id=151653, tie_word_embeddings=tied),
                     weights="meta", dtype="float16")
 
+
+def _reduced(base: ZooEntry, text_layers: int, vision_blocks: int) -> ZooEntry:
+    """`base` (a real-size Qwen3-VL entry) at its real widths with fewer layers: `text_layers` decoder layers and
+    `vision_blocks` vision blocks, its DeepStack taps moved proportionally into the shorter tower (as many, in
+    order); the same weights mode (weightless for a plan, seeded weights filled in when compiled)."""
+    text, vision = base.config["text_config"], base.config["vision_config"]
+    taps = [i * vision_blocks // vision["depth"] for i in vision["deepstack_visual_indexes"]]
+    if len(set(taps)) < len(taps) or text_layers < len(taps):
+        raise ValueError(f"zoo {base.name}: {text_layers} layers / {vision_blocks} blocks cannot keep its "
+                         f"{len(taps)} DeepStack taps apart")
+    heads = f"{text['num_attention_heads']}/{text['num_key_value_heads']}"
+    return ZooEntry(
+        f"{base.name}-reduced",
+        f"{base.name}'s real widths with fewer layers: vision {vision_blocks} of its {vision['depth']} blocks x "
+        f"{vision['hidden_size']} (MLP {vision['intermediate_size']}; DeepStack after {'/'.join(map(str, taps))} for "
+        f"its {'/'.join(map(str, vision['deepstack_visual_indexes']))}) + merger to {vision['out_hidden_size']}, "
+        f"text {text_layers} of its {text['num_hidden_layers']} layers x {text['hidden_size']} ({heads} heads, MLP "
+        f"{text['intermediate_size']}, vocab {text['vocab_size']}, {'tied' if text['tie_word_embeddings'] else 'untied'});"
+        " fp16, seeded weights filled in when compiled (the "
+        "real-width composite signed off on a GPU in one call), weightless with --plan",
+        base.model_type,
+        dict(copy.deepcopy(base.config), text_config=dict(copy.deepcopy(text), num_hidden_layers=text_layers),
+             vision_config=dict(vision, depth=vision_blocks, deepstack_visual_indexes=taps)),
+        weights=base.weights, dtype=base.dtype)
+
+
+# Qwen/Qwen3-VL-2B-Instruct config.json; cross-checked against copies of it in public repositories (Rust and
+# C++ test fixtures quoting it whole, transformers_version 4.57.0.dev0) and dangtruong-github/qwen3-vl-2b-inference
+# export_bin/export_qwen_bin.py (28 text layers, 24 vision blocks, 3 DeepStack mergers): the decision record
+_QWEN3_VL_2B = _qwen3_vl("qwen3-vl-2b", "Qwen3-VL-2B-Instruct",
+                         dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                              intermediate_size=6144),
+                         dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048,
+                              deepstack_visual_indexes=[5, 11, 17]), tied=True)
 
 ZOO: dict[str, ZooEntry] = {
     "qwen3-tiny": ZooEntry(
@@ -198,14 +235,10 @@ ZOO: dict[str, ZooEntry] = {
             tie_word_embeddings=False,
         ),
     ),
-    # Qwen/Qwen3-VL-2B-Instruct config.json; cross-checked against copies of it in public repositories (Rust and
-    # C++ test fixtures quoting it whole, transformers_version 4.57.0.dev0) and dangtruong-github/qwen3-vl-2b-inference
-    # export_bin/export_qwen_bin.py (28 text layers, 24 vision blocks, 3 DeepStack mergers): the decision record
-    "qwen3-vl-2b": _qwen3_vl("qwen3-vl-2b", "Qwen3-VL-2B-Instruct",
-                             dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                                  intermediate_size=6144),
-                             dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048,
-                                  deepstack_visual_indexes=[5, 11, 17]), tied=True),
+    "qwen3-vl-2b": _QWEN3_VL_2B,
+    # The 2B's widths with 4 text layers and 4 vision blocks: small enough to compile, verify and sign off on the
+    # H200 in one device call (bench/h200_session.sh vl), every kind of layer and block of the 2B still in it
+    "qwen3-vl-2b-reduced": _reduced(_QWEN3_VL_2B, text_layers=4, vision_blocks=4),
     # Qwen/Qwen3-VL-4B-Instruct config.json; cross-checked: InternLM/xtuner xtuner/v1/model/compose/qwen3_vl/
     # qwen3_vl_config.py (Qwen3VLDense4BConfig: vision 24 x 1024, 4096, DeepStack 5/11/17, projector to 2560, mrope
     # 24/20/20, theta 5e6) and a Rust preset quoting the released config.json (text 36 x 2560, 32/8 heads, MLP 9728, tied)
