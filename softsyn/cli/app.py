@@ -91,8 +91,8 @@ def main(debug):
     a built-in zoo name (optionally prefixed "zoo:"): qwen3-tiny,
     llama-tiny, qwen3-moe-tiny, qwen3-wide, qwen3-vl-tiny, qwen3-next-tiny,
     qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-vl-2b, qwen3-vl-4b, qwen3-vl-8b,
-    qwen3-30b-a3b, qwen3-235b-a22b, qwen3-next-80b-a3b, gemma2-tiny,
-    gemma3-tiny, gemma2-2b, minilm.
+    qwen3-vl-2b-reduced, qwen3-30b-a3b, qwen3-235b-a22b, qwen3-next-80b-a3b,
+    gemma2-tiny, gemma3-tiny, gemma2-2b, minilm.
 
     \b
     Exit codes: 0 success, 1 timing or area violated, 2 bad input (one

@@ -32,6 +32,7 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends.onnx_file import check_external_data
 from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import kv_aliases
+from softsyn.runtime.block_measure import measure_blocks, profile_blocks
 from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.measure import measure_many, onnx_path, profile_many
 from softsyn.runtime.session import describe_device, device_name
@@ -44,9 +45,12 @@ from softsyn.results.signoff import MEASURED_INTERVAL, CellRow, GroupResult, OpR
 from softsyn.constraints import Constraints, load_constraints
 from softsyn.design import Design
 from softsyn.frontends import read_design
+from softsyn.frontends.vlm import rejoin
 from softsyn.library import load_library
 from reports import from_json
 
+COMPOSITE_NOTE = ("a composite: each group's step is one call of each block it runs, in order, one session per "
+                  "block, inputs bound on the device before timing (softsyn.runtime.block_measure)")
 DESIGN_FILE = "design.json"  # written by `analyze -o`: how to rebuild the design signoff runs
 DESIGN_SCHEMA = "softsyn.design/1"
 ANALYSIS_FILE = "analysis.json"
@@ -64,6 +68,7 @@ class Target:
     onnx: Path
     session_options: dict
     cuda_graph: bool = False  # runtime/session.json enables the CUDA EP's graph capture
+    blocks: list[dict] | None = None  # a composite's blocks (runtime/session.json): its block files measured in turn
 
 
 def design_record(spec: str, constraints: str | None, target: str | None, cache_dir: str | None,
@@ -116,12 +121,11 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
         session_file = directory / "runtime" / "session.json"
         runtime = check_session(read_json(session_file, "runtime/session.json"), session_file) \
             if session_file.is_file() else {}
-        if runtime.get("blocks"):
-            raise SoftsynError(f"{directory}: a vision-language composite (vision.onnx, embedding.onnx, model.onnx); "
-                               "signoff measures one-model designs only (not built yet for composites)")
         kind = "compile"
         onnx = directory / "model.onnx"
-        netlist = read_design(str(onnx), progress=progress)
+        blocks = runtime.get("blocks") or None
+        # a composite's block files joined back into the netlist compile timed (names and cells as it wrote them)
+        netlist = rejoin(directory, blocks) if blocks else read_design(str(onnx), progress=progress)
         check_external_data(netlist.model, onnx)  # every weight's bytes there before ONNX Runtime maps them
         meta = _read_json(directory / "netlist.json")
         cons_file = record.get("constraints") or meta.get("constraints_file") or (
@@ -150,7 +154,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
             kwargs["materialize"] = True
         design = Design.load(spec, **kwargs)
         onnx = Path(record["onnx"]) if record.get("onnx") and Path(record["onnx"]).is_file() else onnx_path(design.netlist)
-        options, cuda_graph = {}, True  # timed as the design.launches say: measured the same way
+        options, cuda_graph, blocks = {}, True, None  # timed as the design.launches say: measured the same way
     else:
         raise _bad_dir(directory, f"neither {ANALYSIS_FILE} nor model.onnx + netlist.json here")
     if "meta" in str(design.netlist.provenance.get("weights", "")):
@@ -159,7 +163,7 @@ def load_target(directory: str | Path, progress: bool = False) -> Target:
                            "the RAM for them")
     if analysis is None:
         analysis = design.analyze()
-    return Target(kind, design, analysis, onnx, options, cuda_graph)
+    return Target(kind, design, analysis, onnx, options, cuda_graph, blocks=blocks)
 
 
 def _read_json(path: Path) -> dict:
@@ -189,15 +193,17 @@ def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, war
     node_time = "kernel" if provider != "cuda" or blocking else "host-launch"
     annotation: Annotation = new_annotation(netlist.name, str(target.onnx), "", device, node_time, MEASURED_INTERVAL)
     chosen = _chosen_groups(design, analysis, groups, directory)
-    # One session measures every group, interleaved; one profiling session (a subprocess on CUDA) profiles them.
+    # One session (one per block of a composite) measures every group, interleaved; one profiling session (a
+    # subprocess on CUDA) profiles them.
     scenarios = [scenario_inputs(netlist, group.scenario.dims) for group, _ in chosen]
-    log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} (one session, interleaved): "
+    sessions = "one session per block" if target.blocks else "one session"
+    log(f"signoff: measuring {len(chosen)} group(s) x {runs} runs on {provider} ({sessions}, interleaved): "
         + "; ".join(group.scenario.description for group, _ in chosen), enabled=progress)
     load_before, probe_before = os.getloadavg()[0], speed_probe(provider)
     cpu_before = cpu_seconds()
     # a group the design times as a captured CUDA graph is measured as one, where its settings enable it
-    graphs = [provider == "cuda" and target.cuda_graph and getattr(design.launches.get(group.name), "captured", False)
-              for group, _ in chosen]
+    graphs = [provider == "cuda" and target.cuda_graph and not target.blocks
+              and getattr(design.launches.get(group.name), "captured", False) for group, _ in chosen]
     if any(graphs):
         log("signoff: " + ", ".join(g.name for (g, _), on in zip(chosen, graphs) if on)
             + " measured as a CUDA graph replay (enable_cuda_graph=1, a session each); per-node profiles run eagerly",
@@ -205,17 +211,23 @@ def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, war
     aliases = kv_aliases(netlist)
     with step(f"signoff: timing {len(chosen)} group(s) x {runs} runs", enabled=progress,
               done="signoff: timed runs"):
-        measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
-                                options=target.session_options, cuda_graphs=graphs, aliases=aliases)
+        if target.blocks:  # each group's blocks in turn (softsyn.runtime.block_measure)
+            measured = measure_blocks(directory, target.blocks, _block_scenarios(chosen, scenarios, target),
+                                      runs=runs, warmup=warmup, provider=provider, options=target.session_options,
+                                      aliases=aliases)
+        else:
+            measured = measure_many(target.onnx, scenarios, runs=runs, warmup=warmup, provider=provider,
+                                    options=target.session_options, cuda_graphs=graphs, aliases=aliases)
     neighbours = neighbours_share(cpu_before, cpu_seconds())
     machine = machine_state(probe_before, speed_probe(provider), design.library, describe_device(provider),
                             (load_before, os.getloadavg()[0]), neighbours)
     log("signoff: profiling per node" + (" (CUDA_LAUNCH_BLOCKING=1)" if blocking and provider == "cuda" else ""),
         enabled=progress)
     with step("signoff: per-node profiles", enabled=progress, done="signoff: profiled"):
-        profiles = profile_many(target.onnx, scenarios, runs=profile_runs or max(3, min(runs, 10)), warmup=2,
-                                provider=provider, options=target.session_options, blocking=blocking,
-                                aliases=aliases)
+        profiling = dict(runs=profile_runs or max(3, min(runs, 10)), warmup=2, provider=provider,
+                         options=target.session_options, blocking=blocking, aliases=aliases)
+        profiles = (profile_blocks(directory, target.blocks, _block_scenarios(chosen, scenarios, target), **profiling)
+                    if target.blocks else profile_many(target.onnx, scenarios, **profiling))
     results = []
     for (group, timing), m, prof in zip(chosen, measured, profiles):
         annotation.provider = m.provider
@@ -231,7 +243,13 @@ def signoff(directory: str | Path, *, provider: str = "cpu", runs: int = 20, war
         library_source=analysis.library_source, provider=annotation.provider, device=device, runtime=annotation.runtime,
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), runs=runs, warmup=warmup,
         node_time=node_time, model=str(target.onnx), groups=results, annotation_file=str(out), machine=machine,
-        notes=list(analysis.notes))
+        notes=list(analysis.notes) + ([COMPOSITE_NOTE] if target.blocks else []))
+
+
+def _block_scenarios(chosen: list, scenarios: list[dict], target: Target) -> list[tuple[dict, list[str]]]:
+    """(feeds, the blocks the group runs) per chosen group of a composite."""
+    every = [b["name"] for b in target.blocks]
+    return [(feeds, group.blocks or every) for (group, _), feeds in zip(chosen, scenarios)]
 
 
 def _chosen_groups(design, analysis, groups: list[str] | None, directory: Path) -> list:
@@ -255,7 +273,7 @@ def _group_result(design, group, timing, measured: tuple) -> GroupResult:
     """One group's comparison: `measured` = (its measurement, its per-node profile, its GroupAnnotation)."""
     m, prof, ga = measured
     netlist = design.netlist
-    netlist_nodes = [(n.name, n.op_type) for n in netlist.nodes()]
+    netlist_nodes = [(n.name, n.op_type) for n in netlist.nodes() if _runs(netlist, group, n)]
     critical = timing.critical
     run_point = {p.name: p for p in critical.points}.get(RUN_CALL)
     rows = _cell_rows(design, group, critical, ga)
@@ -283,6 +301,11 @@ def _group_result(design, group, timing, measured: tuple) -> GroupResult:
         runtime_only=ga.runtime_only)
 
 
+def _runs(netlist, group, node) -> bool:
+    """Whether the group runs this cell: every cell, or in a composite the cells of the blocks the group runs."""
+    return not group.blocks or netlist.block_of(node) in group.blocks
+
+
 def _cell_rows(design, group, critical, ga) -> list[CellRow]:
     """Predicted vs measured per cell, the session.run residual first. Predicted: the saved analysis's critical path
     (one stream: every executed cell); any cell it lacks (or whose instance name repeats) is re-timed from the
@@ -298,7 +321,7 @@ def _cell_rows(design, group, critical, ga) -> list[CellRow]:
                     runtime_op="session.run residual")]
     recomputed = None
     for i, (node, instance) in enumerate(zip(nodes, instances)):
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" or not _runs(netlist, group, node):
             continue
         point = saved.get(instance) if instance in unique else None
         if point is None:

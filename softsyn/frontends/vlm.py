@@ -20,6 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
@@ -90,54 +91,84 @@ def is_vlm(cfg) -> bool:
     return getattr(cfg, "model_type", "") == "qwen3_vl"
 
 
-def join_blocks(blocks: dict[str, ir.Model], name: str) -> tuple[ir.Model, list[dict]]:
-    """One graph of the blocks, joined by port name; every internal name and every node's hierarchy starts with
-    its block's name. Returns the model and the blocks' boundaries (name, file, inputs, outputs)."""
-    protos = {b: ir.serde.serialize_model(m) for b, m in blocks.items()}
-    ports = {b: ({i.name for i in p.graph.input} | {o.name for o in p.graph.output}) for b, p in protos.items()}
-    boundary = set().union(*ports.values())
+def _prefix(p: onnx.ModelProto, block: str, boundary: set[str]) -> None:
+    """Every internal name and every node's hierarchy of block `block` prefixed with the block's name (its ports,
+    the names in `boundary`, kept): the blocks' names cannot collide once joined."""
+    def local(n: str) -> str:
+        return n if not n or n in boundary else f"{block}.{n}"
+
+    for init in p.graph.initializer:
+        init.name = local(init.name)
+    for vi in p.graph.value_info:
+        vi.name = local(vi.name)
+    for node in p.graph.node:
+        node.name = local(node.name)
+        node.input[:] = [local(n) for n in node.input]
+        node.output[:] = [local(n) for n in node.output]
+        scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), None)
+        if scope is None:  # a node of the block's own module (no submodule scope) is still the block's
+            node.metadata_props.add(key=HIERARCHY_KEY, value=block)
+        for e in node.metadata_props:
+            if e.key == HIERARCHY_KEY:
+                e.value = f"{block}.{scope}" if scope else block
+
+
+def _merge(protos: dict[str, onnx.ModelProto], name: str) -> tuple[onnx.ModelProto, list[dict]]:
+    """One graph of the blocks (in the order given, names already distinct), joined by port name: a block's
+    outputs are the next blocks' inputs; the last block's outputs are the graph's."""
     graph = onnx.GraphProto(name=name)
     produced: set[str] = set()
     opsets: dict[str, int] = {}
     info = []
-    for block in BLOCKS:
-        p = protos[block]
+    last = list(protos)[-1]
+    for block, p in protos.items():
         for op in p.opset_import:
             opsets[op.domain] = max(opsets.get(op.domain, 0), op.version)
-
-        def local(n: str, block=block) -> str:
-            return n if not n or n in boundary else f"{block}.{n}"
-
-        for init in p.graph.initializer:
-            init.name = local(init.name)
-        for vi in p.graph.value_info:
-            vi.name = local(vi.name)
-        for node in p.graph.node:
-            node.name = local(node.name)
-            node.input[:] = [local(n) for n in node.input]
-            node.output[:] = [local(n) for n in node.output]
-            scope = next((e.value for e in node.metadata_props if e.key == HIERARCHY_KEY), None)
-            if scope is None:  # a node of the block's own module (no submodule scope) is still the block's
-                node.metadata_props.add(key=HIERARCHY_KEY, value=block)
-            for e in node.metadata_props:
-                if e.key == HIERARCHY_KEY:
-                    e.value = f"{block}.{scope}" if scope else block
         graph.input.extend(i for i in p.graph.input if i.name not in produced)
         graph.initializer.extend(p.graph.initializer)
         graph.value_info.extend(p.graph.value_info)
         graph.node.extend(p.graph.node)
         outputs = [o.name for o in p.graph.output]
         produced |= set(outputs)
-        if block == BLOCKS[-1]:
-            graph.output.extend(p.graph.output)
-        else:
-            graph.value_info.extend(p.graph.output)
+        (graph.output if block == last else graph.value_info).extend(p.graph.output)
         info.append({"name": block, "file": BLOCK_FILES[block], "inputs": [i.name for i in p.graph.input],
                      "outputs": outputs})
-    _name_image_dims(graph)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
-    model.ir_version = protos["decoder"].ir_version
+    model.ir_version = protos[last].ir_version
+    return model, info
+
+
+def join_blocks(blocks: dict[str, ir.Model], name: str) -> tuple[ir.Model, list[dict]]:
+    """One graph of the blocks, joined by port name; every internal name and every node's hierarchy starts with
+    its block's name. Returns the model and the blocks' boundaries (name, file, inputs, outputs)."""
+    protos = {b: ir.serde.serialize_model(blocks[b]) for b in BLOCKS}
+    boundary = set().union(*({i.name for i in p.graph.input} | {o.name for o in p.graph.output}
+                             for p in protos.values()))
+    for block, p in protos.items():
+        _prefix(p, block, boundary)
+    model, info = _merge(protos, name)
+    _name_image_dims(model.graph)
     return ir.serde.deserialize_model(model), info
+
+
+def rejoin(folder: Path, blocks: list[dict]) -> Netlist:
+    """A compiled composite's block files (`blocks`: runtime/session.json's) joined back into the netlist compile
+    timed: emit cut them out with the joined graph's names and its softsyn description, so nothing is renamed;
+    the weights stay in the block files' data (read lazily)."""
+    protos = {}
+    for b in blocks:
+        path = Path(folder) / b["file"]
+        try:
+            protos[b["name"]] = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # protobuf and onnx raise many types for a file that is not a valid model
+            raise SoftsynError(f"{path}: block {b['name']} is not a readable ONNX model ({type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:200]}); re-run softsyn compile") from None
+    last = protos[blocks[-1]["name"]]
+    model, _ = _merge(protos, last.graph.name.rsplit(".", 1)[0])
+    model.metadata_props.extend(last.metadata_props)  # the netlist's description (blocks, image, config)
+    joined = ir.serde.deserialize_model(model)
+    ir.external_data.set_base_dir(joined.graph, Path(folder))
+    return Netlist.from_model(joined)
 
 
 def _name_image_dims(graph) -> None:

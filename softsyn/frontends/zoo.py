@@ -85,7 +85,7 @@ def _qwen3_vl(name: str, title: str, text: dict, vision: dict, tied: bool) -> Zo
                     weights="meta", dtype="float16")
 
 
-def _reduced(base: ZooEntry, text_layers: int, vision_blocks: int) -> ZooEntry:
+def reduced(base: ZooEntry, text_layers: int, vision_blocks: int) -> ZooEntry:
     """`base` (a real-size Qwen3-VL entry) at its real widths with fewer layers: `text_layers` decoder layers and
     `vision_blocks` vision blocks, its DeepStack taps moved proportionally into the shorter tower (as many, in
     order); the same weights mode (weightless for a plan, seeded weights filled in when compiled)."""
@@ -238,7 +238,7 @@ ZOO: dict[str, ZooEntry] = {
     "qwen3-vl-2b": _QWEN3_VL_2B,
     # The 2B's widths with 4 text layers and 4 vision blocks: small enough to compile, verify and sign off on the
     # H200 in one device call (bench/h200_session.sh vl), every kind of layer and block of the 2B still in it
-    "qwen3-vl-2b-reduced": _reduced(_QWEN3_VL_2B, text_layers=4, vision_blocks=4),
+    "qwen3-vl-2b-reduced": reduced(_QWEN3_VL_2B, text_layers=4, vision_blocks=4),
     # Qwen/Qwen3-VL-4B-Instruct config.json; cross-checked: InternLM/xtuner xtuner/v1/model/compose/qwen3_vl/
     # qwen3_vl_config.py (Qwen3VLDense4BConfig: vision 24 x 1024, 4096, DeepStack 5/11/17, projector to 2560, mrope
     # 24/20/20, theta 5e6) and a Rust preset quoting the released config.json (text 36 x 2560, 32/8 heads, MLP 9728, tied)
@@ -333,7 +333,8 @@ def make_config(entry: ZooEntry):
     # deferred: transformers is seconds to import; only reading a Hugging Face model needs it
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(entry.model_type, **entry.config)
+    # a copy: transformers writes into the dicts it is given (rope_scaling gains rope_theta), and entries share them
+    return AutoConfig.for_model(entry.model_type, **copy.deepcopy(entry.config))
 
 
 def minilm_folder() -> Path:

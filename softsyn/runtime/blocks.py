@@ -27,15 +27,24 @@ class BlockRunner:
     def get_providers(self):
         return self.sessions[self.blocks[-1]["name"]].get_providers()
 
-    def run(self, names, feeds: dict) -> list:
+    def values(self, feeds: dict, names: list[str] | None = None) -> dict:
+        """The feeds and every block's outputs: the blocks `names` run (default: every block the feeds call for, the
+        vision block only when they hold pixels), the others' outputs empty (a text-only prompt or a decode step: no
+        image features)."""
         values = dict(feeds)
         for b in self.blocks:
             session = self.sessions[b["name"]]
-            if b["name"] == "vision" and not _has_rows(values.get("pixel_values")):
-                values.update(_empty_outputs(session))  # a text-only prompt or a decode step: no image features
+            wanted = b["name"] in names if names is not None else (
+                b["name"] != "vision" or _has_rows(values.get("pixel_values")))
+            if not wanted:
+                values.update(_empty_outputs(session))
                 continue
             outs = session.run(None, {i: values[i] for i in b["inputs"]})
             values.update(zip(b["outputs"], outs))
+        return values
+
+    def run(self, names, feeds: dict) -> list:
+        values = self.values(feeds)
         last = self.blocks[-1]["outputs"]
         return [values[n] for n in (names or last)]
 

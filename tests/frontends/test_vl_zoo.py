@@ -15,6 +15,7 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design, vlm, zoo
 from softsyn.library import load_library
 from softsyn.netlist import HIERARCHY_KEY
+from softsyn.netlist.keys import META_WEIGHTS
 from softsyn.runtime.inputs import scenario_inputs
 
 # Parameters of the published checkpoints: Qwen3-VL-8B-Instruct's 8.77B (LM Studio's card, quoted in
@@ -40,6 +41,22 @@ def test_real_size_entries_build_on_the_meta_device(name):
     assert vlm.traced_layers(cfg) == len(cfg.vision_config.deepstack_visual_indexes) + 2 == 5
 
 
+def test_reduced_entry_keeps_the_2b_widths():
+    """zoo:qwen3-vl-2b-reduced: the 2B's config with 4 text layers and 4 vision blocks, its 3 DeepStack taps moved
+    in order into the shorter tower; a reduction that cannot keep them apart is refused."""
+    full, reduced = zoo.ZOO["qwen3-vl-2b"], zoo.ZOO["qwen3-vl-2b-reduced"]
+    text, vision = dict(reduced.config["text_config"]), dict(reduced.config["vision_config"])
+    assert (text.pop("num_hidden_layers"), vision.pop("depth"), vision.pop("deepstack_visual_indexes")) == (4, 4,
+                                                                                                           [0, 1, 2])
+    assert {k: v for k, v in full.config["text_config"].items() if k != "num_hidden_layers"} == text
+    assert {k: v for k, v in full.config["vision_config"].items()
+            if k not in ("depth", "deepstack_visual_indexes")} == vision
+    assert (reduced.weights, reduced.dtype, reduced.model_type) == (full.weights, full.dtype, full.model_type)
+    assert "4 of its 28 layers x 2048" in reduced.description and "4 of its 24 blocks x 1024" in reduced.description
+    with pytest.raises(ValueError, match="cannot keep its 3 DeepStack taps apart"):
+        zoo.reduced(full, text_layers=4, vision_blocks=2)
+
+
 def _layer_ops(netlist) -> dict[int, collections.Counter]:
     ops: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for node in netlist.model.graph:
@@ -52,7 +69,7 @@ def _layer_ops(netlist) -> dict[int, collections.Counter]:
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory, cache_dir):
     """A tiny Qwen3-VL (DeepStack after vision block 0, 4 text layers) exported weightless, as a real-size config
-    is: 3 decoder layers traced, the last copied once."""
+    is: 3 decoder layers traced, the last copied once; then given seeded weights, as a compile does (materialize)."""
     entry = zoo.ZOO["qwen3-vl-tiny"]
     config = json.loads(json.dumps(entry.config))
     config["text_config"]["num_hidden_layers"] = 4
@@ -60,8 +77,31 @@ def replicated(tmp_path_factory, cache_dir):
     cfg = zoo.make_config(zoo.ZooEntry("vl4", "", "qwen3_vl", config))
     (folder / "config.json").write_text(cfg.to_json_string())
     nl = vlm.load_vlm_design(cfg, "vl4", str(folder), cache_dir, progress=False, weights="meta", dtype="float16",
-                             image_size=(64, 64))
+                             image_size=(64, 64), materialize=True)
     return nl
+
+
+def test_filled_composite_has_seeded_weights_and_exact_grid_constants(replicated):
+    """Every weight of the filled composite has data (none left on the meta device), and the vision tower's grid
+    constants are the ones transformers computes for the grid, not seeded noise."""
+    import numpy as np
+    import onnx_ir as ir
+
+    from softsyn.frontends import vlm_export
+    from softsyn.frontends.materialize import FILLED
+
+    assert replicated.provenance["weights"] == FILLED and "weights_location" not in replicated.provenance
+    inits = replicated.model.graph.initializers
+    assert not [v.name for v in inits.values() if isinstance(v.const_value, ir.ExternalTensor)
+                and v.const_value.location == META_WEIGHTS]
+    cfg = zoo.make_config(zoo.ZOO["qwen3-vl-tiny"])
+    model = vlm_export.build_model(cfg, "t", weights="meta", dtype="float16")
+    exact = vlm_export.grid_constants(model.model.visual, vlm.grid_for(cfg, (64, 64)))
+    # the optimizer folds them into what reads them (the rotary tables into their broadcast views): found by value
+    folded = [v.const_value.numpy() for v in inits.values() if v.name.startswith("vision.")]
+    for key in ("rope_cos", "rope_sin"):
+        want = exact[key].numpy()
+        assert any(a.size == want.size and np.allclose(a.reshape(want.shape), want) for a in folded), key
 
 
 def test_replicated_decoder_has_every_layer(replicated):
