@@ -64,6 +64,13 @@
 #                        `serving` again: it reuses the artifact
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
+#   vl [S]               zoo:qwen3-vl-2b-reduced (Qwen3-VL-2B's widths, 4 text layers, 4 vision blocks, seeded weights)
+#                        compiled for h200-ort-cuda under constraints/vl-h200.yaml (896x896: vision_encoder, ocr at
+#                        batch 4, gui_agent, math, decode) into /tmp/vl-h200 within S seconds (330), verified on cuda,
+#                        then `softsyn signoff --provider cuda` (each group's blocks run in turn, predicted vs measured
+#                        per group and cell) in what the call has left; brings back vl-signoff.rpt, vl-compile.log,
+#                        the compile's and verify's output. On a warm machine a second `vl` reuses the artifact (when
+#                        the first call's compile left the signoff too little time)
 #
 # .ortgpu/ comes from ../shared/tools/ort-gpu-parts.sh, re-cut into 50 MiB pieces (its 63 MiB ones plus the working
 # tree pass the device's 64 MiB carry limit): for K in 00 01 02 03 04: .ortgpu/q_partK/partK from
@@ -341,6 +348,37 @@ serving)
     echo "serving_validate exit ${PIPESTATUS[0]}"
     set -e
     cp /tmp/serving/*/compile.log "$OUT/serving-artifact-compile.log" 2>/dev/null || true ;;
+vl)
+    start=$SECONDS  # the call's clock (the device tool ends a call at 600 s)
+    softsyn_install
+    dir=/tmp/vl-h200
+    set +e  # a violated group exits 1: the artifact and the reports are still written
+    if [ ! -f $dir/runtime/session.json ]; then
+        rm -rf $dir $dir.verified
+        timeout "${1:-330}" softsyn compile zoo:qwen3-vl-2b-reduced -c constraints/vl-h200.yaml -o $dir \
+            > "$OUT/vl-compile.txt" 2>&1
+        echo "compile exit $? after $((SECONDS - start)) s"
+    else
+        echo "reusing $dir (compiled by an earlier call)"
+    fi
+    grep -v "No registered plugin EP" "$OUT/vl-compile.txt" 2>/dev/null | grep -B2 -A10 "ELAPSED"
+    cp $dir/compile.log "$OUT/vl-compile.log" 2>/dev/null
+    if [ ! -f $dir.verified ]; then
+        timeout $((560 - (SECONDS - start))) softsyn verify $dir 2>&1 | grep -v "No registered plugin EP" |
+            tee "$OUT/vl-verify.txt" | tail -4
+        [ "${PIPESTATUS[0]}" = 0 ] && touch $dir.verified
+        echo "verify done after $((SECONDS - start)) s"
+    fi
+    left=$((570 - (SECONDS - start)))
+    if [ "$left" -lt 120 ]; then
+        echo "$left s left: call 'vl' again for the signoff (it reuses $dir)"
+        exit 0
+    fi
+    timeout $left softsyn signoff $dir --provider cuda 2>&1 | grep -v "No registered plugin EP" |
+        tee "$OUT/vl-signoff.txt" | sed -n '/Group  *Scenario/,/times in ms/p'
+    echo "signoff exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    set -e
+    cp $dir/reports/signoff.rpt "$OUT/vl-signoff.rpt" 2>/dev/null || true ;;
 correlation)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB

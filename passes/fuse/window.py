@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from passes.fuse.base import port_arrays
 from passes.fuse.graph import cone_inputs
 
 LONG_PROBE_SEQ = 3  # new tokens of the long probe (its past is the rest of the longest sequence)
@@ -58,8 +59,9 @@ def _long_arrays(ctx, bias: ir.Value, dims: dict[str, int]) -> dict[str, np.ndar
     everything else zeros (only their shapes reach a mask: a past cache is read through Shape)."""
     shapes = ctx.netlist.bind(dims)
     past = dims.get("past", 0)
-    arrays = {}
-    for v in cone_inputs([bias]):
+    arrays = port_arrays(ctx.netlist, dims)  # a composite's decoder mask stops at its block's inputs
+    ports = {id(v) for n in ctx.graph for v in n.outputs if v.name in arrays}
+    for v in cone_inputs([bias], ports):
         shape = shapes.get(v.name)
         if shape is None or v.dtype is None:
             return f"no concrete shape for {v.name} at {dims}"
