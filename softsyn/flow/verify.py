@@ -107,6 +107,10 @@ def _settings_problem(settings) -> str | None:
             return f"accuracy.{key}: not a non-negative number"
     if not isinstance(settings.get("precision", "fp32"), str):
         return "precision: not a string"
+    size = (settings.get("reference") or {}).get("image_size")
+    if size is not None and not (isinstance(size, list) and len(size) == 2
+                                 and all(type(x) is int and x > 0 for x in size)):
+        return "reference.image_size: not [width, height] in pixels"
     return None
 
 
@@ -125,8 +129,12 @@ def reference_record(spec: str, netlist: Netlist) -> dict:
     path = Path(spec).expanduser()
     source = str(path.resolve()) if not spec.startswith("zoo:") and path.exists() else spec
     filled = "filled into the weightless export" in str(netlist.provenance.get("weights", ""))
-    return {"source": source, "key": content_key(netlist), "precision": compiled_precision(netlist),
-            "materialize": filled}  # read it again the way compile read it: seeded weights in the weightless export
+    record = {"source": source, "key": content_key(netlist), "precision": compiled_precision(netlist),
+              "materialize": filled}  # read it again the way compile read it: seeded weights in the weightless export
+    size = (netlist.provenance.get("image") or {}).get("size")
+    if size:  # a composite's vision block is exported at one image size: the reference is read at the same
+        record["image_size"] = list(size)
+    return record
 
 
 def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
@@ -137,7 +145,9 @@ def reference_path(settings: dict, cache_dir: str | Path | None) -> Path:
     if not isinstance(source, str) or not source:
         raise SoftsynError(f"{SESSION_FILE}: no reference recorded; re-run softsyn compile")
 
-    netlist = read_design(source, cache_dir=cache_dir, progress=False, materialize=bool(ref.get("materialize")))
+    size = ref.get("image_size")
+    netlist = read_design(source, cache_dir=cache_dir, progress=False, materialize=bool(ref.get("materialize")),
+                          image_size=tuple(size) if size else None)
     found = content_key(netlist)
     if key and found != key:
         raise SoftsynError(f"reference {source}: its content key is now {found[:23]}, the compile recorded {key[:23]} "

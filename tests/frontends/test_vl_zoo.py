@@ -191,7 +191,7 @@ input_delay: {image: 100ms, text: 1ms}
 workload: {batch: 1, prompt_len: 32, context_len: 64}
 path_groups:
   enc: {kind: encoder, clock_period: 200ms}
-  ocr: {batch: 3, images: 2, clock_period: 300ms, image_size: 448x448}
+  ocr: {batch: 3, images: 2, clock_period: 300ms, image_size: 256x256}
   chat: {images: 0, clock_period: 50ms}
   decode: {kind: decode, clock_period: 50ms}
 """
@@ -200,7 +200,8 @@ path_groups:
 def test_groups_with_their_own_batch_and_images_compile_and_verify(tmp_path, cache_dir):
     """zoo:qwen3-vl-tiny with a vision-encoder group, an OCR group of batch 3 with 2 images per sequence, a text
     group and a decode step: compiled, its block files verified on every group's inputs (the OCR group's 6 images
-    through vision.onnx, 2 x 196 placeholders per prompt)."""
+    through vision.onnx, 2 x 64 placeholders per prompt); at 256x256, not the default 448x448, so verify reads its
+    reference at the compile's image size."""
     from click.testing import CliRunner
 
     from softsyn.cli import main
@@ -212,8 +213,8 @@ def test_groups_with_their_own_batch_and_images_compile_and_verify(tmp_path, cac
                                        "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     groups = {g["name"]: g for g in json.loads((out / "analysis.json").read_text())["groups"]}
-    assert groups["ocr"]["scenario"]["dims"] == {"batch": 3, "seq": 32 + 2 * 196, "past": 0, "images": 6}
-    assert "2 images per sequence, each 448x448" in groups["ocr"]["scenario"]["description"]
+    assert groups["ocr"]["scenario"]["dims"] == {"batch": 3, "seq": 32 + 2 * 64, "past": 0, "images": 6}
+    assert "2 images per sequence, each 256x256" in groups["ocr"]["scenario"]["description"]
     assert groups["enc"]["paths"][0]["endpoint"] in ("image_features", "deepstack_features")
     assert groups["enc"]["paths"][0]["input_delay"] == pytest.approx(0.1)
     assert groups["chat"]["scenario"]["dims"]["images"] == 0
