@@ -25,9 +25,12 @@
 #                        the table and the compiled artifact's fusion report
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
 #                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
-#   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run
-#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul) and packed vs
-#                        separate projections at qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays
+#   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
+#                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
+#                        int4 layers in the package)
+#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul), packed vs
+#                        separate projections and fp16 vs int4 (tinygemm, g32/g128) GEMVs at qwen3-1.7b's shapes,
+#                        compiled by Inductor, as CUDA graph replays
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
@@ -177,8 +180,14 @@ peers4)
 torchtiny)
     softsyn_install
     rm -rf /tmp/torch-tiny
+    cons=constraints/chat-h200-torch.yaml
+    if [ -n "${INT4:-}" ]; then  # an int4 map: every weight cell starts int4 and the budget keeps it
+        sed 's/max_rel_error: .*/max_rel_error: 90%/; s/min_top1: .*/min_top1: 0%/' $cons > /tmp/torch-int4.yaml
+        printf 'precision:\n  allowed: [fp16, int4]\n  default: int4\n' >> /tmp/torch-int4.yaml
+        cons=/tmp/torch-int4.yaml
+    fi
     set +e
-    softsyn compile zoo:qwen3-tiny -c constraints/chat-h200-torch.yaml -o /tmp/torch-tiny -q > "$OUT/torch-tiny-compile.log" 2>&1
+    softsyn compile zoo:qwen3-tiny -c $cons -o /tmp/torch-tiny -q > "$OUT/torch-tiny-compile.log" 2>&1
     echo "compile exit $?"; grep "target h200-torch" "$OUT/torch-tiny-compile.log"
     softsyn verify /tmp/torch-tiny 2>&1 | tail -8
     softsyn run /tmp/torch-tiny --gen 16 2>&1 | tail -12

@@ -9,7 +9,8 @@ with dynamic batch and `seq` serves prefill and decode, its fixed-shape steps ca
 buffers keep their addresses), and it computes the function the ONNX export does (the same model object, built by
 softsyn.frontends.source_torch_model: same config, seed, weights). The step model itself (attention, packed
 projections, casts, torchao's int8 layers) is softsyn.emit.torch_step. Precision: the target's dtype for activations
-and cache (fp32 on cpu-torch, fp16 on h200-torch), the compile loop's int8 cells as int8 weight-only layers.
+and cache (fp32 on cpu-torch, fp16 on h200-torch), the compile loop's int8 (and on CUDA int4) cells as weight-only
+layers.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_step import (ATTENTIONS, TORCHAO, StaticStep, cast_parameters, pack_projections,
-                                     quantise_modules, weight_map)
+from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
+                                     weight_map)
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -77,7 +78,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     cast_parameters(model.to(device=target.device).eval(), dtype)
     model.set_attn_implementation(ATTENTIONS[target.attention][0])
     packed = pack_projections(model)
-    weight_notes = quantise_modules(model, weight_map(design), target.float_precision)
+    cells = weight_map(design)
+    weight_notes = quantise_modules(model, cells, target.float_precision, target.weights)
     layers, kv, head_dim = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     t0 = time.perf_counter()
@@ -105,7 +107,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},
         "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab,
-        "weights": {name: p for name, p in sorted(weight_map(design).items()) if p in TORCHAO},
+        "weights": {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
+                    if c.precision in target.weights},
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
         "reference": reference,
         "accuracy": {"max_rel_error": design.constraints.accuracy.max_rel_error,

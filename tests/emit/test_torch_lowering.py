@@ -153,7 +153,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     import torch
 
     from softsyn.emit.torch_lowering import export_step
-    from softsyn.emit.torch_step import StaticStep, pack_projections, quantise_modules
+    from softsyn.emit.torch_step import StaticStep, WeightCell, pack_projections, quantise_modules
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()
@@ -162,15 +162,17 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
         want = model(input_ids=ids).logits
     model.set_attn_implementation(attentions["sdpa"][0])
     pack_projections(model)
-    notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": "int8", "model.layers.0.mlp.down_proj": "int8",
-                                     "model.layers.1.mlp.up_proj": "int4"}, "fp32")
+    int8, int4 = WeightCell("int8", 0), WeightCell("int4", 32)
+    notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": int8, "model.layers.0.mlp.down_proj": int8,
+                                     "model.layers.1.mlp.up_proj": int4}, "fp32", ("int8",))
     layer0, layer1 = model.model.layers
     assert type(layer0.self_attn.packed_q_k_v.linear.weight).__name__ == "Int8Tensor"
     assert type(layer0.mlp.down_proj.weight).__name__ == "Int8Tensor"
     assert type(layer0.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # not in the map
     assert type(layer1.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # int4: not built
     assert any("2 Linear layers int8 weight-only" in n for n in notes)
-    assert any("1 Linear layer mapped int4 kept fp32: int4 is not built" in n for n in notes)
+    assert any("1 Linear layer mapped int4 kept fp32: int4 is not built for this torch target (built: int8)" in n
+               for n in notes)
     layers, kv, head_dim = kv_geometry(model.config)
     program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
     cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
@@ -178,3 +180,32 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
         got = program.module()(ids, torch.arange(4)[None], *cache)
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.05, rel
+
+
+def test_int4_cells_go_to_tinygemm_at_their_block_with_bf16_weights(monkeypatch):
+    """On a target that builds int4 (h200-torch), each int4 group becomes one torchao call with the tile-packed
+    (tinygemm) layout at the group size tinygemm takes nearest the cell's block from below, its weights bf16 first (the
+    layout's requirement); a packed group takes its finest part's block. The CPU cannot run tinygemm's packing, so
+    the torchao call is recorded, not made."""
+    import torch
+
+    from softsyn.emit import torch_step
+    from softsyn.emit.torch_step import WeightCell, pack_projections, quantise_modules, tinygemm_block
+
+    assert [tinygemm_block(b) for b in (16, 32, 48, 64, 128, 200, 256, 1024)] == [32, 32, 32, 64, 128, 128, 256, 256]
+    model, _ = _tiny_model()
+    pack_projections(model)
+    calls = []
+    monkeypatch.setattr(torch_step, "quantize_", lambda m, config, filter_fn: calls.append(
+        (config, sorted(fqn for fqn, mod in m.named_modules() if filter_fn(mod, fqn)),
+         {mod.weight.dtype for fqn, mod in m.named_modules() if filter_fn(mod, fqn)})))
+    cells = {"model.layers.0.mlp.gate_proj": WeightCell("int4", 128), "model.layers.0.mlp.up_proj": WeightCell("int4", 64),
+             "model.layers.1.mlp.down_proj": WeightCell("int4", 128), "model.layers.1.self_attn.o_proj":
+             WeightCell("int8", 0)}
+    notes = quantise_modules(model, cells, "fp16", ("int8", "int4"))
+    by_block = {(type(c).__name__, getattr(c, "group_size", None)): (names, dtypes) for c, names, dtypes in calls}
+    assert by_block[("Int4WeightOnlyConfig", 64)] == (["model.layers.0.mlp.packed_gate_up.linear"], {torch.bfloat16})
+    assert by_block[("Int4WeightOnlyConfig", 128)] == (["model.layers.1.mlp.down_proj"], {torch.bfloat16})
+    assert by_block[("Int8WeightOnlyConfig", None)] == (["model.layers.1.self_attn.o_proj"], {torch.float32})
+    assert all(c.int4_packing_format == "tile_packed_to_4d" for c, _, _ in calls if hasattr(c, "int4_packing_format"))
+    assert any("1 Linear layer int4 weight-only at block 64 (torchao Int4WeightOnlyConfig)" in n for n in notes)
