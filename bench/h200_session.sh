@@ -12,7 +12,8 @@
 #   graphcells [S]       the graph tables (softsyn characterize --graph: MatMul.fp16, MatMulNBits int4/int8 and GQA fp16 at
 #                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); later
 #                        steps of the session put the result in the tree's library first (softsyn_install), so they time
-#                        captured decode with them
+#                        captured decode with them; AGAIN=1 measures them again (rows up to GRAPH_MAX_ROWS), CELLS=...
+#                        names other cells
 #   cells EAGER [GRAPH] [S]  new cells added to the shipped H200 library within S seconds (420): the cells matching
 #                        EAGER (a --cells pattern) characterised, then those matching GRAPH (if not "-") as graph tables
 #                        (--graph); AGAIN=1 measures them again though the library has them (a recipe changed); later
@@ -135,8 +136,9 @@ graphcells)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     set +e
-    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --graph \
-        --cells 'MatMul.fp16,MatMulNBits.int4,MatMulNBits.int8,GroupQueryAttention.fp16' -o $LIB 2>&1 |
+    # AGAIN=1: measured again though the library has them (GRAPH_MAX_ROWS grew); CELLS=...: those cells only
+    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --graph ${AGAIN:+--again} \
+        --cells "${CELLS:-MatMul.fp16,MatMulNBits.int4,MatMulNBits.int8,GroupQueryAttention.fp16}" -o $LIB 2>&1 |
         tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -20
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml"
