@@ -1,6 +1,6 @@
 """The torch targets' step model (softsyn.emit.torch_lowering exports and compiles it): one decoder step over a
-static KV cache the caller owns, written in place (BufferLayer, StaticStep); attention with a KV head's query heads
-stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
+static KV cache the caller owns, written in place, attention over its filled prefix (BufferLayer, StaticStep); a KV
+head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
 transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
 (quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block).
@@ -18,17 +18,19 @@ from transformers.cache_utils import Cache, StaticLayer
 
 class BufferLayer(StaticLayer):
     """One layer's cache as the step's input tensors, written in place at the step's positions (batch rows share
-    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values."""
+    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values.
+    Attention reads the first `span` slots only (the filled prefix, rounded up by the caller)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor, span):
         super().__init__(max_cache_len=keys.shape[2])
         self.keys, self.values, self.where, self.device = keys, values, where, keys.device
+        self.span = span
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.keys.index_copy_(2, self.where, key_states)
         self.values.index_copy_(2, self.where, value_states)
-        return self.keys, self.values
+        return self.keys[:, :, :self.span], self.values[:, :, :self.span]
 
 
 def _stacked(query, key, attention_mask):
@@ -135,8 +137,10 @@ def pack_projections(model: torch.nn.Module) -> int:
 
 
 class StaticStep(torch.nn.Module):
-    """(input_ids, position_ids, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns, the
-    step's keys and values written into it in place. A query sees the cache slots at or before its own position."""
+    """(input_ids, position_ids, slots, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns,
+    the step's keys and values written into it in place. `slots` (arange(S), S at least the last position + 1 and at
+    most the cache's length) are the slots attention reads: a decode at 512 reads 512-odd slots, not the whole cache.
+    A query sees the slots at or before its own position."""
 
     def __init__(self, model, max_length: int):
         super().__init__()
@@ -145,11 +149,11 @@ class StaticStep(torch.nn.Module):
         # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated), as export_decoder reads it
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def forward(self, input_ids, position_ids, *kv):
+    def forward(self, input_ids, position_ids, slots, *kv):
         where = position_ids[0]  # every row of a batch at the same positions
-        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where) for i in range(self.layers)])
-        slots = torch.arange(self.max_length, device=input_ids.device)
-        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, max_length]
+        span = slots.shape[0]
+        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where, span) for i in range(self.layers)])
+        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, span]
         out = self.m(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                      **{self.cache_kw: cache})
         return out.logits

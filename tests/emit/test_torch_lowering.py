@@ -76,7 +76,8 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
 @pytest.mark.parametrize("form", ["sdpa", "matmul"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
-    place, stale slots masked) give the logits of transformers' own forward over the whole sequence."""
+    place, stale slots masked, attention over a span of it from the exact prefix to the whole) give the logits of
+    transformers' own forward over the whole sequence."""
     import torch
 
     from softsyn.emit.torch_step import StaticStep
@@ -90,9 +91,10 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
         want = model(input_ids=torch.cat([ids, torch.tensor([[65, 35]])], 1)).logits
         model.set_attn_implementation(attentions[form][0])
         step = StaticStep(model, 16).eval()
-        prefill = step(ids, torch.arange(4)[None], *cache)
-        first = step(torch.tensor([[65]]), torch.tensor([[4]]), *cache)
-        second = step(torch.tensor([[35]]), torch.tensor([[5]]), *cache)
+        slots = torch.arange(16)
+        prefill = step(ids, torch.arange(4)[None], slots[:4], *cache)  # spans: the filled prefix, or more of it
+        first = step(torch.tensor([[65]]), torch.tensor([[4]]), slots[:8], *cache)
+        second = step(torch.tensor([[35]]), torch.tensor([[5]]), slots, *cache)
     torch.testing.assert_close(prefill, want[:, :4], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.cat([first, second], 1), want[:, 4:], rtol=1e-4, atol=1e-4)
     assert all(float(c[:, :, 6:].sub(7).abs().max()) == 0 for c in cache)  # slots past the sequence untouched
@@ -140,7 +142,7 @@ def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
         model.set_attn_implementation(attentions["matmul"][0])
         cache = [torch.zeros(1, kv, 4096, head_dim, dtype=dtype) for _ in range(2 * layers)]
         with torch.no_grad():
-            StaticStep(model, 4096).eval()(ids, positions, *cache)
+            StaticStep(model, 4096).eval()(ids, positions, torch.arange(4096), *cache)
         keys[dtype] = cache[0][:, :, 4000:4002].float()
     rel = float((keys[torch.float16] - keys[torch.float32]).abs().max() / keys[torch.float32].abs().max())
     assert rel < 5e-3, rel
@@ -177,7 +179,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
     cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
     with torch.no_grad():
-        got = program.module()(ids, torch.arange(4)[None], *cache)
+        got = program.module()(ids, torch.arange(4)[None], torch.arange(4), *cache)
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.05, rel
 
