@@ -55,7 +55,8 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
-#   qmoe [S]             bench/moe_cuda.py --only 30b --forms fused,qmoe within S seconds (560; over 420 s on 2026-12-03): the 4-layer Qwen3-30B-A3B compiled with
+#   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe within S seconds (560; 4 layers ran
+#                        past 420 s on 2026-12-03): the 4-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
 #                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -324,7 +325,7 @@ qmoe)
     softsyn_install
     # tee first: a call cut at its limit (2026-12-03: 420 s, nothing came back through tail) still returns its log
     set +e
-    timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
+    timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
         grep -v "No registered plugin EP" | tee "$OUT/moe-qmoe.log" | tail -40
     set -e ;;
 families)
