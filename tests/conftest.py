@@ -1,6 +1,8 @@
 """Shared fixtures: one export cache per test session, so each zoo model is exported once; the CPU artifact of
-qwen3-tiny, compiled once per session for the tests that run it (softsyn run, onnxruntime-genai)."""
+qwen3-tiny, compiled once per test run for the tests that run it (softsyn run, onnxruntime-genai)."""
+import fcntl
 import os
+import shutil
 
 import pytest
 
@@ -25,29 +27,52 @@ def cache_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_cpu_artifact(cache_dir, tmp_path_factory):
-    """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --effort low -o DIR`: DIR."""
+def built_once(tmp_path_factory, name: str, build) -> "os.PathLike":
+    """A folder `build(DIR)` makes, built once per test run: under pytest-xdist the first worker to ask builds it in the
+    run's folder above the workers' own (a lock makes the others wait for it rather than build it again) and each
+    worker takes a copy of its own, so no two workers' tests ever touch one folder. Tests must not change it."""
+    out = tmp_path_factory.mktemp(name) / "out"
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        build(out)
+        return out
+    shared = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the build fails
+        if not (shared / "complete").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build that failed half way in another worker
+            build(shared / "out")
+            (shared / "complete").touch()
+    shutil.copytree(shared / "out", out, symlinks=True)
+    return out
+
+
+def compile_in_process(out, *args) -> None:
+    """`softsyn compile ARGS -o OUT -q` in this process; the test fails with its output if it does not exit 0."""
     from click.testing import CliRunner
 
     from softsyn.cli import main
 
-    out = tmp_path_factory.mktemp("tiny-cpu") / "out"
-    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-tiny", "-c", str(ROOT / "constraints" / "cpu-tiny.yaml"),
-                                       "--effort", "low", "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
+    result = CliRunner().invoke(main, ["compile", *map(str, args), "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --effort low -o DIR`: DIR."""
+    return built_once(tmp_path_factory, "tiny-cpu", lambda out: compile_in_process(
+        out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "cpu-tiny.yaml", "--effort", "low", "--cache-dir", cache_dir))
 
 
 @pytest.fixture(scope="session")
 def tiny_torch_artifact(cache_dir, tmp_path_factory):
     """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-torch-tiny.yaml -o DIR` (model.pt2): DIR, compiled once."""
-    from click.testing import CliRunner
+    return built_once(tmp_path_factory, "tiny-torch", lambda out: compile_in_process(
+        out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "cpu-torch-tiny.yaml", "--cache-dir", cache_dir))
 
-    from softsyn.cli import main
 
-    out = tmp_path_factory.mktemp("tiny-torch") / "out"
-    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-tiny", "-c", str(ROOT / "constraints" / "cpu-torch-tiny.yaml"),
-                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
+@pytest.fixture(scope="session")
+def tiny_serving_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-tiny -c constraints/serving-tiny.yaml --effort low -o DIR`: DIR."""
+    return built_once(tmp_path_factory, "tiny-serving", lambda out: compile_in_process(
+        out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "serving-tiny.yaml", "--effort", "low",
+        "--cache-dir", cache_dir))
