@@ -1,6 +1,7 @@
 """Shared fixtures: one export cache per test session, so each zoo model is exported once; the CPU artifact of
 qwen3-tiny, compiled once per test run for the tests that run it (softsyn run, onnxruntime-genai)."""
 import fcntl
+import gc
 import os
 import shutil
 
@@ -18,6 +19,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests run as on the machine the default library (cpu-ort) describes, whatever CPU runs them: which shipped library a
 # run without a target picks, and whether reports carry a library-mismatch warning, must not depend on the host.
 os.environ.setdefault("SOFTSYN_HOST_DEVICE", "AMD EPYC, 2 cores (avx2, fma, f16c, avx512f, avx512_bf16, avx512_vnni, avx_vnni)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap():
+    """What is alive when a test module starts is left out of garbage collection until it ends (gc.freeze): a worker's
+    heap holds every earlier module's imports and fixtures (torch, transformers, exported models), and each
+    gc.collect() the code under test makes to free its ORT sessions (characterize per grid point, verify, the
+    optimizer's per-cell measurements) would walk all of it (docs/decisions/test-suite-time.md: that made characterize's
+    module 2.4x slower after another module had run). Everything the module makes is collected as usual."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")
