@@ -12,7 +12,8 @@
 #   graphcells [S]       the graph tables (softsyn characterize --graph: MatMul.fp16, MatMulNBits int4/int8 and GQA fp16 at
 #                        one row, timed as CUDA graph replays) added to the shipped H200 library for S seconds (300); later
 #                        steps of the session put the result in the tree's library first (softsyn_install), so they time
-#                        captured decode with them
+#                        captured decode with them; AGAIN=1 measures them again (rows up to GRAPH_MAX_ROWS), CELLS=...
+#                        names other cells
 #   cells EAGER [GRAPH] [S]  new cells added to the shipped H200 library within S seconds (420): the cells matching
 #                        EAGER (a --cells pattern) characterised, then those matching GRAPH (if not "-") as graph tables
 #                        (--graph); AGAIN=1 measures them again though the library has them (a recipe changed); later
@@ -25,9 +26,12 @@
 #                        the table and the compiled artifact's fusion report
 #   peers4 DIR [MODEL]   compare_peers on DIR (an artifact `loop` compiled, e.g. /tmp/chat-h200-int4) beside the builder's
 #                        int4 model (-p int4) and the --effort low fp16 build, eager and as CUDA graphs, the plain export as the reference
-#   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run
-#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul) and packed vs
-#                        separate projections at qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays
+#   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
+#                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
+#                        int4 layers in the package)
+#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul), packed vs
+#                        separate projections and fp16 vs int4 (tinygemm, g32/g128) GEMVs at qwen3-1.7b's shapes,
+#                        compiled by Inductor, as CUDA graph replays
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
@@ -51,7 +55,8 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
-#   qmoe                 bench/moe_cuda.py --only 30b --forms fused,qmoe: the 4-layer Qwen3-30B-A3B compiled with
+#   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe within S seconds (560; 4 layers ran
+#                        past 420 s on 2026-12-03): the 4-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
 #                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
@@ -132,8 +137,9 @@ graphcells)
     softsyn_install
     [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     set +e
-    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --graph \
-        --cells 'MatMul.fp16,MatMulNBits.int4,MatMulNBits.int8,GroupQueryAttention.fp16' -o $LIB 2>&1 |
+    # AGAIN=1: measured again though the library has them (GRAPH_MAX_ROWS grew); CELLS=...: those cells only
+    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --graph ${AGAIN:+--again} \
+        --cells "${CELLS:-MatMul.fp16,MatMulNBits.int4,MatMulNBits.int8,GroupQueryAttention.fp16}" -o $LIB 2>&1 |
         tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -20
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml"
@@ -177,8 +183,14 @@ peers4)
 torchtiny)
     softsyn_install
     rm -rf /tmp/torch-tiny
+    cons=constraints/chat-h200-torch.yaml
+    if [ -n "${INT4:-}" ]; then  # an int4 map: every weight cell starts int4 and the budget keeps it
+        sed 's/max_rel_error: .*/max_rel_error: 90%/; s/min_top1: .*/min_top1: 0%/' $cons > /tmp/torch-int4.yaml
+        printf 'precision:\n  allowed: [fp16, int4]\n  default: int4\n' >> /tmp/torch-int4.yaml
+        cons=/tmp/torch-int4.yaml
+    fi
     set +e
-    softsyn compile zoo:qwen3-tiny -c constraints/chat-h200-torch.yaml -o /tmp/torch-tiny -q > "$OUT/torch-tiny-compile.log" 2>&1
+    softsyn compile zoo:qwen3-tiny -c $cons -o /tmp/torch-tiny -q > "$OUT/torch-tiny-compile.log" 2>&1
     echo "compile exit $?"; grep "target h200-torch" "$OUT/torch-tiny-compile.log"
     softsyn verify /tmp/torch-tiny 2>&1 | tail -8
     softsyn run /tmp/torch-tiny --gen 16 2>&1 | tail -12
@@ -226,9 +238,9 @@ qwen3next)
     set +e  # exit 1 (a timing violation) still writes the artifact
     softsyn compile zoo:qwen3-next-tiny -c constraints/tiny-h200.yaml -o /tmp/qwen3-next-h200 -q > "$OUT/next-compile.log" 2>&1
     echo "compile exit $?"
-    set -e
     grep -A3 provider_options /tmp/qwen3-next-h200/runtime/session.json
-    softsyn verify /tmp/qwen3-next-h200 2>&1 | tee "$OUT/next-verify.txt" | grep -v "No registered plugin EP"
+    softsyn verify /tmp/qwen3-next-h200 2>&1 | tee "$OUT/next-verify.txt" | grep -v "No registered plugin EP" | tail -8
+    set -e
     softsyn run /tmp/qwen3-next-h200 --prompt-len 128 --gen 32 --runs 5 --provider cuda 2>&1 | tee "$OUT/next-run.txt" |
         grep -v "No registered plugin EP"
     python3 - <<'EOF' 2>&1 | tee "$OUT/next-tokens.txt"
@@ -311,8 +323,11 @@ moe)
     python3 bench/moe_cuda.py -o "$OUT/moe-cuda.md" 2>&1 | tail -40 | grep -v "No registered plugin EP" ;;
 qmoe)
     softsyn_install
-    python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 | tail -40 |
-        grep -v "No registered plugin EP" ;;
+    # tee first: a call cut at its limit (2026-12-03: 420 s, nothing came back through tail) still returns its log
+    set +e
+    timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
+        grep -v "No registered plugin EP" | tee "$OUT/moe-qmoe.log" | tail -40
+    set -e ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;

@@ -29,6 +29,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,13 +76,13 @@ def qwen3_30b_config(layers: int = LAYERS) -> dict:
     return cfg
 
 
-def models(work: Path) -> list[tuple[str, str, dict]]:
+def models(work: Path, layers: int = LAYERS) -> list[tuple[str, str, dict]]:
     """(label, MODEL spec, workload) per model; writes the 30B-shaped config folder (no weights: seeded)."""
-    folder = work / f"qwen3-30b-a3b-{LAYERS}layers"
+    folder = work / f"qwen3-30b-a3b-{layers}layers"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(qwen3_30b_config(), indent=1))
+    (folder / "config.json").write_text(json.dumps(qwen3_30b_config(layers), indent=1))
     return [("qwen3-moe-tiny", "zoo:qwen3-moe-tiny", {"prompt": 128, "context": 1024}),
-            (f"qwen3-30b-a3b x{LAYERS} layers", str(folder / "config.json"), {"prompt": 512, "context": 4096})]
+            (f"qwen3-30b-a3b x{layers} layers", str(folder / "config.json"), {"prompt": 512, "context": 4096})]
 
 
 def commands(model: str, cons: Path, out: Path, qmoe_cons: Path | None = None) -> dict[str, list[list[str]]]:
@@ -139,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=["tiny", "30b"], help="one model only")
     ap.add_argument("--forms", default="fused,plain", help="comma-separated forms: fused, plain, qmoe")
     ap.add_argument("--dry-run", action="store_true", help="write the configs and print the commands, run nothing")
+    ap.add_argument("--layers", type=int, default=LAYERS, help=f"the 30B-shaped model's layers (default {LAYERS}; the "
+                    "qmoe step takes 2: its two compiles, verify and two signoffs of 4 ran past 420 s on 2026-12-03)")
     ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
              "verify: worst rel error vs fp32 |", "|---|---|---|---|---|---|---|---|"]
     forms = args.forms.split(",")
     failed = 0
-    for i, (label, spec, workload) in enumerate(models(args.work)):
+    for i, (label, spec, workload) in enumerate(models(args.work, args.layers)):
         if args.only and args.only != ("tiny", "30b")[i]:
             continue
         out = args.work / f"model{i}"
@@ -163,7 +166,10 @@ def main(argv=None) -> int:
                 continue
             error = None
             for step in steps:
+                started = time.perf_counter()
                 proc = subprocess.run(step, cwd=ROOT, capture_output=True, text=True)
+                print(f"{label} {form}: {step[3]} exit {proc.returncode} in {time.perf_counter() - started:.0f} s",
+                      file=sys.stderr, flush=True)  # where the time went, even if the call is cut later
                 if proc.returncode not in (0, 1):  # 1: a violated clock, area or accuracy; the outputs are written
                     print(f"{label} {form}: {' '.join(step[2:4])} failed ({proc.returncode}): "
                           f"{proc.stderr.strip()[-400:]}", file=sys.stderr)

@@ -7,7 +7,10 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
   attention  softsyn.emit.torch_lowering.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
              matmul: two matmuls and an fp32 softmax), decode (seq 1) and prefill (seq 512), each compiled by
              torch.compile (Inductor, as AOTInductor compiles the step) and replayed as a CUDA graph;
-  projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way.
+  projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way;
+  int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
+             in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
+             group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -96,6 +99,27 @@ def projection_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
+def int4_rows(device: str, dtype) -> list[tuple]:
+    from torchao.quantization import quantize_
+
+    from softsyn.emit.torch_step import int4_config
+
+    rows = []
+    x = torch.randn(1, 1, HIDDEN, device=device, dtype=dtype)
+    for label, width_in, width_out in (("q/k/v packed", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
+                                       ("gate/up packed", HIDDEN, 2 * MLP), ("down", MLP, HIDDEN)):
+        size = width_in * width_out * 2
+        for form, block in (("fp16", 0), ("int4 g32", 32), ("int4 g128", 128)):
+            linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
+            if block:
+                quantize_(linear.to(torch.bfloat16), int4_config(block))
+            inp = x if width_in == HIDDEN else torch.randn(1, 1, width_in, device=device, dtype=dtype)
+            seconds = timed(torch.compile(lambda lin=linear, i=inp: lin(i), dynamic=False), device)
+            rows.append((f"{label} {width_in}x{width_out} (decode, {size / 1e6:.0f} MB at fp16)", form, seconds,
+                         size / seconds))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -104,8 +128,9 @@ def main() -> int:
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     rows = attention_rows(args.device, dtype) + projection_rows(args.device, dtype)
+    rows += int4_rows(args.device, dtype) if args.device == "cuda" else []  # tinygemm's int4 layout is CUDA's
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
-             "| what | form | us per call | effective GB/s (bytes it must read / time) |", "|---|---|---:|---:|"]
+             "| what | form | us per call | effective GB/s (fp16 bytes of the weights or K/V / time) |", "|---|---|---:|---:|"]
     lines += [f"| {what} | {form} | {s * 1e6:.1f} | {bw / 1e9:.0f} |" for what, form, s, bw in rows]
     text = "\n".join(lines) + "\n"
     print(text)

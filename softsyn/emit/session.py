@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from softsyn.emit.model import MODEL_FILE
 from softsyn.netlist.keys import FP8_MATMUL
-from softsyn.runtime.session import ARTIFACT_OPTIONS
+from softsyn.runtime.session import ARTIFACT_OPTIONS, CUDA_ATTENTION_KERNELS
 from softsyn.timing import precision_of
 from softsyn.timing.realised import realised_precision
 
@@ -64,8 +64,10 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "plan": plan,
         "providers": providers,
         # enable_cuda_graph "1" where a group's graph can be captured (softsyn.timing.capture: decode with a shared
-        # KV buffer, every node on CUDA); softsyn run and genai_config.json take their provider options from here
-        "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0"}}
+        # KV buffer, every node on CUDA); the attention kernels every softsyn session uses (no per-length cuDNN
+        # graphs); softsyn run and genai_config.json take their provider options from here
+        "provider_options": {library.provider: {"enable_cuda_graph": "1" if captured else "0",
+                                                "sdpa_kernel": str(CUDA_ATTENTION_KERNELS)}}
         if library.is_gpu else {},
         "cuda_graph": {name: launch.describe(library) for name, launch in design.launches.items()},
         "session_options": dict(ARTIFACT_OPTIONS),

@@ -3,13 +3,15 @@ cache, exported with torch.export and compiled by AOTInductor into DIR/model.pt2
 measured at every path group's dims.
 
 The cache tensors are the step's inputs and it writes its keys and values into them in place (as a static cache
-under torch.compile does; softsyn.runtime.torch_package says the signature), then attends over the whole cache
-(max_length slots) under a 4-D mask: a slot is visible when it is at or before the query's position. So one package
+under torch.compile does; softsyn.runtime.torch_package says the signature), then attends over the cache's first S
+slots (an input, the filled prefix rounded up: the runner's spans) under a 4-D mask: a slot is visible when it is at
+or before the query's position. So one package
 with dynamic batch and `seq` serves prefill and decode, its fixed-shape steps can be replayed as CUDA graphs (the
 buffers keep their addresses), and it computes the function the ONNX export does (the same model object, built by
 softsyn.frontends.source_torch_model: same config, seed, weights). The step model itself (attention, packed
 projections, casts, torchao's int8 layers) is softsyn.emit.torch_step. Precision: the target's dtype for activations
-and cache (fp32 on cpu-torch, fp16 on h200-torch), the compile loop's int8 cells as int8 weight-only layers.
+and cache (fp32 on cpu-torch, fp16 on h200-torch), the compile loop's int8 (and on CUDA int4) cells as weight-only
+layers.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_step import (ATTENTIONS, TORCHAO, StaticStep, cast_parameters, pack_projections,
-                                     quantise_modules, weight_map)
+from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
+                                     weight_map)
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -30,7 +32,7 @@ from softsyn.frontends.hf_common import brief
 from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE
-from softsyn.runtime.torch_package import FORMAT, TorchStep
+from softsyn.runtime.torch_package import FORMAT, SPAN_STEP, TorchStep
 from softsyn.units import fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
@@ -39,16 +41,19 @@ ESTIMATED = "est"  # and every number the ORT library predicts
 
 
 def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype):
-    """torch.export of the step at batch 2, seq 3 (sizes > 1 so neither is specialised), both dims dynamic."""
+    """torch.export of the step at batch 2, seq 3 over 7 slots (sizes > 1 and distinct so none is specialised), the
+    three dims dynamic."""
     layers, kv, head_dim = kv_geometry(cfg)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (2, 3), generator=g).to(device)
     positions = torch.arange(4, 7).expand(2, 3).contiguous().to(device)
+    slots = torch.arange(min(7, max_length), device=device)
     cache = tuple(torch.zeros(2, kv, max_length, head_dim, dtype=dtype, device=device) for _ in range(2 * layers))
     auto = torch.export.Dim.AUTO  # a named Dim fails on guards transformers' mask code makes (true for seq >= 0)
-    shapes = {"input_ids": {0: auto, 1: auto}, "position_ids": {0: auto, 1: auto}, "kv": tuple({0: auto} for _ in cache)}
+    shapes = {"input_ids": {0: auto, 1: auto}, "position_ids": {0: auto, 1: auto}, "slots": {0: auto},
+              "kv": tuple({0: auto} for _ in cache)}
     with quiet(), torch.no_grad():
-        return torch.export.export(step, (ids, positions, *cache), dynamic_shapes=shapes, strict=False)
+        return torch.export.export(step, (ids, positions, slots, *cache), dynamic_shapes=shapes, strict=False)
 
 
 def device_problem(name: str) -> str | None:
@@ -77,7 +82,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     cast_parameters(model.to(device=target.device).eval(), dtype)
     model.set_attn_implementation(ATTENTIONS[target.attention][0])
     packed = pack_projections(model)
-    weight_notes = quantise_modules(model, weight_map(design), target.float_precision)
+    cells = weight_map(design)
+    weight_notes = quantise_modules(model, cells, target.float_precision, target.weights)
     layers, kv, head_dim = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     t0 = time.perf_counter()
@@ -97,15 +103,18 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     lowered_s = time.perf_counter() - t0
     settings = {
         "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
-        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, *kv) -> logits; kv written in "
-                  "place",
-        "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"]},
+        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits; kv "
+                  "written in place; slots = arange(S), the cache slots attention reads (last position < S <= "
+                  "max_length)",
+        "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
+                   "slots": ["span", "int64"]},
         "outputs": {"logits": ["batch", "seq", "vocab_size", target.dtype]},
         "kv_cache": {"layers": layers, "kv_heads": kv, "head_dim": head_dim, "max_length": cfg_max,
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},
         "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab,
-        "weights": {name: p for name, p in sorted(weight_map(design).items()) if p in TORCHAO},
+        "weights": {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
+                    if c.precision in target.weights},
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
         "reference": reference,
         "accuracy": {"max_rel_error": design.constraints.accuracy.max_rel_error,
@@ -113,8 +122,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     }
     write_json(folder / TORCH_FILE, settings)
     notes += [f"target {design.torch_target}: {TORCH_PACKAGE} is the step lowered by torch.export + AOTInductor "
-              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over all of "
-              f"it; {packed} projection groups packed: QKV, gate/up); {target.dtype} activations and cache",
+              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over its "
+              f"filled prefix in spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
+              "activations and cache",
               *(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
                 f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "

@@ -1,32 +1,36 @@
 """The torch targets' step model (softsyn.emit.torch_lowering exports and compiles it): one decoder step over a
-static KV cache the caller owns, written in place (BufferLayer, StaticStep); attention with a KV head's query heads
-stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
+static KV cache the caller owns, written in place, attention over its filled prefix (BufferLayer, StaticStep); a KV
+head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
 transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
-parameters only (cast_parameters); the compile loop's int8 cells as torchao weight-only layers (quantise_modules).
+parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
+(quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block).
 """
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
-from torchao.quantization import Int8WeightOnlyConfig, quantize_
+from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 
 
 class BufferLayer(StaticLayer):
     """One layer's cache as the step's input tensors, written in place at the step's positions (batch rows share
-    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values."""
+    them): the package mutates the caller's buffers, so a step moves no cache bytes beyond its own keys and values.
+    Attention reads the first `span` slots only (the filled prefix, rounded up by the caller)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor, span):
         super().__init__(max_cache_len=keys.shape[2])
         self.keys, self.values, self.where, self.device = keys, values, where, keys.device
+        self.span = span
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.keys.index_copy_(2, self.where, key_states)
         self.values.index_copy_(2, self.where, value_states)
-        return self.keys, self.values
+        return self.keys[:, :, :self.span], self.values[:, :, :self.span]
 
 
 def _stacked(query, key, attention_mask):
@@ -133,8 +137,10 @@ def pack_projections(model: torch.nn.Module) -> int:
 
 
 class StaticStep(torch.nn.Module):
-    """(input_ids, position_ids, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns, the
-    step's keys and values written into it in place. A query sees the cache slots at or before its own position."""
+    """(input_ids, position_ids, slots, k0, v0, k1, v1, ...) -> logits: one step over a static cache the caller owns,
+    the step's keys and values written into it in place. `slots` (arange(S), S at least the last position + 1 and at
+    most the cache's length) are the slots attention reads: a decode at 512 reads 512-odd slots, not the whole cache.
+    A query sees the slots at or before its own position."""
 
     def __init__(self, model, max_length: int):
         super().__init__()
@@ -143,58 +149,96 @@ class StaticStep(torch.nn.Module):
         # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated), as export_decoder reads it
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def forward(self, input_ids, position_ids, *kv):
+    def forward(self, input_ids, position_ids, slots, *kv):
         where = position_ids[0]  # every row of a batch at the same positions
-        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where) for i in range(self.layers)])
-        slots = torch.arange(self.max_length, device=input_ids.device)
-        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, max_length]
+        span = slots.shape[0]
+        cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where, span) for i in range(self.layers)])
+        mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, span]
         out = self.m(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                      **{self.cache_kw: cache})
         return out.logits
 
 
-TORCHAO = {"int8": Int8WeightOnlyConfig}  # the weight precisions the torch targets build, torchao's config for each
+TINYGEMM_BLOCKS = (32, 64, 128, 256)  # the group sizes aten._weight_int4pack_mm (torchao's int4 on CUDA) takes
+
+
+def int4_config(block: int):
+    """torchao's int4 weight-only layer at `block` (a group size tinygemm takes): the tile-packed layout runs
+    aten._weight_int4pack_mm, in torch itself (the default layout needs the mslk package); its weight must be bf16 and
+    it casts the activation to bf16 and the result back, so an fp16 step keeps fp16 around it."""
+    return Int4WeightOnlyConfig(group_size=block, int4_packing_format="tile_packed_to_4d")
+
+
+def int8_config(block: int):
+    """torchao's int8 weight-only layer (per output channel: it has no block)."""
+    return Int8WeightOnlyConfig()
+
+
+TORCHAO = {"int8": int8_config, "int4": int4_config}  # the weight precisions torch targets can build, torchao's layer
+WEIGHT_DTYPE = {"int4": torch.bfloat16}  # the dtype a precision's weight must have when torchao quantises it
 BITS_ORDER = ("fp32", "bf16", "fp16", "int8", "fp8", "int4")  # most accurate first: a packed group takes its parts' first
 
 
-def weight_map(design) -> dict[str, str]:
-    """{module name (the cell's hierarchy): precision} of the design's quantised weight cells, as the loop left them."""
+@dataclass(frozen=True)
+class WeightCell:
+    precision: str  # int4 / int8 / fp8
+    block: int  # the quantisation block the loop chose (0: none, per channel)
+
+
+def weight_map(design) -> dict[str, WeightCell]:
+    """{module name (the cell's hierarchy): its precision and block} of the design's quantised weight cells, as the
+    loop left them."""
     out = {}
     for node in design.netlist.nodes():
         if node.op_type == "MatMulNBits":
-            out[design.netlist.hierarchy(node)] = f"int{node.attributes.get_int('bits', 4)}"
+            out[design.netlist.hierarchy(node)] = WeightCell(f"int{node.attributes.get_int('bits', 4)}",
+                                                             node.attributes.get_int("block_size", 32))
         elif node.op_type == "MatMulBlockQuantizedFp8Weight":
-            out[design.netlist.hierarchy(node)] = "fp8"
+            out[design.netlist.hierarchy(node)] = WeightCell("fp8", 0)
     return out
 
 
-def quantise_modules(model: torch.nn.Module, precisions: dict[str, str], float_precision: str) -> list[str]:
-    """torchao weight-only quantisation of the Linear layers `precisions` names (a packed group at its most accurate
-    part's precision); the notes: what was quantised, and any cell the package keeps float (and why)."""
+def tinygemm_block(block: int) -> int:
+    """The group size tinygemm takes nearest `block` from below (finer blocks are at least as accurate)."""
+    return max([b for b in TINYGEMM_BLOCKS if b <= block] or [TINYGEMM_BLOCKS[0]])
+
+
+def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float_precision: str,
+                     built: tuple[str, ...]) -> list[str]:
+    """torchao weight-only quantisation of the Linear layers `cells` names, in the precisions `built` (a packed group at
+    its most accurate part's precision and finest block); the notes: what was quantised, and any cell the package
+    keeps float (and why)."""
     modules = dict(model.named_modules())
-    groups: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
+    groups: dict[int, tuple[torch.nn.Linear, list[WeightCell]]] = {}
     notes = []
-    for name, precision in sorted(precisions.items()):
+    for name, cell in sorted(cells.items()):
         module = modules.get(name)
         linear = module.packed.linear if isinstance(module, PackedPart) else module
         if not isinstance(linear, torch.nn.Linear):
-            notes.append(f"cell {name} ({precision}): no torch Linear of that name; kept {float_precision}")
+            notes.append(f"cell {name} ({cell.precision}): no torch Linear of that name; kept {float_precision}")
             continue
-        groups.setdefault(id(linear), (linear, []))[1].append(precision)
-    chosen: dict[str, set[int]] = {}
+        groups.setdefault(id(linear), (linear, []))[1].append(cell)
+    chosen: dict[tuple[str, int], list[torch.nn.Linear]] = {}
     unbuilt: dict[str, int] = {}
     for linear, asked in groups.values():
-        precision = min(asked, key=BITS_ORDER.index)
-        if precision in TORCHAO:
-            chosen.setdefault(precision, set()).add(id(linear))
+        precision = min((c.precision for c in asked), key=BITS_ORDER.index)
+        block = min(c.block for c in asked if c.precision == precision)
+        if precision in built:
+            chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0), []).append(linear)
         elif precision != float_precision:
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
-    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for the "
-              f"torch targets (built: {', '.join(TORCHAO)})" for p, n in unbuilt.items()]
-    for precision, ids in chosen.items():
-        quantize_(model, TORCHAO[precision](), filter_fn=lambda m, fqn, ids=ids: id(m) in ids)
-        notes.append(f"{len(ids)} Linear layer{'s' if len(ids) != 1 else ''} {precision} weight-only "
-                     f"(torchao {TORCHAO[precision].__name__}), as the compile's map")
+    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
+              f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
+    for (precision, block), linears in sorted(chosen.items()):
+        ids = {id(lin) for lin in linears}
+        with torch.no_grad():
+            for lin in linears if precision in WEIGHT_DTYPE else ():
+                lin.to(WEIGHT_DTYPE[precision])
+        config = TORCHAO[precision](block)
+        quantize_(model, config, filter_fn=lambda m, fqn, ids=ids: id(m) in ids)
+        at = f" at block {block}" if block else ""
+        notes.append(f"{len(ids)} Linear layer{'s' if len(ids) != 1 else ''} {precision} weight-only{at} "
+                     f"(torchao {type(config).__name__}), as the compile's map")
     return notes
 
 

@@ -109,11 +109,18 @@ class Cell:
         """How far `sizes` lie outside the grid (0: inside; see interp.outside)."""
         return interp.outside(self.axes, self.points, sizes)
 
-    def scaled(self, value: float, sizes: dict) -> tuple[float, bool]:
-        """Apply the cell's scale rule to a table value: (delay, scaled?) (see interp.scaled)."""
+    def scaled(self, value: float, sizes: dict, memory_time: float | None = None) -> tuple[float, bool]:
+        """Apply the cell's scale rule to a table value: (delay, scaled?) (see interp.scaled). `memory_time` (GPU
+        libraries: the node's bytes over the device's bandwidth): a table measured at batch 1 serves batch N as one
+        launch whose sequences run side by side, so its delay is the longer of the batch-1 delay and the floor plus
+        the memory time, never more than the linear rule's (batch 1 occupies a few of the SMs: qwen3-1.7b's decode
+        at 16 sequences over 1536 positions measured 2.93 ms where the linear rule gave 4.13, 2026-12-03)."""
         if not self.scale:
             return value, False
-        return interp.scaled(self.scale, self.floor, value, sizes)
+        linear, scaled = interp.scaled(self.scale, self.floor, value, sizes)
+        if scaled and memory_time is not None and float(sizes.get("batch") or 1) > 1 and "batch" in self.scale:
+            return min(linear, max(value, self.floor + memory_time)), True
+        return linear, scaled
 
 
 @dataclass
@@ -186,14 +193,15 @@ class Library:
                 break
         return best
 
-    def device_in_graph(self, op_type: str, precision: str, sizes: dict | None, device: float) -> float:
+    def device_in_graph(self, op_type: str, precision: str, sizes: dict | None, device: float,
+                        bytes_moved: float = 0.0) -> float:
         """Seconds a kernel whose eager device time is `device` holds the device inside a captured CUDA graph: its
         graph table's time where there is one (graph_delay), else `device` or what one more node costs inside a
         graph (ceilings.launch_overhead_graph), whichever is longer."""
-        graph = self.graph_delay(op_type, precision, sizes)
+        graph = self.graph_delay(op_type, precision, sizes, bytes_moved)
         return graph if graph is not None else max(device, self.ceilings.launch_overhead_graph or 0.0)
 
-    def graph_delay(self, op_type: str, precision: str, sizes: dict | None) -> float | None:
+    def graph_delay(self, op_type: str, precision: str, sizes: dict | None, bytes_moved: float = 0.0) -> float | None:
         """Seconds a node holds the device inside a captured CUDA graph, from its graph table (implementation
         `*-graph`, measured as graph replays), or None: no such table, `sizes` off an axis the table holds at one
         value, or more rows (m, q_tokens) than it measured (tables of 2026-12-02 hold one row; newer ones rows up to
@@ -211,8 +219,13 @@ class Library:
             if any(a in GRAPH_ROW_AXES and sizes[a] > max(g) for a, g in zip(c.axes, c.points)):
                 continue  # more rows than the table measured: the eager table's scaling, not an extrapolated graph
             value, _ = c.lookup(sizes)
-            return c.scaled(value, sizes)[0]
+            return c.scaled(value, sizes, self.memory_time(bytes_moved))[0]
         return None
+
+    def memory_time(self, bytes_moved: float) -> float | None:
+        """Seconds `bytes_moved` take at the device's measured bandwidth, on a GPU (None on a CPU: a table measured
+        at batch 1 already keeps its cores busy, so the linear batch rule holds there)."""
+        return bytes_moved / self.ceilings.memory_bandwidth if self.is_gpu and self.ceilings.memory_bandwidth else None
 
     def roofline(self, precision: str, flops: float, bytes_moved: float) -> float:
         """max(flops / peak, bytes / bandwidth) + launch_overhead, seconds."""
@@ -246,7 +259,7 @@ class Library:
                     sizes: dict | None) -> tuple[float, str]:
         if cell is not None:
             value, extrap = cell.lookup(sizes)  # type: ignore[arg-type]
-            value, scaled = cell.scaled(value, sizes)  # type: ignore[arg-type]
+            value, scaled = cell.scaled(value, sizes, self.memory_time(bytes_moved))  # type: ignore[arg-type]
             return value, ("table-extrap" if extrap or scaled else "table")
         return self.roofline(precision, flops, bytes_moved), "est"
 

@@ -3,8 +3,9 @@
 A torch target has no library of its own yet: the design is timed with the ORT library of the same device
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
-Weights: the compile loop's per-cell choice, realised per module by torchao's weight-only quantisation; int8 is
-built (int4 needs torchao's mslk kernels, fp8 a CUDA device to measure on: neither is offered yet).
+Weights: the compile loop's per-cell choice, realised per module by torchao's weight-only quantisation: int8 on
+both, int4 on CUDA only (tinygemm's aten._weight_int4pack_mm: torchao's CPU int4 layouts need kernels its CPU wheel
+lacks); fp8 is not offered yet.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class TorchTarget:
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
     attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
-    weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only)
+    weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;
+    # softsyn.emit.torch_step.TORCHAO has a layer for each)
 
     @property
     def float_precision(self) -> str:
@@ -33,7 +35,7 @@ TORCH_TARGETS = {
     "cpu-torch": TorchTarget("cpu-torch", "cpu", "cpu-ort", "float32", "sdpa"),
     # matmul: SDPA's cuDNN kernel took 2.4 of a 5.1 ms decode step on the H200 (qwen3-1.7b, 2026-12-03); the matmul
     # form is the alternative until bench/torch_attention.py's measurement says which is faster per shape
-    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul"),
+    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4")),
 }
 
 

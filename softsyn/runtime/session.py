@@ -85,6 +85,15 @@ def json_text(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# The CUDA provider's attention kernels (its `sdpa_kernel` bitmask): flash (1), memory-efficient (2) and the unfused
+# math path (16); not cuDNN's SDPA (8). ORT 1.31.1's GroupQueryAttention prefill picks cuDNN's on the H200 and builds
+# a cuDNN graph per new sequence length: 0.9-1.7 s the first time a prompt length is seen, 12-13 ms with this mask,
+# repeated lengths 4.1-6.9 ms either way (qwen3-1.7b, 2026-12-03, bench/results/serving-validate-cuda-2026-12-03.md).
+# Every CUDA session softsyn opens uses it, and runtime/session.json writes it, so a user's session runs what
+# softsyn measured.
+CUDA_ATTENTION_KERNELS = 1 | 2 | 16
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     provider: str = "cpu"  # "cpu" | "cuda" (PROVIDERS)
@@ -178,7 +187,7 @@ def open_session(model, settings: SessionSettings = SessionSettings(), external:
                                                       for elem, a in external.values()])
     providers: list = ["CPUExecutionProvider"]
     if settings.provider == "cuda":
-        cuda = {"device_id": "0"}
+        cuda = {"device_id": "0", "sdpa_kernel": str(CUDA_ATTENTION_KERNELS)}
         if settings.cuda_graph:
             cuda["enable_cuda_graph"] = "1"
         # ORT adds the CPU provider itself unless the fallback is disabled, which then holds only if it is not listed

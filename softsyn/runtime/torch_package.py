@@ -1,11 +1,13 @@
 """Running a torch target's artifact: DIR/model.pt2 (an AOTInductor package) as DIR/runtime/torch.json describes it.
 
 The package is one step of the decoder over a static KV cache the caller owns: (input_ids [B, seq], position_ids
-[B, seq], the cache's key and value per layer [B, kv_heads, max_length, head_dim]) -> logits [B, seq, vocab]; the
-step writes its keys and values into the cache tensors in place, at its positions (every row of a batch at the same
-positions), and attends over the slots at or before each query's position. One package serves prefill (seq = the
-prompt) and decode (seq 1). On CUDA (`cuda_graphs`) each step shape is captured once as a CUDA graph over fixed
-buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
+[B, seq], slots [S] = arange(S), the cache's key and value per layer [B, kv_heads, max_length, head_dim]) -> logits
+[B, seq, vocab]; the step writes its keys and values into the cache tensors in place, at its positions (every row of
+a batch at the same positions), and attends over the first S slots, those at or before each query's position. The
+runner gives S as the filled prefix rounded up to SPAN_STEP (at most max_length): a decode at 512 reads 768 slots,
+not the whole cache, and a long generation crosses a few spans. One package serves prefill (seq = the prompt) and
+decode (seq 1). On CUDA (`cuda_graphs`) each step shape (batch, seq, span) is captured once as a CUDA graph over
+fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
 
 runtime/torch.json is untrusted input: its fields are checked (types, bounds) and its package path kept inside DIR
 (softsyn.frontends.onnx_file.inside) before the package is opened.
@@ -25,7 +27,8 @@ from softsyn.frontends.onnx_file import inside
 from softsyn.runtime.artifact import TORCH_FILE, read_json, scenarios_problem
 from softsyn.runtime.generate import Generation
 
-FORMAT = "softsyn.torch/2"  # /2: the cache is written in place (/1 returned updated copies)
+FORMAT = "softsyn.torch/3"  # /3: the slots input (attention over a span); /2: the cache written in place
+SPAN_STEP = 256  # the attended span rounds up to a multiple of this: fewer captured graphs, at most 255 idle slots
 CACHE_KEYS = ("layers", "kv_heads", "head_dim", "max_length")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -64,18 +67,19 @@ class Graphed:
     """One step shape captured as a CUDA graph over fixed buffers: the ids and positions copied in, the graph
     replayed, the logits read from its output buffer (valid until the next replay)."""
 
-    def __init__(self, runner, cache: list[torch.Tensor], ids: torch.Tensor, positions: torch.Tensor):
+    def __init__(self, runner, cache: list[torch.Tensor], ids: torch.Tensor, positions: torch.Tensor,
+                 slots: torch.Tensor):
         self.ids, self.positions = ids.clone(), positions.clone()
         # warm-up on a side stream (as torch.cuda.graphs asks) with the real inputs: the step it computes is the one
         # the caller asked for, so the cache slots it writes hold the right values (each replay writes them alike)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
-            first(runner(self.ids, self.positions, *cache))
+            first(runner(self.ids, self.positions, slots, *cache))
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits = first(runner(self.ids, self.positions, *cache))
+            self.logits = first(runner(self.ids, self.positions, slots, *cache))
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
@@ -109,7 +113,8 @@ class TorchStep:
         self.cache = settings["kv_cache"]
         self.vocab_size = settings["vocab_size"]
         self.dtype = getattr(torch, settings["dtype"])
-        self._captured: dict[tuple, Graphed] = {}  # (batch, seq, the cache's address) -> its graph
+        self._captured: dict[tuple, Graphed] = {}  # (batch, seq, span, the cache's address) -> its graph
+        self._slots: dict[int, torch.Tensor] = {}  # span -> arange(span) on the device (fixed: graphs read it)
         self._owned: dict[int, list[torch.Tensor]] = {}  # batch -> the cache generate and measure reuse
 
     @property
@@ -135,6 +140,11 @@ class TorchStep:
             self._owned[batch] = self.empty_cache(batch)
         return self._owned[batch]
 
+    def span(self, end: int) -> int:
+        """The slots a step whose last position is end - 1 attends over: `end` rounded up to SPAN_STEP, at most the
+        cache's length."""
+        return min(self.max_length, -(-end // SPAN_STEP) * SPAN_STEP)
+
     def __call__(self, ids: np.ndarray, start: int, cache: list[torch.Tensor]) -> torch.Tensor:
         """The logits [B, seq, vocab] (on the package's device) of `ids` [B, seq] at positions start..start+seq-1;
         their keys and values are written into `cache`."""
@@ -144,12 +154,16 @@ class TorchStep:
         tokens = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
         positions = torch.arange(start, start + seq, dtype=torch.int64, device=self.device).expand(batch, seq)
         positions = positions.contiguous()
+        span = self.span(start + seq)
+        if span not in self._slots:
+            self._slots[span] = torch.arange(span, dtype=torch.int64, device=self.device)
+        slots = self._slots[span]
         if not self.graphs:
             with torch.no_grad():
-                return first(self.runner(tokens, positions, *cache))
-        key = (batch, seq, cache[0].data_ptr())
+                return first(self.runner(tokens, positions, slots, *cache))
+        key = (batch, seq, span, cache[0].data_ptr())
         if key not in self._captured:  # its warm-up runs this step once; the replay below runs it again, alike
-            self._captured[key] = Graphed(self.runner, cache, tokens, positions)
+            self._captured[key] = Graphed(self.runner, cache, tokens, positions, slots)
         return self._captured[key](tokens, positions)
 
     def sync(self) -> None:

@@ -313,7 +313,7 @@ def in_graph(cells: list[CellTiming], library: Library) -> None:
         if c.device > 0.0:
             op, precision = c.cell.split(".", 1)
             c.device = (max(c.device, per_node) if c.source == "annot"
-                        else library.device_in_graph(op, precision, c.work.sizes, c.device))
+                        else library.device_in_graph(op, precision, c.work.sizes, c.device, c.work.bytes))
 
 
 def _stream_starts(netlist: Netlist, library: Library, group: PathGroup, cells: list[CellTiming], port_arrival: dict,

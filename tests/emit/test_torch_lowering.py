@@ -76,7 +76,8 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
 @pytest.mark.parametrize("form", ["sdpa", "matmul"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
-    place, stale slots masked) give the logits of transformers' own forward over the whole sequence."""
+    place, stale slots masked, attention over a span of it from the exact prefix to the whole) give the logits of
+    transformers' own forward over the whole sequence."""
     import torch
 
     from softsyn.emit.torch_step import StaticStep
@@ -90,9 +91,10 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
         want = model(input_ids=torch.cat([ids, torch.tensor([[65, 35]])], 1)).logits
         model.set_attn_implementation(attentions[form][0])
         step = StaticStep(model, 16).eval()
-        prefill = step(ids, torch.arange(4)[None], *cache)
-        first = step(torch.tensor([[65]]), torch.tensor([[4]]), *cache)
-        second = step(torch.tensor([[35]]), torch.tensor([[5]]), *cache)
+        slots = torch.arange(16)
+        prefill = step(ids, torch.arange(4)[None], slots[:4], *cache)  # spans: the filled prefix, or more of it
+        first = step(torch.tensor([[65]]), torch.tensor([[4]]), slots[:8], *cache)
+        second = step(torch.tensor([[35]]), torch.tensor([[5]]), slots, *cache)
     torch.testing.assert_close(prefill, want[:, :4], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.cat([first, second], 1), want[:, 4:], rtol=1e-4, atol=1e-4)
     assert all(float(c[:, :, 6:].sub(7).abs().max()) == 0 for c in cache)  # slots past the sequence untouched
@@ -140,7 +142,7 @@ def test_fp16_step_keeps_rotary_fp32_and_far_positions_right():
         model.set_attn_implementation(attentions["matmul"][0])
         cache = [torch.zeros(1, kv, 4096, head_dim, dtype=dtype) for _ in range(2 * layers)]
         with torch.no_grad():
-            StaticStep(model, 4096).eval()(ids, positions, *cache)
+            StaticStep(model, 4096).eval()(ids, positions, torch.arange(4096), *cache)
         keys[dtype] = cache[0][:, :, 4000:4002].float()
     rel = float((keys[torch.float16] - keys[torch.float32]).abs().max() / keys[torch.float32].abs().max())
     assert rel < 5e-3, rel
@@ -153,7 +155,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     import torch
 
     from softsyn.emit.torch_lowering import export_step
-    from softsyn.emit.torch_step import StaticStep, pack_projections, quantise_modules
+    from softsyn.emit.torch_step import StaticStep, WeightCell, pack_projections, quantise_modules
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()
@@ -162,19 +164,50 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
         want = model(input_ids=ids).logits
     model.set_attn_implementation(attentions["sdpa"][0])
     pack_projections(model)
-    notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": "int8", "model.layers.0.mlp.down_proj": "int8",
-                                     "model.layers.1.mlp.up_proj": "int4"}, "fp32")
+    int8, int4 = WeightCell("int8", 0), WeightCell("int4", 32)
+    notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": int8, "model.layers.0.mlp.down_proj": int8,
+                                     "model.layers.1.mlp.up_proj": int4}, "fp32", ("int8",))
     layer0, layer1 = model.model.layers
     assert type(layer0.self_attn.packed_q_k_v.linear.weight).__name__ == "Int8Tensor"
     assert type(layer0.mlp.down_proj.weight).__name__ == "Int8Tensor"
     assert type(layer0.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # not in the map
     assert type(layer1.mlp.packed_gate_up.linear.weight) is torch.nn.Parameter  # int4: not built
     assert any("2 Linear layers int8 weight-only" in n for n in notes)
-    assert any("1 Linear layer mapped int4 kept fp32: int4 is not built" in n for n in notes)
+    assert any("1 Linear layer mapped int4 kept fp32: int4 is not built for this torch target (built: int8)" in n
+               for n in notes)
     layers, kv, head_dim = kv_geometry(model.config)
     program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
     cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
     with torch.no_grad():
-        got = program.module()(ids, torch.arange(4)[None], *cache)
+        got = program.module()(ids, torch.arange(4)[None], torch.arange(4), *cache)
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.05, rel
+
+
+def test_int4_cells_go_to_tinygemm_at_their_block_with_bf16_weights(monkeypatch):
+    """On a target that builds int4 (h200-torch), each int4 group becomes one torchao call with the tile-packed
+    (tinygemm) layout at the group size tinygemm takes nearest the cell's block from below, its weights bf16 first (the
+    layout's requirement); a packed group takes its finest part's block. The CPU cannot run tinygemm's packing, so
+    the torchao call is recorded, not made."""
+    import torch
+
+    from softsyn.emit import torch_step
+    from softsyn.emit.torch_step import WeightCell, pack_projections, quantise_modules, tinygemm_block
+
+    assert [tinygemm_block(b) for b in (16, 32, 48, 64, 128, 200, 256, 1024)] == [32, 32, 32, 64, 128, 128, 256, 256]
+    model, _ = _tiny_model()
+    pack_projections(model)
+    calls = []
+    monkeypatch.setattr(torch_step, "quantize_", lambda m, config, filter_fn: calls.append(
+        (config, sorted(fqn for fqn, mod in m.named_modules() if filter_fn(mod, fqn)),
+         {mod.weight.dtype for fqn, mod in m.named_modules() if filter_fn(mod, fqn)})))
+    cells = {"model.layers.0.mlp.gate_proj": WeightCell("int4", 128), "model.layers.0.mlp.up_proj": WeightCell("int4", 64),
+             "model.layers.1.mlp.down_proj": WeightCell("int4", 128), "model.layers.1.self_attn.o_proj":
+             WeightCell("int8", 0)}
+    notes = quantise_modules(model, cells, "fp16", ("int8", "int4"))
+    by_block = {(type(c).__name__, getattr(c, "group_size", None)): (names, dtypes) for c, names, dtypes in calls}
+    assert by_block[("Int4WeightOnlyConfig", 64)] == (["model.layers.0.mlp.packed_gate_up.linear"], {torch.bfloat16})
+    assert by_block[("Int4WeightOnlyConfig", 128)] == (["model.layers.1.mlp.down_proj"], {torch.bfloat16})
+    assert by_block[("Int8WeightOnlyConfig", None)] == (["model.layers.1.self_attn.o_proj"], {torch.float32})
+    assert all(c.int4_packing_format == "tile_packed_to_4d" for c, _, _ in calls if hasattr(c, "int4_packing_format"))
+    assert any("1 Linear layer int4 weight-only at block 64 (torchao Int4WeightOnlyConfig)" in n for n in notes)

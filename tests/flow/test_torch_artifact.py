@@ -10,7 +10,8 @@ from softsyn.cli import main
 
 
 def _run_json(directory):
-    result = CliRunner().invoke(main, ["run", str(directory), "--prompt-len", "16", "--gen", "8", "--runs", "1",
+    # positions 0..259: the decode crosses the package's first attention span (SPAN_STEP 256 slots) into the next
+    result = CliRunner().invoke(main, ["run", str(directory), "--prompt-len", "252", "--gen", "8", "--runs", "1",
                                        "--warmup", "0", "--json", "-q"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return json.loads(result.output)

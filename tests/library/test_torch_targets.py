@@ -27,3 +27,20 @@ def test_h200_torch_compile_without_cuda_is_refused_before_the_passes(tmp_path, 
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "target h200-torch compiles a CUDA package and torch sees no CUDA device here" in err
     assert "use target cpu-torch" in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name, kept", [("cpu-torch", ["fp32", "int8"]), ("h200-torch", ["fp16", "int8", "int4"])])
+def test_narrowing_keeps_what_each_torch_target_builds(name, kept):
+    """The loop is offered the precisions the target's package builds (int4 only where tinygemm runs: CUDA), and the
+    KV cache pinned to the target's float dtype; the log line names what was dropped."""
+    from types import SimpleNamespace
+
+    from softsyn.library.torch_targets import narrow_constraints, torch_target
+
+    cons = SimpleNamespace(precision=SimpleNamespace(allowed=["fp32", "fp16", "fp8", "int8", "int4"], default="int4"),
+                           kv_cache=SimpleNamespace(dtype="int8"))
+    line = narrow_constraints(torch_target(name), cons)
+    assert cons.precision.allowed == [p for p in ["fp32", "fp16", "fp8", "int8", "int4"] if p in kept]
+    assert cons.precision.default == ("int4" if "int4" in kept else kept[0])
+    assert cons.kv_cache.dtype == kept[0] and line.startswith(f"target {name}: precision.allowed")
+    assert "fp8" in line.split("->")[0] and "fp8" not in line.split("->")[1].split("(")[0]

@@ -198,7 +198,9 @@ def test_int8_kv_is_reported_not_applied(cuda_artifact):
 
 def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
     """A shared KV buffer and every node on CUDA: decode runs as a captured CUDA graph, which the runtime settings
-    enable and the STA times without host launches; prefill (varying prompt length) stays eager, and says why."""
+    enable and the STA times without host launches; prefill (varying prompt length) stays eager, and says why. The
+    settings carry the attention kernels every softsyn CUDA session uses (no cuDNN SDPA: a graph built per prompt
+    length), to ORT and to genai alike."""
     import dataclasses
     import json
 
@@ -206,11 +208,12 @@ def test_cuda_decode_is_a_captured_graph_and_prefill_eager(cuda_artifact):
     from softsyn.timing.capture import group_launch
 
     session = json.loads((cuda_artifact / "runtime" / "session.json").read_text())
-    assert session["provider_options"]["CUDAExecutionProvider"]["enable_cuda_graph"] == "1"
+    assert session["provider_options"]["CUDAExecutionProvider"] == {"enable_cuda_graph": "1", "sdpa_kernel": "19"}
     assert session["cuda_graph"]["decode"].startswith("CUDA graph (enable_cuda_graph=1; 1.07 us per node")
     assert session["cuda_graph"]["prefill"].startswith("eager (not a decode step")
     genai = json.loads((cuda_artifact / "genai_config.json").read_text())
-    assert genai["model"]["decoder"]["session_options"]["provider_options"] == [{"cuda": {"enable_cuda_graph": "1"}}]
+    assert genai["model"]["decoder"]["session_options"]["provider_options"] == [{"cuda": {"enable_cuda_graph": "1",
+                                                                                             "sdpa_kernel": "19"}}]
     assert "Launch: CUDA graph" in (cuda_artifact / "reports" / "timing.rpt").read_text()
 
     library = load_library("h200-ort-cuda")

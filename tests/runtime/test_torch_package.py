@@ -26,4 +26,4 @@ def test_readme_loader_in_a_fresh_process(tiny_torch_artifact, tmp_path):
     cache = step.empty_cache()
     token = int(step(np.array([[1, 2, 3]]), 0, cache)[0, -1].argmax())
     logits = step(np.array([[token]]), 3, cache)
-    np.testing.assert_array_equal(np.load(saved), logits.numpy())
+    np.testing.assert_allclose(np.load(saved), logits.numpy(), rtol=1e-5, atol=1e-5)  # spans of 4 vs 256 slots
