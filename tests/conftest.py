@@ -4,6 +4,7 @@ import fcntl
 import gc
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +27,8 @@ def frozen_heap():
     """What is alive when a test module starts is left out of garbage collection until it ends (gc.freeze): a worker's
     heap holds every earlier module's imports and fixtures (torch, transformers, exported models), and each
     gc.collect() the code under test makes to free its ORT sessions (characterize per grid point, verify, the
-    optimizer's per-cell measurements) would walk all of it (docs/decisions/test-suite-time.md: that made characterize's
-    module 2.4x slower after another module had run). Everything the module makes is collected as usual."""
+    optimizer's per-cell measurements) would walk all of it (docs/decisions/2026-12-03-test-suite-time.md).
+    Everything the module makes is collected as usual; what died before it is collected once, here."""
     gc.collect()
     gc.freeze()
     yield
@@ -41,10 +42,11 @@ def cache_dir(tmp_path_factory):
     return path
 
 
-def built_once(tmp_path_factory, name: str, build) -> "os.PathLike":
+def built_once(tmp_path_factory, name: str, build) -> Path:
     """A folder `build(DIR)` makes, built once per test run: under pytest-xdist the first worker to ask builds it in the
     run's folder above the workers' own (a lock makes the others wait for it rather than build it again) and each
-    worker takes a copy of its own, so no two workers' tests ever touch one folder. Tests must not change it."""
+    worker takes a copy of its own, so no two workers' tests ever touch one folder. Tests only read it (one that
+    changes it works on a copy of its own)."""
     out = tmp_path_factory.mktemp(name) / "out"
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         build(out)
@@ -74,7 +76,8 @@ def compile_in_process(out, *args) -> None:
 def tiny_cpu_artifact(cache_dir, tmp_path_factory):
     """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-tiny.yaml --effort low -o DIR`: DIR."""
     return built_once(tmp_path_factory, "tiny-cpu", lambda out: compile_in_process(
-        out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "cpu-tiny.yaml", "--effort", "low", "--cache-dir", cache_dir))
+        out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "cpu-tiny.yaml", "--effort", "low",
+        "--cache-dir", cache_dir))
 
 
 @pytest.fixture(scope="session")
