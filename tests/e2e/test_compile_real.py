@@ -83,7 +83,10 @@ def test_a_cuda_artifact_with_absorbed_qk_norms_verifies_on_the_cpu(tmp_path, ca
     (tmp_path / "gpu.yaml").write_text("target: h200-ort-cuda\nworkload: {batch: 1, prompt_len: 16, context_len: 32}\n"
                                        "accuracy: {max_rel_error: 2%}\n")
     out = tmp_path / "out"
-    proc = cli("compile", "zoo:qwen3-tiny", "-c", str(tmp_path / "gpu.yaml"), "-o", str(out), cache_dir=cache_dir)
+    # effort low: fuse absorbs the norms; medium's precision map (its CPU-view sensitivities: test_sensitivity.py) adds
+    # nothing this test reads
+    proc = cli("compile", "zoo:qwen3-tiny", "-c", str(tmp_path / "gpu.yaml"), "--effort", "low", "-o", str(out),
+               cache_dir=cache_dir)
     assert proc.returncode in (0, 1), proc.stderr
     import onnx
 

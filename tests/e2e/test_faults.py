@@ -90,7 +90,7 @@ def leftovers(out: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("command", ["compile", "analyze"])
-def test_sigkill_leaves_the_old_or_the_new_output(command, model, constraints, tmp_path):
+def test_sigkill_leaves_the_old_or_the_new_output(command, model, constraints, tmp_path, capsys):
     out = tmp_path / "out"
     old, new = str(constraints["old"]), str(constraints["new"])
     code, phase = softsyn(command, model, "-c", old, "-o", out, trigger=TRIGGER[command])
@@ -104,7 +104,7 @@ def test_sigkill_leaves_the_old_or_the_new_output(command, model, constraints, t
                           trigger=TRIGGER[command])
         assert code in (0, -signal.SIGKILL)
         states.append((code, Path(assert_complete(out, {old, new}, user)).stem, leftovers(out)))
-    code, _ = softsyn(command, model, "-c", new, "-o", out, "-q")
+    code, _ = cli(capsys, command, model, "-c", new, "-o", out, "-q")  # the next run: in this process (no kill)
     assert code == 0 and assert_complete(out, {new}, user) == new
     assert leftovers(out) == [], states
 

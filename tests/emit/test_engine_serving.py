@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
-from click.testing import CliRunner
 
 from paths import ROOT
-from softsyn.cli import main
 from softsyn.constraints import parse_constraints
 from softsyn.constraints.serving import Lengths, Serving
 from softsyn.emit.engine_serving import buckets, serving_settings
@@ -26,17 +22,8 @@ OPTIONS = json.loads((ROOT / "tests" / "timing" / "data" / "engine_options.json"
 SERVING_TINY = ROOT / "constraints" / "serving-tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def served(cache_dir, tmp_path_factory) -> Path:
-    """`softsyn compile zoo:qwen3-tiny -c constraints/serving-tiny.yaml --effort low -o DIR`: DIR."""
-    out = tmp_path_factory.mktemp("serving-tiny") / "out"
-    result = CliRunner().invoke(main, ["compile", "zoo:qwen3-tiny", "-c", str(SERVING_TINY), "--effort", "low",
-                                       "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
-
-
-def test_compiled_settings_follow_the_simulation(served):
+def test_compiled_settings_follow_the_simulation(tiny_serving_artifact):
+    served = tiny_serving_artifact  # conftest: compiled with constraints/serving-tiny.yaml, effort low
     serving = parse_constraints(SERVING_TINY.read_text(), str(SERVING_TINY)).serving
     analysis = json.loads((served / "analysis.json").read_text())
     schedule, kv = analysis["serving"]["schedule"], analysis["area"]["kv_budget"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -19,18 +18,6 @@ from softsyn.netlist import Netlist
 PREFILL = {"batch": 1, "seq": 16, "past": 0}
 _CACHE_KW = "cache"  # transformers 5.2x; older versions call it past_key_values
 DECODE = {"batch": 1, "seq": 1, "past": 128}
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("softsyn-cache")
-    old = os.environ.get("SOFTSYN_CACHE")
-    os.environ["SOFTSYN_CACHE"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("SOFTSYN_CACHE", None)
-    else:
-        os.environ["SOFTSYN_CACHE"] = old
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,8 @@ import math
 import sys
 
 import pytest
-from click.testing import CliRunner
 
 from paths import ROOT
-from softsyn.cli import main as softsyn
 
 CONSTRAINTS = ROOT / "constraints" / "serving-tiny.yaml"
 
@@ -24,13 +22,10 @@ def _bench():
     return bench
 
 
-@pytest.fixture(scope="module")
-def serving_artifact(cache_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("serving") / "tiny"
-    result = CliRunner().invoke(softsyn, ["compile", "zoo:qwen3-tiny", "-c", str(CONSTRAINTS), "--effort", "low",
-                                          "-o", str(out), "--cache-dir", str(cache_dir), "-q"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return out
+@pytest.fixture
+def serving_artifact(tiny_serving_artifact):
+    """qwen3-tiny compiled with constraints/serving-tiny.yaml (CONSTRAINTS), effort low (conftest)."""
+    return tiny_serving_artifact
 
 
 def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact, tmp_path):
