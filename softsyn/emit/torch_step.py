@@ -231,9 +231,10 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
               f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
     for (precision, block), linears in sorted(chosen.items()):
         ids = {id(lin) for lin in linears}
-        with torch.no_grad():
-            for lin in linears if precision in WEIGHT_DTYPE else ():
-                lin.to(WEIGHT_DTYPE[precision])
+        if precision in WEIGHT_DTYPE:
+            with torch.no_grad():
+                for lin in linears:
+                    lin.to(WEIGHT_DTYPE[precision])
         config = TORCHAO[precision](block)
         quantize_(model, config, filter_fn=lambda m, fqn, ids=ids: id(m) in ids)
         at = f" at block {block}" if block else ""

@@ -194,14 +194,15 @@ class Library:
         return best
 
     def device_in_graph(self, op_type: str, precision: str, sizes: dict | None, device: float,
-                        bytes_moved: float = 0.0) -> float:
+                        bytes_moved: float | None = None) -> float:
         """Seconds a kernel whose eager device time is `device` holds the device inside a captured CUDA graph: its
         graph table's time where there is one (graph_delay), else `device` or what one more node costs inside a
         graph (ceilings.launch_overhead_graph), whichever is longer."""
         graph = self.graph_delay(op_type, precision, sizes, bytes_moved)
         return graph if graph is not None else max(device, self.ceilings.launch_overhead_graph or 0.0)
 
-    def graph_delay(self, op_type: str, precision: str, sizes: dict | None, bytes_moved: float = 0.0) -> float | None:
+    def graph_delay(self, op_type: str, precision: str, sizes: dict | None,
+                    bytes_moved: float | None = None) -> float | None:
         """Seconds a node holds the device inside a captured CUDA graph, from its graph table (implementation
         `*-graph`, measured as graph replays), or None: no such table, `sizes` off an axis the table holds at one
         value, or more rows (m, q_tokens) than it measured (tables of 2026-12-02 hold one row; newer ones rows up to
@@ -222,10 +223,13 @@ class Library:
             return c.scaled(value, sizes, self.memory_time(bytes_moved))[0]
         return None
 
-    def memory_time(self, bytes_moved: float) -> float | None:
-        """Seconds `bytes_moved` take at the device's measured bandwidth, on a GPU (None on a CPU: a table measured
-        at batch 1 already keeps its cores busy, so the linear batch rule holds there)."""
-        return bytes_moved / self.ceilings.memory_bandwidth if self.is_gpu and self.ceilings.memory_bandwidth else None
+    def memory_time(self, bytes_moved: float | None) -> float | None:
+        """Seconds `bytes_moved` take at the device's measured bandwidth, on a GPU; None on a CPU (a table measured
+        at batch 1 already keeps its cores busy, so the linear batch rule holds there) or when the bytes are not
+        known (a missing count must not read as zero bytes: that would cap a batch at its batch-1 delay)."""
+        if bytes_moved is None or not self.is_gpu or not self.ceilings.memory_bandwidth:
+            return None
+        return bytes_moved / self.ceilings.memory_bandwidth
 
     def roofline(self, precision: str, flops: float, bytes_moved: float) -> float:
         """max(flops / peak, bytes / bandwidth) + launch_overhead, seconds."""
