@@ -13,6 +13,8 @@ from softsyn.netlist.keys import META_WEIGHTS
 from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
 
 MS = "com.microsoft"
+# Cone initializers above this many bytes reach ORT as external initializers, not inside the protobuf.
+INLINE_BYTES = 1 << 20
 _counter = itertools.count()
 
 
@@ -308,21 +310,39 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
         a = np.asarray(a)
         inputs.append(onnx.helper.make_tensor_value_info(v.name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
         feed_np[v.name] = a
-    init_protos = []
-    for v in inits.values():
-        t = v.const_value
-        if isinstance(t, ir.ExternalTensor):  # the cone is loaded from bytes: inline what it reads
-            t = ir.tensor(t.numpy(), name=v.name)
-        tp = serde.serialize_tensor(t)
-        tp.name = v.name
-        init_protos.append(tp)
+    external: dict[str, tuple[int, np.ndarray]] = {}
+    init_protos = [_initializer(v, external) for v in inits.values()]
     outs = [onnx.helper.make_tensor_value_info(v.name, int(v.dtype) if v.dtype is not None else onnx.TensorProto.FLOAT, None)
             for v in outputs]
     g = onnx.helper.make_graph(protos, "cone", inputs, outs, initializer=init_protos)
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, o) for d, o in opsets.items()],
                                    ir_version=IR_VERSION)
-    sess = open_session(model, SessionSettings(provider=provider, optimize=False, intra_op_threads=1))
+    sess = open_session(model, SessionSettings(provider=provider, optimize=False, intra_op_threads=1),
+                        external=external)
     return sess.run([v.name for v in outputs], feed_np)
+
+
+def _initializer(v: ir.Value, external: dict) -> onnx.TensorProto:
+    """v's initializer for the cone's protobuf: inline when small; above INLINE_BYTES a reference to external data
+    whose array goes into `external` (name -> (elem, array)) for the session to add, since protobuf caps the whole
+    model at 2 GiB (a real-size MoE layer's stacked experts alone are 2 GiB: Qwen3-Next-80B's 512 x 1024 x 2048 fp16)."""
+    t = v.const_value
+    if t.nbytes > INLINE_BYTES and t.dtype.bitwidth >= 8:
+        arr = t.numpy()
+        if arr.dtype.kind not in "biuf":  # bf16/fp8 (ml_dtypes): ORT takes their bits
+            arr = arr.view(f"u{arr.dtype.itemsize}")
+        external[v.name] = (int(t.dtype), np.ascontiguousarray(arr))
+        tp = onnx.TensorProto(name=v.name, data_type=int(t.dtype), dims=[int(d) for d in t.shape])
+        tp.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", "softsyn-cone"), ("offset", "0"), ("length", str(t.nbytes))):
+            entry = tp.external_data.add()
+            entry.key, entry.value = key, value
+        return tp
+    if isinstance(t, ir.ExternalTensor):  # the cone is loaded from bytes: inline what it reads
+        t = ir.tensor(t.numpy(), name=v.name)
+    tp = serde.serialize_tensor(t)
+    tp.name = v.name
+    return tp
 
 
 def _topological(graph: ir.Graph, nodes: list[ir.Node]) -> list[ir.Node]:

@@ -321,6 +321,36 @@ def test_moe_block_built_on_the_fly_fuses():
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
+def test_moe_probe_hands_the_expert_weights_to_ort_outside_the_protobuf(monkeypatch):
+    """Qwen3-Next-80B's routing (512 experts, top-10) fuses, proven on probe tokens, with the stacked expert weights
+    passed to ORT as external initializers, not inside the probe's protobuf: protobuf caps a model at 2 GiB and the
+    80B's fc1 alone is 2 GiB, so its compile (H200, 2026-12-03) missed both MoE sites ("EncodeError: Failed to
+    serialize proto"). The 4 MiB of experts here stand for the 2 GiB: the protobuf must not grow with them."""
+    from passes.fuse import graph
+
+    protos, real = [], graph.open_session
+
+    def spy(model, settings, external=None):
+        protos.append((model.ByteSize(), sum(a.nbytes for _, a in (external or {}).values())))
+        return real(model, settings, external=external)
+
+    monkeypatch.setattr(graph, "open_session", spy)
+    nl = _moe_block(hidden=32, inter=32, experts=512, k=10)
+    experts = sum(v.const_value.nbytes for name, v in nl.model.graph.initializers.items() if name.startswith("experts"))
+    x = np.random.default_rng(0).standard_normal((9, 32)).astype(np.float32)
+    ref = _run_block(nl, x)
+    (cov,) = fuse(nl, "cpu", kinds=["moe"])
+    assert (cov.candidates, cov.fused, cov.misses) == (1, 1, [])
+    assert [n.op_type for n in nl.nodes()] == ["Gemm", "MoE"]
+    (moe,) = [n for n in nl.nodes() if n.op_type == "MoE"]
+    assert moe.domain == "com.microsoft" and moe.attributes["k"].value == 10
+    assert tuple(moe.inputs[2].shape) == (512, 64, 32) and tuple(moe.inputs[4].shape) == (512, 32, 32)
+    got = _run_block(nl, x)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+    assert len(protos) == 2 and experts == 6 * 2**20  # the probe ran the expert graph and the MoE node
+    assert all(size < 2**17 and outside >= 4 * 2**20 for size, outside in protos), protos
+
+
 @pytest.mark.parametrize("variant, target, reason", [
     (dict(act="gelu"), "cpu", "gated with GELU (erf)"),
     (dict(router="Sigmoid"), "cpu", "router scores are Sigmoid"),
