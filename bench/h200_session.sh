@@ -23,6 +23,8 @@
 #                        attention; 4: the 3:1 pattern), seeded weights, compiled for the H200 under tiny-h200.yaml's
 #                        groups (prefill 128, decode at 256 as a CUDA graph; area 141 GB), verified, signed off on cuda:
 #                        issue 29's predicted vs measured per group at real widths
+#   locate [DIR]         softsyn verify DIR --locate (DIR: /tmp/qwen3-next-h200, zoo:qwen3-next-tiny compiled for the
+#                        H200 first when absent): the nodes whose CUDA values depart from the CPU run of the same model
 #   kvint8               bench/kv_int8.py --provider cuda (the int8 GQA cache on CUDA against ORT CPU's, the fp8 cache
 #                        probe, decode fp16 vs int8), then qwen3-tiny compiled with kv_cache.dtype int8 (tiny-h200.yaml),
 #                        verified, run and signed off on cuda
@@ -307,6 +309,19 @@ EOF
     softsyn signoff /tmp/next80b --provider cuda 2>&1 | grep -v "No registered plugin EP\|shape massaging" | tail -30
     set -e
     cp /tmp/next80b/reports/signoff.rpt "$OUT/next80b-signoff.rpt" 2>/dev/null || true ;;
+locate)
+    # verify --locate on a CUDA artifact (DIR, default the qwen3-next tiny compiled here first): the nodes whose CUDA
+    # values depart from the CPU run of the same model while their inputs agree
+    softsyn_install
+    dir=${1:-/tmp/qwen3-next-h200}
+    [ -n "${1:-}" ] && [ ! -f $dir/runtime/session.json ] && { echo "locate: $dir is no compiled artifact (run its step first)"; exit 2; }
+    if [ ! -f $dir/runtime/session.json ]; then
+        softsyn compile zoo:qwen3-next-tiny -c constraints/tiny-h200.yaml -o $dir -q > "$OUT/locate-compile.log" 2>&1
+        echo "compile exit $?"
+    fi
+    set +e
+    softsyn verify $dir --locate 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/locate-$(basename $dir).txt" | tail -40
+    set -e ;;
 kvint8)
     softsyn_install
     python3 bench/kv_int8.py --provider cuda -o "$OUT/kv-int8-h200.json" 2>&1 | grep -v "No registered plugin EP"

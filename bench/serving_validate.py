@@ -428,6 +428,10 @@ class Harness(Queue):
         self.gaps: list[float] = []  # s between an iteration's end and the next one's start while sequences run
         self.ended = None  # when the last iteration ended, if sequences still run
         self.moves, self.move_seconds, self.cut = 0, 0.0, False
+        # per prefill call: (prompt tokens, run seconds, whether the session had run a prefill of that length before:
+        # a length ORT's CUDA provider meets first may cost it kernel selection on the trace's clock)
+        self.prefills: list[tuple[int, float, bool]] = []
+        self.lengths_seen: set[int] = set()
 
     def clock(self) -> float:
         return self.timer.now()
@@ -439,6 +443,9 @@ class Harness(Queue):
         firsts = []
         for i, r in enumerate(admitted):
             token, seconds = self.eng.prefill(base + i, self.ids[r])
+            length = int(self.reqs.prompt[r])
+            self.prefills.append((length, seconds, length in self.lengths_seen))
+            self.lengths_seen.add(length)
             firsts.append(token)
             run += seconds
         pasts = np.array([s[1] for s in self.running], np.int64)
@@ -525,15 +532,18 @@ def trace(art: Artifact, args, span: float):
     return Requests(full.arrival[:k], full.prompt[:k], full.gen[:k]), len(full.arrival)
 
 
-def warm(eng: Engine, art: Artifact, slots: int) -> None:
+def warm(eng: Engine, art: Artifact, slots: int) -> set[int]:
     """Every decode batch size the trace can form (CUDA graphs captured here, not on the trace's clock), and prefills
-    at the prompt lengths the step table spans."""
+    at the prompt lengths the step table spans; returns those lengths."""
     for n in range(1, slots + 1):
         for _ in range(4):  # ORT's CUDA provider runs a graph id plainly twice before it captures it
             eng.decode(np.ones(n, np.int64), np.zeros(n, np.int64))
+    warmed = set()
     for p in art.table.prompts:
         if p < eng.length:
             eng.prefill(0, np.arange(p) % eng.io.vocab_size)
+            warmed.add(int(p))
+    return warmed
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -603,7 +613,23 @@ def in_trace(h: Harness, table) -> dict:
             "decode_iteration": [pct([s[3] for s in h.steps if not s[2]], q) for q in (50, 99)]
             + [float(np.mean([s[3] for s in h.steps if not s[2]] or [np.nan]))],
             "gaps": sum(h.gaps), "gap_median": pct(h.gaps, 50),
-            "moves": h.moves, "move_seconds": h.move_seconds}
+            "moves": h.moves, "move_seconds": h.move_seconds, **prefill_split(h, table)}
+
+
+def prefill_split(h: Harness, table) -> dict:
+    """The trace's prefill calls at a prompt length the session had run before vs at one it met first: count, median
+    run seconds and median run / table prediction of each."""
+    out = {}
+    for key, seen in (("prefill_repeat", True), ("prefill_first", False)):
+        calls = [(t, t / table.prefill(p)) for p, t, again in h.prefills if again == seen]
+        out[key] = (len(calls), pct([c[0] for c in calls], 50), pct([c[1] for c in calls], 50)) if calls else (0,)
+    return out
+
+
+def prefill_line(split: tuple) -> str:
+    if not split[0]:
+        return "none"
+    return f"{split[0]}, median {ms(split[1])} ms ({split[2]:.2f}x the table)"
 
 
 def versions() -> str:
@@ -652,7 +678,7 @@ def run_all(args, argv) -> dict:
     print(partial, file=sys.stderr, flush=True)  # kept should the trace fail or the call end
     if args.output:
         Path(args.output).write_text(partial)
-    warm(eng, art, serving.max_batch)
+    warmed = warm(eng, art, serving.max_batch) | {int(args.prompt_len)}  # the step table's prefills ran it too
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
     from softsyn.timing.serving import simulate
 
@@ -660,6 +686,7 @@ def run_all(args, argv) -> dict:
     left = args.seconds - (time.perf_counter() - start)
     log(f"trace: {len(reqs.arrival)} requests over {reqs.arrival[-1]:.1f} s; serving them (deadline {left:.0f} s)")
     harness = Harness(eng, reqs, art.sched)
+    harness.lengths_seen |= warmed
     harness.run(max(left, float(reqs.arrival[-1]) + 1.0))
     measured = harness.outcome()
     result.update({"trace": trace_rows(sim, measured), "in_trace": in_trace(harness, art.table),
@@ -711,7 +738,10 @@ def trace_section(art: Artifact, res: dict) -> list[str]:
               f"{it['gaps'] * 1e3:.1f} ms in all (median {ms(it['gap_median'])} ms: the harness's scheduling and moves)",
               f"- engine busy {it['busy_measured']:.2f} s measured vs {it['busy_predicted']:.2f} s the table predicts for "
               f"the same iterations; KV row moves (finished sequences' rows refilled) {it['moves']}, "
-              f"{it['move_seconds'] * 1e3:.1f} ms in all (not in the simulation's model)", ""]
+              f"{it['move_seconds'] * 1e3:.1f} ms in all (not in the simulation's model)",
+              f"- prefill calls: {prefill_line(it['prefill_repeat'])} at a prompt length the session had run before; "
+              f"{prefill_line(it['prefill_first'])} at a length it met first (ORT may select kernels per new shape on "
+              "the trace's clock; the simulation has no such cost)", ""]
     return lines
 
 

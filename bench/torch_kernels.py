@@ -4,9 +4,11 @@
     python bench/torch_kernels.py --device cpu    # a smoke run of the same code on the CPU (numbers mean little)
 
 At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a static cache of 4160 positions), fp16:
-  attention  softsyn.emit.torch_lowering.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
-             matmul: two matmuls and an fp32 softmax), decode (seq 1) and prefill (seq 512), each compiled by
-             torch.compile (Inductor, as AOTInductor compiles the step) and replayed as a CUDA graph;
+  attention  softsyn.emit.torch_step.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
+             matmul: two matmuls and an fp32 softmax; split: the same with the softmax in chunks of slots), decode
+             (seq 1) over past 512 and 4096 and prefill (seq 512), over the span the package reads, each compiled by
+             torch.compile (Inductor, as AOTInductor compiles the step) with static and with dynamic shapes (the
+             package's) and replayed as a CUDA graph;
   projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way;
   int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
              in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
@@ -63,21 +65,30 @@ def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
 
 
 def attention_rows(device: str, dtype) -> list[tuple]:
+    """Each attention form at decode over past 512 and 4096 and at prefill 512, over the filled prefix rounded up to
+    SPAN_STEP as the package reads it, compiled with static shapes and with dynamic ones (the package is exported
+    with the span dynamic: Inductor's kernels differ, 2026-12-03: the whole softmax at 4096 took 136 us a layer in
+    the package where the static bench took 21)."""
     from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.runtime.torch_package import SPAN_STEP
 
     rows = []
-    for label, seq in (("decode", 1), ("prefill", 512)):
-        past = 512
+    cache_k = torch.randn(1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype)
+    cache_v = torch.randn_like(cache_k)
+    for label, seq, past in (("decode", 1, 512), ("decode", 1, 4096), ("prefill", 512, 0)):
+        span = min(CACHE, -(-(past + seq) // SPAN_STEP) * SPAN_STEP)
         q = torch.randn(1, HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
-        k = torch.randn(1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype)
-        v = torch.randn_like(k)
+        k, v = cache_k[:, :, :span], cache_v[:, :, :span]
         positions = torch.arange(past, past + seq, device=device)[None]
-        mask = (torch.arange(CACHE, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
         for form, (_, function) in ATTENTIONS.items():
-            step = torch.compile(lambda f=function: f(None, q, k, v, mask, HEAD_DIM ** -0.5)[0], dynamic=False)
-            seconds = timed(step, device)
-            kv_bytes = 2 * k.numel() * k.element_size()
-            rows.append((f"attention {label} (seq {seq}, cache {CACHE})", form, seconds, kv_bytes / seconds))
+            for dynamic in (False, True):
+                step = torch.compile(lambda q, k, v, m, f=function: f(None, q, k, v, m, HEAD_DIM ** -0.5)[0],
+                                     dynamic=dynamic)
+                seconds = timed(lambda: step(q, k, v, mask), device)
+                kv_bytes = 2 * k.numel() * k.element_size()
+                rows.append((f"attention {label} (seq {seq}, past {past}, span {span}, "
+                             f"{'dynamic' if dynamic else 'static'} shapes)", form, seconds, kv_bytes / seconds))
     return rows
 
 

@@ -152,6 +152,15 @@ VERIFY_COLUMNS: tuple[Column, ...] = (
     Column("status", "Status", 8, gap=2),
 )
 
+LOCATE_COLUMNS: tuple[Column, ...] = (  # verify --locate: nodes whose GPU output departs from the CPU's
+    Column("scenario", "Scenario", 10),
+    Column("node", "Node", 48, gap=1, clip=True),
+    Column("op", "Op", 20, gap=1),
+    Column("rel", "Rel error", 10, "right", "number", fmt="{:.3e}", gap=1),
+    Column("inputs_rel", "Inputs", 10, "right", "number", fmt="{:.3e}", gap=1),
+    Column("output", "Output", 32, gap=2, clip=True),
+)
+
 RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed runs
     Column("metric", "Metric", 6),
     _time("median", "Median", 10),

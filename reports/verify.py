@@ -5,7 +5,7 @@ Renders a softsyn.results.verify.VerifyResult; recomputes nothing. The table is 
 """
 from __future__ import annotations
 
-from reports.columns import VERIFY_COLUMNS
+from reports.columns import LOCATE_COLUMNS, VERIFY_COLUMNS
 from reports.common import INDENT, Table
 
 
@@ -14,6 +14,35 @@ def verify_table(result) -> Table:
     return Table(VERIFY_COLUMNS, tuple(
         {"scenario": c.scenario, "output": c.output, "max_abs": c.max_abs, "rel": c.rel, "cosine": c.cosine,
          "top1": c.top1, "status": "VIOLATED" if c.violations else "MET"} for c in result.checks))
+
+
+def locate_table(result) -> Table:
+    """One row per node located (verify --locate): where the GPU run departs from the CPU run of the same model."""
+    return Table(LOCATE_COLUMNS, tuple(
+        {"scenario": found.scenario, "node": d.node, "op": d.op, "rel": d.rel, "inputs_rel": d.inputs_rel,
+         "output": d.output} for found in result.located for d in found.departures))
+
+
+def located_lines(result) -> list[str]:
+    """What --locate found, per violated scenario: the nodes where it starts, or why none."""
+    if not result.located:
+        return []
+    table = locate_table(result)
+    lines = ["", "Located: the compiled model on the target provider against itself on the CPU provider, every node "
+             "output compared (rel error over the budget while its inputs agree within it):", ""]
+    if table.rows:
+        lines += [INDENT + table.header(), INDENT + table.dashes(), *(INDENT + line for line in table.lines())]
+    for found in result.located:
+        if found.departures:
+            continue
+        if found.first_over:
+            lines.append(f"  {found.scenario}: no node departs on its own over {found.compared} values (the first "
+                         f"value over the budget is {found.first_over}): ONNX Runtime's load-time fusion of the "
+                         "unprobed graph is where to look")
+        else:
+            lines.append(f"  {found.scenario}: the two providers agree on all {found.compared} values: the compiled "
+                         "model departs from the reference on the CPU too (softsyn verify --cpu)")
+    return lines
 
 
 def report_verify(result, out_dir) -> str:
@@ -27,6 +56,7 @@ def report_verify(result, out_dir) -> str:
              INDENT + table.header(), INDENT + table.dashes(), *(INDENT + line for line in table.lines()), ""]
     if result.violations:
         lines += [f"VIOLATED: {v}" for v in result.violations]
+        lines += located_lines(result)
     else:
         lines.append(f"verify: all {len(result.checks)} outputs within the accuracy budget")
     return "\n".join(lines) + "\n"

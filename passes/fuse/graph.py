@@ -276,9 +276,11 @@ def site(netlist, node: ir.Node) -> str:
 
 
 # --------------------------------------------------------------------------- cone evaluation
-def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict[str, int]) -> list[np.ndarray]:
-    """Run the cone of `outputs` on ORT CPU. `feeds` maps ir.Value (graph inputs or any inner value,
-    which then acts as an input) -> numpy array. Raises ValueError naming what the cone needs."""
+def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict[str, int],
+             provider: str = "cpu") -> list[np.ndarray]:
+    """Run the cone of `outputs` on ORT (`provider`: "cpu", or "cuda" to check a kernel on the target). `feeds` maps
+    ir.Value (graph inputs or any inner value, which then acts as an input) -> numpy array. Raises ValueError naming
+    what the cone needs."""
     fed = {id(v): (v, a) for v, a in feeds.items()}
     nodes: list[ir.Node] = []
     seen: set[int] = set()
@@ -319,7 +321,7 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
     g = onnx.helper.make_graph(protos, "cone", inputs, outs, initializer=init_protos)
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, o) for d, o in opsets.items()],
                                    ir_version=IR_VERSION)
-    sess = open_session(model, SessionSettings(optimize=False, intra_op_threads=1))
+    sess = open_session(model, SessionSettings(provider=provider, optimize=False, intra_op_threads=1))
     return sess.run([v.name for v in outputs], feed_np)
 
 

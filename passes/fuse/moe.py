@@ -16,7 +16,8 @@ The rewrite is ``MoE(x, router_logits, fc1, , fc2)`` with ``activation_type="swi
 ``swiglu_fusion=1`` (gate/up interleaved per row: the only SwiGLU layout the CPU kernel takes; the
 CUDA kernel takes it too), ``activation_alpha=1, activation_beta=0`` (so the op's
 ``G * sigmoid(alpha G) * (L + beta)`` is exactly ``silu(gate) * up``) and
-``normalize_routing_weights`` from the graph. The op computes softmax + top-k itself, so it is fed the
+``normalize_routing_weights`` from the graph, and ``swiglu_limit=inf`` (softsyn.runtime.moe_op: ORT 1.31.1's
+CUDA kernel clamps at 7.0 unless told). The op computes softmax + top-k itself, so it is fed the
 router *logits* (the Softmax input), not the probabilities. Before a site is rewritten the candidate
 node is evaluated against the expert graph on ORT CPU with probe tokens; a difference is a miss.
 
@@ -34,6 +35,8 @@ from passes.fuse.base import Cell, Replacement, Rule, stand_in
 from passes.fuse.chain import Link, follow
 from passes.fuse.graph import (MS, add_initializer, add_weightless, attr, const, consumers, downstream,
                                        evaluate, fresh, insert_before, make_node, replace_value, weightless)
+from softsyn.runtime.moe_op import MOE_SWIGLU
+from softsyn.runtime.session import provider_opens
 
 LAYOUT = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Cast", "Identity"}
 PROBE_TOKENS = 7
@@ -141,11 +144,14 @@ class MoERule(Rule):
         if not probe:  # matched by data flow alone; the probe runs on materialised and small weightless sites
             m["verified_rel"] = None
             return m
-        rel = self._verify(ctx, m)
+        rel, on_target = self._verify(ctx, m)
         tol = 1e-4 if dt == np.float32 else 2e-2
         if not rel < tol:
             raise _Miss(f"com.microsoft.MoE differs from the expert graph on probe tokens (max rel {rel:.2e} > "
                         f"{tol:g}): the expert math is not silu(gate)*up -> down with softmax top-k routing")
+        if on_target is not None and not on_target < tol:
+            raise _Miss(f"ORT's CUDA MoE kernel differs from the expert graph on {PROBE_TOKENS} probe tokens (max rel "
+                        f"{on_target:.2e} > {tol:g}) where its CPU kernel agrees ({rel:.2e}): kept unfused on cuda")
         m["verified_rel"] = rel
         return m
 
@@ -391,14 +397,17 @@ class MoERule(Rule):
             nodes.append(cast)
             logits = cast.outputs[0]
         node = make_node(m["topk"], MS, "MoE", [m["x"], logits, fc1, None, fc2],
-                         {"k": m["k"], "activation_type": m["act"], "swiglu_fusion": 1, "activation_alpha": 1.0,
-                          "activation_beta": 0.0, "normalize_routing_weights": m["normalize"]})
+                         {"k": m["k"], **MOE_SWIGLU, "activation_type": m["act"],
+                          "normalize_routing_weights": m["normalize"]})
         node.outputs[0].type = m["out"].type
         node.outputs[0].shape = m["out"].shape
         nodes.append(node)
         return nodes
 
-    def _verify(self, ctx, m) -> float:
+    def _verify(self, ctx, m) -> tuple[float, float | None]:
+        """(max rel error of the candidate MoE against the expert graph on ORT CPU, the same with the candidate run on
+        CUDA when the target is cuda and a GPU is here, else None): a kernel is trusted on the provider that runs it
+        (on 2026-12-03 the CUDA MoE departed at 8+ tokens where the CPU one agreed)."""
         x = m["x"]
         shape = [PROBE_TOKENS if not isinstance(d, int) else d for d in x.shape]
         rng = np.random.default_rng(0)
@@ -421,16 +430,18 @@ class MoERule(Rule):
         except ValueError as e:
             raise _Miss(f"cannot evaluate the expert block from its token input alone ({e})") from None
         nodes = self._build(m)
+        on_target = None
         try:
             (got,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets)
+            if ctx.target == "cuda" and provider_opens("cuda"):
+                (on_target,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets, provider="cuda")
         finally:  # the probe nodes are not in the graph: drop their uses of graph values
             for n in nodes:
                 for i in range(len(n.inputs)):
                     n.replace_input_with(i, None)
-        ref, got = np.asarray(ref, np.float32), np.asarray(got, np.float32)
-        if ref.shape != got.shape:
-            raise _Miss(f"MoE output shape {got.shape} differs from the expert block's {ref.shape}")
-        return float(np.abs(ref - got).max() / (np.abs(ref).max() + 1e-12))
+        ref = np.asarray(ref, np.float32)
+        rel = [_rel(np.asarray(a, np.float32), ref) if a is not None else None for a in (got, on_target)]
+        return rel[0], rel[1]
 
     def rewrite(self, ctx, m):
         ctx.use_opset(MS, 1)
@@ -456,8 +467,18 @@ class MoERule(Rule):
 
     def _note(self, ctx):
         if ctx.target == "cuda":
+            probed = ("each site probed on this machine's CUDA kernel too" if provider_opens("cuda") else
+                      "probed on ORT CPU only: no GPU here, and ORT 1.31.1's CUDA MoE departed from its CPU kernel at "
+                      "8+ tokens on 2026-12-03 (decode agreed): run softsyn verify on the GPU")
             return ("ORT 1.31 CUDA MoE: float/float16/bfloat16 (all inputs one dtype; float runs the SM80 CUTLASS "
                     "path even on SM90), hidden and expert width >= 16 and 128-bit aligned; softmax+top-k on the "
-                    "router logits inside the op (source-read, not run here)")
+                    f"router logits inside the op; {probed}")
         return ("ORT 1.31 CPU MoE: float/float16, SwiGLU only as interleaved gate/up (swiglu_fusion=1), no fc3; "
                 "softmax+top-k on the router logits inside the op")
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    """max|got - ref| / max|ref| (a shape mismatch is a miss naming both)."""
+    if ref.shape != got.shape:
+        raise _Miss(f"MoE output shape {got.shape} differs from the expert block's {ref.shape}")
+    return float(np.abs(ref - got).max() / (np.abs(ref).max() + 1e-12))

@@ -12,6 +12,7 @@ from onnx import helper
 from softsyn.characterize.cellgraph import (
     BOOL, ELEM, FLOAT, FP8, INT8, INT32, INT64, NP, UINT8, Blob, Ctx, Graph, chained, data, tensor, uniform)
 from softsyn.runtime.kv_quant import BITS, QUANT_TYPE
+from softsyn.runtime.moe_op import MOE_SWIGLU
 
 GQA_GROUP = 2  # heads per KV head in the attention cells (tiny zoo: 4/2, Qwen3-1.7B: 16/8)
 
@@ -469,8 +470,7 @@ def moe(precision: str):
         for c in range(copies):
             inits += [Blob(f"fc1_{c}", elem, (e, 2 * i_w, h), c, 0.02), Blob(f"fc2_{c}", elem, (e, h, i_w), c, 0.02)]
             nodes.append(_node("MoE", ["x", "router", f"fc1_{c}", "", f"fc2_{c}"], [f"y{c}"], c, "com.microsoft",
-                               k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-                               activation_beta=0.0, normalize_routing_weights=1))
+                               k=k, **MOE_SWIGLU, normalize_routing_weights=1))
         ins = {"x": (elem, data((t, h), elem)), "router": (elem, data((t, e), elem, 1))}
         return Graph(nodes, ins, [(f"y{c}", elem) for c in range(copies)], inits, ms_domain=True)
     return build
@@ -491,8 +491,7 @@ def qmoe(bits: int, block: int = 128):
                       Blob(f"fc2_{c}", UINT8, (e, h, i_w * bits // 8), c),
                       Blob(f"s2_{c}", elem, (e, h, i_w // b), c, 0.01)]
             nodes.append(_node("QMoE", ["x", "router", f"fc1_{c}", f"s1_{c}", "", f"fc2_{c}", f"s2_{c}"], [f"y{c}"],
-                               c, "com.microsoft", k=k, activation_type="swiglu", swiglu_fusion=1,
-                               activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1,
+                               c, "com.microsoft", k=k, **MOE_SWIGLU, normalize_routing_weights=1,
                                expert_weight_bits=bits, block_size=b, weights_prepacked=0))
         ins = {"x": (elem, data((t, h), elem)), "router": (elem, data((t, e), elem, 1))}
         return Graph(nodes, ins, [(f"y{c}", elem) for c in range(copies)], inits, ms_domain=True)

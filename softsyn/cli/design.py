@@ -143,6 +143,9 @@ def compile_cmd(**options):
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="export cache, to re-export the reference if its recorded ONNX file is gone.")
 @click.option("--cpu", is_flag=True, help="run the compiled model on the CPU provider, whatever session.json says.")
+@click.option("--locate", is_flag=True,
+              help="on a violation of a GPU run: run the compiled model node by node on its provider and on the CPU, "
+                   "and name the nodes where the GPU's values depart while their inputs agree.")
 @click.option("--json", "as_json", is_flag=True,
               help="print the checks as JSON on stdout (per scenario and output; an undefined error is null).")
 @click.option("-q", "--quiet", is_flag=True, help="no progress messages on stderr.")

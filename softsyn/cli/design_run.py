@@ -117,12 +117,12 @@ def _plan_instead(model: str, quiet: bool) -> bool:
 
 
 
-def verify(directory, seed, cache_dir, cpu, as_json, quiet):
+def verify(directory, seed, cache_dir, cpu, locate, as_json, quiet):
     """`softsyn verify` (its options and help: the spec of the same name in softsyn.cli.design)."""
     if is_torch_artifact(directory):
         result = _torch_flow().verify(directory, seed=seed, cache_dir=cache_dir, progress_on=not quiet)
     else:
-        result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet)
+        result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet, locate=locate)
     if as_json:
         click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
                                           "violations": result.violations, **asdict(result)}),

@@ -1,6 +1,7 @@
 """The torch targets' step model (softsyn.emit.torch_lowering exports and compiles it): one decoder step over a
 static KV cache the caller owns, written in place, attention over its filled prefix (BufferLayer, StaticStep); a KV
-head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SDPA or two matmuls and an fp32 softmax, registered with
+head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SDPA, or two matmuls and an fp32 softmax,
+whole or split into chunks of slots; registered with
 transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
 (quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block).
@@ -65,7 +66,37 @@ def matmul_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
 
 
-ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention)}
+SPLIT_CHUNK = 64  # slots per softmax chunk: divides every span (multiples of SPAN_STEP, and the cache's 64-aligned end)
+
+
+def split_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """softmax over the last axis with its max and sum taken per chunk of SPLIT_CHUNK slots, then over the chunks.
+    The package is exported with the span dynamic, and Inductor compiles a softmax over a dynamic axis as one program
+    per row looping over it: 16 rows at decode, 136 us a layer over 4096 slots on the H200 (2026-12-03). Chunked,
+    every (row, chunk) is its own reduction, so the work spreads over the GPU whatever the span."""
+    span = scores.shape[-1]
+    # one chunk more than the span needs (all -inf): never a single chunk, which torch.export would specialise on
+    chunks = -(-span // SPLIT_CHUNK) + 1
+    padded = torch.nn.functional.pad(scores, (0, chunks * SPLIT_CHUNK - span), value=float("-inf"))
+    parts = padded.reshape(*padded.shape[:-1], chunks, SPLIT_CHUNK)
+    top = parts.amax(-1, keepdim=True).amax(-2, keepdim=True)
+    weights = torch.exp(parts - top)
+    total = weights.sum(-1, keepdim=True).sum(-2, keepdim=True)
+    return (weights / total).reshape(padded.shape)[..., :span]
+
+
+def split_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """matmul_attention with the softmax split into chunks of slots (split_softmax): the same function."""
+    batch, heads, seq, dim = query.shape
+    q, mask = _stacked(query, key, attention_mask)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    probs = split_softmax(scores.masked_fill(~mask, float("-inf"))).to(value.dtype)
+    out = torch.matmul(probs, value)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
+ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),
+              "split": ("softsyn_split", split_attention)}
 for _name, _function in ATTENTIONS.values():
     AttentionInterface.register(_name, _function)
 

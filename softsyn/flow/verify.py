@@ -31,6 +31,7 @@ import onnxruntime as ort
 
 from softsyn import outdir
 from softsyn.flow.cpu_view import cpu_view_session, view_note
+from softsyn.flow.verify_locate import locate as locate_divergence
 from softsyn.emit import MODEL_FILE, SESSION_FILE, compiled_precision, ort_errors
 from softsyn.errors import SoftsynError
 from softsyn.frontends import read_design, roles
@@ -196,7 +197,9 @@ def _session(path: Path, provider: str, what: str):
 
 
 def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = None, cpu: bool = False,
-           progress: bool = False) -> VerifyResult:
+           progress: bool = False, locate: bool = False) -> VerifyResult:
+    """The compiled model at out_dir against its reference on every scenario (see the module doc); `locate`: each
+    violated scenario of a GPU run is also run node by node against the CPU provider (softsyn.flow.verify_locate)."""
     out_dir = Path(out_dir)
     settings = load_settings(out_dir)
     compiled_netlist = _load(out_dir / MODEL_FILE, "compiled model")
@@ -264,37 +267,73 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                                f"({', '.join(fed) or 'none'}; {ref_path}): it is not the model softsyn compiled "
                                "there; re-run softsyn compile")
         names = [o.name for o in session.get_outputs()]
-        checks = []
+        checks, fed_by_scenario = [], {}
+        run_on = target if provider.startswith("CUDA") else "cpu"
         for scenario, feeds in scenario_feeds.items():
             compiled_feeds = {k: layout.feed(k, as_declared(v, input_types.get(k))) for k, v in feeds.items()}
+            if locate:  # the feeds as given: a CPU run's shared KV buffer is written in place
+                fed_by_scenario[scenario] = {k: v.copy() for k, v in compiled_feeds.items()}
             expected = expected_by_scenario.pop(scenario)
             try:
-                outputs = run_compiled(session, compiled_feeds, aliases, target if provider.startswith(
-                    "CUDA") else "cpu") if aliases and not settings.get("blocks") else session.run(None, compiled_feeds)
+                outputs = run_compiled(session, compiled_feeds, aliases, run_on) if aliases and not settings.get(
+                    "blocks") else session.run(None, compiled_feeds)
             except (*ort_errors(), RuntimeError) as exc:  # run_with_iobinding raises a plain RuntimeError
                 first = str(exc).splitlines()[0]
                 raise SoftsynError(
                     f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
                     f"verify it on its target (runtime/session.json providers: {', '.join(settings.get('providers') or [])})"
                 ) from None
-            for name, got in zip(names, outputs):
-                if name not in expected:
-                    raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has no counterpart in the reference "
-                                       f"{ref_path} (outputs: {', '.join(expected)})")
-                got, expected[name] = layout.aligned(name, got, expected[name])
-                if got.shape != expected[name].shape:
-                    raise SoftsynError(f"{out_dir / MODEL_FILE}: output {name} has shape {list(got.shape)} in scenario "
-                                       f"{scenario}, the reference's {list(expected[name].shape)}")
-                max_abs, rel, cosine, top1 = compare(got, expected[name], top1=is_logits(ports.get(name), vocab), max_rel=max_rel)
-                violations = []
-                if not rel <= max_rel:
-                    violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
-                if top1 is not None and min_top1 is not None and not top1 >= min_top1:
-                    violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-                checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine,
-                                          top1=top1, violations=violations))
-    return VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=min_top1,
-                        provider=provider, reference=settings.get("reference") or {}, precision=precision)
+            checks += [_check(OutputCheckInput(scenario, name, got, expected, layout,
+                                               is_logits(ports.get(name), vocab)), max_rel, min_top1,
+                              f"{out_dir / MODEL_FILE}", ref_path) for name, got in zip(names, outputs)]
+    result = VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=min_top1,
+                          provider=provider, reference=settings.get("reference") or {}, precision=precision)
+    if locate and run_on != "cpu" and not settings.get("blocks"):
+        del session
+        gc.collect()
+        result.located += _located(out_dir / MODEL_FILE, result, fed_by_scenario, aliases, progress)
+    return result
+
+
+def _located(model: Path, result: VerifyResult, fed: dict, aliases: dict, progress: bool) -> list:
+    """verify --locate on each violated scenario of a GPU run (softsyn.flow.verify_locate)."""
+    found = []
+    run_on = provider_of(result.provider.split()[0])
+    for scenario in dict.fromkeys(c.scenario for c in result.checks if c.violations):
+        with step(f"verify --locate: {scenario} node by node, {run_on} against the CPU", enabled=progress,
+                  done=f"verify --locate: {scenario}"):
+            found.append(locate_divergence(model, scenario, fed[scenario], aliases, run_on, result.max_rel_error))
+    return found
+
+
+@dataclass(frozen=True)
+class OutputCheckInput:
+    scenario: str
+    name: str
+    got: np.ndarray
+    expected: dict  # the reference's outputs of the scenario, by name
+    layout: "SharedLayout"
+    logits: bool
+
+
+def _check(item: OutputCheckInput, max_rel: float, min_top1: float | None, model: str, ref_path) -> OutputCheck:
+    """One compiled output against the reference's, as the budget reads it."""
+    expected = item.expected
+    if item.name not in expected:
+        raise SoftsynError(f"{model}: output {item.name} has no counterpart in the reference {ref_path} (outputs: "
+                           f"{', '.join(expected)})")
+    got, want = item.layout.aligned(item.name, item.got, expected[item.name])
+    if got.shape != want.shape:
+        raise SoftsynError(f"{model}: output {item.name} has shape {list(got.shape)} in scenario {item.scenario}, the "
+                           f"reference's {list(want.shape)}")
+    max_abs, rel, cosine, top1 = compare(got, want, top1=item.logits, max_rel=max_rel)
+    violations = []
+    if not rel <= max_rel:
+        violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
+    if top1 is not None and min_top1 is not None and not top1 >= min_top1:
+        violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
+    return OutputCheck(scenario=item.scenario, output=item.name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
+                       violations=violations)
 
 
 FLOAT_FEEDS = {"tensor(float16)": np.float16, "tensor(float)": np.float32}

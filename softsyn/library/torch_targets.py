@@ -22,7 +22,7 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
-    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels) or "matmul"
+    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul" or "split"
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
 
@@ -33,8 +33,9 @@ class TorchTarget:
 
 TORCH_TARGETS = {
     "cpu-torch": TorchTarget("cpu-torch", "cpu", "cpu-ort", "float32", "sdpa"),
-    # matmul: SDPA's cuDNN kernel took 2.4 of a 5.1 ms decode step on the H200 (qwen3-1.7b, 2026-12-03); the matmul
-    # form is the alternative until bench/torch_attention.py's measurement says which is faster per shape
+    # matmul: SDPA's cuDNN kernel took 2.4 of a 5.1 ms decode step on the H200 (qwen3-1.7b, 2026-12-03 07:16); the
+    # matmul form decodes at 512 in 2.80 ms but its softmax over a dynamic span took 136 us a layer at 4096 (13:10);
+    # "split" (the softmax in chunks of slots) is the candidate bench/torch_kernels.py measures with dynamic shapes
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4")),
 }
 

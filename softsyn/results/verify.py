@@ -5,7 +5,7 @@ none, by compiled precision: verify checks against it and the compile loop spend
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_REL_ERROR = {"fp32": 1e-4, "fp16": 1e-2}
 
@@ -30,6 +30,7 @@ class VerifyResult:
     provider: str
     reference: dict
     precision: str
+    located: list = field(default_factory=list)  # softsyn.flow.verify_locate.Located per violated scenario (--locate)
 
     @property
     def violations(self) -> list[str]:

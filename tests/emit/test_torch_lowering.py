@@ -48,7 +48,7 @@ def _tiny_model():
     return model, ATTENTIONS
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split"])
 def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     """K and V are never repeated per query head, yet either form gives transformers' masked SDPA (which repeats
     them), for one query (decode) and several (prefill), GQA 2:1."""
@@ -73,7 +73,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
     place, stale slots masked, attention over a span of it from the exact prefix to the whole) give the logits of
@@ -99,6 +99,47 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
     torch.testing.assert_close(torch.cat([first, second], 1), want[:, 4:], rtol=1e-4, atol=1e-4)
     assert all(float(c[:, :, 6:].sub(7).abs().max()) == 0 for c in cache)  # slots past the sequence untouched
     assert all(float(c[:, :, :6].sub(7).abs().min()) > 0 for c in cache)
+
+
+def test_split_softmax_is_softmax_over_any_span():
+    """The chunked max and sum give torch's softmax whatever the span (shorter than a chunk, a chunk, not a multiple
+    of it) and with masked (-inf) slots, whole masked chunks included."""
+    import torch
+
+    from softsyn.emit.torch_step import SPLIT_CHUNK, split_softmax
+
+    g = torch.Generator().manual_seed(0)
+    for span in (1, SPLIT_CHUNK - 1, SPLIT_CHUNK, SPLIT_CHUNK + 1, 5 * SPLIT_CHUNK + 3):
+        scores = torch.randn(2, 3, 4, span, generator=g) * 8
+        scores[..., span // 2:] = float("-inf")  # the slots after the query's position
+        scores[..., 0] = scores[..., 0].clamp(min=-1)  # every row sees a slot
+        torch.testing.assert_close(split_softmax(scores), torch.softmax(scores, -1), rtol=1e-6, atol=1e-7)
+
+
+def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
+    """export_step (the lowering's torch.export, span dynamic) with the split attention: the exported program runs at
+    a span shorter than one chunk and at one of several chunks (neither specialised away) and gives the eager step's
+    logits."""
+    import torch
+
+    from softsyn.emit.torch_lowering import export_step
+    from softsyn.emit.torch_step import SPLIT_CHUNK, StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    model.set_attn_implementation(attentions["split"][0])
+    length = 3 * SPLIT_CHUNK
+    step = StaticStep(model, length).eval()
+    program = export_step(step, model.config, length, "cpu", torch.float32).module()
+    layers, kv, head_dim = kv_geometry(model.config)
+    for span in (16, length - 8):  # (the whole cache, span == length, trips a guard of every form's export)
+        outs = []
+        for run in (step, program):
+            cache = [torch.zeros(1, kv, length, head_dim) for _ in range(2 * layers)]
+            with torch.no_grad():
+                run(torch.tensor([[3, 14, 15]]), torch.arange(3)[None], torch.arange(span), *cache)
+                outs.append(run(torch.tensor([[92]]), torch.tensor([[3]]), torch.arange(span), *cache))
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
 def test_packed_projections_compute_what_the_separate_ones_did():

@@ -50,7 +50,10 @@ def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact
     for m in ("ttft p50", "ttft p99", "e2e p99", "throughput"):
         assert values[m][0] > 0 and values[m][1] > 0 and math.isfinite(values[m][1])
     assert res["in_trace"]["iterations"] >= 6 and res["in_trace"]["busy_measured"] > 0
+    repeat, first = res["in_trace"]["prefill_repeat"], res["in_trace"]["prefill_first"]
+    assert repeat[0] + first[0] == 6  # every request's prefill, split by whether its length ran before
     text = md.read_text()
+    assert "- prefill calls: " in text and "at a length it met first" in text
     assert "| decode of 4 | 4 | 160 |" in text and "| prefill 128 + decode of 3 | 4 |" in text
     assert "| ttft p99 |" in text and "simulated (est)" in text
 

@@ -117,6 +117,7 @@ def test_moe_experts_fuse_into_ort_moe(fused_moe):
         assert a["k"] == 2 and a["normalize_routing_weights"] == 1  # norm_topk_prob=True
         assert a["activation_type"] == "swiglu" and a["swiglu_fusion"] == 1
         assert (a["activation_alpha"], a["activation_beta"]) == (1.0, 0.0)
+        assert a["swiglu_limit"] == float("inf")  # ORT 1.31.1's CUDA default (7.0) would clip gate/up
         fc1, fc2 = node.inputs[2].const_value.numpy(), node.inputs[4].const_value.numpy()
         assert fc1.shape == (4, 2 * 64, 128) and fc2.shape == (4, 128, 64)
         assert node.inputs[1].producer().op_type == "Gemm"  # fed the router logits: the op does softmax+top-k

@@ -10,6 +10,8 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+import passes.fuse.moe as moe_rule
+from passes.fuse.graph import evaluate as on_ort
 from paths import ROOT
 from softsyn.frontends import read_design, replicate, zoo
 from softsyn.frontends.export import META_WEIGHTS
@@ -244,3 +246,23 @@ def test_gated_deltanet_layers_are_named_misses_not_silence():
     assert "model.layers.0.linear_attn" in miss.site and "the chunked delta rule" in miss.reason
     assert "its 2 exported cells stay" in miss.reason
     assert [n.op_type for n in nl.nodes()] == ["Conv", "CumSum"]
+
+
+def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it(cache_dir, monkeypatch):
+    # on 2026-12-03 ORT 1.31.1's CUDA MoE departed from its CPU kernel at 8+ tokens: where a GPU is present, the
+    # candidate also runs on it, and a departure keeps the experts unfused with the reason (the GPU is simulated:
+    # the probe's "cuda" evaluation returns the CPU result off by 40 %)
+    ran = []
+
+    def evaluate(graph, outputs, feeds, opsets, provider="cpu"):
+        got = on_ort(graph, outputs, feeds, opsets)
+        ran.append(provider)
+        return [g * 1.4 for g in got] if provider == "cuda" else got
+
+    monkeypatch.setattr(moe_rule, "provider_opens", lambda provider: True)
+    monkeypatch.setattr(moe_rule, "evaluate", evaluate)
+    nl = read_design("zoo:qwen3-moe-tiny", cache_dir=cache_dir, progress=False)
+    cov = {c.kind: c for c in fuse(nl, "cuda")}["moe"]
+    assert "cuda" in ran and cov.fused == 0 and cov.candidates == 2
+    assert all("CUDA MoE kernel differs" in m.reason and "kept unfused on cuda" in m.reason for m in cov.misses)
+    assert "probed on this machine's CUDA kernel" in cov.note

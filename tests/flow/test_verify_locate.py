@@ -1,0 +1,71 @@
+"""verify --locate: every node output probed on two providers, and the node where the values start to depart named
+(the GPU side is replaced here by the same run with one node's output corrupted: the walk must name that node,
+not the nodes downstream that only inherit its error)."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from reports.verify import report_verify
+from softsyn.flow.verify_locate import Departure, Located, both_runs, departures, rel_error
+from softsyn.results.verify import OutputCheck, VerifyResult
+
+
+def _model(path):
+    """x -> Relu -> Mul(w) -> Add(x) -> Softmax -> y, w stored as external data beside the model."""
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, 64, dtype=np.float32).reshape(8, 8), "w")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("MatMul", ["r", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "x"], ["a"], name="add"), helper.make_node("Softmax", ["a"], ["y"], name="sm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data",
+              size_threshold=0)
+    return model
+
+
+def test_every_node_output_is_probed_and_the_copy_is_removed(tmp_path):
+    path = tmp_path / "model.onnx"
+    _model(path)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    first, second = both_runs(path, feeds, {}, "cpu")
+    assert set(first) == {"r", "m", "a", "y"} == set(second)
+    assert all(rel_error(first[k], second[k]) == 0.0 for k in first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
+def test_the_walk_names_the_node_that_departs_not_the_ones_downstream(tmp_path):
+    path = tmp_path / "model.onnx"
+    model = _model(path)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    gpu, cpu = both_runs(path, feeds, {}, "cpu")
+    gpu["m"] = gpu["m"] * 1.5  # a MatMul kernel computing another function on "the GPU"
+    gpu["a"] = gpu["m"] + feeds["x"]
+    gpu["y"] = np.exp(gpu["a"]) / np.exp(gpu["a"]).sum(-1, keepdims=True)
+    errors = {k: rel_error(gpu[k], cpu[k]) for k in gpu}
+    found, first_over = departures(model.graph, errors, 1e-2)
+    assert [(d.node, d.op, d.output) for d in found] == [("mm", "MatMul", "m")]
+    assert found[0].rel > 0.3 and found[0].inputs_rel == 0.0
+    assert first_over == "m"
+
+
+def test_rel_error_reads_shapes_and_integer_routing():
+    assert rel_error(np.zeros((2, 3)), np.zeros((3, 2))) == float("inf")
+    assert rel_error(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4])) == 0.25
+    assert rel_error(np.array([1.0, 2.0]), np.array([1.0, 4.0])) == 0.5
+    mask = np.array([0.0, -np.inf, 2.0])
+    assert rel_error(mask.copy(), mask) == 0.0 and rel_error(np.array([0.0, 1.0, 2.0]), mask) == float("inf")
+
+
+def _result(located):
+    check = OutputCheck("prefill", "logits", 1.0, 1.2, 0.1, None, ["rel error 1.2e+00 > 2.0e-02"])
+    return VerifyResult([check], 2e-2, "default for fp16", None, "CUDAExecutionProvider", {}, "fp16", located)
+
+
+def test_the_report_lists_the_nodes_located_or_says_why_none():
+    found = Located("prefill", "cuda", 245, (Departure("layers.0/LinearAttention_1", "LinearAttention", "attn_out",
+                                                       0.61, 3.1e-4),), "attn_out")
+    text = report_verify(_result([found]), "out/x")
+    row = next(line for line in text.splitlines() if "layers.0/LinearAttention_1" in line)
+    assert "LinearAttention" in row and "6.100e-01" in row and "3.100e-04" in row and "attn_out" in row
+    assert "no node departs on its own" in report_verify(_result([Located("prefill", "cuda", 245, (), "a")]), "x")
+    assert "agree on all 245 values" in report_verify(_result([Located("prefill", "cuda", 245, (), None)]), "x")
