@@ -66,6 +66,10 @@
 #                        past 420 s on 2026-12-03): the 4-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
 #                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
+#   moeprobe             bench/moe_probe.py --provider cuda: one com.microsoft.MoE node on CUDA and CPU against a float64
+#                        reference over tokens 1..128, the tiny/30B/80B expert shapes, fp16/fp32, normalize 0/1 and
+#                        x [T, H] vs [1, T, H] (the qwen3-next prefill departure of 2026-12-03); brings back
+#                        moe-probe-cuda.md
 #   families             bench/family_signoff.py --provider cuda: GPT-2-small and BERT-base plain exports signed off
 #   serving [C] [S]      bench/serving_validate.py --provider cuda: zoo:qwen3-1.7b (MODEL=...) compiled --effort low
 #                        under C (constraints/serving-h200.yaml) into /tmp/serving (reused while the machine is warm),
@@ -381,6 +385,9 @@ qmoe)
     timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
         grep -v "No registered plugin EP" | tee "$OUT/moe-qmoe.log" | tail -40
     set -e ;;
+moeprobe)
+    softsyn_install
+    python3 bench/moe_probe.py --provider cuda -o "$OUT/moe-probe-cuda.md" 2>&1 | grep -v "No registered plugin EP" ;;
 families)
     softsyn_install
     python3 bench/family_signoff.py --provider cuda -o "$OUT/family-signoff-cuda.md" 2>&1 | tail -40 ;;
