@@ -132,7 +132,7 @@ def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
     step = StaticStep(model, length).eval()
     program = export_step(step, model.config, length, "cpu", torch.float32).module()
     layers, kv, head_dim = kv_geometry(model.config)
-    for span in (16, length - 8):  # (the whole cache, span == length, trips a guard of every form's export)
+    for span in (16, length - 8):  # the whole cache trips a guard of .module() only: the package runs it (flow tests)
         outs = []
         for run in (step, program):
             cache = [torch.zeros(1, kv, length, head_dim) for _ in range(2 * layers)]

@@ -9,10 +9,10 @@ from helpers import cli
 from softsyn.cli import main
 
 
-def _run_json(directory):
+def _run_json(directory, prompt=252, gen=8):
     # positions 0..259: the decode crosses the package's first attention span (SPAN_STEP 256 slots) into the next
-    result = CliRunner().invoke(main, ["run", str(directory), "--prompt-len", "252", "--gen", "8", "--runs", "1",
-                                       "--warmup", "0", "--json", "-q"])
+    result = CliRunner().invoke(main, ["run", str(directory), "--prompt-len", str(prompt), "--gen", str(gen), "--runs",
+                                       "1", "--warmup", "0", "--json", "-q"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return json.loads(result.output)
 
@@ -33,6 +33,13 @@ def test_run_tokens_equal_the_ort_artifacts(tiny_torch_artifact, tiny_cpu_artifa
     assert len(torch_run["tokens"]) == 8
     assert torch_run["tokens"] == ort_run["tokens"]
     assert torch_run["kv_cache"] == "static" and torch_run["ttft"]["median"] > 0 and torch_run["tpot"]["samples"] == 7
+
+
+def test_run_to_the_end_of_the_cache_keeps_the_ort_tokens(tiny_torch_artifact, tiny_cpu_artifact):
+    # positions 0..511 of a 512-slot cache: the last span is the whole cache, a shape torch.export's own program
+    # guards against (ExportedProgram.module() refuses it) but the AOTInductor package runs
+    torch_run, ort_run = _run_json(tiny_torch_artifact, 500, 12), _run_json(tiny_cpu_artifact, 500, 12)
+    assert len(torch_run["tokens"]) == 12 and torch_run["tokens"] == ort_run["tokens"]
 
 
 def test_torch_json_pointing_out_of_dir_is_refused(tiny_torch_artifact, tmp_path, capsys):
