@@ -123,6 +123,10 @@ def verify(directory, seed, cache_dir, cpu, locate, as_json, quiet):
         result = _torch_flow().verify(directory, seed=seed, cache_dir=cache_dir, progress_on=not quiet)
     else:
         result = run_verify(directory, seed=seed, cache_dir=cache_dir, cpu=cpu, progress=not quiet, locate=locate)
+        if locate and result.violations and not result.located:
+            click.echo(f"softsyn verify --locate: nothing located: it compares one model's run on a GPU provider with "
+                       f"the CPU's (this run: {result.provider.split()[0]}; a composite's blocks are not located)",
+                       err=True)
     if as_json:
         click.echo(json.dumps(json_nulls({"schema": "softsyn.verify/1", "directory": str(directory),
                                           "violations": result.violations, **asdict(result)}),

@@ -1,10 +1,14 @@
 """verify --locate: every node output probed on two providers, and the node where the values start to depart named
 (the GPU side is replaced here by the same run with one node's output corrupted: the walk must name that node,
 not the nodes downstream that only inherit its error)."""
+import json
+import shutil
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import cli
 from reports.verify import report_verify
 from softsyn.flow.verify_locate import Departure, Located, both_runs, departures, rel_error
 from softsyn.results.verify import OutputCheck, VerifyResult
@@ -69,3 +73,17 @@ def test_the_report_lists_the_nodes_located_or_says_why_none():
     assert "LinearAttention" in row and "6.100e-01" in row and "3.100e-04" in row and "attn_out" in row
     assert "no node departs on its own" in report_verify(_result([Located("prefill", "cuda", 245, (), "a")]), "x")
     assert "agree on all 245 values" in report_verify(_result([Located("prefill", "cuda", 245, (), None)]), "x")
+
+
+def test_locate_on_a_cpu_run_says_there_is_nothing_to_compare(tiny_cpu_artifact, tmp_path, capsys, cache_dir):
+    # a violated budget on the CPU provider: the checks print as without --locate, and one stderr line says why
+    # nothing was located
+    copy = tmp_path / "art"
+    shutil.copytree(tiny_cpu_artifact, copy)
+    session = copy / "runtime" / "session.json"
+    settings = json.loads(session.read_text())
+    settings["accuracy"] = {**(settings.get("accuracy") or {}), "max_rel_error": 1e-12}
+    session.write_text(json.dumps(settings))
+    code, out, err = cli(capsys, "verify", copy, "--locate", "--cache-dir", cache_dir, "-q")
+    assert code == 1 and "VIOLATED" in out and "Located:" not in out
+    assert "softsyn verify --locate: nothing located" in err and "CPUExecutionProvider" in err
