@@ -8,8 +8,8 @@ budget: when a check is violated, this pass takes the max_batch the simulation's
 analysis, report_qor and the emitted engine settings (max_num_seqs, cuda-graph capture sizes) use it. When no value
 meets every check the design keeps the given max_batch, and the note names the best one tried and what it gave;
 the other suggestions (arrival rate, weight precision, KV dtype) stay in report_qor for the user. The weight map and
-the KV dtype are the optimize pass's moves, judged on the path groups' slack; everything here is simulated over
-step times the library estimates (est).
+the KV dtype are the optimize pass's moves, judged on the path groups' slack (the KV dtype on the serving checks
+too: passes.optimize.kv_moves); everything here is simulated over step times the library estimates (est).
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ KV dtype.
   GroupQueryAttention.int8 cell; judged on the library's tables (the STA re-timed: decode/prefill delay per group,
   the area) and its error measured end to end (ORT CPU, which runs the same int8 cache: the design's logits with the
   int8 cache against the design as it stands, both reading the same cached values), kept only if it lowers one
-  cost without raising a more important one: design rules (accuracy, area) -> weighted negative slack -> latency.
+  cost without raising a more important one: design rules (accuracy, area) -> weighted negative slack -> the
+  serving checks' violation (with a serving block, simulated before and after: an int8 cache admits twice the
+  tokens under the same KV budget) -> latency.
   fp8 is not tried (ORT CPU has no float8e4m3fn GroupQueryAttention kernel to measure its error on).
 """
 from __future__ import annotations
@@ -42,19 +44,32 @@ class KvMove:
 class LoopCost:
     rules: float  # area over its limit (MB) + error over the budget (x 100)
     violation: float  # sum of weight x max(0, -slack), s
+    serving: float  # the serving checks' violation: sum of max(0, -slack) / required (0 without a serving block)
     latency: float  # sum of weight x the critical arrival, s
 
 
 def loop_cost(analysis, error_over: float = 0.0) -> LoopCost:
     slack = analysis.area.slack
     rules = (max(0.0, -slack) / 1e6 if slack is not None else 0.0) + max(0.0, error_over) * 100
+    served = analysis.serving.checks if analysis.serving is not None else []
     return LoopCost(rules, sum(g.weight * max(0.0, -g.critical.slack) for g in analysis.groups),
+                    sum(max(0.0, -c.slack) / c.required for c in served if c.required),
                     sum(g.weight * g.critical.arrival for g in analysis.groups))
 
 
+def serving_text(analysis) -> str:
+    """The serving checks violated in an analysis, for a move's detail ("" without a serving block)."""
+    if analysis.serving is None:
+        return ""
+    violated = [c.group for c in analysis.serving.checks if not c.met]
+    return ", ".join(violated) if violated else "none"
+
+
 def better(after: LoopCost, before: LoopCost) -> bool:
-    """Lower in the cost order (rules, then violation, then latency), ties within rounding not counted."""
-    for a, b in ((after.rules, before.rules), (after.violation, before.violation), (after.latency, before.latency)):
+    """Lower in the cost order (rules, then path-group violation, then the serving checks' violation, then latency),
+    ties within rounding not counted."""
+    for a, b in ((after.rules, before.rules), (after.violation, before.violation), (after.serving, before.serving),
+                 (after.latency, before.latency)):
         if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
             return a < b
     return False
@@ -173,20 +188,28 @@ def dtype_move(design, analysis, row, budget: float, map_error: float) -> tuple[
     graph = design.netlist.model.graph
     nodes = kv_layout.kv_attention(graph)
     scales, tokens = kv_layout.calibrate(design, nodes)
+    # with a serving block the move is also judged on the simulated load (an int8 cache admits twice the tokens)
+    serving = design.constraints.serving is not None
+    if serving and analysis.serving is None:
+        analysis = design.analyze(tp_plan=False, serving=True)
     before = loop_cost(analysis)
     error = kv_error(design, nodes, scales)  # leaves the int8 cache applied
     total = math.sqrt(map_error ** 2 + error ** 2)
-    after_analysis = design.analyze(tp_plan=False)
+    after_analysis = design.analyze(tp_plan=False, serving=serving)
     after = loop_cost(after_analysis, total - budget)
     row("opt.kv.dtype", after_analysis)
     detail = (f"error {error:.3e} measured end to end (ORT CPU, {tokens} calibration tokens), with the map's "
               f"{map_error:.3e}: {total:.3e} against the budget {budget:.3e}; area {analysis.area.total / 1e6:.1f} -> "
               f"{after_analysis.area.total / 1e6:.1f} MB, weighted latency {before.latency * 1e3:.3f} -> "
               f"{after.latency * 1e3:.3f} ms (est: the library's tables)")
+    if serving:
+        detail += (f"; serving checks violated: {serving_text(analysis)} -> {serving_text(after_analysis)} "
+                   "(simulated, est)")
     if total > budget or not better(after, before):
         unquantise_cache(graph, nodes)
         design.netlist_changed()
-        reason = "over the accuracy budget" if total > budget else "no lower cost in the order rules -> slack -> latency"
+        reason = ("over the accuracy budget" if total > budget else
+                  "no lower cost in the order rules -> slack -> serving -> latency")
         return KvMove("opt.kv.dtype", "int8", "fp16", False, f"rejected ({reason}): {detail}", error), \
             design.analyze(tp_plan=False)
     refile(design, dataclasses.replace(

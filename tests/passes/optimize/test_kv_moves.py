@@ -113,3 +113,34 @@ def test_dtype_move_decides_on_the_tables_and_the_measured_error(fp16_design):
             assert dtypes == {ir.DataType.FLOAT16} and "kv_cache_bit_width" not in node.attributes
             assert all(v is None for v in node.inputs[12:14])
             assert not any(name.endswith("_k_scale") for name in design.netlist.model.graph.initializers)
+
+
+SERVING = """serving:
+  arrival_rate: 2000/s
+  max_batch: 16
+  batch_timeout: 2ms
+  prompt_len: {p50: 128, p99: 200}
+  gen_len: {p50: 64, p99: 120}
+  ttft: {p99: 5ms}
+  requests: 300
+  seed: 0
+"""
+
+
+def test_with_a_serving_block_the_dtype_move_is_judged_on_the_simulated_load_too(cache_dir, tmp_path):
+    """An int8 cell twice as slow as fp16 raises every step's latency (rejected without a serving block, above), but
+    under a load whose KV budget binds (2.5 MB: 1,394 fp16 tokens) the int8 cache admits twice the tokens and the
+    simulated TTFT p99 falls: the serving checks' violation ranks above latency, so the move is kept and says so."""
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY.format(area="2.5MB").replace("max_length: 1024", "max_length: 512") + SERVING)
+    design = Design.load("zoo:qwen3-tiny", path, cache_dir=cache_dir, progress=False, materialize=True)
+    for step in LOW.steps:
+        run_pass(design, step.pass_name, dict(step.options))
+    with_int8_cell(design, design.library, 2.0)
+    before = design.analyze(tp_plan=False, serving=True)
+    move, after = kv_moves.dtype_move(design, design.analyze(tp_plan=False), lambda p, a: None, 1.8e-2, 0.0)
+    assert move.kept, move.why
+    assert "serving checks violated: ttft_p99 -> " in move.why
+    assert kv_moves.loop_cost(after).serving < kv_moves.loop_cost(before).serving
+    assert kv_moves.loop_cost(after).latency > kv_moves.loop_cost(before).latency  # bought with step time
+    assert gqa_ports(design)[1] == {ir.DataType.INT8}
