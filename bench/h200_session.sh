@@ -257,7 +257,8 @@ qwen3next)
     softsyn compile zoo:qwen3-next-tiny -c constraints/tiny-h200.yaml -o /tmp/qwen3-next-h200 -q > "$OUT/next-compile.log" 2>&1
     echo "compile exit $?"
     grep -A3 provider_options /tmp/qwen3-next-h200/runtime/session.json
-    softsyn verify /tmp/qwen3-next-h200 2>&1 | tee "$OUT/next-verify.txt" | grep -v "No registered plugin EP" | tail -8
+    softsyn verify /tmp/qwen3-next-h200 --locate 2>&1 | tee "$OUT/next-verify.txt" | grep -v "No registered plugin EP" |
+        sed -n '/^VIOLATED\|^verify:\|Located\|^  [a-z]/p' | tail -16
     set -e
     softsyn run /tmp/qwen3-next-h200 --prompt-len 128 --gen 32 --runs 5 --provider cuda 2>&1 | tee "$OUT/next-run.txt" |
         grep -v "No registered plugin EP"
@@ -305,7 +306,9 @@ EOF
         > "$OUT/next80b-compile.log" 2>&1
     echo "compile exit $?"
     grep -v "No registered plugin EP\|shape massaging" "$OUT/next80b-compile.log" | tail -25
-    softsyn verify /tmp/next80b 2>&1 | grep -v "No registered plugin EP" | tail -6
+    # --locate: a violated scenario is run node by node on CUDA and CPU (the 12-03 prefill error was not located)
+    softsyn verify /tmp/next80b --locate 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/next80b-verify.txt" |
+        tail -14
     softsyn signoff /tmp/next80b --provider cuda 2>&1 | grep -v "No registered plugin EP\|shape massaging" | tail -30
     set -e
     cp /tmp/next80b/reports/signoff.rpt "$OUT/next80b-signoff.rpt" 2>/dev/null || true ;;
