@@ -83,3 +83,23 @@ def test_serving_on_a_model_without_kv_cache_is_refused(capsys, tmp_path):
     code, _, err = cli(capsys, "analyze", model, "-c", SERVING, "-q")
     assert code == 2
     assert f"{SERVING}:11: serving: design mlp is a generic model; serving simulates a decoder" in err
+
+
+def test_a_declared_batched_decode_group_is_timed_as_the_simulations_step(capsys, cache_dir, tmp_path):
+    """Batched scenarios as path groups: a decode group at batch 16 (declared like any group) shows in report_timing,
+    and its arrival is the serving simulation's step-table point at the same batch and past: one STA, two views."""
+    batched = tmp_path / "batched.yaml"
+    batched.write_text(SERVING.read_text() + "\npath_groups:\n"
+                       "  prefill: {kind: prefill}\n  decode: {kind: decode}\n"
+                       "  decode_b16: {kind: decode, batch: 16, dims: {past: 256}, clock_period: 2ms, input_delay: {}}\n")
+    out_dir = tmp_path / "out"
+    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", batched, "-q", "-o", out_dir)
+    assert code == 0, out
+    analysis = json.loads((out_dir / "analysis.json").read_text())
+    group = next(g for g in analysis["groups"] if g["name"] == "decode_b16")
+    assert group["scenario"]["dims"]["batch"] == 16 and group["scenario"]["dims"]["past"] == 256
+    point = next(p for p in analysis["serving"]["steps"] if (p["kind"], p["batch"], p["tokens"]) == ("decode", 16, 256))
+    arrival = max(path["arrival"] for path in group["paths"])  # the critical path's (no input delay here)
+    assert point["time"] > 0 and abs(arrival - point["time"]) <= 1e-9 * point["time"]
+    code, timing, _ = cli(capsys, "report", "timing", out_dir, "--group", "decode_b16")
+    assert code == 0 and "decode_b16" in timing
