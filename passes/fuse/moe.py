@@ -434,7 +434,11 @@ class MoERule(Rule):
         try:
             (got,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets)
             if ctx.target == "cuda" and provider_opens("cuda"):
-                (on_target,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets, provider="cuda")
+                try:
+                    (on_target,) = evaluate(ctx.graph, [nodes[-1].outputs[0]], feeds, opsets, provider="cuda")
+                except Exception as exc:  # noqa: BLE001 - ORT raises its own types; the site stays unfused, named
+                    first = " ".join(str(exc).split())[:200]
+                    raise _Miss(f"ORT's CUDA MoE kernel cannot run this site ({first}): kept unfused on cuda") from None
         finally:  # the probe nodes are not in the graph: drop their uses of graph values
             for n in nodes:
                 for i in range(len(n.inputs)):

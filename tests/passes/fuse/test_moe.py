@@ -266,3 +266,18 @@ def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it
     assert "cuda" in ran and cov.fused == 0 and cov.candidates == 2
     assert all("CUDA MoE kernel differs" in m.reason and "kept unfused on cuda" in m.reason for m in cov.misses)
     assert "probed on this machine's CUDA kernel" in cov.note
+
+
+def test_a_site_the_cuda_moe_kernel_cannot_run_is_a_named_miss(cache_dir, monkeypatch):
+    # the GPU's session refusing the candidate (an alignment, a missing kernel) keeps the experts unfused, with why
+    def evaluate(graph, outputs, feeds, opsets, provider="cpu"):
+        if provider == "cuda":
+            raise RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : no kernel for this shape")
+        return on_ort(graph, outputs, feeds, opsets)
+
+    monkeypatch.setattr(moe_rule, "provider_opens", lambda provider: True)
+    monkeypatch.setattr(moe_rule, "evaluate", evaluate)
+    nl = read_design("zoo:qwen3-moe-tiny", cache_dir=cache_dir, progress=False)
+    cov = {c.kind: c for c in fuse(nl, "cuda")}["moe"]
+    assert cov.fused == 0 and cov.candidates == 2
+    assert all("CUDA MoE kernel cannot run this site" in m.reason and "NOT_IMPLEMENTED" in m.reason for m in cov.misses)
