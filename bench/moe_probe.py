@@ -4,7 +4,7 @@
     python3 bench/moe_probe.py --provider cpu -o F.md                        # here: the CPU column only
 
 Why: `softsyn verify --locate` on zoo:qwen3-next-tiny compiled for the H200 (2026-12-03, ORT 1.31.1) found the fused
-MoE departing from its CPU run by 43 % at prefill (8+ tokens) while agreeing at decode (1 token), its inputs within
+MoE departing from its CPU run by 43 % at prefill (128 tokens) while agreeing at decode (1 token), its inputs within
 5e-4; an explicit swiglu_limit=inf did not change it. This probe finds the regime: each case is one MoE node with the
 attributes softsyn writes (softsyn.runtime.moe_op.MOE_SWIGLU, k, normalize_routing_weights), fc1 [E, 2I, H] with
 gate/up interleaved per row, fc2 [E, H, I], router logits fed (the op does softmax + top-k), run at every token count

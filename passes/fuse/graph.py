@@ -317,8 +317,9 @@ def evaluate(graph: ir.Graph, outputs: list[ir.Value], feeds: dict, opsets: dict
     g = onnx.helper.make_graph(protos, "cone", inputs, outs, initializer=init_protos)
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, o) for d, o in opsets.items()],
                                    ir_version=IR_VERSION)
-    sess = open_session(model, SessionSettings(provider=provider, optimize=False, intra_op_threads=1),
-                        external=external)
+    # no CPU fallback on a GPU: a node the provider cannot run fails the probe instead of quietly running on the CPU
+    sess = open_session(model, SessionSettings(provider=provider, optimize=False, intra_op_threads=1,
+                                               cpu_fallback=provider == "cpu"), external=external)
     return sess.run([v.name for v in outputs], feed_np)
 
 

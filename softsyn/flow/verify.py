@@ -267,7 +267,7 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                                f"({', '.join(fed) or 'none'}; {ref_path}): it is not the model softsyn compiled "
                                "there; re-run softsyn compile")
         names = [o.name for o in session.get_outputs()]
-        checks, fed_by_scenario = [], {}
+        checks, fed_by_scenario, gpu_by_scenario = [], {}, {}
         run_on = target if provider.startswith("CUDA") else "cpu"
         for scenario, feeds in scenario_feeds.items():
             compiled_feeds = {k: layout.feed(k, as_declared(v, input_types.get(k))) for k, v in feeds.items()}
@@ -283,6 +283,8 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                     f"{out_dir / MODEL_FILE}: {session.get_providers()[0]} cannot run the compiled model ({first}); "
                     f"verify it on its target (runtime/session.json providers: {', '.join(settings.get('providers') or [])})"
                 ) from None
+            if locate:  # the GPU's outputs as compiled: --locate tells a load-time fusion's departure by them
+                gpu_by_scenario[scenario] = {n: np.array(o, copy=True) for n, o in zip(names, outputs)}
             checks += [_check(OutputCheckInput(scenario, name, got, expected, layout,
                                                is_logits(ports.get(name), vocab)), max_rel, min_top1,
                               f"{out_dir / MODEL_FILE}", ref_path) for name, got in zip(names, outputs)]
@@ -291,18 +293,32 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
     if locate and run_on != "cpu" and not settings.get("blocks"):
         del session
         gc.collect()
-        result.located += _located(out_dir / MODEL_FILE, result, fed_by_scenario, aliases, progress)
+        result.located += _located(out_dir / MODEL_FILE, result, LocateRuns(fed_by_scenario, gpu_by_scenario, aliases),
+                                   progress)
     return result
 
 
-def _located(model: Path, result: VerifyResult, fed: dict, aliases: dict, progress: bool) -> list:
+@dataclass(frozen=True)
+class LocateRuns:
+    fed: dict  # scenario -> the compiled model's feeds as verify gave them
+    gpu: dict  # scenario -> {output: array} of verify's GPU run
+    aliases: dict  # {present: past} of a shared KV buffer
+
+
+def _located(model: Path, result: VerifyResult, runs: LocateRuns, progress: bool) -> list:
     """verify --locate on each violated scenario of a GPU run (softsyn.flow.verify_locate)."""
     found = []
     run_on = provider_of(result.provider.split()[0])
     for scenario in dict.fromkeys(c.scenario for c in result.checks if c.violations):
         with step(f"verify --locate: {scenario} node by node, {run_on} against the CPU", enabled=progress,
                   done=f"verify --locate: {scenario}"):
-            found.append(locate_divergence(model, scenario, fed[scenario], aliases, run_on, result.max_rel_error))
+            try:
+                found.append(locate_divergence(model, scenario, runs.fed[scenario], runs.aliases, run_on,
+                                               result.max_rel_error, unprobed=runs.gpu.get(scenario)))
+            except (*ort_errors(), RuntimeError, OSError) as exc:  # a probed copy that cannot load, run or be written
+                first = " ".join(str(exc).split())[:300]
+                raise SoftsynError(f"{model}: verify --locate could not run its probed copy of the model ({first}); "
+                                   "run softsyn verify without --locate for the checks") from None
     return found
 
 

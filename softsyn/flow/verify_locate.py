@@ -9,7 +9,9 @@ node whose output departs by more than the budget while every input it reads agr
 because verify checks the CPU run of the same compiled model against the fp32 reference in CI.
 
 The extra outputs keep ONNX Runtime from fusing across them at load, so the nodes located are the compiled graph's
-own; a divergence that appears only when ORT fuses at load shows as "no node departs on its own".
+own. When no node departs, verify's own GPU outputs (the graph as compiled, fused at load) are compared with the
+probed GPU run's: if they differ, the departure is in what ORT fuses at load; if not, the two providers agree and
+the compiled model departs from the reference on the CPU too.
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ class Located:
     provider: str
     compared: int  # values compared (node outputs present in both runs)
     departures: tuple[Departure, ...]  # in graph order, at most SHOWN
-    first_over: str | None  # the first value over the budget in graph order, whatever its inputs did
+    # the worst rel error between verify's own GPU run (the graph as compiled, ORT free to fuse at load) and the probed
+    # GPU run at the model's outputs (None: none to compare): over the budget while no node departs, the departure
+    # is in what ORT fuses at load
+    unprobed_rel: float | None = None
 
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -55,8 +60,9 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     if want.dtype.kind not in "fc":
         return float(np.mean(got != want))
     g, w = got.astype(np.float64), want.astype(np.float64)
-    with np.errstate(invalid="ignore"):  # equal infinities (an attention mask's -inf) agree
-        diff = np.where(g == w, 0.0, np.abs(g - w))
+    same = (g == w) | (np.isnan(g) & np.isnan(w))  # equal infinities (a mask's -inf) and NaNs in the same places agree
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(g - w))
     finite = np.abs(w[np.isfinite(w)])
     scale = float(finite.max()) if finite.size else 0.0
     worst = float(np.max(diff)) if np.all(np.isfinite(diff)) else float("inf")
@@ -74,11 +80,17 @@ def probed(proto: onnx.ModelProto) -> list[str]:
 
 def _run(session, feeds: dict, aliases: dict[str, str], provider: str) -> dict[str, np.ndarray]:
     names = {i.name for i in session.get_inputs()}
-    # copies: on the CPU a bound past is the array itself, and GroupQueryAttention writes the new tokens into it
-    runner = BoundRunner.from_feeds(session, {k: v.copy() for k, v in feeds.items() if k in names}, provider, aliases)
+    # copies: on the CPU a bound input is the array's own memory (kept alive here until the outputs are read), and
+    # GroupQueryAttention writes the new tokens into a shared past
+    copies = {k: v.copy() for k, v in feeds.items() if k in names}
+    runner = BoundRunner.from_feeds(session, copies, provider, aliases)
     runner.run()
     # a sequence or optional value (a Scan's or an If's) is not compared: no array to hold
-    return {o.name: v.numpy() for o, v in zip(session.get_outputs(), runner.binding.get_outputs()) if v.is_tensor()}
+    # owned copies: a CPU output bound onto an input (a shared KV buffer) is a view of that input's memory
+    out = {o.name: np.array(v.numpy(), copy=True) for o, v in zip(session.get_outputs(), runner.binding.get_outputs())
+           if v.is_tensor()}
+    del copies
+    return out
 
 
 def both_runs(model_path: Path, feeds: dict, aliases: dict[str, str], provider: str):
@@ -101,28 +113,29 @@ def both_runs(model_path: Path, feeds: dict, aliases: dict[str, str], provider: 
     return on_gpu, on_cpu
 
 
-def departures(graph: onnx.GraphProto, errors: dict[str, float], budget: float) -> tuple[list[Departure], str | None]:
+def departures(graph: onnx.GraphProto, errors: dict[str, float], budget: float) -> list[Departure]:
     """The nodes (graph order) whose worst output's error is over `budget` while every input they read is within
-    it (a value not compared, a graph input or a weight, counts as agreeing), and the first value over it."""
-    found, first_over = [], None
+    it (a value not compared, a graph input or a weight, counts as agreeing)."""
+    found = []
     for node in graph.node:
         outs = [(errors[o], o) for o in node.output if o in errors]
         if not outs:
             continue
         rel, worst = max(outs)
-        if rel > budget and first_over is None:
-            first_over = worst
         ins = max((errors.get(i, 0.0) for i in node.input if i), default=0.0)
         if rel > budget and ins <= budget:
             found.append(Departure(node.name, node.op_type, worst, rel, ins))
-    return found, first_over
+    return found
 
 
-def locate(model_path: Path, scenario: str, feeds: dict, aliases: dict[str, str], provider: str,
-           budget: float) -> Located:
-    """Where the compiled model's run on `provider` departs from its CPU run on `feeds` (see the module doc)."""
+def locate(model_path: Path, scenario: str, feeds: dict, aliases: dict[str, str], provider: str, budget: float,
+           unprobed: dict[str, np.ndarray] | None = None) -> Located:
+    """Where the compiled model's run on `provider` departs from its CPU run on `feeds` (see the module doc);
+    `unprobed`: verify's own outputs of the GPU run, to tell a departure under ORT's load-time fusion."""
     on_gpu, on_cpu = both_runs(model_path, feeds, aliases, provider)
     errors = {name: rel_error(on_gpu[name], on_cpu[name]) for name in on_gpu.keys() & on_cpu.keys()}
     graph = onnx.load(str(model_path), load_external_data=False).graph
-    found, first_over = departures(graph, errors, budget)
-    return Located(scenario, provider, len(errors), tuple(found[:SHOWN]), first_over)
+    found = departures(graph, errors, budget)
+    shared = [name for name in (unprobed or {}) if name in on_gpu]
+    fused = max((rel_error(unprobed[name], on_gpu[name]) for name in shared), default=None)
+    return Located(scenario, provider, len(errors), tuple(found[:SHOWN]), fused)

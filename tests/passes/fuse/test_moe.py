@@ -249,7 +249,7 @@ def test_gated_deltanet_layers_are_named_misses_not_silence():
 
 
 def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it(cache_dir, monkeypatch):
-    # on 2026-12-03 ORT 1.31.1's CUDA MoE departed from its CPU kernel at 8+ tokens: where a GPU is present, the
+    # on 2026-12-03 ORT 1.31.1's CUDA MoE departed from its CPU kernel at prefill (128 tokens): where a GPU is present, the
     # candidate also runs on it, and a departure keeps the experts unfused with the reason (the GPU is simulated:
     # the probe's "cuda" evaluation returns the CPU result off by 40 %)
     ran = []
@@ -265,7 +265,7 @@ def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it
     cov = {c.kind: c for c in fuse(nl, "cuda")}["moe"]
     assert "cuda" in ran and cov.fused == 0 and cov.candidates == 2
     assert all("CUDA MoE kernel differs" in m.reason and "kept unfused on cuda" in m.reason for m in cov.misses)
-    assert "probed on this machine's CUDA kernel" in cov.note
+    assert "no fused site probed on a CUDA kernel (none probed)" in cov.note
 
 
 def test_a_site_the_cuda_moe_kernel_cannot_run_is_a_named_miss(cache_dir, monkeypatch):
@@ -281,3 +281,19 @@ def test_a_site_the_cuda_moe_kernel_cannot_run_is_a_named_miss(cache_dir, monkey
     cov = {c.kind: c for c in fuse(nl, "cuda")}["moe"]
     assert cov.fused == 0 and cov.candidates == 2
     assert all("CUDA MoE kernel cannot run this site" in m.reason and "NOT_IMPLEMENTED" in m.reason for m in cov.misses)
+
+
+def test_sites_the_cuda_kernel_agrees_on_fuse_and_the_note_counts_them(cache_dir, monkeypatch):
+    # the simulated GPU agrees (within fp16/TF32 rounding): the sites fuse and the note says how many ran on it
+    providers = []
+
+    def evaluate(graph, outputs, feeds, opsets, provider="cpu"):
+        providers.append(provider)
+        return on_ort(graph, outputs, feeds, opsets)
+
+    monkeypatch.setattr(moe_rule, "provider_opens", lambda provider: True)
+    monkeypatch.setattr(moe_rule, "evaluate", evaluate)
+    nl = read_design("zoo:qwen3-moe-tiny", cache_dir=cache_dir, progress=False)
+    cov = {c.kind: c for c in fuse(nl, "cuda")}["moe"]
+    assert cov.fused == cov.candidates == 2 and providers.count("cuda") == 2
+    assert f"2 fused site(s) probed on this machine's CUDA kernel too ({moe_rule.CUDA_PROBE_TOKENS} tokens)" in cov.note
