@@ -34,7 +34,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from softsyn.runtime.moe_op import MOE_SWIGLU
-from softsyn.runtime.session import IR_VERSION, SessionSettings, device_name, open_session
+from softsyn.runtime.session import IR_VERSION, SessionSettings, device_name, external_initializer, open_session
 
 SHAPES = {"tiny": (4, 2, 128, 64), "30b": (128, 8, 2048, 768), "80b": (512, 10, 2048, 512)}  # E, k, H, I
 TOKENS = (1, 2, 4, 7, 8, 16, 128)
@@ -76,17 +76,6 @@ def attributes(case: Case) -> dict:
     return attrs
 
 
-def _external(name: str, elem: int, shape: tuple, nbytes: int) -> TensorProto:
-    """An initializer whose bytes the session gets as a host array (open_session's `external`): the 80b experts are
-    3-6 GB, past protobuf's 2 GB."""
-    t = TensorProto(name=name, data_type=elem, dims=shape)
-    t.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", LOCATION), ("offset", "0"), ("length", str(nbytes))):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    return t
-
-
 def moe_model(case: Case, fc1: np.ndarray, fc2: np.ndarray) -> onnx.ModelProto:
     """One MoE node: x [T, H] or [1, T, H] (T the dynamic dim "tokens"), router logits [T, E], fc1/fc2 external."""
     e, _, h, _ = SHAPES[case.shape]
@@ -95,7 +84,9 @@ def moe_model(case: Case, fc1: np.ndarray, fc2: np.ndarray) -> onnx.ModelProto:
     ins = [helper.make_tensor_value_info("x", elem, lead + [h]), helper.make_tensor_value_info("router", elem, ["tokens", e])]
     out = helper.make_tensor_value_info("y", elem, lead + [h])
     node = helper.make_node("MoE", ["x", "router", "fc1", "", "fc2"], ["y"], domain="com.microsoft", **attributes(case))
-    inits = [_external(n, elem, a.shape, a.nbytes) for n, a in (("fc1", fc1), ("fc2", fc2))]
+    # the experts' bytes reach the session as host arrays (open_session's `external`): the 80b ones are 3-6 GB, past
+    # protobuf's 2 GB
+    inits = [external_initializer(n, elem, a.shape, a.nbytes, LOCATION) for n, a in (("fc1", fc1), ("fc2", fc2))]
     graph = helper.make_graph([node], "moe_probe", ins, [out], inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)

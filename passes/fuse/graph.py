@@ -10,7 +10,7 @@ from onnx_ir import serde
 
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS
-from softsyn.runtime.session import IR_VERSION, SessionSettings, open_session
+from softsyn.runtime.session import IR_VERSION, SessionSettings, external_initializer, host_array, open_session
 
 MS = "com.microsoft"
 # Cone initializers above this many bytes reach ORT as external initializers, not inside the protobuf.
@@ -329,16 +329,8 @@ def _initializer(v: ir.Value, external: dict) -> onnx.TensorProto:
     model at 2 GiB (a real-size MoE layer's stacked experts alone are 2 GiB: Qwen3-Next-80B's 512 x 1024 x 2048 fp16)."""
     t = v.const_value
     if t.nbytes > INLINE_BYTES and t.dtype.bitwidth >= 8:
-        arr = t.numpy()
-        if arr.dtype.kind not in "biuf":  # bf16/fp8 (ml_dtypes): ORT takes their bits
-            arr = arr.view(f"u{arr.dtype.itemsize}")
-        external[v.name] = (int(t.dtype), np.ascontiguousarray(arr))
-        tp = onnx.TensorProto(name=v.name, data_type=int(t.dtype), dims=[int(d) for d in t.shape])
-        tp.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", "softsyn-cone"), ("offset", "0"), ("length", str(t.nbytes))):
-            entry = tp.external_data.add()
-            entry.key, entry.value = key, value
-        return tp
+        external[v.name] = (int(t.dtype), host_array(t.numpy()))  # bf16/fp8: ORT takes their bits
+        return external_initializer(v.name, int(t.dtype), t.shape, t.nbytes, "softsyn-cone")
     if isinstance(t, ir.ExternalTensor):  # the cone is loaded from bytes: inline what it reads
         t = ir.tensor(t.numpy(), name=v.name)
     tp = serde.serialize_tensor(t)

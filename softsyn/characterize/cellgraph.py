@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
-from softsyn.runtime.session import IR_VERSION, OPSET
+from softsyn.runtime.session import IR_VERSION, OPSET, external_initializer
 
 FLOAT, UINT8, INT8, INT32, INT64, BOOL, FP16, DOUBLE, BF16, FP8 = 1, 2, 3, 6, 7, 9, 10, 11, 16, 17
 ELEM = {"fp32": FLOAT, "fp16": FP16, "bf16": BF16, "fp64": DOUBLE}
@@ -134,12 +134,7 @@ def _blob_tensor(b: Blob, external: dict | None):
             return tensor(b.name, arr, b.elem)
         return helper.make_tensor(b.name, b.elem, b.shape, arr.tobytes(), raw=True)
     external[b.name] = (b.elem, blob_array(b.elem, b.shape, 0, b.scale))  # one array for every copy
-    t = TensorProto(name=b.name, data_type=b.elem, dims=b.shape)
-    t.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", "shared-weights"), ("offset", "0"), ("length", str(b.nbytes))):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    return t
+    return external_initializer(b.name, b.elem, b.shape, b.nbytes, "shared-weights")
 
 
 def tensor(name, array, elem):

@@ -58,10 +58,15 @@ def matmul_attention(module, query, key, value, attention_mask, scaling=None, dr
     Inductor fuses the mask, scale and softmax, and at decode the matmuls are GEMVs over the cache that cuBLAS spreads
     over all its positions, where SDPA's fused kernels split the work by query rows (two at decode: 86 us a layer for
     cuDNN's at qwen3-1.7b's shapes on the H200, 2026-12-03)."""
+    return _two_matmuls(query, key, value, attention_mask, scaling, lambda s: torch.softmax(s, dim=-1))
+
+
+def _two_matmuls(query, key, value, attention_mask, scaling, softmax):
+    """q k^T in fp32, masked, `softmax` over the slots, times v: query heads stacked per KV head (_stacked)."""
     batch, heads, seq, dim = query.shape
     q, mask = _stacked(query, key, attention_mask)
     scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(value.dtype)
+    probs = softmax(scores.masked_fill(~mask, float("-inf"))).to(value.dtype)
     out = torch.matmul(probs, value)
     return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
 
@@ -87,12 +92,7 @@ def split_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 def split_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """matmul_attention with the softmax split into chunks of slots (split_softmax): the same function."""
-    batch, heads, seq, dim = query.shape
-    q, mask = _stacked(query, key, attention_mask)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
-    probs = split_softmax(scores.masked_fill(~mask, float("-inf"))).to(value.dtype)
-    out = torch.matmul(probs, value)
-    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+    return _two_matmuls(query, key, value, attention_mask, scaling, split_softmax)
 
 
 ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),

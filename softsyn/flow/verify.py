@@ -285,36 +285,30 @@ def verify(out_dir: str | Path, seed: int = 0, cache_dir: str | Path | None = No
                 ) from None
             if locate:  # the GPU's outputs as compiled: --locate tells a load-time fusion's departure by them
                 gpu_by_scenario[scenario] = {n: np.array(o, copy=True) for n, o in zip(names, outputs)}
-            checks += [_check(OutputCheckInput(scenario, name, got, expected, layout,
-                                               is_logits(ports.get(name), vocab)), max_rel, min_top1,
-                              f"{out_dir / MODEL_FILE}", ref_path) for name, got in zip(names, outputs)]
+            checks += [_check(scenario, name, got, expected, layout=layout, logits=is_logits(ports.get(name), vocab),
+                              max_rel=max_rel, min_top1=min_top1, model=f"{out_dir / MODEL_FILE}", ref_path=ref_path)
+                       for name, got in zip(names, outputs)]
     result = VerifyResult(checks=checks, max_rel_error=max_rel, budget_source=source, min_top1=min_top1,
                           provider=provider, reference=settings.get("reference") or {}, precision=precision)
     if locate and run_on != "cpu" and not settings.get("blocks"):
         del session
         gc.collect()
-        result.located += _located(out_dir / MODEL_FILE, result, LocateRuns(fed_by_scenario, gpu_by_scenario, aliases),
-                                   progress)
+        result.located += _located(out_dir / MODEL_FILE, result, fed=fed_by_scenario, gpu=gpu_by_scenario,
+                                   aliases=aliases, progress=progress)
     return result
 
 
-@dataclass(frozen=True)
-class LocateRuns:
-    fed: dict  # scenario -> the compiled model's feeds as verify gave them
-    gpu: dict  # scenario -> {output: array} of verify's GPU run
-    aliases: dict  # {present: past} of a shared KV buffer
-
-
-def _located(model: Path, result: VerifyResult, runs: LocateRuns, progress: bool) -> list:
-    """verify --locate on each violated scenario of a GPU run (softsyn.flow.verify_locate)."""
+def _located(model: Path, result: VerifyResult, *, fed: dict, gpu: dict, aliases: dict, progress: bool) -> list:
+    """verify --locate on each violated scenario of a GPU run (softsyn.flow.verify_locate): `fed` and `gpu` per
+    scenario, the compiled model's feeds as verify gave them and verify's GPU outputs; `aliases` {present: past}."""
     found = []
     run_on = provider_of(result.provider.split()[0])
     for scenario in dict.fromkeys(c.scenario for c in result.checks if c.violations):
         with step(f"verify --locate: {scenario} node by node, {run_on} against the CPU", enabled=progress,
                   done=f"verify --locate: {scenario}"):
             try:
-                found.append(locate_divergence(model, scenario, runs.fed[scenario], runs.aliases, run_on,
-                                               result.max_rel_error, unprobed=runs.gpu.get(scenario)))
+                found.append(locate_divergence(model, scenario, fed[scenario], aliases, run_on, result.max_rel_error,
+                                               unprobed=gpu.get(scenario)))
             except (*ort_errors(), RuntimeError, OSError) as exc:  # a probed copy that cannot load, run or be written
                 first = " ".join(str(exc).split())[:300]
                 raise SoftsynError(f"{model}: verify --locate could not run its probed copy of the model ({first}); "
@@ -322,33 +316,24 @@ def _located(model: Path, result: VerifyResult, runs: LocateRuns, progress: bool
     return found
 
 
-@dataclass(frozen=True)
-class OutputCheckInput:
-    scenario: str
-    name: str
-    got: np.ndarray
-    expected: dict  # the reference's outputs of the scenario, by name
-    layout: "SharedLayout"
-    logits: bool
-
-
-def _check(item: OutputCheckInput, max_rel: float, min_top1: float | None, model: str, ref_path) -> OutputCheck:
-    """One compiled output against the reference's, as the budget reads it."""
-    expected = item.expected
-    if item.name not in expected:
-        raise SoftsynError(f"{model}: output {item.name} has no counterpart in the reference {ref_path} (outputs: "
+def _check(scenario: str, name: str, got: np.ndarray, expected: dict, *, layout: "SharedLayout", logits: bool,
+           max_rel: float, min_top1: float | None, model: str, ref_path) -> OutputCheck:
+    """One compiled output against the reference's (`expected`: the scenario's outputs by name), as the budget
+    reads it."""
+    if name not in expected:
+        raise SoftsynError(f"{model}: output {name} has no counterpart in the reference {ref_path} (outputs: "
                            f"{', '.join(expected)})")
-    got, want = item.layout.aligned(item.name, item.got, expected[item.name])
+    got, want = layout.aligned(name, got, expected[name])
     if got.shape != want.shape:
-        raise SoftsynError(f"{model}: output {item.name} has shape {list(got.shape)} in scenario {item.scenario}, the "
+        raise SoftsynError(f"{model}: output {name} has shape {list(got.shape)} in scenario {scenario}, the "
                            f"reference's {list(want.shape)}")
-    max_abs, rel, cosine, top1 = compare(got, want, top1=item.logits, max_rel=max_rel)
+    max_abs, rel, cosine, top1 = compare(got, want, top1=logits, max_rel=max_rel)
     violations = []
     if not rel <= max_rel:
         violations.append(f"rel error {rel:.3e} > {max_rel:.3e}")
     if top1 is not None and min_top1 is not None and not top1 >= min_top1:
         violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-    return OutputCheck(scenario=item.scenario, output=item.name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
+    return OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
                        violations=violations)
 
 
@@ -369,7 +354,7 @@ def run_compiled(session, feeds: dict, aliases: dict[str, str], provider: str) -
     while shared-buffer generation matched the CPU token for token)."""
     runner = BoundRunner.from_feeds(session, feeds, provider, aliases)
     runner.run()
-    return [value.numpy() for value in runner.binding.get_outputs()]
+    return list(runner.arrays().values())
 
 
 @dataclass(frozen=True)

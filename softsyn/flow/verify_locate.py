@@ -80,24 +80,21 @@ def probed(proto: onnx.ModelProto) -> list[str]:
 
 def _run(session, feeds: dict, aliases: dict[str, str], provider: str) -> dict[str, np.ndarray]:
     names = {i.name for i in session.get_inputs()}
-    # copies: on the CPU a bound input is the array's own memory (kept alive here until the outputs are read), and
-    # GroupQueryAttention writes the new tokens into a shared past
+    # copies: on the CPU a bound input is the array's own memory, and GroupQueryAttention writes the new tokens into a
+    # shared past (the feeds serve both runs); alive until the outputs are read
     copies = {k: v.copy() for k, v in feeds.items() if k in names}
     runner = BoundRunner.from_feeds(session, copies, provider, aliases)
     runner.run()
-    # a sequence or optional value (a Scan's or an If's) is not compared: no array to hold
-    # owned copies: a CPU output bound onto an input (a shared KV buffer) is a view of that input's memory
-    out = {o.name: np.array(v.numpy(), copy=True) for o, v in zip(session.get_outputs(), runner.binding.get_outputs())
-           if v.is_tensor()}
-    del copies
-    return out
+    return runner.arrays()  # a sequence or optional value (a Scan's, an If's) has no array: not compared
 
 
-def both_runs(model_path: Path, feeds: dict, aliases: dict[str, str], provider: str):
-    """({value: array} on `provider`, the same on the CPU provider) of the model at model_path with every node
-    output probed; the probed copy lives beside the weights only while the sessions load."""
+def both_runs(model_path: Path, feeds: dict, aliases: dict[str, str], provider: str,
+              proto: onnx.ModelProto | None = None):
+    """({value: array} on `provider`, the same on the CPU provider) of the model at model_path (its graph `proto`
+    when the caller has it loaded) with every node output probed; the probed copy lives beside the weights only
+    while the sessions load."""
     model_path = Path(model_path)
-    proto = onnx.load(str(model_path), load_external_data=False)
+    proto = proto if proto is not None else onnx.load(str(model_path), load_external_data=False)
     probed(proto)
     copy = model_path.with_name(f".locate-{model_path.name}")
     try:
@@ -132,10 +129,10 @@ def locate(model_path: Path, scenario: str, feeds: dict, aliases: dict[str, str]
            unprobed: dict[str, np.ndarray] | None = None) -> Located:
     """Where the compiled model's run on `provider` departs from its CPU run on `feeds` (see the module doc);
     `unprobed`: verify's own outputs of the GPU run, to tell a departure under ORT's load-time fusion."""
-    on_gpu, on_cpu = both_runs(model_path, feeds, aliases, provider)
+    proto = onnx.load(str(model_path), load_external_data=False)
+    on_gpu, on_cpu = both_runs(model_path, feeds, aliases, provider, proto)
     errors = {name: rel_error(on_gpu[name], on_cpu[name]) for name in on_gpu.keys() & on_cpu.keys()}
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    found = departures(graph, errors, budget)
+    found = departures(proto.graph, errors, budget)  # the probed outputs it gained change no node
     shared = [name for name in (unprobed or {}) if name in on_gpu]
     fused = max((rel_error(unprobed[name], on_gpu[name]) for name in shared), default=None)
     return Located(scenario, provider, len(errors), tuple(found[:SHOWN]), fused)

@@ -86,4 +86,10 @@ class BoundRunner:
     def run(self) -> None:
         self.session.run_with_iobinding(self.binding, self.run_options)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The last run's tensor outputs by name, as host arrays the caller owns: a CPU output bound onto an input
+        (a shared KV buffer) is otherwise a view of memory the runner's inputs hold."""
+        return {o.name: np.array(v.numpy(), copy=True)
+                for o, v in zip(self.session.get_outputs(), self.binding.get_outputs()) if v.is_tensor()}
+
     __call__ = run

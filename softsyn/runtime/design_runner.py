@@ -19,7 +19,8 @@ from softsyn.netlist.keys import FP8_MATMUL as FP8_OP
 from softsyn.runtime.fp8_view import expand_fp8_matmuls
 from softsyn.runtime.gqa_view import expand_qk_norms
 from softsyn.runtime.inputs import scenario_inputs
-from softsyn.runtime.session import SessionSettings, open_session, provider_opens
+from softsyn.runtime.session import (SessionSettings, external_initializer, host_array, open_session,
+                                     provider_opens)
 
 SEED = 0
 EXTERNAL_MIN = 1 << 16  # initializers of at least this many bytes go to the session as external initializers
@@ -36,20 +37,9 @@ def target_provider(design) -> str:
     return "cuda"
 
 
-def host_array(array: np.ndarray) -> np.ndarray:
-    """An initializer's array as ORT's external initializers take it: float8 (ml_dtypes) as its bytes (uint8)."""
-    array = np.ascontiguousarray(array)
-    return array.view(np.uint8) if array.dtype.name.startswith("float8") else array
-
-
 def stub(t: onnx.TensorProto) -> onnx.TensorProto:
     """The initializer's header, its data named external (the session gets the array itself)."""
-    stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-    stub.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", "softsyn-sensitivity"), ("offset", "0"), ("length", "0")):
-        entry = stub.external_data.add()
-        entry.key, entry.value = key, value
-    return stub
+    return external_initializer(t.name, t.data_type, t.dims, location="softsyn-sensitivity")
 
 
 class DesignRunner:

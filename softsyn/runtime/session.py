@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -150,6 +151,24 @@ def provider_problem(provider: str) -> str | None:
 def provider_opens(provider: str) -> bool:
     """Whether a session on `provider` opens here (provider_problem)."""
     return provider_problem(provider) is None
+
+
+def external_initializer(name: str, elem: int, dims, nbytes: int = 0, location: str = "softsyn-host") -> onnx.TensorProto:
+    """An initializer's header with its data named external: open_session's `external` hands the session the array
+    itself (a model past protobuf's 2 GiB, or one array shared by many initializers), so the location is a label."""
+    t = onnx.TensorProto(name=name, data_type=elem, dims=[int(d) for d in dims])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def host_array(array: np.ndarray) -> np.ndarray:
+    """An array as ORT's external initializers take it: contiguous, and bf16/fp8 (ml_dtypes, no numpy kind ORT
+    reads) as unsigned integers of its size (the element type travels beside it)."""
+    array = np.ascontiguousarray(array)
+    return array if array.dtype.kind in "biuf" else array.view(f"u{array.dtype.itemsize}")
 
 
 def open_session(model, settings: SessionSettings = SessionSettings(), external: dict | None = None):

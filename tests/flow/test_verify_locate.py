@@ -105,8 +105,8 @@ def test_located_runs_a_compiled_decoder_with_its_shared_kv_buffer(tiny_cpu_arti
                         violations=["rel error"])
     result = VerifyResult(checks=[check], max_rel_error=1e-4, budget_source="x", min_top1=None,
                           provider="CPUExecutionProvider", reference={}, precision="fp32")
-    (found,) = verify_module._located(tiny_cpu_artifact / "model.onnx", result,
-                                      verify_module.LocateRuns({"decode": feeds}, {"decode": unprobed}, aliases), False)
+    (found,) = verify_module._located(tiny_cpu_artifact / "model.onnx", result, fed={"decode": feeds},
+                                      gpu={"decode": unprobed}, aliases=aliases, progress=False)
     assert found.scenario == "decode" and found.departures == () and found.compared > 50
     assert found.unprobed_rel is not None and found.unprobed_rel < 1e-6
     assert all(np.array_equal(feeds[k], kept[k]) for k in feeds)
