@@ -9,7 +9,9 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              (seq 1) over past 512 and 4096 and prefill (seq 512), over the span the package reads, each compiled by
              torch.compile (Inductor, as AOTInductor compiles the step) with static and with dynamic shapes (the
              package's) and replayed as a CUDA graph;
-  projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way;
+  projections q/k/v and gate/up as separate F.linear calls vs one PackedLinear matmul per group, the same way; then
+             (CUDA) every decode GEMV shape under Inductor's settings (default, coordinate descent, max-autotune) and
+             written as mul + sum, the kernels a decode-only program could have;
   int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
              in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
              group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back).
@@ -92,7 +94,17 @@ def attention_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
+GEMV_OPTIONS = {  # Inductor settings a package could be compiled with (aoti_compile_and_package's inductor_configs)
+    "default": {},
+    "coordinate descent": {"coordinate_descent_tuning": True},  # gpt-fast's setting: tunes Triton kernels' blocks
+    "max-autotune": {"max_autotune_gemm": True, "coordinate_descent_tuning": True},  # Triton mm templates vs cuBLAS
+}
+
+
 def projection_rows(device: str, dtype) -> list[tuple]:
+    """Decode's projections (seq 1): q/k/v and gate/up separate vs packed; then each packed group, o, down and the
+    lm_head under GEMV_OPTIONS, and as mul + sum (what a decode-only program could write: Inductor makes the GEMV a
+    Triton reduction it fuses and tunes, instead of a cuBLAS call)."""
     from softsyn.emit.torch_step import PackedLinear
 
     rows = []
@@ -107,6 +119,22 @@ def projection_rows(device: str, dtype) -> list[tuple]:
         for form, fn in (("separate", separate), ("packed", together)):
             seconds = timed(fn, device)
             rows.append((f"{label} projections (decode, {size / 1e6:.0f} MB of weights)", form, seconds, size / seconds))
+    if device != "cuda":  # Inductor's GPU settings; the CPU smoke run stops here
+        return rows
+    for label, width_in, width_out in (("q/k/v packed", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
+                                       ("o", HEADS * HEAD_DIM, HIDDEN), ("gate/up packed", HIDDEN, 2 * MLP),
+                                       ("down", MLP, HIDDEN), ("lm_head", HIDDEN, 151936)):
+        weight = torch.randn(width_out, width_in, device=device, dtype=dtype) * width_in ** -0.5
+        inp = torch.randn(1, 1, width_in, device=device, dtype=dtype)
+        size = weight.numel() * weight.element_size()
+        forms = [(f"linear, {name}", options, lambda w=weight, i=inp: torch.nn.functional.linear(i, w))
+                 for name, options in GEMV_OPTIONS.items()]
+        forms.append(("mul + sum, coordinate descent", GEMV_OPTIONS["coordinate descent"],
+                      lambda w=weight, i=inp: (i[..., None, :] * w).sum(-1, dtype=torch.float32).to(i.dtype)))
+        for form, options, fn in forms:
+            torch._dynamo.reset()  # each form compiled under its own settings
+            seconds = timed(torch.compile(fn, dynamic=False, options=options), device)
+            rows.append((f"{label} {width_in}x{width_out} (decode, {size / 1e6:.0f} MB)", form, seconds, size / seconds))
     return rows
 
 

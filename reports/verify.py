@@ -32,6 +32,8 @@ def located_lines(result) -> list[str]:
              "output compared (rel error over the budget while its inputs agree within it):", ""]
     if table.rows:
         lines += [INDENT + table.header(), INDENT + table.dashes(), *(INDENT + line for line in table.lines())]
+        lines += [f"  {found.scenario} {d.node}: {d.cause}" for found in result.located for d in found.departures
+                  if d.cause]
     for found in result.located:
         if found.departures:
             continue

@@ -36,6 +36,7 @@ class Departure:
     output: str
     rel: float  # max|gpu - cpu| / max|cpu| of its worst output
     inputs_rel: float  # the worst of its inputs' errors (0: graph inputs, weights)
+    cause: str = ""  # what the values say beyond the node (a MoE's routing flips), "" when nothing more is known
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,33 @@ def both_runs(model_path: Path, feeds: dict, aliases: dict[str, str], provider: 
     return on_gpu, on_cpu
 
 
-def departures(graph: onnx.GraphProto, errors: dict[str, float], budget: float) -> list[Departure]:
+ROUTED = ("MoE", "QMoE")  # com.microsoft's expert ops: router logits are input 1, top-k experts per token
+
+
+def routing_flips(node: onnx.NodeProto, on_gpu: dict, on_cpu: dict) -> str:
+    """For an expert op (ROUTED): how many tokens pick another top-k expert set on the two runs. Top-k is
+    discontinuous: router logits that agree within fp16 rounding choose another expert where two are nearly tied, and
+    that token's output moves by a whole expert's share; a kernel fault moves every token. "" for other ops."""
+    if node.op_type not in ROUTED or len(node.input) < 2 or node.input[1] not in on_gpu or node.input[1] not in on_cpu:
+        return ""
+    k = next((int(a.i) for a in node.attribute if a.name == "k"), 1)
+    gpu, cpu = (np.asarray(v[node.input[1]], dtype=np.float64) for v in (on_gpu, on_cpu))
+    gpu, cpu = gpu.reshape(-1, gpu.shape[-1]), cpu.reshape(-1, cpu.shape[-1])
+    if gpu.shape != cpu.shape or not 0 < k <= gpu.shape[-1]:
+        return ""
+    chosen = [np.sort(np.argpartition(-x, k - 1, axis=-1)[:, :k], axis=-1) for x in (gpu, cpu)]
+    flips = int(np.any(chosen[0] != chosen[1], axis=-1).sum())
+    if not flips:
+        return f"routing: all {len(gpu)} tokens pick the same top-{k} experts on both providers"
+    return (f"routing: {flips} of {len(gpu)} tokens pick another top-{k} expert set (router logits within "
+            f"{rel_error(gpu, cpu):.1e}): near-tied experts, not a kernel fault")
+
+
+def departures(graph: onnx.GraphProto, errors: dict[str, float], budget: float,
+               values: tuple[dict, dict] | None = None) -> list[Departure]:
     """The nodes (graph order) whose worst output's error is over `budget` while every input they read is within
-    it (a value not compared, a graph input or a weight, counts as agreeing)."""
+    it (a value not compared, a graph input or a weight, counts as agreeing); `values` (the GPU and CPU runs' arrays)
+    let an expert op say whether its tokens were routed differently."""
     found = []
     for node in graph.node:
         outs = [(errors[o], o) for o in node.output if o in errors]
@@ -121,7 +146,8 @@ def departures(graph: onnx.GraphProto, errors: dict[str, float], budget: float) 
         rel, worst = max(outs)
         ins = max((errors.get(i, 0.0) for i in node.input if i), default=0.0)
         if rel > budget and ins <= budget:
-            found.append(Departure(node.name, node.op_type, worst, rel, ins))
+            cause = routing_flips(node, *values) if values else ""
+            found.append(Departure(node.name, node.op_type, worst, rel, ins, cause))
     return found
 
 
@@ -132,7 +158,7 @@ def locate(model_path: Path, scenario: str, feeds: dict, aliases: dict[str, str]
     proto = onnx.load(str(model_path), load_external_data=False)
     on_gpu, on_cpu = both_runs(model_path, feeds, aliases, provider, proto)
     errors = {name: rel_error(on_gpu[name], on_cpu[name]) for name in on_gpu.keys() & on_cpu.keys()}
-    found = departures(proto.graph, errors, budget)  # the probed outputs it gained change no node
+    found = departures(proto.graph, errors, budget, (on_gpu, on_cpu))  # the probed outputs change no node
     shared = [name for name in (unprobed or {}) if name in on_gpu]
     fused = max((rel_error(unprobed[name], on_gpu[name]) for name in shared), default=None)
     return Located(scenario, provider, len(errors), tuple(found[:SHOWN]), fused)

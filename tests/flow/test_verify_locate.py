@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 import softsyn.flow.verify as verify_module
-from softsyn.flow.verify_locate import Departure, Located, both_runs, departures, rel_error
+from softsyn.flow.verify_locate import Departure, Located, both_runs, departures, rel_error, routing_flips
 from softsyn.netlist import Netlist
 from softsyn.runtime.decoder import kv_aliases
 from softsyn.runtime.inputs import scenario_inputs
@@ -56,6 +56,36 @@ def test_the_walk_names_the_node_that_departs_not_the_ones_downstream(tmp_path):
     found = departures(model.graph, errors, 1e-2)
     assert [(d.node, d.op, d.output) for d in found] == [("mm", "MatMul", "m")]
     assert found[0].rel > 0.3 and found[0].inputs_rel == 0.0
+
+
+def _moe_graph(k: int) -> onnx.GraphProto:
+    """router MatMul -> com.microsoft.MoE (top-k over 8 experts): departures reads the structure, nothing runs."""
+    nodes = [helper.make_node("MatMul", ["x", "w_router"], ["logits"], name="router"),
+             helper.make_node("MoE", ["x", "logits", "w1", "w2"], ["moe_out"], name="moe", domain="com.microsoft", k=k)]
+    return helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 16])],
+                             [helper.make_tensor_value_info("moe_out", TensorProto.FLOAT16, [4, 16])])
+
+
+def test_a_moe_departure_says_how_many_tokens_were_routed_another_way():
+    """Token 2's 2nd and 3rd experts are nearly tied: fp16-sized noise on the router logits swaps them on "the GPU",
+    so that token (and only it) picks another top-2 set; the node is named with the count, as a routing flip. With
+    no tie broken, the departure says every token picked the same experts (a kernel difference, then)."""
+    rng = np.random.default_rng(0)
+    cpu_logits = rng.standard_normal((4, 8)) * 2
+    cpu_logits[2, :3] = [5.0, 3.0, 2.9996]
+    gpu_logits = cpu_logits.copy()
+    gpu_logits[2, 2] = 3.0004
+    graph = _moe_graph(2)
+    errors = {"logits": rel_error(gpu_logits, cpu_logits), "moe_out": 0.2}
+    found = departures(graph, errors, 1e-2, ({"logits": gpu_logits}, {"logits": cpu_logits}))
+    assert [(d.node, d.op) for d in found] == [("moe", "MoE")]
+    assert found[0].cause.startswith("routing: 1 of 4 tokens pick another top-2 expert set")
+    assert "not a kernel fault" in found[0].cause
+    same = routing_flips(graph.node[1], {"logits": cpu_logits + 1e-6}, {"logits": cpu_logits})
+    assert same == "routing: all 4 tokens pick the same top-2 experts on both providers"
+    assert routing_flips(graph.node[0], {"logits": gpu_logits}, {"logits": cpu_logits}) == ""  # not an expert op
+    text = report_verify(_result([Located("prefill", "cuda", 9, tuple(found))]), "x")
+    assert "prefill moe: routing: 1 of 4 tokens" in text
 
 
 def test_rel_error_reads_shapes_and_integer_routing():
