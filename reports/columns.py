@@ -133,6 +133,13 @@ SIGNOFF_KERNEL_COLUMNS: tuple[Column, ...] = (  # a torch package's kernels, whi
     _time("seconds", "Time", 10),
     Column("share", "Share", 8, "right", "percent", fmt="{:.1%}", missing="-", gap=1),
 )
+SIGNOFF_MODULE_COLUMNS: tuple[Column, ...] = (  # a torch package's kernels summed per source-module kind (provenance)
+    Column("kind", "Module kind", 40, clip=True),
+    Column("count", "Kernels", 8, "right", "number", "{:.0f}", gap=1),
+    _time("seconds", "Measured", 10),
+    Column("predicted", "Pred (est)", 10, "right", "time", missing="-", gap=1),
+    Column("share", "Share", 8, "right", "percent", fmt="{:.1%}", missing="-", gap=1),
+)
 SIGNOFF_CELL_COLUMNS: tuple[Column, ...] = (
     Column("instance", "Instance", 58, clip=True),
     Column("op_type", "Op", 14, gap=1),

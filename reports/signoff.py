@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from reports.columns import (SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_KERNEL_COLUMNS,
+from reports.columns import (SIGNOFF_CELL_COLUMNS, SIGNOFF_GROUP_COLUMNS, SIGNOFF_KERNEL_COLUMNS, SIGNOFF_MODULE_COLUMNS,
                              SIGNOFF_OP_COLUMNS)
 from reports.common import BANNER_RULE, INDENT, Table, fpercent, ftime, is_unconstrained
 
@@ -165,6 +165,15 @@ def kernel_table(group, top: int = 12) -> Table:
         for name, k in list(group.runtime_only.items())[:top]))
 
 
+def module_table(group) -> Table:
+    """A torch package's measured kernel time per source-module kind (Inductor's provenance) beside the ORT
+    library's estimate of that kind's netlist cells."""
+    return Table(SIGNOFF_MODULE_COLUMNS, tuple(
+        {"kind": kind, "count": m["count"], "seconds": m["seconds"], "predicted": m.get("predicted"),
+         "share": m["seconds"] / group.measured_median if group.measured_median else None}
+        for kind, m in group.modules.items()))
+
+
 def report_torch_signoff(result, top: int = 12, unit: str = "ms", digits: int = 3) -> str:
     """report_signoff's shape for a torch target's package: the group table, then per group its measured step and
     its largest kernels (runtime-only: no per-cell comparison)."""
@@ -188,7 +197,10 @@ def report_torch_signoff(result, top: int = 12, unit: str = "ms", digits: int = 
                     f" = kernels {t(g.kernel_sum)} + host and gaps {t(g.residual)} {unit} ({g.counts['profiled']} "
                     "kernel names profiled)" if g.runtime_only else ""),
                 *(["", f"{INDENT}Largest kernels per step (torch.profiler)", *_indented(kernel_table(g, top), unit, digits)]
-                  if g.runtime_only else [])]
+                  if g.runtime_only else []),
+                *(["", f"{INDENT}Kernels per source-module kind (Inductor's provenance; Pred: the ORT library's cells "
+                   "of that kind on the critical path, an estimate)", *_indented(module_table(g), unit, digits)]
+                  if g.modules else [])]
     out += [""] + [f"{INDENT}Note: {n}" for n in result.notes]
     violated = [g.name for g in result.groups if g.violated]
     out += ["", f"{INDENT}signoff: " + (f"VIOLATED ({', '.join(violated)})" if violated else "all groups MET")]

@@ -33,6 +33,7 @@ from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE
 from softsyn.runtime.torch_package import FORMAT, SPAN_STEP, TorchStep
+from softsyn.runtime.torch_provenance import KERNELS_FILE, PROVENANCE_CONFIG, kernel_calls, write_calls
 from softsyn.units import fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
@@ -99,13 +100,16 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
         del model  # the program holds the weights; a 1.7B model would otherwise sit twice in device memory
         with progress.step("emit: AOTInductor compiling the step into model.pt2 (tens of seconds; minutes on a GPU)",
                            enabled=design.progress, done="emit: model.pt2 written"):
-            torch._inductor.aoti_compile_and_package(program, package_path=str(folder / TORCH_PACKAGE))
+            torch._inductor.aoti_compile_and_package(program, package_path=str(folder / TORCH_PACKAGE),
+                                                     inductor_configs=PROVENANCE_CONFIG)
+        calls = kernel_calls(folder / TORCH_PACKAGE, program)
     except SoftsynError:
         raise
     except Exception as exc:  # torch.export and Inductor fail with many types; the innermost cause says what
         raise SoftsynError(f"{source}: lowering {design.netlist.name} for {design.torch_target} failed: "
                            f"{brief(exc)}") from exc
     lowered_s = time.perf_counter() - t0
+    write_calls(folder / KERNELS_FILE, calls)
     settings = {
         "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
         "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits; kv "
@@ -117,7 +121,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
         "kv_cache": {"layers": layers, "kv_heads": kv, "head_dim": head_dim, "max_length": cfg_max,
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},
-        "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab,
+        "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab, "kernels": KERNELS_FILE,
         "weights": {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
                     if c.precision in target.weights},
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
@@ -130,12 +134,14 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
               f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over its "
               f"filled prefix in spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
               "activations and cache",
+              f"target {design.torch_target}: {KERNELS_FILE}: {len(calls)} kernel calls, "
+              f"{sum(1 for c in calls if c.modules)} mapped to source modules (Inductor's provenance)",
               *(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
                 f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "
               "of the same function on the ONNX netlist; the package is measured below"]
     notes += measured_notes(design, folder, settings)
-    return [TORCH_PACKAGE, TORCH_FILE]
+    return [TORCH_PACKAGE, TORCH_FILE, KERNELS_FILE]
 
 
 def measured_notes(design, folder: Path, settings: dict) -> list[str]:

@@ -6,8 +6,11 @@ device's ORT library (an estimate of this package, labelled so). Measured: one s
 dims (softsyn.runtime.torch_package.TorchStep: on CUDA a replayed CUDA graph, the device waited for), the groups
 interleaved round by round so the machine's drift hits them alike. Kernels: torch.profiler over a few more steps per
 group on CUDA, every kernel by name with its count and time per step (on the CPU the package's kernels run inside
-AOTInductor's compiled C++, out of the profiler's sight); they are reported as runtime-only: Inductor's kernels are not characterised as cells of a library yet (issue 28's macro cells), so the
-per-cell tables of an ORT signoff are empty here, and nothing is back-annotated.
+AOTInductor's compiled C++, out of the profiler's sight). Inductor's kernels are not characterised as cells of a
+library yet (issue 28's macro cells), so the per-cell tables of an ORT signoff are empty here and nothing is
+back-annotated; but the compile's provenance map (softsyn.runtime.torch_provenance) says which source modules each
+kernel computes, so the measured kernel time is summed per module kind (self_attn, mlp, lm_head, ...) beside the ORT
+library's estimate of the netlist cells of that kind.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from softsyn.results.signoff import GroupResult, SignoffResult
 from softsyn.runtime.artifact import TORCH_PACKAGE
 from softsyn.runtime.session import device_name
 from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+from softsyn.runtime.torch_provenance import KERNELS_FILE, UNATTRIBUTED, attribute, module_kind, read_calls
 from softsyn.timing import RUN_CALL
 
 ANALYSIS_FILE = "analysis.json"
@@ -70,14 +74,21 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
                 samples[group.name] += times
                 medians[group.name].append(statistics.median(times))
     with progress_step("signoff: kernels per group (torch.profiler)", enabled=progress, done="signoff: profiled"):
-        kernels = {g.name: _kernels(step, dims) for g, dims in fits}
-    groups = [_group_result(g, dims, samples[g.name], medians[g.name], kernels[g.name]) for g, dims in fits]
+        profiles = {g.name: _profile(step, dims) for g, dims in fits}
+    calls = read_calls(out / KERNELS_FILE)
+    groups = []
+    for g, dims in fits:
+        result = _group_result(g, dims, samples[g.name], medians[g.name], _by_name(profiles[g.name]))
+        result.modules = kernels_by_module(g, profiles[g.name], calls)
+        groups.append(result)
     skipped = [g.name for g, _ in chosen if (g, settings["scenarios"][g.name]["dims"]) not in fits]
     notes = [f"{', '.join(skipped)}: not measured (past + seq exceed the package's KV cache of {step.max_length})"] \
         if skipped else []
     notes.append("kernels are runtime-only: Inductor's kernels are not cells of a characterised library yet, so no "
                  "per-cell comparison and no back-annotation" + ("" if step.device == "cuda" else "; on the CPU they run "
                  "inside AOTInductor's compiled C++, which torch.profiler does not see into (none listed)"))
+    if step.device == "cuda" and not calls:
+        notes.append(f"no {KERNELS_FILE} (a package compiled before the provenance map): kernels not mapped to modules")
     return SignoffResult(
         design=analysis.design, directory=str(directory), kind="compile", library=analysis.library,
         library_source=f"{analysis.library_source}; an estimate of the ONNX netlist, not of {TORCH_PACKAGE}",
@@ -99,25 +110,49 @@ def _analysis(out: Path):
         raise SoftsynError(f"{path}: not a readable softsyn analysis ({exc}); re-run softsyn compile") from None
 
 
-def _kernels(step: TorchStep, dims: dict) -> dict[str, dict]:
-    """Per CUDA kernel name: count and seconds per step, over PROFILED_STEPS steps (CUPTI via torch.profiler, which
-    also sees the kernels a CUDA graph replays). Empty on the CPU: the package's kernels run inside AOTInductor's
-    compiled C++, which the profiler does not see into."""
+def _profile(step: TorchStep, dims: dict) -> list[tuple[str, float]]:
+    """(kernel name, seconds) of each CUDA kernel over PROFILED_STEPS steps in launch order (CUPTI via torch.profiler,
+    which also sees the kernels a CUDA graph replays). Empty on the CPU: the package's kernels run inside
+    AOTInductor's compiled C++, which the profiler does not see into."""
     if step.device != "cuda":
-        return {}
+        return []
     step.time_steps(dims, 1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.time_steps(dims, PROFILED_STEPS)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [(e.name, e.device_time * 1e-6) for e in sorted(events, key=lambda e: e.time_range.start)]
+
+
+def _by_name(profiled: list[tuple[str, float]]) -> dict[str, dict]:
+    """Per kernel name: count and seconds per step, largest first."""
     by_name: dict[str, list] = {}
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        seconds = event.device_time * 1e-6
-        entry = by_name.setdefault(_label(event.name), [0, 0.0])
+    for name, seconds in profiled:
+        entry = by_name.setdefault(_label(name), [0, 0.0])
         entry[0] += 1
         entry[1] += seconds
     return {name: {"count": n / PROFILED_STEPS, "seconds": s / PROFILED_STEPS} for name, (n, s) in
             sorted(by_name.items(), key=lambda kv: -kv[1][1])}
+
+
+def kernels_by_module(group, profiled: list[tuple[str, float]], calls) -> dict[str, dict]:
+    """Per module kind: the kernels the provenance map attributes to it (count and seconds per step, measured) and
+    the ORT library's time for the netlist cells of that kind on the group's critical path (an estimate; None for a
+    kernel fusing several kinds, which no single netlist kind matches). {} without a map or a profile."""
+    if not calls or not profiled:
+        return {}
+    rows: dict[str, dict] = {}
+    for (_, seconds), call in zip(profiled, attribute([name for name, _ in profiled], calls)):
+        row = rows.setdefault(call.kind if call else UNATTRIBUTED, {"count": 0.0, "seconds": 0.0})
+        row["count"] += 1 / PROFILED_STEPS
+        row["seconds"] += seconds / PROFILED_STEPS
+    predicted: dict[str, float] = {}
+    for point in group.critical.points:
+        if point.hierarchy:
+            kind = module_kind(point.hierarchy)
+            predicted[kind] = predicted.get(kind, 0.0) + point.incr
+    for kind, row in rows.items():
+        row["predicted"] = predicted.get(kind)
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["seconds"]))
 
 
 def _label(name: str) -> str:

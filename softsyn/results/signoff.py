@@ -66,6 +66,9 @@ class GroupResult:
     by_op: list[OpRow]
     cells: list[CellRow]  # every executed netlist cell + the session.run row, largest |delta| first
     runtime_only: dict[str, dict]
+    # a torch package's kernels per source-module kind (softsyn.runtime.torch_provenance): count and seconds per step
+    # measured, "predicted" the ORT library's estimate of that kind's netlist cells (None: no single kind)
+    modules: dict[str, dict] = field(default_factory=dict)
 
     @property
     def predicted_slack(self) -> float:

@@ -1,0 +1,118 @@
+"""Which source modules a torch package's kernels compute (issue 28's macro cells, first step): Inductor's provenance.
+
+AOTInductor compiled with PROVENANCE_CONFIG stores `kernel_information.json` in the package: per kernel call, in the
+wrapper's call order, the graph nodes it was generated from. Those nodes carry the module they came from
+(`nn_module_stack`, recorded by torch.export), so every call maps to module paths of the source model
+("model.layers.3.mlp.down_proj"), the same paths the ONNX netlist's cell scopes carry. The compile writes the map
+(KERNELS_FILE); signoff aligns a profiled step's kernels with it (`attribute`) and reports measured time per module
+kind beside the ORT library's estimate of the netlist cells of that kind.
+
+An extern call (a cuBLAS matmul, a fused attention op) launches kernels whose names Inductor never sees; they are
+matched by order: each takes the next extern call of the step. A kernel no call accounts for stays unattributed and
+is reported as such.
+"""
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PROVENANCE_CONFIG = {"trace.provenance_tracking_level": 1}  # aoti_compile_and_package's inductor_configs
+KERNELS_FILE = "runtime/torch_kernels.json"
+FORMAT = "softsyn.torch-kernels/1"
+EXTERN_PREFIX = "aoti_torch_"  # Inductor's name for a call into ATen (its kernels are named by the library)
+STEP_ROOT = "m."  # StaticStep holds the source model as `m`
+UNATTRIBUTED = "(unattributed)"
+GENERATED = ("triton_", "cpp_fused")  # Inductor's own kernels' names: one not in the map is no call's
+COPIES = ("Memcpy", "Memset")  # the profiler's names for copies and fills: the runner's, not the package's kernels
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    kernel: str  # Inductor's kernel name (triton_..., cpp_fused_...) or its extern call (aoti_torch_cuda_mm_out)
+    modules: tuple[str, ...]  # source module paths it computes, outermost model first stripped ("lm_head")
+
+    @property
+    def extern(self) -> bool:
+        return self.kernel.startswith(EXTERN_PREFIX)
+
+    @property
+    def kind(self) -> str:
+        kinds = sorted({module_kind(m) for m in self.modules})
+        return "+".join(kinds) if kinds else "(no module)"
+
+
+def module_kind(path: str) -> str:
+    """A module path's kind, the layer index dropped: "model.layers.3.self_attn.o_proj" -> "self_attn", a path
+    outside the layers kept ("model.norm", "lm_head"); the ONNX netlist's cell scopes read the same way."""
+    match = re.search(r"(?:^|\.)layers\.\d+\.([^./]+)", path)
+    if match:
+        return match.group(1)
+    return re.sub(r"\.layers\.\d+$", ".layers", path) or "(model)"
+
+
+def kernel_calls(package: Path, program) -> list[KernelCall]:
+    """The package's kernel calls in wrapper order with the modules of the exported `program`'s nodes each was
+    generated from; [] when the package holds no provenance (compiled without PROVENANCE_CONFIG)."""
+    with zipfile.ZipFile(package) as archive:
+        names = [n for n in archive.namelist() if n.endswith("kernel_information.json")]
+        if not names:
+            return []
+        info = json.loads(archive.read(names[0]))
+    nodes = {node.name: node for node in program.graph.nodes}
+    calls = []
+    for key, entry in sorted(info.items(), key=lambda kv: int(kv[0].rsplit(":", 1)[-1])):
+        modules = []
+        for name in entry.get("pre_grad_nodes", []):
+            stack = getattr(nodes.get(name), "meta", {}).get("nn_module_stack") or {}
+            if stack:
+                path = list(stack.values())[-1][0]
+                modules.append(path.removeprefix(STEP_ROOT) if path != STEP_ROOT.rstrip(".") else "")
+        calls.append(KernelCall(key.rsplit(":", 1)[0], tuple(dict.fromkeys(m for m in modules if m))))
+    return calls
+
+
+def write_calls(path: Path, calls: list[KernelCall]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules)}
+                                                            for c in calls]}, indent=1) + "\n")
+
+
+def read_calls(path: Path) -> list[KernelCall]:
+    """The map the compile wrote; [] when absent or not this format (an older package: kernels stay runtime-only)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return []
+    return [KernelCall(str(c["kernel"]), tuple(map(str, c.get("modules", [])))) for c in data.get("calls", [])
+            if isinstance(c, dict) and "kernel" in c]
+
+
+def attribute(kernels: list[str], calls: list[KernelCall]) -> list[KernelCall | None]:
+    """Each kernel of a profiled run (launch order; several steps back to back) matched to the call it belongs to:
+    a generated kernel to the next call of its name, a library kernel to the current or next extern call (a matmul
+    may launch two: split-K and its reduction); None where no call accounts for it."""
+    if not calls:
+        return [None] * len(kernels)
+    generated = {c.kernel for c in calls if not c.extern}
+    out: list[KernelCall | None] = []
+    at, extern = 0, None  # the next call expected; the extern call library kernels go to until a generated one runs
+    for name in kernels:
+        if name.startswith(COPIES) or (name.startswith(GENERATED) and name not in generated):
+            out.append(None)
+            continue
+        wanted = (lambda c: c.kernel == name) if name in generated else (lambda c: c.extern)
+        if name not in generated and extern is not None:
+            out.append(calls[extern])
+            continue
+        found = next((i % len(calls) for i in range(at, at + len(calls)) if wanted(calls[i % len(calls)])), None)
+        if found is None:
+            out.append(None)
+            continue
+        out.append(calls[found])
+        at, extern = found + 1, (found if calls[found].extern else None)
+    return out

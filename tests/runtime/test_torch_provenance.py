@@ -1,0 +1,73 @@
+"""The provenance map of a torch package (softsyn.runtime.torch_provenance): every kernel call of the compiled step
+named with the source modules it computes, and a profiled run's kernels attributed to those calls."""
+import json
+
+from softsyn.runtime.torch_provenance import (KERNELS_FILE, KernelCall, attribute, module_kind, read_calls)
+
+
+def test_the_compile_maps_every_projection_call_to_its_module(tiny_torch_artifact):
+    """zoo:qwen3-tiny on cpu-torch: the map is written beside the package, in call order; each layer's packed QKV,
+    o_proj, packed gate/up and down_proj matmul and the lm_head is one extern call naming exactly that module; the
+    norms' kernels name the layer norms."""
+    calls = read_calls(tiny_torch_artifact / KERNELS_FILE)
+    settings = json.loads((tiny_torch_artifact / "runtime" / "torch.json").read_text())
+    assert settings["kernels"] == KERNELS_FILE and calls
+    matmuls = [c.modules for c in calls if c.extern and "mm" in c.kernel]
+    assert matmuls == [(f"model.layers.{i}.{m}",) for i in range(2) for m in (
+        "self_attn.packed_q_k_v.linear", "self_attn.o_proj", "mlp.packed_gate_up.linear", "mlp.down_proj")] + [("lm_head",)]
+    kinds = {c.kind for c in calls}
+    assert {"self_attn", "mlp", "lm_head"} <= kinds
+    assert any("input_layernorm" in c.kind for c in calls) and any("post_attention_layernorm" in c.kind for c in calls)
+
+
+def test_module_kinds_drop_the_layer_index_as_the_netlist_scopes_read():
+    assert module_kind("model.layers.3.self_attn.o_proj") == "self_attn"
+    assert module_kind("model.layers.12.mlp.down_proj/MatMul_4") == "mlp"
+    assert module_kind("model.layers.3") == "model.layers"
+    assert module_kind("lm_head") == "lm_head" and module_kind("model.norm") == "model.norm"
+
+
+def test_profiled_kernels_go_to_the_calls_they_belong_to():
+    """Generated kernels by name (the same name in two layers: each in turn), library kernels to the extern call
+    in order (a split-K matmul's two kernels both to it), copies and unknown kernels unattributed; two steps in a
+    row wrap around the calls."""
+    calls = [KernelCall("triton_norm_0", ("model.layers.0.input_layernorm",)),
+             KernelCall("aoti_torch_cuda_mm_out", ("model.layers.0.self_attn.packed_q_k_v.linear",)),
+             KernelCall("triton_norm_0", ("model.layers.1.input_layernorm",)),
+             KernelCall("aoti_torch_cuda_mm_out", ("lm_head",))]
+    step = ["triton_norm_0", "nvjet_gemv_splitK", "splitKreduce_kernel", "triton_norm_0", "nvjet_gemv"]
+    got = attribute(["Memcpy HtoD (Pageable -> Device)", *step, *step, "Memset (Device)"], calls)
+    want = [None, calls[0], calls[1], calls[1], calls[2], calls[3]]
+    assert got[:6] == want and got[6:11] == want[1:] and got[-1] is None
+    # a kernel named like no call, with no extern call to fall back on: unattributed
+    assert attribute(["triton_other_1"], calls) == [None]
+    assert attribute(["triton_norm_0"], []) == [None]
+
+
+def test_signoff_sums_kernel_time_per_module_kind_beside_the_ort_estimate():
+    """The profiled kernels of a step (5 steps, as signoff profiles them) summed per kind and per step, each kind
+    beside the ORT library's cells of that kind on the critical path; a kernel of two kinds has no estimate; the
+    report renders the table."""
+    from types import SimpleNamespace
+
+    from reports.signoff import module_table
+    from softsyn.flow.torch_signoff import PROFILED_STEPS, kernels_by_module
+
+    calls = [KernelCall("triton_norm_0", ("model.layers.0.input_layernorm", "model.layers.0.self_attn")),
+             KernelCall("aoti_torch_cuda_mm_out", ("model.layers.0.self_attn.packed_q_k_v.linear",)),
+             KernelCall("triton_norm_1", ("model.norm",)), KernelCall("aoti_torch_cuda_mm_out", ("lm_head",))]
+    step = [("triton_norm_0", 2e-6), ("nvjet_gemv", 10e-6), ("triton_norm_1", 1e-6), ("nvjet_gemv", 100e-6),
+            ("Memcpy HtoD", 1e-6)]
+    points = [SimpleNamespace(hierarchy="model.layers.0.self_attn.q_proj", incr=6e-6),
+              SimpleNamespace(hierarchy="model.layers.0.self_attn", incr=3e-6),
+              SimpleNamespace(hierarchy="lm_head", incr=90e-6), SimpleNamespace(hierarchy="", incr=17e-6)]
+    group = SimpleNamespace(critical=SimpleNamespace(points=points))
+    rows = kernels_by_module(group, step * PROFILED_STEPS, calls)
+    assert list(rows) == ["lm_head", "self_attn", "input_layernorm+self_attn", "model.norm", "(unattributed)"]
+    assert abs(rows["lm_head"]["seconds"] - 100e-6) < 1e-12 and abs(rows["lm_head"]["predicted"] - 90e-6) < 1e-12
+    assert abs(rows["self_attn"]["count"] - 1) < 1e-9 and abs(rows["self_attn"]["predicted"] - 9e-6) < 1e-12
+    assert rows["input_layernorm+self_attn"]["predicted"] is None and rows["model.norm"]["predicted"] is None
+    assert kernels_by_module(group, step, []) == {}
+    table = module_table(SimpleNamespace(modules=rows, measured_median=200e-6))
+    text = "\n".join(table.lines())
+    assert "lm_head" in text and "(unattributed)" in text and "50.0%" in text
