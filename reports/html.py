@@ -25,7 +25,7 @@ from reports.html_table import UNIT, saved_table, t, table_html
 from reports.json_io import from_json
 from reports.pareto import pareto_view
 from reports.serving import serving_view
-from reports.signoff import cell_table, group_table
+from reports.signoff import cell_table, group_table, module_table
 from reports.suggest import area_suggestions, timing_suggestions
 from reports.svg import OP_KIND_NAMES, Segment, hbars, line_plot, op_kind, scatter, stacked_bar
 from reports.views import before_after, op_time, roofline, slack_histogram, timeline
@@ -265,6 +265,10 @@ def signoff(page: Page) -> dict | None:
                                       f"{g.name}: predicted vs measured per cell (ms)", fmt=fmt),
                       "table": table_html(cell_table(g, top=len(g.cells)), f"{g.name}: every cell, largest error "
                                           "first", css="cell-table")})
+    modules = [{"name": g.name, "count": len(g.modules),
+                "table": table_html(module_table(g), f"{g.name}: kernel time per source-module kind (torch package; "
+                                    "predicted: the ORT library's cells of that kind, an estimate)")}
+               for g in result.groups if g.modules]
     slacks = []  # each group's predicted and measured slack on its own axis: they can differ by orders of magnitude
     for g in result.groups:
         pair = [(label, v) for label, v in (("predicted", g.predicted_slack), ("measured", g.measured_slack))
@@ -275,7 +279,7 @@ def signoff(page: Page) -> dict | None:
     return {"provider": result.provider, "device": result.device, "runs": result.runs, "date": result.date,
             "slacks": slacks,
             "groups": table_html(group_table(result), "sign-off per path group", css="stack"), "plot": per_group,
-            "cells": cells, "error_means": result.error_means}
+            "cells": cells, "modules": modules, "error_means": result.error_means}
 
 
 # ------------------------------------------------------------------------------------------ fusion, suggestions
