@@ -36,9 +36,10 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
-#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul), packed vs
-#                        separate projections and fp16 vs int4 (tinygemm, g32/g128) GEMVs at qwen3-1.7b's shapes,
-#                        compiled by Inductor, as CUDA graph replays
+#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul, split), packed
+#                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
+#                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
+#                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
 #                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
