@@ -95,8 +95,22 @@ def split_attention(module, query, key, value, attention_mask, scaling=None, dro
     return _two_matmuls(query, key, value, attention_mask, scaling, split_softmax)
 
 
+def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """matmul_attention for one query position (decode), grouped_attention (SDPA) for several (prefill): on the H200
+    (2026-12-03) the matmul form is fastest at decode and SDPA at prefill 512 (34 vs 80 us a layer, each alone). One
+    exported program serves both: torch.cond on the query length, which AOTInductor decides on the host from the
+    step's shape."""
+    def decode(q, k, v, m):
+        return matmul_attention(module, q, k, v, m, scaling)[0]
+
+    def prefill(q, k, v, m):
+        return grouped_attention(module, q, k, v, m, scaling)[0]
+
+    return torch.cond(query.shape[2] == 1, decode, prefill, (query, key, value, attention_mask)), None
+
+
 ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),
-              "split": ("softsyn_split", split_attention)}
+              "split": ("softsyn_split", split_attention), "by_seq": ("softsyn_by_seq", by_seq_attention)}
 for _name, _function in ATTENTIONS.values():
     AttentionInterface.register(_name, _function)
 

@@ -22,7 +22,7 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
-    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul" or "split"
+    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split", "by_seq"
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
 
@@ -35,7 +35,9 @@ TORCH_TARGETS = {
     "cpu-torch": TorchTarget("cpu-torch", "cpu", "cpu-ort", "float32", "sdpa"),
     # matmul: SDPA's cuDNN kernel took 2.4 of a 5.1 ms decode step on the H200 (qwen3-1.7b, 2026-12-03 07:16); the
     # matmul form decodes at 512 in 2.80 ms but its softmax over a dynamic span took 136 us a layer at 4096 (13:10);
-    # "split" (the softmax in chunks of slots) is the candidate bench/torch_kernels.py measures with dynamic shapes
+    # "split" (the softmax in chunks of slots) was slower alone at every shape (14:59), and the 136 us was the export's
+    # 7-slot example (fixed: 2.17 ms at 512, 2.52 at 4096, 16:11); "by_seq" (matmul at decode, SDPA at prefill, where
+    # SDPA measured faster alone) is built and waits for a package measurement before it becomes the target's form
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4")),
 }
 

@@ -48,7 +48,7 @@ def _tiny_model():
     return model, ATTENTIONS
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul", "split"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq"])
 def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     """K and V are never repeated per query head, yet either form gives transformers' masked SDPA (which repeats
     them), for one query (decode) and several (prefill), GQA 2:1."""
@@ -73,7 +73,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul", "split"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
     place, stale slots masked, attention over a span of it from the exact prefix to the whole) give the logits of
@@ -140,6 +140,36 @@ def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
                 run(torch.tensor([[3, 14, 15]]), torch.arange(3)[None], torch.arange(span), *cache)
                 outs.append(run(torch.tensor([[92]]), torch.tensor([[3]]), torch.arange(span), *cache))
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_exported_by_seq_step_takes_each_branch_by_the_query_length(tmp_path):
+    """export_step with the by_seq attention (torch.cond on the query length) compiled by AOTInductor: the package's
+    prefill (SDPA branch) and decode (matmul branch) give the eager step's logits, and the program holds the cond
+    (neither branch specialised away at export)."""
+    import torch
+
+    from softsyn.emit.torch_lowering import export_step
+    from softsyn.emit.torch_step import StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    model.set_attn_implementation(attentions["by_seq"][0])
+    length = 64
+    step = StaticStep(model, length).eval()
+    program = export_step(step, model.config, length, "cpu", torch.float32)
+    assert any("cond" in str(node.target) for node in program.graph.nodes)
+    package = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(
+        program, package_path=str(tmp_path / "step.pt2")))
+    layers, kv, head_dim = kv_geometry(model.config)
+    outs = []
+    for run in (step, package):
+        cache = [torch.zeros(1, kv, length, head_dim) for _ in range(2 * layers)]
+        with torch.no_grad():
+            got = [run(torch.tensor([[3, 14, 15]]), torch.arange(3)[None], torch.arange(16), *cache),
+                   run(torch.tensor([[92]]), torch.tensor([[3]]), torch.arange(16), *cache)]
+        outs.append([g[0] if isinstance(g, (list, tuple)) else g for g in got])
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_packed_projections_compute_what_the_separate_ones_did():

@@ -13,8 +13,8 @@ def test_the_compile_maps_every_projection_call_to_its_module(tiny_torch_artifac
     settings = json.loads((tiny_torch_artifact / "runtime" / "torch.json").read_text())
     assert settings["kernels"] == KERNELS_FILE and calls
     matmuls = [c.modules for c in calls if c.extern and "mm" in c.kernel]
-    assert matmuls == [(f"model.layers.{i}.{m}",) for i in range(2) for m in (
-        "self_attn.packed_q_k_v.linear", "self_attn.o_proj", "mlp.packed_gate_up.linear", "mlp.down_proj")] + [("lm_head",)]
+    per_layer = ("self_attn.packed_q_k_v.linear", "self_attn.o_proj", "mlp.packed_gate_up.linear", "mlp.down_proj")
+    assert matmuls == [(f"model.layers.{i}.{m}",) for i in range(2) for m in per_layer] + [("lm_head",)]
     kinds = {c.kind for c in calls}
     assert {"self_attn", "mlp", "lm_head"} <= kinds
     assert any("input_layernorm" in c.kind for c in calls) and any("post_attention_layernorm" in c.kind for c in calls)
