@@ -40,17 +40,24 @@ class KernelCall:
 
     @property
     def kind(self) -> str:
+        """Its modules' kinds joined by "+"; a decoder layer's own ops (the residual adds, LAYER) only when alone,
+        since Inductor fuses them into the norm or projection beside them."""
         kinds = sorted({module_kind(m) for m in self.modules})
+        kinds = [k for k in kinds if k != LAYER] or kinds
         return "+".join(kinds) if kinds else "(no module)"
 
 
+LAYER = "layer"  # the kind of a decoder layer's own ops (model.layers.N itself: residual adds)
+
+
 def module_kind(path: str) -> str:
-    """A module path's kind, the layer index dropped: "model.layers.3.self_attn.o_proj" -> "self_attn", a path
-    outside the layers kept ("model.norm", "lm_head"); the ONNX netlist's cell scopes read the same way."""
-    match = re.search(r"(?:^|\.)layers\.\d+\.([^./]+)", path)
+    """A module path's kind, the layer index dropped: "model.layers.3.self_attn.o_proj" -> "self_attn",
+    "model.layers.3" -> LAYER, a path outside the layers without the model's own prefix ("model.norm" -> "norm",
+    "lm_head"); the ONNX netlist's cell scopes read the same way."""
+    match = re.search(r"(?:^|\.)layers\.\d+(?:\.([^./]+))?", path)
     if match:
-        return match.group(1)
-    return re.sub(r"\.layers\.\d+$", ".layers", path) or "(model)"
+        return match.group(1) or LAYER
+    return path.removeprefix("model.") or "(model)"
 
 
 def kernel_calls(package: Path, program) -> list[KernelCall]:

@@ -138,7 +138,7 @@ def signoff_torch(result: SignoffResult) -> SignoffResult:
                           "triton_red_fused__softmax__to_copy_0": {"count": 28, "seconds": 0.738 * MS}}
         g.modules = {"self_attn": {"count": 112, "seconds": 1.102 * MS, "predicted": 0.640 * MS},
                      "mlp": {"count": 84, "seconds": 0.905 * MS, "predicted": 0.871 * MS},
-                     "input_layernorm+model.layers": {"count": 28, "seconds": 0.061 * MS, "predicted": None},
+                     "input_layernorm+mlp": {"count": 28, "seconds": 0.061 * MS, "predicted": None},
                      "(unattributed)": {"count": 1, "seconds": 0.004 * MS, "predicted": None}}
     return result
 

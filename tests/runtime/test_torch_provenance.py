@@ -23,8 +23,11 @@ def test_the_compile_maps_every_projection_call_to_its_module(tiny_torch_artifac
 def test_module_kinds_drop_the_layer_index_as_the_netlist_scopes_read():
     assert module_kind("model.layers.3.self_attn.o_proj") == "self_attn"
     assert module_kind("model.layers.12.mlp.down_proj/MatMul_4") == "mlp"
-    assert module_kind("model.layers.3") == "model.layers"
-    assert module_kind("lm_head") == "lm_head" and module_kind("model.norm") == "model.norm"
+    assert module_kind("model.layers.3") == "layer"
+    assert module_kind("lm_head") == "lm_head" and module_kind("model.norm") == "norm"
+    # a kernel fusing a layer's residual add into the next norm reads as that norm; the add alone as the layer's
+    fused = KernelCall("triton_0", ("model.layers.0", "model.layers.1.input_layernorm", "model.layers.0.mlp.down_proj"))
+    assert fused.kind == "input_layernorm+mlp" and KernelCall("triton_1", ("model.layers.2",)).kind == "layer"
 
 
 def test_profiled_kernels_go_to_the_calls_they_belong_to():
@@ -63,10 +66,10 @@ def test_signoff_sums_kernel_time_per_module_kind_beside_the_ort_estimate():
               SimpleNamespace(hierarchy="lm_head", incr=90e-6), SimpleNamespace(hierarchy="", incr=17e-6)]
     group = SimpleNamespace(critical=SimpleNamespace(points=points))
     rows = kernels_by_module(group, step * PROFILED_STEPS, calls)
-    assert list(rows) == ["lm_head", "self_attn", "input_layernorm+self_attn", "model.norm", "(unattributed)"]
+    assert list(rows) == ["lm_head", "self_attn", "input_layernorm+self_attn", "norm", "(unattributed)"]
     assert abs(rows["lm_head"]["seconds"] - 100e-6) < 1e-12 and abs(rows["lm_head"]["predicted"] - 90e-6) < 1e-12
     assert abs(rows["self_attn"]["count"] - 1) < 1e-9 and abs(rows["self_attn"]["predicted"] - 9e-6) < 1e-12
-    assert rows["input_layernorm+self_attn"]["predicted"] is None and rows["model.norm"]["predicted"] is None
+    assert rows["input_layernorm+self_attn"]["predicted"] is None and rows["norm"]["predicted"] is None
     assert kernels_by_module(group, step, []) == {}
     table = module_table(SimpleNamespace(modules=rows, measured_median=200e-6))
     text = "\n".join(table.lines())
