@@ -58,6 +58,23 @@ def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact
     assert "| ttft p99 |" in text and "simulated (est)" in text
 
 
+def test_prefill_calls_split_by_whether_their_length_ran_before():
+    """The trace's prefill calls, each recorded with whether the session had run its prompt length: the two groups'
+    counts, median seconds and median ratio to the table's prefill at that length, apart."""
+    from types import SimpleNamespace
+
+    bench = _bench()
+    table = SimpleNamespace(prefill=lambda length: length * 1e-5)  # 1.28 ms at 128, 2.56 ms at 256
+    calls = [(128, 1.5e-3, True), (128, 1.3e-3, True), (256, 9.0e-3, False), (128, 1.4e-3, True), (512, 20e-3, False)]
+    split = bench.prefill_split(SimpleNamespace(prefills=calls), table)
+    count, median, ratio = split["prefill_repeat"]
+    assert count == 3 and math.isclose(median, 1.4e-3) and math.isclose(ratio, 1.4e-3 / 1.28e-3)
+    count, median, ratio = split["prefill_first"]
+    assert count == 2 and math.isclose(median, 14.5e-3) and math.isclose(ratio, (9.0 / 2.56 + 20 / 5.12) / 2)
+    assert bench.prefill_split(SimpleNamespace(prefills=calls[:2]), table)["prefill_first"] == (0,)
+    assert bench.prefill_line((0,)) == "none" and bench.prefill_line(split["prefill_repeat"]).startswith("3, median")
+
+
 def test_bench_refuses_constraints_without_a_serving_block(serving_artifact, capsys):
     rc = _bench().main(["--artifact", str(serving_artifact), "--constraints", str(ROOT / "constraints" / "cpu-tiny.yaml")])
     assert rc == 2
