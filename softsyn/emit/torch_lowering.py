@@ -33,7 +33,7 @@ from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE
 from softsyn.runtime.torch_package import FORMAT, SPAN_STEP, TorchStep
-from softsyn.runtime.torch_provenance import KERNELS_FILE, PROVENANCE_CONFIG, kernel_calls, write_calls
+from softsyn.runtime.torch_provenance import KERNELS_FILE, PROVENANCE_CONFIG, calls_data, kernel_calls
 from softsyn.units import fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
@@ -109,7 +109,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
         raise SoftsynError(f"{source}: lowering {design.netlist.name} for {design.torch_target} failed: "
                            f"{brief(exc)}") from exc
     lowered_s = time.perf_counter() - t0
-    write_calls(folder / KERNELS_FILE, calls)
+    write_json(folder / KERNELS_FILE, calls_data(calls))
     settings = {
         "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
         "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits; kv "

@@ -53,6 +53,7 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
         raise SoftsynError(f"{directory}: a {settings.get('target')} package runs on the {device.upper()}; valid "
                            f"--provider: {device}")
     analysis = _analysis(out)
+    calls = read_calls(out)  # before any step runs: a bad map is bad input, said at once
     step = TorchStep(out, settings)
     chosen = [(g, settings["scenarios"][g.name]["dims"]) for g in analysis.groups  # dims checked on reading
               if g.paths and g.name in settings["scenarios"]]
@@ -75,7 +76,6 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
                 medians[group.name].append(statistics.median(times))
     with progress_step("signoff: kernels per group (torch.profiler)", enabled=progress, done="signoff: profiled"):
         profiles = {g.name: _profile(step, dims) for g, dims in fits}
-    calls = read_calls(out / KERNELS_FILE)
     groups = []
     for g, dims in fits:
         result = _group_result(g, dims, samples[g.name], medians[g.name], _by_name(profiles[g.name]))

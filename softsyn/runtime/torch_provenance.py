@@ -19,11 +19,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from softsyn.errors import SoftsynError
+from softsyn.runtime.artifact import read_json
+
 PROVENANCE_CONFIG = {"trace.provenance_tracking_level": 1}  # aoti_compile_and_package's inductor_configs
 KERNELS_FILE = "runtime/torch_kernels.json"
 FORMAT = "softsyn.torch-kernels/1"
 EXTERN_PREFIX = "aoti_torch_"  # Inductor's name for a call into ATen (its kernels are named by the library)
-STEP_ROOT = "m."  # StaticStep holds the source model as `m`
+STEP_ROOT = "m"  # StaticStep holds the source model as `m`
 UNATTRIBUTED = "(unattributed)"
 GENERATED = ("triton_", "cpp_fused")  # Inductor's own kernels' names: one not in the map is no call's
 COPIES = ("Memcpy", "Memset")  # the profiler's names for copies and fills: the runner's, not the package's kernels
@@ -61,42 +64,57 @@ def module_kind(path: str) -> str:
 
 
 def kernel_calls(package: Path, program) -> list[KernelCall]:
-    """The package's kernel calls in wrapper order with the modules of the exported `program`'s nodes each was
-    generated from; [] when the package holds no provenance (compiled without PROVENANCE_CONFIG)."""
-    with zipfile.ZipFile(package) as archive:
-        names = [n for n in archive.namelist() if n.endswith("kernel_information.json")]
-        if not names:
-            return []
-        info = json.loads(archive.read(names[0]))
+    """The package's kernel calls in wrapper order ("name:N", N the call's index) with the modules of the exported
+    `program`'s nodes each was generated from; [] when the package holds no provenance it can read (compiled without
+    PROVENANCE_CONFIG, or by a torch whose file differs): the map is a diagnostic, never a reason to fail a compile."""
+    try:
+        with zipfile.ZipFile(package) as archive:
+            names = [n for n in archive.namelist() if n.endswith("kernel_information.json")]
+            info = json.loads(archive.read(names[0])) if names else {}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return []
+    if not isinstance(info, dict):
+        return []
     nodes = {node.name: node for node in program.graph.nodes}
     calls = []
-    for key, entry in sorted(info.items(), key=lambda kv: int(kv[0].rsplit(":", 1)[-1])):
+    for key, entry in sorted(info.items(), key=lambda kv: _call_index(kv[0])):
         modules = []
-        for name in entry.get("pre_grad_nodes", []):
+        for name in entry.get("pre_grad_nodes", []) if isinstance(entry, dict) else []:
             stack = getattr(nodes.get(name), "meta", {}).get("nn_module_stack") or {}
             if stack:
                 path = list(stack.values())[-1][0]
-                modules.append(path.removeprefix(STEP_ROOT) if path != STEP_ROOT.rstrip(".") else "")
+                modules.append("" if path == STEP_ROOT else path.removeprefix(f"{STEP_ROOT}."))
         calls.append(KernelCall(key.rsplit(":", 1)[0], tuple(dict.fromkeys(m for m in modules if m))))
     return calls
 
 
-def write_calls(path: Path, calls: list[KernelCall]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules)}
-                                                            for c in calls]}, indent=1) + "\n")
+def _call_index(key: str) -> int:
+    suffix = key.rsplit(":", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1
 
 
-def read_calls(path: Path) -> list[KernelCall]:
-    """The map the compile wrote; [] when absent or not this format (an older package: kernels stay runtime-only)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+def calls_data(calls: list[KernelCall]) -> dict:
+    """KERNELS_FILE's content."""
+    return {"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules)} for c in calls]}
+
+
+def read_calls(directory: Path) -> list[KernelCall]:
+    """DIR's KERNELS_FILE (untrusted, like every file of an artifact): [] when absent (a package compiled before
+    the map: its kernels stay runtime-only); a SoftsynError naming the file and key when it is not the map."""
+    path = Path(directory) / KERNELS_FILE
+    if not path.exists():
         return []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return []
-    return [KernelCall(str(c["kernel"]), tuple(map(str, c.get("modules", [])))) for c in data.get("calls", [])
-            if isinstance(c, dict) and "kernel" in c]
+    data = read_json(path, KERNELS_FILE)
+    calls = data.get("calls") if isinstance(data, dict) and data.get("format") == FORMAT else None
+    if not isinstance(calls, list):
+        raise SoftsynError(f"{path}: not a {FORMAT} map (format, calls); re-run softsyn compile")
+    out = []
+    for i, call in enumerate(calls):
+        if not (isinstance(call, dict) and isinstance(call.get("kernel"), str) and isinstance(call.get("modules"), list)
+                and all(isinstance(m, str) for m in call["modules"])):
+            raise SoftsynError(f"{path}: calls[{i}]: not {{kernel: a name, modules: [paths]}}; re-run softsyn compile")
+        out.append(KernelCall(call["kernel"], tuple(call["modules"])))
+    return out
 
 
 def attribute(kernels: list[str], calls: list[KernelCall]) -> list[KernelCall | None]:

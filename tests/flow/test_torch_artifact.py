@@ -74,3 +74,18 @@ def test_signoff_of_a_cpu_package_on_cuda_is_bad_input(tiny_torch_artifact, caps
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "a cpu-torch package runs on the CPU; valid --provider: cpu" in err
     assert not (tiny_torch_artifact / "signoff").exists()
+
+
+def test_signoff_refuses_a_kernel_map_that_is_not_one(tiny_torch_artifact, tmp_path, capsys):
+    """runtime/torch_kernels.json is untrusted like every file of the artifact: a call without its module list is
+    one line naming the file and the entry, exit 2, before any step runs and with nothing written."""
+    copy = tmp_path / "art"
+    shutil.copytree(tiny_torch_artifact, copy)
+    kernels = copy / "runtime" / "torch_kernels.json"
+    data = json.loads(kernels.read_text())
+    data["calls"][1] = {"kernel": "aoti_torch_cpu_mm_out", "modules": "lm_head"}
+    kernels.write_text(json.dumps(data))
+    code, out, err = cli(capsys, "signoff", copy, "-q")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "runtime/torch_kernels.json: calls[1]: not {kernel: a name, modules: [paths]}" in err
+    assert not (copy / "signoff").exists()
