@@ -159,7 +159,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     notes += [*(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
                 f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
-              f"({ESTIMATED}) of the same function on the ONNX netlist; the package is measured below"]
+              f"({ESTIMATED}) of the same function on the ONNX netlist; the package"
+              f"{'s are' if len(packages) > 1 else ' is'} measured below"]
     notes += measured_notes(design, folder, settings)
     return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages)]
 
@@ -201,9 +202,9 @@ def package_notes(design, packages: list[Built], packed: int) -> list[str]:
              f"{', '.join(f'{b.file} {b.seconds:.1f} s' for b in packages)}, torch.export + AOTInductor each)"]
     for b in packages:
         serves = ("every step" if not two else "decode (seq 1)") if b.key == DECODE else f"steps of seq >= {b.min_seq}"
-        lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves} ({b.seconds:.1f} "
+        lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves}: {b.seconds:.1f} "
                   f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix in "
-                  f"spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
+                  f"spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up; {target.dtype} "
                   "activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
