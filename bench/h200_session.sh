@@ -2,7 +2,7 @@
 # One H200 session through the `device` tool, step by step (the machine keeps /tmp only while warm, ~30 s
 # between calls, so the calls go back to back). Each call runs `bash bench/h200_session.sh STEP ...`:
 #
-#   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 + torchao 0.18 wheels (the image's are older
+#   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 + torchao 0.18 (+ gemlite 0.6) wheels (the image's are older
 #                        or absent)
 #   part DIR             carry [DIR] (.ortgpu/q_part00 .. 03): one piece of the onnxruntime-gpu wheel
 #   install DIR          carry [DIR] (.ortgpu/q_part04): last piece, install ORT-GPU + wheels + softsyn
@@ -123,6 +123,7 @@ esac
 case $step in
 wheels)
     mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
+    cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || echo "no gemlite wheel in .whl (docs/h200.md): torchkernels skips its rows"
     cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv ;;
 part)
