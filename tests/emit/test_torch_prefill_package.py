@@ -143,3 +143,28 @@ def test_signoff_refuses_a_bad_prefill_kernel_map(two_package_artifact, tmp_path
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "runtime/torch_kernels-prefill.json: calls[0]: not {kernel: a name, modules: [paths]}" in err
     assert not (copy / "signoff").exists()
+
+
+def test_signoff_attributes_each_group_with_its_package_s_map(two_package_artifact, tmp_path, monkeypatch):
+    """signoff's per-module kernel time reads the map of the package a group ran: a group's profile (here the
+    kernels of its package's map in call order, as one step on CUDA launches them; the CPU profiler sees none) is
+    attributed whole with that map; the prefill profile read with the decode map would leave kernels unattributed."""
+    from reports import from_json
+    from softsyn.flow import torch_signoff
+    from softsyn.runtime.torch_provenance import UNATTRIBUTED, read_calls
+
+    maps = {"prefill": read_calls(two_package_artifact, "runtime/torch_kernels-prefill.json"),
+            "decode": read_calls(two_package_artifact)}
+    profiled = {k: [(c.kernel, 1e-6) for c in calls] * torch_signoff.PROFILED_STEPS for k, calls in maps.items()}
+    monkeypatch.setattr(torch_signoff, "_profile",
+                        lambda step, dims: profiled[step.package_for(dims.get("seq", 1))])
+    copy = tmp_path / "art"
+    shutil.copytree(two_package_artifact, copy)
+    result = torch_signoff.signoff(copy, runs=5, warmup=1, progress=False)
+    modules = {g.name: g.modules for g in result.groups}
+    assert set(modules) == {"prefill", "decode"}
+    for name, rows in modules.items():
+        assert rows and UNATTRIBUTED not in rows and "lm_head" in rows, (name, rows)
+    group = next(g for g in from_json((copy / "analysis.json").read_text()).groups if g.name == "prefill")
+    crossed = torch_signoff.kernels_by_module(group, profiled["prefill"], maps["decode"])
+    assert UNATTRIBUTED in crossed  # the maps differ where the forms do: which one is read matters
