@@ -16,7 +16,7 @@ import onnx_ir as ir
 from softsyn import outdir, progress
 from softsyn.errors import SoftsynError
 from softsyn.flow.run import TAKES, RunResult, RunSettings
-from softsyn.flow.verify import compare, reference_path
+from softsyn.flow.verify import judge, reference_path
 from softsyn.frontends import roles
 from softsyn.netlist import Netlist
 from softsyn.results.verify import DEFAULT_REL_ERROR, OutputCheck, VerifyResult
@@ -64,12 +64,8 @@ def _checks(scenario: str, got: dict, expected: dict, max_rel: float, min_top1) 
         if value.shape != expected[name].shape:
             raise SoftsynError(f"{TORCH_PACKAGE}: output {name} has shape {list(value.shape)} in scenario {scenario}, "
                                f"the reference's {list(expected[name].shape)}; re-run softsyn compile")
-        max_abs, rel, cosine, top1 = compare(value, expected[name], top1=name == "logits", max_rel=max_rel)
-        violations = [f"rel error {rel:.3e} > {max_rel:.3e}"] if not rel <= max_rel else []
-        if top1 is not None and min_top1 is not None and not top1 >= min_top1:
-            violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-        checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
-                                  violations=violations))
+        checks.append(judge(scenario, name, value, expected[name], logits=name == "logits", max_rel=max_rel,
+                            min_top1=min_top1))
     return checks
 
 
