@@ -208,6 +208,9 @@ def package_notes(design, packages: list[Built], packed: int) -> list[str]:
                   "activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
+    if two:  # AOTInductor packages own their constants: sharing them across packages is not built
+        lines.append(f"{name}: each package holds its own copy of the weights: disk and device memory hold them "
+                     f"{len(packages)} times (the area report counts one)")
     return lines
 
 

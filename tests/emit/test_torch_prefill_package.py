@@ -50,6 +50,8 @@ def test_both_packages_written_and_named(two_package_artifact):
                      log, re.M)
     assert f"note: target {TARGET}: model-prefill.pt2 is the step lowered by torch.export + AOTInductor for steps " \
            "of seq >= 2" in log
+    assert f"note: target {TARGET}: each package holds its own copy of the weights: disk and device memory hold " \
+           "them 2 times" in log
     measured = re.findall(rf"^note: target {TARGET}: (prefill|decode) \(.*; (model[-\w]*\.pt2)\): [\d.]+ ms \(torch "
                           r"package, measured", log, re.M)
     assert sorted(measured) == [("decode", "model.pt2"), ("prefill", "model-prefill.pt2")]
