@@ -83,6 +83,7 @@ def phase_lines(data: dict) -> list[str]:
     lines = ["", "Where a step's time goes (ms, measured; a sample's phases sum to its total):",
              INDENT + table.header(), INDENT + table.dashes(), *(INDENT + line for line in table.lines())]
     lines += [f"  {name}: {what}" for name, what in data["phases"].items()]
+    lines.append(f"Each timed run's TTFT, in order (ms): {' '.join(_ms(t) for t in data['ttft_runs'])}")
     for key in ("ttft", "tpot"):
         if data["breakdown"][key]:
             lines.append(_sum_line(f"{STEP_NAMES[key].capitalize()} ({key.upper()})",

@@ -88,7 +88,7 @@ def test_each_step_is_the_sum_of_its_named_phases(tiny_cpu_artifact, capsys):
         assert all(row[p] > 0 for p in PHASES) and medians["sample"] == f"median of {samples}"
     assert data["breakdown"]["ttft"]["median_sample"]["total"] in data["ttft_runs"] and len(data["ttft_runs"]) == 3
     assert sorted(data["ttft_runs"])[1] == data["ttft"]["median"]  # three runs: the median-ranked one is the median
-    assert [w["warmup"] for w in data["warmups"]] == [1] and data["warmups"][0]["cold"]
+    assert [(w["warmup"], w["cold"]) for w in data["warmups"]] == [(1, True), (2, False)]  # the default: two
     assert data["warmups"][0]["ttft"] == pytest.approx(sum(data["warmups"][0][p] for p in PHASES), rel=1e-9)
 
 
