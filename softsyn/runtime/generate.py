@@ -130,8 +130,8 @@ class Generator:
             tokens.append(token)
             if on_token:
                 on_token(i + 1, gen)
-        return Generation(tuple(tokens), sum(prefill), tuple(sum(p) for p in phases),
-                          "shared" if self.shared else "grown", prefill, tuple(phases), cold)
+        return Generation(tuple(tokens), sum(prefill), tuple(sum(p) for p in phases), "shared" if self.shared else "grown",
+                          ttft_phases=prefill, tpot_phases=tuple(phases), cold=cold)
 
     # ------------------------------------------------------------------------------------ the steps
 
