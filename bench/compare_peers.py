@@ -670,10 +670,11 @@ def main() -> int:
     if "torch" in found:
         v = found["torch"]
         try:
-            from softsyn.runtime.torch_package import read_torch_settings
+            from softsyn.runtime.torch_package import package_label, read_torch_settings
 
             settings = read_torch_settings(args.torch_dir)
             v.path = args.torch_dir / settings["package"]
+            v.notes.append(f"packages {package_label(settings)} (softsyn's runner picks by the step's seq)")
             LABELS["torch"] = (f"softsyn {settings['target']} artifact {args.torch_dir} ({settings['dtype']}"
                                f"{', CUDA graphs' if settings.get('cuda_graphs') else ''}), compiled before this run")
             v.notes.append(f"static KV cache of {settings['kv_cache']['max_length']} positions, attention over all of "

@@ -2,7 +2,7 @@
 # One H200 session through the `device` tool, step by step (the machine keeps /tmp only while warm, ~30 s
 # between calls, so the calls go back to back). Each call runs `bash bench/h200_session.sh STEP ...`:
 #
-#   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 + torchao 0.18 wheels (the image's are older
+#   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 + torchao 0.18 (+ gemlite 0.6) wheels (the image's are older
 #                        or absent)
 #   part DIR             carry [DIR] (.ortgpu/q_part00 .. 03): one piece of the onnxruntime-gpu wheel
 #   install DIR          carry [DIR] (.ortgpu/q_part04): last piece, install ORT-GPU + wheels + softsyn
@@ -41,7 +41,10 @@
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
-#                        /tmp/torch-MODEL within S seconds (570): the package measured per path group (reports/torch.rpt)
+#                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
+#                        model-prefill.pt2, SDPA, for seq > 1), each exported + AOTInductor-compiled (model.pt2 alone
+#                        took 161 s of a ~240 s compile on 2026-12-03 17:12: with two, estimate ~400 s; pass S >= 560),
+#                        measured per path group (reports/torch.rpt); the log's "packages built" line times each one
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
 #                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
@@ -130,6 +133,7 @@ esac
 case $step in
 wheels)
     mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
+    cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || echo "no gemlite wheel in .whl (docs/h200.md): torchkernels skips its rows"
     cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv ;;
 part)
@@ -232,11 +236,12 @@ torch)
     model=${1:-qwen3-1.7b}
     rm -rf /tmp/torch-$model
     set +e
-    timeout "${2:-570}" softsyn compile zoo:$model -c constraints/chat-h200-torch.yaml -o /tmp/torch-$model \
+    timeout "${2:-585}" softsyn compile zoo:$model -c constraints/chat-h200-torch.yaml -o /tmp/torch-$model \
         > "$OUT/torch-$model-compile.txt" 2>&1
     echo "compile exit $?"
     set -e
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
+    ls -l /tmp/torch-$model/*.pt2 2>/dev/null || true
     cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
 torchsignoff)
     softsyn_install

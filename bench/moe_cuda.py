@@ -116,6 +116,19 @@ def moe_cells(directory: Path) -> dict[str, int]:
     return {op: counts.get(op, 0) for op in ("MoE", "QMoE", "GatherND", "TopK")}
 
 
+def moe_fusion(directory: Path) -> str:
+    """The fusion report's moe row and MoE misses of a compiled directory (a site kept unfused says why)."""
+    report = directory / "reports" / "fusion.rpt"
+    if not report.is_file():
+        return f"{directory}: no fusion report"
+    lines = report.read_text().splitlines()
+    keep = [ln for ln in lines if ln.startswith("moe ")]
+    for i, ln in enumerate(lines):
+        if ln.strip().startswith("[moe]"):
+            keep += lines[i:i + 2]
+    return "\n".join(keep) or f"{report}: no moe row"
+
+
 def worst_error(verify_stdout: str) -> float | None:
     """The worst relative error over `softsyn verify --json`'s checks (None: no checks)."""
     checks = [c["rel"] for c in json.loads(verify_stdout)["checks"] if c["rel"] is not None]
@@ -175,6 +188,8 @@ def main(argv=None) -> int:
                           f"{proc.stderr.strip()[-400:]}", file=sys.stderr)
                     failed += 1
                     break
+                if step[3] == "compile":  # what the MoE rule said (a miss names its reason), in the log
+                    print(moe_fusion(Path(step[step.index("-o") + 1])), file=sys.stderr)
                 if step[3] == "verify":
                     error = worst_error(proc.stdout)
                     print(f"{label} {form}: verify exit {proc.returncode}, worst rel error {error}", file=sys.stderr)

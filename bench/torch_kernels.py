@@ -14,7 +14,12 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              written as mul + sum, the kernels a decode-only program could have;
   int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
              in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
-             group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back).
+             group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back);
+  gemlite    (CUDA, where the gemlite wheel is installed: docs/h200.md) the same GEMVs through gemlite's Triton kernels
+             (GEMV RevSplit-K at batch 1): A16W8 int8 and fp8 (per-channel scales, gemlite's own quantiser) and A16W4
+             at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
+             relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
+             (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -159,6 +164,90 @@ def int4_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
+GEMLITE_FORMS = (("A16W8 int8", 8, 0), ("A16W8 fp8", 8, -1), ("A16W4 g64", 4, 64), ("A16W4 g128", 4, 128))
+
+
+def rtn_groups(weight: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(W_q, scales, zeros) in the HQQ format gemlite packs, W ~ (W_q - zeros) * scales per group of `group` inputs:
+    round-to-nearest between each group's min and max."""
+    out, width = weight.shape
+    w = weight.float().reshape(out, width // group, group)
+    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    scales = ((high - low) / (2 ** bits - 1)).clamp(min=1e-8)
+    zeros = -low / scales
+    w_q = (w / scales + zeros).round().clamp(0, 2 ** bits - 1).to(torch.uint8).reshape(out, width)
+    return w_q, scales.reshape(out, -1).to(weight.dtype), zeros.reshape(out, -1).to(weight.dtype)
+
+
+def gemlite_layer(linear: torch.nn.Linear, bits: int, group: int):
+    from gemlite.helper import A16W4_HQQ_INT, A16W8_FP8, A16W8_INT8
+
+    device, dtype = linear.weight.device, linear.weight.dtype
+    if bits == 8:
+        return (A16W8_FP8 if group < 0 else A16W8_INT8)(device=device, dtype=dtype).from_linear(linear)
+    return A16W4_HQQ_INT(device=device, dtype=dtype).from_weights(*rtn_groups(linear.weight.data, bits, group))
+
+
+def gemlite_rows(device: str, dtype) -> list[tuple]:
+    try:
+        import gemlite
+    except ImportError as exc:
+        print(f"gemlite rows skipped: {exc} (docs/h200.md brings its wheel)", file=sys.stderr)
+        return []
+    config = Path(gemlite.__file__).parent / "configs" / "h100.json"  # H200 is H100's SM90: its cached tunings
+    gemlite.load_config(str(config), print_error=False)
+    rows = []
+    for label, width_in, width_out in (("q/k/v packed", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
+                                       ("gate/up packed", HIDDEN, 2 * MLP), ("down", MLP, HIDDEN)):
+        size = width_in * width_out * 2
+        inp = torch.randn(1, width_in, device=device, dtype=dtype)
+        for form, bits, group in GEMLITE_FORMS:
+            linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
+            torch.nn.init.normal_(linear.weight, std=0.02)
+            want = linear(inp).float()
+            try:
+                layer = gemlite_layer(linear, bits, group)
+                err = float((layer(inp).float() - want).abs().max() / want.abs().max())
+                seconds = timed(lambda lyr=layer, i=inp: lyr(i), device)
+            except Exception as exc:  # noqa: BLE001 - a form gemlite or Triton refuses here is a row, not a crash
+                print(f"gemlite {form} {label}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+                continue
+            rows.append((f"{label} {width_in}x{width_out} (decode, {size / 1e6:.0f} MB at fp16)",
+                         f"gemlite {form} (rel err {err:.1e})", seconds, size / seconds))
+    return rows
+
+
+def gemlite_packaged(device: str, dtype) -> str:
+    """Whether AOTInductor packages (and then runs) a module holding a gemlite A16W4 layer: one line for the report."""
+    import tempfile
+
+    try:
+        import gemlite  # noqa: F401 - the probe needs its custom op registered
+    except ImportError as exc:
+        return f"gemlite in an AOTInductor package: not probed ({exc})"
+    linear = torch.nn.Linear(HIDDEN, HIDDEN, bias=False, device=device, dtype=dtype)
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = gemlite_layer(linear, 4, 128)
+
+        def forward(self, x):
+            return self.proj(x) * 2
+
+    x = torch.randn(1, HIDDEN, device=device, dtype=dtype)
+    try:
+        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
+            program = torch.export.export(Step(), (x,), strict=False)
+            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/g.pt2")
+            got = torch._inductor.aoti_load_package(path)(x)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            err = float((got.float() - Step()(x).float()).abs().max() / Step()(x).float().abs().max())
+        return f"gemlite in an AOTInductor package: compiled and ran (rel err {err:.1e} against eager gemlite)"
+    except Exception as exc:  # noqa: BLE001 - the answer is the failure
+        return f"gemlite in an AOTInductor package: failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -168,9 +257,12 @@ def main() -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     rows = attention_rows(args.device, dtype) + projection_rows(args.device, dtype)
     rows += int4_rows(args.device, dtype) if args.device == "cuda" else []  # tinygemm's int4 layout is CUDA's
+    rows += gemlite_rows(args.device, dtype) if args.device == "cuda" else []  # Triton kernels: CUDA only here
+    packaged = gemlite_packaged(args.device, dtype) if args.device == "cuda" else None
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
              "| what | form | us per call | effective GB/s (fp16 bytes of the weights or K/V / time) |", "|---|---|---:|---:|"]
     lines += [f"| {what} | {form} | {s * 1e6:.1f} | {bw / 1e9:.0f} |" for what, form, s, bw in rows]
+    lines += ["", packaged] if packaged else []
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

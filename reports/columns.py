@@ -156,6 +156,7 @@ VERIFY_COLUMNS: tuple[Column, ...] = (
     Column("rel", "Rel error", 10, "right", "number", fmt="{:.3e}", gap=1),
     Column("cosine", "Cosine", 10, "right", "number", fmt="{:.6f}", gap=1),
     Column("top1", "Top-1", 7, "right", "percent", fmt="{:.4f}", missing="-", gap=1),
+    Column("over", "Positions over", 14, "right", missing="-", gap=1),  # logits: positions over budget / compared
     Column("status", "Status", 8, gap=2),
 )
 

@@ -13,7 +13,8 @@ def verify_table(result) -> Table:
     """One row per (scenario, output): max abs error, rel error, cosine, top-1 agreement, MET/VIOLATED."""
     return Table(VERIFY_COLUMNS, tuple(
         {"scenario": c.scenario, "output": c.output, "max_abs": c.max_abs, "rel": c.rel, "cosine": c.cosine,
-         "top1": c.top1, "status": "VIOLATED" if c.violations else "MET"} for c in result.checks))
+         "top1": c.top1, "over": f"{c.positions_over}/{c.positions}" if c.positions else None,
+         "status": "VIOLATED" if c.violations else "MET"} for c in result.checks))
 
 
 def locate_table(result) -> Table:
@@ -47,6 +48,18 @@ def located_lines(result) -> list[str]:
     return lines
 
 
+def routed_lines(result) -> list[str]:
+    """A routed model whose logits are off at a few positions only: what that pattern usually is."""
+    few = result.few_positions_over
+    if not (result.routed and few):
+        return []
+    where = ", ".join(f"{c.scenario}/{c.output} {c.positions_over} of {c.positions}" for c in few)
+    return ["", f"Positions over the budget: {where}; the other positions are within it. The model routes tokens "
+            f"({result.routed} MoE/QMoE nodes): a token whose top-k experts are near-tied goes to another expert when "
+            "rounding moves its router logits, and its output moves by that expert's share. softsyn verify --locate "
+            "on the GPU counts such tokens per expert node (docs/commands.md, verify)."]
+
+
 def report_verify(result, out_dir) -> str:
     ref = result.reference
     table = verify_table(result)
@@ -58,6 +71,7 @@ def report_verify(result, out_dir) -> str:
              INDENT + table.header(), INDENT + table.dashes(), *(INDENT + line for line in table.lines()), ""]
     if result.violations:
         lines += [f"VIOLATED: {v}" for v in result.violations]
+        lines += routed_lines(result)
         lines += located_lines(result)
     else:
         lines.append(f"verify: all {len(result.checks)} outputs within the accuracy budget")

@@ -16,6 +16,7 @@ layers.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,9 +32,10 @@ from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
 from softsyn.frontends.hf_common import brief
 from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
-from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE
-from softsyn.runtime.torch_package import FORMAT, SPAN_STEP, TorchStep
-from softsyn.runtime.torch_provenance import KERNELS_FILE, PROVENANCE_CONFIG, calls_data, kernel_calls
+from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE, TORCH_PREFILL_PACKAGE
+from softsyn.runtime.torch_package import DECODE, FORMAT, PREFILL, SPAN_STEP, TorchStep
+from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE, PROVENANCE_CONFIG, calls_data,
+                                              kernel_calls)
 from softsyn.units import fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
@@ -71,9 +73,56 @@ def device_problem(name: str) -> str | None:
     return None
 
 
+@dataclass
+class Built:
+    """One package the lowering compiled: its file, attention form, the query lengths it serves, its kernel map."""
+    key: str  # torch.json's packages key (DECODE, PREFILL)
+    file: str
+    attention: str
+    min_seq: int
+    kernels: str
+    calls: list = field(default_factory=list)
+    seconds: float = 0.0  # torch.export + AOTInductor, host wall clock
+
+
+def planned(target) -> list[Built]:
+    """The packages `target` builds: model.pt2 in its attention form; with a prefill form, model-prefill.pt2 too."""
+    out = [Built(DECODE, TORCH_PACKAGE, target.attention, 1, KERNELS_FILE)]
+    if target.prefill_attention:
+        out.append(Built(PREFILL, TORCH_PREFILL_PACKAGE, target.prefill_attention, 2, PREFILL_KERNELS_FILE))
+    return out
+
+
+def build_package(design, holder: list, built: Built, folder: Path, last: bool) -> None:
+    """Export the step of the model in `holder` in `built`'s attention form and compile it into folder/built.file;
+    on the `last` package the model is dropped once exported (the program holds the weights: a 1.7B model would
+    otherwise sit twice in device memory)."""
+    target = torch_target(design.torch_target)
+    cfg_max, _ = shared_buffer_length(design.constraints)
+    model = holder[0]
+    model.set_attn_implementation(ATTENTIONS[built.attention][0])
+    serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
+    t0 = time.perf_counter()
+    with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "
+                       f"attention, {serves}; {target.dtype} on {target.device}, static KV cache of {cfg_max})",
+                       enabled=design.progress, done=f"emit: {built.file}'s step exported"):
+        program = export_step(StaticStep(model, cfg_max).eval(), model.config, cfg_max, target.device,
+                              getattr(torch, target.dtype))
+    del model
+    if last:
+        holder.clear()
+    with progress.step(f"emit: AOTInductor compiling the step into {built.file} (tens of seconds; minutes on a GPU)",
+                       enabled=design.progress, done=f"emit: {built.file} written"):
+        torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
+                                                 inductor_configs=PROVENANCE_CONFIG)
+    built.calls = kernel_calls(folder / built.file, program)
+    built.seconds = time.perf_counter() - t0
+
+
 def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
-    """Write DIR/model.pt2 and DIR/runtime/torch.json into `folder` and the measured step per group into `notes`;
-    the files written (relative)."""
+    """Write DIR/model.pt2 (and with a prefill form DIR/model-prefill.pt2), their kernel maps and
+    DIR/runtime/torch.json into `folder` and the measured step per group into `notes`; the files written
+    (relative)."""
     source = str(reference.get("source", ""))
     target = torch_target(design.torch_target)
     cfg_max, _ = shared_buffer_length(design.constraints)
@@ -84,37 +133,51 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):  # the 4-D mask has no window
         raise SoftsynError(f"{source}: {design.torch_target} does not lower sliding-window attention yet (the step's "
                            "mask covers the whole cache); valid: a decoder of full-attention layers (qwen3, llama)")
-    dtype = getattr(torch, target.dtype)
-    cast_parameters(model.to(device=target.device).eval(), dtype)
-    model.set_attn_implementation(ATTENTIONS[target.attention][0])
+    cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
     cells = weight_map(design)
     weight_notes = quantise_modules(model, cells, target.float_precision, target.weights)
-    layers, kv, head_dim = kv_geometry(model.config)
+    geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
-    t0 = time.perf_counter()
+    packages, holder = planned(target), [model]
+    del model
     try:
-        with progress.step(f"emit: torch.export of {design.netlist.name}'s step ({target.dtype} on {target.device}, "
-                           f"static KV cache of {cfg_max})", enabled=design.progress, done="emit: step exported"):
-            program = export_step(StaticStep(model, cfg_max).eval(), model.config, cfg_max, target.device, dtype)
-        del model  # the program holds the weights; a 1.7B model would otherwise sit twice in device memory
-        with progress.step("emit: AOTInductor compiling the step into model.pt2 (tens of seconds; minutes on a GPU)",
-                           enabled=design.progress, done="emit: model.pt2 written"):
-            torch._inductor.aoti_compile_and_package(program, package_path=str(folder / TORCH_PACKAGE),
-                                                     inductor_configs=PROVENANCE_CONFIG)
-        calls = kernel_calls(folder / TORCH_PACKAGE, program)
+        for i, built in enumerate(packages):
+            build_package(design, holder, built, folder, last=i == len(packages) - 1)
     except SoftsynError:
         raise
     except Exception as exc:  # torch.export and Inductor fail with many types; the innermost cause says what
         raise SoftsynError(f"{source}: lowering {design.netlist.name} for {design.torch_target} failed: "
                            f"{brief(exc)}") from exc
-    lowered_s = time.perf_counter() - t0
-    write_json(folder / KERNELS_FILE, calls_data(calls))
-    settings = {
+    for built in packages:
+        write_json(folder / built.kernels, calls_data(built.calls))
+    settings = torch_settings(design, reference, geometry, vocab, packages)
+    settings["weights"] = {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
+                           if c.precision in target.weights}
+    write_json(folder / TORCH_FILE, settings)
+    notes += package_notes(design, packages, packed)
+    notes += [*(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
+                f"{target.float_precision} (the compile's map quantised none)"]),
+              f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
+              f"({ESTIMATED}) of the same function on the ONNX netlist; the package"
+              f"{'s are' if len(packages) > 1 else ' is'} measured below"]
+    notes += measured_notes(design, folder, settings)
+    return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages)]
+
+
+def torch_settings(design, reference: dict, geometry: tuple, vocab: int, packages: list[Built]) -> dict:
+    """runtime/torch.json's content (the weights added by the caller)."""
+    target = torch_target(design.torch_target)
+    cfg_max, _ = shared_buffer_length(design.constraints)
+    layers, kv, head_dim = geometry
+    return {
         "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
         "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits; kv "
                   "written in place; slots = arange(S), the cache slots attention reads (last position < S <= "
-                  "max_length)",
+                  "max_length); `package` runs every step, `packages` says which one softsyn runs at which seq "
+                  "(the one of the largest min_seq <= seq)",
+        "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels}
+                     for b in packages},
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
                    "slots": ["span", "int64"]},
         "outputs": {"logits": ["batch", "seq", "vocab_size", target.dtype]},
@@ -122,26 +185,33 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},
         "dtype": target.dtype, "cuda_graphs": target.device == "cuda", "vocab_size": vocab, "kernels": KERNELS_FILE,
-        "weights": {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
-                    if c.precision in target.weights},
         "scenarios": {g.name: {"dims": g.scenario.dims} for g in design.groups},
         "reference": reference,
         "accuracy": {"max_rel_error": design.constraints.accuracy.max_rel_error,
                      "min_top1": design.constraints.accuracy.min_top1},
     }
-    write_json(folder / TORCH_FILE, settings)
-    notes += [f"target {design.torch_target}: {TORCH_PACKAGE} is the step lowered by torch.export + AOTInductor "
-              f"({lowered_s:.1f} s; static KV cache of {cfg_max} positions, {target.attention} attention over its "
-              f"filled prefix in spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up); {target.dtype} "
-              "activations and cache",
-              f"target {design.torch_target}: {KERNELS_FILE}: {len(calls)} kernel calls, "
-              f"{sum(1 for c in calls if c.modules)} mapped to source modules (Inductor's provenance)",
-              *(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
-                f"{target.float_precision} (the compile's map quantised none)"]),
-              f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate ({ESTIMATED}) "
-              "of the same function on the ONNX netlist; the package is measured below"]
-    notes += measured_notes(design, folder, settings)
-    return [TORCH_PACKAGE, TORCH_FILE, KERNELS_FILE]
+
+
+def package_notes(design, packages: list[Built], packed: int) -> list[str]:
+    """The compile notes on each package: what it is, its compile time, its kernel map."""
+    target = torch_target(design.torch_target)
+    cfg_max, _ = shared_buffer_length(design.constraints)
+    name = f"target {design.torch_target}"
+    two = len(packages) > 1
+    lines = [f"{name}: {len(packages)} package{'s' if two else ''} built ("
+             f"{', '.join(f'{b.file} {b.seconds:.1f} s' for b in packages)}, torch.export + AOTInductor each)"]
+    for b in packages:
+        serves = ("every step" if not two else "decode (seq 1)") if b.key == DECODE else f"steps of seq >= {b.min_seq}"
+        lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves}: {b.seconds:.1f} "
+                  f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix in "
+                  f"spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up; {target.dtype} "
+                  "activations and cache",
+                  f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
+                  f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
+    if two:  # AOTInductor packages own their constants: sharing them across packages is not built
+        lines.append(f"{name}: each package holds its own copy of the weights: disk and device memory hold them "
+                     f"{len(packages)} times (the area report counts one)")
+    return lines
 
 
 def measured_notes(design, folder: Path, settings: dict) -> list[str]:
@@ -149,8 +219,9 @@ def measured_notes(design, folder: Path, settings: dict) -> list[str]:
     step = TorchStep(folder, settings)
     analysis = design.analyze()
     lines = []
-    with progress.step("emit: measuring model.pt2 at every path group's dims", enabled=design.progress,
-                       done="emit: model.pt2 measured"):
+    files = " and ".join(e["file"] for e in step.packages.values())
+    with progress.step(f"emit: measuring {files} at every path group's dims", enabled=design.progress,
+                       done=f"emit: {files} measured"):
         for group in analysis.groups:
             dims = group.scenario.dims
             if dims.get("past", 0) + dims.get("seq", 1) > step.max_length:
@@ -158,7 +229,8 @@ def measured_notes(design, folder: Path, settings: dict) -> list[str]:
                 continue
             seconds = step.measure(dims, runs=MEASURED_RUNS)
             est = group.critical.arrival - group.critical.input_delay
-            lines.append(f"{group.name} ({', '.join(f'{k} {v}' for k, v in dims.items())}): {fmt_time(seconds)} "
+            file = step.packages[step.package_for(dims.get("seq", 1))]["file"]
+            lines.append(f"{group.name} ({', '.join(f'{k} {v}' for k, v in dims.items())}; {file}): {fmt_time(seconds)} "
                          f"({MEASURED}, median of {MEASURED_RUNS}); {fmt_time(est)} ({ESTIMATED}, {design.library.name} "
                          f"library, critical path without input delay); clock {fmt_time(group.clock_period)}")
     text = "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from softsyn import outdir, progress
 from softsyn.errors import SoftsynError
 from softsyn.flow.run import TAKES, RunResult, RunSettings
-from softsyn.flow.verify import compare, reference_path
+from softsyn.flow.verify import judge, reference_path
 from softsyn.frontends import roles
 from softsyn.netlist import Netlist
 from softsyn.results.verify import DEFAULT_REL_ERROR, OutputCheck, VerifyResult
@@ -26,7 +26,7 @@ from softsyn.runtime.inputs import scenario_inputs
 from softsyn.runtime.session import SessionSettings, device_name, open_session
 from softsyn.flow.torch_signoff import signoff  # noqa: F401  (the CLI reaches the torch flows through this module)
 from softsyn.library.torch_targets import DTYPE_PRECISION
-from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+from softsyn.runtime.torch_package import TorchStep, package_label, packages, read_torch_settings
 
 MAX_BATCH = 1024  # rows a scenario of runtime/torch.json may ask verify to allocate (it is untrusted input)
 INTERVAL = ("host wall clock per step: the ids and positions made tensors on the device, one call of the AOTInductor "
@@ -37,7 +37,9 @@ INTERVAL = ("host wall clock per step: the ids and positions made tensors on the
 
 def provider_label(settings: dict) -> str:
     graphs = ", CUDA graphs" if settings.get("cuda_graphs") and settings["device"] == "cuda" else ""
-    return f"torch AOTInductor package ({TORCH_PACKAGE}, {settings['device'].upper()}, {settings['dtype']}{graphs})"
+    plural = "s" if len(packages(settings)) > 1 else ""
+    return (f"torch AOTInductor package{plural} ({package_label(settings)}, {settings['device'].upper()}, "
+            f"{settings['dtype']}{graphs})")
 
 
 def host(tensor):
@@ -62,12 +64,8 @@ def _checks(scenario: str, got: dict, expected: dict, max_rel: float, min_top1) 
         if value.shape != expected[name].shape:
             raise SoftsynError(f"{TORCH_PACKAGE}: output {name} has shape {list(value.shape)} in scenario {scenario}, "
                                f"the reference's {list(expected[name].shape)}; re-run softsyn compile")
-        max_abs, rel, cosine, top1 = compare(value, expected[name], top1=name == "logits", max_rel=max_rel)
-        violations = [f"rel error {rel:.3e} > {max_rel:.3e}"] if not rel <= max_rel else []
-        if top1 is not None and min_top1 is not None and not top1 >= min_top1:
-            violations.append(f"top-1 agreement {top1:.4f} < {min_top1:.4f}")
-        checks.append(OutputCheck(scenario=scenario, output=name, max_abs=max_abs, rel=rel, cosine=cosine, top1=top1,
-                                  violations=violations))
+        checks.append(judge(scenario, name, value, expected[name], logits=name == "logits", max_rel=max_rel,
+                            min_top1=min_top1))
     return checks
 
 
@@ -86,7 +84,8 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
     session = open_session(ref_path, SessionSettings(provider="cpu"))
     names = [o.name for o in session.get_outputs()]
     checks = []
-    with progress.step("verify: the fp32 reference (ORT CPU) and model.pt2 on every scenario", enabled=progress_on,
+    with progress.step(f"verify: the fp32 reference (ORT CPU) and {package_label(settings)} on every scenario",
+                       enabled=progress_on,
                        done="verify: compared"):
         for scenario, spec in (settings.get("scenarios") or {}).items():
             dims = spec["dims"]  # read_torch_settings checked it: an object of dim sizes
@@ -120,7 +119,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
     if settings.provider not in (None, device):
         raise SoftsynError(f"{directory}: a {torch_settings.get('target')} package runs on the {device.upper()}; "
                            f"valid --provider: {device}")
-    progress.log(f"loading {out / TORCH_PACKAGE} (torch AOTInductor)", enabled=show_progress)
+    progress.log(f"loading {out}/{package_label(torch_settings)} (torch AOTInductor)", enabled=show_progress)
     step = TorchStep(out, torch_settings)
     prompt = prompt_ids(step.vocab_size, settings.prompt_len, settings.seed)
     result = RunResult(directory=str(directory), design=manifest.design, settings=settings,

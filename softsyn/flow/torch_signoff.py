@@ -27,10 +27,10 @@ from reports import from_json
 from softsyn.errors import SoftsynError
 from softsyn.progress import log, step as progress_step
 from softsyn.results.signoff import GroupResult, SignoffResult
-from softsyn.runtime.artifact import TORCH_PACKAGE
+from softsyn.runtime.artifact import TORCH_PACKAGE, TORCH_PREFILL_PACKAGE
 from softsyn.runtime.session import device_name
-from softsyn.runtime.torch_package import TorchStep, read_torch_settings
-from softsyn.runtime.torch_provenance import KERNELS_FILE, UNATTRIBUTED, attribute, module_kind, read_calls
+from softsyn.runtime.torch_package import TorchStep, package_label, packages, read_torch_settings
+from softsyn.runtime.torch_provenance import UNATTRIBUTED, attribute, module_kind, read_calls
 from softsyn.timing import RUN_CALL
 
 ANALYSIS_FILE = "analysis.json"
@@ -53,15 +53,17 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
         raise SoftsynError(f"{directory}: a {settings.get('target')} package runs on the {device.upper()}; valid "
                            f"--provider: {device}")
     analysis = _analysis(out)
-    calls = read_calls(out)  # before any step runs: a bad map is bad input, said at once
+    calls = {name: read_calls(out, entry["kernels"])  # before any step runs: a bad map is bad input, said at once
+             for name, entry in packages(settings).items()}
     step = TorchStep(out, settings)
+    label = package_label(settings)
     chosen = [(g, settings["scenarios"][g.name]["dims"]) for g in analysis.groups  # dims checked on reading
               if g.paths and g.name in settings["scenarios"]]
     fits = [(g, dims) for g, dims in chosen if dims.get("past", 0) + dims.get("seq", 1) <= step.max_length]
     if not fits:
         raise SoftsynError(f"{directory}: no path group of the analysis fits the package's KV cache of "
                            f"{step.max_length} positions; nothing to sign off")
-    log(f"signoff: {len(fits)} group(s) x {runs} steps of {TORCH_PACKAGE} on {device}, {ROUNDS} interleaved rounds",
+    log(f"signoff: {len(fits)} group(s) x {runs} steps of {label} on {device}, {ROUNDS} interleaved rounds",
         enabled=progress)
     per_round = max(1, runs // ROUNDS)
     samples: dict[str, list[float]] = {g.name: [] for g, _ in fits}
@@ -79,7 +81,7 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
     groups = []
     for g, dims in fits:
         result = _group_result(g, dims, samples[g.name], medians[g.name], _by_name(profiles[g.name]))
-        result.modules = kernels_by_module(g, profiles[g.name], calls)
+        result.modules = kernels_by_module(g, profiles[g.name], calls[step.package_for(dims.get("seq", 1))])
         groups.append(result)
     skipped = [g.name for g, _ in chosen if (g, settings["scenarios"][g.name]["dims"]) not in fits]
     notes = [f"{', '.join(skipped)}: not measured (past + seq exceed the package's KV cache of {step.max_length})"] \
@@ -87,16 +89,18 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
     notes.append("kernels are runtime-only: Inductor's kernels are not cells of a characterised library yet, so no "
                  "per-cell comparison and no back-annotation" + ("" if step.device == "cuda" else "; on the CPU they run "
                  "inside AOTInductor's compiled C++, which torch.profiler does not see into (none listed)"))
-    if step.device == "cuda" and not calls:
-        notes.append(f"no {KERNELS_FILE} (a package compiled before the provenance map): kernels not mapped to modules")
+    for name in (n for n, c in calls.items() if step.device == "cuda" and not c):
+        notes.append(f"no {step.packages[name]['kernels']} (a package compiled before the provenance map): "
+                     f"{step.packages[name]['file']}'s kernels not mapped to modules")
     return SignoffResult(
         design=analysis.design, directory=str(directory), kind="compile", library=analysis.library,
-        library_source=f"{analysis.library_source}; an estimate of the ONNX netlist, not of {TORCH_PACKAGE}",
+        library_source=f"{analysis.library_source}; an estimate of the ONNX netlist, not of {TORCH_PACKAGE}"
+                       + ("" if len(calls) == 1 else f" or {TORCH_PREFILL_PACKAGE}"),
         provider=f"torch {torch.__version__} ({device.upper()}, {settings['dtype']}"
                  f"{', CUDA graphs' if step.graphs else ''})",
         device=device_name(device), runtime="AOTInductor", date=datetime.datetime.now().astimezone().isoformat(
             timespec="seconds"), runs=len(next(iter(samples.values()))), warmup=warmup,
-        node_time="kernel", model=str(out / TORCH_PACKAGE), groups=groups, measured_interval=MEASURED_INTERVAL,
+        node_time="kernel", model=f"{out}/{label}", groups=groups, measured_interval=MEASURED_INTERVAL,
         predicted_means=PREDICTED_MEANS, notes=notes + list(analysis.notes))
 
 

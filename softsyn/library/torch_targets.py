@@ -25,6 +25,8 @@ class TorchTarget:
     attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split", "by_seq"
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
+    prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
+    # (DIR/model-prefill.pt2); None: DIR/model.pt2 serves every step
 
     @property
     def float_precision(self) -> str:
@@ -37,8 +39,11 @@ TORCH_TARGETS = {
     # matmul form decodes at 512 in 2.80 ms but its softmax over a dynamic span took 136 us a layer at 4096 (13:10);
     # "split" (the softmax in chunks of slots) was slower alone at every shape (14:59), and the 136 us was the export's
     # 7-slot example (fixed: 2.17 ms at 512, 2.52 at 4096, 16:11); "by_seq" (matmul at decode, SDPA at prefill, where
-    # SDPA measured faster alone) is built and waits for a package measurement before it becomes the target's form
-    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4")),
+    # SDPA measured faster alone) fails in the H200 image's torch 2.11 Inductor (AssertionError: ps1, 17:07), so
+    # prefill gets a package of its own in SDPA's form: Inductor's mask + softmax took 48 us a layer at prefill 512
+    # where SDPA measured 34 alone (prefill 512: 5.959 ms vs ORT's 4.945, 17:36)
+    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4"),
+                              prefill_attention="sdpa"),
 }
 
 

@@ -19,6 +19,8 @@ class OutputCheck:
     cosine: float
     top1: float | None
     violations: list[str]
+    positions_over: int | None = None  # logits, KV: positions whose own error is over the budget (rel to the tensor's max)
+    positions: int | None = None  # logits, KV: positions compared (batch x sequence)
 
 
 @dataclass
@@ -31,6 +33,12 @@ class VerifyResult:
     reference: dict
     precision: str
     located: list = field(default_factory=list)  # softsyn.flow.verify_locate.Located per violated scenario (--locate)
+    routed: int = 0  # expert ops (MoE/QMoE) in the compiled model: their top-k routing is discontinuous
+
+    @property
+    def few_positions_over(self) -> list[OutputCheck]:
+        """Violated logits or KV whose error sits at some positions while the others are within budget."""
+        return [c for c in self.checks if c.violations and c.positions and 0 < (c.positions_over or 0) < c.positions]
 
     @property
     def violations(self) -> list[str]:

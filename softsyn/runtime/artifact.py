@@ -56,7 +56,8 @@ def check_session(session, path: Path) -> dict:
 
 
 TORCH_FILE = "runtime/torch.json"  # a torch target's settings (softsyn.runtime.torch_package); its presence marks one
-TORCH_PACKAGE = "model.pt2"  # the AOTInductor package a torch target compiles
+TORCH_PACKAGE = "model.pt2"  # the AOTInductor package a torch target compiles (every step, or decode beside:)
+TORCH_PREFILL_PACKAGE = "model-prefill.pt2"  # the steps of seq > 1, when the target has a prefill attention form
 
 
 def scenarios_problem(settings: dict) -> str | None:

@@ -5,15 +5,18 @@ The package is one step of the decoder over a static KV cache the caller owns: (
 [B, seq, vocab]; the step writes its keys and values into the cache tensors in place, at its positions (every row of
 a batch at the same positions), and attends over the first S slots, those at or before each query's position. The
 runner gives S as the filled prefix rounded up to SPAN_STEP (at most max_length): a decode at 512 reads 768 slots,
-not the whole cache, and a long generation crosses a few spans. One package serves prefill (seq = the prompt) and
-decode (seq 1). On CUDA (`cuda_graphs`) each step shape (batch, seq, span) is captured once as a CUDA graph over
-fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
+not the whole cache, and a long generation crosses a few spans. DIR/model.pt2 serves prefill (seq = the prompt) and
+decode (seq 1); a target with a prefill attention form adds DIR/model-prefill.pt2, the same step in that form, which
+serves the steps of seq >= its `min_seq` (2): torch.json's `packages` names each package, its kernel map and the
+query lengths it serves. On CUDA (`cuda_graphs`) each step shape (package, batch, seq, span) is captured once as a
+CUDA graph over fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
 
-runtime/torch.json is untrusted input: its fields are checked (types, bounds) and its package path kept inside DIR
-(softsyn.frontends.onnx_file.inside) before the package is opened.
+runtime/torch.json is untrusted input: its fields are checked (types, bounds) and every path it names kept inside
+DIR (softsyn.frontends.onnx_file.inside) before a package is opened.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ from softsyn.constraints.reader import MAX_INT
 from softsyn.errors import SoftsynError
 from softsyn.frontends.onnx_file import inside
 from softsyn.runtime.artifact import TORCH_FILE, read_json, scenarios_problem
+from softsyn.runtime.torch_provenance import KERNELS_FILE
 from softsyn.runtime.generate import Generation
 
 FORMAT = "softsyn.torch/3"  # /3: the slots input (attention over a span); /2: the cache written in place
@@ -32,6 +36,8 @@ SPAN_STEP = 256  # the attended span rounds up to a multiple of this: fewer capt
 CACHE_KEYS = ("layers", "kv_heads", "head_dim", "max_length")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
+DECODE, PREFILL = "decode", "prefill"  # torch.json's `packages` keys: the all-steps (or decode) one, the seq > 1 one
+INPUT_ALIGN = 8  # int64s: 64 bytes, where position_ids start in a step's flat input array
 
 
 def read_torch_settings(directory: str | Path) -> dict:
@@ -41,6 +47,7 @@ def read_torch_settings(directory: str | Path) -> dict:
     if not isinstance(settings, dict) or settings.get("format") != FORMAT:
         raise SoftsynError(f"{path}: format: not {FORMAT}; re-run softsyn compile")
     inside(directory, settings.get("package"), "package", path)
+    check_packages(directory, settings, path)
     cache = settings.get("kv_cache")
     if not isinstance(cache, dict):
         raise SoftsynError(f"{path}: kv_cache: not an object; re-run softsyn compile")
@@ -63,27 +70,102 @@ def read_torch_settings(directory: str | Path) -> dict:
     return settings
 
 
-class Graphed:
-    """One step shape captured as a CUDA graph over fixed buffers: the ids and positions copied in, the graph
-    replayed, the logits read from its output buffer (valid until the next replay)."""
+def packages(settings: dict) -> dict[str, dict]:
+    """torch.json's packages (read_torch_settings checked them): {DECODE: {file, kernels, min_seq}[, PREFILL: ...]};
+    a file of format /3 written before `packages` has the one package `package` with the map `kernels`."""
+    return settings.get("packages") or {DECODE: {"file": settings["package"], "min_seq": 1,
+                                                 "kernels": settings.get("kernels", KERNELS_FILE)}}
 
-    def __init__(self, runner, cache: list[torch.Tensor], ids: torch.Tensor, positions: torch.Tensor,
-                 slots: torch.Tensor):
-        self.ids, self.positions = ids.clone(), positions.clone()
+
+def package_label(settings: dict) -> str:
+    """The packages a step may run, for log lines: "model.pt2", or "model.pt2; model-prefill.pt2 at seq >= 2"."""
+    entries = packages(settings)
+    return "; ".join([entries[DECODE]["file"]] + [f"{e['file']} at seq >= {e['min_seq']}" for name, e in
+                                                  entries.items() if name != DECODE])
+
+
+def check_packages(directory: str | Path, settings: dict, path: Path) -> None:
+    """torch.json's `packages` (optional): DECODE, the file `package` names, from min_seq 1; PREFILL beside it from
+    a min_seq of 2 or more; every file and kernel map inside DIR. A SoftsynError naming the file and key otherwise."""
+    entries = settings.get("packages")
+    if entries is None:
+        return
+    if not isinstance(entries, dict) or DECODE not in entries or not set(entries) <= {DECODE, PREFILL}:
+        raise SoftsynError(f"{path}: packages: not an object of {DECODE} (and {PREFILL}) packages; re-run softsyn "
+                           "compile")
+    for name, entry in entries.items():
+        key = f"packages.{name}"
+        if not isinstance(entry, dict):
+            raise SoftsynError(f"{path}: {key}: not an object (file, kernels, min_seq); re-run softsyn compile")
+        inside(directory, entry.get("file"), f"{key}.file", path)
+        inside(directory, entry.get("kernels"), f"{key}.kernels", path)
+        low, high = (1, 1) if name == DECODE else (2, MAX_INT)  # decode serves what no other package does
+        if not (type(entry.get("min_seq")) is int and low <= entry["min_seq"] <= high):
+            raise SoftsynError(f"{path}: {key}.min_seq: {json.dumps(entry.get('min_seq'))} is not valid; valid: "
+                               f"{'1' if name == DECODE else f'an integer 2..{MAX_INT}'}; re-run softsyn compile")
+    if entries[DECODE]["file"] != settings["package"]:
+        raise SoftsynError(f"{path}: packages.{DECODE}.file: {json.dumps(entries[DECODE]['file'])} is not the file "
+                           f"`package` names ({json.dumps(settings['package'])}); re-run softsyn compile")
+
+
+def step_inputs(ids: np.ndarray, start: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A step's input_ids and position_ids in one flat int64 array (`out`, or a new one of input_slots(ids.shape)),
+    so one copy moves both to the device: ids first, positions at INPUT_ALIGN (each a contiguous [B, seq] view at a
+    64-byte boundary: Inductor's kernels may assume aligned inputs)."""
+    batch, seq = ids.shape
+    n, pad = input_slots(ids.shape)
+    flat = np.empty(2 * pad, np.int64) if out is None else out
+    flat[:n] = ids.reshape(-1)
+    flat[pad:pad + n] = np.tile(np.arange(start, start + seq, dtype=np.int64), batch)
+    return flat
+
+
+def input_slots(shape: tuple[int, int]) -> tuple[int, int]:
+    """(B * seq, where position_ids start in step_inputs' flat array: B * seq rounded up to INPUT_ALIGN)."""
+    n = int(shape[0]) * int(shape[1])
+    return n, -(-n // INPUT_ALIGN) * INPUT_ALIGN
+
+
+def input_views(flat: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, position_ids) [B, seq] as views of step_inputs' flat layout."""
+    n, pad = input_slots(shape)
+    return flat[:n].view(shape), flat[pad:pad + n].view(shape)
+
+
+class Graphed:
+    """One step shape captured as a CUDA graph over fixed buffers. A call writes the ids and positions into a pinned
+    host array and moves them with one asynchronous copy into the buffer the graph reads, then replays the graph; the
+    logits are read from its output buffer (valid until the next replay). Staging through pinned memory, without
+    per-call index kernels, trims the host part of a step (a decode step's time outside kernels was 0.13 ms above ORT's
+    on the H200, 2026-12-03; not yet measured with this staging)."""
+
+    def __init__(self, runner, cache: list[torch.Tensor], ids: np.ndarray, start: int, slots: torch.Tensor):
+        self.shape = ids.shape
+        self.staged = torch.empty(2 * input_slots(ids.shape)[1], dtype=torch.int64, pin_memory=True)
+        self.inputs = torch.empty_like(self.staged, device="cuda")
+        self.copied = torch.cuda.Event()
+        tokens, positions = input_views(self.inputs, self.shape)
+        self.stage(ids, start)
         # warm-up on a side stream (as torch.cuda.graphs asks) with the real inputs: the step it computes is the one
         # the caller asked for, so the cache slots it writes hold the right values (each replay writes them alike)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
-            first(runner(self.ids, self.positions, slots, *cache))
+            first(runner(tokens, positions, slots, *cache))
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits = first(runner(self.ids, self.positions, slots, *cache))
+            self.logits = first(runner(tokens, positions, slots, *cache))
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.ids.copy_(ids)
-        self.positions.copy_(positions)
+    def stage(self, ids: np.ndarray, start: int) -> None:
+        """The step's ids and positions into the graph's input buffer (one host-to-device copy, stream-ordered)."""
+        self.copied.synchronize()  # the previous copy has read the pinned array before it is overwritten
+        step_inputs(ids, start, self.staged.numpy())
+        self.inputs.copy_(self.staged, non_blocking=True)
+        self.copied.record()
+
+    def __call__(self, ids: np.ndarray, start: int) -> torch.Tensor:
+        self.stage(ids, start)
         self.graph.replay()
         return self.logits
 
@@ -97,25 +179,35 @@ class TorchStep:
     """The loaded package, its cache layout and (on CUDA) its captured step shapes: one call is one step."""
 
     def __init__(self, directory: str | Path, settings: dict):
-        package = inside(directory, settings["package"], "package", Path(directory) / TORCH_FILE)
-        if not package.is_file():
-            raise SoftsynError(f"{package}: no such package (runtime/torch.json names it); re-run softsyn compile")
         self.device = settings["device"]
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise SoftsynError(f"{package}: compiled for CUDA ({settings.get('target')}) and torch sees no CUDA device "
-                               "here; run it on the GPU machine")
         self.graphs = bool(settings.get("cuda_graphs")) and self.device == "cuda"
-        try:  # run_single_threaded: no model-instance events between runs, which a stream capture forbids
-            self.runner = torch._inductor.aoti_load_package(str(package), run_single_threaded=self.graphs)
-        except Exception as exc:  # torch raises many types for a package it cannot load
-            raise SoftsynError(f"{package}: torch cannot load the package ({type(exc).__name__}: "
-                               f"{' '.join(str(exc).split())[:300]}); re-run softsyn compile") from None
+        self.packages = packages(settings)
+        where = Path(directory) / TORCH_FILE
+        self.runners = {name: self._load(inside(directory, entry["file"], f"packages.{name}.file", where),
+                                         settings.get("target")) for name, entry in self.packages.items()}
         self.cache = settings["kv_cache"]
         self.vocab_size = settings["vocab_size"]
         self.dtype = getattr(torch, settings["dtype"])
-        self._captured: dict[tuple, Graphed] = {}  # (batch, seq, span, the cache's address) -> its graph
+        self._captured: dict[tuple, Graphed] = {}  # (package, batch, seq, span, the cache's address) -> its graph
         self._slots: dict[int, torch.Tensor] = {}  # span -> arange(span) on the device (fixed: graphs read it)
         self._owned: dict[int, list[torch.Tensor]] = {}  # batch -> the cache generate and measure reuse
+
+    def _load(self, package: Path, target):
+        if not package.is_file():
+            raise SoftsynError(f"{package}: no such package (runtime/torch.json names it); re-run softsyn compile")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise SoftsynError(f"{package}: compiled for CUDA ({target}) and torch sees no CUDA device here; run it "
+                               "on the GPU machine")
+        try:  # run_single_threaded: no model-instance events between runs, which a stream capture forbids
+            return torch._inductor.aoti_load_package(str(package), run_single_threaded=self.graphs)
+        except Exception as exc:  # torch raises many types for a package it cannot load
+            raise SoftsynError(f"{package}: torch cannot load the package ({type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}); re-run softsyn compile") from None
+
+    def package_for(self, seq: int) -> str:
+        """Which package runs a step of `seq` query positions: PREFILL from its min_seq on, when there is one."""
+        prefill = self.packages.get(PREFILL)
+        return PREFILL if prefill is not None and seq >= prefill["min_seq"] else DECODE
 
     @property
     def max_length(self) -> int:
@@ -151,20 +243,20 @@ class TorchStep:
         batch, seq = ids.shape
         if start + seq > self.max_length:
             raise SoftsynError(f"positions up to {start + seq} do not fit the package's KV cache of {self.max_length}")
-        tokens = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
-        positions = torch.arange(start, start + seq, dtype=torch.int64, device=self.device).expand(batch, seq)
-        positions = positions.contiguous()
+        ids = np.asarray(ids, dtype=np.int64)
         span = self.span(start + seq)
         if span not in self._slots:
             self._slots[span] = torch.arange(span, dtype=torch.int64, device=self.device)
         slots = self._slots[span]
+        package = self.package_for(seq)
         if not self.graphs:
+            flat = torch.from_numpy(step_inputs(ids, start)).to(self.device)
             with torch.no_grad():
-                return first(self.runner(tokens, positions, slots, *cache))
-        key = (batch, seq, span, cache[0].data_ptr())
+                return first(self.runners[package](*input_views(flat, ids.shape), slots, *cache))
+        key = (package, batch, seq, span, cache[0].data_ptr())
         if key not in self._captured:  # its warm-up runs this step once; the replay below runs it again, alike
-            self._captured[key] = Graphed(self.runner, cache, tokens, positions, slots)
-        return self._captured[key](tokens, positions)
+            self._captured[key] = Graphed(self.runners[package], cache, ids, start, slots)
+        return self._captured[key](ids, start)
 
     def sync(self) -> None:
         if self.device == "cuda":

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from softsyn.errors import SoftsynError
-from softsyn.runtime.artifact import read_json
+from softsyn.frontends.onnx_file import inside
+from softsyn.runtime.artifact import TORCH_FILE, read_json
 
 PROVENANCE_CONFIG = {"trace.provenance_tracking_level": 1}  # aoti_compile_and_package's inductor_configs
-KERNELS_FILE = "runtime/torch_kernels.json"
+KERNELS_FILE = "runtime/torch_kernels.json"  # DIR/model.pt2's map
+PREFILL_KERNELS_FILE = "runtime/torch_kernels-prefill.json"  # DIR/model-prefill.pt2's, when the target builds one
 FORMAT = "softsyn.torch-kernels/1"
 EXTERN_PREFIX = "aoti_torch_"  # Inductor's name for a call into ATen (its kernels are named by the library)
 STEP_ROOT = "m"  # StaticStep holds the source model as `m`
@@ -98,13 +100,14 @@ def calls_data(calls: list[KernelCall]) -> dict:
     return {"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules)} for c in calls]}
 
 
-def read_calls(directory: Path) -> list[KernelCall]:
-    """DIR's KERNELS_FILE (untrusted, like every file of an artifact): [] when absent (a package compiled before
-    the map: its kernels stay runtime-only); a SoftsynError naming the file and key when it is not the map."""
-    path = Path(directory) / KERNELS_FILE
+def read_calls(directory: Path, name: str = KERNELS_FILE) -> list[KernelCall]:
+    """DIR's kernel map `name` (torch.json's packages.*.kernels; untrusted, like every file of an artifact, and kept
+    inside DIR): [] when absent (a package compiled before the map: its kernels stay runtime-only); a SoftsynError
+    naming the file and key when it is not the map."""
+    path = inside(directory, name, "kernels", Path(directory) / TORCH_FILE)
     if not path.exists():
         return []
-    data = read_json(path, KERNELS_FILE)
+    data = read_json(path, name)
     calls = data.get("calls") if isinstance(data, dict) and data.get("format") == FORMAT else None
     if not isinstance(calls, list):
         raise SoftsynError(f"{path}: not a {FORMAT} map (format, calls); re-run softsyn compile")

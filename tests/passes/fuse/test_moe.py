@@ -249,7 +249,7 @@ def test_gated_deltanet_layers_are_named_misses_not_silence():
 
 
 def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it(cache_dir, monkeypatch):
-    # on 2026-12-03 ORT 1.31.1's CUDA MoE departed from its CPU kernel at prefill (128 tokens): where a GPU is present, the
+    # a kernel fault (no routing ambiguity can explain it: the probe's logits have none): where a GPU is present, the
     # candidate also runs on it, and a departure keeps the experts unfused with the reason (the GPU is simulated:
     # the probe's "cuda" evaluation returns the CPU result off by 40 %)
     ran = []
@@ -266,6 +266,38 @@ def test_a_cuda_moe_kernel_that_departs_is_a_named_miss_where_a_gpu_can_probe_it
     assert "cuda" in ran and cov.fused == 0 and cov.candidates == 2
     assert all("CUDA MoE kernel differs" in m.reason and "kept unfused on cuda" in m.reason for m in cov.misses)
     assert "no fused site probed on a CUDA kernel (none probed)" in cov.note
+
+
+def test_the_cuda_probe_feeds_router_logits_with_no_near_tie(cache_dir, monkeypatch):
+    # top-k is discontinuous: logits within fp16 rounding pick experts by each kernel's tie-break (the 30B-A3B sites were
+    # kept unfused on the H200 on 2026-12-03 by a few such tokens), so the reference and the candidate, on either
+    # provider, read logits whose top-k boundary is 1/32 wide on every token
+    experts = zoo.make_config(zoo.ZOO["qwen3-moe-tiny"]).num_experts
+    fed = []
+
+    def evaluate(graph, outputs, feeds, opsets, provider="cpu"):
+        fed.extend((provider, a) for v, a in feeds.items() if v.producer() is not None and a.shape[-1] == experts)
+        return on_ort(graph, outputs, feeds, opsets)
+
+    monkeypatch.setattr(moe_rule, "provider_opens", lambda provider: True)
+    monkeypatch.setattr(moe_rule, "evaluate", evaluate)
+    nl = read_design("zoo:qwen3-moe-tiny", cache_dir=cache_dir, progress=False)
+    assert {c.kind: c for c in fuse(nl, "cuda")}["moe"].fused == 2
+    assert {p for p, _ in fed} == {"cpu", "cuda"}
+    assert {len(a) for p, a in fed if p == "cuda"} == {moe_rule.CUDA_PROBE_TOKENS}
+    for _, logits in fed:
+        gaps = np.diff(np.sort(logits.astype(np.float64), axis=-1), axis=-1)
+        assert gaps.min() == gaps.max() == 1 / 32
+
+
+def test_separated_logits_rank_every_expert_apart_in_fp16_and_fp32():
+    rng = np.random.default_rng(1)
+    for dtype in (np.float16, np.float32):
+        logits = moe_rule.separated_logits((3, 5, 512), dtype, rng)
+        assert logits.shape == (3, 5, 512) and logits.dtype == dtype
+        ranked = np.sort(logits.reshape(-1, 512).astype(np.float64), axis=-1)
+        assert np.all(np.diff(ranked, axis=-1) == 1 / 32) and ranked.max() < 8 and ranked.min() == -8
+        assert len({tuple(np.argsort(row)) for row in logits.reshape(-1, 512)}) == 15  # each token its own order
 
 
 def test_a_site_the_cuda_moe_kernel_cannot_run_is_a_named_miss(cache_dir, monkeypatch):

@@ -1,0 +1,172 @@
+"""A torch target with a prefill attention form (h200-torch's matmul + sdpa, here on the CPU as a test target): two
+AOTInductor packages, model.pt2 for decode and model-prefill.pt2 for seq > 1, both named in runtime/torch.json with
+their kernel maps, the runner picking by the step's seq; an escaping package path refused."""
+import dataclasses
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import built_once, compile_in_process
+from helpers import cli
+from paths import ROOT
+
+TARGET = "cpu-torch-prefill"  # a test instance of cpu-torch, registered for this module's compile only
+
+
+@pytest.fixture(scope="module")
+def two_package_artifact(cache_dir, tmp_path_factory):
+    """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-torch-tiny.yaml --target cpu-torch-prefill -o DIR`, the
+    target cpu-torch with attention "matmul" and prefill_attention "sdpa": DIR, compiled once."""
+    from softsyn.library.torch_targets import TORCH_TARGETS
+
+    two = dataclasses.replace(TORCH_TARGETS["cpu-torch"], name=TARGET, attention="matmul", prefill_attention="sdpa")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TORCH_TARGETS, TARGET, two)
+        return built_once(tmp_path_factory, "tiny-torch-prefill", lambda out: compile_in_process(
+            out, "zoo:qwen3-tiny", "-c", ROOT / "constraints" / "cpu-torch-tiny.yaml", "--target", TARGET,
+            "--cache-dir", cache_dir))
+
+
+def test_both_packages_written_and_named(two_package_artifact):
+    from softsyn.runtime.torch_package import read_torch_settings
+    from softsyn.runtime.torch_provenance import read_calls
+
+    out = two_package_artifact
+    settings = read_torch_settings(out)
+    assert settings["package"] == "model.pt2"
+    assert settings["packages"] == {
+        "decode": {"file": "model.pt2", "attention": "matmul", "min_seq": 1, "kernels": "runtime/torch_kernels.json"},
+        "prefill": {"file": "model-prefill.pt2", "attention": "sdpa", "min_seq": 2,
+                    "kernels": "runtime/torch_kernels-prefill.json"}}
+    assert (out / "model.pt2").stat().st_size > 0 and (out / "model-prefill.pt2").stat().st_size > 0
+    decode, prefill = read_calls(out), read_calls(out, "runtime/torch_kernels-prefill.json")
+    assert decode and prefill and decode != prefill  # each package's own kernels
+    assert any(c.kind == "lm_head" for c in prefill)
+    log = (out / "compile.log").read_text()
+    assert re.search(rf"^note: target {TARGET}: 2 packages built \(model.pt2 [\d.]+ s, model-prefill.pt2 [\d.]+ s,",
+                     log, re.M)
+    assert f"note: target {TARGET}: model-prefill.pt2 is the step lowered by torch.export + AOTInductor for steps " \
+           "of seq >= 2" in log
+    assert f"note: target {TARGET}: each package holds its own copy of the weights: disk and device memory hold " \
+           "them 2 times" in log
+    measured = re.findall(rf"^note: target {TARGET}: (prefill|decode) \(.*; (model[-\w]*\.pt2)\): [\d.]+ ms \(torch "
+                          r"package, measured", log, re.M)
+    assert sorted(measured) == [("decode", "model.pt2"), ("prefill", "model-prefill.pt2")]
+    manifest = json.dumps(json.loads((out / "softsyn-manifest.json").read_text()))
+    assert "model-prefill.pt2" in manifest and "torch_kernels-prefill.json" in manifest
+
+
+class Counted:
+    """A package runner that counts its calls."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.runner(*args)
+
+
+def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, tiny_torch_artifact):
+    """generate: the prompt's step on model-prefill.pt2, each decode step on model.pt2, the greedy tokens those of
+    the single-package (sdpa) artifact; each package's logits within fp32 rounding of the eager step's in its form."""
+    import torch
+
+    from softsyn.emit.torch_step import ATTENTIONS, StaticStep, pack_projections
+    from softsyn.frontends import source_torch_model
+    from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+    step = TorchStep(two_package_artifact, read_torch_settings(two_package_artifact))
+    step.runners = {name: Counted(runner) for name, runner in step.runners.items()}
+    prompt = np.arange(1, 20)
+    tokens = step.generate(prompt, 6).tokens
+    assert (step.runners["prefill"].calls, step.runners["decode"].calls) == (1, 5)
+    single = TorchStep(tiny_torch_artifact, read_torch_settings(tiny_torch_artifact))
+    assert tokens == single.generate(prompt, 6).tokens
+
+    model = source_torch_model("zoo:qwen3-tiny").eval()
+    pack_projections(model)
+    cache, eager_cache = step.empty_cache(), step.empty_cache()
+    got = [step(prompt[None], 0, cache), step(np.array([[tokens[0]]]), len(prompt), cache)]
+    with torch.no_grad():
+        want = []
+        for form, ids, start in (("sdpa", prompt[None], 0), ("matmul", np.array([[tokens[0]]]), len(prompt))):
+            model.set_attn_implementation(ATTENTIONS[form][0])
+            positions = torch.arange(start, start + ids.shape[1])[None]
+            want.append(StaticStep(model, step.max_length)(torch.from_numpy(ids), positions,
+                                                           torch.arange(256), *eager_cache))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_verify_checks_both_packages(two_package_artifact, cache_dir):
+    """verify's prefill scenario runs on model-prefill.pt2 and its decode on model.pt2: both MET."""
+    from click.testing import CliRunner
+
+    from softsyn.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(two_package_artifact), "--cache-dir", str(cache_dir), "--json",
+                                       "-q"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    data = json.loads(result.output)
+    assert data["violations"] == [] and "model.pt2; model-prefill.pt2 at seq >= 2" in data["provider"]
+    assert all(c["rel"] < 1e-4 for c in data["checks"])
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("file", "../model-prefill.pt2", 'packages.prefill.file: "../model-prefill.pt2" leads out of'),
+    ("kernels", "/etc/passwd", 'packages.prefill.kernels: "/etc/passwd" leads out of'),
+    ("min_seq", 1, "packages.prefill.min_seq: 1 is not valid; valid: an integer 2.."),
+])
+def test_a_bad_prefill_package_entry_is_refused(two_package_artifact, tmp_path, capsys, key, value, said):
+    copy = tmp_path / "copy"
+    shutil.copytree(two_package_artifact, copy)
+    path = copy / "runtime" / "torch.json"
+    settings = json.loads(path.read_text())
+    settings["packages"]["prefill"][key] = value
+    path.write_text(json.dumps(settings))
+    code, out, err = cli(capsys, "run", copy, "-q")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"runtime/torch.json: {said}" in err
+
+
+def test_signoff_refuses_a_bad_prefill_kernel_map(two_package_artifact, tmp_path, capsys):
+    """The prefill package's map is read (and checked) before any step runs, as the decode one's is."""
+    copy = tmp_path / "art"
+    shutil.copytree(two_package_artifact, copy)
+    kernels = copy / "runtime" / "torch_kernels-prefill.json"
+    data = json.loads(kernels.read_text())
+    data["calls"][0] = {"kernel": 7, "modules": []}
+    kernels.write_text(json.dumps(data))
+    code, out, err = cli(capsys, "signoff", copy, "-q")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "runtime/torch_kernels-prefill.json: calls[0]: not {kernel: a name, modules: [paths]}" in err
+    assert not (copy / "signoff").exists()
+
+
+def test_signoff_attributes_each_group_with_its_package_s_map(two_package_artifact, tmp_path, monkeypatch):
+    """signoff's per-module kernel time reads the map of the package a group ran: a group's profile (here the
+    kernels of its package's map in call order, as one step on CUDA launches them; the CPU profiler sees none) is
+    attributed whole with that map; the prefill profile read with the decode map would leave kernels unattributed."""
+    from reports import from_json
+    from softsyn.flow import torch_signoff
+    from softsyn.runtime.torch_provenance import UNATTRIBUTED, read_calls
+
+    maps = {"prefill": read_calls(two_package_artifact, "runtime/torch_kernels-prefill.json"),
+            "decode": read_calls(two_package_artifact)}
+    profiled = {k: [(c.kernel, 1e-6) for c in calls] * torch_signoff.PROFILED_STEPS for k, calls in maps.items()}
+    monkeypatch.setattr(torch_signoff, "_profile",
+                        lambda step, dims: profiled[step.package_for(dims.get("seq", 1))])
+    copy = tmp_path / "art"
+    shutil.copytree(two_package_artifact, copy)
+    result = torch_signoff.signoff(copy, runs=5, warmup=1, progress=False)
+    modules = {g.name: g.modules for g in result.groups}
+    assert set(modules) == {"prefill", "decode"}
+    for name, rows in modules.items():
+        assert rows and UNATTRIBUTED not in rows and "lm_head" in rows, (name, rows)
+    group = next(g for g in from_json((copy / "analysis.json").read_text()).groups if g.name == "prefill")
+    crossed = torch_signoff.kernels_by_module(group, profiled["prefill"], maps["decode"])
+    assert UNATTRIBUTED in crossed  # the maps differ where the forms do: which one is read matters
