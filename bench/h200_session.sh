@@ -49,6 +49,16 @@
 #                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
+#   ttft [DIR]           issue 27 item 4, softsyn run against softsyn signoff on one artifact: DIR (default
+#                        /tmp/ttft-MODEL: zoo:qwen3-1.7b, MODEL=..., compiled --effort low under constraints/chat-h200.yaml
+#                        when absent, reused while the machine is warm) signed off on cuda once (prefill seq 512, decode
+#                        past 4096 as a CUDA graph), then run at the signed-off steps: --prompt-len 512 (TTFT beside the
+#                        prefill step) and --prompt-len 4095 --gen 8 (decode pasts 4095-4101: TPOT beside the decode
+#                        step), each with its phases (inputs, run call, readback), its warm-ups and each run's TTFT, and
+#                        once more with --warmup 1 (the old default: whether the first timed prefill is the outlier)
+#                        and on a copy DIR-eager without enable_cuda_graph (whether the graph-capture session's eager
+#                        prefill is the slow one); brings back ttft-*.txt. When the compile leaves too little of the
+#                        call, call `ttft` again (it reuses DIR, its signoff and DIR-eager while the machine is warm)
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
 #   qwen3next            zoo:qwen3-next-tiny (the hybrid cache: conv/recurrent states beside the KV; the delta rule as
@@ -247,6 +257,45 @@ peerst)
         --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
         tee "$OUT/compare-peerst-$model.log" | grep -v "No registered plugin EP"
     cp /tmp/peerst/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
+ttft)
+    start=$SECONDS  # the call's clock (the device tool ends a call at 600 s)
+    softsyn_install
+    dir=${1:-/tmp/ttft-${MODEL:-qwen3-1.7b}}
+    set +e  # a violated group exits 1: the artifact and the reports are still written
+    if [ ! -f $dir/runtime/session.json ]; then
+        rm -rf $dir
+        timeout 450 softsyn compile "zoo:${MODEL:-qwen3-1.7b}" -c constraints/chat-h200.yaml --effort low -o $dir -q \
+            > "$OUT/ttft-compile.log" 2>&1
+        echo "compile exit $? after $((SECONDS - start)) s"
+    fi
+    if [ ! -f $dir/signoff/signoff.json ]; then
+        [ $((SECONDS - start)) -gt 330 ] && { echo "call 'ttft' again for the signoff and the runs (it reuses $dir)"; exit 0; }
+        timeout $((560 - (SECONDS - start))) softsyn signoff $dir --provider cuda -q 2>&1 | grep -v "No registered plugin EP" |
+            tee "$OUT/ttft-signoff.txt" | sed -n '/Group  *Scenario/,/times in ms/p'
+        echo "signoff exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
+    fi
+    # the same artifact with enable_cuda_graph off: whether a session set up for graph capture runs its eager prefill
+    # slower than signoff's eager session does (signoff times the prefill in a session without it)
+    if [ ! -f $dir-eager/runtime/session.json ]; then
+        rm -rf $dir-eager && cp -r $dir $dir-eager && python3 - "$dir-eager/runtime/session.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+for options in (data.get("provider_options") or {}).values():
+    options.pop("enable_cuda_graph", None)
+json.dump(data, open(path, "w"), indent=1)
+PY
+    fi
+    for run in "$dir --prompt-len 512 --gen 32" "$dir --prompt-len 4095 --gen 8" "$dir --prompt-len 512 --gen 32 --warmup 1" \
+               "$dir-eager --prompt-len 512 --gen 32"; do
+        [ $((SECONDS - start)) -gt 520 ] && { echo "call 'ttft' again for: softsyn run $run"; break; }
+        name=ttft-run-$(echo ${run#/tmp/} | tr -d ' -' | tr / _)
+        timeout $((585 - (SECONDS - start))) softsyn run $run --provider cuda --runs 5 -q 2>&1 |
+            grep -v "No registered plugin EP" > "$OUT/$name.txt"
+        echo "softsyn run $run --provider cuda --runs 5: exit ${PIPESTATUS[0]}"
+        sed -n '/Times in ms/,$p' "$OUT/$name.txt"
+    done
+    set -e ;;
 tiny)
     softsyn_install
     rm -rf /tmp/tiny-h200

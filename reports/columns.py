@@ -178,6 +178,15 @@ RUN_COLUMNS: tuple[Column, ...] = (  # softsyn run: TTFT and TPOT over the timed
     Column("interval", "Interval", 40, gap=2),
 )
 
+PHASE_COLUMNS: tuple[Column, ...] = (  # softsyn run: where a step's time goes (softsyn.flow.run_phases rows)
+    Column("step", "Step", 7),
+    Column("sample", "Sample", 18, gap=1),
+    _time("total", "Total", 10),
+    _time("inputs", "Inputs", 10),
+    _time("run", "Run call", 10),
+    _time("readback", "Readback", 10),
+)
+
 # report_area / report_qor's tensor-parallel plan: one row per degree (softsyn.results.analysis.TPRow); a group's
 # columns (its critical arrival per device, the collectives on that path, the speed-up over one device) by
 # tp_group_columns.

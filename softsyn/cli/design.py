@@ -222,7 +222,8 @@ def signoff(**options):
 @click.option("--gen", default=32, show_default=True, type=click.IntRange(min=1), help="tokens to generate.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), help="execution provider (default: runtime/session.json's).")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed generations.")
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="untimed generations first.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
+              help="untimed generations first (each reported apart; the first runs the prompt length cold).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, SEED_MAX),
               help="seed of the random prompt ids.")
 @click.option("--json", "as_json", is_flag=True, help="print the numbers as JSON (SI units) instead of the report.")

@@ -4,6 +4,8 @@ The artifact runs on its own settings (providers, provider options, session opti
 declares it: softsyn.runtime.generate): a seeded random prompt is prefilled, then `gen` tokens are decoded
 greedily, `runs` times after `warmup` untimed generations. TTFT is the prefill step, TPOT one decode step (host
 wall clock: softsyn.runtime.generate.STEP_INTERVAL), tokens/s the generated tokens over TTFT + their decode steps.
+Each step's phases (inputs, run call, readback), the warm-up's cold prefill and the step times softsyn signoff
+measured for DIR come with them (softsyn.flow.run_phases), so TTFT reads against the signed-off prefill step.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from softsyn.flow.cpu_view import cpu_view_session
 from softsyn.frontends.onnx_file import check_external_data, inside
 from softsyn.runtime.artifact import check_session, read_json
 from softsyn.runtime.decoder import NotDecoder, decoder_io
-from softsyn.runtime.generate import STEP_INTERVAL, Generation, Generator, prompt_ids
+from softsyn.flow.run_phases import breakdown, signed_off, warmup_rows
+from softsyn.runtime.generate import PHASES, STEP_INTERVAL, Generation, Generator, prompt_ids
 from softsyn.runtime.session import PROVIDERS, device_name, open_model, provider_of
 
 TAKES = "softsyn run takes the output directory of `softsyn compile MODEL -o DIR`"
@@ -33,7 +36,9 @@ class RunSettings:
     gen: int = 32
     provider: str | None = None  # "cpu" | "cuda"; None: runtime/session.json's first provider
     runs: int = 3
-    warmup: int = 1
+    # two untimed generations: ORT lays a shape's memory pattern out on its second run (onnxruntime PR 15005) and a
+    # decode graph is captured in the first generation, so each timed prefill follows both, as signoff's warm runs
+    warmup: int = 2
     seed: int = 0
 
 
@@ -52,6 +57,8 @@ class RunResult:
     viewed: int = 0  # nodes the CPU view rewrote (GQA's q/k norms, fp8 weight MatMuls: a cuda artifact on the CPU)
     interval: str = STEP_INTERVAL  # what one timed step covers (a torch package's: softsyn.flow.torch_artifact)
     states: int = 0  # a hybrid decoder's conv/recurrent state ports, fed back step by step (two buffers each)
+    warmups: list[Generation] = field(default_factory=list)  # the untimed generations, the first one cold
+    signed_off: dict | None = None  # the step times softsyn signoff measured for DIR (run_phases.signed_off)
 
     @property
     def ttfts(self) -> list[float]:
@@ -85,7 +92,10 @@ class RunResult:
                 "interval": self.interval, "ttft": stats(self.ttfts), "tpot": stats(self.tpots),
                 "tokens_per_s": stats(self.tokens_per_s), "decode_tokens_per_s": stats(self.decode_tokens_per_s),
                 "tokens": list(self.generations[-1].tokens) if self.generations else [],
-                "tokens_same_every_run": len({g.tokens for g in self.generations}) <= 1}
+                "tokens_same_every_run": len({g.tokens for g in self.generations}) <= 1,
+                "ttft_runs": self.ttfts, "cold_ttft": any(g.cold for g in self.generations),
+                "phases": PHASES, "breakdown": breakdown(self.generations), "warmups": warmup_rows(self.warmups),
+                "signed_off": self.signed_off}
 
 
 def median(values: list[float]) -> float | None:
@@ -165,8 +175,8 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
             progress.log(f"{label}: token {done}/{gen}", enabled=show_progress, end="")
 
         generation = generator.generate(prompt, settings.gen, on_token)
-        if r >= settings.warmup:
-            result.generations.append(generation)
+        (result.generations if r >= settings.warmup else result.warmups).append(generation)
+    result.signed_off = signed_off(directory, result.execution_provider, settings.prompt_len, settings.gen)
     progress.log(f"generated {settings.gen} tokens after a {settings.prompt_len}-token prompt, {settings.runs} timed "
                  f"run{'s' if settings.runs != 1 else ''} after {settings.warmup} warm-up", enabled=show_progress)
     return result

@@ -128,8 +128,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
                        interval=INTERVAL)
     for r in range(settings.warmup + settings.runs):
         generation = step.generate(prompt, settings.gen)
-        if r >= settings.warmup:
-            result.generations.append(generation)
+        (result.generations if r >= settings.warmup else result.warmups).append(generation)
     progress.log(f"generated {settings.gen} tokens after a {settings.prompt_len}-token prompt, {settings.runs} timed "
                  f"run{'s' if settings.runs != 1 else ''} after {settings.warmup} warm-up", enabled=show_progress)
     return result

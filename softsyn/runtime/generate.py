@@ -22,10 +22,14 @@ loop binds new OrtValues, the shared one updates them in place), one run_with_io
 synchronises at its end), the logits copied to the host and their argmax. TTFT is the prefill step: all of
 the prompt's logits are copied ([batch, seq, vocab]) unless the artifact emits the last position's only. Not
 covered: tokenisation, the session's creation, allocating the shared buffers (once, before the first prefill).
+Each step is timed as three contiguous phases (PHASES: inputs, run, readback) that sum to it, so a step reads
+against softsyn signoff's, which times the run phase alone; `Generator.runs` counts the run calls per step shape,
+so a generation says whether its prefill was the first run of its prompt length on the session (`cold`).
 """
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +44,11 @@ STEP_INTERVAL = ("host wall clock per step: its inputs put on the device, one ru
                  "copied to the host and their argmax (greedy); TTFT = the prefill step (the logits the artifact "
                  "emits copied: the last position's, or every prompt position's when compiled --all-logits), "
                  "TPOT = one decode step; no tokenisation, session creation or buffer allocation")
+# The three contiguous phases each step is timed as (they sum to the step): name -> what it covers
+PHASES = {"inputs": "the step's ids, mask and positions put on the device and bound (new OrtValues for a prefill; "
+                    "updated in place for a shared-buffer decode)",
+          "run": "one run_with_iobinding call: the interval softsyn signoff measures as a path group's step",
+          "readback": "the logits copied to the host and their argmax"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,9 @@ class Generation:
     ttft: float  # s, the prefill step
     tpot: tuple[float, ...]  # s, each decode step (len(tokens) - 1 of them)
     kv: str  # "shared" | "grown"
+    ttft_phases: tuple[float, ...] = ()  # s, the prefill's PHASES in order (they sum to ttft); () where not timed so
+    tpot_phases: tuple[tuple[float, ...], ...] = ()  # s, each decode step's PHASES
+    cold: bool = False  # its prefill was the first run of this prompt length on the session
 
 
 def prompt_ids(vocab_size: int, length: int, seed: int = 0) -> np.ndarray:
@@ -77,6 +89,8 @@ class Generator:
         self.buffers = None  # the shared KV buffers, allocated on first use and reused by every generation
         self.decode_io = None  # the shared-buffer decode step's binding and its input values (_static_decode)
         self.states = None  # a hybrid decoder's two buffers per state (_states)
+        # run calls per step shape: ("prefill", prompt length), ("step", 1) a grown decode, ("decode", parity) a shared one
+        self.runs: Counter = Counter()
 
     @property
     def limit(self) -> int | None:
@@ -101,26 +115,23 @@ class Generator:
         self.check_room(n, gen)
         kv = self._kv()
         self._states()
-        t0 = time.perf_counter()
-        logits, kv = self._step(prompt, 0, kv, 0)
-        token = int(np.argmax(logits[0, -1]))
-        ttft = time.perf_counter() - t0
-        tokens, tpot = [token], []
+        cold = self.runs[("prefill", n)] == 0
+        token, kv, prefill = self._step(prompt, 0, kv, 0)
+        tokens, phases = [token], []
         if on_token:
             on_token(1, gen)
         decode = self._static_decode(n) if self.shared else None
         for i in range(1, gen):
-            t = time.perf_counter()
             if decode is not None:
-                token = decode(token, n + i - 1, i % 2)
+                token, step = decode(token, n + i - 1, i % 2)
             else:
-                logits, kv = self._step(np.array([token]), n + i - 1, kv, i % 2)
-                token = int(np.argmax(logits[0, -1]))
-            tpot.append(time.perf_counter() - t)
+                token, kv, step = self._step(np.array([token]), n + i - 1, kv, i % 2)
+            phases.append(step)
             tokens.append(token)
             if on_token:
                 on_token(i + 1, gen)
-        return Generation(tuple(tokens), ttft, tuple(tpot), "shared" if self.shared else "grown")
+        return Generation(tuple(tokens), sum(prefill), tuple(sum(p) for p in phases), "shared" if self.shared else "grown",
+                          ttft_phases=prefill, tpot_phases=tuple(phases), cold=cold)
 
     # ------------------------------------------------------------------------------------ the steps
 
@@ -173,10 +184,11 @@ class Generator:
         options.add_run_config_entry("gpu_graph_id", graph_id)
         return options
 
-    def _step(self, tokens: np.ndarray, start: int, kv, parity: int) -> tuple[np.ndarray, list]:
-        """One run on `tokens` after `start` cached positions, states read from buffer `parity`: (logits on the
-        host, the next step's past)."""
+    def _step(self, tokens: np.ndarray, start: int, kv, parity: int) -> tuple[int, list, tuple[float, ...]]:
+        """One run on `tokens` after `start` cached positions, states read from buffer `parity`: (the greedy next
+        token, the next step's past, the step's PHASES in s)."""
         io, n = self.io, len(tokens)
+        t0 = time.perf_counter()
         binding = self.session.io_binding()
         binding.bind_output(io.logits, self.device, 0)  # bound first: get_outputs() lists outputs in binding order
         binding.bind_ortvalue_input(io.input_ids, to_device(self._array(io.input_ids, tokens), self.device))
@@ -188,11 +200,17 @@ class Generator:
                                         to_device(self._array(io.position_ids, np.arange(start, start + n)), self.device))
         self._bind_kv(binding, kv)
         self._bind_states(binding, parity)
-        self.session.run_with_iobinding(binding, self._run_options("-1"))  # -1: never captured (prefill)
+        options = self._run_options("-1")  # -1: never captured (prefill)
+        t1 = time.perf_counter()
+        self.session.run_with_iobinding(binding, options)
+        t2 = time.perf_counter()
         out = binding.get_outputs()
-        if not self.shared:
+        token = int(np.argmax(out[0].numpy()[0, -1]))
+        if not self.shared:  # the presents the runtime allocated: the next step's past
             kv = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(len(io.layers))]
-        return out[0].numpy(), kv
+        t3 = time.perf_counter()
+        self.runs[("prefill", n) if start == 0 else ("step", n)] += 1
+        return token, kv, (t1 - t0, t2 - t1, t3 - t2)
 
     def _static_decode(self, prompt_len: int):
         """The decode step of a shared buffer: its bindings made once per Generator and reused by every generation
@@ -221,7 +239,8 @@ class Generator:
             mask_host[:] = 0
             mask_host[0, :prompt_len] = 1
 
-        def step(previous: int, start: int, parity: int) -> int:
+        def step(previous: int, start: int, parity: int) -> tuple[int, tuple[float, ...]]:
+            t0 = time.perf_counter()
             values[io.input_ids].update_inplace(self._array(io.input_ids, [previous]))
             if mask_host is not None:
                 mask_host[0, start] = 1  # the positions before it are set already
@@ -229,8 +248,13 @@ class Generator:
             if io.position_ids:
                 values[io.position_ids].update_inplace(self._array(io.position_ids, [start]))
             binding, options = bindings[parity % len(bindings)]
+            t1 = time.perf_counter()
             self.session.run_with_iobinding(binding, options)
-            return int(np.argmax(logits.numpy()[0, -1]))
+            t2 = time.perf_counter()
+            token = int(np.argmax(logits.numpy()[0, -1]))
+            t3 = time.perf_counter()
+            self.runs[("decode", parity % len(bindings))] += 1
+            return token, (t1 - t0, t2 - t1, t3 - t2)
 
         return step
 

@@ -15,7 +15,8 @@ from softsyn.runtime.session import open_model
 
 JSON_KEYS = {"schema", "directory", "design", "date", "provider", "device", "prompt_len", "gen", "runs", "warmup",
              "seed", "batch", "decoding", "kv_cache", "max_length", "cuda_graph", "cpu_view_nodes", "states", "units", "interval", "ttft", "tpot",
-             "tokens_per_s", "decode_tokens_per_s", "tokens", "tokens_same_every_run"}
+             "tokens_per_s", "decode_tokens_per_s", "tokens", "tokens_same_every_run", "ttft_runs", "cold_ttft",
+             "phases", "breakdown", "warmups", "signed_off"}
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
