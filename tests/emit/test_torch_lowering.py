@@ -142,10 +142,11 @@ def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
-def test_the_exported_by_seq_step_takes_each_branch_by_the_query_length(tmp_path):
-    """export_step with the by_seq attention (torch.cond on the query length) compiled by AOTInductor: the package's
-    prefill (SDPA branch) and decode (matmul branch) give the eager step's logits, and the program holds the cond
-    (neither branch specialised away at export)."""
+def test_the_exported_by_seq_step_takes_each_branch_by_the_query_length():
+    """export_step with the by_seq attention (torch.cond on the query length): the exported program's prefill (SDPA
+    branch) and decode (matmul branch) give the eager step's logits, and it holds the cond (neither branch specialised
+    away at export). No target uses the form (torch 2.11's AOTInductor fails on it on the H200, 2026-12-03: h200-torch
+    builds a prefill package instead), so the program is run as exported, without AOTInductor's minute on 2 cores."""
     import torch
 
     from softsyn.emit.torch_lowering import export_step
@@ -158,8 +159,7 @@ def test_the_exported_by_seq_step_takes_each_branch_by_the_query_length(tmp_path
     step = StaticStep(model, length).eval()
     program = export_step(step, model.config, length, "cpu", torch.float32)
     assert any("cond" in str(node.target) for node in program.graph.nodes)
-    package = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(
-        program, package_path=str(tmp_path / "step.pt2")))
+    package = program.module()
     layers, kv, head_dim = kv_geometry(model.config)
     outs = []
     for run in (step, package):
