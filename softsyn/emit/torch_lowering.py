@@ -45,16 +45,19 @@ ESTIMATED = "est"  # and every number the ORT library predicts
 
 SPAN_HINT = 1024  # the example span torch.export traces: AOTInductor tunes each kernel over a dynamic dim for its
 # example size, so a softmax traced over 7 slots looped 8 at a time: 136 us a layer at 4096 on the H200 (2026-12-03)
+PREFILL_SEQ_HINT = 512  # the example query length of a prefill package: its kernels are tuned for prompts, not 3 rows
 
 
-def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype):
-    """torch.export of the step at batch 2, seq 3 over SPAN_HINT slots (below max_length; sizes > 1 and distinct so
-    none is specialised), the three dims dynamic. The example sizes are the hints Inductor tunes its kernels for."""
+def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype, prefill: bool = False):
+    """torch.export of the step at batch 2 over SPAN_HINT slots (below max_length), seq 3, or for a `prefill` package
+    up to PREFILL_SEQ_HINT (half the span); sizes > 1 and distinct so none is specialised, the three dims dynamic. The
+    example sizes are the hints Inductor tunes its kernels for."""
     layers, kv, head_dim = kv_geometry(cfg)
     g = torch.Generator().manual_seed(0)
     span = max(4, min(SPAN_HINT, max_length - 1))
-    ids = torch.randint(0, cfg.vocab_size, (2, 3), generator=g).to(device)
-    positions = torch.arange(span - 3, span).expand(2, 3).contiguous().to(device)
+    seq = max(3, min(PREFILL_SEQ_HINT, span // 2)) if prefill else 3
+    ids = torch.randint(0, cfg.vocab_size, (2, seq), generator=g).to(device)
+    positions = torch.arange(span - seq, span).expand(2, seq).contiguous().to(device)
     slots = torch.arange(span, device=device)
     cache = tuple(torch.zeros(2, kv, max_length, head_dim, dtype=dtype, device=device) for _ in range(2 * layers))
     auto = torch.export.Dim.AUTO  # a named Dim fails on guards transformers' mask code makes (true for seq >= 0)
@@ -107,7 +110,7 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
                        f"attention, {serves}; {target.dtype} on {target.device}, static KV cache of {cfg_max})",
                        enabled=design.progress, done=f"emit: {built.file}'s step exported"):
         program = export_step(StaticStep(model, cfg_max).eval(), model.config, cfg_max, target.device,
-                              getattr(torch, target.dtype))
+                              getattr(torch, target.dtype), prefill=built.key == PREFILL)
     del model
     if last:
         holder.clear()

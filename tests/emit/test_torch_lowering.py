@@ -116,6 +116,32 @@ def test_split_softmax_is_softmax_over_any_span():
         torch.testing.assert_close(split_softmax(scores), torch.softmax(scores, -1), rtol=1e-6, atol=1e-7)
 
 
+def test_a_prefill_program_is_traced_at_a_prompt_length_and_still_serves_short_ones():
+    """export_step(prefill=True): the example query length is a prompt's (up to PREFILL_SEQ_HINT, half the span), the
+    length Inductor tunes the prefill package's kernels for, and the program still runs the eager step's function at
+    2 and 5 positions (the dim stays dynamic)."""
+    import torch
+
+    from softsyn.emit.torch_lowering import PREFILL_SEQ_HINT, export_step
+    from softsyn.emit.torch_step import StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    model, attentions = _tiny_model()
+    model.set_attn_implementation(attentions["sdpa"][0])
+    length = 64
+    step = StaticStep(model, length).eval()
+    program = export_step(step, model.config, length, "cpu", torch.float32, prefill=True)
+    assert program.example_inputs[0][0].shape == (2, min(PREFILL_SEQ_HINT, (length - 1) // 2)) == (2, 31)
+    layers, kv, head_dim = kv_geometry(model.config)
+    for seq in (2, 5):
+        outs = []
+        for run in (step, program.module()):
+            cache = [torch.zeros(1, kv, length, head_dim) for _ in range(2 * layers)]
+            with torch.no_grad():
+                outs.append(run(torch.arange(10, 10 + seq)[None], torch.arange(seq)[None], torch.arange(16), *cache))
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
 def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
     """export_step (the lowering's torch.export, span dynamic) with the split attention: the exported program runs at
     a span shorter than one chunk and at one of several chunks (neither specialised away) and gives the eager step's
