@@ -7,10 +7,12 @@ the device); inputs and readback are the host work a generation adds. Rows are S
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
+from softsyn.errors import SoftsynError
+from softsyn.frontends.onnx_file import inside
+from softsyn.runtime.artifact import read_json
 from softsyn.runtime.generate import PHASES
 
 SIGNOFF_FILE = Path("signoff") / "signoff.json"
@@ -62,29 +64,36 @@ def warmup_rows(warmups: list) -> list[dict]:
 def signed_off(directory: str | Path, provider: str, prompt_len: int, gen: int) -> dict:
     """The prefill and decode step times DIR/signoff/signoff.json holds, with whether each is the step this run
     timed: a prefill of `prompt_len` at batch 1 and no past, a decode whose past lies in the run's (prompt_len to
-    prompt_len + gen - 2), on the same execution provider. {"file": ..., "problem": why not} when there is none."""
-    path = Path(directory) / SIGNOFF_FILE
-    if not path.is_file():
-        return {"file": str(SIGNOFF_FILE), "problem": "no softsyn signoff of DIR yet"}
+    prompt_len + gen - 2), on the same execution provider. {"file": ..., "problem": why not} when there is none. The
+    file is untrusted (read inside DIR, size-limited; an entry of the wrong shape is skipped): a bad one never fails
+    the run."""
+    none = {"file": str(SIGNOFF_FILE)}
+    if not (Path(directory) / SIGNOFF_FILE).is_file():
+        return {**none, "problem": "no softsyn signoff of DIR yet"}
     try:
-        data = json.loads(path.read_text())
-        groups = [g for g in data["groups"] if g.get("measured_median") is not None]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {"file": str(SIGNOFF_FILE), "problem": f"not readable ({type(exc).__name__})"}
+        data = read_json(inside(directory, SIGNOFF_FILE.as_posix(), "signoff", directory), "signoff result")
+    except SoftsynError as exc:
+        return {**none, "problem": f"not readable ({exc})"}
+    if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
+        return {**none, "problem": "not a signoff result (no groups)"}
     if data.get("provider") != provider:
-        return {"file": str(SIGNOFF_FILE), "problem": f"signed off on {data.get('provider')}, not {provider}"}
-    pasts = (prompt_len, prompt_len + gen - 2)
-    rows = []
-    for g in groups:
-        dims = g.get("dims") or {}
-        seq, past, batch = dims.get("seq"), dims.get("past", 0), dims.get("batch", 1)
-        if batch != 1 or seq is None:
-            continue
-        kind = "prefill" if seq > 1 and past == 0 else "decode" if seq == 1 else None
-        if kind is None:
-            continue
-        same = seq == prompt_len if kind == "prefill" else gen > 1 and pasts[0] <= past <= pasts[1]
-        rows.append({"group": g["name"], "kind": kind, "description": g.get("description", ""), "dims": dims,
-                     "median": g["measured_median"], "same_step": same})
-    return {"file": str(SIGNOFF_FILE), "date": data.get("date"), "groups": rows, "problem": None if rows else
-            "no batch-1 prefill or decode group in it"}
+        return {**none, "problem": f"signed off on {data.get('provider')}, not {provider}"}
+    rows = [row for g in data["groups"] if (row := _signed_step(g, prompt_len, gen)) is not None]
+    return {**none, "date": data.get("date"), "groups": rows,
+            "problem": None if rows else "no batch-1 prefill or decode group in it"}
+
+
+def _signed_step(group, prompt_len: int, gen: int) -> dict | None:
+    """One signoff group as a row of signed_off, None unless it is a measured batch-1 prefill or decode."""
+    if not isinstance(group, dict) or not isinstance(group.get("dims"), dict):
+        return None
+    dims, median = group["dims"], group.get("measured_median")
+    seq, past, batch = dims.get("seq"), dims.get("past", 0), dims.get("batch", 1)
+    if not all(type(v) is int for v in (seq, past, batch)) or batch != 1 or not isinstance(median, (int, float)):
+        return None
+    kind = "prefill" if seq > 1 and past == 0 else "decode" if seq == 1 else None
+    if kind is None:
+        return None
+    same = seq == prompt_len if kind == "prefill" else gen > 1 and prompt_len <= past <= prompt_len + gen - 2
+    return {"group": str(group.get("name")), "kind": kind, "description": str(group.get("description", "")),
+            "dims": dims, "median": float(median), "same_step": same}

@@ -118,3 +118,21 @@ def test_the_report_names_each_phase_and_the_signed_off_steps(tiny_cpu_artifact,
     code, out = softsyn("run", directory, "--gen", 4, "--runs", 1, "--prompt-len", 64, "--json", "-q")
     groups = {g["group"]: g["same_step"] for g in json.loads(out)["signed_off"]["groups"]}
     assert groups == {"prefill": False, "decode": False}
+
+
+def test_a_malformed_signoff_file_is_named_never_a_failed_run(tmp_path):
+    # DIR/signoff/signoff.json is untrusted: unreadable JSON is a problem line, entries of the wrong shape are skipped
+    from softsyn.flow.run_phases import signed_off
+
+    (tmp_path / "signoff").mkdir()
+    target = tmp_path / "signoff" / "signoff.json"
+    target.write_text("{not json")
+    assert signed_off(tmp_path, "CPUExecutionProvider", 128, 4)["problem"].startswith("not readable (")
+    target.write_text(json.dumps({"provider": "CPUExecutionProvider", "groups": [
+        5, {"name": "x", "dims": 5}, {"name": "y", "dims": {"seq": "128"}, "measured_median": 1e-3},
+        {"name": "prefill", "dims": {"batch": 1, "seq": 128, "past": 0}, "measured_median": 2e-3}]}))
+    got = signed_off(tmp_path, "CPUExecutionProvider", 128, 4)
+    assert got["problem"] is None and [(g["group"], g["kind"], g["same_step"]) for g in got["groups"]] == [
+        ("prefill", "prefill", True)]
+    target.write_text(json.dumps({"provider": "CPUExecutionProvider", "groups": {"a": 1}}))
+    assert signed_off(tmp_path, "CPUExecutionProvider", 128, 4)["problem"] == "not a signoff result (no groups)"
