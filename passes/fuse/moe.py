@@ -440,8 +440,13 @@ class MoERule(Rule):
         opsets = dict(ctx.model.opset_imports)
         opsets.setdefault(MS, 1)
         feeds = {x: xs, **m["feeds"]}
-        stack, seen = [m["out"]], {id(x)}
-        while stack:  # other weightless weights the block reads (the router's): seeded stand-ins too
+        # both read router logits with no near-tie at the top-k boundary: top-k is discontinuous, and logits within
+        # fp16 rounding of each other (1 token in ~50 of a seeded 128-expert router) pick experts by tie-break, which
+        # differs between kernels; that is routing, not the expert math this probe checks (2026-12-03: the CUDA MoE of
+        # the 30B-A3B sites was 16-19 % off on such tokens and kept unfused on the H200). So the router never runs.
+        feeds[m["logits"]] = separated_logits((int(np.prod(shape[:-1])), m["E"]), _dtype_np(m["logits"]), rng)
+        stack, seen = [m["out"]], {id(x), id(m["logits"])}
+        while stack:  # other weightless weights the block reads: seeded stand-ins too
             v = stack.pop()
             if v is None or id(v) in seen:
                 continue
@@ -451,12 +456,6 @@ class MoERule(Rule):
             elif v.producer() is not None:
                 stack.extend(v.producer().inputs)
         try:
-            (logits,) = evaluate(ctx.graph, [m["logits"]], feeds, opsets)
-            # both read router logits with no near-tie at the top-k boundary: top-k is discontinuous, and logits within
-            # fp16 rounding of each other (1 token in ~50 of a seeded 128-expert router) pick experts by tie-break,
-            # which differs between kernels; that is routing, not the expert math this probe checks (2026-12-03: the
-            # CUDA MoE of the 30B-A3B sites was 16-19 % off on such tokens and kept unfused on the H200)
-            feeds = {**feeds, m["logits"]: separated_logits(np.shape(logits), logits.dtype, rng)}
             (ref,) = evaluate(ctx.graph, [m["out"]], feeds, opsets)
         except ValueError as e:
             raise _Miss(f"cannot evaluate the expert block from its token input alone ({e})") from None
