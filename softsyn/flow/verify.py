@@ -54,7 +54,7 @@ WIDE_LOGITS = 1000  # without a known vocabulary, a final MatMul/Gemm at least t
 
 def compare(compiled: np.ndarray, reference: np.ndarray, top1: bool,
             max_rel: float = 0.0) -> tuple[float, float, float, float | None]:
-    c, r = compiled.astype(np.float64), reference.astype(np.float64)
+    c, r = np.asarray(compiled, np.float64), np.asarray(reference, np.float64)  # no copy when already float64
     diff = np.abs(c - r)
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(r).max()) if r.size else 0.0
@@ -89,7 +89,7 @@ def positions_over(compiled: np.ndarray, reference: np.ndarray, max_rel: float,
     numerical fault. None for an empty or all-zero reference."""
     if not reference.size:
         return None
-    c, r = compiled.astype(np.float64), reference.astype(np.float64)
+    c, r = np.asarray(compiled, np.float64), np.asarray(reference, np.float64)
     scale = float(np.abs(r).max())
     if scale == 0:
         return None
@@ -101,6 +101,7 @@ def judge(scenario: str, name: str, got: np.ndarray, want: np.ndarray, *, logits
           min_top1: float | None) -> OutputCheck:
     """One output against the reference's as the budget reads it: max rel error, for logits top-1 agreement, and
     for logits and KV the positions over the budget."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)  # once, for both measures
     max_abs, rel, cosine, top1 = compare(got, want, top1=logits, max_rel=max_rel)
     axes = position_axes(name, want, logits)
     over = positions_over(got, want, max_rel, axes) if axes else None
