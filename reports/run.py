@@ -70,9 +70,12 @@ def _ms(seconds: float) -> str:
     return ftime(seconds, "ms", 3)
 
 
+def _phases(row: dict) -> str:
+    return f"run call {_ms(row['run'])} + inputs {_ms(row['inputs'])} + readback {_ms(row['readback'])}"
+
+
 def _sum_line(label: str, row: dict) -> str:
-    return (f"{label} {_ms(row['total'])} ms = run call {_ms(row['run'])} + inputs {_ms(row['inputs'])} + readback "
-            f"{_ms(row['readback'])} ({row['sample']}, the median-ranked one; measured)")
+    return f"{label} {_ms(row['total'])} ms = {_phases(row)} ({row['sample']}, the median-ranked one; measured)"
 
 
 def phase_lines(data: dict) -> list[str]:
@@ -91,8 +94,7 @@ def phase_lines(data: dict) -> list[str]:
     for w in data["warmups"]:
         state = ("the first run of this prompt length on the session (cold)" if w["cold"]
                  else "the prompt length had run before")
-        lines.append(f"Warm-up {w['warmup']} (untimed, not in TTFT): prefill {_ms(w['ttft'])} ms = run call "
-                     f"{_ms(w['run'])} + inputs {_ms(w['inputs'])} + readback {_ms(w['readback'])}; {state}")
+        lines.append(f"Warm-up {w['warmup']} (untimed, not in TTFT): prefill {_ms(w['ttft'])} ms = {_phases(w)}; {state}")
     if data["cold_ttft"]:
         lines.append("Note: a timed prefill was the first run of its prompt length on the session (--warmup 0): "
                      "TTFT includes that cold run")

@@ -89,7 +89,8 @@ def _signed_step(group, prompt_len: int, gen: int) -> dict | None:
         return None
     dims, median = group["dims"], group.get("measured_median")
     seq, past, batch = dims.get("seq"), dims.get("past", 0), dims.get("batch", 1)
-    if not all(type(v) is int for v in (seq, past, batch)) or batch != 1 or not isinstance(median, (int, float)):
+    measured = isinstance(median, (int, float)) and median > 0  # a ratio's divisor in the report
+    if not all(type(v) is int for v in (seq, past, batch)) or batch != 1 or not measured:
         return None
     kind = "prefill" if seq > 1 and past == 0 else "decode" if seq == 1 else None
     if kind is None:
