@@ -33,7 +33,9 @@ the artifact under the same arrival trace.
    until max_batch wait); each iteration admits waiting requests first come, first served within max_batch and the
    KV budget (prompt + gen reserved), runs each admitted prompt's prefill, then one decode step of the sequences
    running before it; a request's first token is stamped at the iteration's end (as the simulation stamps it);
-   finished sequences leave and the rows behind them move down (a KV row copy: the artifact's batch is rows 0..N-1).
+   finished sequences leave, and a row one freed below the new batch size takes the sequence of a top row (the
+   artifact's batch is rows 0..N-1; softsyn.timing.serving.simulate.Queue.place, at most one move per finished
+   sequence): an iteration's moves are one copy of their cached positions, every layer's key and value at once.
    TTFT, TPOT, e2e, queue and throughput have the simulation's definitions (softsyn.timing.serving.checks).
 
 Everything printed is measured on this machine or labelled as softsyn's estimate (est). The harness's own costs
@@ -217,12 +219,12 @@ class Engine:
                             "tensors on the GPU (bound to the session by address, moved with torch copies)")
         self.length = art.io.buffer_length
         self.np_kv = ir.DataType(art.io.kv_elem).numpy()
-        shape = (slots, art.io.kv_heads, self.length, art.io.head_size)
+        # one tensor for every layer's key and value: a row move is one copy of all of them (kv[:, :, row])
+        shape = (len(art.io.layers), 2, slots, art.io.kv_heads, self.length, art.io.head_size)
         dtype = torch.from_numpy(np.zeros(0, self.np_kv)).dtype
-        self.kv = [(torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device))
-                   for _ in art.io.layers]
+        self.kv = torch.zeros(shape, dtype=dtype, device=self.device)
         self.slots = slots
-        self.row_bytes = self.kv[0][0][0].numel() * self.kv[0][0].element_size()
+        self.row_bytes = self.kv[0, 0, 0].numel() * self.kv.element_size()
         self.positions = np.arange(self.length)
         self.decoders: dict[int, tuple] = {}
         kind = next(o.type for o in self.sess.get_outputs() if o.name == art.io.logits)
@@ -237,10 +239,11 @@ class Engine:
 
     def _bind_kv(self, binding, first: int, count: int) -> None:
         shape = [count, self.io.kv_heads, self.length, self.io.head_size]
-        for layer, (key, value) in zip(self.io.layers, self.kv):
-            for past, present, t in ((layer.past_key, layer.present_key, key),
-                                     (layer.past_value, layer.present_value, value)):
-                ptr = t.data_ptr() + first * self.row_bytes
+        base = self.kv.data_ptr()
+        for i, layer in enumerate(self.io.layers):
+            for kv, (past, present) in enumerate(((layer.past_key, layer.present_key),
+                                                  (layer.past_value, layer.present_value))):
+                ptr = base + ((2 * i + kv) * self.slots + first) * self.row_bytes
                 binding.bind_input(past, self.device, 0, self.np_kv, shape, ptr)
                 binding.bind_output(present, self.device, 0, self.np_kv, shape, ptr)
 
@@ -316,16 +319,20 @@ class Engine:
             return logits.numpy()[:, -1].argmax(-1), run
         return logits[:, -1].argmax(-1).cpu().numpy(), run  # on the device, as an engine samples: N ids come back
 
-    def move(self, src: int, dst: int) -> None:
-        """Row src's KV into row dst (every layer, key and value)."""
-        if self.device == "cpu":  # numpy views, one thread: torch's OpenMP copy waits for cores ORT's pool spins on
-            for key, value in self.kv:
-                for t in (key.numpy(), value.numpy()):
-                    t[dst] = t[src]
+    def move_rows(self, moves: list[tuple[int, int, int]]) -> None:
+        """Rows' KV into other rows, (from, to, cached positions) each: one copy of the moved rows' cached positions,
+        every layer's key and value at once (the rows read are never the rows written: Queue.place moves top rows
+        into freed lower ones). A row's positions past its cached ones are never read (GQA reads seqlens_k + 1)."""
+        if not moves:
             return
-        for key, value in self.kv:
-            key[dst].copy_(key[src])
-            value[dst].copy_(value[src])
+        src, dst = [m[0] for m in moves], [m[1] for m in moves]
+        n = max(m[2] for m in moves)
+        if self.device == "cpu":  # numpy views, one thread: torch's OpenMP copy waits for cores ORT's pool spins on
+            kv = self.kv.numpy()
+            kv[:, :, dst, :, :n] = kv[:, :, src, :, :n]
+            return
+        index = self.torch.tensor(src, device=self.device), self.torch.tensor(dst, device=self.device)
+        self.kv[:, :, index[1], :, :n] = self.kv[:, :, index[0], :, :n]
         self.sync()  # torch's copy runs on its stream; the session's next run must see it done
 
 
@@ -419,7 +426,7 @@ class Harness(Queue):
     step per iteration."""
 
     def __init__(self, eng: Engine, reqs, sched, clock=None):
-        super().__init__(reqs, sched)  # running rows here: [request, cached tokens, tokens left, next token, row]
+        super().__init__(reqs, sched)  # running rows here: [request, cached tokens, tokens left, next token]
         self.eng = eng
         self.timer = clock or WallClock()
         self.ids = [np.random.default_rng(r).integers(0, eng.io.vocab_size, int(p)) for r, p in enumerate(reqs.prompt)]
@@ -427,7 +434,8 @@ class Harness(Queue):
         self.steps: list[tuple[int, float, tuple[int, ...], float, float, float]] = []
         self.gaps: list[float] = []  # s between an iteration's end and the next one's start while sequences run
         self.ended = None  # when the last iteration ended, if sequences still run
-        self.moves, self.move_seconds, self.cut = 0, 0.0, False
+        self.moves, self.move_batches, self.move_seconds, self.cut = 0, 0, 0.0, False
+        self.tokens: dict[int, list[int]] = {}  # request -> its generated tokens (greedy), first one from the prefill
         # per prefill call: (prompt tokens, run seconds, whether the session had run a prefill of that length before:
         # a length ORT's CUDA provider meets first may cost it kernel selection on the trace's clock)
         self.prefills: list[tuple[int, float, bool]] = []
@@ -437,12 +445,14 @@ class Harness(Queue):
         return self.timer.now()
 
     def step(self, admitted: list[int]) -> None:
-        start, base, run = self.clock(), len(self.running), 0.0
+        start, run = self.clock(), 0.0
         if self.ended is not None:
             self.gaps.append(start - self.ended)
         firsts = []
-        for i, r in enumerate(admitted):
-            token, seconds = self.eng.prefill(base + i, self.ids[r])
+        self.seat(admitted)
+        for r in admitted:
+            token, seconds = self.eng.prefill(self.rows[r], self.ids[r])
+            self.tokens[r] = [token]
             length = int(self.reqs.prompt[r])
             self.prefills.append((length, seconds, length in self.lengths_seen))
             self.lengths_seen.add(length)
@@ -458,27 +468,29 @@ class Harness(Queue):
         still = []
         for s, token in zip(self.running, tokens if self.running else []):
             s[1], s[2], s[3] = s[1] + 1, s[2] - 1, int(token)
+            self.tokens[s[0]].append(int(token))
             if s[2] > 0:
                 still.append(s)
             else:
                 self.finish(s[0], end)
-        for i, (r, token) in enumerate(zip(admitted, firsts)):
+        for r, token in zip(admitted, firsts):
             self.admitted[r], self.first[r] = start, end
             if self.reqs.gen[r] > 1:
-                still.append([r, int(self.reqs.prompt[r]), int(self.reqs.gen[r]) - 1, token, base + i])
+                still.append([r, int(self.reqs.prompt[r]), int(self.reqs.gen[r]) - 1, token])
             else:
                 self.finish(r, end)
         self.compact(still)
         self.ended = self.clock() if self.running else None
 
     def compact(self, still: list[list[int]]) -> None:
-        """Rows 0..len(still)-1 hold the running sequences, in order (their rows only move down: no overwrite)."""
+        """Rows 0..len(still)-1 hold the running sequences: a row a finished sequence freed below that count takes a
+        top row's sequence (Queue.place: at most one move per finished sequence), all of an iteration's moves in one
+        copy."""
         t = self.clock()
-        for row, s in enumerate(still):
-            if s[4] != row:
-                self.eng.move(s[4], row)
-                s[4] = row
-                self.moves += 1
+        moves = self.place(still)
+        self.eng.move_rows(moves)
+        self.moves += len(moves)
+        self.move_batches += bool(moves)
         self.move_seconds += self.clock() - t
         self.running = still
 
@@ -613,7 +625,7 @@ def in_trace(h: Harness, table) -> dict:
             "decode_iteration": [pct([s[3] for s in h.steps if not s[2]], q) for q in (50, 99)]
             + [float(np.mean([s[3] for s in h.steps if not s[2]] or [np.nan]))],
             "gaps": sum(h.gaps), "gap_median": pct(h.gaps, 50),
-            "moves": h.moves, "move_seconds": h.move_seconds, **prefill_split(h, table)}
+            "moves": h.moves, "move_batches": h.move_batches, "move_seconds": h.move_seconds, **prefill_split(h, table)}
 
 
 def prefill_split(h: Harness, table) -> dict:
@@ -737,8 +749,8 @@ def trace_section(art: Artifact, res: dict) -> list[str]:
               f"iterations: the tail counts in it); between iterations, while sequences ran, "
               f"{it['gaps'] * 1e3:.1f} ms in all (median {ms(it['gap_median'])} ms: the harness's scheduling and moves)",
               f"- engine busy {it['busy_measured']:.2f} s measured vs {it['busy_predicted']:.2f} s the table predicts for "
-              f"the same iterations; KV row moves (finished sequences' rows refilled) {it['moves']}, "
-              f"{it['move_seconds'] * 1e3:.1f} ms in all (not in the simulation's model)",
+              f"the same iterations; KV row moves (a top row's sequence into a row a finished one freed) {it['moves']}, in "
+              f"{it['move_batches']} copies, {it['move_seconds'] * 1e3:.1f} ms in all",
               f"- prefill calls: {prefill_line(it['prefill_repeat'])} at a prompt length the session had run before; "
               f"{prefill_line(it['prefill_first'])} at a length it met first (ORT may select kernels per new shape on "
               "the trace's clock; the simulation has no such cost)", ""]

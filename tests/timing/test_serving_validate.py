@@ -114,9 +114,11 @@ class _TableEngine:
         self.clock.t += self.table.decode(len(pasts), float(pasts.mean()))
         return tokens, 0.0
 
-    def move(self, src, dst):
-        assert dst < src
-        self.rows[dst] = self.rows.pop(src)
+    def move_rows(self, moves):
+        assert all(dst < src for src, dst, _ in moves) and not {m[0] for m in moves} & {m[1] for m in moves}
+        for src, dst, cached in moves:
+            assert cached >= self.rows[src]  # the prompt's positions at least
+            self.rows[dst] = self.rows.pop(src)
 
 
 @pytest.mark.parametrize("rate, kv_tokens", [(20.0, None), (400.0, 1500.0)])
@@ -144,3 +146,23 @@ def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
         assert np.allclose(getattr(got, name), getattr(sim, name), rtol=1e-9, atol=1e-12), name
     assert got.decode_batches == sim.decode_batches and max(sim.decode_batches) > 1
     assert harness.moves > 0
+
+
+def test_harness_row_moves_keep_the_greedy_tokens(serving_artifact):
+    # sequences finishing under others move the top rows' KV into the freed rows (one copy of every layer): each
+    # request's greedy tokens in the batch are then those of the same prompt decoded alone (softsyn run's Generator)
+    from softsyn.constraints.serving import Lengths, Serving
+    from softsyn.runtime.generate import Generator
+    from softsyn.timing.serving import Scheduler, requests
+
+    bench = _bench()
+    art = bench.open_artifact(serving_artifact, str(CONSTRAINTS), "cpu")
+    serving = Serving(arrival_rate=2000.0, prompt_len=Lengths(8, 32), gen_len=Lengths(6, 24), max_batch=4,
+                      batch_timeout=0.0, requests=10, seed=3)
+    reqs = requests(serving)
+    harness = bench.Harness(bench.Engine(art, 4), reqs, Scheduler(4, 0.0, None, 200))
+    harness.run(deadline=60.0)
+    assert harness.moves >= 3 and harness.outcome().completed == 10
+    alone = Generator(art.session, art.io, "cpu")
+    for r, ids in enumerate(harness.ids):
+        assert harness.tokens[r] == list(alone.generate(ids, int(reqs.gen[r])).tokens), r

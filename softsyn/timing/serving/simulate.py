@@ -61,6 +61,7 @@ class Queue:
         self.waiting: deque[int] = deque()
         self.running: list[list] = []  # [request, cached tokens, tokens left, ...]
         self.next, self.kv_used, self.done, self.rejected, self.too_long = 0, 0, 0, 0, 0
+        self.rows: dict[int, int] = {}  # running request -> its row in the engine's KV buffer (a batch of N: rows 0..N-1)
 
     def need(self, r: int) -> int:
         return int(self.reqs.prompt[r] + self.reqs.gen[r])
@@ -102,6 +103,28 @@ class Queue:
             self.kv_used += self.need(r)
             admitted.append(r)
         return admitted
+
+    def seat(self, admitted: list[int]) -> None:
+        """The admitted requests take the rows after the running ones (their prefills write there)."""
+        base = len(self.running)
+        self.rows.update((r, base + i) for i, r in enumerate(admitted))
+
+    def place(self, still: list[list]) -> list[tuple[int, int, int]]:
+        """Keep the running sequences `still` in rows 0..len(still)-1 (a decode binds a batch as one block of rows):
+        each row freed below that count takes the sequence of a row above it, so a finished sequence costs at most one
+        KV row move and one in the top rows none. Reorders `still` by row; returns the moves, (from row, to row,
+        cached positions to copy)."""
+        n = len(still)
+        rows = {s[0]: self.rows[s[0]] for s in still}
+        holes = sorted(set(range(n)) - set(rows.values()))
+        movers = sorted((s for s in still if rows[s[0]] >= n), key=lambda s: rows[s[0]])
+        moves = []
+        for hole, s in zip(holes, movers):
+            moves.append((rows[s[0]], hole, int(s[1])))
+            rows[s[0]] = hole
+        self.rows = rows
+        still.sort(key=lambda s: rows[s[0]])
+        return moves
 
 
 class _Engine(Queue):
