@@ -38,9 +38,10 @@ the artifact under the same arrival trace.
    sequence): an iteration's moves are one copy of their cached positions, every layer's key and value at once.
    TTFT, TPOT, e2e, queue and throughput have the simulation's definitions (softsyn.timing.serving.checks).
 
-Everything printed is measured on this machine or labelled as softsyn's estimate (est). The harness's own costs
-(Python scheduling, logits to the host, KV row moves) are part of what it measures and not of the simulation's
-model; they are reported separately. Exit 2: bad arguments or constraints (one line naming what).
+Everything printed is measured on this machine or labelled as softsyn's estimate (est). The trace is simulated twice:
+over the run calls alone (the step table) and with the engine's host work per iteration the compile modelled from
+its library's measured serving_host block (softsyn.timing.serving.host: inputs, argmax, a prompt's binding and
+logits, KV row moves; analysis.json serving.host); the measured run sits beside both, and the host seconds of each. Exit 2: bad arguments or constraints (one line naming what).
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
     from softsyn.results.serving import StepPoint
     from softsyn.runtime.decoder import decoder_io
     from softsyn.runtime.session import PROVIDERS, open_model
-    from softsyn.timing.serving import Scheduler, StepTable
+    from softsyn.timing.serving import HostWork, Scheduler, StepTable
 
     serving = load_constraints(constraints).serving
     if serving is None:
@@ -197,7 +198,12 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
     sess = cpu_view_session(model, so)[0] if provider == "cpu" else open_model(model, provider, so, cuda_graph=cuda_graph)
     kv = analysis["area"].get("kv_budget") or {}
     length = min(b for b in (kv.get("length"), io.buffer_length, io.max_positions) if b)
-    sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length)
+    host = served.get("host") or {}
+    work = None
+    if host.get("status") == "measured":  # the compile's host work per iteration (softsyn.timing.serving.host)
+        work = HostWork(**{k: host[k] for k in ("iteration", "per_sequence", "prefill", "per_token", "move",
+                                                  "per_moved_token")}, source=host.get("line", ""))
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length, work)
     table = StepTable.from_points([StepPoint(**p) for p in served["steps"]])
     return Artifact(directory, design, sess, io, provider, cuda_graph, table, sched, serving, so)
 
@@ -582,27 +588,30 @@ def step_table_md(rows: list[StepRow]) -> list[str]:
     return out
 
 
-def trace_rows(sim, measured) -> list[tuple[str, float, float, str]]:
-    """(metric, simulated, measured, unit) rows: the simulation's distributions (softsyn.timing.serving.checks)."""
+def trace_rows(sim, hosted, measured) -> list[tuple[str, float, float | None, float, str]]:
+    """(metric, simulated, simulated with host work (None: not modelled), measured, unit) rows: the simulation's
+    distributions (softsyn.timing.serving.checks)."""
     from softsyn.timing.serving.checks import distributions
 
     rows = []
-    for s, m in zip(distributions(sim), distributions(measured)):
+    with_host = distributions(hosted) if hosted is not None else [None] * 4
+    for s, h, m in zip(distributions(sim), with_host, distributions(measured)):
         for p in ("p50", "p99"):
-            rows.append((f"{s.metric} {p}", getattr(s, p), getattr(m, p), "ms"))
-    rows.append(("throughput", sim.throughput, measured.throughput, "tok/s"))
-    rows.append(("completed", sim.completed, measured.completed, "requests"))
-    rows.append(("rejected", sim.rejected, measured.rejected, "requests"))
+            rows.append((f"{s.metric} {p}", getattr(s, p), getattr(h, p) if h else None, getattr(m, p), "ms"))
+    for name, unit in (("throughput", "tok/s"), ("completed", "requests"), ("rejected", "requests")):
+        rows.append((name, getattr(sim, name), getattr(hosted, name) if hosted else None, getattr(measured, name),
+                     unit))
     return rows
 
 
 def trace_md(rows) -> list[str]:
-    out = ["| metric | simulated (est) | measured | measured / simulated |", "|---|---|---|---|"]
-    for metric, s, m, unit in rows:
+    out = ["| metric | simulated, run calls (est) | + host work (measured per iteration) | measured "
+           "| measured / simulated | measured / with host |", "|---|---|---|---|---|---|"]
+    for metric, s, h, m, unit in rows:
         fmt = ((lambda v: f"{v * 1e3:.3f} ms") if unit == "ms" else (lambda v: f"{v:,.0f} {unit}") if unit == "requests"
                else (lambda v: f"{v:,.1f} {unit}"))
-        ratio = f"{m / s:.2f}" if s else "-"
-        out.append(f"| {metric} | {fmt(s)} | {fmt(m)} | {ratio} |")
+        out.append(f"| {metric} | {fmt(s)} | {fmt(h) if h is not None else '-'} | {fmt(m)} "
+                   f"| {f'{m / s:.2f}' if s else '-'} | {f'{m / h:.2f}' if h else '-'} |")
     return out
 
 
@@ -621,6 +630,7 @@ def in_trace(h: Harness, table) -> dict:
             "mixed_iteration_ratio": statistics.median(d[0] for d in mixed) if mixed else None,
             "mixed_run_ratio": statistics.median(d[1] for d in mixed) if mixed else None,
             "busy_measured": busy, "busy_predicted": sum(predicted(s) for s in h.steps),
+            "run_seconds": sum(s[4] for s in h.steps),
             "mean_decode_batch": float(np.mean([s[0] for s in h.steps if s[0]] or [0])),
             "decode_iteration": [pct([s[3] for s in h.steps if not s[2]], q) for q in (50, 99)]
             + [float(np.mean([s[3] for s in h.steps if not s[2]] or [np.nan]))],
@@ -694,14 +704,16 @@ def run_all(args, argv) -> dict:
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
     from softsyn.timing.serving import simulate
 
-    sim = simulate(reqs, art.table, art.sched)
+    sim = simulate(reqs, art.table, replace(art.sched, host=None))
+    hosted = simulate(reqs, art.table, art.sched) if art.sched.host is not None else None
     left = args.seconds - (time.perf_counter() - start)
     log(f"trace: {len(reqs.arrival)} requests over {reqs.arrival[-1]:.1f} s; serving them (deadline {left:.0f} s)")
     harness = Harness(eng, reqs, art.sched)
     harness.lengths_seen |= warmed
     harness.run(max(left, float(reqs.arrival[-1]) + 1.0))
     measured = harness.outcome()
-    result.update({"trace": trace_rows(sim, measured), "in_trace": in_trace(harness, art.table),
+    result.update({"trace": trace_rows(sim, hosted, measured), "hosted": hosted,
+                   "in_trace": in_trace(harness, art.table),
                    "requests": len(reqs.arrival), "offered": offered, "span": float(reqs.arrival[-1]),
                    "cut": harness.cut, "wall": harness.clock(), "simulated_batches": sim.decode_batches,
                    "measured_batches": measured.decode_batches})
@@ -732,6 +744,15 @@ def trace_section(art: Artifact, res: dict) -> list[str]:
               f"{' and was CUT at its deadline: measured figures cover the completed requests only' if res['cut'] else ''}.",
               ""]
     lines += trace_md(res["trace"]) + [""]
+    work, hosted, it = art.sched.host, res["hosted"], res["in_trace"]
+    measured_host = it["busy_measured"] - it["run_seconds"]
+    if work is None:
+        lines += ["Host work: not modelled (the compile's library has no serving_host block: bench/host_probe.py).", ""]
+    else:
+        lines += [f"Host work per iteration, the compile's model: {work.describe()}. Simulated: {hosted.host:.2f} s "
+                  f"of {hosted.busy:.2f} s busy ({hosted.host / hosted.busy:.0%}); measured: {measured_host:.2f} s "
+                  f"of the iterations' {it['busy_measured']:.2f} s beside the run calls, + {it['move_seconds']:.2f} s "
+                  "of KV row moves.", ""]
 
     def ratio(key):
         return f"{it[key]:.2f}" if it[key] is not None else "-"

@@ -316,6 +316,9 @@ SERVING_DISTRIBUTION_COLUMNS: tuple[Column, ...] = (
     _time("p99", "p99", 10),
     _time("mean", "Mean", 10),
     _time("max", "Max", 10),
+    # how much of p50 / p99 is the engine's host work (the same simulation without it, subtracted); "-": not modelled
+    Column("host_p50", "Host p50", 10, "right", "time", gap=1, missing="-"),
+    Column("host_p99", "Host p99", 10, "right", "time", gap=1, missing="-"),
 )
 SERVING_SUGGESTION_COLUMNS: tuple[Column, ...] = (
     Column("knob", "Knob", 10),

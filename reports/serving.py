@@ -48,12 +48,19 @@ def _steps_line(result: ServingResult) -> str:
     return f"Step times (est, the STA from the library): {', '.join(parts)} points; rows in analysis.json, report.html"
 
 
+def _host_line(result: ServingResult) -> list[str]:
+    """The engine's host work per iteration the simulation added: measured figures, or why none."""
+    if result.host is None:
+        return []
+    return [f"Host:  {result.host.status}: {result.host.line}"]
+
+
 def serving_lines(result: ServingResult | None, unit: str = "ms", digits: int = 3) -> list[str]:
     """report_qor's Serving section (empty without a serving block)."""
     if result is None:
         return []
     tables = serving_tables(result)
-    lines = [f"Serving {LABEL}", f"Load:  {result.load}", f"Model: {result.model}",
+    lines = [f"Serving {LABEL}", f"Load:  {result.load}", f"Model: {result.model}", *_host_line(result),
              f"Completed {result.completed} of {result.requests} requests; throughput {result.throughput:,.1f} "
              f"tok/s (offered {result.offered:,.1f} tok/s)", "", f"Checks (times in {unit})",
              *_block(tables["checks"], unit, digits)]
@@ -82,7 +89,8 @@ def serving_view(result: ServingResult | None) -> dict | None:
         charts.append({"metric": metric, "chart": histogram(bins, f"{metric}: requests per bin {LABEL}",
                                                             fmt=lambda v: f"{v * 1e3:.3g}", x_label=f"{metric} (ms)",
                                                             noun="request")})
-    return {"load": result.load, "model": result.model, "notes": result.notes, "charts": charts,
+    return {"load": result.load, "model": result.model, "host": "".join(_host_line(result)), "notes": result.notes,
+            "charts": charts,
             "verdict": "VIOLATED" if result.violated else "MET",
             "tables": [table_html(tables[k], caption, "stack" if k == "suggestions" else "")
                        for k, caption in captions.items() if tables[k].rows],

@@ -40,7 +40,7 @@ import yaml
 from softsyn.constraints import YamlReader
 from softsyn.constraints.reader import compose, read_text
 from softsyn.errors import SoftsynError
-from softsyn.library.model import PRECISIONS, Ceilings, Cell, Library, canonical_precision
+from softsyn.library.model import PRECISIONS, Ceilings, Cell, Library, ServingHost, canonical_precision
 
 FORMAT_VERSION = 1
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "ceilings")
@@ -193,13 +193,33 @@ def parse_library(text: str, path: Path) -> Library:
     if not isinstance(cells_raw, list):
         raise reader.at("cells", "must be a list of cells")
     cells = [parse_cell(reader, i, raw) for i, raw in enumerate(cells_raw)]
-    header = {k: v for k, v in data.items() if k not in ("ceilings", "cells")}
+    host = parse_serving_host(reader, data.get("serving_host"))
+    header = {k: v for k, v in data.items() if k not in ("ceilings", "cells", "serving_host")}
     if isinstance(header["date"], (_dt.date, _dt.datetime)):
         header["date"] = header["date"].isoformat()
     header = {k: (str(v) if k in ("runtime", "provider", "device", "library") else v) for k, v in header.items()}
     ceilings = Ceilings(memory_bandwidth=bw, peak_flops=peak, launch_overhead=launch,
                         launch_overhead_graph=launch_graph, run_overhead=run)
-    return Library(name=str(data["library"]), header=header, ceilings=ceilings, cells=cells, path=path)
+    return Library(name=str(data["library"]), header=header, ceilings=ceilings, cells=cells, path=path,
+                   serving_host=host)
+
+
+HOST_FIGURES = ("iteration", "input_bandwidth", "sample_bandwidth", "readback_bandwidth", "bind", "move")
+HOST_TEXT = ("device", "date", "command")
+
+
+def parse_serving_host(reader: YamlReader, raw) -> ServingHost | None:
+    """The optional `serving_host:` block (softsyn.characterize.host writes it): every figure positive, and where it
+    was measured."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise reader.at("serving_host", f"must be a mapping with keys {', '.join(HOST_FIGURES + HOST_TEXT)}")
+    values = {k: _positive(reader, f"serving_host.{k}", raw.get(k)) for k in HOST_FIGURES}
+    for k in HOST_TEXT:
+        if raw.get(k) in (None, ""):
+            raise reader.at(f"serving_host.{k}", "missing (say where and how the host probe measured it)")
+    return ServingHost(**values, **{k: str(raw[k]) for k in HOST_TEXT})
 
 
 def load_library(name_or_path: str | os.PathLike) -> Library:

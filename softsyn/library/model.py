@@ -66,6 +66,23 @@ class Ceilings:
     run_overhead: float  # s per session.run call
 
 
+@dataclass(frozen=True)
+class ServingHost:
+    """The host work of one continuous-batching iteration around the run calls, measured on the target by
+    softsyn.characterize.host (the library's `serving_host:` block), SI units. What a serving simulation charges per
+    iteration is these figures at the design's sizes (softsyn.timing.serving.host)."""
+
+    iteration: float  # s: an iteration's fixed cost (inputs updated in place, the logits' argmax, ids to the host)
+    input_bandwidth: float  # B/s: input bytes made and updated in place (a decode's attention_mask rows)
+    sample_bandwidth: float  # B/s: logits bytes the argmax reads where the engine samples (device on a GPU)
+    readback_bandwidth: float  # B/s: an output copied to the host (a prefill's logits)
+    bind: float  # s per io_binding bind call (a prefill binds every layer's past and present key and value)
+    move: float  # s: a KV row-move copy's fixed cost (its bytes at ceilings.memory_bandwidth)
+    device: str  # the machine the probe ran on
+    date: str
+    command: str
+
+
 HOST_BOUND = 1.5  # a GPU cell delay within this factor of its table's floor was host (launch) bound
 GRAPH_SUFFIX = "-graph"  # implementation suffix of a cell timed as CUDA graph replays (Library.graph_delay)
 GRAPH_ROW_AXES = ("m", "q_tokens")  # a graph table's rows: a decode step's batch of sequences
@@ -130,6 +147,7 @@ class Library:
     ceilings: Ceilings
     cells: list[Cell]
     path: Path
+    serving_host: ServingHost | None = None  # None: not measured on this target (the simulation then has no host work)
 
     @property
     def provider(self) -> str:

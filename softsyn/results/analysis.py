@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 # imported here because _build finds nested classes in this module's globals and json_io reads Analysis's hints
 from softsyn.results.serving import (Distribution, HistogramBin, ServingCheck, ServingResult,  # noqa: F401
-                                     ServingSchedule, ServingSuggestion, StepPoint)
+                                     ServingHostWork, ServingSchedule, ServingSuggestion, StepPoint)
 
 
 @dataclass
@@ -324,6 +324,7 @@ _NESTED = {
     ("ServingResult", "histogram"): "HistogramBin",
     ("ServingResult", "suggestions"): "ServingSuggestion",
     ("ServingResult", "schedule"): "ServingSchedule",
+    ("ServingResult", "host"): "ServingHostWork",
 }
 
 

@@ -34,6 +34,8 @@ class Distribution:
     p99: float
     mean: float
     max: float
+    host_p50: float | None = None  # s of p50 that is host work: p50 with it - p50 of the same simulation without it
+    host_p99: float | None = None  # None: the host is not modelled (the library has no serving_host)
 
 
 @dataclass
@@ -77,6 +79,22 @@ class ServingSchedule:
 
 
 @dataclass
+class ServingHostWork:
+    """The engine's host work per iteration the simulation added to the step times (softsyn.timing.serving.host), or
+    why it added none. Figures in s (per_token: per prompt token; per_moved_token: per cached position moved)."""
+
+    status: str  # "measured" (the library's serving_host block, probed on its machine) | "not modelled"
+    line: str  # the figures and where they were measured, or why there are none
+    iteration: float = 0.0
+    per_sequence: float = 0.0
+    prefill: float = 0.0
+    per_token: float = 0.0
+    move: float = 0.0
+    per_moved_token: float = 0.0
+    share: float = 0.0  # host seconds / the simulated engine's busy seconds
+
+
+@dataclass
 class ServingResult:
     """The serving analysis of one design: the load, the checks, the distributions, the steps and suggestions."""
 
@@ -95,6 +113,7 @@ class ServingResult:
     suggestions: list[ServingSuggestion] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     schedule: ServingSchedule | None = None  # None: an analysis.json written before it was kept
+    host: ServingHostWork | None = None  # None: an analysis.json written before host work was modelled
 
     @property
     def violated(self) -> bool:

@@ -45,17 +45,20 @@ def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact
     metrics = [m for m, *_ in res["trace"]]
     assert metrics == ["ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e p50", "e2e p99", "queue p50", "queue p99",
                        "throughput", "completed", "rejected"]
-    values = {m: (sim, measured) for m, sim, measured, _ in res["trace"]}
-    assert values["completed"] == (6, 6) and not res["cut"] and res["requests"] == 6
+    values = {m: (sim, hosted, measured) for m, sim, hosted, measured, _ in res["trace"]}
+    assert values["completed"] == (6, 6, 6) and not res["cut"] and res["requests"] == 6
     for m in ("ttft p50", "ttft p99", "e2e p99", "throughput"):
-        assert values[m][0] > 0 and values[m][1] > 0 and math.isfinite(values[m][1])
+        assert min(values[m]) > 0 and math.isfinite(values[m][2])
+    hosted = res["hosted"]  # cpu-ort has a serving_host block: the host work is simulated, a share of the busy time
+    assert 0 < hosted.host < hosted.busy
     assert res["in_trace"]["iterations"] >= 6 and res["in_trace"]["busy_measured"] > 0
     repeat, first = res["in_trace"]["prefill_repeat"], res["in_trace"]["prefill_first"]
     assert repeat[0] + first[0] == 6  # every request's prefill, split by whether its length ran before
     text = md.read_text()
     assert "- prefill calls: " in text and "at a length it met first" in text
     assert "| decode of 4 | 4 | 160 |" in text and "| prefill 128 + decode of 3 | 4 |" in text
-    assert "| ttft p99 |" in text and "simulated (est)" in text
+    assert "| ttft p99 |" in text and "+ host work (measured per iteration)" in text
+    assert "Host work per iteration, the compile's model: " in text and "measured on " in text
 
 
 def test_prefill_calls_split_by_whether_their_length_ran_before():

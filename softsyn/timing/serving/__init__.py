@@ -3,21 +3,25 @@
 together for Design.analyze; everything it reports is simulated over step times estimated from the library."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from softsyn.constraints.serving import Serving
-from softsyn.results.serving import ServingResult, ServingSchedule
+from softsyn.results.serving import ServingHostWork, ServingResult, ServingSchedule
 from softsyn.timing.serving.checks import checks, distributions, histogram
+from softsyn.timing.serving.host import HostWork, host_work
 from softsyn.timing.serving.simulate import Scheduler, simulate
 from softsyn.timing.serving.steps import StepTable, TimeAt, step_table
 from softsyn.timing.serving.suggest import Knobs, suggestions
 from softsyn.timing.serving.workload import cap, requests
 from softsyn.units import fmt_time
 
-__all__ = ["serving_analysis", "grid_for", "Knobs", "Scheduler", "StepTable", "simulate", "requests", "step_table"]
+__all__ = ["serving_analysis", "grid_for", "HostWork", "host_work", "Knobs", "Scheduler", "StepTable", "simulate",
+           "requests", "step_table"]
 
 MODEL = ("continuous batching (iteration-level, FCFS admission between steps within max_batch and the KV budget, "
          "whole sequence reserved); decode step at the batch's mean past, a prefill per admitted prompt, a mixed "
          "step = prefills + decode; step times: the STA's critical arrival at those dims from the library, "
-         "tabulated and interpolated (est)")
+         "tabulated and interpolated (est), plus the engine's host work per iteration (Host, below)")
 BATCH_HEADROOM = 4  # the table covers batches up to this many times max_batch, for the max_batch suggestion
 
 
@@ -35,15 +39,33 @@ def _load(serving: Serving, kv_tokens: float | None) -> str:
             f"batch_timeout {fmt_time(serving.batch_timeout, 'ms', 1)}; {kv}")
 
 
+def host_result(host: HostWork | None, why: str, outcome, bare) -> tuple[ServingHostWork, list]:
+    """The host work's report row and the distributions with their host columns: each percentile with host work
+    less the same percentile of `bare`, the simulation without it."""
+    rows = distributions(outcome)
+    if host is None:
+        return ServingHostWork("not modelled", why), rows
+    for row, without in zip(rows, distributions(bare)):
+        row.host_p50, row.host_p99 = row.p50 - without.p50, row.p99 - without.p99
+    share = outcome.host / outcome.busy if outcome.busy else 0.0
+    line = f"{host.describe()}; {share:.0%} of the simulated engine's busy time"
+    return ServingHostWork("measured", line, host.iteration, host.per_sequence, host.prefill, host.per_token,
+                           host.move, host.per_moved_token, share), rows
+
+
 def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs,
-                     sequence: tuple[int, str] | None = None) -> ServingResult:
+                     sequence: tuple[int, str] | None = None, host: HostWork | None = None,
+                     host_why: str = "") -> ServingResult:
     """Time the step table with `time_at`, simulate `serving`'s load, check it; when a check fails, re-run with each
     of `knobs` changed. `sequence`: (positions the design holds per sequence, the key that set it); longer requests
-    are rejected, and a load with rejected requests is violated whatever its latencies."""
+    are rejected, and a load with rejected requests is violated whatever its latencies. `host`: the engine's host
+    work per iteration, added to every step (None: not modelled, `host_why` says why)."""
     table = step_table(time_at, **grid_for(serving))
     reqs = requests(serving)
-    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None)
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None, host)
     outcome = simulate(reqs, table, sched)
+    bare = simulate(reqs, table, replace(sched, host=None)) if host is not None else outcome
+    host_row, rows_dist = host_result(host, host_why, outcome, bare)
     rows = checks(serving, outcome)
     offered = serving.arrival_rate * float(reqs.gen.mean())
     notes = []
@@ -60,7 +82,7 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,
                            completed=outcome.completed, throughput=outcome.throughput, offered=offered,
                            kv_tokens=kv_tokens, rejected=outcome.rejected, checks=rows,
-                           distributions=distributions(outcome),
+                           distributions=rows_dist, host=host_row,
                            histogram=histogram(outcome),
                            steps=table.points(), notes=notes,
                            schedule=ServingSchedule(outcome.max_step_tokens, list(outcome.decode_batches),

@@ -6,7 +6,8 @@ from softsyn.netlist.dims import expr_names
 from softsyn.results.analysis import AreaResult, Scenario
 from softsyn.results.serving import ServingResult
 from softsyn.timing.capture import group_launch, shared_kv_buffer
-from softsyn.timing.serving import Knobs, serving_analysis, step_table, grid_for
+from softsyn.runtime.decoder import NotDecoder, decoder_io
+from softsyn.timing.serving import HostWork, Knobs, grid_for, host_work, serving_analysis, step_table
 from softsyn.timing.sta import PathGroup, TimingRequest, time_group
 from softsyn.timing.tp import TPError, partition
 
@@ -66,4 +67,30 @@ def design_serving(design, area: AreaResult) -> ServingResult:
     why = "tensor parallelism is on (the what-if re-times one device's partition only)" if design.partition else ""
     knobs = Knobs(retime=retime, precision_why=why, kv_int8_tokens=int8_tokens, kv_why=kv_why)
     sequence = (area.kv_budget.length, area.kv_budget.length_key) if area.kv_budget is not None else None
-    return serving_analysis(serving, _timer(design), tokens, knobs, sequence)
+    host, why = _host(design, area)
+    return serving_analysis(serving, _timer(design), tokens, knobs, sequence, host, why)
+
+
+def _host(design, area: AreaResult) -> tuple[HostWork | None, str]:
+    """The engine's host work per iteration at the design's sizes from the library's measured serving_host block,
+    or (None, why not)."""
+    library = design.library
+    if library.serving_host is None:
+        return None, (f"library {library.name} has no serving_host block (python bench/host_probe.py on the target "
+                      "measures it): the simulated steps are the run calls alone")
+    try:
+        io = decoder_io(design.netlist.model)
+    except NotDecoder as exc:
+        return None, f"the design's inputs are not a decoder's the host work is modelled for ({exc})"
+    graph = design.netlist.model.graph
+    logits = next(v for v in graph.outputs if v.name == io.logits)
+    mask = next((v for v in graph.inputs if v.name == io.attention_mask), None)
+    positions = io.buffer_length or (area.kv_budget.length if area.kv_budget is not None else None)
+    if io.vocab_size is None or positions is None or area.kv_budget is None:
+        return None, "the design's vocabulary or KV length is symbolic: the host work has no size to scale with"
+    seq = logits.shape[-2] if logits.shape is not None and len(logits.shape) >= 2 else None
+    return host_work(library.serving_host, library.ceilings.memory_bandwidth, vocab=io.vocab_size,
+                     logits_bytes=int(logits.dtype.itemsize), positions=int(positions),
+                     mask_bytes=int(mask.dtype.itemsize) if mask is not None and mask.dtype is not None else 8,
+                     layers=len(io.layers), kv_bytes_per_token=area.kv_budget.bytes_per_token,
+                     all_logits=seq != 1, library=library.name), ""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softsyn.timing.serving.host import HostWork
 from softsyn.timing.serving.steps import StepTable
 from softsyn.timing.serving.workload import Requests
 
@@ -33,6 +34,7 @@ class Scheduler:
     batch_timeout: float  # s
     kv_tokens: float | None  # KV budget in tokens; None: unlimited
     max_len: int | None = None  # positions the design holds per sequence (prompt + generated); None: unlimited
+    host: HostWork | None = None  # the engine's host work per iteration (softsyn.timing.serving.host); None: none
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Outcome:
     throughput: float
     too_long: int = 0  # of the rejected: longer than Scheduler.max_len  # generated tokens/s
     max_step_tokens: int = 0  # the most tokens one step carried: admitted prompts + running decodes
+    busy: float = 0.0  # s the engine ran iterations, host work included
+    host: float = 0.0  # s of it host work (Scheduler.host)
     decode_batches: tuple[int, ...] = ()  # distinct decode batch sizes the steps ran, ascending
 
 
@@ -134,10 +138,16 @@ class _Engine(Queue):
         super().__init__(reqs, sched)
         self.table, self.t = table, 0.0
         self.max_step_tokens, self.decode_batches = 0, set()
+        self.busy, self.host = 0.0, 0.0
 
     def step(self, admitted: list[int]) -> None:
-        start = self.t
+        start, host = self.t, self.sched.host
+        self.seat(admitted)
         dt = sum(self.table.prefill(int(self.reqs.prompt[r])) for r in admitted)
+        if host is not None:  # the inputs, bindings, logits and argmax around the run calls
+            work = host.step(len(self.running), [int(self.reqs.prompt[r]) for r in admitted])
+            dt += work
+            self.host += work
         tokens = sum(int(self.reqs.prompt[r]) for r in admitted) + len(self.running)
         self.max_step_tokens = max(self.max_step_tokens, tokens)
         if self.running:
@@ -158,6 +168,11 @@ class _Engine(Queue):
                 still.append([r, int(self.reqs.prompt[r]), int(self.reqs.gen[r]) - 1])
             else:
                 self.finish(r)
+        moves = self.place(still)  # after the tokens are stamped, as an engine refills rows before the next step
+        if host is not None and moves:
+            self.host += host.moves(moves)
+            self.t += host.moves(moves)
+        self.busy += self.t - start
         self.running = still
 
     def finish(self, r: int) -> None:
@@ -194,4 +209,5 @@ def simulate(reqs: Requests, table: StepTable, sched: Scheduler) -> Outcome:
                    queue=engine.admitted[ok] - arrival, completed=int(ok.sum()), rejected=engine.rejected,
                    too_long=engine.too_long,
                    throughput=float(gen.sum()) / span if span > 0 else 0.0,
-                   max_step_tokens=engine.max_step_tokens, decode_batches=tuple(sorted(engine.decode_batches)))
+                   max_step_tokens=engine.max_step_tokens, decode_batches=tuple(sorted(engine.decode_batches)),
+                   busy=engine.busy, host=engine.host)

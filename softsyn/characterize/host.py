@@ -1,0 +1,147 @@
+"""The host work of a continuous-batching iteration, measured on the target (a library's `serving_host:` block).
+
+An ONNX Runtime engine that batches sequences (bench/serving_validate.py's harness) does work on the host around
+each iteration's run calls that the STA's step times do not hold: it updates the inputs in place (token ids, each
+row's attention_mask over the KV buffer, position ids), takes the logits' argmax (on the device on a GPU, ids back
+to the host) and, for a prompt, makes a binding (every layer's past and present key and value bound by address)
+and copies the prompt's logits to the host; a finished sequence's row may be refilled by a KV copy. The probe
+times those operations, as the harness runs them, at tiny shapes and at a few larger ones, and derives:
+
+- iteration: the fixed cost (1 row, a 16-position mask, 64 logits), s;
+- input_bandwidth: the mask's bytes over the extra time at 16 rows x 4096 positions, B/s;
+- sample_bandwidth: the logits' bytes over the extra time of an argmax over 16 x 65536 fp32, B/s;
+- readback_bandwidth: a 4 MiB output copied to the host (OrtValue.numpy()), B/s;
+- bind: one io_binding bind call by address, s;
+- move: one KV row-move copy of a few bytes (index, copy, device sync), s; its bytes cost
+  ceilings.memory_bandwidth.
+
+Each figure is the median of `repeats` timings; the whole probe takes well under a second on the CPU.
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from softsyn.runtime.binding import device_of, to_device
+from softsyn.runtime.session import IR_VERSION, SessionSettings, describe_device, open_session
+
+SMALL = (1, 16, 64)  # rows, mask positions, vocab: the fixed cost
+MASK = (16, 4096, 64)  # the mask's bytes grow
+LOGITS = (16, 16, 65536)  # the argmax's bytes grow
+READBACK = 1 << 20  # fp32 elements copied to the host (4 MiB)
+BINDS = 64  # bind calls per timing
+
+
+def _median(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+class _Iteration:
+    """A decode iteration's host work at (rows, positions, vocab), as the harness's Engine.decode does it."""
+
+    def __init__(self, provider: str, rows: int, length: int, vocab: int):
+        self.device, self.n = device_of(provider), rows
+        self.positions, self.pasts = np.arange(length), np.arange(rows) % length
+        self.values = [to_device(np.zeros((rows, w), np.int64), self.device) for w in (1, length, 1)]
+        logits = np.random.default_rng(0).random((rows, 1, vocab), dtype=np.float32)
+        if self.device == "cuda":
+            import torch
+
+            self.torch, self.logits = torch, torch.from_numpy(logits).cuda()
+        else:
+            self.torch, self.logits = None, logits
+
+    def __call__(self) -> np.ndarray:
+        ids, mask, pos = self.values
+        ids.update_inplace(np.asarray(self.pasts, np.int64).reshape(self.n, -1))
+        mask.update_inplace(np.asarray(self.positions[None, :] <= self.pasts[:, None], np.int64).reshape(self.n, -1))
+        pos.update_inplace(np.asarray(self.pasts, np.int64).reshape(self.n, -1))
+        if self.torch is None:
+            return self.logits[:, -1].argmax(-1)
+        return self.logits[:, -1].argmax(-1).cpu().numpy()
+
+
+def _move(provider: str):
+    """One KV row move as the harness makes it (rows of a [layers, 2, rows, heads, positions, head] buffer)."""
+    kv = np.zeros((2, 2, 4, 1, 16, 8), np.float32)
+    if device_of(provider) == "cpu":
+        def move():
+            kv[:, :, [1], :, :8] = kv[:, :, [3], :, :8]
+        return move
+    import torch
+
+    t = torch.from_numpy(kv).cuda()
+
+    def move_cuda():
+        src, dst = torch.tensor([3], device="cuda"), torch.tensor([1], device="cuda")
+        t[:, :, dst, :, :8] = t[:, :, src, :, :8]
+        torch.cuda.synchronize()
+    return move_cuda
+
+
+def _bind(provider: str):
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "bind",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+    sess = open_session(model, SessionSettings(provider=provider, log_severity=3))
+    value = to_device(np.zeros((1, 8), np.float32), device_of(provider))
+    binding = sess.io_binding()
+
+    def bind():
+        for _ in range(BINDS):
+            binding.bind_input("x", value.device_name(), 0, np.float32, [1, 8], value.data_ptr())
+    return bind
+
+
+def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
+    """The `serving_host:` block's figures on this machine for `provider` ("cpu" | "cuda"), with where and when."""
+    small = _median(_Iteration(provider, *SMALL), repeats)
+    mask = _median(_Iteration(provider, *MASK), repeats)
+    sample = _median(_Iteration(provider, *LOGITS), repeats)
+    out = to_device(np.zeros(READBACK, np.float32), device_of(provider))
+    readback = _median(out.numpy, repeats)
+    mask_bytes = MASK[0] * (MASK[1] - SMALL[1]) * 8
+    logit_bytes = LOGITS[0] * (LOGITS[2] - SMALL[2]) * 4
+    return {"iteration": small,
+            "input_bandwidth": mask_bytes / max(mask - small, 1e-9),
+            "sample_bandwidth": logit_bytes / max(sample - small, 1e-9),
+            "readback_bandwidth": READBACK * 4 / readback,
+            "bind": _median(_bind(provider), repeats) / BINDS,
+            "move": _median(_move(provider), repeats),
+            "device": describe_device(provider),
+            "date": datetime.date.today().isoformat(),
+            "command": f"softsyn.characterize.host.measure_host({provider!r}, repeats={repeats}): medians"}
+
+
+def host_yaml(figures: dict) -> str:
+    """The `serving_host:` block as a library file holds it, each figure with its unit."""
+    units = {"iteration": "s", "input_bandwidth": "B/s", "sample_bandwidth": "B/s", "readback_bandwidth": "B/s",
+             "bind": "s per call", "move": "s per copy (+ bytes at ceilings.memory_bandwidth)"}
+    lines = ["serving_host:   # host work of a batching iteration (softsyn.characterize.host; docs/serving.md)"]
+    for key, unit in units.items():
+        lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")
+    for key in ("device", "date", "command"):
+        lines.append(f"  {key}: '{str(figures[key]).replace(chr(39), chr(39) * 2)}'")
+    return "\n".join(lines) + "\n"
+
+
+def with_host_block(text: str, block: str) -> str:
+    """A library file's text with its `serving_host:` block replaced by `block` (appended when it has none)."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith("serving_host:")), None)
+    if start is None:
+        return text + ("" if text.endswith("\n") else "\n") + block
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i][0].isspace()), len(lines))
+    return "".join(lines[:start]) + block + "".join(lines[end:])
