@@ -91,7 +91,11 @@
 #                        and the serving simulation beside a continuous-batching run under the same arrival trace, for
 #                        S seconds (240) or what the call has left after the compile (PAST: the decode rows' mean pasts,
 #                        320,1536; EAGER=1: decode without CUDA graphs); when the compile leaves under 90 s, call
-#                        `serving` again: it reuses the artifact
+#                        `serving` again: it reuses the artifact. First bench/host_probe.py --provider cuda writes the
+#                        host's serving_host block (an iteration's host work: inputs, argmax, bindings, logits back, KV
+#                        row-move copies; softsyn.characterize.host, ~2 s) into the tree's h200-ort-cuda.yaml, so the
+#                        compile's simulation adds it; brings back serving-host-cuda.yaml (the block) and
+#                        h200-ort-cuda.yaml (commit the block into softsyn/library/libs/)
 #   correlation MODEL..  bench/correlation.py --provider cuda on those zoo models with the fresh library; brings
 #                        back the table, the log and corr-MODELS.tgz (analyze/signoff dirs + each graph)
 #   vl [S]               zoo:qwen3-vl-2b-reduced (Qwen3-VL-2B's widths, 4 text layers, 4 vision blocks, seeded weights)
@@ -454,6 +458,9 @@ serving)
     softsyn_install
     cons=${1:-constraints/serving-h200.yaml}
     args=(--provider cuda --model "zoo:${MODEL:-qwen3-1.7b}" --constraints "$cons" --work /tmp/serving)
+    python3 bench/host_probe.py --provider cuda --library softsyn/library/libs/h200-ort-cuda.yaml \
+        2>&1 | grep -v "No registered plugin EP" | tee "$OUT/serving-host-cuda.yaml"
+    cp softsyn/library/libs/h200-ort-cuda.yaml "$OUT/h200-ort-cuda.yaml"
     set +e
     timeout 540 python3 bench/serving_validate.py "${args[@]}" --compile-only 2>&1 |
         grep -v "No registered plugin EP" | tee "$OUT/serving-compile.log" | tail -5

@@ -7,8 +7,8 @@ the artifact under the same arrival trace.
         --constraints constraints/serving-h200.yaml --work /tmp/serving --seconds 300 -o OUT.md   # an H200
 
 1. Artifact. `softsyn compile MODEL -c CONSTRAINTS --target T --effort low -o WORK/NAME-PROVIDER` (T: cpu-ort on
-   cpu, h200-ort-cuda on cuda, or --target), reused while the model, the constraints file's text, the target and
-   the effort are the same (WORK/.../serving-validate.json); --artifact DIR takes one compiled before. The
+   cpu, h200-ort-cuda on cuda, or --target), reused while the model, the constraints file's text, the target, its
+   library file and the effort are the same (WORK/.../serving-validate.json); --artifact DIR takes one compiled before. The
    constraints need a `serving:` block: the compile then simulates its final design and keeps the step table it
    simulated on in analysis.json (serving.steps); that table (softsyn.timing.serving.StepTable.from_points) is the
    prediction everywhere below, the numbers the simulation uses. The session is opened as `softsyn run` opens it
@@ -133,7 +133,7 @@ def compile_artifact(args) -> Path:
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in args.model.split(":")[-1])
     out = Path(args.work) / f"{name}-{args.provider}"
     stamp = {"model": args.model, "constraints": hashlib.sha256(cons.read_bytes()).hexdigest(), "target": target,
-             "effort": args.effort}
+             "library": library_digest(target), "effort": args.effort}
     done = out / STAMP
     if done.is_file() and json.loads(done.read_text()) == stamp and (out / "runtime" / "session.json").is_file():
         log(f"reusing {out} (compiled from the same model, constraints, target and effort)")
@@ -152,6 +152,16 @@ def compile_artifact(args) -> Path:
     done.write_text(json.dumps(stamp))
     log(f"compiled {out} in {time.perf_counter() - t0:.0f} s")
     return out
+
+
+def library_digest(target: str) -> str:
+    """The target library file's sha256: a library measured again (its serving_host block) means a new compile."""
+    from softsyn.library.load import load_library
+
+    try:
+        return hashlib.sha256(load_library(target).path.read_bytes()).hexdigest()
+    except Exception as exc:  # an unknown target: softsyn compile names it, with the valid ones
+        return f"unreadable: {exc}"
 
 
 @dataclass
@@ -202,7 +212,7 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
     work = None
     if host.get("status") == "measured":  # the compile's host work per iteration (softsyn.timing.serving.host)
         work = HostWork(**{k: host[k] for k in ("iteration", "per_sequence", "prefill", "per_token", "move",
-                                                  "per_moved_token")}, source=host.get("line", ""))
+                                                  "per_moved_token")}, source="analysis.json serving.host")
     sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length, work)
     table = StepTable.from_points([StepPoint(**p) for p in served["steps"]])
     return Artifact(directory, design, sess, io, provider, cuda_graph, table, sched, serving, so)
@@ -749,7 +759,8 @@ def trace_section(art: Artifact, res: dict) -> list[str]:
     if work is None:
         lines += ["Host work: not modelled (the compile's library has no serving_host block: bench/host_probe.py).", ""]
     else:
-        lines += [f"Host work per iteration, the compile's model: {work.describe()}. Simulated: {hosted.host:.2f} s "
+        host_line = (json.loads((art.directory / "analysis.json").read_text())["serving"].get("host") or {}).get("line")
+        lines += [f"Host work per iteration, the compile's model: {host_line}. Simulated: {hosted.host:.2f} s "
                   f"of {hosted.busy:.2f} s busy ({hosted.host / hosted.busy:.0%}); measured: {measured_host:.2f} s "
                   f"of the iterations' {it['busy_measured']:.2f} s beside the run calls, + {it['move_seconds']:.2f} s "
                   "of KV row moves.", ""]

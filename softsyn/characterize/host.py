@@ -36,6 +36,13 @@ READBACK = 1 << 20  # fp32 elements copied to the host (4 MiB)
 BINDS = 64  # bind calls per timing
 
 
+def _torch():
+    """torch, for a GPU probe's device tensors (the harness keeps logits and KV in torch tensors on the GPU)."""
+    # deferred: torch is seconds to import; only a GPU probe needs it
+    import torch
+    return torch
+
+
 def _median(fn, repeats: int) -> float:
     for _ in range(3):
         fn()
@@ -56,8 +63,7 @@ class _Iteration:
         self.values = [to_device(np.zeros((rows, w), np.int64), self.device) for w in (1, length, 1)]
         logits = np.random.default_rng(0).random((rows, 1, vocab), dtype=np.float32)
         if self.device == "cuda":
-            import torch
-
+            torch = _torch()
             self.torch, self.logits = torch, torch.from_numpy(logits).cuda()
         else:
             self.torch, self.logits = None, logits
@@ -79,8 +85,7 @@ def _move(provider: str):
         def move():
             kv[:, :, [1], :, :8] = kv[:, :, [3], :, :8]
         return move
-    import torch
-
+    torch = _torch()
     t = torch.from_numpy(kv).cuda()
 
     def move_cuda():

@@ -15,7 +15,7 @@ def _constraints(tmp_path, rate: int) -> str:
 
 
 def test_a_violated_load_gets_the_max_batch_that_meets_it(cache_dir, tmp_path, capsys):
-    cons = _constraints(tmp_path, 400)
+    cons = _constraints(tmp_path, 300)  # with cpu-ort's host work, no max_batch meets ttft_p99 at 400/s
     before = open(cons).read()
     code, out, err = cli(capsys, "compile", "zoo:qwen3-tiny", "-c", cons, "--effort", "medium", "-o", tmp_path / "o",
                          "--cache-dir", cache_dir, "-q")

@@ -49,8 +49,9 @@ def host_result(host: HostWork | None, why: str, outcome, bare) -> tuple[Serving
         row.host_p50, row.host_p99 = row.p50 - without.p50, row.p99 - without.p99
     share = outcome.host / outcome.busy if outcome.busy else 0.0
     line = f"{host.describe()}; {share:.0%} of the simulated engine's busy time"
-    return ServingHostWork("measured", line, host.iteration, host.per_sequence, host.prefill, host.per_token,
-                           host.move, host.per_moved_token, share), rows
+    return ServingHostWork("measured", line, iteration=host.iteration, per_sequence=host.per_sequence,
+                           prefill=host.prefill, per_token=host.per_token, move=host.move,
+                           per_moved_token=host.per_moved_token, share=share), rows
 
 
 def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs,

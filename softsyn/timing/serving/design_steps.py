@@ -68,7 +68,7 @@ def design_serving(design, area: AreaResult) -> ServingResult:
     knobs = Knobs(retime=retime, precision_why=why, kv_int8_tokens=int8_tokens, kv_why=kv_why)
     sequence = (area.kv_budget.length, area.kv_budget.length_key) if area.kv_budget is not None else None
     host, why = _host(design, area)
-    return serving_analysis(serving, _timer(design), tokens, knobs, sequence, host, why)
+    return serving_analysis(serving, _timer(design), tokens, knobs, sequence, host=host, host_why=why)
 
 
 def _host(design, area: AreaResult) -> tuple[HostWork | None, str]:

@@ -1,0 +1,55 @@
+"""The engine's host work per iteration (issue 30): the probe that measures it on the target, the library block that
+holds it, and the simulation that adds it to the step table's times."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from softsyn.errors import SoftsynError
+from softsyn.library.load import HOST_FIGURES, parse_library
+from paths import ROOT
+
+LIBRARY = ROOT / "softsyn" / "library" / "libs" / "cpu-ort.yaml"
+
+
+def test_probe_figures_round_trip_through_a_library_block(tmp_path):
+    from softsyn.characterize.host import host_yaml, measure_host, with_host_block
+
+    figures = measure_host("cpu", repeats=5)
+    assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in HOST_FIGURES)
+    text = with_host_block(LIBRARY.read_text(), host_yaml(figures))
+    assert text.count("serving_host:") == 1  # the shipped block replaced, not a second one
+    host = parse_library(text, tmp_path / "lib.yaml").serving_host
+    for k in HOST_FIGURES:
+        assert math.isclose(getattr(host, k), figures[k], rel_tol=5e-3), k
+    assert host.device == figures["device"] and host.date == figures["date"]
+
+
+def test_a_bad_host_figure_is_one_line_naming_its_key(tmp_path):
+    text = LIBRARY.read_text().replace("\n  bind: ", "\n  bind: -", 1)
+    with pytest.raises(SoftsynError) as err:
+        parse_library(text, tmp_path / "lib.yaml")
+    assert "serving_host.bind" in str(err.value) and "positive number" in str(err.value)
+
+
+def test_host_work_adds_to_each_iteration_of_a_lone_request():
+    # one request alone: its TTFT gains one iteration's host work and its prompt's, each decode step the iteration's
+    # and one sequence's, and nothing else moves
+    from softsyn.timing.serving import HostWork, Scheduler, simulate, step_table
+    from softsyn.timing.serving.workload import Requests
+
+    table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["past"] + 2e-6 * d["seq"], 4, 256, 512)
+    reqs = Requests(np.array([0.0]), np.array([100]), np.array([9]))
+    host = HostWork(iteration=3e-5, per_sequence=2e-6, prefill=5e-5, per_token=1e-8, move=1e-5,
+                    per_moved_token=1e-9, source="test")
+    bare = simulate(reqs, table, Scheduler(4, 0.0, None))
+    got = simulate(reqs, table, Scheduler(4, 0.0, None, host=host))
+    first = host.iteration + host.prefill + 100 * host.per_token
+    assert math.isclose(got.ttft[0] - bare.ttft[0], first, rel_tol=1e-9)
+    decode = 8 * (host.iteration + host.per_sequence)
+    assert math.isclose(got.e2e[0] - bare.e2e[0], first + decode, rel_tol=1e-9)
+    assert math.isclose(got.host, first + decode, rel_tol=1e-9) and bare.host == 0
+    assert host.step(0, []) == 0 and host.moves([]) == 0
+    assert math.isclose(host.moves([(5, 1, 40), (6, 2, 70)]), 1e-5 + 2 * 70 * 1e-9)  # one copy of the longest
