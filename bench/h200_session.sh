@@ -252,39 +252,7 @@ torch)
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
     ls -l /tmp/torch-$model/*.pt2 2>/dev/null || true
     cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
-torchbf16)
-    softsyn_install
-    [ -f $LIB ] || cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
-    start=$SECONDS
-    if ! grep -A1 "op: SimplifiedLayerNormalization$" $LIB | grep -q "precision: bf16"; then
-        set +e
-        timeout 240 bash -c "softsyn characterize --runtime ort --provider cuda \
-            --cells 'SimplifiedLayerNormalization.bf16,SkipSimplifiedLayerNormalization.bf16' -o $LIB &&
-            softsyn characterize --runtime ort --provider cuda --graph --cells 'MatMul.bf16' -o $LIB" 2>&1 |
-            tr '\r' '\n' | grep -v "No registered plugin EP\|: pass 1/1 point" | tail -12
-        set -e
-        cp $LIB "$OUT/h200-ort-cuda.yaml"
-        cp $LIB $LIB.graph
-        cp $LIB softsyn/library/libs/h200-ort-cuda.yaml  # the compile below times with the new cells
-    fi
-    cons=constraints/chat-h200-fp8-bf16.yaml
-    if [ -n "${BUDGET:-}" ]; then
-        sed "s/max_rel_error: .*/max_rel_error: $BUDGET/" "$cons" > "/tmp/$(basename "$cons")"; cons="/tmp/$(basename "$cons")"
-    fi
-    name=chat-h200-fp8-bf16
-    rm -rf /tmp/$name
-    set +e
-    timeout $(( ${1:-540} - (SECONDS - start) )) softsyn compile zoo:${MODEL:-qwen3-1.7b} -c "$cons" \
-        --effort "${EFFORT:-medium}" -o /tmp/$name > "$OUT/$name-compile.txt" 2>&1
-    echo "compile exit $?"
-    grep -v "No registered plugin EP\|shape massaging" "$OUT/$name-compile.txt" | grep "bf16\|fp8\|fallback\|WNS" | tail -20
-    softsyn verify /tmp/$name 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/$name-verify.txt" | tail -14
-    set -e
-    python3 -c "import json; print(json.dumps(json.load(open('/tmp/$name/runtime/session.json'))['precision_map'], indent=1))" \
-        > "$OUT/$name-precision-map.json" 2>/dev/null || true
-    cp /tmp/$name/reports/precision.rpt "$OUT/$name-precision.rpt" 2>/dev/null || true
-    cp /tmp/$name/compile.log "$OUT/$name-compile.log" 2>/dev/null || true ;;
-signoff)
+torchsignoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back
     softsyn signoff "$1" --provider cuda 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/torch-signoff.rpt" | tail -60
