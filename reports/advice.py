@@ -59,6 +59,7 @@ class Facts:
     pruned: tuple[str, ...] = ()  # the optimize pass's notes on precisions no faster than the current one
     precision: tuple[tuple[str, str], ...] = ()  # (group, the loop's quantified precision line) per violated group
     fusions: tuple[Fusion, ...] = field(default=())
+    fallback: str = ""  # the loop's accuracy.fallback line, when it fell back ("" when it did not)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,7 +122,8 @@ def design_facts(design, analysis, effort=None, precision_lines: dict[str, str] 
                  library=design.library.name, device=str(design.library.header.get("device") or "").split(" (")[0],
                  allowed=tuple(cons.precision.allowed), current=current,
                  effort=getattr(effort, "name", effort), searched=report is not None, pruned=pruned,
-                 precision=tuple((precision_lines or {}).items()), fusions=tuple(fusions))
+                 precision=tuple((precision_lines or {}).items()), fusions=tuple(fusions),
+                 fallback=getattr(getattr(report, "fallback", None), "why", ""))
 
 
 # ------------------------------------------------------------------------------------------ advice per op type

@@ -97,7 +97,9 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
         slack = area.slack
         rule_lines = [kv("Area (VRAM) Violation", "yes" if slack < 0 else "no",
                          note=f"(slack {fbytes(slack, bunit)})")]
-    rule_lines.append(kv("Accuracy", "not checked"))
+    facts = facts or analysis_facts(analysis)
+    rule_lines.append(kv("Accuracy", "fell back to uniform bf16" if facts.fallback else "not checked",
+                         note=f"({facts.fallback.split(': ', 1)[-1]})" if facts.fallback else ""))
 
     wns, tns = analysis.wns, analysis.tns
     closing = (f"Design  WNS: {ftime(wns, unit, digits)}  TNS: {ftime(tns, unit, digits)}  "
@@ -114,7 +116,6 @@ def report_qor(analysis: Analysis, significant_digits: int = 3, time_unit: str =
         bad = [c.group for c in analysis.serving.checks if not c.met]
         closing += (f"\n  Serving: {len(bad)} of {len(analysis.serving.checks)} checks violated"
                     f"{' (' + ', '.join(bad) + ')' if bad else ''} (simulated, est)")
-    facts = facts or analysis_facts(analysis)
     suggestions = (timing_suggestions(analysis.groups, unit, digits, facts=facts)
                    + area_suggestions(area, facts))
     return render("qor.j2", banner=banner_lines("qor", analysis, []), groups=groups, rule=RULE,

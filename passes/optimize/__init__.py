@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from passes import PassReport, PassResult, register, report_of
 from passes.kv_layout import KvLayoutReport
-from passes.optimize import experts, kv_moves
+from passes.optimize import experts, fallback as fallback_rule, kv_moves
 from passes.optimize.explored import Explored
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
@@ -80,6 +80,7 @@ class OptimizeReport(PassReport):
     explored: Explored = field(default_factory=Explored)  # every map evaluated, as it went (the points' source)
     pareto: list[ParetoPoint] = field(default_factory=list)  # those maps and the uniform designs, as points
     pareto_notes: list[str] = field(default_factory=list)  # what the points stand on (reports.pareto prints them)
+    fallback: fallback_rule.Fallback | None = None  # accuracy.fallback taken: the failed map and what replaced it
 
     def log_notes(self) -> list[str]:
         """The lines the compile log prints under its rows (flow.compile reads them; no pass name needed)."""
@@ -97,6 +98,7 @@ class OptimizeReport(PassReport):
             "requested": dict(Counter(c.requested for c in self.cells)),
             "realised": dict(Counter(c.realised for c in self.cells)),
             "estimated_error": self.estimate_error, "checked_error": self.checked_error,
+            "fallback": None if self.fallback is None else dataclasses.asdict(self.fallback),
             "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
                                                        "outcome": measured.why, "rows": measured.rows()}}
         return {"precision_map": summed, "kv_moves": [dataclasses.asdict(m) for m in self.kv]}
@@ -115,6 +117,7 @@ class Proposer:
     checkable: bool = True
     share: float = ESTIMATE_SHARE
     runner: sensitivity.Runner | None = None
+    rejected: list[tuple[dict[str, str], float, float]] = field(default_factory=list)  # (moved cells, measured, estimate)
 
     def __call__(self, tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
         """The effort's map on `tables`, checked end to end (`attempts` times at most); None when every map fails."""
@@ -141,6 +144,7 @@ class Proposer:
                                         f"(estimate {outcome.error:.3e}) <= {budget * CHECK_SHARE:.3e} "
                                         f"({CHECK_SHARE:.0%} of the budget {budget:.3e}): kept")
                     return outcome
+                self.rejected.append((moved, error, outcome.error))
                 report.notes.append(f"end-to-end check (attempt {attempt}): error {error:.3e} > "
                                     f"{budget * CHECK_SHARE:.3e} (estimate {outcome.error:.3e}): rejected; searching "
                                     "again with half the estimate's budget")
@@ -212,7 +216,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     cands, skipped = mp.candidates(design)
     report = OptimizeReport(search_mode, "", budget)
     report.notes += [f"{what}: {why}" for what, why in skipped.items()
-                     if what in mp.QUANTISED or what.startswith("qmoe ")]
+                     if what in mp.OFFERED or what.startswith("qmoe ")]
+    if mp.BF16 in skipped:
+        design.log(f"optimize: bf16: {skipped[mp.BF16]}")
     if any(v == "dont_touch" for v in skipped.values()):
         kept = sum(1 for v in skipped.values() if v == "dont_touch")
         report.notes.append(f"dont_touch: {kept} cell{'s' if kept != 1 else ''} kept as {'they are' if kept != 1 else 'it is'}")
@@ -220,6 +226,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0, **kv_step(design, report, budget, 0.0, start_area(design))}, report)
     allowed = {p for c in cands for p in c.options[1:]}  # before pruning: a uniform design may have no point
+    offered = cands  # every option, pruned or not (the fallback's uniform bf16 takes bf16 where no group gains)
     cands, notes, tables = prune(design, cands)
     report.notes += notes
     faster = any(len(c.options) > 1 for c in cands)
@@ -235,20 +242,26 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     first = problem  # the tables the uniform designs are predicted on: the loop's own, before any correction
     propose = Proposer(design, report, budget, search_mode, max_steps, checkable=checkable)
     chosen = propose(problem)
-    if chosen is None:
+    if chosen is None and design.constraints.accuracy.fallback == fallback_rule.BF16:
+        chosen, problem, cands = fallback_rule.fall_back(
+            design, report, propose, offered=offered, tables=tables, errors=errors, budget=budget * ESTIMATE_SHARE,
+            limit=budget * CHECK_SHARE, build_problem=build_problem)
+        report.problem = problem
+    elif chosen is None:
         report.notes.append("every map failed the end-to-end check: the design keeps its precision")
         chosen = search.outcome(problem, search.baseline(problem), [])
     elif calibrate and report.checked_error is not None:
         chosen, problem = calibrated_search(problem, chosen, report, lambda tables: propose(tables, attempts=1))
         report.problem = problem
-    if retime and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
+    if retime and report.fallback is None and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
         chosen, problem = measured.retime(design, problem, chosen, propose, report)
         report.problem = problem  # the back-annotated tables, if a round corrected them (suggestions read them)
         if report.retime is not None and report.retime.kept is None:
             report.checked_error = None
     report.estimate_error = chosen.error
     report.pareto_notes = report.explored.uniform(first, allowed, design.library.name)
-    report.pareto = report.explored.points(base_latency(design), chosen.mapping, first)
+    report.pareto = report.explored.points(base_latency(design), chosen.mapping,
+                                           first if report.fallback is None else problem)
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
     requested = dict(chosen.mapping)

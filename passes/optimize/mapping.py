@@ -11,6 +11,10 @@ same name and hierarchy. fp8 (`quantise_fp8`): com.microsoft.MatMulBlockQuantize
 transposed to B [N, K] in float8e4m3fn and one fp32 scale per FP8_BLOCK values along K (amax / 448, a saturating
 cast), for fp16/bf16 activations (the op's only types). A weightless netlist (a plan) gets the same node with
 weightless tensors of the quantiser's shapes: it is timed and sized, never run.
+bf16 (`BF16`, GPU targets only: ORT's CPU provider has no bf16 MatMul) is a float option, not a quantised one: the
+cell is the library's MatMul.bf16, its weight a bf16 initializer [K, N], with a Cast to bf16 on its input (shared by
+the bf16 cells that read one activation) and a Cast back to the design's fp16 on its output. The Casts are the
+cell's: its cost (`option_costs`) adds them, and the STA times them as the nodes they are once the map is applied.
 """
 from __future__ import annotations
 
@@ -41,6 +45,8 @@ FP8_BLOCK = 128
 FP8_MAX = 448.0  # float8e4m3fn's largest finite value
 QUANTISED = ("int4", "int8", "fp8")  # the quantised options, in the order they are offered
 FP8_ACTS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # the op's activation types (T)
+BF16 = "bf16"  # the float option: MatMul.bf16 with Casts at its boundary (a GPU target's, from an fp16 design)
+OFFERED = (*QUANTISED, BF16)  # every per-cell option the loop may offer besides a cell's own precision
 
 
 @dataclass(frozen=True)
@@ -65,14 +71,16 @@ class Candidate:
             return self.params * NBITS[precision] / 8 + self.params / experts.QMOE_BLOCK * act_bytes
         if precision == "fp8":
             return self.params + self.n * math.ceil(self.k / FP8_BLOCK) * 4
+        if precision == BF16:
+            return self.params * 2.0
         if precision not in NBITS:
             return self.params * act_bytes
         return self.params * NBITS[precision] / 8 + self.n * math.ceil(self.k / self.block(precision)) * act_bytes
 
 
 def cell_op(precision: str) -> str:
-    """The library op a quantised precision's cell is (MatMulNBits for int4/int8)."""
-    return FP8_OP if precision == "fp8" else "MatMulNBits"
+    """The library op an option's cell is (MatMulNBits for int4/int8, MatMul for bf16)."""
+    return FP8_OP if precision == "fp8" else "MatMul" if precision == BF16 else "MatMulNBits"
 
 
 def weight_of(node: ir.Node) -> ir.Value | None:
@@ -133,7 +141,10 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
         elif not has_cell(lib, cell_op(p), p):
             skipped[p] = f"library {lib.name} has no {cell_op(p)}.{p} cell: the provider's kernel is not characterised"
     quantised = [p for p in QUANTISED if p in allowed and has_cell(lib, cell_op(p), p)]
-    fp8_refused = 0
+    bf16, why_not = bf16_offered(design)
+    if why_not:
+        skipped[BF16] = why_not
+    fp8_refused = bf16_refused = 0
     found = []
     seen: set[str] = set()
     routers = {id(n) for n in router_cells(design.netlist.model.graph)["matmul"]}
@@ -159,13 +170,33 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
         current = precision_of(node)
         offered = [p for p in quantised if p != "fp8" or node.inputs[0].dtype in FP8_ACTS]
         fp8_refused += len(quantised) - len(offered)
+        if bf16 and current == "fp16":  # from an fp16 design only: a cell in fp32 on purpose is not lowered
+            offered.append(BF16)
+        bf16_refused += bool(bf16 and current != "fp16")
         blocks = tuple((p, nbits_block(design.library, p, n, k)) for p in offered if p in NBITS)
         found.append(Candidate(name=node.name, hierarchy=hierarchy, k=k, n=n, current=current,
                                options=(current, *offered), params=k * n, blocks=blocks))
     if fp8_refused:
         skipped["fp8"] = (f"{fp8_refused} cell{'s' if fp8_refused != 1 else ''} with activations other than "
                           f"fp16/bf16: {FP8_OP} takes only those")
+    if bf16_refused:
+        skipped[BF16] = (f"{bf16_refused} cell{'s' if bf16_refused != 1 else ''} not in fp16: a bf16 cell replaces an "
+                         "fp16 one (same bytes, 8 mantissa bits instead of 11, fp32's range)")
     return found + expert_candidates(design, allowed, skipped), skipped
+
+
+def bf16_offered(design) -> tuple[bool, str]:
+    """(whether the loop offers bf16 per cell, why not where it does not): only where precision.allowed names it, on
+    a GPU target (ORT's CPU provider has no bf16 MatMul kernel) whose library has a MatMul.bf16 cell."""
+    lib = design.library
+    if BF16 not in (design.constraints.precision.allowed or ()):
+        return False, ""  # not asked for: nothing to say
+    if not lib.is_gpu:
+        return False, (f"not offered on the CPU target (library {lib.name}): ORT's CPU provider has no bf16 MatMul "
+                       "kernel")
+    if not has_cell(lib, "MatMul", BF16):
+        return False, f"library {lib.name} has no MatMul.bf16 cell: the provider's kernel is not characterised"
+    return True, ""
 
 
 def expert_candidates(design, allowed: set[str], skipped: dict[str, str]) -> list[Candidate]:
@@ -214,7 +245,27 @@ def option_costs(library, cand: Candidate, m: int, act_bytes: int, captured: boo
         if captured:
             device = library.device_in_graph(op, p, sizes, device)
         costs[p] = device if library.is_gpu else delay
+        if p == BF16:
+            costs[p] += bf16_casts(library, m, cand.k, cand.n, captured)
     return costs
+
+
+def bf16_casts(library, m: int, k: int, n: int, captured: bool = False) -> float:
+    """Seconds a bf16 cell's two Casts add (fp16 -> bf16 on its m x k input, bf16 -> fp16 on its m x n output), timed
+    as the STA times a Cast (the library's Cast cell, else the roofline): each its device time, in a captured graph
+    its time there; eager, at least a launch each (the host issues them, and decode is launch-bound). An input Cast
+    shared with another bf16 cell is charged to each (an over-estimate; the STA after the map counts it once)."""
+    total = 0.0
+    for elements, precision in ((m * k, "fp16"), (m * n, BF16)):
+        sizes = {"elements": elements}
+        delay, _, host, device = library.node_timing("Cast", precision, 0.0, 4.0 * elements, sizes)
+        if not library.is_gpu:
+            total += delay
+        elif captured:
+            total += library.device_in_graph("Cast", precision, sizes, device)
+        else:
+            total += max(device, host, library.ceilings.launch_overhead)
+    return total
 
 
 def delay_tables(design, cands: list[Candidate]) -> dict[str, dict[str, dict[str, float]]]:
@@ -325,6 +376,10 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
             experts.apply(graph, node, precision)
             counts[f"qmoe_{precision}"] = counts.get(f"qmoe_{precision}", 0) + 1
             continue
+        if precision == BF16 and node.op_type == "MatMul":
+            bf16_cell(graph, node)
+            counts[BF16] = counts.get(BF16, 0) + 1
+            continue
         if precision not in QUANTISED or node.op_type != "MatMul":
             continue
         w = node.inputs[1]
@@ -358,3 +413,65 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
     if counts and "com.microsoft" not in netlist.model.opset_imports:
         netlist.model.opset_imports["com.microsoft"] = 1
     return counts
+
+
+BF = ir.DataType.BFLOAT16
+
+
+def _bf16_tensor(source: ir.Value, transposed: bool, name: str) -> ir.TensorProtocol:
+    """The weight [K, N] in bf16 (round to nearest even from what the design holds), evaluated lazily (at save) like
+    the fp16 pass's weights; a weightless weight stays weightless, at bf16's size."""
+    tensor = source.const_value
+    k, n = (tensor.shape[1], tensor.shape[0]) if transposed else (tensor.shape[0], tensor.shape[1])
+    shape = ir.Shape([k, n])
+    if is_weightless(source):
+        return ir.ExternalTensor(location=WEIGHTLESS, offset=0, length=int(k) * int(n) * 2, dtype=BF, shape=shape,
+                                 name=name)
+
+    def convert():
+        data = np.asarray(tensor.numpy(), dtype=np.float32)
+        return ir.tensor((data.T if transposed else data).astype(ml_dtypes.bfloat16), name=name)
+    return ir.LazyTensor(convert, dtype=BF, shape=shape, name=name)
+
+
+def _bf16_input(graph, value: ir.Value, before: ir.Node) -> ir.Value:
+    """`value` cast to bf16: the Cast another bf16 cell already reads it through, else a new one before `before`."""
+    for use, _ in value.uses():
+        if use.op_type == "Cast" and use.attributes.get_int("to", 0) == BF and use.graph is graph:
+            return use.outputs[0]
+    cast = ir.node("Cast", [value], attributes={"to": BF}, name=f"{value.name}_to_bf16")
+    out = cast.outputs[0]
+    out.name, out.dtype, out.shape = f"{value.name}_bf16", BF, value.shape
+    cast.metadata_props[HIERARCHY_KEY] = before.metadata_props.get(HIERARCHY_KEY, "")
+    producer = value.producer()
+    if producer is not None and producer.graph is graph:  # right after its producer, so every later reader sees it
+        graph.insert_after(producer, cast)
+    else:
+        graph.insert_before(before, cast)
+    return out
+
+
+def bf16_cell(graph, node: ir.Node) -> None:
+    """One fp16 MatMul as a bf16 cell (module docstring): Cast(x -> bf16) -> MatMul(x, W bf16 [K, N]) -> Cast(-> the
+    output's dtype) under the MatMul's name and hierarchy; the output Cast takes the old output's name and uses."""
+    w = node.inputs[1]
+    source, transposed = weight_source(w)
+    weight = ir.Value(name=f"{source.name}.bf16", shape=ir.Shape([int(w.shape[0]), int(w.shape[1])]),
+                      type=ir.TensorType(BF),
+                      const_value=_bf16_tensor(source, transposed, f"{source.name}.bf16"))
+    graph.register_initializer(weight)
+    x = _bf16_input(graph, node.inputs[0], node)
+    matmul = ir.Node("", "MatMul", [x, weight], name=node.name, num_outputs=1)
+    matmul.metadata_props.update(node.metadata_props)
+    was = node.outputs[0]
+    mid = matmul.outputs[0]
+    mid.name, mid.dtype, mid.shape = f"{was.name}_bf16", BF, was.shape
+    graph.insert_before(node, matmul)
+    back = ir.node("Cast", [mid], attributes={"to": was.dtype}, name=f"{node.name}_from_bf16")
+    back.metadata_props[HIERARCHY_KEY] = node.metadata_props.get(HIERARCHY_KEY, "")
+    swap_node(graph, node, back)
+    back.metadata_props.pop(REQUESTED_KEY, None)  # the request is the MatMul's (netlist.json's cell)
+    if not w.uses() and w.producer() is not None:  # the Transpose fed only this MatMul
+        graph.remove(w.producer(), safe=True)
+    if not source.uses():
+        graph.initializers.pop(source.name, None)

@@ -29,12 +29,15 @@ import json
 import os
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
+import onnx
 import onnxruntime as ort
 
 from softsyn import progress
 from passes.optimize.experts import BITS as QMOE_BITS, QMOE_BLOCK, qmoe_proto
-from passes.optimize.mapping import (BLOCK, FP8_BLOCK, NBITS, QUANTISED, Candidate, nbits_block, quantise, weight_of,
-                                     weight_source)
+from passes.optimize.mapping import (BF16, BLOCK, FP8_BLOCK, NBITS, QUANTISED, Candidate, nbits_block, quantise,
+                                     weight_of, weight_source)
 from passes.optimize.search import ESTIMATE_RULE, cell_error
 from softsyn.frontends.cache import default_cache_dir
 from softsyn.netlist.keys import is_weightless
@@ -49,7 +52,10 @@ from softsyn.runtime.design_runner import SEED, DesignRunner, target_provider
 # the fp8 / int8 error ratio rounded up (bench/results/fp8-sensitivity-2026-12-01.md: RMS weight error 4.8 on normal
 # and 3.3 on Student-t weights, e4m3 block 128 vs int8 block 32, where int4 / int8 reads 16 as the priors' 15; output
 # error per cell of seeded qwen3-tiny 2.6-5.6, median 3.8).
-PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2, "fp8": 7.0e-3}
+# bf16 (estimate: 8 mantissa bits, its weight, input and product each rounded to 2^-9 relative): the int8 prior times
+# 0.75, the largest bf16 / int8 ratio of one MatMul's output error over 8 shapes of normal and Student-t weights
+# (median 0.52; bench/bf16_prior.py), rounded up.
+PRIOR_ERROR = {"int8": 1.4e-3, "int4": 2.1e-2, "fp8": 7.0e-3, "bf16": 1.1e-3}
 
 
 def _cache_file(design, cands: list[Candidate], provider: str, mode: str = "cell") -> Path:
@@ -88,11 +94,25 @@ class Runner(DesignRunner):
     def quantise_cell(self, name: str, weight, precision: str):
         if isinstance(weight, tuple):
             return qmoe_proto(self.node(name), *weight, precision) if precision in QMOE_BITS else None
+        if precision == BF16:
+            return bf16_nodes(self.node(name), weight)
         if precision not in QUANTISED:
             return None
         k, n = weight.shape
         block = nbits_block(self.library, precision, n, k) if precision in NBITS else BLOCK
         return quantise(name, weight, precision, block)
+
+
+def bf16_nodes(node: onnx.NodeProto, weight: np.ndarray) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """A MatMul cell as the bf16 cell the map writes (mapping.bf16_cell), in the runner's multi-node form: Cast(x ->
+    bf16), MatMul with the weight rounded to bf16, Cast back to fp16 (a bf16 cell replaces an fp16 one only)."""
+    base = f"{node.name}.sens.bf16"
+    w = onnx.numpy_helper.from_array(np.asarray(weight, np.float32).astype(ml_dtypes.bfloat16), "w")
+    return [onnx.helper.make_node("Cast", [node.input[0]], [f"{base}.x"], name=f"{base}.cast_in",
+                                  to=onnx.TensorProto.BFLOAT16),
+            onnx.helper.make_node("MatMul", [f"{base}.x", "w"], [f"{base}.y"], name=node.name),
+            onnx.helper.make_node("Cast", [f"{base}.y"], ["y"], name=f"{base}.cast_out",
+                                  to=onnx.TensorProto.FLOAT16)], [w]
 
 
 def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]], str] | None:
@@ -104,7 +124,8 @@ def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]],
     return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "
                     + ", ".join(f"{p} {e:.1e}" for p, e in PRIOR_ERROR.items())
                     + " (int4/int8: the median per cell measured on the pretrained zoo:minilm, rounded up; fp8: the "
-                      "int8 prior times the fp8 / int8 weight error ratio)")
+                      "int8 prior times the fp8 / int8 weight error ratio; bf16: the int8 prior times the largest "
+                      "bf16 / int8 output error ratio of bench/bf16_prior.py)")
 
 
 def _measured(design, cands: list[Candidate], options: dict, mode: str, log, said):

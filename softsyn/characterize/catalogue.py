@@ -201,6 +201,8 @@ def cell_kinds() -> list[CellKind]:
                    ("SkipLayerNormalization", {"skip": True, "bias": True, "domain": "com.microsoft"})):
         ks.append(CellKind(op, "fp32", A, EL, norm(op, **kw), notes="rows of min(elements, ROW) columns"))
         ks.append(CellKind(op, "fp16", A, EL, norm(op, **kw), providers=("cuda",)))
+        if op.endswith("SimplifiedLayerNormalization"):  # Qwen3's RMSNorms in bf16: a bf16 region's norms (CUDA)
+            ks.append(CellKind(op, "bf16", A, EL, norm(op, **kw), providers=("cuda",)))
     ks.append(CellKind("RotaryEmbedding", "fp32", A, EL, rotary, notes="com.microsoft, fixed head_dim"))
     ks.append(CellKind("RotaryEmbedding", "fp16", A, EL, rotary, providers=("cuda",)))
     for op in ("BiasGelu", "FastGelu", "QuickGelu"):

@@ -45,12 +45,15 @@ Decisions:
   the images' size (one size per file, checked by the design). A group of ``kind: encoder`` times the vision
   encoder alone.
 * Precision and KV dtype names are matched case-insensitively and stored lower case.
+* ``accuracy.fallback`` (``bf16`` or ``none``): what the compile loop falls back to when its best map is over the
+  accuracy budget (docs/accuracy.md); any other value is an error naming the key and both values (exit 2).
 * ``target``: a library name (``cpu-ort``) is kept as written; a relative path
   (contains ``/`` or ends in ``.yaml``/``.yml``) is resolved against the directory
   of the constraints file when the file exists there.
 * Consistency checks: ``precision.default`` must be in ``precision.allowed``;
   ``clock_uncertainty`` must be smaller than every clock period; ``kv_cache.max_length``
-  must not be below an explicitly given ``workload.context_len``.
+  must not be below an explicitly given ``workload.context_len``; ``accuracy.fallback: bf16`` needs bf16 in
+  ``precision.allowed``.
 """
 from __future__ import annotations
 
@@ -81,6 +84,7 @@ __all__ = [
     "parse_constraints",
     "PRECISIONS",
     "KV_DTYPES",
+    "FALLBACKS",
     "GROUP_KINDS",
     "KEYS",
     "shared_buffer_length",
@@ -88,6 +92,9 @@ __all__ = [
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 KV_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8")
+# accuracy.fallback: what the compile loop falls back to when its best map is over the accuracy budget (bf16: the
+# uniform bf16 design; none: the design keeps the precision it had before the map, as without the key)
+FALLBACKS: tuple[str, ...] = ("bf16", "none")
 GROUP_KINDS: tuple[str, ...] = ("prefill", "decode", "encoder")
 MODALITIES: tuple[str, ...] = ("text", "image", "audio")
 
@@ -101,7 +108,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "workload": ("batch", "prompt_len", "context_len", "concurrency"),
     "path_group": ("clock_period", "weight", "critical_range", "kind", "dims", "inputs", "input_delay", "batch",
                    "images", "image_size", "image"),
-    "accuracy": ("max_rel_error", "min_top1"),
+    "accuracy": ("max_rel_error", "min_top1", "fallback"),
     "precision": ("allowed", "default"),
     "kv_cache": ("dtype", "max_length"),
     "parallel": ("tensor", "devices", "weights"),
@@ -162,6 +169,7 @@ class PathGroupSpec:
 class Accuracy:
     max_rel_error: float | None = None  # fraction, vs the fp32 reference
     min_top1: float | None = None  # fraction of top-1 agreement with the fp32 reference
+    fallback: str | None = None  # FALLBACKS: the compile loop's design when its best map is over budget (None: none)
 
 
 @dataclass
@@ -435,6 +443,8 @@ class _Reader(YamlReader):
                                                 "all-zero output)")
         if "min_top1" in e:
             a.min_top1 = self.fraction(e["min_top1"][1], "accuracy.min_top1", high=1.0)
+        if "fallback" in e:
+            a.fallback = self.choice(e["fallback"][1], "accuracy.fallback", FALLBACKS, "fallback")
         return a
 
     def precision(self, node: Node) -> Precision:
@@ -501,6 +511,9 @@ class _Reader(YamlReader):
             if c.kv_cache.max_length < c.workload.context_len:
                 raise self.at("kv_cache.max_length", f"{c.kv_cache.max_length} is smaller than workload.context_len "
                               f"({c.workload.context_len}); the KV cache must hold the context")
+        if c.accuracy.fallback == "bf16" and "bf16" not in c.precision.allowed:
+            raise self.at("accuracy.fallback", f"bf16 is not in precision.allowed ({', '.join(c.precision.allowed)}); "
+                          "add bf16 to precision.allowed, or valid: accuracy.fallback none")
 
 
 def shared_buffer_length(cons) -> tuple[int, str]:

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from softsyn.constraints.model import GROUP_KINDS, KEYS, KV_DTYPES, MAX_DEVICES, MAX_IMAGES, MODALITIES, PRECISIONS
+from softsyn.constraints.model import FALLBACKS, GROUP_KINDS, KEYS, KV_DTYPES, MAX_DEVICES, MAX_IMAGES, MODALITIES, PRECISIONS
 from softsyn.constraints.reader import MAX_INT
 from softsyn.constraints.serving import MAX_REQUESTS, MAX_TOKENS, SERVING_KEYS
 from softsyn.units import BYTE_UNITS, RATE_UNITS, TIME_UNITS
@@ -81,6 +81,8 @@ FORMS: dict[str, dict] = {
     "path_group.images": dict(_integer(0, MAX_IMAGES), description="images per sequence (0: text only; default 1 "
                                                                     "on a vision-language composite's prefill)"),
     "accuracy.max_rel_error": PERCENT, "accuracy.min_top1": PERCENT,
+    "accuracy.fallback": _choice(FALLBACKS, "the compile loop's design when its best map is over the accuracy budget "
+                                            "(bf16: uniform bf16; none: the design before the map)"),
     "precision.allowed": {"oneOf": [{"type": "array", "minItems": 1, "items": _choice(PRECISIONS, "precision")},
                                     _choice(PRECISIONS, "precision")]},
     "precision.default": _choice(PRECISIONS, "precision"),

@@ -5,7 +5,8 @@ k_norm_weight): ORT runs that prologue on its CUDA and WebGPU providers only. Th
 function with ops the CPU provider has: the norms as SimplifiedLayerNormalization over each head's features,
 before the GQA node (which keeps its rotary), exactly the graph the fusion absorbed. Its fp8 weight cells
 (MatMulBlockQuantizedFp8Weight, a CUDA-only kernel) become the fp8 decode, block scales and MatMul they compute
-(softsyn.runtime.fp8_view). Everything else is the compiled model as written; weights stay in its data file (the
+(softsyn.runtime.fp8_view); its bf16 MatMul cells (no CPU kernel) the fp32 product of their bf16 operands, rounded to
+bf16 (softsyn.runtime.bf16_view). Everything else is the compiled model as written; weights stay in its data file (the
 view is saved next to it and removed after load).
 """
 from __future__ import annotations
@@ -14,14 +15,16 @@ from pathlib import Path
 
 import onnx
 
+from softsyn.runtime.bf16_view import expand_bf16_matmuls
 from softsyn.runtime.fp8_view import expand_fp8_matmuls
 from softsyn.runtime.gqa_view import expand_qk_norms
 from softsyn.runtime.session import open_model
 
 
 def rewrite(proto: onnx.ModelProto) -> dict[str, int]:
-    """Apply the view's rewrites to `proto` in place: {"gqa": GroupQueryAttention nodes, "fp8": fp8 MatMuls}."""
-    return {"gqa": expand_qk_norms(proto), "fp8": expand_fp8_matmuls(proto)}
+    """Apply the view's rewrites to `proto` in place: {"gqa": GroupQueryAttention nodes, "fp8": fp8 MatMuls, "bf16":
+    bf16 MatMuls}."""
+    return {"gqa": expand_qk_norms(proto), "fp8": expand_fp8_matmuls(proto), "bf16": expand_bf16_matmuls(proto)}
 
 
 def view_note(changed: dict[str, int]) -> str:
@@ -31,6 +34,8 @@ def view_note(changed: dict[str, int]) -> str:
         parts.append(f"q/k norms run outside {changed['gqa']} GroupQueryAttention nodes")
     if changed.get("fp8"):
         parts.append(f"{changed['fp8']} fp8 weight MatMuls decoded to MatMul")
+    if changed.get("bf16"):
+        parts.append(f"{changed['bf16']} bf16 MatMuls as fp32 products of their bf16 operands")
     return "; ".join(parts)
 
 

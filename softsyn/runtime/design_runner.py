@@ -4,7 +4,7 @@ Shared by the loop's sensitivity and end-to-end checks (passes.optimize.sensitiv
 and by kv_layout's KV calibration and the KV moves (the design's own outputs). Weights travel as ORT external
 initializers (numpy arrays the session reads), never in the protobuf: no 2 GB limit, no copy per run. Where: the
 target's device when it is here (the CUDA provider for a CUDA library's design, when a session opens), else ORT CPU
-through the CPU view verify uses (softsyn.runtime.gqa_view, softsyn.runtime.fp8_view).
+through the CPU view verify uses (softsyn.runtime.gqa_view, softsyn.runtime.fp8_view, softsyn.runtime.bf16_view).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from softsyn.netlist.keys import FP8_MATMUL as FP8_OP
+from softsyn.runtime.bf16_view import expand_bf16_matmuls
 from softsyn.runtime.fp8_view import expand_fp8_matmuls
 from softsyn.runtime.gqa_view import expand_qk_norms
 from softsyn.runtime.inputs import scenario_inputs
@@ -72,7 +73,7 @@ class DesignRunner:
 
     def _cpu_view(self) -> None:
         viewed = expand_qk_norms(self.proto)
-        self.fp8_view = True  # fp8 cells (the design's own, or a map's) run as their decode: no CPU kernel
+        self.fp8_view = True  # fp8 and bf16 cells (the design's own, or a map's) run as their views: no CPU kernel
         self.where = "ORT CPU" + (f" (CPU view: q/k norms outside {viewed} GroupQueryAttention nodes)" if viewed
                                   else "") + self.where
 
@@ -99,7 +100,9 @@ class DesignRunner:
 
     def quantise_cell(self, name: str, weight: np.ndarray, precision: str):
         """(the node that replaces cell `name` at `precision`, its initializers), or None to leave it as it is: the
-        plain runner rewrites nothing; passes.optimize.sensitivity.Runner quantises."""
+        plain runner rewrites nothing; passes.optimize.sensitivity.Runner quantises. The node may be a list of nodes
+        in order (a bf16 cell's Casts and MatMul), the last writing the cell's output: their inputs are names as
+        they stand, the initializers' renamed alike."""
         return None
 
     def run(self, mapping: dict[str, str]) -> dict[str, list[np.ndarray]]:
@@ -107,6 +110,7 @@ class DesignRunner:
         graph = self.proto.graph
         index = self.index
         saved, added, external = {}, 0, dict(self.arrays)
+        before: dict[int, list] = {}  # node index -> the nodes a multi-node cell puts before it
         for name, precision in mapping.items():
             quantised = self.quantise_cell(name, self._weight(name), precision)
             if quantised is None:
@@ -120,8 +124,12 @@ class DesignRunner:
                 if len(t.raw_data) >= EXTERNAL_MIN:
                     external[t.name] = (t.data_type, host_array(onnx.numpy_helper.to_array(t)))
                     t.CopyFrom(stub(t))
-            # the cell's own initializers renamed; its other inputs are the node's at the same position (x, router)
-            qnode.input[:] = [renamed.get(x) or (node.input[j] if x else "") for j, x in enumerate(qnode.input)]
+            if isinstance(qnode, list):  # names as they stand, the cell's initializers renamed
+                for n in qnode:
+                    n.input[:] = [renamed.get(x, x) for x in n.input]
+                before[i], qnode = qnode[:-1], qnode[-1]
+            else:  # the cell's own initializers renamed; its other inputs the node's at the same position
+                qnode.input[:] = [renamed.get(x) or (node.input[j] if x else "") for j, x in enumerate(qnode.input)]
             qnode.output[:] = list(node.output)
             saved[i] = onnx.NodeProto()
             saved[i].CopyFrom(node)
@@ -130,13 +138,22 @@ class DesignRunner:
             added += len(inits)
         if saved and not any(o.domain == "com.microsoft" for o in self.proto.opset_import):
             self.proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-        used = {x for n in graph.node for x in n.input}
-        external = {name: v for name, v in external.items() if name in used}  # ORT drops the unused before it reads
-        session, model = None, self.proto
-        if self.fp8_view and any(n.op_type == FP8_OP for n in graph.node):
+        model = self.proto
+        if before:  # a copy with the extra nodes in place (big weights are stubs: the copy is the graph)
             model = onnx.ModelProto()
-            model.CopyFrom(self.proto)  # big weights are stubs: the copy is the graph
+            model.CopyFrom(self.proto)
+            nodes = [x for j, n in enumerate(model.graph.node) for x in (*before.get(j, ()), n)]
+            del model.graph.node[:]
+            model.graph.node.extend(nodes)
+        used = {x for n in model.graph.node for x in n.input}
+        external = {name: v for name, v in external.items() if name in used}  # ORT drops the unused before it reads
+        session = None
+        if self.fp8_view and any(n.op_type == FP8_OP for n in model.graph.node):
+            model = self._copy(model)
             expand_fp8_matmuls(model, external)
+        if self.fp8_view and any(t.data_type == onnx.TensorProto.BFLOAT16 for t in model.graph.initializer):
+            model = self._copy(model)
+            expand_bf16_matmuls(model)
         try:
             session = open_session(model, SessionSettings(provider=self.provider, log_severity=3), external)
             return {g: session.run(None, feeds) for g, feeds in self.feeds.items()}
@@ -149,6 +166,14 @@ class DesignRunner:
                 graph.node[i].CopyFrom(node)
             for _ in range(added):
                 graph.initializer.pop()
+
+    def _copy(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """`model` itself when it is a copy already, else a copy of the runner's proto (whose graph run restores)."""
+        if model is not self.proto:
+            return model
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
 
     def error(self, mapping: dict[str, str]) -> float:
         """verify's relative error (max|quantised - design| / max|design|, softsyn.flow.verify.compare) of the
