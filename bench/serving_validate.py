@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from softsyn.timing.serving.simulate import Queue  # noqa: E402  (the scheduler rules the harness shares)
+from softsyn.runtime.greedy import greedy_token, greedy_tokens  # noqa: E402  (argmax as softsyn run samples)
 
 TARGETS = {"cpu": "cpu-ort", "cuda": "h200-ort-cuda"}
 BURST = 5  # timed runs of one step configuration back to back, per round
@@ -294,7 +295,7 @@ class Engine:
         t = time.perf_counter()
         self.sess.run_with_iobinding(binding, self._options(-1))  # -1: prompts vary in length, never captured
         run = time.perf_counter() - t
-        return int(np.argmax(binding.get_outputs()[0].numpy()[0, -1])), run
+        return greedy_token(binding.get_outputs()[0].numpy()[0, -1]), run
 
     def _decoder(self, n: int) -> tuple:
         """Batch n's binding, made once (a captured CUDA graph replays the addresses it was captured with)."""
@@ -332,7 +333,7 @@ class Engine:
         self.sess.run_with_iobinding(binding, options)
         run = time.perf_counter() - t
         if self.device == "cpu":  # numpy: one thread (torch's pool would wait for the cores ORT's pool spins on)
-            return logits.numpy()[:, -1].argmax(-1), run
+            return greedy_tokens(logits.numpy()[:, -1]), run
         return logits[:, -1].argmax(-1).cpu().numpy(), run  # on the device, as an engine samples: N ids come back
 
     def move_rows(self, moves: list[tuple[int, int, int]]) -> None:

@@ -39,6 +39,7 @@ import onnxruntime as ort
 from softsyn.errors import SoftsynError
 from softsyn.runtime.binding import device_of, empty, to_device
 from softsyn.runtime.decoder import DecoderIO
+from softsyn.runtime.greedy import greedy_token
 
 STEP_INTERVAL = ("host wall clock per step: its inputs put on the device, one run_with_iobinding, the logits "
                  "copied to the host and their argmax (greedy); TTFT = the prefill step (the logits the artifact "
@@ -205,7 +206,7 @@ class Generator:
         self.session.run_with_iobinding(binding, options)
         t2 = time.perf_counter()
         out = binding.get_outputs()
-        token = int(np.argmax(out[0].numpy()[0, -1]))
+        token = greedy_token(out[0].numpy()[0, -1])
         if not self.shared:  # the presents the runtime allocated: the next step's past
             kv = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(len(io.layers))]
         t3 = time.perf_counter()
@@ -251,7 +252,7 @@ class Generator:
             t1 = time.perf_counter()
             self.session.run_with_iobinding(binding, options)
             t2 = time.perf_counter()
-            token = int(np.argmax(logits.numpy()[0, -1]))
+            token = greedy_token(logits.numpy()[0, -1])
             t3 = time.perf_counter()
             self.runs[("decode", parity % len(bindings))] += 1
             return token, (t1 - t0, t2 - t1, t3 - t2)
