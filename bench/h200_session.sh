@@ -57,7 +57,7 @@
 #                        step), each with its phases (inputs, run call, readback), its warm-ups and each run's TTFT, and
 #                        once more with --warmup 1 (the old default: whether the first timed prefill is the outlier)
 #                        and on a copy DIR-eager without enable_cuda_graph (whether the graph-capture session's eager
-#                        prefill is the slow one); brings back ttft-*.txt. When the compile leaves too little of the
+#                        prefill is the slow one); RUNS=2: the first two runs only; brings back ttft-*.txt. When the compile leaves too little of the
 #                        call, call `ttft` again (it reuses DIR, its signoff and DIR-eager while the machine is warm)
 #   tiny                 zoo:qwen3-tiny compiled for the H200 (constraints/tiny-h200.yaml), then `softsyn run --provider
 #                        cuda` (its session.json: decode captured as a CUDA graph) and `softsyn signoff --provider cuda`
@@ -299,8 +299,10 @@ for options in (data.get("provider_options") or {}).values():
 json.dump(data, open(path, "w"), indent=1)
 PY
     fi
+    n=0
     for run in "$dir --prompt-len 512 --gen 32" "$dir --prompt-len 4095 --gen 8" "$dir --prompt-len 512 --gen 32 --warmup 1" \
                "$dir-eager --prompt-len 512 --gen 32"; do
+        [ $((n++)) -ge ${RUNS:-4} ] && break  # RUNS=2: the two runs at the signed-off steps only
         [ $((SECONDS - start)) -gt 520 ] && { echo "call 'ttft' again for: softsyn run $run"; break; }
         name=ttft-run-$(echo ${run#/tmp/} | tr -d ' -' | tr / _)
         timeout $((585 - (SECONDS - start))) softsyn run $run --provider cuda --runs 5 -q 2>&1 |
