@@ -86,9 +86,11 @@
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
 #   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe within S seconds (560; 4 layers ran
-#                        past 420 s on 2026-12-03): the 4-layer Qwen3-30B-A3B compiled with
+#                        past 420 s on 2026-12-03): the 2-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
-#                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2)
+#                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2); brings back
+#                        moe-qmoe-cuda.md, moe-qmoe.log (the loop's verdicts) and each compile's whole log
+#                        (moe-qmoe-cuda-1-fused-compile.log, moe-qmoe-cuda-1-qmoe-compile.log)
 #   moeprobe             bench/moe_probe.py --provider cuda: one com.microsoft.MoE node on CUDA and CPU against a float64
 #                        reference over tokens 1..128, the tiny/30B/80B expert shapes, fp16/fp32, normalize 0/1 and
 #                        x [T, H] vs [1, T, H] (the qwen3-next prefill departure of 2026-12-03); brings back

@@ -9,6 +9,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from passes.optimize import ESTIMATE_SHARE
 from passes.optimize.search import map_error
 from reports.advice import Facts, op_advice, weight_advice
 from softsyn.errors import SoftsynError
@@ -217,11 +218,12 @@ def precision_moves(report, groups, time_unit: str = "ms") -> dict[str, str]:
         now = {c: problem.error[c][current.get(c, problem.options[c][0])] for c in problem.cells}
         after = map_error({**now, **{cell: problem.error[cell][p] for _, cell, p in taken}}.values())
         added = after - map_error(now.values())  # the estimate combines, it does not add (search.map_error)
-        over = after - report.budget
+        needed = after / ESTIMATE_SHARE  # the loop's estimate may use only this share of the budget
         line = f"{what} would save ~{ftime(saved, time_unit)} {time_unit} (est) at +{fpercent(added)} error (est)"
-        if over > 0:
-            line += (f", past accuracy.max_rel_error {fpercent(report.budget)} (the map's now "
-                     f"{fpercent(report.estimate_error)}): a move only with the budget raised by {fpercent(over)}")
+        if needed > report.budget:
+            line += (f", past the {ESTIMATE_SHARE:.0%} of accuracy.max_rel_error {fpercent(report.budget)} a map's "
+                     f"estimate may use (the map's now {fpercent(report.estimate_error)}): a move only with the "
+                     f"budget raised to {fpercent(needed)}")
         else:
             line += f" (the map's now {fpercent(report.estimate_error)}, budget {fpercent(report.budget)})"
         if saved < miss:

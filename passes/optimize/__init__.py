@@ -43,6 +43,10 @@ CALIBRATE_BELOW = 0.8  # ultra: a check reading under this share of its estimate
 ESTIMATE_SHARE = 0.8  # the estimate (search.map_error) may use this share of the accuracy budget ...
 CHECK_SHARE = 0.9  # ... the end-to-end check this share: the rest is the design's own error against fp32
 MEASURE_LIMIT = 2e9  # weight bytes above which per-cell runs would take hours: measured per role instead (labelled)
+# ... unless the cells need this few runs (minutes: a run of the 2-layer Qwen3-30B-A3B takes ~65 s on 2 CPU cores):
+# a role's error shared by sqrt(cells) misreads a role of few cells (its experts: layer 1 alone 0.106, layer 0 0.213,
+# the role's share 0.168 each, so neither fitted a 25 % budget; docs/decisions/2026-12-03-qmoe.md, Session 7)
+CELL_RUNS = 8
 
 
 @dataclass
@@ -271,9 +275,11 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     for c in cands:
         p = requested[c.name]
         report.cells.append(mp_row(problem, c, p, realised.get(c.name, p)))
+    quantised = [problem.error[c][p] for c, p in chosen.mapping.items() if p != problem.options[c][0]]
     report.notes += experts.kept_float([(row, {p: problem.error[row.name][p] for p in problem.options[row.name][1:]})
                                         for row, c in zip(report.cells, cands) if c.op == "MoE"],
-                                       budget, ESTIMATE_SHARE)
+                                       quantised, budget, propose.share,
+                                       report.sensitivity.startswith("measured per role"))
     remapped = any(c.realised != problem.options[c.name][0] for c in report.cells)
     if design.library.is_gpu and remapped and report.retime is None:
         report.notes.append(GPU_SPEED_UNMEASURED)
@@ -361,15 +367,18 @@ def calibrated_search(problem: search.Problem, chosen: search.Outcome, report: O
 
 def sensitivities(design, cands) -> tuple[dict, str, bool]:
     """(errors per cell and option, how they were obtained, whether the design runs here for the end-to-end check):
-    measured per cell, per role for a design over MEASURE_LIMIT of weights (on the target's device when it is here,
-    else ORT CPU), or the labelled prior for a plan or a design ORT cannot run here."""
+    measured per cell, per role for a design over MEASURE_LIMIT of weights whose cells need more than CELL_RUNS runs
+    (on the target's device when it is here, else ORT CPU), or the labelled prior for a plan or a design ORT cannot
+    run here."""
     if not any(len(c.options) > 1 for c in cands):
         return {c.name: {c.current: 0.0} for c in cands}, "not needed: no cell has another option", False
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
     if _weightless(design, cands):
         errors, how = sensitivity.measure(design, cands)  # the prior, said so
         return errors, how, False
-    measure = sensitivity.measure_per_role if weights > MEASURE_LIMIT else sensitivity.measure
+    runs = sum(len(c.options) - 1 for c in cands)
+    per_role = weights > MEASURE_LIMIT and runs > CELL_RUNS
+    measure = sensitivity.measure_per_role if per_role else sensitivity.measure
     try:
         return (*measure(design, cands, design.log), True)
     except CannotRun as exc:

@@ -63,18 +63,28 @@ def label(hierarchy: str) -> str:
     return f"{hierarchy[:-len('.gate')] if hierarchy.endswith('.gate') else hierarchy}.experts"
 
 
-def kept_float(cells, budget: float, share: float) -> list[str]:
+def kept_float(cells, quantised: list[float], budget: float, share: float, per_role: bool = False) -> list[str]:
     """Why each MoE cell (CellMap rows whose name is an MoE cell's) that had QMoE options stays at its float
-    precision: its cheapest option's measured error over what the budget leaves the map, else the search's cost."""
+    precision, one line each: its cheapest option's error over what the budget leaves a map's estimate (`share`),
+    alone or with the map's `quantised` cells' errors, else the search's cost. `per_role`: the errors are a role's
+    share (sensitivity per role), not the cell measured alone, and the line says so."""
     lines = []
+    limit = budget * share
     for c, options in cells:
         if c.realised not in BITS and options:
             best = min(options, key=options.get)
-            why = (f"its estimate {map_error([options[best]]):.2e} is over the {share:.0%} of the accuracy budget "
-                   f"{budget:.1e} a map's estimate may use" if map_error([options[best]]) > budget * share
-                   else "the search found no gain in cost from it")
+            alone, joined = map_error([options[best]]), map_error([*quantised, options[best]])
+            where = f"over the {share:.0%} of the accuracy budget {budget:.1e} a map's estimate may use"
+            if alone > limit:
+                why = f"its estimate {alone:.2e} is {where}"
+            elif joined > limit:
+                why = (f"with the map's {len(quantised)} quantised cell{'s' if len(quantised) != 1 else ''} the "
+                       f"estimate {joined:.2e} would be {where}")
+            else:
+                why = "the search found no gain in cost from it"
+            how = "as its share of its role's error (measured per role)" if per_role else "alone"
             lines.append(f"{c.hierarchy}: experts kept {c.realised} (MoE): QMoE {best} adds {options[best]:.2e} "
-                         f"alone, {why}")
+                         f"{how}, {why}")
     return lines
 
 

@@ -167,12 +167,74 @@ def test_int4_qmoe_on_ort_cpu_computes_moe_with_the_dequantised_weights(dtype):
 
 
 def test_large_designs_measure_the_experts_as_one_role(tmp_path, cache_dir, monkeypatch):
-    """Over MEASURE_LIMIT of weights (the 30B-shaped H200 bench: 6.2 GB) every layer's experts are one role,
-    quantised at once per precision; the loop still moves them and its check still runs."""
+    """Over MEASURE_LIMIT of weights and CELL_RUNS of per-cell runs every layer's experts are one role, quantised at
+    once per precision; the loop still moves them and its check still runs."""
     import passes.optimize as optimize
 
     monkeypatch.setattr(optimize, "MEASURE_LIMIT", 0)
+    monkeypatch.setattr(optimize, "CELL_RUNS", 0)
     out, cells, session = _compile(tmp_path, cache_dir, "5%", "role")
     log = (out / "compile.log").read_text()
     assert "measured per role (not per cell): 1 role groups of 2 cells" in log
     assert cells.count("QMoE") == 2 and session["precision_map"]["checked_error"] > 0
+
+
+@pytest.fixture(scope="module")
+def moe_design(cache_dir, tmp_path_factory):
+    """zoo:qwen3-moe-tiny with its experts fused into MoE cells, under the loose test constraints."""
+    import passes
+    from softsyn.design import Design
+
+    cons = tmp_path_factory.mktemp("qmoe") / "c.yaml"
+    cons.write_text(CONSTRAINTS.format(budget="5%"))
+    design = Design.load("zoo:qwen3-moe-tiny", cons, cache_dir=cache_dir, progress=False)
+    passes.run_pass(design, "fuse", {})
+    return design
+
+
+def test_few_expert_cells_over_the_weight_limit_are_measured_each_alone(moe_design, monkeypatch):
+    """Session 7's root cause: the 30B-shaped x2 (2.4 GB of experts, over MEASURE_LIMIT) measured its two expert
+    blocks as one role and gave each the role's share (0.168), so neither fitted a 25 % budget, though layer 1 alone
+    measured 0.106. A design over the limit whose cells need at most CELL_RUNS runs measures each cell alone: the
+    two layers' own errors, which differ; more runs than that, per role (one shared error)."""
+    import dataclasses
+
+    import passes.optimize as optimize
+    from passes.optimize import mapping as mp
+    from passes.optimize import sensitivity
+
+    cands, _ = mp.candidates(moe_design)
+    assert [c.op for c in cands] == ["MoE", "MoE"] and cands[0].options == ("fp32", "int4", "int8")
+    cands = [dataclasses.replace(c, options=c.options[:2]) for c in cands]  # int4 only, as the bench: 2 runs
+    monkeypatch.setattr(optimize, "MEASURE_LIMIT", 0)  # as if the experts were the 30B's 2.4 GB
+    errors, how, checkable = optimize.sensitivities(moe_design, cands)
+    assert checkable and how.startswith("measured: each cell quantised alone"), how
+    first, second = (errors[c.name]["int4"] for c in cands)
+    assert first != second and min(first, second) > 0  # each layer's own error (a role's share is one number)
+    roles = []
+    monkeypatch.setattr(sensitivity, "measure_per_role", lambda design, cells, log=None: roles.append(cells) or ({}, ""))
+    monkeypatch.setattr(optimize, "CELL_RUNS", 1)  # 2 runs per cell: over it, one run per role
+    optimize.sensitivities(moe_design, cands)
+    assert roles == [cands]
+
+
+def test_an_expert_block_kept_float_says_which_estimate_is_over_and_how_it_was_measured():
+    """One line per kept block: its own estimate over the share, or with the map's quantised cells, or no gain; a
+    per-role error is said to be a role's share, not the block alone (the 30B x2 numbers of Session 7)."""
+    from types import SimpleNamespace
+
+    from passes.optimize.search import map_error
+
+    rows = [SimpleNamespace(hierarchy=f"model.layers.{i}.mlp.experts", realised="fp16") for i in range(3)]
+    cells = [(rows[0], {"int4": 0.213}), (rows[1], {"int4": 0.15}), (rows[2], {"int4": 0.01})]
+    where = "over the 80% of the accuracy budget 2.5e-01 a map's estimate may use"
+    lines = experts.kept_float(cells, [0.106], 0.25, 0.8)  # the map quantised one cell of error 0.106
+    assert lines == [
+        f"model.layers.0.mlp.experts: experts kept fp16 (MoE): QMoE int4 adds 2.13e-01 alone, its estimate "
+        f"{map_error([0.213]):.2e} is {where}",
+        f"model.layers.1.mlp.experts: experts kept fp16 (MoE): QMoE int4 adds 1.50e-01 alone, with the map's 1 "
+        f"quantised cell the estimate {map_error([0.106, 0.15]):.2e} would be {where}",
+        "model.layers.2.mlp.experts: experts kept fp16 (MoE): QMoE int4 adds 1.00e-02 alone, the search found no "
+        "gain in cost from it"]
+    role = experts.kept_float([(rows[0], {"int4": 0.168})], [], 0.25, 0.8, per_role=True)
+    assert "adds 1.68e-01 as its share of its role's error (measured per role), its estimate" in role[0]
