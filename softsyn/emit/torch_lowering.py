@@ -233,11 +233,13 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
 
 def loaded_step(design, folder: Path, settings: dict, packages: list[Built]) -> TorchStep:
     """The packages loaded as softsyn's runner loads them. Where model-prefill.pt2 was compiled without weights and this
-    torch cannot hand it model.pt2's (torch_weights), it is compiled again holding its own and torch.json says so
-    ("constants": "own"): a package never depends on a load that fails here."""
+    torch can give it none of model.pt2's (torch_weights: neither shared nor a copy), it is compiled again holding its
+    own and torch.json says so ("constants": "own"): a package never depends on a load that fails here. A copy
+    (user-managed constants refused) is kept: two in memory, as before sharing, without a second AOTInductor compile
+    (~130 s at 1.7B on the H200)."""
     step = TorchStep(folder, settings)
     prefill = next((b for b in packages if b.key == PREFILL and b.constants == SHARED), None)
-    if prefill is not None and step.shared is None:
+    if prefill is not None and PREFILL not in step.packages:
         prefill.said.append(f"{prefill.file}: compiled again with its own weights: this torch cannot hand it "
                             f"{TORCH_PACKAGE}'s ({step.weights})")
         del step
