@@ -36,6 +36,7 @@ from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE, TORCH_PREFILL_PA
 from softsyn.runtime.torch_package import DECODE, FORMAT, PREFILL, SPAN_STEP, TorchStep
 from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE, PROVENANCE_CONFIG, calls_data,
                                               kernel_calls)
+from softsyn.runtime.torch_weights import OWN, SHARED
 from softsyn.units import fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
@@ -46,6 +47,12 @@ ESTIMATED = "est"  # and every number the ORT library predicts
 SPAN_HINT = 1024  # the example span torch.export traces: AOTInductor tunes each kernel over a dynamic dim for its
 # example size, so a softmax traced over 7 slots looped 8 at a time: 136 us a layer at 4096 on the H200 (2026-12-03)
 PREFILL_SEQ_HINT = 512  # the example query length of a prefill package: its kernels are tuned for prompts, not 3 rows
+# Where a package's weights go (aoti_compile_and_package's inductor_configs), when a target builds two packages:
+# model.pt2's beside its .so in the archive (aoti_load_package still loads it alone), model-prefill.pt2 without any
+# (it reads model.pt2's at load: softsyn.runtime.torch_weights). A single package keeps them inside its .so.
+WEIGHTS_BESIDE = {"aot_inductor.package_constants_in_so": False,
+                  "aot_inductor.package_constants_on_disk_format": "binary_blob"}
+WEIGHTLESS = {"aot_inductor.package_constants_in_so": False}
 
 
 def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype, prefill: bool = False):
@@ -86,13 +93,19 @@ class Built:
     kernels: str
     calls: list = field(default_factory=list)
     seconds: float = 0.0  # torch.export + AOTInductor, host wall clock
+    constants: str = OWN  # OWN: the package holds its weights; SHARED: none, it reads model.pt2's
+    weights_config: dict = field(default_factory=dict)  # inductor_configs on where its weights go
+    program: object = None  # the exported step, kept while the prefill package may need recompiling with weights
+    said: list = field(default_factory=list)  # notes on its weights' form (a fallback, and why)
 
 
 def planned(target) -> list[Built]:
     """The packages `target` builds: model.pt2 in its attention form; with a prefill form, model-prefill.pt2 too."""
     out = [Built(DECODE, TORCH_PACKAGE, target.attention, 1, KERNELS_FILE)]
     if target.prefill_attention:
-        out.append(Built(PREFILL, TORCH_PREFILL_PACKAGE, target.prefill_attention, 2, PREFILL_KERNELS_FILE))
+        out[0].weights_config = WEIGHTS_BESIDE
+        out.append(Built(PREFILL, TORCH_PREFILL_PACKAGE, target.prefill_attention, 2, PREFILL_KERNELS_FILE,
+                         constants=SHARED, weights_config=WEIGHTLESS))
     return out
 
 
@@ -114,12 +127,31 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     del model
     if last:
         holder.clear()
+    if built.constants == SHARED:
+        built.program = program
+    compile_package(design, program, built, folder)
+    built.seconds += time.perf_counter() - t0
+
+
+def compile_package(design, program, built: Built, folder: Path) -> None:
+    """AOTInductor on the exported step into folder/built.file, its weights where built.weights_config puts them;
+    model.pt2 with its weights beside the .so falls back to inside it (and model-prefill.pt2 to holding its own)
+    where this torch refuses that form, saying so in built.said."""
     with progress.step(f"emit: AOTInductor compiling the step into {built.file} (tens of seconds; minutes on a GPU)",
                        enabled=design.progress, done=f"emit: {built.file} written"):
-        torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
-                                                 inductor_configs=PROVENANCE_CONFIG)
+        try:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
+                                                     inductor_configs={**PROVENANCE_CONFIG, **built.weights_config})
+        except Exception as exc:  # an Inductor without the config, or one that fails on it: the plain form
+            if not built.weights_config:
+                raise
+            built.said.append(f"{built.file}: this torch cannot compile its weights "
+                              f"{'beside its program' if built.key == DECODE else 'out of it'} ({brief(exc)}); "
+                              "compiled with them inside")
+            built.weights_config, built.constants = {}, OWN
+            torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
+                                                     inductor_configs=PROVENANCE_CONFIG)
     built.calls = kernel_calls(folder / built.file, program)
-    built.seconds = time.perf_counter() - t0
 
 
 def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
@@ -146,6 +178,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     del model
     try:
         for i, built in enumerate(packages):
+            if built.key == PREFILL and packages[0].weights_config != WEIGHTS_BESIDE:  # no blob in model.pt2 to read
+                built.constants, built.weights_config = OWN, {}
+                built.said.append(f"{built.file} holds its own weights: {packages[0].file} has them inside its .so")
             build_package(design, holder, built, folder, last=i == len(packages) - 1)
     except SoftsynError:
         raise
@@ -158,13 +193,14 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
     settings["weights"] = {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
                            if c.precision in target.weights}
     write_json(folder / TORCH_FILE, settings)
-    notes += package_notes(design, packages, packed)
+    step = loaded_step(design, folder, settings, packages)
+    notes += package_notes(design, packages, packed, folder, step)
     notes += [*(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
                 f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
               f"({ESTIMATED}) of the same function on the ONNX netlist; the package"
               f"{'s are' if len(packages) > 1 else ' is'} measured below"]
-    notes += measured_notes(design, folder, settings)
+    notes += measured_notes(design, folder, step)
     return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages)]
 
 
@@ -179,8 +215,8 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
                   "written in place; slots = arange(S), the cache slots attention reads (last position < S <= "
                   "max_length); `package` runs every step, `packages` says which one softsyn runs at which seq "
                   "(the one of the largest min_seq <= seq)",
-        "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels}
-                     for b in packages},
+        "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels,
+                             "constants": b.constants} for b in packages},
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
                    "slots": ["span", "int64"]},
         "outputs": {"logits": ["batch", "seq", "vocab_size", target.dtype]},
@@ -195,8 +231,34 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
     }
 
 
-def package_notes(design, packages: list[Built], packed: int) -> list[str]:
-    """The compile notes on each package: what it is, its compile time, its kernel map."""
+def loaded_step(design, folder: Path, settings: dict, packages: list[Built]) -> TorchStep:
+    """The packages loaded as softsyn's runner loads them. Where model-prefill.pt2 was compiled without weights and this
+    torch can give it none of model.pt2's (torch_weights: neither shared nor a copy), it is compiled again holding its
+    own and torch.json says so ("constants": "own"): a package never depends on a load that fails here. A copy
+    (user-managed constants refused) is kept: two in memory, as before sharing, without a second AOTInductor compile
+    (~130 s at 1.7B on the H200)."""
+    step = TorchStep(folder, settings)
+    prefill = next((b for b in packages if b.key == PREFILL and b.constants == SHARED), None)
+    if prefill is not None and PREFILL not in step.packages:
+        prefill.said.append(f"{prefill.file}: compiled again with its own weights: this torch cannot hand it "
+                            f"{TORCH_PACKAGE}'s ({step.weights})")
+        del step
+        prefill.constants, prefill.weights_config = OWN, {}
+        t0 = time.perf_counter()
+        compile_package(design, prefill.program, prefill, folder)
+        prefill.seconds += time.perf_counter() - t0
+        write_json(folder / prefill.kernels, calls_data(prefill.calls))
+        settings["packages"][PREFILL]["constants"] = OWN
+        write_json(folder / TORCH_FILE, settings)
+        step = TorchStep(folder, settings)
+    for built in packages:
+        built.program = None
+    return step
+
+
+def package_notes(design, packages: list[Built], packed: int, folder: Path, step: TorchStep) -> list[str]:
+    """The compile notes on each package: what it is, its compile time, its kernel map, and where the weights are
+    held (on disk: the files' sizes; in memory: as softsyn's runner loaded them)."""
     target = torch_target(design.torch_target)
     cfg_max, _ = shared_buffer_length(design.constraints)
     name = f"target {design.torch_target}"
@@ -211,15 +273,21 @@ def package_notes(design, packages: list[Built], packed: int) -> list[str]:
                   "activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
-    if two:  # AOTInductor packages own their constants: sharing them across packages is not built
-        lines.append(f"{name}: each package holds its own copy of the weights: disk and device memory hold them "
-                     f"{len(packages)} times (the area report counts one)")
+    lines += [f"{name}: {said}" for b in packages for said in b.said]
+    if two:
+        sizes = ", ".join(f"{b.file} {(folder / b.file).stat().st_size / 1e6:.1f} MB" for b in packages)
+        copies = 1 if step.shared is not None else len(packages)
+        lines.append(f"{name}: {step.weights}; on disk {sizes} ("
+                     + ("the weights once, in model.pt2; " if packages[-1].constants == SHARED else
+                        "each package with its own weights; ")
+                     + f"measured file sizes); in memory {'once' if copies == 1 else f'{copies} times'} "
+                     + ("(the area report counts one, as held)" if copies == 1 else
+                        "(the area report counts one: memory holds more)"))
     return lines
 
 
-def measured_notes(design, folder: Path, settings: dict) -> list[str]:
+def measured_notes(design, folder: Path, step: TorchStep) -> list[str]:
     """Per path group: the package's step (median of MEASURED_RUNS), beside the library's estimate."""
-    step = TorchStep(folder, settings)
     analysis = design.analyze()
     lines = []
     files = " and ".join(e["file"] for e in step.packages.values())

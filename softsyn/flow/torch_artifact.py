@@ -121,6 +121,7 @@ def run(directory: str | Path, settings: RunSettings = RunSettings(), show_progr
                            f"valid --provider: {device}")
     progress.log(f"loading {out}/{package_label(torch_settings)} (torch AOTInductor)", enabled=show_progress)
     step = TorchStep(out, torch_settings)
+    progress.log(step.weights, enabled=show_progress)
     prompt = prompt_ids(step.vocab_size, settings.prompt_len, settings.seed)
     result = RunResult(directory=str(directory), design=manifest.design, settings=settings,
                        execution_provider=provider_label(torch_settings), device=device_name(device), kv="static",

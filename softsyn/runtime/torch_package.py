@@ -7,8 +7,10 @@ a batch at the same positions), and attends over the first S slots, those at or 
 runner gives S as the filled prefix rounded up to SPAN_STEP (at most max_length): a decode at 512 reads 768 slots,
 not the whole cache, and a long generation crosses a few spans. DIR/model.pt2 serves prefill (seq = the prompt) and
 decode (seq 1); a target with a prefill attention form adds DIR/model-prefill.pt2, the same step in that form, which
-serves the steps of seq >= its `min_seq` (2): torch.json's `packages` names each package, its kernel map and the
-query lengths it serves. On CUDA (`cuda_graphs`) each step shape (package, batch, seq, span) is captured once as a
+serves the steps of seq >= its `min_seq` (2): torch.json's `packages` names each package, its kernel map, the
+query lengths it serves and where its weights are (`constants`: "own", or "decode": model-prefill.pt2 holds none and
+runs on model.pt2's, one copy in memory: softsyn.runtime.torch_weights; where this torch refuses, model-prefill.pt2
+gets a copy of its own, or model.pt2 serves every step, and `TorchStep.weights` says which). On CUDA (`cuda_graphs`) each step shape (package, batch, seq, span) is captured once as a
 CUDA graph over fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
 
 runtime/torch.json is untrusted input: its fields are checked (types, bounds) and every path it names kept inside
@@ -29,6 +31,8 @@ from softsyn.errors import SoftsynError
 from softsyn.frontends.onnx_file import inside
 from softsyn.runtime.artifact import TORCH_FILE, read_json, scenarios_problem
 from softsyn.runtime.torch_provenance import KERNELS_FILE
+from softsyn.runtime.torch_weights import (OWN, SHARED, SharedWeights, SharingUnavailable, load_copied,
+                                          load_shared)
 from softsyn.runtime.generate import Generation
 
 FORMAT = "softsyn.torch/3"  # /3: the slots input (attention over a span); /2: the cache written in place
@@ -103,6 +107,10 @@ def check_packages(directory: str | Path, settings: dict, path: Path) -> None:
         if not (type(entry.get("min_seq")) is int and low <= entry["min_seq"] <= high):
             raise SoftsynError(f"{path}: {key}.min_seq: {json.dumps(entry.get('min_seq'))} is not valid; valid: "
                                f"{'1' if name == DECODE else f'an integer 2..{MAX_INT}'}; re-run softsyn compile")
+        valid = (OWN,) if name == DECODE else (OWN, SHARED)  # only model.pt2 can hold the weights another reads
+        if entry.get("constants", OWN) not in valid:
+            raise SoftsynError(f"{path}: {key}.constants: {json.dumps(entry.get('constants'))} is not valid; valid: "
+                               f"{' or '.join(json.dumps(v) for v in valid)}; re-run softsyn compile")
     if entries[DECODE]["file"] != settings["package"]:
         raise SoftsynError(f"{path}: packages.{DECODE}.file: {json.dumps(entries[DECODE]['file'])} is not the file "
                            f"`package` names ({json.dumps(settings['package'])}); re-run softsyn compile")
@@ -182,9 +190,13 @@ class TorchStep:
         self.device = settings["device"]
         self.graphs = bool(settings.get("cuda_graphs")) and self.device == "cuda"
         self.packages = packages(settings)
+        self.target = settings.get("target")
         where = Path(directory) / TORCH_FILE
-        self.runners = {name: self._load(inside(directory, entry["file"], f"packages.{name}.file", where),
-                                         settings.get("target")) for name, entry in self.packages.items()}
+        self.paths = {name: inside(directory, entry["file"], f"packages.{name}.file", where)
+                      for name, entry in self.packages.items()}
+        self.shared: SharedWeights | None = None  # the one copy both packages read, when they share
+        self.weights = ""  # where the weights are held, for log lines (set by _load_all)
+        self.runners = self._load_all()
         self.cache = settings["kv_cache"]
         self.vocab_size = settings["vocab_size"]
         self.dtype = getattr(torch, settings["dtype"])
@@ -192,12 +204,44 @@ class TorchStep:
         self._slots: dict[int, torch.Tensor] = {}  # span -> arange(span) on the device (fixed: graphs read it)
         self._owned: dict[int, list[torch.Tensor]] = {}  # batch -> the cache generate and measure reuse
 
-    def _load(self, package: Path, target):
+    def _load_all(self) -> dict:
+        """Each package's runner. A prefill package without weights ("constants": "decode") reads model.pt2's: one
+        copy (torch_weights.load_shared); where this torch refuses, it is given a copy of them, or dropped (model.pt2
+        serves every step); self.weights says which, never silently."""
+        prefill = self.packages.get(PREFILL)
+        if prefill is None or prefill.get("constants", OWN) == OWN:
+            runners = {name: self._load(path) for name, path in self.paths.items()}
+            self.weights = (f"weights held {len(runners)} times: each package its own copy" if len(runners) > 1
+                            else "weights held once, in the package")
+            return runners
+        for path in self.paths.values():
+            self._check_file(path)
+        decode, other = self.paths[DECODE], self.paths[PREFILL]
+        try:
+            runners, self.shared = load_shared(decode, other, self.device, self._load)
+            self.weights = f"weights held once: {other.name} reads {decode.name}'s (user-managed constants)"
+            return runners
+        except SharingUnavailable as exc:
+            why = str(exc)
+        runners = {DECODE: self._load(decode)}
+        try:  # model.pt2 loaded whole (its own copy); the prefill program gets a second
+            runners[PREFILL] = load_copied(decode, other, self.device, self._load)
+            self.weights = f"weights held twice: {other.name} could not share {decode.name}'s ({why}); it got a copy"
+        except SharingUnavailable as again:
+            self.packages = {DECODE: self.packages[DECODE]}
+            self.weights = (f"weights held once, by {decode.name}, which serves every step: {other.name} holds none "
+                            f"and this torch cannot give it {decode.name}'s ({why}; {again})")
+        return runners
+
+    def _check_file(self, package: Path) -> None:
         if not package.is_file():
             raise SoftsynError(f"{package}: no such package (runtime/torch.json names it); re-run softsyn compile")
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise SoftsynError(f"{package}: compiled for CUDA ({target}) and torch sees no CUDA device here; run it "
-                               "on the GPU machine")
+            raise SoftsynError(f"{package}: compiled for CUDA ({self.target}) and torch sees no CUDA device here; run "
+                               "it on the GPU machine")
+
+    def _load(self, package: Path):
+        self._check_file(package)
         try:  # run_single_threaded: no model-instance events between runs, which a stream capture forbids
             return torch._inductor.aoti_load_package(str(package), run_single_threaded=self.graphs)
         except Exception as exc:  # torch raises many types for a package it cannot load

@@ -1,10 +1,12 @@
 """A torch target with a prefill attention form (h200-torch's matmul + sdpa, here on the CPU as a test target): two
 AOTInductor packages, model.pt2 for decode and model-prefill.pt2 for seq > 1, both named in runtime/torch.json with
-their kernel maps, the runner picking by the step's seq; an escaping package path refused."""
+their kernel maps, the runner picking by the step's seq; one set of weights (in model.pt2, read by both programs),
+with the fallbacks where torch refuses said; an escaping package path refused."""
 import dataclasses
 import json
 import re
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -38,9 +40,10 @@ def test_both_packages_written_and_named(two_package_artifact):
     settings = read_torch_settings(out)
     assert settings["package"] == "model.pt2"
     assert settings["packages"] == {
-        "decode": {"file": "model.pt2", "attention": "matmul", "min_seq": 1, "kernels": "runtime/torch_kernels.json"},
+        "decode": {"file": "model.pt2", "attention": "matmul", "min_seq": 1, "kernels": "runtime/torch_kernels.json",
+                   "constants": "own"},
         "prefill": {"file": "model-prefill.pt2", "attention": "sdpa", "min_seq": 2,
-                    "kernels": "runtime/torch_kernels-prefill.json"}}
+                    "kernels": "runtime/torch_kernels-prefill.json", "constants": "decode"}}
     assert (out / "model.pt2").stat().st_size > 0 and (out / "model-prefill.pt2").stat().st_size > 0
     decode, prefill = read_calls(out), read_calls(out, "runtime/torch_kernels-prefill.json")
     assert decode and prefill and decode != prefill  # each package's own kernels
@@ -50,8 +53,11 @@ def test_both_packages_written_and_named(two_package_artifact):
                      log, re.M)
     assert f"note: target {TARGET}: model-prefill.pt2 is the step lowered by torch.export + AOTInductor for steps " \
            "of seq >= 2" in log
-    assert f"note: target {TARGET}: each package holds its own copy of the weights: disk and device memory hold " \
-           "them 2 times" in log
+    said = re.search(rf"^note: target {TARGET}: weights held once: model-prefill.pt2 reads model.pt2's .*; on disk "
+                     r"model.pt2 ([\d.]+) MB, model-prefill.pt2 ([\d.]+) MB \(the weights once, in model.pt2; .*in "
+                     r"memory once \(the area report counts one, as held\)$", log, re.M)
+    assert said and [float(x) for x in said.groups()] == [round(p.stat().st_size / 1e6, 1) for p in
+                                                          (out / "model.pt2", out / "model-prefill.pt2")]
     measured = re.findall(rf"^note: target {TARGET}: (prefill|decode) \(.*; (model[-\w]*\.pt2)\): [\d.]+ ms \(torch "
                           r"package, measured", log, re.M)
     assert sorted(measured) == [("decode", "model.pt2"), ("prefill", "model-prefill.pt2")]
@@ -102,6 +108,72 @@ def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, t
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
+def blobs(package):
+    """The weight blobs in a package's archive (AOTInductor's binary_blob form)."""
+    with zipfile.ZipFile(package) as archive:
+        return [n for n in archive.namelist() if n.endswith(".blob")]
+
+
+def test_one_set_of_weights_read_by_both_programs(two_package_artifact):
+    """model.pt2 holds the weights (one blob beside its program), model-prefill.pt2 none; loaded, both programs read
+    the same tensors (user-managed: every constant either names is one of them, on the same storage), and
+    model.pt2 alone still loads and runs as the README's loader does, to the shared runner's logits."""
+    import torch
+
+    from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+    out = two_package_artifact
+    assert len(blobs(out / "model.pt2")) == 1 and blobs(out / "model-prefill.pt2") == []
+    step = TorchStep(out, read_torch_settings(out))
+    assert step.shared is not None and step.weights.startswith("weights held once")
+    for runner in step.runners.values():
+        assert set(runner.get_constant_fqns()) <= set(step.shared.tensors)
+    blob = zipfile.ZipFile(out / "model.pt2").getinfo(blobs(out / "model.pt2")[0]).file_size
+    assert blob >= step.shared.nbytes > blob // 2  # the blob's tensors, once (the blob pads each to 64 bytes)
+    ids = np.arange(1, 8)[None]
+    got = step(ids, 0, step.empty_cache())
+    alone = torch._inductor.aoti_load_package(str(out / "model.pt2"))
+    want = alone(*_inputs(ids), torch.arange(256), *step.empty_cache())
+    torch.testing.assert_close(got, want[0] if isinstance(want, (list, tuple)) else want, rtol=1e-4, atol=1e-4)
+
+
+def _inputs(ids):
+    import torch
+
+    from softsyn.runtime.torch_package import input_views, step_inputs
+
+    return input_views(torch.from_numpy(step_inputs(ids, 0)), ids.shape)
+
+
+@pytest.mark.parametrize("refused, said, packages", [
+    ("sharing", "weights held twice: model-prefill.pt2 could not share model.pt2's (refused here); it got a copy",
+     ["decode", "prefill"]),
+    ("reading", "weights held once, by model.pt2, which serves every step: model-prefill.pt2 holds none and this "
+                "torch cannot give it model.pt2's (refused here; refused here)", ["decode"]),
+])
+def test_where_torch_refuses_sharing_the_fallback_is_said(two_package_artifact, monkeypatch, refused, said,
+                                                          packages):
+    """A torch that cannot point model-prefill.pt2 at model.pt2's weights gives it a copy; one that cannot read them
+    at all runs every step on model.pt2: either way the step's `weights` says so, and the greedy tokens are those of
+    the shared runner."""
+    from softsyn.runtime import torch_package, torch_weights
+    from softsyn.runtime.torch_package import TorchStep, read_torch_settings
+
+    def refuse(*args, **kwargs):
+        raise torch_weights.SharingUnavailable("refused here")
+
+    settings = read_torch_settings(two_package_artifact)
+    prompt = np.arange(1, 20)
+    shared = TorchStep(two_package_artifact, settings).generate(prompt, 4).tokens
+    monkeypatch.setattr(torch_package, "load_shared", refuse)
+    if refused == "reading":
+        monkeypatch.setattr(torch_weights, "read_weights", refuse)
+    step = TorchStep(two_package_artifact, settings)
+    assert step.shared is None and step.weights == said and sorted(step.runners) == packages
+    assert step.package_for(19) == packages[-1]
+    assert step.generate(prompt, 4).tokens == shared
+
+
 def test_verify_checks_both_packages(two_package_artifact, cache_dir):
     """verify's prefill scenario runs on model-prefill.pt2 and its decode on model.pt2: both MET."""
     from click.testing import CliRunner
@@ -120,13 +192,16 @@ def test_verify_checks_both_packages(two_package_artifact, cache_dir):
     ("file", "../model-prefill.pt2", 'packages.prefill.file: "../model-prefill.pt2" leads out of'),
     ("kernels", "/etc/passwd", 'packages.prefill.kernels: "/etc/passwd" leads out of'),
     ("min_seq", 1, "packages.prefill.min_seq: 1 is not valid; valid: an integer 2.."),
+    ("constants", "../model.pt2", 'packages.prefill.constants: "../model.pt2" is not valid; valid: "own" or "decode"'),
+    ("decode.constants", "decode", 'packages.decode.constants: "decode" is not valid; valid: "own";'),
 ])
 def test_a_bad_prefill_package_entry_is_refused(two_package_artifact, tmp_path, capsys, key, value, said):
     copy = tmp_path / "copy"
     shutil.copytree(two_package_artifact, copy)
     path = copy / "runtime" / "torch.json"
     settings = json.loads(path.read_text())
-    settings["packages"]["prefill"][key] = value
+    name, _, key = key.rpartition(".")
+    settings["packages"][name or "prefill"][key] = value
     path.write_text(json.dumps(settings))
     code, out, err = cli(capsys, "run", copy, "-q")
     assert code == 2 and out == ""
