@@ -110,8 +110,9 @@ class Queue:
 
     def seat(self, admitted: list[int]) -> None:
         """The admitted requests take the rows after the running ones (their prefills write there)."""
-        base = len(self.running)
-        self.rows.update((r, base + i) for i, r in enumerate(admitted))
+        if admitted:
+            base = len(self.running)
+            self.rows.update((r, base + i) for i, r in enumerate(admitted))
 
     def place(self, still: list[list]) -> list[tuple[int, int, int]]:
         """Keep the running sequences `still` in rows 0..len(still)-1 (a decode binds a batch as one block of rows):
@@ -119,7 +120,10 @@ class Queue:
         KV row move and one in the top rows none. Reorders `still` by row; returns the moves, (from row, to row,
         cached positions to copy)."""
         n = len(still)
-        rows = {s[0]: self.rows[s[0]] for s in still}
+        rows = self.rows if len(self.rows) == n else {s[0]: self.rows[s[0]] for s in still}
+        self.rows = rows
+        if all(rows[s[0]] < n for s in still):  # rows 0..n-1 taken (nothing finished below): no move, order kept
+            return []
         holes = sorted(set(range(n)) - set(rows.values()))
         movers = sorted((s for s in still if rows[s[0]] >= n), key=lambda s: rows[s[0]])
         moves = []
