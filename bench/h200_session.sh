@@ -87,12 +87,13 @@
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
 #   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
-#   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe within S seconds (560; 4 layers ran
+#   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fp16,qmoe within S seconds (560; 4 layers ran
 #                        past 420 s on 2026-12-03): the 2-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
 #                        beside the fp16 MoE design in one run (the must-show of issue 29 item 2); brings back
 #                        moe-qmoe-cuda.md, moe-qmoe.log (the loop's verdicts) and each compile's whole log
-#                        (moe-qmoe-cuda-1-fused-compile.log, moe-qmoe-cuda-1-qmoe-compile.log)
+#                        (moe-qmoe-cuda-1-fp16-compile.log, moe-qmoe-cuda-1-qmoe-compile.log); fp16 is the fused fp16 MoE design
+#                        under the qmoe form's constraints and library (same scenarios), compiled --effort low
 #   moeprobe             bench/moe_probe.py --provider cuda: one com.microsoft.MoE node on CUDA and CPU against a float64
 #                        reference over tokens 1..128, the tiny/30B/80B expert shapes, fp16/fp32, normalize 0/1 and
 #                        x [T, H] vs [1, T, H] (the qwen3-next prefill departure of 2026-12-03); brings back
@@ -492,7 +493,7 @@ qmoe)
     softsyn_install
     # tee first: a call cut at its limit (2026-12-03: 420 s, nothing came back through tail) still returns its log
     set +e
-    timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --layers 2 --forms fused,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
+    timeout "${1:-560}" python3 bench/moe_cuda.py --only 30b --layers 2 --forms fp16,qmoe -o "$OUT/moe-qmoe-cuda.md" 2>&1 |
         grep -v "No registered plugin EP" | tee "$OUT/moe-qmoe.log" | tail -40
     set -e ;;
 moeprobe)

@@ -1,7 +1,7 @@
 """MoE on the H200: fused com.microsoft.MoE artifacts against plain exports and QMoE int4 experts, predicted vs measured.
 
     python3 bench/moe_cuda.py -o bench/results/moe-cuda-DATE.md          # on the H200 (PYTHONPATH=/tmp/site:.)
-    python3 bench/moe_cuda.py --only 30b --forms fused,qmoe -o F.md     # the QMoE must-show (bench/h200_session.sh qmoe)
+    python3 bench/moe_cuda.py --only 30b --forms fp16,qmoe -o F.md      # the QMoE must-show (bench/h200_session.sh qmoe)
     python3 bench/moe_cuda.py --dry-run                                  # here: the configs, files and commands
 
 Two models, each compiled for h200-ort-cuda (experts fused into MoE; compiles on the CPU) and analysed as its plain
@@ -14,7 +14,9 @@ export (the batched_mm experts: per-token GatherND of expert weights), both sign
   weights in host RAM (213 GB > the H200 box's 128 GB); 4 layers are 6.2 GB (~22 GB of RAM), the prediction is
   for the same netlist. Its prefill touches nearly all 128 experts, its decode 8 per layer.
 
-Forms: `fused` (compile --effort low: fp16 MoE experts), `plain` (analyze the export), `qmoe` (compile --effort
+Forms: `fused` (compile --effort low: fp16 MoE experts), `plain` (analyze the export), `fp16` (the fused fp16 design
+compiled --effort low under the qmoe form's constraints and library: the design `qmoe` is measured against, at the
+same scenarios), `qmoe` (compile --effort
 medium under QMOE_CONSTRAINTS: only the experts are candidates, int4 the one quantised precision, a decode clock the
 fp16 design misses and an accuracy budget of QMOE_BUDGET, with QMOE_LIBRARY as the target: the shipped H200 library
 plus the MoE/QMoE cells measured on 2026-12-01, since the shipped one has no QMoE cell and the loop offers QMoE only
@@ -91,7 +93,8 @@ def models(work: Path, layers: int = LAYERS) -> list[tuple[str, str, dict]]:
 
 def commands(model: str, cons: Path, out: Path, qmoe_cons: Path | None = None) -> dict[str, list[list[str]]]:
     """The softsyn command lines of one model: fused (compile) and plain (analyze), each then signed off; with
-    `qmoe_cons`, qmoe (compile --effort medium against QMOE_LIBRARY, verify, signoff)."""
+    `qmoe_cons`, fp16 (compile --effort low under it against QMOE_LIBRARY, signoff) and qmoe (compile --effort medium
+    under it against QMOE_LIBRARY, verify, signoff)."""
     cli = [sys.executable, "-m", "softsyn.cli"]
     fused, plain, qmoe = out / "fused", out / "plain", out / "qmoe"
     steps = {
@@ -101,6 +104,10 @@ def commands(model: str, cons: Path, out: Path, qmoe_cons: Path | None = None) -
                   cli + ["signoff", str(plain), "--provider", "cuda", "--runs", "30", "-q"]],
     }
     if qmoe_cons is not None:
+        # the fp16 MoE design the qmoe one is measured against: the same groups, library and scenarios, no loop
+        steps["fp16"] = [cli + ["compile", model, "-c", str(qmoe_cons), "--target", str(QMOE_LIBRARY), "--effort",
+                                "low", "-o", str(out / "fp16")],
+                         cli + ["signoff", str(out / "fp16"), "--provider", "cuda", "--runs", "30", "-q"]]
         steps["qmoe"] = [cli + ["compile", model, "-c", str(qmoe_cons), "--target", str(QMOE_LIBRARY), "--effort",
                                 "medium", "-o", str(qmoe)],
                          cli + ["verify", str(qmoe), "--json", "-q"],
@@ -148,11 +155,16 @@ def worst_error(verify_stdout: str) -> float | None:
     return max(checks) if checks else None
 
 
-def rows(label: str, form: str, directory: Path, error: float | None = None) -> list[str]:
+def rows(label: str, form: str, directory: Path, error: float | None = None,
+         measured: dict | None = None) -> list[str]:
+    """The table's rows of one signed-off form; each group's measured median also goes into `measured`
+    [(label, form, group)] for the qmoe-vs-fp16 lines."""
     result = json.loads((directory / "signoff" / "signoff.json").read_text())
     cells = moe_cells(directory)
     out = []
     for g in result["groups"]:
+        if measured is not None:
+            measured[(label, form, g["name"])] = (g["predicted"], g["measured_median"])
         err = (g["predicted"] - g["measured_median"]) / g["measured_median"]
         out.append(f"| {label} | {form} | {g['name']} | {cells['MoE']}/{cells['QMoE']}/{cells['GatherND']} | "
                    f"{g['predicted'] * 1e3:.3f} | {g['measured_median'] * 1e3:.3f} | {err * 100:+.1f} % | "
@@ -176,6 +188,7 @@ def main(argv=None) -> int:
              "verify: worst rel error vs fp32 |", "|---|---|---|---|---|---|---|---|"]
     forms = args.forms.split(",")
     failed = 0
+    measured: dict = {}
     for i, (label, spec, workload) in enumerate(models(args.work, args.layers)):
         if args.only and args.only != ("tiny", "30b")[i]:
             continue
@@ -209,9 +222,17 @@ def main(argv=None) -> int:
                     error = worst_error(proc.stdout)
                     print(f"{label} {form}: verify exit {proc.returncode}, worst rel error {error}", file=sys.stderr)
             else:
-                lines += rows(label, form, out / form, error)
+                lines += rows(label, form, out / form, error, measured)
     if args.dry_run:
         return 0
+    pairs = [(k, measured[(k[0], "fp16", k[2])]) for k in measured if k[1] == "qmoe" and (k[0], "fp16", k[2]) in measured]
+    if pairs:
+        lines += ["", "QMoE against the fp16 MoE design (same constraints, library and scenarios; medians measured in "
+                  "this run, predictions est):", ""]
+        for (label, _, group), (p16, m16) in pairs:
+            pq, mq = measured[(label, "qmoe", group)]
+            lines.append(f"- {label} {group}: measured {mq * 1e3:.3f} vs {m16 * 1e3:.3f} ms ({(mq / m16 - 1) * 100:+.1f} %); "
+                         f"predicted {pq * 1e3:.3f} vs {p16 * 1e3:.3f} ms ({(pq / p16 - 1) * 100:+.1f} %)")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

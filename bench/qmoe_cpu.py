@@ -9,7 +9,7 @@ measured at the tiny widths; a 10 us decode clock no design meets, so the loop m
 experts are candidates: attention projections and lm_head in dont_touch, the router by rule moe_router):
 `fp32` at --effort low (the fused MoE as the fuse pass leaves it), `int8` / `int4` at --effort medium with that one
 quantised precision allowed and a 50 % budget (the experts forced), `loop 5%` / `loop 0.1%` at --effort medium with
-both allowed. The H200 counterpart is bench/moe_cuda.py --forms fused,qmoe.
+both allowed. The H200 counterpart is bench/moe_cuda.py --forms fp16,qmoe.
 """
 from __future__ import annotations
 

@@ -123,9 +123,14 @@ def test_the_h200_bench_compiles_qmoe_against_a_library_with_qmoe_cells(tmp_path
     c = load_constraints(cons)
     assert c.precision.allowed == ["fp16", "int4"] and c.accuracy.max_rel_error == pytest.approx(0.25)
     assert any(cell.op == "QMoE" and cell.precision == "int4" for cell in load_library(bench.QMOE_LIBRARY).cells)
-    steps = bench.commands("m", tmp_path / "c.yaml", tmp_path / "out", cons)["qmoe"]
+    forms = bench.commands("m", tmp_path / "c.yaml", tmp_path / "out", cons)
+    steps = forms["qmoe"]
     assert [s[3] for s in steps] == ["compile", "verify", "signoff"]
     assert steps[0][steps[0].index("--target") + 1] == str(bench.QMOE_LIBRARY) and "medium" in steps[0]
+    # the fp16 design it is measured against: the same constraints and library (same scenarios), no loop
+    fp16 = forms["fp16"][0]
+    assert fp16[fp16.index("-c") + 1] == str(cons) and fp16[fp16.index("--target") + 1] == str(bench.QMOE_LIBRARY)
+    assert fp16[fp16.index("--effort") + 1] == "low"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
