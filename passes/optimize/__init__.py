@@ -3,7 +3,8 @@
 The loop: tabulate once, per path group, every candidate cell's cost at each precision its library has a cell
 for (passes.optimize.mapping); measure each (cell, precision)'s output error (sensitivity, cached);
 search a map on the tables (passes.optimize.search: greedy at `medium`, an exact ILP at `high`, the
-ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency; check the
+ILP then recovery at `ultra`) in the cost order design rules -> weighted negative slack -> latency, the slack
+tightened to the serving checks' target when a serving block is violated (passes.optimize.serving_target); check the
 map end to end (the design with the whole map quantised, run on the target's device when it is here, else ORT CPU,
 against the design before this pass, verify's relative error); apply it. A map the check rejects is searched again
 with half the estimate's budget (at most ATTEMPTS times), then the design keeps its precision; the log says why.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from passes import PassReport, PassResult, register, report_of
 from passes.kv_layout import KvLayoutReport
-from passes.optimize import experts, fallback as fallback_rule, kv_moves
+from passes.optimize import experts, fallback as fallback_rule, kv_moves, serving_target
 from passes.optimize.explored import Explored
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
@@ -240,6 +241,10 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     design.log(f"optimize: {len(cands)} candidate cells; sensitivity {report.sensitivity}")
 
     problem = build_problem(design, cands, errors, budget * ESTIMATE_SHARE, tables)
+    problem, line = serving_target.tighten(design, problem)  # a violated serving block: the steps' target
+    if line:
+        report.notes.append(line)
+        design.log(f"optimize: {line}")
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
     report.explored.start(problem)

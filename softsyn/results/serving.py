@@ -62,11 +62,12 @@ class StepPoint:
 class ServingSuggestion:
     """One knob changed and the simulation re-run: what changed and what it gave."""
 
-    knob: str  # max_batch | precision | kv_dtype
+    knob: str  # rate | max_batch | precision | kv_dtype | steps
     change: str  # e.g. "max_batch 16 -> 32"
     result: str  # e.g. "ttft_p99 412.0 ms, tpot_p99 1.2 ms, 1,900 tok/s: all met"
     meets: bool | None  # every check met after the change; None: not quantified
     value: int | None = None  # the knob's new value where it is a number (max_batch), for the serving pass
+    scale: float | None = None  # steps: the uniform step-time factor that meets every check, for the optimize pass
 
 
 @dataclass

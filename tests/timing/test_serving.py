@@ -93,7 +93,7 @@ def test_rate_far_above_capacity_queues_and_violates():
     bad = {c.group for c in result.checks if not c.met}
     assert {"ttft_p50", "ttft_p99"} <= bad
     knobs = [s.knob for s in result.suggestions]
-    assert knobs == ["rate", "max_batch", "precision", "kv_dtype"]
+    assert knobs == ["rate", "max_batch", "precision", "kv_dtype", "steps"]
     rate, batch = result.suggestions[:2]
     found = float(re.search(r"-> ([\d.]+)/s", rate.change).group(1))
     assert rate.meets and 0 < found < 2000.0
@@ -127,7 +127,7 @@ def test_kv_int8_suggestion_is_simulated_with_the_larger_budget():
     knobs = replace(NO_KNOBS, kv_int8_tokens=12000.0)
     result = serving_analysis(hot, linear_time, 3000.0, knobs)
     assert result.violated
-    kv = result.suggestions[-1]
+    kv = next(s for s in result.suggestions if s.knob == "kv_dtype")
     assert kv.change == "kv_cache.dtype int8 (KV budget 3,000 -> 12,000 tokens)" and kv.meets is not None
 
 
@@ -157,3 +157,28 @@ def test_table_from_its_points_is_the_same_table():
     assert back.decode_times == TABLE.decode_times and back.prefill_times == TABLE.prefill_times
     with pytest.raises(ValueError, match="no decode time at batch 1, past 0"):
         StepTable.from_points(TABLE.points()[1:])
+
+
+def test_steps_suggestion_is_the_largest_step_factor_that_meets_every_check():
+    """A TPOT budget the linear design misses: the `steps` suggestion bisects the factor of every step time at which
+    every check meets; at that factor the simulation meets, a bisection step above it does not, and the factor is the
+    compile loop's target (passes.optimize.serving_target)."""
+    from softsyn.timing.serving.suggest import SCALE_FLOOR, SCALE_STEPS, steps
+
+    tight = replace(SERVING, tpot_p99=0.00025)
+    sched = Scheduler(tight.max_batch, tight.batch_timeout, None)
+    reqs = requests(tight)
+    result = serving_analysis(tight, linear_time, None, NO_KNOBS)
+    assert result.violated and result.suggestions[-1].knob == "steps"
+    found = steps(tight, reqs, TABLE, sched)
+    assert found.meets and SCALE_FLOOR <= found.scale < 1 and found.change.startswith(f"every step x{found.scale:.3f}")
+
+    def meets(scale: float) -> bool:
+        rows = serving_analysis(tight, lambda d: scale * linear_time(d), None, NO_KNOBS).checks
+        return all(c.met for c in rows)
+
+    assert meets(found.scale) and not meets(found.scale + (1 - SCALE_FLOOR) / 2 ** SCALE_STEPS + 1e-3)
+    # a budget no speed-up of the steps meets (throughput above what the arrivals offer): said, no factor
+    offered = replace(SERVING, throughput_min=1e6)
+    never = steps(offered, requests(offered), TABLE, Scheduler(offered.max_batch, offered.batch_timeout, None))
+    assert never.meets is False and never.scale is None and "faster steps alone do not meet it" in never.result

@@ -50,7 +50,7 @@ def test_rate_too_high_violates_with_quantified_suggestions(capsys, cache_dir, t
     saved = json.loads((out_dir / "analysis.json").read_text())["serving"]
     checks = {c["group"]: c for c in saved["checks"]}
     assert checks["ttft_p99"]["slack"] == checks["ttft_p99"]["required"] - checks["ttft_p99"]["achieved"] < 0
-    assert [s["knob"] for s in saved["suggestions"]] == ["rate", "max_batch", "precision", "precision", "kv_dtype"]
+    assert [s["knob"] for s in saved["suggestions"]] == ["rate", "max_batch", "precision", "precision", "kv_dtype", "steps"]
     for metric in ("ttft", "tpot"):  # TPOT: the requests with more than one token
         assert sum(b["count"] for b in saved["histogram"] if b["metric"] == metric) <= saved["completed"]
     assert sum(b["count"] for b in saved["histogram"] if b["metric"] == "ttft") == saved["completed"]

@@ -2,7 +2,9 @@
 the arrival rate (the highest at which the latency checks meet, by bisection over the same seeded requests, their
 arrival times scaled), max_batch (the value nearest the given one that meets every check, else the best one tried), weight precision (the
 step table re-timed with the design's weight matmuls as int8/int4 MatMulNBits: the STA's what-if, an estimate),
-KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget)."""
+KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget), and the
+engine's steps (the smallest uniform speed-up of every step, decode and prefill alike, at which every check meets: the
+target the compile loop's weight map is given, passes.optimize.serving_target)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -104,8 +106,33 @@ def kv_dtype(serving: Serving, reqs: Requests, table: StepTable, knobs: Knobs,
                              f"{knobs.kv_int8_tokens:,.0f} tokens)", text, met)
 
 
+SCALE_FLOOR = 0.25  # the fastest engine the steps suggestion tries: every step at a quarter of its time
+SCALE_STEPS = 5  # bisection steps over [SCALE_FLOOR, 1]: the scale to within 0.025
+
+
+def steps(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> ServingSuggestion:
+    """The largest uniform scale of every step time (decode and prefill, host work unchanged) at which every check
+    meets, bisected over [SCALE_FLOOR, 1]; its `scale` is that factor (None when even the floor does not meet: the
+    load, the KV budget or the host binds, not the steps)."""
+    met, text, _ = _run(serving, reqs, table.scaled(SCALE_FLOOR, SCALE_FLOOR), sched)
+    if not met:
+        return ServingSuggestion("steps", f"every step x{SCALE_FLOOR:g} (decode and prefill)",
+                                 f"still violated: {text}; faster steps alone do not meet it", False)
+    low, high, best = SCALE_FLOOR, 1.0, text
+    for _ in range(SCALE_STEPS):
+        mid = (low + high) / 2
+        met, text, _ = _run(serving, reqs, table.scaled(mid, mid), sched)
+        if met:
+            low, best = mid, text
+        else:
+            high = mid
+    return ServingSuggestion("steps", f"every step x{low:.3f} (decode and prefill {(1 - low) * 100:.0f} % faster: "
+                             "the weight map's target in the compile loop)", best, True, scale=low)
+
+
 def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
                 knobs: Knobs) -> list[ServingSuggestion]:
     rate = arrival_rate(serving, table, sched)
     return [*([rate] if rate is not None else []), max_batch(serving, reqs, table, sched),
-            *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched)]
+            *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched),
+            steps(serving, reqs, table, sched)]
