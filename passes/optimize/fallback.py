@@ -11,6 +11,9 @@ to. What uniform bf16 is depends on the target (docs/decisions/2026-12-03-bf16-c
 - any other target (the CPU: no bf16 MatMul kernel; a GPU library without the cell): the float design the loop started
   from (fp16 on a GPU, fp32 on the CPU), as `precision.default: bf16` is realised at effort low, said in the log. Not
   an error when the constraints are read: one constraints file serves every target.
+
+The same uniform bf16 (`uniform_cells`) is the compile loop's start where precision.default is bf16
+(`start_from_bf16`): the loop's moves go from those bf16 cells (docs/compile-loop.md).
 """
 from __future__ import annotations
 

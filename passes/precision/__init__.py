@@ -101,5 +101,8 @@ def record_realised(design, after: str) -> str | None:
         return None
     return (f"precision: the model's float weights are mostly {report['realised']} "
             f"({held.weights.get(report['realised'], 0)} of {sum(held.weights.values())} parameters), not the uniform "
-            f"{report['target']} (read after {after}, dont_touch cells keep the source's); session.json says "
+            f"{report['target']} (read after {after}, "
+            + ("the compile loop's bf16 cells: precision.default bf16" if report["realised"] == "bf16"
+               and report.get("requested") == "bf16" else "dont_touch cells keep the source's")
+            + "); session.json says "
             f"{report['realised']}")
