@@ -77,12 +77,15 @@
 #   bf16 [S]             issue 29 item 4's must-show: the bf16 cells characterised first where the library lacks them
 #                        (SimplifiedLayerNormalization.bf16 and SkipSimplifiedLayerNormalization.bf16 eager, MatMul.bf16
 #                        as a graph table; the `cells` step's way), then zoo:qwen3-1.7b (MODEL=...) compiled --effort
-#                        medium (EFFORT=...) under constraints/chat-h200-fp8-bf16.yaml (fp16, bf16 and fp8 per cell,
-#                        accuracy.fallback: bf16; BUDGET=0.5% forces the fallback) into /tmp/chat-h200-fp8-bf16 within S
-#                        seconds (540), then verified on cuda; brings back the compile's output, compile.log,
-#                        precision.rpt, session.json's precision_map and the verify table; `signoff chat-h200-fp8-bf16`
-#                        in the next call measures it. The log's "bf16:" line says if the loop pruned bf16 (no faster
-#                        than fp16 with its Casts in any group) and the fallback line if it fell back
+#                        medium (EFFORT=...) under CONS (constraints/chat-h200-fp8-bf16.yaml: fp16, bf16 and fp8 per
+#                        cell, accuracy.fallback: bf16; BUDGET=0.5% forces the fallback) into /tmp/NAME, NAME the
+#                        constraints file's stem, within S seconds (540), then verified on cuda; brings back the
+#                        compile's output, compile.log, precision.rpt, session.json's precision_map and the verify
+#                        table; `signoff NAME` in the next call measures it. The log's "bf16:" line says if the loop
+#                        pruned bf16 (no faster than fp16 with its Casts in any group) and the fallback line if it
+#                        fell back. CONS=constraints/chat-h200-bf16-fp8.yaml (precision.default bf16, allowed bf16 and
+#                        fp8): the loop starts from uniform bf16 cells and moves some to fp8 (its "start:" line and
+#                        "the map: N fp8 + M bf16 cells"); NAME chat-h200-bf16-fp8
 #   sensitivity [M] [C]  bench/sensitivity.py --mode role: MODEL's (qwen3-1.7b) per-role int4/int8 errors on cuda under
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
@@ -451,17 +454,17 @@ bf16)
         cp $LIB $LIB.graph
         cp $LIB softsyn/library/libs/h200-ort-cuda.yaml  # the compile below times with the new cells
     fi
-    cons=constraints/chat-h200-fp8-bf16.yaml
+    cons=${CONS:-constraints/chat-h200-fp8-bf16.yaml}
+    name=$(basename "$cons" .yaml)
     if [ -n "${BUDGET:-}" ]; then
         sed "s/max_rel_error: .*/max_rel_error: $BUDGET/" "$cons" > "/tmp/$(basename "$cons")"; cons="/tmp/$(basename "$cons")"
     fi
-    name=chat-h200-fp8-bf16
     rm -rf /tmp/$name
     set +e
     timeout $(( ${1:-540} - (SECONDS - start) )) softsyn compile zoo:${MODEL:-qwen3-1.7b} -c "$cons" \
         --effort "${EFFORT:-medium}" -o /tmp/$name > "$OUT/$name-compile.txt" 2>&1
     echo "compile exit $?"
-    grep -v "No registered plugin EP\|shape massaging" "$OUT/$name-compile.txt" | grep "bf16\|fp8\|fallback\|WNS" | tail -20
+    grep -v "No registered plugin EP\|shape massaging" "$OUT/$name-compile.txt" | grep "bf16\|fp8\|fallback\|start:\|WNS" | tail -24
     softsyn verify /tmp/$name 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/$name-verify.txt" | tail -14
     set -e
     python3 -c "import json; print(json.dumps(json.load(open('/tmp/$name/runtime/session.json'))['precision_map'], indent=1))" \

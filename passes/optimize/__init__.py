@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from passes import PassReport, PassResult, register, report_of
 from passes.kv_layout import KvLayoutReport
 from passes.optimize import experts, fallback as fallback_rule, kv_moves, serving_target
-from passes.optimize.explored import Explored
+from passes.optimize.explored import Explored, mix
 from passes.optimize import mapping as mp
 from passes.optimize import retime as measured
 from passes.optimize import search, sensitivity
@@ -86,6 +86,7 @@ class OptimizeReport(PassReport):
     pareto: list[ParetoPoint] = field(default_factory=list)  # those maps and the uniform designs, as points
     pareto_notes: list[str] = field(default_factory=list)  # what the points stand on (reports.pareto prints them)
     fallback: fallback_rule.Fallback | None = None  # accuracy.fallback taken: the failed map and what replaced it
+    start: dict[str, int] | None = None  # the loop's start where it is not the netlist's: {"bf16": cells} (bf16 start)
 
     def log_notes(self) -> list[str]:
         """The lines the compile log prints under its rows (flow.compile reads them; no pass name needed)."""
@@ -104,6 +105,7 @@ class OptimizeReport(PassReport):
             "realised": dict(Counter(c.realised for c in self.cells)),
             "estimated_error": self.estimate_error, "checked_error": self.checked_error,
             "fallback": None if self.fallback is None else dataclasses.asdict(self.fallback),
+            "start": self.start,
             "measured": None if measured is None else {"provider": measured.provider, "kept_round": measured.kept,
                                                        "outcome": measured.why, "rows": measured.rows()}}
         return {"precision_map": summed, "kv_moves": [dataclasses.asdict(m) for m in self.kv]}
@@ -122,6 +124,7 @@ class Proposer:
     checkable: bool = True
     share: float = ESTIMATE_SHARE
     runner: sensitivity.Runner | None = None
+    held: dict[str, str] = field(default_factory=dict)  # cell -> the netlist's precision, where the start differs
     rejected: list[tuple[dict[str, str], float, float]] = field(default_factory=list)  # (moved cells, measured, estimate)
 
     def __call__(self, tables: search.Problem, attempts: int = ATTEMPTS) -> search.Outcome | None:
@@ -133,8 +136,8 @@ class Proposer:
                 explored.stage = f"{stage} attempt {attempt}".strip() if attempt > 1 else stage
                 outcome = search_map(dataclasses.replace(tables, budget=budget * self.share), self.search_mode,
                                      self.max_steps, report)
-                moved = {c: p for c, p in outcome.mapping.items() if p != tables.options[c][0]}
-                if not moved:
+                moved = {c: p for c, p in outcome.mapping.items() if p != self.held.get(c, tables.options[c][0])}
+                if not moved or outcome.mapping == search.baseline(tables):  # the start (a bf16 start: verify's)
                     return outcome
                 if not self.checkable:
                     report.notes.append("end-to-end check not run (no weights to run here, or not runnable on ORT "
@@ -176,11 +179,14 @@ def _trace(problem: search.Problem, outcome_map: dict[str, str], phase: str) -> 
 
 def build_problem(design, cands, errors, budget: float, tables: dict | None = None) -> search.Problem:
     """The search's problem: `tables` (mapping.delay_tables, made here if not given) restricted to the cells'
-    options, the design's slack per group as timed now, the errors, the weight bytes and the area left."""
-    tables = {g: {c.name: {p: rows[c.name][p] for p in c.options} for c in cands}
-              for g, rows in (tables or mp.delay_tables(design, cands)).items()}
+    options, the design's slack per group as timed now, less what a start other than the netlist's costs (a bf16
+    start: each bf16 cell's cost over its fp16 one, so `tables` must hold both), the errors, the weight bytes and the
+    area left."""
+    full = tables or mp.delay_tables(design, cands)
+    tables = {g: {c.name: {p: rows[c.name][p] for p in c.options} for c in cands} for g, rows in full.items()}
+    shift = start_cost(full, cands)
     timed = {g.name: g for g in design.time()}
-    act = 2 if any(c.current == "fp16" for c in cands) else 4
+    act = 2 if any(c.current in ("fp16", mp.BF16) for c in cands) else 4
     area_limit = design.constraints.area_constraint
     area_slack = None
     if area_limit is not None:
@@ -188,25 +194,34 @@ def build_problem(design, cands, errors, budget: float, tables: dict | None = No
                                           {g.name: g.scenario.dims for g in design.groups}).total
     return search.Problem(
         cells=tuple(c.name for c in cands), options={c.name: c.options for c in cands},
-        cost=tables, slack={g: t.critical.slack for g, t in timed.items()},
+        cost=tables, slack={g: t.critical.slack - shift.get(g, 0.0) for g, t in timed.items()},
         weight={g: t.weight for g, t in timed.items()}, error=errors,
         area={c.name: {p: c.weight_bytes(p, act) for p in c.options} for c in cands}, budget=budget,
         area_slack=area_slack)
 
 
-def prune(design, cands) -> tuple[list, list[str], dict]:
-    """Drop the options no group runs faster in (the library says the cell is not worth it there); a cell left with
-    its own precision only stays in the table (and the report) with that one option. Returns the tables too."""
-    tables = mp.delay_tables(design, cands)
+def start_cost(tables: dict, cands) -> dict[str, float]:
+    """Per group, s the cells' start (their first option) costs over the netlist's precision: a bf16 start's bf16
+    cells over their fp16 MatMuls (`tables` holding both); 0 where the start is the netlist."""
+    return {g: sum(rows[c.name][c.options[0]] - rows[c.name][c.current] for c in cands if c.options[0] != c.current)
+            for g, rows in tables.items()}
+
+
+def prune(design, cands, tables: dict | None = None) -> tuple[list, list[str], dict]:
+    """Drop the options no group runs faster in than the cell's start (its first option: its own precision, or bf16
+    from a bf16 start; the library says the cell is not worth it there); a cell left with its start only stays in the
+    table (and the report) with that one option. Returns the tables too (`tables`, made here if not given)."""
+    tables = tables or mp.delay_tables(design, cands)
     kept, notes, dropped = [], [], {}
     for c in cands:
-        faster = [p for p in c.options[1:] if any(tables[g][c.name][p] < tables[g][c.name][c.current] for g in tables)]
+        base = c.options[0]
+        faster = [p for p in c.options[1:] if any(tables[g][c.name][p] < tables[g][c.name][base] for g in tables)]
         for p in c.options[1:]:
             if p not in faster:
                 dropped[p] = dropped.get(p, 0) + 1
-        kept.append(dataclasses.replace(c, options=(c.current, *faster)))
+        kept.append(dataclasses.replace(c, options=(base, *faster)))
     for p, n in dropped.items():
-        notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].current} in any group "
+        notes.append(f"{p}: {n} cell{'s' if n != 1 else ''} no faster than {cands[0].options[0]} in any group "
                      f"(library {design.library.name}), not candidates")
     return kept, notes, tables
 
@@ -230,9 +245,23 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     if not cands:
         report.notes.append("no MatMul with a 2-D weight outside dont_touch: nothing to map")
         return PassResult({"candidates": 0, **kv_step(design, report, budget, 0.0, start_area(design))}, report)
-    allowed = {p for c in cands for p in c.options[1:]}  # before pruning: a uniform design may have no point
     offered = cands  # every option, pruned or not (the fallback's uniform bf16 takes bf16 where no group gains)
-    cands, notes, tables = prune(design, cands)
+    tables = mp.delay_tables(design, offered)  # fp16 and bf16 both: a bf16 start is priced against its fp16 cell
+    cands, started, start_why = fallback_rule.start_from_bf16(design, cands)
+    if started:
+        report.start = {mp.BF16: len(started)}
+        line = (f"start: uniform bf16 (precision.default bf16): {len(started)} MatMul cells start as bf16 cells "
+                f"(Casts at their boundary, as accuracy.fallback's uniform bf16 builds them), attention, norms and "
+                f"the KV cache stay fp16; the loop's moves ({', '.join(sorted({p for c in cands for p in c.options[1:]})) or 'none'}) "
+                "are priced against the bf16 cell, and a cell it does not move stays bf16")
+        report.notes.append(line)
+        design.log(f"optimize: {line}")
+    elif start_why:
+        line = f"start: precision.default bf16 realised as the float design ({offered[0].current}): {start_why}"
+        report.notes.append(line)
+        design.log(f"optimize: {line}")
+    allowed = {p for c in cands for p in c.options[1:]}  # before pruning: a uniform design may have no point
+    cands, notes, tables = prune(design, cands, tables)
     report.notes += notes
     faster = any(len(c.options) > 1 for c in cands)
     if not faster:  # every cell stays as it is; the tables still say so, and what would close a miss
@@ -249,27 +278,42 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
     report.explored.start(problem)
     first = problem  # the tables the uniform designs are predicted on: the loop's own, before any correction
-    propose = Proposer(design, report, budget, search_mode, max_steps, checkable=checkable)
-    chosen = propose(problem)
+    propose = Proposer(design, report, budget, search_mode, max_steps, checkable=checkable,
+                       held={c.name: c.current for c in started})
+    if started and not search.within_budget(problem, search.baseline(problem)):
+        start_error = search.map_error(problem.error[c][p] for c, p in search.baseline(problem).items())
+        report.notes.append(f"start: uniform bf16's estimate {start_error:.3e} is over the estimate's budget "
+                            f"{problem.budget:.3e}: no move searched (every move adds error); the start kept, as "
+                            "precision.default asks (softsyn verify measures it)")
+        chosen = search.outcome(problem, search.baseline(problem), [])
+    else:
+        chosen = propose(problem)
     if chosen is None and design.constraints.accuracy.fallback == fallback_rule.BF16:
         chosen, problem, cands = fallback_rule.fall_back(
             design, report, propose, offered=offered, tables=tables, errors=errors, budget=budget * ESTIMATE_SHARE,
             limit=budget * CHECK_SHARE, build_problem=build_problem)
         report.problem = problem
     elif chosen is None:
-        report.notes.append("every map failed the end-to-end check: the design keeps its precision")
+        report.notes.append("every map failed the end-to-end check: the design keeps its precision"
+                            + (" (its start: uniform bf16 MatMul cells)" if started else ""))
         chosen = search.outcome(problem, search.baseline(problem), [])
     elif calibrate and report.checked_error is not None:
         chosen, problem = calibrated_search(problem, chosen, report, lambda tables: propose(tables, attempts=1))
         report.problem = problem
-    if retime and report.fallback is None and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
+    if retime and started:
+        report.notes.append("measured re-timing not run from a bf16 start: it measures a map against the netlist "
+                            "before it (fp16), not against the start (not built)")
+    elif retime and report.fallback is None and any(p != problem.options[c][0] for c, p in chosen.mapping.items()):
         chosen, problem = measured.retime(design, problem, chosen, propose, report)
         report.problem = problem  # the back-annotated tables, if a round corrected them (suggestions read them)
         if report.retime is not None and report.retime.kept is None:
             report.checked_error = None
     report.estimate_error = chosen.error
     report.pareto_notes = report.explored.uniform(first, allowed, design.library.name)
-    report.pareto = report.explored.points(base_latency(design), chosen.mapping,
+    base = base_latency(design)
+    if report.fallback is None:  # the points stand on the start: from a bf16 start, its cells' cost over fp16 added
+        base = {g: t + start_cost(tables, cands).get(g, 0.0) for g, t in base.items()}
+    report.pareto = report.explored.points(base, chosen.mapping,
                                            first if report.fallback is None else problem)
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
@@ -285,7 +329,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
                                         for row, c in zip(report.cells, cands) if c.op == "MoE"],
                                        quantised, budget, propose.share,
                                        report.sensitivity.startswith("measured per role"))
-    remapped = any(c.realised != problem.options[c.name][0] for c in report.cells)
+    remapped = any(row.realised != c.current for row, c in zip(report.cells, cands))  # off the netlist (a bf16 start too)
     if design.library.is_gpu and remapped and report.retime is None:
         report.notes.append(GPU_SPEED_UNMEASURED)
         design.log(f"optimize: note: {GPU_SPEED_UNMEASURED}")
@@ -294,7 +338,9 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
         report.notes.append(f"{len(mismatched)} cells realised another precision than requested: "
                             + ", ".join(f"{c.name} {c.requested}->{c.realised}" for c in mismatched[:5]))
     design.log(f"optimize: {search_mode}: {len([c for c in report.cells if c.realised != problem.options[c.name][0]])} "
-               f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s")
+               f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s"
+               + (f"; the map: {mix({c.name: c.realised for c in report.cells})} cells (from a start of "
+                  f"{len(started)} bf16)" if started else ""))
     map_error = report.checked_error if report.checked_error is not None else (chosen.error if remapped else 0.0)
     kv = kv_step(design, report, budget, map_error, area0)
     return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}, **kv}, report)
@@ -375,13 +421,13 @@ def sensitivities(design, cands) -> tuple[dict, str, bool]:
     measured per cell, per role for a design over MEASURE_LIMIT of weights whose cells need more than CELL_RUNS runs
     (on the target's device when it is here, else ORT CPU), or the labelled prior for a plan or a design ORT cannot
     run here."""
-    if not any(len(c.options) > 1 for c in cands):
+    if not any(c.moves for c in cands):  # a bf16 start's cells are measured at bf16 even with no move left
         return {c.name: {c.current: 0.0} for c in cands}, "not needed: no cell has another option", False
     weights = sum(c.params for c in cands) * (2 if cands[0].current == "fp16" else 4)
     if _weightless(design, cands):
         errors, how = sensitivity.measure(design, cands)  # the prior, said so
         return errors, how, False
-    runs = sum(len(c.options) - 1 for c in cands)
+    runs = sum(len(c.moves) for c in cands)
     per_role = weights > MEASURE_LIMIT and runs > CELL_RUNS
     measure = sensitivity.measure_per_role if per_role else sensitivity.measure
     try:
@@ -392,7 +438,7 @@ def sensitivities(design, cands) -> tuple[dict, str, bool]:
 
 def _prior(cands, why: str) -> tuple[dict, str]:
     """Each cell's error as the labelled per-precision prior, and the line that says why."""
-    errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
+    errors = {c.name: {c.current: 0.0, **{p: sensitivity.PRIOR_ERROR[p] for p in c.moves}} for c in cands}
     return errors, (f"estimate: {why}; per-precision prior "
                     + ", ".join(f"{p} {e:.1e}" for p, e in sensitivity.PRIOR_ERROR.items()))
 
@@ -401,7 +447,7 @@ def mp_row(problem: search.Problem, cand, requested: str, realised: str) -> Cell
     return CellMap(name=cand.name, hierarchy=cand.hierarchy, requested=requested, realised=realised,
                    error=problem.error[cand.name][requested],
                    cost={g: problem.cost[g][cand.name][requested] for g in problem.cost},
-                   baseline_cost={g: problem.cost[g][cand.name][cand.current] for g in problem.cost})
+                   baseline_cost={g: problem.cost[g][cand.name][problem.options[cand.name][0]] for g in problem.cost})
 
 
 def _weightless(design, cands) -> bool:

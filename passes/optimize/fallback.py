@@ -11,6 +11,9 @@ to. What uniform bf16 is depends on the target (docs/decisions/2026-12-03-bf16-c
 - any other target (the CPU: no bf16 MatMul kernel; a GPU library without the cell): the float design the loop started
   from (fp16 on a GPU, fp32 on the CPU), as `precision.default: bf16` is realised at effort low, said in the log. Not
   an error when the constraints are read: one constraints file serves every target.
+
+The same uniform bf16 (`uniform_cells`) is the compile loop's start where precision.default is bf16
+(`start_from_bf16`): the loop's moves go from those bf16 cells (docs/compile-loop.md).
 """
 from __future__ import annotations
 
@@ -50,16 +53,51 @@ def realisable(design) -> str:
     return ""
 
 
+def uniform_cells(design, offered) -> tuple[list, str]:
+    """(the candidates uniform bf16 makes bf16 cells, why none where it makes none): every MatMul candidate with a bf16
+    option, on a target that realises it (`realisable`). The one place both the fallback and the bf16 start read."""
+    why_not = realisable(design)
+    cands = [c for c in offered if c.op == "MatMul" and BF16 in c.options] if not why_not else []
+    if not why_not and not cands:
+        why_not = "no MatMul candidate has a bf16 option (an fp16 cell the library has MatMul.bf16 for)"
+    return cands, why_not
+
+
+def start_why_not(design) -> str | None:
+    """Whether the compile loop starts from uniform bf16: None where precision.default is not bf16 (nothing to say);
+    "" where it does (bf16 in precision.allowed, the target realises bf16 cells); else why it starts from the float
+    design (precision's substitution: fp16 on a GPU, as at effort low before this rule)."""
+    precision = design.constraints.precision
+    if precision.default != BF16:
+        return None
+    if BF16 not in (precision.allowed or ()):
+        return "bf16 is not in precision.allowed"
+    return realisable(design)
+
+
+def start_from_bf16(design, cands) -> tuple[list, list, str | None]:
+    """(candidates, the cells started bf16, why not): where `start_why_not` is "", each candidate `uniform_cells`
+    takes lists bf16 first (the start, priced and measured as the bf16 cell) and its quantised moves after it; fp16 is
+    no longer an option (the user's default is bf16: a cell the loop does not move stays bf16). Elsewhere the
+    candidates as they are, and why (None: precision.default is not bf16)."""
+    why = start_why_not(design)
+    if why != "":
+        return cands, [], why
+    cells, why = uniform_cells(design, cands)
+    if not cells:
+        return cands, [], why
+    started = {c.name for c in cells}
+    return [dataclasses.replace(c, options=(BF16, *(p for p in c.options[1:] if p != BF16)))
+            if c.name in started else c for c in cands], cells, ""
+
+
 def fall_back(design, report, propose, *, offered, tables, errors, budget: float, limit: float, build_problem):
     """The fallback outcome (search.Outcome), the problem it stands on and the candidates its rows are read for.
     `propose`: the loop's Proposer (its rejected maps, its runner); `offered`: the candidates before pruning, `tables`
     their delay tables; `errors`: the measured per-cell errors; `budget`: the estimate's share of the budget; `limit`:
     the check's; `build_problem`: the loop's (passes.optimize.build_problem)."""
     moved, failed, _ = propose.rejected[0]
-    why_not = realisable(design)
-    cands = [c for c in offered if c.op == "MatMul" and BF16 in c.options] if not why_not else []
-    if not why_not and not cands:
-        why_not = "no MatMul candidate has a bf16 option (an fp16 cell the library has MatMul.bf16 for)"
+    cands, why_not = uniform_cells(design, offered)
     fb = [dataclasses.replace(c, options=(c.current, BF16) if c in cands else (c.current,)) for c in offered]
     cell_errors = {c.name: {c.current: 0.0, **({BF16: errors.get(c.name, {}).get(BF16) or PRIOR_ERROR[BF16]}
                                                if c in cands else {})} for c in offered}

@@ -61,6 +61,11 @@ class Candidate:
     op: str = "MatMul"  # or "MoE": the expert weights, whose quantised cell is QMoE
     blocks: tuple[tuple[str, int], ...] = ()  # int4/int8: the quantiser's block (nbits_block); BLOCK where absent
 
+    @property
+    def moves(self) -> tuple[str, ...]:
+        """The options other than what the netlist holds (a uniform bf16 start lists bf16 first: a move to measure)."""
+        return tuple(p for p in self.options if p != self.current)
+
     def block(self, precision: str) -> int:
         return dict(self.blocks).get(precision, BLOCK)
 

@@ -120,7 +120,7 @@ def _prior(design, cands: list[Candidate]) -> tuple[dict[str, dict[str, float]],
     first = next(n for n in design.netlist.nodes() if n.name == cands[0].name) if cands else None
     if first is None or not is_weightless(weight_of(first)):
         return None
-    errors = {c.name: {c.current: 0.0, **{p: PRIOR_ERROR[p] for p in c.options[1:]}} for c in cands}
+    errors = {c.name: {c.current: 0.0, **{p: PRIOR_ERROR[p] for p in c.moves}} for c in cands}
     return errors, ("estimate: a weightless netlist cannot run, so each cell's error is the per-precision prior "
                     + ", ".join(f"{p} {e:.1e}" for p, e in PRIOR_ERROR.items())
                     + " (int4/int8: the median per cell measured on the pretrained zoo:minilm, rounded up; fp8: the "
@@ -161,15 +161,15 @@ def measure(design, cands: list[Candidate], log=None) -> tuple[dict[str, dict[st
     prior = _prior(design, cands)
     if prior is not None:
         return prior
-    options = {(c.name, p): {c.name: p} for c in cands for p in c.options[1:]}
+    options = {(c.name, p): {c.name: p} for c in cands for p in c.moves}
 
     def said(i, total, key, p, error):
         return f"optimize: sensitivity {i}/{total} measured" if i % 10 == 0 or i == total else None
 
     cached, where, path, todo = _measured(design, cands, options, "cell", log, said)
-    errors = {c.name: {c.current: 0.0, **{p: cached[c.name][p] for p in c.options[1:]}} for c in cands}
+    errors = {c.name: {c.current: 0.0, **{p: cached[c.name][p] for p in c.moves}} for c in cands}
     how = (f"measured: each cell quantised alone on {where}, {len(design.groups)} groups' seeded inputs, "
-           f"{len(todo)} new, {sum(len(c.options) - 1 for c in cands) - len(todo)} from the cache ({path.name})")
+           f"{len(todo)} new, {sum(len(c.moves) for c in cands) - len(todo)} from the cache ({path.name})")
     return errors, how
 
 
@@ -196,7 +196,7 @@ def measure_per_role(design, cands: list[Candidate], log=None) -> tuple[dict[str
         return prior
     groups = roles(design, cands)
     options = {(role, p): {c.name: p for c in cells if p in c.options}
-               for role, cells in groups.items() for p in sorted({p for c in cells for p in c.options[1:]})}
+               for role, cells in groups.items() for p in sorted({p for c in cells for p in c.moves})}
 
     def said(i, total, role, p, error):
         return f"optimize: sensitivity per role {i}/{total}: {role} x{len(groups[role])} {p} {error:.3e}"
@@ -206,7 +206,7 @@ def measure_per_role(design, cands: list[Candidate], log=None) -> tuple[dict[str
     for role, cells in groups.items():
         for c in cells:
             errors[c.name] = {c.current: 0.0, **{p: cell_error(cached[role][p], sum(p in x.options for x in cells))
-                                                  for p in c.options[1:]}}
+                                                  for p in c.moves}}
     runs = sum(len(v) for v in cached.values())
     how = (f"measured per role (not per cell): {len(groups)} role groups of {len(cands)} cells, each quantised at "
            f"once per precision on {where}, {len(design.groups)} groups' seeded inputs, {len(todo)} runs new, "

@@ -25,6 +25,14 @@ UNIFORM = ("fp32", "fp16")
 SUBSTITUTE = {"bf16": "fp16"}
 
 
+def bf16_start(design) -> bool:
+    """Whether the compile loop starts this design's MatMul cells in bf16 (passes.optimize.fallback.start_why_not):
+    then the float design under them is fp16 whether or not precision.allowed names fp16."""
+    from passes.optimize.fallback import start_why_not  # deferred: passes.optimize imports this package's router
+
+    return start_why_not(design) == ""
+
+
 def default_precision(design) -> tuple[str, str]:
     """(requested, realised) uniform precision."""
     cons = design.constraints
@@ -32,7 +40,7 @@ def default_precision(design) -> tuple[str, str]:
     if chosen in UNIFORM:
         return chosen, chosen
     instead = SUBSTITUTE.get(chosen)
-    if instead is not None and instead in cons.precision.allowed:
+    if instead is not None and (instead in cons.precision.allowed or bf16_start(design)):
         return chosen, instead
     raise SoftsynError(f"{cons.source}: precision.default: {chosen} is not a uniform precision the low-effort "
                        f"compile maps; valid: {', '.join(UNIFORM)}"
@@ -54,7 +62,12 @@ class PrecisionReport(dict, PassReport):
 def run(design) -> PassResult:
     requested, realised = default_precision(design)
     report = PrecisionReport(requested=requested, realised=realised)
-    if requested != realised:
+    if requested != realised and bf16_start(design):
+        design.log(f"precision: requested {requested}, realised {realised} for the float design (attention, norms, "
+                   f"rotary, the KV cache and ports: a bf16 region is not built); the compile loop (effort medium and "
+                   f"up) starts every MatMul cell as a bf16 cell on {design.library.name}; effort low keeps them "
+                   f"{realised}")
+    elif requested != realised:
         design.log(f"precision: requested {requested}, realised {realised} (the low-effort map is uniform "
                    f"{'/'.join(UNIFORM)}; {realised} is in precision.allowed)")
     cells = router_cells(design.netlist.model.graph)
@@ -88,5 +101,8 @@ def record_realised(design, after: str) -> str | None:
         return None
     return (f"precision: the model's float weights are mostly {report['realised']} "
             f"({held.weights.get(report['realised'], 0)} of {sum(held.weights.values())} parameters), not the uniform "
-            f"{report['target']} (read after {after}, dont_touch cells keep the source's); session.json says "
+            f"{report['target']} (read after {after}, "
+            + ("the compile loop's bf16 cells: precision.default bf16" if report["realised"] == "bf16"
+               and report.get("requested") == "bf16" else "dont_touch cells keep the source's")
+            + "); session.json says "
             f"{report['realised']}")
