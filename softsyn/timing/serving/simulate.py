@@ -15,6 +15,11 @@ token (vLLM's benchmark definition); e2e = last token - arrival; queue = admissi
 generated tokens of completed requests / (last completion - first arrival). The shape of the steps it formed is
 kept for the engines' settings (softsyn.emit.engine_serving): the most tokens one step carried (the admitted
 prompts plus one per running decode) and the distinct decode batch sizes (running sequences in a step).
+
+A stretch of decode-only steps that changes nothing but the running sequences' lengths (no sequence finishes, and
+no arrival could be admitted before its last step) is advanced at once in numpy (`_Engine.coast`): the same
+floating-point operations in the same order as one step at a time, so every result is identical (tests/timing/
+test_serving_fast.py compares both on random traces).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import numpy as np
 from softsyn.timing.serving.host import HostWork
 from softsyn.timing.serving.steps import StepTable
 from softsyn.timing.serving.workload import Requests
+
+COAST_MIN = 8  # decode-only steps: a shorter stretch is stepped one at a time (numpy's per-call cost is higher)
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,37 @@ class _Engine(Queue):
         self.busy += self.t - start
         self.running = still
 
+    def coast(self) -> bool:
+        """Run the decode-only steps before the running batch's first finish, stopping before a step that starts at or
+        after the next arrival when that arrival would be admitted (a free batch slot, nobody waiting on the KV
+        budget), as `step` would one at a time: the same sums in the same order (np.cumsum adds in sequence). False,
+        nothing done, when fewer than COAST_MIN such steps are left."""
+        n = len(self.running)
+        left = min(s[2] for s in self.running) - 1  # the step after these finishes a sequence: `step` runs it
+        if left < COAST_MIN:
+            return False
+        past = sum(s[1] for s in self.running)
+        dt = self.table.decodes(n, (past + n * np.arange(left)) / n)
+        host = self.sched.host
+        work = host.step(n, []) if host is not None else 0.0
+        if host is not None:
+            dt = work + dt
+        t = np.cumsum(np.concatenate(([self.t], dt)))  # t[k]: when step k starts
+        steps = left
+        if n < self.sched.max_batch and not self.waiting and self.next < len(self.reqs.arrival):
+            # an arrival by a step's start is admitted there (or rejected): stop before that step
+            steps = min(left, int(np.searchsorted(t[1:], self.reqs.arrival[self.next], side="left")) + 1)
+        self.busy = float(np.cumsum(np.concatenate(([self.busy], np.diff(t[:steps + 1]))))[-1])
+        if host is not None:
+            self.host = float(np.cumsum(np.concatenate(([self.host], np.full(steps, work))))[-1])
+        self.t = float(t[steps])
+        self.max_step_tokens = max(self.max_step_tokens, n)
+        self.decode_batches.add(n)
+        for s in self.running:
+            s[1] += steps
+            s[2] -= steps
+        return True
+
     def finish(self, r: int) -> None:
         self.last[r] = self.t
         self.kv_used -= self.need(r)
@@ -198,7 +236,8 @@ class _Engine(Queue):
                     continue
             admitted = self.admit()
             if admitted or self.running:
-                self.step(admitted)
+                if admitted or not self.coast():
+                    self.step(admitted)
 
 
 def simulate(reqs: Requests, table: StepTable, sched: Scheduler) -> Outcome:

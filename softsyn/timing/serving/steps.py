@@ -15,6 +15,8 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from softsyn.results.serving import StepPoint
 
 TimeAt = Callable[[dict], float]  # scenario dims -> the design's critical arrival there, s
@@ -53,6 +55,24 @@ class StepTable:
         low = t[i][j] * (1 - v) + t[i][j1] * v
         high = t[i1][j] * (1 - v) + t[i1][j1] * v
         return max(low * (1 - u) + high * u, 0.0)
+
+    def decodes(self, batch: int, pasts: np.ndarray) -> np.ndarray:
+        """decode(batch, p) for each p of `pasts`: decode's operations in its order, elementwise in numpy, so each
+        value equals decode's bit for bit (the simulation's decode-only stretches rely on it)."""
+        i, u = _segment(self.batches, batch)
+        low_row = np.asarray(self.decode_times[i])
+        high_row = np.asarray(self.decode_times[min(i + 1, len(self.batches) - 1)])
+        axis = np.asarray(self.pasts)
+        if len(axis) == 1:
+            j = j1 = np.zeros(len(pasts), dtype=np.intp)
+            v = np.zeros(len(pasts))
+        else:
+            j = np.clip(np.searchsorted(axis, pasts, side="right") - 1, 0, len(axis) - 2)
+            j1 = j + 1
+            v = (pasts - axis[j]) / (axis[j1] - axis[j])
+        low = low_row[j] * (1 - v) + low_row[j1] * v
+        high = high_row[j] * (1 - v) + high_row[j1] * v
+        return np.maximum(low * (1 - u) + high * u, 0.0)
 
     def prefill(self, prompt: int) -> float:
         i, w = _segment(self.prompts, prompt)
