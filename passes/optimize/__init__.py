@@ -250,16 +250,8 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     cands, started, start_why = fallback_rule.start_from_bf16(design, cands)
     if started:
         report.start = {mp.BF16: len(started)}
-        line = (f"start: uniform bf16 (precision.default bf16): {len(started)} MatMul cells start as bf16 cells "
-                f"(Casts at their boundary, as accuracy.fallback's uniform bf16 builds them), attention, norms and "
-                f"the KV cache stay fp16; the loop's moves ({', '.join(sorted({p for c in cands for p in c.options[1:]})) or 'none'}) "
-                "are priced against the bf16 cell, and a cell it does not move stays bf16")
-        report.notes.append(line)
-        design.log(f"optimize: {line}")
-    elif start_why:
-        line = f"start: precision.default bf16 realised as the float design ({offered[0].current}): {start_why}"
-        report.notes.append(line)
-        design.log(f"optimize: {line}")
+    if started or start_why:
+        _say(design, report, _start_line(started, start_why, cands, offered))
     allowed = {p for c in cands for p in c.options[1:]}  # before pruning: a uniform design may have no point
     cands, notes, tables = prune(design, cands, tables)
     report.notes += notes
@@ -272,8 +264,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     problem = build_problem(design, cands, errors, budget * ESTIMATE_SHARE, tables)
     problem, line = serving_target.tighten(design, problem)  # a violated serving block: the steps' target
     if line:
-        report.notes.append(line)
-        design.log(f"optimize: {line}")
+        _say(design, report, line)
     report.problem = problem
     report.trace.append(_trace(problem, search.baseline(problem), "opt.start"))
     report.explored.start(problem)
@@ -317,6 +308,34 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
                                            first if report.fallback is None else problem)
     report.trace.append(_trace(problem, chosen.mapping, "opt.checked"))
 
+    counts, remapped = _apply(design, report, problem, chosen, cands, budget=budget, share=propose.share,
+                              started=started, start=start)
+    map_error = report.checked_error if report.checked_error is not None else (chosen.error if remapped else 0.0)
+    kv = kv_step(design, report, budget, map_error, area0)
+    return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}, **kv}, report)
+
+
+def _say(design, report: OptimizeReport, line: str) -> None:
+    """A note of the pass that the compile log also prints as it goes."""
+    report.notes.append(line)
+    design.log(f"optimize: {line}")
+
+
+def _start_line(started, start_why: str | None, cands, offered) -> str:
+    """The compile log's line on the loop's start under precision.default bf16 (from bf16 cells, or why not)."""
+    if not started:
+        return f"start: precision.default bf16 realised as the float design ({offered[0].current}): {start_why}"
+    moves = ", ".join(sorted({p for c in cands for p in c.options[1:]})) or "none"
+    return (f"start: uniform bf16 (precision.default bf16): {len(started)} MatMul cells start as bf16 cells (Casts at "
+            "their boundary, as accuracy.fallback's uniform bf16 builds them), attention, norms and the KV cache stay "
+            f"fp16; the loop's moves ({moves}) are priced against the bf16 cell, and a cell it does not move stays bf16")
+
+
+def _apply(design, report: OptimizeReport, problem: search.Problem, chosen: search.Outcome, cands, *, budget: float,
+           share: float, started, start: float) -> tuple[dict, bool]:
+    """The chosen map applied to the netlist, each cell's row and the notes on what was realised; (the counts per
+    precision, whether any cell left the netlist's precision)."""
+    search_mode = report.search
     requested = dict(chosen.mapping)
     counts = mp.apply_mapping(design.netlist, requested, requested, design.library)
     design.netlist_changed()
@@ -327,7 +346,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
     quantised = [problem.error[c][p] for c, p in chosen.mapping.items() if p != problem.options[c][0]]
     report.notes += experts.kept_float([(row, {p: problem.error[row.name][p] for p in problem.options[row.name][1:]})
                                         for row, c in zip(report.cells, cands) if c.op == "MoE"],
-                                       quantised, budget, propose.share,
+                                       quantised, budget, share,
                                        report.sensitivity.startswith("measured per role"))
     remapped = any(row.realised != c.current for row, c in zip(report.cells, cands))  # off the netlist (a bf16 start too)
     if design.library.is_gpu and remapped and report.retime is None:
@@ -341,9 +360,7 @@ def run(design, search_mode: str = "greedy", max_steps: int = 200, retime: bool 
                f"cells re-mapped, estimated error {chosen.error:.3e}, {time.perf_counter() - start:.1f} s"
                + (f"; the map: {mix({c.name: c.realised for c in report.cells})} cells (from a start of "
                   f"{len(started)} bf16)" if started else ""))
-    map_error = report.checked_error if report.checked_error is not None else (chosen.error if remapped else 0.0)
-    kv = kv_step(design, report, budget, map_error, area0)
-    return PassResult({"candidates": len(cands), **{f"cells_{p}": n for p, n in counts.items()}, **kv}, report)
+    return counts, remapped
 
 
 def base_latency(design) -> dict[str, float]:

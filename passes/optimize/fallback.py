@@ -21,9 +21,9 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from passes.optimize import mapping as mp
 from passes.optimize import search
 from passes.optimize.sensitivity import PRIOR_ERROR
+from passes.precision.bf16 import realisable, start_why_not
 
 BF16 = "bf16"
 
@@ -43,16 +43,6 @@ class Fallback:
     why: str  # the line the log prints
 
 
-def realisable(design) -> str:
-    """"" when this target realises uniform bf16 as bf16 cells, else why not (the float design is kept instead)."""
-    lib = design.library
-    if not lib.is_gpu:
-        return f"the CPU target (library {lib.name}) has no bf16 MatMul kernel in ORT"
-    if not mp.has_cell(lib, "MatMul", BF16):
-        return f"library {lib.name} has no MatMul.bf16 cell"
-    return ""
-
-
 def uniform_cells(design, offered) -> tuple[list, str]:
     """(the candidates uniform bf16 makes bf16 cells, why none where it makes none): every MatMul candidate with a bf16
     option, on a target that realises it (`realisable`). The one place both the fallback and the bf16 start read."""
@@ -61,18 +51,6 @@ def uniform_cells(design, offered) -> tuple[list, str]:
     if not why_not and not cands:
         why_not = "no MatMul candidate has a bf16 option (an fp16 cell the library has MatMul.bf16 for)"
     return cands, why_not
-
-
-def start_why_not(design) -> str | None:
-    """Whether the compile loop starts from uniform bf16: None where precision.default is not bf16 (nothing to say);
-    "" where it does (bf16 in precision.allowed, the target realises bf16 cells); else why it starts from the float
-    design (precision's substitution: fp16 on a GPU, as at effort low before this rule)."""
-    precision = design.constraints.precision
-    if precision.default != BF16:
-        return None
-    if BF16 not in (precision.allowed or ()):
-        return "bf16 is not in precision.allowed"
-    return realisable(design)
 
 
 def start_from_bf16(design, cands) -> tuple[list, list, str | None]:

@@ -16,6 +16,7 @@ from softsyn.errors import SoftsynError
 from softsyn.timing.realised import realised_precision
 from passes import PassReport, PassResult, register, report_of
 from passes.precision.fp16 import holds_half, to_fp16, to_fp32
+from passes.precision.bf16 import start_why_not
 from passes.precision.router import RULE, router_cells, summary
 
 UNIFORM = ("fp32", "fp16")
@@ -26,10 +27,8 @@ SUBSTITUTE = {"bf16": "fp16"}
 
 
 def bf16_start(design) -> bool:
-    """Whether the compile loop starts this design's MatMul cells in bf16 (passes.optimize.fallback.start_why_not):
+    """Whether the compile loop starts this design's MatMul cells in bf16 (passes.precision.bf16.start_why_not):
     then the float design under them is fp16 whether or not precision.allowed names fp16."""
-    from passes.optimize.fallback import start_why_not  # deferred: passes.optimize imports this package's router
-
     return start_why_not(design) == ""
 
 

@@ -318,14 +318,12 @@ def test_usage_errors_and_unknown_zoo_names_are_one_line(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------ 7. determinism
 
 def test_compiles_with_different_caches_are_byte_identical(cache_dir, tmp_path, capsys):
-    """Two processes compile: this one on the warm session cache (in process: its imports are paid already), a
-    `softsyn compile` child exporting into a fresh cache (its own interpreter and hash seed)."""
+    """Two `softsyn compile` processes, one on the warm session cache, one exporting into a fresh cache."""
     a, b = tmp_path / "a", tmp_path / "b"
-    code, _, err = cli(capsys, "compile", "zoo:qwen3-tiny", "-c", CPU_TINY, "-q", "--cache-dir", cache_dir, "-o", a)
-    assert code == 0, err
-    done = subprocess.run([sys.executable, "-m", "softsyn.cli", "compile", "zoo:qwen3-tiny", "-c", str(CPU_TINY),
-                           "-q", "--cache-dir", str(tmp_path / "fresh"), "-o", str(b)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    for out, cache in ((a, cache_dir), (b, tmp_path / "fresh")):
+        done = subprocess.run([sys.executable, "-m", "softsyn.cli", "compile", "zoo:qwen3-tiny", "-c", str(CPU_TINY),
+                               "-q", "--cache-dir", str(cache), "-o", str(out)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
     for name in ("model.onnx", "model.onnx.data", "netlist.json", "runtime/session.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     for name in ("model.onnx", "runtime/session.json"):
