@@ -187,6 +187,15 @@ def bsd_view(v: ir.Value) -> ir.Value | None:
     return None
 
 
+def _bsd_shape(ctx, v: ir.Value) -> ir.Value:
+    """Reshape's target for [B,S,N,H] -> [B,S,N*H]: [0, 0, N*H] where N and H are static, since a -1 cannot be
+    inferred for a zero-size batch (a composite's vision block at images 0, a text-only group), else [0, 0, -1]."""
+    n, h = dim(v, 1), dim(v, 3)
+    if isinstance(n, int) and isinstance(h, int):
+        return int64(ctx.graph, f"shape_bs_{n * h}", [0, 0, n * h])
+    return int64(ctx.graph, "shape_bs_flat", [0, 0, -1])
+
+
 def to_bsd(ctx, anchor, v: ir.Value, new_nodes: list):
     """A [B,S,N*H] value equal to v [B,N,S,H] viewed as [B,S,N*H]; emits Transpose+Reshape if needed."""
     z = bsd_view(v)
@@ -194,12 +203,12 @@ def to_bsd(ctx, anchor, v: ir.Value, new_nodes: list):
         return z
     tr = op(v, "Transpose")
     if tr is not None and list(attr(tr, "perm", [])) == [0, 2, 1, 3]:
-        r = make_node(anchor, "", "Reshape", [tr.inputs[0], int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
+        r = make_node(anchor, "", "Reshape", [tr.inputs[0], _bsd_shape(ctx, v)])
         r.outputs[0].type = v.type
         new_nodes.append(r)
         return r.outputs[0]
     t = make_node(anchor, "", "Transpose", [v], {"perm": [0, 2, 1, 3]})
-    r = make_node(anchor, "", "Reshape", [t.outputs[0], int64(ctx.graph, "shape_bs_flat", [0, 0, -1])])
+    r = make_node(anchor, "", "Reshape", [t.outputs[0], _bsd_shape(ctx, v)])
     t.outputs[0].type = r.outputs[0].type = v.type
     new_nodes += [t, r]
     return r.outputs[0]
@@ -210,7 +219,7 @@ class Site:
     """An attention site that passed the shared checks: what an op rule needs to claim, check and rewrite it."""
     softmax: ir.Node
     q: ir.Value            # [B, Nq, S, H]
-    k_new: ir.Value        # cached: [B, Nkv, S, H] appended to the cache; else the [B, T, Nkv*H] K source
+    k_new: ir.Value        # cached: [B, Nkv, S, H] appended to the cache; else the K source, [B, T, Nkv*H] or kv_bnsh
     v_new: ir.Value
     past_k: ir.Value | None
     past_v: ir.Value | None
@@ -226,6 +235,7 @@ class Site:
     bias: ir.Value | None = None  # the additive mask the scores get (its value in the graph), if any
     softcap: float = 0.0   # GroupQueryAttention's softcap: scores capped as softcap * tanh(scores / softcap)
     window: int = -1       # GroupQueryAttention's local_window_size: the last `window` keys (-1: all)
+    kv_bnsh: bool = False  # no cache, K/V sources per head [B, Nkv, T, H] (a ViT's rotary is applied per head)
 
 
 def exact_scale(scale: float, head_size) -> float:
@@ -246,17 +256,29 @@ def _probe_len(v: ir.Value, axis: int, default: int) -> int:
     return d if isinstance(d, int) else default
 
 
-def _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
+def _probe_batch(probe, v: ir.Value) -> int:
+    """The probe's size of v's batch axis: fixed by the export, the probe's size of its named dim (a vision block's
+    `images`, which the block's reshapes read back from the probe's pixels), else the probe's batch."""
+    d, batch = dim(v, 0), probe.dims.get("batch", 2)
+    if isinstance(d, int):
+        return d
+    return batch if d is None else probe.dims.get(str(d), batch)
+
+
+def _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached, bnsh=False):
     """The K and V operands are repeat_kv of their sources (K transposed): a KV-cache Concat [B, Nkv, T, H], or
-    without a cache the [B, T, Nkv*H] projections (viewed per head, then repeated)."""
-    b = _probe_len(ksrc, 0, probe.dims.get("batch", 2))
+    without a cache the [B, T, Nkv*H] projections (viewed per head, then repeated) or, `bnsh`, per-head values
+    [B, Nkv, T, H] (rotary applied after the heads were split: a ViT's)."""
+    b = _probe_batch(probe, ksrc)
     seq = probe.dims.get("seq", 3)
-    t = _probe_len(ksrc, 2, probe.dims.get("past", 0) + seq) if cached else _probe_len(ksrc, 1, seq)
+    per_head = cached or bnsh  # the source is [B, Nkv, T, H]
+    past = probe.dims.get("past", 0) if cached else 0
+    t = _probe_len(ksrc, 2, past + seq) if per_head else _probe_len(ksrc, 1, seq)
     rng = np.random.default_rng(3)
     # probes in the graph's dtype, and the expectation built from those very values: the layout
     # chains only move data, so they must reproduce them exactly (no fp32-vs-fp16 rounding gap)
     dt = (ksrc.dtype or ir.DataType.FLOAT).numpy()
-    if cached:
+    if per_head:
         kin = rng.standard_normal((b, nkv, t, h)).astype(dt)
         vin = rng.standard_normal((b, nkv, t, h)).astype(dt)
         heads_k, heads_v = kin, vin
@@ -271,7 +293,7 @@ def _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nq, nkv, h, cached):
         got_k, got_v = ctx.run_probe([kt, vv], {ksrc: kin, vsrc: vin})
     except Exception as exc:
         return f"could not evaluate the K/V layout chains: {exc}"
-    source = "cache" if cached else "projection"
+    source = "cache" if cached else "per-head source" if bnsh else "projection"
     for name, got, exp, what in (("K", got_k, exp_k, f"(repeat_kv({source}))^T"), ("V", got_v, exp_v, f"repeat_kv({source})")):
         got = np.asarray(got)
         if got.shape != exp.shape:
@@ -288,7 +310,7 @@ def _verify_out(ctx, probe, q, ctx_v, out, nq, h):
     """The layout chain from probs @ V [B, N, S, H] to `out` computes transpose(0, 2, 1, 3) + reshape to
     [B, S, N*H] (what the fused op outputs), or on to [B*S, N*H], however the exporter spells it (e.g. a no-op
     view first)."""
-    b, s = _probe_len(q, 0, probe.dims.get("batch", 2)), _probe_len(q, 2, probe.dims.get("seq", 3))
+    b, s = _probe_batch(probe, q), _probe_len(q, 2, probe.dims.get("seq", 3))
     x = np.random.default_rng(4).standard_normal((b, nq, s, h)).astype((ctx_v.dtype or ir.DataType.FLOAT).numpy())
     try:
         (got,) = ctx.run_probe([out], {ctx_v: x})
@@ -346,12 +368,16 @@ def _verify_mask(ctx, probe, bias, s, p):
 
 
 def _kv_heads(src: ir.Value, nq: int, h: int, name: str):
-    """Without a cache: the KV head count of a [B, T, Nkv*H] K/V source, or why it is not one."""
-    width = dim(src, 2)
-    if src.shape is None or len(src.shape) != 3 or not isinstance(width, int) or width % h or nq % (width // h):
-        return (f"{name} source {src.name} is not [B, T, Nkv*{h}] with Nkv dividing {nq} (shape {src.shape}; walk "
-                f"stopped at {src.producer().op_type if src.producer() else 'an input'})")
-    return width // h
+    """Without a cache: (KV head count, per-head layout) of a K/V source, [B, T, Nkv*H] (False) or [B, Nkv, T, H]
+    (True: the heads split before the rotary, as a ViT applies it), or why it is neither."""
+    width, heads = dim(src, 2), dim(src, 1)
+    r = rank(src)
+    if r == 3 and isinstance(width, int) and width % h == 0 and width and nq % (width // h) == 0:
+        return width // h, False
+    if r == 4 and dim(src, 3) == h and isinstance(heads, int) and heads and nq % heads == 0:
+        return heads, True
+    return (f"{name} source {src.name} is not [B, T, Nkv*{h}] or [B, Nkv, T, {h}] with Nkv dividing {nq} (shape "
+            f"{src.shape}; walk stopped at {src.producer().op_type if src.producer() else 'an input'})")
 
 
 def match(ctx, sm: ir.Node) -> Site | str:
@@ -387,6 +413,7 @@ def match(ctx, sm: ir.Node) -> Site | str:
     if isinstance(probe, str):
         return probe
     # K and V: verify the layout chains compute repeat_kv (and K^T) of the cache or the projections
+    bnsh = False
     if kcat is not None:
         ksrc, vsrc = kcat.outputs[0], vcat.outputs[0]
         nkv = dim(ksrc, 1)
@@ -395,13 +422,15 @@ def match(ctx, sm: ir.Node) -> Site | str:
         if dim(vsrc, 1) != nkv:
             return f"K has {nkv} heads but V has {dim(vsrc, 1)}"
     else:
-        nkv = _kv_heads(ksrc, nq, h, "K")
-        if isinstance(nkv, str):
-            return nkv
-        if _kv_heads(vsrc, nq, h, "V") != nkv:
-            return f"V source {vsrc.name} (shape {vsrc.shape}) does not have K's {nkv} heads of {h}"
+        kv = _kv_heads(ksrc, nq, h, "K")
+        if isinstance(kv, str):
+            return kv
+        nkv, bnsh = kv
+        if _kv_heads(vsrc, nq, h, "V") != kv:
+            return (f"V source {vsrc.name} (shape {vsrc.shape}) does not have K's {nkv} heads of {h} in K's layout "
+                    f"({'[B, Nkv, T, H]' if bnsh else '[B, T, Nkv*H]'}; K source {ksrc.name} {ksrc.shape})")
     heads = dict(nq=nq, h=h)
-    bad = _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nkv=nkv, cached=kcat is not None, **heads) \
+    bad = _verify_kv(ctx, probe, ksrc, kt, vsrc, vv, nkv=nkv, cached=kcat is not None, bnsh=bnsh, **heads) \
         or _verify_out(ctx, probe, q, pv.outputs[0], out, **heads)
     if bad:
         return bad
@@ -422,7 +451,8 @@ def match(ctx, sm: ir.Node) -> Site | str:
     if kcat is not None:
         return Site(k_new=kcat.inputs[1], v_new=vcat.inputs[1], past_k=kcat.inputs[0], past_v=vcat.inputs[0],
                     present_k=kcat.outputs[0], present_v=vcat.outputs[0], **shared)
-    return Site(k_new=ksrc, v_new=vsrc, past_k=None, past_v=None, present_k=None, present_v=None, **shared)
+    return Site(k_new=ksrc, v_new=vsrc, past_k=None, past_v=None, present_k=None, present_v=None, kv_bnsh=bnsh,
+                **shared)
 
 
 def fused_output(ctx, m: Site, node: ir.Node, new_nodes: list) -> ir.Value:

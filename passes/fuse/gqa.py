@@ -32,6 +32,9 @@ class GroupQueryAttentionRule(AttentionOp):
     def check(self, ctx, site: Site):
         if not site.causal:
             return "decoder attention without a causal mask (GroupQueryAttention is always causal)"
+        if site.kv_bnsh:
+            return (f"K/V sources {site.k_new.name}, {site.v_new.name} are per head [B, Nkv, T, H] without a KV cache: "
+                    "GroupQueryAttention takes new K/V as [B, T, Nkv*H] (not fused)")
         if site.past_k is not None and dim(site.past_k, 3) != site.head_size:
             return f"past key head size {dim(site.past_k, 3)} differs from Q's {site.head_size}"
         if gqa_padding.uses_bias(ctx, site):

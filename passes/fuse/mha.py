@@ -2,6 +2,9 @@
 
 MHA here is bidirectional: it claims sites without a cache and without a causal mask (GroupQueryAttention
 takes the causal ones); their mask, if any, is a key-padding mask over [B, T], passed as key_padding_mask.
+K and V go in as the site has them: [B, T, N*H] projections, or per head [B, N, T, H] where the rotary was applied
+after the heads were split (a ViT's, Qwen3-VL's vision blocks): ORT's CPU and CUDA kernels take 4-D key/value
+without a past (the cross-attention form, no bias input); the query is always [B, S, N*H].
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ class MultiHeadAttentionRule(AttentionOp):
         new: list[ir.Node] = []
         anchor = m.softmax
         q = to_bsd(ctx, anchor, m.q, new)
-        inputs = [q, m.k_new, m.v_new]  # K and V sources are already [B, T, N*H]
+        inputs = [q, m.k_new, m.v_new]  # K and V as the site has them: [B, T, N*H], or [B, N, T, H] (kv_bnsh)
         if m.mask_input is not None:
             cast = make_node(anchor, "", "Cast", [m.mask_input], {"to": ir.DataType.INT32})
             new.append(cast)
