@@ -20,6 +20,7 @@ from passes.fuse.linear_attention import LinearAttentionRule
 from passes.fuse.mha import MultiHeadAttentionRule
 from passes.fuse.moe import MoERule
 from passes.fuse.norms import LayerNormRule, RMSNormRule, SkipLayerNormRule, SkipRMSNormRule
+from passes.fuse.patchify import PatchEmbedRule
 from passes.fuse.projections import ProjectionMergeRule
 from passes.fuse.rotary import RotaryRule
 from passes.fuse.silu import SiluRule
@@ -31,11 +32,13 @@ RULES: tuple[Rule, ...] = (
     RotaryRule(), AttentionRule(GroupQueryAttentionRule(), MultiHeadAttentionRule()),
     ProjectionMergeRule("packed_qkv"), ProjectionMergeRule("gate_up"),
     GeluRule(), MoERule(), LinearAttentionRule(), SiluRule(),  # SiLU last: MoE and linear attention match theirs whole
+    PatchEmbedRule(),
 )
 TARGETS = ("cpu", "cuda")
 
 
-@register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE, SiLU into runtime kernels")
+@register("fuse", "fuse norms, rotary, attention (GQA/MHA), projections, GELU, MoE, SiLU into runtime kernels; a patch "
+                  "embedding's Conv into one GEMM")
 def run(design) -> PassResult:
     target = "cuda" if design.library.is_gpu else "cpu"
     before = len(design.netlist.nodes())
