@@ -67,7 +67,7 @@ class PatchEmbedRule(Rule):
             return f"bias {b.name} is not a constant [O]"
         if x.dtype is not None and w.dtype is not None and x.dtype != w.dtype:
             return f"input {x.dtype} and weight {w.dtype} differ"
-        return _Patch(conv, x, w, b, int(np.prod(wshape[1:])), int(wshape[0]), len(kernel))
+        return _Patch(conv, x, w, b, k=int(np.prod(wshape[1:])), out_channels=int(wshape[0]), spatial=len(kernel))
 
     def _shapes(self, m: _Patch):
         n = list(m.x.shape)[0] if m.x.shape is not None else None

@@ -89,12 +89,17 @@ GELU = {"gpt2": 2, "bert": 2, "vit": 2, "gemma2": 2}  # MLP GELUs (tanh form in 
 # Gelu in BERT/ViT); the others are SiLU
 
 
+SLIDING = "the Conv slides over a larger input"  # ViT's patch Conv2d over the whole image: patchify leaves it, said so
+
+
 def check_coverage(kinds, misses, family):
-    """Attention and GELU fused at every site; every norm site fused or kept by the library's delays."""
+    """Attention and GELU fused at every site; every norm site fused or kept by the library's delays; ViT's patch
+    Conv (over the whole image, not one patch) a patch_embed miss with its reason."""
     assert kinds["attention"] == (LAYERS, LAYERS), misses
     assert kinds["gelu"] == (GELU.get(family, 0),) * 2, misses
     assert sum(kinds[k][0] for k in NORMS) > 0
-    for kind, site, reason in misses:
+    assert kinds["patch_embed"] == ((1, 0) if family == "vit" else (0, 0)), misses
+    for kind, site, reason in [m for m in misses if m[0] != "patch_embed" or SLIDING not in m[2]]:
         assert kind in NORMS + ("packed_qkv", "gate_up") and reason.startswith("kept: ") and " tabled " in reason, \
             (kind, site, reason)
     for k in NORMS:
@@ -112,7 +117,7 @@ def test_a_plain_export_compiles_fused_for_the_cpu_and_verifies(family, family_d
     check_coverage(kinds, misses, family)
     # cpu-ort times SkipLayerNormalization slower than the LayerNormalization + Add it would replace: kept, said so
     if family in ("gpt2", "bert", "vit"):
-        assert {kind for kind, _, _ in misses} == {"skip_layer_norm"}
+        assert {kind for kind, _, _ in misses} == {"skip_layer_norm"} | ({"patch_embed"} if family == "vit" else set())
     result = CliRunner().invoke(main, ["verify", str(out)])
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines() if line.strip().startswith(("prefill", "encoder"))]
@@ -147,7 +152,7 @@ def test_a_plain_export_fused_for_cuda_runs_on_the_cpu_and_matches(family, famil
     kinds = {c.kind: (c.candidates, c.fused) for c in coverage}
     misses = [(c.kind, m.site, m.reason) for c in coverage for m in c.misses]
     check_coverage(kinds, misses, family)
-    assert not misses  # launch-bound on the H200: every fused cell wins
+    assert not [m for m in misses if m[0] != "patch_embed"]  # launch-bound on the H200: every fused cell wins
     ops = {n.op_type for n in design.netlist.nodes()}
     assert "Softmax" not in ops and ("GroupQueryAttention" in ops) == (family in DECODERS)
     ir.save(design.netlist.model, str(tmp_path / "fused.onnx"))
