@@ -86,6 +86,11 @@ def run(design) -> PassResult:
     return PassResult({**counts, **rule}, report)
 
 
+def _float_params(weights: dict[str, int]) -> int:
+    """Parameters held in a float precision (quantised fp8/int8/int4 weights left out: "mostly" is of these)."""
+    return sum(n for p, n in weights.items() if p in ("fp32", "fp16", "bf16"))
+
+
 def record_realised(design, after: str) -> str | None:
     """Re-read what the model holds after pass `after` into the uniform precision report: its `realised` and `kv`
     are the model's (softsyn.timing.realised), whatever a pass asked for. Returns a line for the compile log where
@@ -99,7 +104,8 @@ def record_realised(design, after: str) -> str | None:
     if report["realised"] == report["target"]:
         return None
     return (f"precision: the model's float weights are mostly {report['realised']} "
-            f"({held.weights.get(report['realised'], 0)} of {sum(held.weights.values())} parameters), not the uniform "
+            f"({held.weights.get(report['realised'], 0)} of the {_float_params(held.weights)} float parameters; "
+            f"{sum(held.weights.values())} in all), not the uniform "
             f"{report['target']} (read after {after}, "
             + ("the compile loop's bf16 cells: precision.default bf16" if report["realised"] == "bf16"
                and report.get("requested") == "bf16" else "dont_touch cells keep the source's")
