@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from softsyn.timing.serving.simulate import Queue  # noqa: E402  (the scheduler rules the harness shares)
 from softsyn.runtime.greedy import greedy_token, greedy_tokens  # noqa: E402  (argmax as softsyn run samples)
+from softsyn.runtime.binding import KeptInputs  # noqa: E402  (an engine's kept device inputs, as softsyn run keeps them)
 
 TARGETS = {"cpu": "cpu-ort", "cuda": "h200-ort-cuda"}
 BURST = 5  # timed runs of one step configuration back to back, per round
@@ -244,6 +245,7 @@ class Engine:
         self.row_bytes = self.kv[0, 0, 0].numel() * self.kv.element_size()
         self.positions = np.arange(self.length)
         self.decoders: dict[int, tuple] = {}
+        self.prompt_inputs = KeptInputs(self.device, 64)  # a prefill's inputs per prompt length, as an engine keeps them
         kind = next(o.type for o in self.sess.get_outputs() if o.name == art.io.logits)
         if kind not in LOGITS:
             raise UserError(f"output {art.io.logits} is {kind}; the harness takes {', '.join(LOGITS)} logits")
@@ -277,9 +279,8 @@ class Engine:
         return np.asarray(values, dtype=self.io.dtype(name)).reshape(rows, -1)
 
     def prefill(self, slot: int, ids: np.ndarray) -> tuple[int, float]:
-        """The prompt `ids` into row `slot` (batch 1): (its first token, the run call's seconds)."""
-        from softsyn.runtime.binding import to_device
-
+        """The prompt `ids` into row `slot` (batch 1): (its first token, the run call's seconds). Its inputs are the
+        device values kept for its length (softsyn.runtime.binding.KeptInputs), updated in place."""
         io, n = self.io, len(ids)
         binding = self.sess.io_binding()
         binding.bind_output(io.logits, self.device, 0)  # first: get_outputs() lists outputs in binding order
@@ -288,9 +289,8 @@ class Engine:
             feeds[io.attention_mask] = np.ones(n)
         if io.position_ids:
             feeds[io.position_ids] = np.arange(n)
-        keep = {k: to_device(self._array(k, v, 1), self.device) for k, v in feeds.items()}
-        for name, value in keep.items():
-            binding.bind_ortvalue_input(name, value)
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, self.prompt_inputs(name, self._array(name, value, 1)))
         self._bind_kv(binding, slot, 1)
         t = time.perf_counter()
         self.sess.run_with_iobinding(binding, self._options(-1))  # -1: prompts vary in length, never captured

@@ -37,7 +37,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from softsyn.errors import SoftsynError
-from softsyn.runtime.binding import device_of, empty, to_device
+from softsyn.runtime.binding import KeptInputs, device_of, empty, to_device
 from softsyn.runtime.decoder import DecoderIO
 from softsyn.runtime.greedy import greedy_token
 
@@ -91,7 +91,7 @@ class Generator:
         self.buffers = None  # the shared KV buffers, allocated on first use and reused by every generation
         self.decode_io = None  # the shared-buffer decode step's binding and its input values (_static_decode)
         self.states = None  # a hybrid decoder's two buffers per state (_states)
-        self.inputs: dict = {}  # (input name, shape) -> (its device OrtValue, the host array a CPU one reads): _input
+        self.inputs = KeptInputs(self.device, INPUT_SHAPES)  # a prefill's device inputs, per prompt length
         # run calls per step shape: ("prefill", prompt length), ("step", 1) a grown decode, ("decode", parity) a shared one
         self.runs: Counter = Counter()
 
@@ -194,13 +194,13 @@ class Generator:
         t0 = time.perf_counter()
         binding = self.session.io_binding()
         binding.bind_output(io.logits, self.device, 0)  # bound first: get_outputs() lists outputs in binding order
-        binding.bind_ortvalue_input(io.input_ids, self._input(io.input_ids, self._array(io.input_ids, tokens)))
+        binding.bind_ortvalue_input(io.input_ids, self.inputs(io.input_ids, self._array(io.input_ids, tokens)))
         if io.attention_mask:
             binding.bind_ortvalue_input(io.attention_mask,
-                                        self._input(io.attention_mask, np.ones((1, start + n), io.dtype(io.attention_mask))))
+                                        self.inputs(io.attention_mask, np.ones((1, start + n), io.dtype(io.attention_mask))))
         if io.position_ids:
             binding.bind_ortvalue_input(io.position_ids,
-                                        self._input(io.position_ids, self._array(io.position_ids, np.arange(start, start + n))))
+                                        self.inputs(io.position_ids, self._array(io.position_ids, np.arange(start, start + n))))
         self._bind_kv(binding, kv)
         self._bind_states(binding, parity)
         options = self._run_options("-1")  # -1: never captured (prefill)
@@ -214,23 +214,6 @@ class Generator:
         t3 = time.perf_counter()
         self.runs[("prefill", n) if start == 0 else ("step", n)] += 1
         return token, kv, (t1 - t0, t2 - t1, t3 - t2)
-
-    def _input(self, name: str, array: np.ndarray):
-        """`array` as the device OrtValue bound to input `name`: the one kept for its shape, updated in place (a
-        prefill of a prompt length seen before allocates nothing: three device allocations took ~0.6 ms of a 512-token
-        prefill on the H200, 2026-12-03), else a new one, kept for that shape (INPUT_SHAPES per input, oldest dropped).
-        The run call is synchronous, so an update never races the step that read the value before."""
-        key = (name, array.shape)
-        kept = self.inputs.pop(key, None)
-        if kept is None:
-            host = array.copy()  # a CPU OrtValue shares its array's memory: kept beside it
-            kept = (to_device(host, self.device), host)
-        else:
-            kept[0].update_inplace(np.ascontiguousarray(array))
-        self.inputs[key] = kept  # the most recent last
-        for old in [k for k in self.inputs if k[0] == name][:-INPUT_SHAPES]:
-            del self.inputs[old]
-        return kept[0]
 
     def _static_decode(self, prompt_len: int):
         """The decode step of a shared buffer: its bindings made once per Generator and reused by every generation

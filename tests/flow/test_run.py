@@ -81,11 +81,11 @@ def test_the_shared_buffer_loop_reuses_its_bindings(tiny_cpu_artifact):
     assert first.kv == "shared" and len(first.tpot) == 11 and first.tokens == shared.generate(prompt, 12).tokens
     shorter = prompt[:10]  # the reused bindings start from this prompt's mask, not the last generation's
     assert shared.generate(shorter, 12).tokens == Generator(sess, io).generate(shorter, 12).tokens
-    kept = shared.inputs[("input_ids", (1, 24))][0]  # a prompt length seen before: its device inputs updated in place
+    kept = shared.inputs.values[("input_ids", (1, 24))][0]  # a prompt length seen before: its device inputs updated in place
     other = prompt_ids(1024, 24, 4)
     assert shared.generate(other, 12).tokens == Generator(sess, io).generate(other, 12).tokens
-    assert shared.inputs[("input_ids", (1, 24))][0] is kept and shared.generate(prompt, 12).tokens == first.tokens
-    assert sorted(shape for name, shape in shared.inputs if name == "input_ids") == [(1, 10), (1, 24)]
+    assert shared.inputs.values[("input_ids", (1, 24))][0] is kept and shared.generate(prompt, 12).tokens == first.tokens
+    assert sorted(shape for name, shape in shared.inputs.values if name == "input_ids") == [(1, 10), (1, 24)]
     shared = Generator(sess, io, share_buffer=True, max_length=64)  # the graph's static 512 wins over 64
     assert shared.max_length == 512
     with pytest.raises(Exception, match="need 560 positions; the artifact holds 512"):
