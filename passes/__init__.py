@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from softsyn.errors import SoftsynDefect, SoftsynError
+from softsyn.names import restart_names
 
 PASSES: dict[str, "Pass"] = {}
 
@@ -156,6 +157,7 @@ def run_pass(design, name: str, options: dict | None = None) -> PassResult:
     goes to design.pass_reports."""
     p = get(name)
     design.log(f"pass {name}: {p.help}")
+    restart_names(design.netlist.model)  # the names a pass adds depend on the netlist alone (byte-identical compiles)
     result = p.run(design, **(options or {}))
     shown = ", ".join(f"{kind} {n}" for kind, n in result.counts.items()) or "no change"
     design.log(f"pass {name}: {shown}")

@@ -1,7 +1,6 @@
 """Graph helpers for fusion rules: producers, consumers, constants, node building, cone evaluation."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import onnx
@@ -10,12 +9,12 @@ from onnx_ir import serde
 
 from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import META_WEIGHTS
+from softsyn.names import fresh  # noqa: F401  (the passes' name for it)
 from softsyn.runtime.session import IR_VERSION, SessionSettings, external_initializer, host_array, open_session
 
 MS = "com.microsoft"
 # Cone initializers above this many bytes reach ORT as external initializers, not inside the protobuf.
 INLINE_BYTES = 1 << 20
-_counter = itertools.count()
 
 
 def producer(v: ir.Value | None) -> ir.Node | None:
@@ -169,10 +168,6 @@ def dim(v: ir.Value | None, i: int):
         return None
     d = v.shape[i]
     return d if isinstance(d, int) else (d.value if hasattr(d, "value") else None)
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}_fz{next(_counter)}"
 
 
 def make_node(anchor: ir.Node, domain: str, op_type: str, inputs, attrs: dict | None = None,

@@ -15,7 +15,7 @@ OUTSIDE = re.compile(r"\.\./shared|shared/reference|shared/tools|DESIGN\.md|stee
 
 # docs/architecture.md, "Layering": a module imports only from its own floor or below
 FLOORS = {"units": 1, "errors": 1, "progress": 1, "results": 1,
-          "netlist": 2, "frontends": 2, "constraints": 2, "library": 2,
+          "netlist": 2, "names": 2, "frontends": 2, "constraints": 2, "library": 2,
           "timing": 3, "runtime": 3,
           "passes": 4, "characterize": 4, "design": 4,
           "flow": 5, "emit": 5, "reports": 5, "outdir": 5,
