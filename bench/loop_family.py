@@ -65,7 +65,7 @@ def run(model: str, constraints: Path, measure: bool, runs: int, separate: bool 
     for name, out in (("medium", medium), ("high", high), ("ultra", ultra)):
         extra = {g: problem.slack[g] - s for g, s in out.slack.items()}
         used = sorted(set(out.mapping.values()))
-        runnable = all(p == problem.options[c][0] or mapping.has_cell(design.library, "MatMulNBits", p)
+        runnable = all(p == problem.options[c][0] or design.library.has_cell("MatMulNBits", p)
                        for c, p in out.mapping.items())
         faster = all(extra[g] <= ceiling[g] + 1e-9 for g in extra)
         ok &= runnable and faster

@@ -24,8 +24,8 @@ def restart_names(model: ir.Model) -> None:
     in one process was not byte-identical to the first), and never repeat a name the model holds (an artifact
     compiled again keeps its earlier passes' names)."""
     global _counter
-    names = [n.name or "" for n in model.graph.all_nodes()]
-    names += [v.name or "" for n in model.graph.all_nodes() for v in n.outputs]
-    names += [v.name or "" for v in (*model.graph.inputs, *model.graph.initializers.values())]
+    names = [v.name or "" for v in (*model.graph.inputs, *model.graph.initializers.values())]
+    for node in model.graph.all_nodes():
+        names += [node.name or "", *(v.name or "" for v in node.outputs)]
     top = max((int(m) for name in names for m in _FRESH.findall(name)), default=-1)
     _counter = itertools.count(top + 1)

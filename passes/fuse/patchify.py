@@ -107,7 +107,9 @@ class PatchEmbedRule(Rule):
         mm = stand_in("patch_mm", mm_shape, dtype)
         cells = [Cell("Reshape", (m.x,), (flat,), domain=""), Cell("MatMul", (flat, wt), (mm,), domain="")]
         if m.bias is not None:
-            cells.append(Cell("Add", (mm, m.bias), (mm,), domain=""))
+            biased = stand_in("patch_bias", mm_shape, dtype)
+            cells.append(Cell("Add", (mm, m.bias), (biased,), domain=""))
+            mm = biased
         cells.append(Cell("Reshape", (mm,), (m.conv.outputs[0],), domain=""))
         reads = (m.x, m.weight) + ((m.bias,) if m.bias is not None else ())
         return Replacement(tuple(cells), (m.conv.outputs[0],), reads)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from passes.optimize import search
 from passes.optimize.sensitivity import PRIOR_ERROR
-from passes.precision.bf16 import realisable, start_why_not
+from passes.precision.bf16 import BF16, realisable, start_why_not
 
-BF16 = "bf16"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from passes.fuse.graph import swap_node
 from passes.optimize import experts
 from passes.optimize.tooling import ort_quantisers
 from passes.precision.router import RULE as ROUTER_RULE, router_cells
+from passes.precision.bf16 import BF16  # the float option: MatMul.bf16 with Casts at its boundary (GPU)
 
 BLOCK = 32  # the quantiser's block along K without a library to choose by: the library's finest block axis point
 BLOCK_TIE = 0.03  # blocks timed within 3 % of the fastest count as tied: the finer (more accurate) one is taken
@@ -45,7 +46,6 @@ FP8_BLOCK = 128
 FP8_MAX = 448.0  # float8e4m3fn's largest finite value
 QUANTISED = ("int4", "int8", "fp8")  # the quantised options, in the order they are offered
 FP8_ACTS = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # the op's activation types (T)
-BF16 = "bf16"  # the float option: MatMul.bf16 with Casts at its boundary (a GPU target's, from an fp16 design)
 OFFERED = (*QUANTISED, BF16)  # every per-cell option the loop may offer besides a cell's own precision
 
 
@@ -108,10 +108,6 @@ def weight_source(value: ir.Value) -> tuple[ir.Value, bool] | None:
     return None
 
 
-def has_cell(library, op: str, precision: str) -> bool:
-    return any(c.op == op and c.precision == precision for c in library.cells)
-
-
 def nbits_block(library, precision: str, n: int, k: int) -> int:
     """The quantiser's block along K for an int4/int8 cell of weight [k, n]: of the block points the library measured
     MatMulNBits.<precision> at, the one whose decode row (m 1) is fastest for this shape, in a captured graph where
@@ -143,9 +139,9 @@ def candidates(design) -> tuple[list[Candidate], dict[str, str]]:
     for p in QUANTISED:
         if p not in allowed:
             skipped[p] = f"{p} is not in precision.allowed"
-        elif not has_cell(lib, cell_op(p), p):
+        elif not lib.has_cell(cell_op(p), p):
             skipped[p] = f"library {lib.name} has no {cell_op(p)}.{p} cell: the provider's kernel is not characterised"
-    quantised = [p for p in QUANTISED if p in allowed and has_cell(lib, cell_op(p), p)]
+    quantised = [p for p in QUANTISED if p in allowed and lib.has_cell(cell_op(p), p)]
     bf16, why_not = bf16_offered(design)
     if why_not:
         skipped[BF16] = why_not
@@ -199,7 +195,7 @@ def bf16_offered(design) -> tuple[bool, str]:
     if not lib.is_gpu:
         return False, (f"not offered on the CPU target (library {lib.name}): ORT's CPU provider has no bf16 MatMul "
                        "kernel")
-    if not has_cell(lib, "MatMul", BF16):
+    if not lib.has_cell("MatMul", BF16):
         return False, f"library {lib.name} has no MatMul.bf16 cell: the provider's kernel is not characterised"
     return True, ""
 
@@ -209,7 +205,7 @@ def expert_candidates(design, allowed: set[str], skipped: dict[str, str]) -> lis
     library has a QMoE cell for); why not, per cell or per precision, into `skipped` (keys "qmoe ...")."""
     cons, lib = design.constraints, design.library
     moes = [n for n in design.netlist.nodes() if n.op_type == "MoE"]
-    offered = [p for p in experts.BITS if p in allowed and has_cell(lib, "QMoE", p)]
+    offered = [p for p in experts.BITS if p in allowed and lib.has_cell("QMoE", p)]
     for p in experts.BITS:
         if moes and p in allowed and p not in offered:
             skipped[f"qmoe {p}"] = f"library {lib.name} has no QMoE.{p} cell: the experts stay MoE"

@@ -12,7 +12,7 @@ def realisable(design) -> str:
     lib = design.library
     if not lib.is_gpu:
         return f"the CPU target (library {lib.name}) has no bf16 MatMul kernel in ORT"
-    if not any(c.op == "MatMul" and c.precision == BF16 for c in lib.cells):
+    if not lib.has_cell("MatMul", BF16):
         return f"library {lib.name} has no MatMul.bf16 cell"
     return ""
 

@@ -153,6 +153,10 @@ class Library:
     def provider(self) -> str:
         return str(self.header.get("provider", ""))
 
+    def has_cell(self, op_type: str, precision: str) -> bool:
+        """Whether the library measured any cell of `op_type` at `precision` (eager or graph table)."""
+        return any(c.op == op_type and c.precision == precision for c in self.cells)
+
     @property
     def is_gpu(self) -> bool:
         """True when the execution provider runs on a GPU (CUDA / TensorRT)."""
