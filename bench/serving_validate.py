@@ -37,6 +37,8 @@ the artifact under the same arrival trace.
    artifact's batch is rows 0..N-1; softsyn.timing.serving.simulate.Queue.place, at most one move per finished
    sequence): an iteration's moves are one copy of their cached positions, every layer's key and value at once.
    TTFT, TPOT, e2e, queue and throughput have the simulation's definitions (softsyn.timing.serving.checks).
+   Before the trace, a first-shape probe runs prefills at a few prompt lengths the session has not met (first run
+   vs repeats), beside the compile's model of that cost; the simulation starts from the lengths this engine ran.
 
 Everything printed is measured on this machine or labelled as softsyn's estimate (est). The trace is simulated twice:
 over the run calls alone (the step table) and with the engine's host work per iteration the compile modelled from
@@ -214,7 +216,8 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
     work = None
     if host.get("status") == "measured":  # the compile's host work per iteration (softsyn.timing.serving.host)
         work = HostWork(**{k: host[k] for k in ("iteration", "per_sequence", "prefill", "per_token", "move",
-                                                  "per_moved_token")}, source="analysis.json serving.host")
+                                                  "per_moved_token")}, source="analysis.json serving.host",
+                        first_shape=host.get("first_shape"))
     sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length, work)
     table = StepTable.from_points([StepPoint(**p) for p in served["steps"]])
     return Artifact(directory, design, sess, io, provider, cuda_graph, table, sched, serving, so)
@@ -575,6 +578,40 @@ def warm(eng: Engine, art: Artifact, slots: int) -> set[int]:
     return warmed
 
 
+FIRST_PROBE = 6  # fresh prompt lengths the first-shape probe runs
+FIRST_REPEATS = 2  # runs at each after the first
+
+
+def first_probe(eng: Engine, art: Artifact, seen: set[int]) -> list[tuple[int, float, float]]:
+    """The first-shape cost on the artifact itself: at FIRST_PROBE prompt lengths the session has not run (spread
+    over the serving block's p50..p99), the first prefill run call and the fastest of FIRST_REPEATS repeats:
+    (length, first s, repeat s). The trace's prefills at a first-met length pay what this measures, if anything."""
+    low, high = art.serving.prompt_len.p50, min(art.serving.prompt_len.p99, eng.length - 1)
+    lengths, candidate = [], low
+    for k in range(FIRST_PROBE):
+        candidate = int(low + (high - low) * k / max(FIRST_PROBE - 1, 1))
+        while candidate in seen or candidate in lengths:
+            candidate += 1
+        lengths.append(candidate)
+    out = []
+    for n in lengths:
+        ids = np.arange(n) % eng.io.vocab_size
+        first = eng.prefill(0, ids)[1]
+        out.append((n, first, min(eng.prefill(0, ids)[1] for _ in range(FIRST_REPEATS))))
+    return out
+
+
+def first_probe_line(probe: list[tuple[int, float, float]], work) -> str:
+    extra = statistics.median(f - r for _, f, r in probe)
+    model = ("not modelled (no serving_host block)" if work is None else "not modelled (the library's block has no "
+             "first_shape figures)" if work.first_shape is None else
+             f"{work.first_shape * 1e3:.3f} ms (est: the library's first_shape figures x this design's nodes)")
+    return (f"First-shape probe (before the trace): {len(probe)} prompt lengths the session had not run "
+            f"({', '.join(str(p[0]) for p in probe)}): first run call median {ms(statistics.median(p[1] for p in probe))}"
+            f" ms, fastest of {FIRST_REPEATS} repeats {ms(statistics.median(p[2] for p in probe))} ms: {extra * 1e3:.3f} "
+            f"ms more the first time (measured) vs the simulation's {model}.")
+
+
 # ------------------------------------------------------------------------------------------------ the report
 
 def ms(seconds: float) -> str:
@@ -649,14 +686,35 @@ def in_trace(h: Harness, table) -> dict:
             "moves": h.moves, "move_batches": h.move_batches, "move_seconds": h.move_seconds, **prefill_split(h, table)}
 
 
+PROMPT_BANDS = (0, 128, 256, 512, 1024)  # prompt-length bands of the prefill split (a first-met length is more
+# often a long one: the split per band keeps length and novelty apart)
+
+
 def prefill_split(h: Harness, table) -> dict:
     """The trace's prefill calls at a prompt length the session had run before vs at one it met first: count, median
-    run seconds and median run / table prediction of each."""
+    run seconds and median run / table prediction of each, in all and per PROMPT_BANDS band."""
     out = {}
+
+    def split(calls):
+        return (len(calls), pct([c[0] for c in calls], 50), pct([c[1] for c in calls], 50)) if calls else (0,)
+    bands = list(zip(PROMPT_BANDS, PROMPT_BANDS[1:] + (None,)))
     for key, seen in (("prefill_repeat", True), ("prefill_first", False)):
-        calls = [(t, t / table.prefill(p)) for p, t, again in h.prefills if again == seen]
-        out[key] = (len(calls), pct([c[0] for c in calls], 50), pct([c[1] for c in calls], 50)) if calls else (0,)
+        calls = [(t, t / table.prefill(p), p) for p, t, again in h.prefills if again == seen]
+        out[key] = split(calls)
+        out[key + "_bands"] = [(lo, hi, split([c for c in calls if c[2] >= lo and (hi is None or c[2] < hi)]))
+                               for lo, hi in bands]
     return out
+
+
+def prefill_bands_md(it: dict) -> list[str]:
+    """The prefill split per prompt-length band: seen before vs met first, median run / table."""
+    def cell(split):
+        return f"{split[0]}: {split[2]:.2f}x" if split[0] else "-"
+    rows = ["| prompt tokens | at a length run before (calls: median run / table) | at a length met first |",
+            "|---|---|---|"]
+    for (lo, hi, seen), (_, _, fresh) in zip(it["prefill_repeat_bands"], it["prefill_first_bands"]):
+        rows.append(f"| {lo}–{hi - 1 if hi else ''} | {cell(seen)} | {cell(fresh)} |")
+    return rows
 
 
 def prefill_line(split: tuple) -> str:
@@ -712,18 +770,21 @@ def run_all(args, argv) -> dict:
     if args.output:
         Path(args.output).write_text(partial)
     warmed = warm(eng, art, serving.max_batch) | {int(args.prompt_len)}  # the step table's prefills ran it too
+    probe = first_probe(eng, art, warmed)
+    warmed |= {p[0] for p in probe}
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
     from softsyn.timing.serving import simulate
 
-    sim = simulate(reqs, art.table, replace(art.sched, host=None))
-    hosted = simulate(reqs, art.table, art.sched) if art.sched.host is not None else None
+    sched = replace(art.sched, warm=frozenset(warmed))  # the simulated engine has run what this one ran
+    sim = simulate(reqs, art.table, replace(sched, host=None))
+    hosted = simulate(reqs, art.table, sched) if sched.host is not None else None
     left = args.seconds - (time.perf_counter() - start)
     log(f"trace: {len(reqs.arrival)} requests over {reqs.arrival[-1]:.1f} s; serving them (deadline {left:.0f} s)")
     harness = Harness(eng, reqs, art.sched)
     harness.lengths_seen |= warmed
     harness.run(max(left, float(reqs.arrival[-1]) + 1.0))
     measured = harness.outcome()
-    result.update({"trace": trace_rows(sim, hosted, measured), "hosted": hosted,
+    result.update({"trace": trace_rows(sim, hosted, measured), "hosted": hosted, "first_probe": probe,
                    "in_trace": in_trace(harness, art.table),
                    "requests": len(reqs.arrival), "offered": offered, "span": float(reqs.arrival[-1]),
                    "cut": harness.cut, "wall": harness.clock(), "simulated_batches": sim.decode_batches,
@@ -785,8 +846,10 @@ def trace_section(art: Artifact, res: dict) -> list[str]:
               f"the same iterations; KV row moves (a top row's sequence into a row a finished one freed) {it['moves']}, in "
               f"{it['move_batches']} copies, {it['move_seconds'] * 1e3:.1f} ms in all",
               f"- prefill calls: {prefill_line(it['prefill_repeat'])} at a prompt length the session had run before; "
-              f"{prefill_line(it['prefill_first'])} at a length it met first (ORT may select kernels per new shape on "
-              "the trace's clock; the simulation has no such cost)", ""]
+              f"{prefill_line(it['prefill_first'])} at a length it met first (the simulation charges the first-shape "
+              f"cost, {(work.first_shape or 0.0) * 1e3 if work else 0.0:.3f} ms est, once per length met first), per "
+              "band:", ""]
+    lines += prefill_bands_md(it) + ["", first_probe_line(res["first_probe"], work), ""]
     return lines
 
 

@@ -13,7 +13,11 @@ times those operations, as the harness runs them, at tiny shapes and at a few la
 - readback_bandwidth: a 4 MiB output copied to the host (OrtValue.numpy()), B/s;
 - bind: one io_binding bind call by address, s;
 - move: one KV row-move copy of a few bytes (index, copy, device sync), s; its bytes cost
-  ceilings.memory_bandwidth.
+  ceilings.memory_bandwidth;
+- first_shape_gemm, first_shape_node: what the first run at a row count a session has not met costs beyond a
+  repeat at that count, per MatMul node and per elementwise node, s (a serving engine meets a prompt length for the
+  first time on the trace's clock; a GPU provider may pick kernels or plan memory per new shape). Each session is
+  run once at the largest count first, so what is timed is the new shape, not the memory arena growing.
 
 Each figure is the median of `repeats` timings; the whole probe takes well under a second on the CPU.
 """
@@ -34,6 +38,9 @@ MASK = (16, 4096, 64)  # the mask's bytes grow
 LOGITS = (16, 16, 65536)  # the argmax's bytes grow
 READBACK = 1 << 20  # fp32 elements copied to the host (4 MiB)
 BINDS = 64  # bind calls per timing
+FIRST_NODES = 8  # nodes in a first-shape probe graph (a chain)
+FIRST_WIDTH = 512  # their width
+FIRST_ROWS = tuple(range(33, 33 + 7 * 24, 7))  # fresh row counts, each met once (prompt lengths a trace meets first)
 
 
 def _torch():
@@ -110,6 +117,41 @@ def _bind(provider: str):
     return bind
 
 
+def _chain(provider: str, op: str):
+    """A session running FIRST_NODES `op` nodes in a chain over [rows, FIRST_WIDTH] (rows symbolic), fp16 on a GPU."""
+    dtype, np_dtype = (TensorProto.FLOAT16, np.float16) if device_of(provider) != "cpu" else (TensorProto.FLOAT,
+                                                                                             np.float32)
+    rng = np.random.default_rng(0)
+    shape = [FIRST_WIDTH, FIRST_WIDTH] if op == "MatMul" else [FIRST_WIDTH]
+    weights = [helper.make_tensor(f"w{i}", dtype, shape, (rng.standard_normal(shape) * 0.04).astype(np_dtype).tobytes(),
+                                  raw=True) for i in range(FIRST_NODES)]
+    nodes = [helper.make_node(op, [f"x{i}", f"w{i}"], [f"x{i + 1}"]) for i in range(FIRST_NODES)]
+    graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", FIRST_WIDTH])],
+                              [helper.make_tensor_value_info(f"x{FIRST_NODES}", dtype, ["rows", FIRST_WIDTH])],
+                              weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+    sess = open_session(model, SessionSettings(provider=provider, log_severity=3))
+    return lambda rows: sess.run(None, {"x0": np.ones((rows, FIRST_WIDTH), np_dtype)})
+
+
+def first_shape(provider: str, op: str) -> float:
+    """s per `op` node: the median, over FIRST_ROWS, of the first run at a row count minus the fastest of three repeats at it, over
+    FIRST_NODES; 0 when the first run is no slower (noise may make a difference negative)."""
+    run = _chain(provider, op)
+    top = FIRST_ROWS[-1] + 1
+    for _ in range(3):
+        run(top)  # the arena sized for every later shape, the session's own first-run work done
+    extra = []
+    for rows in FIRST_ROWS:
+        times = []
+        for _ in range(4):
+            t = time.perf_counter()
+            run(rows)
+            times.append(time.perf_counter() - t)
+        extra.append(times[0] - min(times[1:]))  # the fastest repeat: a busy host's stalls hit repeats less often
+    return max(statistics.median(extra), 0.0) / FIRST_NODES
+
+
 def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
     """The `serving_host:` block's figures on this machine for `provider` ("cpu" | "cuda"), with where and when."""
     small = _median(_Iteration(provider, *SMALL), repeats)
@@ -125,6 +167,8 @@ def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
             "readback_bandwidth": READBACK * 4 / readback,
             "bind": _median(_bind(provider), repeats) / BINDS,
             "move": _median(_move(provider), repeats),
+            "first_shape_gemm": first_shape(provider, "MatMul"),
+            "first_shape_node": first_shape(provider, "Add"),
             "device": describe_device(provider),
             "date": datetime.date.today().isoformat(),
             "command": f"softsyn.characterize.host.measure_host({provider!r}, repeats={repeats}): medians"}
@@ -133,7 +177,9 @@ def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
 def host_yaml(figures: dict) -> str:
     """The `serving_host:` block as a library file holds it, each figure with its unit."""
     units = {"iteration": "s", "input_bandwidth": "B/s", "sample_bandwidth": "B/s", "readback_bandwidth": "B/s",
-             "bind": "s per call", "move": "s per copy (+ bytes at ceilings.memory_bandwidth)"}
+             "bind": "s per call", "move": "s per copy (+ bytes at ceilings.memory_bandwidth)",
+             "first_shape_gemm": "s per MatMul node, first run at a new shape", "first_shape_node":
+             "s per other node, first run at a new shape"}
     lines = ["serving_host:   # host work of a batching iteration (softsyn.characterize.host; docs/serving.md)"]
     for key, unit in units.items():
         lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")

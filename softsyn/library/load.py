@@ -206,6 +206,7 @@ def parse_library(text: str, path: Path) -> Library:
 
 HOST_FIGURES = ("iteration", "input_bandwidth", "sample_bandwidth", "readback_bandwidth", "bind", "move")
 HOST_TEXT = ("device", "date", "command")
+HOST_OPTIONAL = ("first_shape_gemm", "first_shape_node")  # s, may be 0 (no first-shape cost measured)
 
 
 def parse_serving_host(reader: YamlReader, raw) -> ServingHost | None:
@@ -219,6 +220,12 @@ def parse_serving_host(reader: YamlReader, raw) -> ServingHost | None:
     for k in HOST_TEXT:
         if raw.get(k) in (None, ""):
             raise reader.at(f"serving_host.{k}", "missing (say where and how the host probe measured it)")
+    for k in HOST_OPTIONAL:
+        value = raw.get(k)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                  or not math.isfinite(value)):
+            raise reader.at(f"serving_host.{k}", f"must be a number of seconds >= 0, got {value!r}")
+        values[k] = None if value is None else float(value)
     return ServingHost(**values, **{k: str(raw[k]) for k in HOST_TEXT})
 
 

@@ -93,6 +93,7 @@ class ServingHostWork:
     move: float = 0.0
     per_moved_token: float = 0.0
     share: float = 0.0  # host seconds / the simulated engine's busy seconds
+    first_shape: float | None = None  # once per prompt length the engine meets first; None: not measured
 
 
 @dataclass

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from softsyn.errors import SoftsynError
-from softsyn.library.load import HOST_FIGURES, parse_library
+from softsyn.library.load import HOST_FIGURES, HOST_OPTIONAL, parse_library
 from paths import ROOT
 
 LIBRARY = ROOT / "softsyn" / "library" / "libs" / "cpu-ort.yaml"
@@ -19,11 +19,12 @@ def test_probe_figures_round_trip_through_a_library_block(tmp_path):
 
     figures = measure_host("cpu", repeats=5)
     assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in HOST_FIGURES)
+    assert all(figures[k] >= 0 and math.isfinite(figures[k]) for k in HOST_OPTIONAL)
     text = with_host_block(LIBRARY.read_text(), host_yaml(figures))
     assert text.count("serving_host:") == 1  # the shipped block replaced, not a second one
     host = parse_library(text, tmp_path / "lib.yaml").serving_host
-    for k in HOST_FIGURES:
-        assert math.isclose(getattr(host, k), figures[k], rel_tol=5e-3), k
+    for k in HOST_FIGURES + HOST_OPTIONAL:
+        assert math.isclose(getattr(host, k), figures[k], rel_tol=5e-3, abs_tol=1e-12), k
     assert host.device == figures["device"] and host.date == figures["date"]
 
 
@@ -53,3 +54,46 @@ def test_host_work_adds_to_each_iteration_of_a_lone_request():
     assert math.isclose(got.host, first + decode, rel_tol=1e-9) and bare.host == 0
     assert host.step(0, []) == 0 and host.moves([]) == 0
     assert math.isclose(host.moves([(5, 1, 40), (6, 2, 70)]), 1e-5 + 2 * 70 * 1e-9)  # one copy of the longest
+
+
+def test_a_negative_first_shape_figure_is_refused_and_an_absent_one_is_none(tmp_path):
+    text = LIBRARY.read_text()
+    block = "\n".join(line for line in text.splitlines() if "first_shape" not in line) + "\n"
+    assert parse_library(block, tmp_path / "lib.yaml").serving_host.first_shape_gemm is None
+    bad = block.replace("\n  bind: ", "\n  first_shape_gemm: -1e-6\n  bind: ", 1)
+    with pytest.raises(SoftsynError) as err:
+        parse_library(bad, tmp_path / "lib.yaml")
+    assert "serving_host.first_shape_gemm" in str(err.value) and ">= 0" in str(err.value)
+
+
+def test_a_prompt_length_met_first_costs_its_first_shape_once():
+    # three requests far apart, prompts 100, 100, 60: the first 100 and the 60 pay the first-shape cost, the second
+    # 100 does not; a length the engine ran before the trace (Scheduler.warm) never does
+    from dataclasses import replace
+
+    from softsyn.timing.serving import HostWork, Scheduler, simulate, step_table
+    from softsyn.timing.serving.workload import Requests
+
+    table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["past"] + 2e-6 * d["seq"], 4, 256, 512)
+    reqs = Requests(np.array([0.0, 1.0, 2.0]), np.array([100, 100, 60]), np.array([1, 1, 1]))
+    host = HostWork(iteration=3e-5, per_sequence=2e-6, prefill=5e-5, per_token=1e-8, move=1e-5,
+                    per_moved_token=1e-9, source="test", first_shape=7e-4)
+    plain = simulate(reqs, table, Scheduler(4, 0.0, None, host=replace(host, first_shape=0.0)))
+    got = simulate(reqs, table, Scheduler(4, 0.0, None, host=host))
+    assert np.allclose(got.ttft - plain.ttft, [7e-4, 0.0, 7e-4])
+    warm = simulate(reqs, table, Scheduler(4, 0.0, None, host=host, warm=frozenset({60})))
+    assert np.allclose(warm.ttft - plain.ttft, [7e-4, 0.0, 0.0])
+    assert math.isclose(host.step(2, [100, 60], fresh=1) - host.step(2, [100, 60]), 7e-4)
+
+
+def test_host_work_counts_a_designs_gemm_and_other_nodes():
+    from dataclasses import replace
+
+    from softsyn.library.load import load_library
+    from softsyn.timing.serving import host_work
+
+    block = replace(load_library("cpu-ort").serving_host, first_shape_gemm=2e-6, first_shape_node=1e-7)
+    work = host_work(block, 1e10, vocab=64, logits_bytes=4, positions=128, mask_bytes=8, layers=2,
+                     kv_bytes_per_token=256, all_logits=False, library="t", gemms=10, nodes=30)
+    assert math.isclose(work.first_shape, 10 * 2e-6 + 20 * 1e-7)
+    assert "once per prompt length met first" in work.describe()

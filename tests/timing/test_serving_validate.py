@@ -59,6 +59,10 @@ def test_bench_measures_steps_and_a_trace_beside_the_prediction(serving_artifact
     assert "| decode of 4 | 4 | 160 |" in text and "| prefill 128 + decode of 3 | 4 |" in text
     assert "| ttft p99 |" in text and "+ host work (measured per iteration)" in text
     assert "Host work per iteration, the compile's model: " in text and "measured on " in text
+    probe = res["first_probe"]  # fresh lengths, none the warm-up ran, each run once first and then repeated
+    assert len(probe) == bench_first_probe_count() and len({p[0] for p in probe}) == len(probe)
+    assert all(p[1] > 0 and p[2] > 0 for p in probe)
+    assert "First-shape probe (before the trace): " in text and "| prompt tokens | at a length run before" in text
 
 
 def test_prefill_calls_split_by_whether_their_length_ran_before():
@@ -76,6 +80,15 @@ def test_prefill_calls_split_by_whether_their_length_ran_before():
     assert count == 2 and math.isclose(median, 14.5e-3) and math.isclose(ratio, (9.0 / 2.56 + 20 / 5.12) / 2)
     assert bench.prefill_split(SimpleNamespace(prefills=calls[:2]), table)["prefill_first"] == (0,)
     assert bench.prefill_line((0,)) == "none" and bench.prefill_line(split["prefill_repeat"]).startswith("3, median")
+    bands = {lo: split for lo, _, split in split["prefill_first_bands"]}  # per prompt band: length and novelty apart
+    assert bands[256][:2] == (1, 9.0e-3) and math.isclose(bands[256][2], 9.0 / 2.56) and bands[0] == (0,)
+    assert bands[512][:2] == (1, 20e-3) and math.isclose(bands[512][2], 20 / 5.12)
+    rows = bench.prefill_bands_md(split)
+    assert rows[2] == "| 0–127 | - | - |" and rows[3] == "| 128–255 | 3: 1.09x | - |" and rows[-1].startswith("| 1024– |")
+
+
+def bench_first_probe_count() -> int:
+    return _bench().FIRST_PROBE
 
 
 def test_bench_refuses_constraints_without_a_serving_block(serving_artifact, capsys):

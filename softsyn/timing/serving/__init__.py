@@ -51,7 +51,7 @@ def host_result(host: HostWork | None, why: str, outcome, bare) -> tuple[Serving
     line = f"{host.describe()}; {share:.0%} of the simulated engine's busy time"
     return ServingHostWork("measured", line, iteration=host.iteration, per_sequence=host.per_sequence,
                            prefill=host.prefill, per_token=host.per_token, move=host.move,
-                           per_moved_token=host.per_moved_token, share=share), rows
+                           per_moved_token=host.per_moved_token, share=share, first_shape=host.first_shape), rows
 
 
 def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None, knobs: Knobs,

@@ -9,7 +9,7 @@ from softsyn.timing.capture import group_launch, shared_kv_buffer
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.timing.serving import HostWork, Knobs, grid_for, host_work, serving_analysis, step_table
 from softsyn.timing.sta import PathGroup, TimingRequest, time_group
-from softsyn.timing.tp import TPError, partition
+from softsyn.timing.tp import WEIGHT_MATMULS, TPError, partition
 
 STEP = "serving-step"  # the path group name the steps are timed under (unconstrained: arrival is all that is read)
 
@@ -89,8 +89,10 @@ def _host(design, area: AreaResult) -> tuple[HostWork | None, str]:
     if io.vocab_size is None or positions is None or area.kv_budget is None:
         return None, "the design's vocabulary or KV length is symbolic: the host work has no size to scale with"
     seq = logits.shape[-2] if logits.shape is not None and len(logits.shape) >= 2 else None
+    ops = [n.op_type for n in design.netlist.nodes() if n.op_type != "Constant"]  # ORT folds Constants at load
     return host_work(library.serving_host, library.ceilings.memory_bandwidth, vocab=io.vocab_size,
                      logits_bytes=int(logits.dtype.itemsize), positions=int(positions),
                      mask_bytes=int(mask.dtype.itemsize) if mask is not None and mask.dtype is not None else 8,
                      layers=len(io.layers), kv_bytes_per_token=area.kv_budget.bytes_per_token,
-                     all_logits=seq != 1, library=library.name), ""
+                     all_logits=seq != 1, library=library.name,
+                     gemms=sum(op in WEIGHT_MATMULS for op in ops), nodes=len(ops)), ""

@@ -8,7 +8,9 @@ An idle engine (nothing running) waits for up to batch_timeout after the first w
 max_batch requests wait, before it starts, so arrivals close together share the first iteration. A request whose
 sequence alone exceeds the KV budget, or is longer than the positions the design holds per sequence (its KV
 length: an engine refuses such a prompt or stops at that length), is rejected (counted, never completed). Step times come from a StepTable;
-the simulation is deterministic for given requests.
+the host work around them, when modelled, from HostWork, including a prompt length's first-run cost the first time
+the engine meets that length (Scheduler.warm: lengths it ran before the trace). The simulation is deterministic for
+given requests.
 
 TTFT = first token - arrival; TPOT = (last token - first token) / (generated - 1), per request with more than one
 token (vLLM's benchmark definition); e2e = last token - arrival; queue = admission - arrival; throughput =
@@ -42,6 +44,7 @@ class Scheduler:
     kv_tokens: float | None  # KV budget in tokens; None: unlimited
     max_len: int | None = None  # positions the design holds per sequence (prompt + generated); None: unlimited
     host: HostWork | None = None  # the engine's host work per iteration (softsyn.timing.serving.host); None: none
+    warm: frozenset[int] = frozenset()  # prompt lengths the engine ran before the trace (no first-shape cost)
 
 
 @dataclass
@@ -150,13 +153,17 @@ class _Engine(Queue):
         self.table, self.t = table, 0.0
         self.max_step_tokens, self.decode_batches = 0, set()
         self.busy, self.host = 0.0, 0.0
+        self.seen = set(sched.warm)  # prompt lengths run so far
 
     def step(self, admitted: list[int]) -> None:
         start, host = self.t, self.sched.host
         self.seat(admitted)
         dt = sum(self.table.prefill(int(self.reqs.prompt[r])) for r in admitted)
         if host is not None:  # the inputs, bindings, logits and argmax around the run calls
-            work = host.step(len(self.running), [int(self.reqs.prompt[r]) for r in admitted])
+            prompts = [int(self.reqs.prompt[r]) for r in admitted]
+            fresh = set(prompts) - self.seen
+            self.seen |= fresh
+            work = host.step(len(self.running), prompts, len(fresh))
             dt += work
             self.host += work
         tokens = sum(int(self.reqs.prompt[r]) for r in admitted) + len(self.running)
