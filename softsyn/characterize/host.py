@@ -15,9 +15,11 @@ times those operations, as the harness runs them, at tiny shapes and at a few la
 - move: one KV row-move copy of a few bytes (index, copy, device sync), s; its bytes cost
   ceilings.memory_bandwidth;
 - first_shape_gemm, first_shape_node: what the first run at a row count a session has not met costs beyond a
-  repeat at that count, per MatMul node and per elementwise node, s (a serving engine meets a prompt length for the
-  first time on the trace's clock; a GPU provider may pick kernels or plan memory per new shape). Each session is
-  run once at the largest count first, so what is timed is the new shape, not the memory arena growing.
+  repeat at that count, per distinct MatMul shape and per elementwise node, s (a serving engine meets a prompt
+  length for the first time on the trace's clock). On the H100 (2026-12-06) a chain of 8 MatMuls of one weight
+  shape paid ~0.02 ms at a new row count and 8 of distinct shapes ~1.7 ms: the cost is per GEMM shape (cuBLAS
+  picks an algorithm per problem size), so the MatMul chain's weights differ in width. Each session is run once
+  at the largest count first, so what is timed is the new shape, not the memory arena growing.
 
 Each figure is the median of `repeats` timings; the whole probe takes well under a second on the CPU.
 """
@@ -118,16 +120,18 @@ def _bind(provider: str):
 
 
 def _chain(provider: str, op: str):
-    """A session running FIRST_NODES `op` nodes in a chain over [rows, FIRST_WIDTH] (rows symbolic), fp16 on a GPU."""
+    """A session running FIRST_NODES `op` nodes in a chain over [rows, width] (rows symbolic), fp16 on a GPU; each
+    MatMul's output is 64 wider than its input, so no two share a GEMM shape."""
     dtype, np_dtype = (TensorProto.FLOAT16, np.float16) if device_of(provider) != "cpu" else (TensorProto.FLOAT,
                                                                                              np.float32)
     rng = np.random.default_rng(0)
-    shape = [FIRST_WIDTH, FIRST_WIDTH] if op == "MatMul" else [FIRST_WIDTH]
+    widths = [FIRST_WIDTH + (64 * i if op == "MatMul" else 0) for i in range(FIRST_NODES + 1)]
+    shapes = [[widths[i], widths[i + 1]] if op == "MatMul" else [FIRST_WIDTH] for i in range(FIRST_NODES)]
     weights = [helper.make_tensor(f"w{i}", dtype, shape, (rng.standard_normal(shape) * 0.04).astype(np_dtype).tobytes(),
-                                  raw=True) for i in range(FIRST_NODES)]
+                                  raw=True) for i, shape in enumerate(shapes)]
     nodes = [helper.make_node(op, [f"x{i}", f"w{i}"], [f"x{i + 1}"]) for i in range(FIRST_NODES)]
-    graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", FIRST_WIDTH])],
-                              [helper.make_tensor_value_info(f"x{FIRST_NODES}", dtype, ["rows", FIRST_WIDTH])],
+    graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", widths[0]])],
+                              [helper.make_tensor_value_info(f"x{FIRST_NODES}", dtype, ["rows", widths[-1]])],
                               weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
     sess = open_session(model, SessionSettings(provider=provider, log_severity=3))
@@ -178,7 +182,7 @@ def host_yaml(figures: dict) -> str:
     """The `serving_host:` block as a library file holds it, each figure with its unit."""
     units = {"iteration": "s", "input_bandwidth": "B/s", "sample_bandwidth": "B/s", "readback_bandwidth": "B/s",
              "bind": "s per call", "move": "s per copy (+ bytes at ceilings.memory_bandwidth)",
-             "first_shape_gemm": "s per MatMul node, first run at a new shape", "first_shape_node":
+             "first_shape_gemm": "s per distinct GEMM shape, first run at a new row count", "first_shape_node":
              "s per other node, first run at a new shape"}
     lines = ["serving_host:   # host work of a batching iteration (softsyn.characterize.host; docs/serving.md)"]
     for key, unit in units.items():

@@ -81,8 +81,8 @@ class ServingHost:
     device: str  # the machine the probe ran on
     date: str
     command: str
-    # s: what the first run at an input shape a session has not met costs beyond a repeat, per GEMM node and per other
-    # node (a prompt length served for the first time); None: not measured (a library probed before 2026-12-06)
+    # s: what the first run at an input shape a session has not met costs beyond a repeat, per distinct GEMM shape and
+    # per other node (a prompt length served for the first time); None: not measured (probed before 2026-12-06)
     first_shape_gemm: float | None = None
     first_shape_node: float | None = None
 

@@ -86,7 +86,7 @@ def test_a_prompt_length_met_first_costs_its_first_shape_once():
     assert math.isclose(host.step(2, [100, 60], fresh=1) - host.step(2, [100, 60]), 7e-4)
 
 
-def test_host_work_counts_a_designs_gemm_and_other_nodes():
+def test_host_work_counts_a_designs_gemm_shapes_and_other_nodes():
     from dataclasses import replace
 
     from softsyn.library.load import load_library
@@ -94,6 +94,6 @@ def test_host_work_counts_a_designs_gemm_and_other_nodes():
 
     block = replace(load_library("cpu-ort").serving_host, first_shape_gemm=2e-6, first_shape_node=1e-7)
     work = host_work(block, 1e10, vocab=64, logits_bytes=4, positions=128, mask_bytes=8, layers=2,
-                     kv_bytes_per_token=256, all_logits=False, library="t", gemms=10, nodes=30)
-    assert math.isclose(work.first_shape, 10 * 2e-6 + 20 * 1e-7)
+                     kv_bytes_per_token=256, all_logits=False, library="t", gemms=5, nodes=30)
+    assert math.isclose(work.first_shape, 5 * 2e-6 + 30 * 1e-7)
     assert "once per prompt length met first" in work.describe()

@@ -89,10 +89,18 @@ def _host(design, area: AreaResult) -> tuple[HostWork | None, str]:
     if io.vocab_size is None or positions is None or area.kv_budget is None:
         return None, "the design's vocabulary or KV length is symbolic: the host work has no size to scale with"
     seq = logits.shape[-2] if logits.shape is not None and len(logits.shape) >= 2 else None
-    ops = [n.op_type for n in design.netlist.nodes() if n.op_type != "Constant"]  # ORT folds Constants at load
+    nodes = [n for n in design.netlist.nodes() if n.op_type != "Constant"]  # ORT folds Constants at load
+    gemms = {(n.op_type, _weight_shape(n)) for n in nodes if n.op_type in WEIGHT_MATMULS}  # cuBLAS: per problem size
     return host_work(library.serving_host, library.ceilings.memory_bandwidth, vocab=io.vocab_size,
                      logits_bytes=int(logits.dtype.itemsize), positions=int(positions),
                      mask_bytes=int(mask.dtype.itemsize) if mask is not None and mask.dtype is not None else 8,
                      layers=len(io.layers), kv_bytes_per_token=area.kv_budget.bytes_per_token,
                      all_logits=seq != 1, library=library.name,
-                     gemms=sum(op in WEIGHT_MATMULS for op in ops), nodes=len(ops)), ""
+                     gemms=len(gemms), nodes=len(nodes) - sum(n.op_type in WEIGHT_MATMULS for n in nodes)), ""
+
+
+def _weight_shape(node) -> tuple | None:
+    """A GEMM node's weight (second input) shape, which with the rows sets its problem size; None when unknown."""
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = weight.shape if weight is not None else None
+    return tuple(shape) if shape is not None else None

@@ -10,8 +10,8 @@ the host is not modelled).
                        the graph returns them all) + vocab x logits bytes / sample_bandwidth
     KV row moves       move + moved rows x cached positions x KV bytes per token x 2 / memory_bandwidth (one copy
                        of the moved rows' cached positions: read and written)
-    a prompt length    GEMM nodes x first_shape_gemm + other nodes x first_shape_node, once per prompt length the
-    met first          engine has not run before (the library's figures: 0 where it has none)
+    a prompt length    distinct GEMM shapes x first_shape_gemm + other nodes x first_shape_node, once per prompt
+    met first          length the engine has not run before (none where the library has no figures)
 """
 from __future__ import annotations
 
@@ -56,14 +56,14 @@ class HostWork:
 
 def host_work(host: ServingHost, memory_bandwidth: float, *, vocab: int, logits_bytes: int, positions: int,
               mask_bytes: int, layers: int, kv_bytes_per_token: float, all_logits: bool, library: str,
-              gemms: int = 0, nodes: int = 0) -> HostWork:
+              gemms: int = 0, nodes: int = 0) -> HostWork:  # gemms: distinct GEMM shapes; nodes: the others
     """`host` (a library's measured block) at a design's sizes: its vocabulary and logits element, the KV buffer's
     positions per sequence and the attention_mask's element, its layers and KV bytes per token (all layers' K and
-    V), whether a prefill returns every position's logits (`all_logits`) or the last one's, and its GEMM nodes and
-    other nodes (what a prompt length met first costs)."""
+    V), whether a prefill returns every position's logits (`all_logits`) or the last one's, its distinct GEMM
+    shapes and its other nodes (what a prompt length met first costs)."""
     logits = vocab * logits_bytes
     first = None if host.first_shape_gemm is None else \
-        gemms * host.first_shape_gemm + max(nodes - gemms, 0) * (host.first_shape_node or 0.0)
+        gemms * host.first_shape_gemm + nodes * (host.first_shape_node or 0.0)
     return HostWork(
         iteration=host.iteration,
         per_sequence=positions * mask_bytes / host.input_bandwidth + logits / host.sample_bandwidth,
