@@ -60,6 +60,9 @@ def _group_lines(g, macros: MacroGroup | None, path, unit: str, digits: int) -> 
                   f"kernels {t(macros.kernel_seconds)} + outside kernels "
                   f"{t(path.arrival - path.input_delay - macros.kernel_seconds)} {unit}; from the ORT library "
                   f"(est): {t(est)} {unit}"]
+    if macros.scale < 1:
+        out.append(f"{INDENT}Kernel times scaled by {macros.scale:.3f}: the profiled kernels summed to more than the "
+                   "timed step (the profiler's own cost inside each record; the step timed unprofiled)")
     if macros.unattributed.kernels:
         out.append(f"{INDENT}Unattributed: {macros.unattributed.kernels:g} kernels per step no kernel call of the map "
                    f"accounts for ({', '.join(macros.unattributed.kernel_names[:4])})")

@@ -14,15 +14,16 @@ from softsyn import progress
 from softsyn.results.files import write_atomic
 from softsyn.runtime.session import device_name
 from softsyn.runtime.torch_macros import (MACROS_FILE, UNATTRIBUTED, MacroCell, MacroGroup, MacroLibrary, aggregate,
-                                          cover, write_library)
+                                          cover, scaled, write_library)
 from softsyn.runtime.torch_profile import Profile, profile_step
 from softsyn.units import fmt_time
 
 PROFILED_STEPS = 5  # steps profiled per group, after one untimed
 MACROS_REPORT = "reports/torch_macros.rpt"
 METHOD = (f"torch.profiler over {PROFILED_STEPS} steps per group after one untimed (CUDA: CUPTI kernel times; CPU: "
-          "AOTInductor's per-kernel profiler records, wall time), summed per macro cell and per step; the step's "
-          "time outside kernels: its median (10 steps, unprofiled) minus the kernels")
+          "AOTInductor's per-kernel profiler records, wall time), summed per macro cell and per step, scaled to the "
+          "step where they sum above it; the step's time outside kernels: its median (10 steps, unprofiled) minus "
+          "the kernels")
 NOT_SEEN = ("torch.profiler saw no kernel of the package at these dims (a CPU package compiled without Inductor's "
             "cpp.enable_kernel_profile records, or a device whose kernels the profiler cannot see)")
 NO_MAP = "the package has no kernel map (runtime/torch_kernels*.json): its kernels cannot be mapped to modules"
@@ -63,8 +64,9 @@ def macro_group(name: str, dims: dict, file: str, profiled: Profile, calls: list
     if not calls:
         return _uncharacterised(name, dims, file, NO_MAP, profiled.steps)
     macros, unattributed = aggregate(list(profiled.kernels), profiled.steps, calls, profiled.named)
+    macros, unattributed, factor = scaled(macros, unattributed, step)
     macros, uncovered = cover(macros, cells, name)
-    return MacroGroup(name, dims, file, profiled.steps, step, macros, unattributed, uncovered)
+    return MacroGroup(name, dims, file, profiled.steps, step, macros, unattributed, uncovered, scale=factor)
 
 
 def _uncharacterised(name: str, dims: dict, file: str, problem: str, steps: int = PROFILED_STEPS) -> MacroGroup:
@@ -79,8 +81,10 @@ def summary(library: MacroLibrary) -> list[str]:
             lines.append(f"{g.name}: not characterised: {g.problem}")
             continue
         mapped = sum(1 for m in g.macros if m.cells)
+        scale = f"; kernels scaled by {g.scale:.3f} to the step" if g.scale < 1 else ""
         lines.append(f"{g.name}: {len(g.macros)} macro cells ({mapped} covering netlist cells), "
                      f"{sum(m.kernels for m in g.macros):g} kernels {fmt_time(g.kernel_seconds)} per step of "
-                     f"{fmt_time(g.step)} ({library.device}, measured); unattributed {g.unattributed.kernels:g} "
-                     f"kernels {fmt_time(g.unattributed.seconds)}; {len(g.uncovered)} netlist cells uncovered")
+                     f"{fmt_time(g.step)} ({library.device}, measured{scale}); unattributed "
+                     f"{g.unattributed.kernels:g} kernels {fmt_time(g.unattributed.seconds)}; {len(g.uncovered)} "
+                     "netlist cells uncovered")
     return lines

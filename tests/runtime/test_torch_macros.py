@@ -111,10 +111,12 @@ def test_the_macro_path_is_the_cells_then_unattributed_then_the_host_under_the_g
     assert all(p.source == "measured" for p in path.points)
     assert path.points[-1].incr == pytest.approx(200e-6 - 92e-6)
     assert path.arrival == pytest.approx(1e-3 + 200e-6) and path.slack == pytest.approx(1.8e-3 - 1.2e-3)
-    # kernels profiled above the separately timed step: the host point is 0, the path their sum
-    fast = macro_group("decode", {"seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), CALLS, [], 50e-6)
+    # kernels profiled above the separately timed step (88 us in 44): scaled to it, the host point 0, the ratios kept
+    fast = macro_group("decode", {"seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), CALLS, [], 44e-6)
+    assert fast.scale == pytest.approx(0.5) and fast.kernel_seconds == pytest.approx(44e-6)
+    assert fast.macros[-1].seconds == pytest.approx(25e-6)
     assert macro_path(_critical(), fast).points[-1].incr == 0
-    assert macro_path(_critical(), fast).arrival == pytest.approx(1e-3 + 88e-6)
+    assert macro_path(_critical(), fast).arrival == pytest.approx(1e-3 + 44e-6)
 
 
 def test_a_group_the_profiler_cannot_see_is_not_characterised_and_says_why():
