@@ -44,7 +44,8 @@
 #                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
 #                        model-prefill.pt2, SDPA, for seq > 1), each exported + AOTInductor-compiled (model.pt2 alone
 #                        took 161 s of a ~240 s compile on 2026-12-03 17:12: with two, estimate ~400 s; pass S >= 560),
-#                        measured per path group (reports/torch.rpt); the log's "packages built" line times each one;
+#                        measured per path group (reports/torch.rpt) and its macro cells characterised (copied:
+#                        torch-MODEL-macros.rpt/.json); the log's "packages built" line times each one;
 #                        then "shared weights: yes|NO ..." (bench/torch_shared_weights.py): device memory taken by
 #                        loading both packages in softsyn's runner vs model.pt2's weight blob (one copy expected)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
@@ -264,7 +265,9 @@ torch)
     grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
     ls -l /tmp/torch-$model/*.pt2 2>/dev/null || true
     python3 bench/torch_shared_weights.py /tmp/torch-$model 2>&1 | grep -v "No registered plugin EP" | tail -3 || true
-    cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true ;;
+    cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true
+    cp /tmp/torch-$model/reports/torch_macros.rpt "$OUT/torch-$model-macros.rpt" 2>/dev/null || true
+    cp /tmp/torch-$model/runtime/torch_macros.json "$OUT/torch-$model-macros.json" 2>/dev/null || true ;;
 torchsignoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back

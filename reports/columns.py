@@ -140,6 +140,14 @@ SIGNOFF_MODULE_COLUMNS: tuple[Column, ...] = (  # a torch package's kernels summ
     Column("predicted", "Pred (est)", 10, "right", "time", missing="-", gap=1),
     Column("share", "Share", 8, "right", "percent", fmt="{:.1%}", missing="-", gap=1),
 )
+MACRO_COLUMNS: tuple[Column, ...] = (  # a torch package's macro cells (softsyn.runtime.torch_macros) in launch order
+    Column("instance", "Macro cell (module instance)", 40, clip=True),
+    Column("kernels", "Kernels", 8, "right", "number", "{:g}", gap=1),
+    Column("cells", "Cells", 6, "right", "count", gap=1),
+    _time("seconds", "Measured", 10),
+    Column("est", "Est", 10, "right", "time", missing="-", gap=1),
+    Column("share", "Share", 8, "right", "percent", fmt="{:.1%}", missing="-", gap=1),
+)
 SIGNOFF_CELL_COLUMNS: tuple[Column, ...] = (
     Column("instance", "Instance", 58, clip=True),
     Column("op_type", "Op", 14, gap=1),

@@ -174,6 +174,10 @@ def module_table(group) -> Table:
         for kind, m in group.modules.items()))
 
 
+def _macro_error(g) -> str:
+    return fpercent((g.macro_predicted - g.measured_median) / g.measured_median) if g.measured_median else "n/a"
+
+
 def report_torch_signoff(result, top: int = 12, unit: str = "ms", digits: int = 3) -> str:
     """report_signoff's shape for a torch target's package: the group table, then per group its measured step and
     its largest kernels (runtime-only: no per-cell comparison)."""
@@ -196,6 +200,10 @@ def report_torch_signoff(result, top: int = 12, unit: str = "ms", digits: int = 
                 f"quiet {t(g.measured_quiet)}, {g.runs} steps)" + (
                     f" = kernels {t(g.kernel_sum)} + host and gaps {t(g.residual)} {unit} ({g.counts['profiled']} "
                     "kernel names profiled)" if g.runtime_only else ""),
+                *([f"{INDENT}Predicted from macro cells (measured at compile, runtime/torch_macros.json): "
+                   f"{t(g.macro_predicted)} {unit}, error {_macro_error(g)}; from the ORT library (est): "
+                   f"{t(g.predicted)} {unit}, error {fpercent(g.error) if not math.isnan(g.error) else 'n/a'}"]
+                  if g.macro_predicted is not None else []),
                 *(["", f"{INDENT}Largest kernels per step (torch.profiler)", *_indented(kernel_table(g, top), unit, digits)]
                   if g.runtime_only else []),
                 *(["", f"{INDENT}Kernels per source-module kind (Inductor's provenance; Pred: the ORT library's cells "

@@ -106,11 +106,28 @@ def path_rows(path: TimingPath, fold: bool = False) -> dict[str, list[Row]]:
     return {"launch": launch, "capture": capture}
 
 
-def _text_row(row: Row, unit: str, digits: int) -> list[str]:
+def text_row(row: Row, unit: str, digits: int) -> list[str]:
     values = {"point": row.point, "cell": row.cell,
               "incr": None if row.incr is None else ftime(row.incr, unit, digits),
               "path": None if row.path is None else ftime(row.path, unit, digits)}
     return table_row(TIMING_COLUMNS, values)
+
+
+def path_lines(path: TimingPath, fold: bool, unit: str, digits: int) -> dict:
+    """One path as timing.j2 prints it: its launch and capture rows, the footer and the slack line, as text."""
+    halves = path_rows(path, fold)
+    unconstrained = is_unconstrained(path.clock_period) or is_unconstrained(path.slack)
+    return {
+        "path": path,
+        "launch": [line for r in halves["launch"] for line in text_row(r, unit, digits)],
+        "capture": [line for r in halves["capture"] for line in text_row(r, unit, digits)],
+        "footer": [] if unconstrained else [
+            *text_row(Row("data required time", path=path.required), unit, digits),
+            *text_row(Row("data arrival time", path=-path.arrival), unit, digits),
+        ],
+        "slack": None if unconstrained else text_row(
+            Row(f"slack ({'MET' if path.met else 'VIOLATED'})", path=path.slack), unit, digits),
+    }
 
 
 def select_paths(paths: list[TimingPath], max_paths: int, nworst: int) -> list[TimingPath]:
@@ -147,22 +164,8 @@ def report_timing(analysis: Analysis, group: str | None = None, max_paths: int =
     rule = "-" * len(header)
     sections = []
     for g in groups:
-        paths = []
-        for path in select_paths(g.paths, max_paths, nworst):
-            halves = path_rows(path, fold)
-            unconstrained = is_unconstrained(path.clock_period) or is_unconstrained(path.slack)
-            paths.append({
-                "path": path,
-                "launch": [line for r in halves["launch"] for line in _text_row(r, unit, digits)],
-                "capture": [line for r in halves["capture"] for line in _text_row(r, unit, digits)],
-                "footer": [] if unconstrained else [
-                    *_text_row(Row("data required time", path=path.required), unit, digits),
-                    *_text_row(Row("data arrival time", path=-path.arrival), unit, digits),
-                ],
-                "slack": None if unconstrained else _text_row(
-                    Row(f"slack ({'MET' if path.met else 'VIOLATED'})", path=path.slack), unit, digits),
-            })
-        sections.append({"group": g, "paths": paths})
+        sections.append({"group": g, "paths": [path_lines(p, fold, unit, digits)
+                                               for p in select_paths(g.paths, max_paths, nworst)]})
     return render("timing.j2", banner=banner_lines("timing", analysis, options, scenarios),
                   sections=sections, header=header, rule=rule,
                   suggestions=timing_suggestions(groups, unit, digits, facts=facts or analysis_facts(analysis)))

@@ -22,7 +22,8 @@ def report(**options):
 
     \b
     KIND is one of:
-      timing      report_timing: full path, Point / Cell / Incr / Path columns
+      timing      report_timing: full path, Point / Cell / Incr / Path columns (a torch
+                  target's artifact: then its paths through its macro cells, measured)
       qor         report_qor: per-group WNS, TNS, violating paths, cells, area
       area        report_area: VRAM by kind and by hierarchy, the KV budget
       constraint  report_constraint -all_violators

@@ -14,8 +14,10 @@ from softsyn.errors import SoftsynError
 from passes import EFFORTS, load_all
 from reports import REPORTS, from_json, to_json
 from reports.html import HTML_FILE, write_html
+from reports.macro_timing import report_macro_timing
 from reports.pareto import read_pareto, report_pareto, with_peers, write_files
 from softsyn.results.pareto import peer_points
+from softsyn.runtime.torch_macros import read_library
 from reports.suggest import saved_facts
 from softsyn.library.collectives import collective_cells
 from softsyn.characterize.plan import characterize as run_characterize, list_cells, unmatched_cells
@@ -52,6 +54,9 @@ def report(kind, directory, group, max_paths, fold, digits, peers):
     elif kind == "timing":
         click.echo(REPORTS["timing"](analysis, group=group, max_paths=max_paths, fold=fold, significant_digits=digits,
                                      facts=facts))
+        macros = read_library(directory)  # a torch package's macro cells: its paths through them, measured
+        if macros is not None:
+            click.echo("\n" + report_macro_timing(analysis, macros, group=group, fold=fold, digits=digits), nl=False)
     else:
         click.echo(REPORTS[kind](analysis, facts=facts))
 

@@ -9,7 +9,8 @@ The writers, in the order `emit` runs them, one line each:
     engines.write_engines         DIR/runtime/vllm*.json|sh, trtllm-*: a decoder's vLLM and TensorRT-LLM settings
     report_files.write_report_files  DIR/reports/*, compile.log, compile_log.json, then reports/report.html
     torch_lowering.lower          a torch target instead of the model, session.json, genai and engines: DIR/model.pt2,
-                                  DIR/runtime/torch.json, the package measured per path group (reports/torch.rpt)
+                                  DIR/runtime/torch.json, the package measured per path group (reports/torch.rpt),
+                                  its macro cells (runtime/torch_macros.json, reports/torch_macros.rpt)
     softsyn.outdir                DIR/softsyn-manifest.json: what softsyn wrote (on leaving outdir.replace)
 
 Passes hand emit what they add through their reports' protocol (passes.PassReport: artifact notes, session.json
@@ -60,9 +61,10 @@ def emit(design, analysis: Analysis, out_dir: str | Path, log: CompileLog, refer
                         inputs=outdir.input_paths(netlist.provenance), progress=design.progress) as staged:
         tmp = staged.path
         if design.torch_target is not None and not plan:
-            for written in _torch_side().lower(design, reference, tmp, log.notes):
+            cells = netlist_json(design, analysis, None)  # before the lowering: the macro cells map to its cells
+            for written in _torch_side().lower(design, reference, tmp, log.notes, cells["cells"]):
                 staged.seal(written, "compile")
-            write_json(tmp / "netlist.json", netlist_json(design, analysis, None))
+            write_json(tmp / "netlist.json", cells)
             write_report_files(design, analysis, tmp, log)
             return staged.out
         session = session_json(design, reference, plan)

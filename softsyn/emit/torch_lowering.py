@@ -24,6 +24,7 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
+from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
                                      weight_map)
 from softsyn.errors import SoftsynError
@@ -36,6 +37,8 @@ from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE, TORCH_PREFILL_PA
 from softsyn.runtime.torch_package import DECODE, FORMAT, PREFILL, SPAN_STEP, TorchStep
 from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE, PROVENANCE_CONFIG, calls_data,
                                               kernel_calls)
+from softsyn.runtime.torch_macros import MACROS_FILE
+from softsyn.runtime.torch_profile import record_config, strip_stack_traces
 from softsyn.runtime.torch_weights import OWN, SHARED
 from softsyn.units import fmt_time
 
@@ -136,12 +139,16 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
 def compile_package(design, program, built: Built, folder: Path) -> None:
     """AOTInductor on the exported step into folder/built.file, its weights where built.weights_config puts them;
     model.pt2 with its weights beside the .so falls back to inside it (and model-prefill.pt2 to holding its own)
-    where this torch refuses that form, saying so in built.said."""
+    where this torch refuses that form, saying so in built.said. On the CPU its kernels run inside profiler records
+    (torch_profile.RECORD_CONFIG), so the compile can characterise them as macro cells."""
+    configs = {**PROVENANCE_CONFIG, **record_config(torch_target(design.torch_target).device)}
+    if configs.keys() - PROVENANCE_CONFIG.keys():
+        strip_stack_traces(program)
     with progress.step(f"emit: AOTInductor compiling the step into {built.file} (tens of seconds; minutes on a GPU)",
                        enabled=design.progress, done=f"emit: {built.file} written"):
         try:
             torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
-                                                     inductor_configs={**PROVENANCE_CONFIG, **built.weights_config})
+                                                     inductor_configs={**configs, **built.weights_config})
         except Exception as exc:  # an Inductor without the config, or one that fails on it: the plain form
             if not built.weights_config:
                 raise
@@ -150,14 +157,15 @@ def compile_package(design, program, built: Built, folder: Path) -> None:
                               "compiled with them inside")
             built.weights_config, built.constants = {}, OWN
             torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
-                                                     inductor_configs=PROVENANCE_CONFIG)
+                                                     inductor_configs=configs)
     built.calls = kernel_calls(folder / built.file, program)
 
 
-def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
-    """Write DIR/model.pt2 (and with a prefill form DIR/model-prefill.pt2), their kernel maps and
-    DIR/runtime/torch.json into `folder` and the measured step per group into `notes`; the files written
-    (relative)."""
+def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells: list[dict] = ()) -> list[str]:
+    """Write DIR/model.pt2 (and with a prefill form DIR/model-prefill.pt2), their kernel maps, DIR/runtime/torch.json
+    and the macro cells characterised on this device (softsyn.emit.torch_characterise; `netlist_cells`: the cells of
+    DIR/netlist.json, which they are mapped to) into `folder`, and the measured step per group into `notes`; the
+    files written (relative)."""
     source = str(reference.get("source", ""))
     target = torch_target(design.torch_target)
     cfg_max, _ = shared_buffer_length(design.constraints)
@@ -200,8 +208,11 @@ def lower(design, reference: dict, folder: Path, notes: list[str]) -> list[str]:
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
               f"({ESTIMATED}) of the same function on the ONNX netlist; the package"
               f"{'s are' if len(packages) > 1 else ' is'} measured below"]
-    notes += measured_notes(design, folder, step)
-    return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages)]
+    analysis, measured = design.analyze(), {}
+    notes += measured_notes(design, analysis, folder, step, measured)
+    notes += characterise(design, analysis, folder, step, {b.key: b.calls for b in packages}, list(netlist_cells),
+                          measured)
+    return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages), MACROS_FILE]
 
 
 def torch_settings(design, reference: dict, geometry: tuple, vocab: int, packages: list[Built]) -> dict:
@@ -286,9 +297,9 @@ def package_notes(design, packages: list[Built], packed: int, folder: Path, step
     return lines
 
 
-def measured_notes(design, folder: Path, step: TorchStep) -> list[str]:
-    """Per path group: the package's step (median of MEASURED_RUNS), beside the library's estimate."""
-    analysis = design.analyze()
+def measured_notes(design, analysis, folder: Path, step: TorchStep, measured: dict[str, float]) -> list[str]:
+    """Per path group: the package's step (median of MEASURED_RUNS, also into `measured`), beside the library's
+    estimate."""
     lines = []
     files = " and ".join(e["file"] for e in step.packages.values())
     with progress.step(f"emit: measuring {files} at every path group's dims", enabled=design.progress,
@@ -298,7 +309,7 @@ def measured_notes(design, folder: Path, step: TorchStep) -> list[str]:
             if dims.get("past", 0) + dims.get("seq", 1) > step.max_length:
                 lines.append(f"{group.name}: not measured (past + seq exceed the KV cache of {step.max_length})")
                 continue
-            seconds = step.measure(dims, runs=MEASURED_RUNS)
+            seconds = measured[group.name] = step.measure(dims, runs=MEASURED_RUNS)
             est = group.critical.arrival - group.critical.input_delay
             file = step.packages[step.package_for(dims.get("seq", 1))]["file"]
             lines.append(f"{group.name} ({', '.join(f'{k} {v}' for k, v in dims.items())}; {file}): {fmt_time(seconds)} "

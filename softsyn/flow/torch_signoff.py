@@ -5,12 +5,13 @@ Predicted: the compile's saved analysis (DIR/analysis.json), the ONNX netlist of
 device's ORT library (an estimate of this package, labelled so). Measured: one step of the package at each group's
 dims (softsyn.runtime.torch_package.TorchStep: on CUDA a replayed CUDA graph, the device waited for), the groups
 interleaved round by round so the machine's drift hits them alike. Kernels: torch.profiler over a few more steps per
-group on CUDA, every kernel by name with its count and time per step (on the CPU the package's kernels run inside
-AOTInductor's compiled C++, out of the profiler's sight). Inductor's kernels are not characterised as cells of a
-library yet (issue 28's macro cells), so the per-cell tables of an ORT signoff are empty here and nothing is
-back-annotated; but the compile's provenance map (softsyn.runtime.torch_provenance) says which source modules each
-kernel computes, so the measured kernel time is summed per module kind (self_attn, mlp, lm_head, ...) beside the ORT
-library's estimate of the netlist cells of that kind.
+group (softsyn.runtime.torch_profile: CUPTI on CUDA, AOTInductor's profiler records on the CPU), every kernel by name
+with its count and time per step. No ORT netlist cell is a kernel, so the per-cell tables of an ORT signoff are empty
+here and nothing is back-annotated; the compile's provenance map (softsyn.runtime.torch_provenance) says which source
+modules each kernel computes, so the measured kernel time is summed per module kind (self_attn, mlp, lm_head, ...)
+beside the ORT library's estimate of the netlist cells of that kind, and where the compile characterised the
+package's macro cells (DIR/runtime/torch_macros.json) each group's step through them is a second prediction, measured
+at compile, beside the ORT library's estimate.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import statistics
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from reports import from_json
 from softsyn.errors import SoftsynError
@@ -30,8 +30,11 @@ from softsyn.results.signoff import GroupResult, SignoffResult
 from softsyn.runtime.artifact import TORCH_PACKAGE, TORCH_PREFILL_PACKAGE
 from softsyn.runtime.session import device_name
 from softsyn.runtime.torch_package import TorchStep, package_label, packages, read_torch_settings
+from softsyn.runtime.torch_macros import MACROS_FILE, read_library
+from softsyn.runtime.torch_profile import profile_step
 from softsyn.runtime.torch_provenance import UNATTRIBUTED, attribute, module_kind, read_calls
 from softsyn.timing import RUN_CALL
+from softsyn.timing.macro import macro_path
 
 ANALYSIS_FILE = "analysis.json"
 ROUNDS = 5  # interleaved rounds; each group runs runs / ROUNDS steps per round
@@ -55,6 +58,7 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
     analysis = _analysis(out)
     calls = {name: read_calls(out, entry["kernels"])  # before any step runs: a bad map is bad input, said at once
              for name, entry in packages(settings).items()}
+    macros = read_library(out)  # the compile's macro cells: a prediction of each step, measured there
     step = TorchStep(out, settings)
     label = package_label(settings)
     chosen = [(g, settings["scenarios"][g.name]["dims"]) for g in analysis.groups  # dims checked on reading
@@ -77,19 +81,29 @@ def signoff(directory: str | Path, provider: str | None = None, runs: int = 20, 
                 samples[group.name] += times
                 medians[group.name].append(statistics.median(times))
     with progress_step("signoff: kernels per group (torch.profiler)", enabled=progress, done="signoff: profiled"):
-        profiles = {g.name: _profile(step, dims) for g, dims in fits}
+        profiles = {g.name: profile_step(step, dims, PROFILED_STEPS) for g, dims in fits}
     groups = []
     for g, dims in fits:
-        result = _group_result(g, dims, samples[g.name], medians[g.name], _by_name(profiles[g.name]))
-        result.modules = kernels_by_module(g, profiles[g.name], calls[step.package_for(dims.get("seq", 1))])
+        profiled = profiles[g.name]
+        result = _group_result(g, dims, samples[g.name], medians[g.name], _by_name(list(profiled.kernels)))
+        result.modules = kernels_by_module(g, list(profiled.kernels), calls[step.package_for(dims.get("seq", 1))],
+                                           profiled.named)
+        path = macro_path(g.critical, macros.group(g.name)) if macros and macros.group(g.name) else None
+        result.macro_predicted = path.arrival - path.input_delay if path else None
         groups.append(result)
     skipped = [g.name for g, _ in chosen if (g, settings["scenarios"][g.name]["dims"]) not in fits]
     notes = [f"{', '.join(skipped)}: not measured (past + seq exceed the package's KV cache of {step.max_length})"] \
         if skipped else []
-    notes.append("kernels are runtime-only: Inductor's kernels are not cells of a characterised library yet, so no "
-                 "per-cell comparison and no back-annotation" + ("" if step.device == "cuda" else "; on the CPU they run "
-                 "inside AOTInductor's compiled C++, which torch.profiler does not see into (none listed)"))
-    for name in (n for n, c in calls.items() if step.device == "cuda" and not c):
+    notes.append("kernels are runtime-only in the per-cell comparison: no ORT netlist cell is a kernel, so no back-"
+                 "annotation; the package's macro cells (one per source module instance) are compared per group" + (
+                     "" if any(p.kernels for p in profiles.values()) else "; torch.profiler saw no kernel of the "
+                     "package (a CPU package compiled without Inductor's cpp.enable_kernel_profile records: none listed)"))
+    if macros is None:
+        notes.append(f"no {MACROS_FILE} (a package compiled before macro cells): predicted from the ORT library only")
+    else:
+        notes.append(f"macro cells: {MACROS_FILE}, measured on {macros.device} at {macros.date}: a prediction of each "
+                     "step from the compile's measurement of its kernels")
+    for name in (n for n, c in calls.items() if not c):
         notes.append(f"no {step.packages[name]['kernels']} (a package compiled before the provenance map): "
                      f"{step.packages[name]['file']}'s kernels not mapped to modules")
     return SignoffResult(
@@ -114,19 +128,6 @@ def _analysis(out: Path):
         raise SoftsynError(f"{path}: not a readable softsyn analysis ({exc}); re-run softsyn compile") from None
 
 
-def _profile(step: TorchStep, dims: dict) -> list[tuple[str, float]]:
-    """(kernel name, seconds) of each CUDA kernel over PROFILED_STEPS steps in launch order (CUPTI via torch.profiler,
-    which also sees the kernels a CUDA graph replays). Empty on the CPU: the package's kernels run inside
-    AOTInductor's compiled C++, which the profiler does not see into."""
-    if step.device != "cuda":
-        return []
-    step.time_steps(dims, 1)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step.time_steps(dims, PROFILED_STEPS)
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [(e.name, e.device_time * 1e-6) for e in sorted(events, key=lambda e: e.time_range.start)]
-
-
 def _by_name(profiled: list[tuple[str, float]]) -> dict[str, dict]:
     """Per kernel name: count and seconds per step, largest first."""
     by_name: dict[str, list] = {}
@@ -138,14 +139,14 @@ def _by_name(profiled: list[tuple[str, float]]) -> dict[str, dict]:
             sorted(by_name.items(), key=lambda kv: -kv[1][1])}
 
 
-def kernels_by_module(group, profiled: list[tuple[str, float]], calls) -> dict[str, dict]:
+def kernels_by_module(group, profiled: list[tuple[str, float]], calls, named: bool = False) -> dict[str, dict]:
     """Per module kind: the kernels the provenance map attributes to it (count and seconds per step, measured) and
     the ORT library's time for the netlist cells of that kind on the group's critical path (an estimate; None for a
     kernel fusing several kinds, which no single netlist kind matches). {} without a map or a profile."""
     if not calls or not profiled:
         return {}
     rows: dict[str, dict] = {}
-    for (_, seconds), call in zip(profiled, attribute([name for name, _ in profiled], calls)):
+    for (_, seconds), call in zip(profiled, attribute([name for name, _ in profiled], calls, named=named)):
         row = rows.setdefault(call.kind if call else UNATTRIBUTED, {"count": 0.0, "seconds": 0.0})
         row["count"] += 1 / PROFILED_STEPS
         row["seconds"] += seconds / PROFILED_STEPS

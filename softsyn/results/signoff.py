@@ -69,6 +69,8 @@ class GroupResult:
     # a torch package's kernels per source-module kind (softsyn.runtime.torch_provenance): count and seconds per step
     # measured, "predicted" the ORT library's estimate of that kind's netlist cells (None: no single kind)
     modules: dict[str, dict] = field(default_factory=dict)
+    # a torch package's step through its macro cells (softsyn.timing.macro), measured at compile: a prediction, s
+    macro_predicted: float | None = None
 
     @property
     def predicted_slack(self) -> float:

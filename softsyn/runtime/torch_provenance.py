@@ -38,6 +38,7 @@ COPIES = ("Memcpy", "Memset")  # the profiler's names for copies and fills: the 
 class KernelCall:
     kernel: str  # Inductor's kernel name (triton_..., cpp_fused_...) or its extern call (aoti_torch_cuda_mm_out)
     modules: tuple[str, ...]  # source module paths it computes, outermost model first stripped ("lm_head")
+    nodes: tuple[int, ...] = ()  # per module, how many of the call's graph nodes came from it (() in an older map)
 
     @property
     def extern(self) -> bool:
@@ -45,11 +46,17 @@ class KernelCall:
 
     @property
     def kind(self) -> str:
-        """Its modules' kinds joined by "+"; a decoder layer's own ops (the residual adds, LAYER) only when alone,
-        since Inductor fuses them into the norm or projection beside them."""
-        kinds = sorted({module_kind(m) for m in self.modules})
-        kinds = [k for k in kinds if k != LAYER] or kinds
-        return "+".join(kinds) if kinds else "(no module)"
+        """The kind most of its graph nodes came from (a fused kernel's provenance also names what it recomputes
+        upstream: the embedding gather and projections of the residual stream in a norm's kernel); in a map without
+        node counts its modules' kinds joined by "+". A decoder layer's own ops (the residual adds, LAYER) count only
+        when alone, since Inductor fuses them into the norm or projection beside them."""
+        counts: dict[str, int] = {}
+        for module, n in zip(self.modules, self.nodes or (1,) * len(self.modules)):
+            counts[module_kind(module)] = counts.get(module_kind(module), 0) + n
+        named = {k: n for k, n in counts.items() if k != LAYER} or counts
+        if not named:
+            return "(no module)"
+        return max(named, key=named.get) if self.nodes else "+".join(sorted(named))
 
 
 LAYER = "layer"  # the kind of a decoder layer's own ops (model.layers.N itself: residual adds)
@@ -80,13 +87,15 @@ def kernel_calls(package: Path, program) -> list[KernelCall]:
     nodes = {node.name: node for node in program.graph.nodes}
     calls = []
     for key, entry in sorted(info.items(), key=lambda kv: _call_index(kv[0])):
-        modules = []
+        modules: dict[str, int] = {}
         for name in entry.get("pre_grad_nodes", []) if isinstance(entry, dict) else []:
             stack = getattr(nodes.get(name), "meta", {}).get("nn_module_stack") or {}
             if stack:
                 path = list(stack.values())[-1][0]
-                modules.append("" if path == STEP_ROOT else path.removeprefix(f"{STEP_ROOT}."))
-        calls.append(KernelCall(key.rsplit(":", 1)[0], tuple(dict.fromkeys(m for m in modules if m))))
+                path = "" if path == STEP_ROOT else path.removeprefix(f"{STEP_ROOT}.")
+                if path:
+                    modules[path] = modules.get(path, 0) + 1
+        calls.append(KernelCall(key.rsplit(":", 1)[0], tuple(modules), tuple(modules.values())))
     return calls
 
 
@@ -97,7 +106,8 @@ def _call_index(key: str) -> int:
 
 def calls_data(calls: list[KernelCall]) -> dict:
     """KERNELS_FILE's content."""
-    return {"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules)} for c in calls]}
+    return {"format": FORMAT, "calls": [{"kernel": c.kernel, "modules": list(c.modules), "nodes": list(c.nodes)}
+                                        for c in calls]}
 
 
 def read_calls(directory: Path, name: str = KERNELS_FILE) -> list[KernelCall]:
@@ -116,21 +126,26 @@ def read_calls(directory: Path, name: str = KERNELS_FILE) -> list[KernelCall]:
         if not (isinstance(call, dict) and isinstance(call.get("kernel"), str) and isinstance(call.get("modules"), list)
                 and all(isinstance(m, str) for m in call["modules"])):
             raise SoftsynError(f"{path}: calls[{i}]: not {{kernel: a name, modules: [paths]}}; re-run softsyn compile")
-        out.append(KernelCall(call["kernel"], tuple(call["modules"])))
+        nodes = call.get("nodes", [])  # absent in a map written before the counts
+        if not (isinstance(nodes, list) and all(type(n) is int and n >= 1 for n in nodes)
+                and len(nodes) in (0, len(call["modules"]))):
+            raise SoftsynError(f"{path}: calls[{i}].nodes: not a count >= 1 per module; re-run softsyn compile")
+        out.append(KernelCall(call["kernel"], tuple(call["modules"]), tuple(nodes)))
     return out
 
 
-def attribute(kernels: list[str], calls: list[KernelCall]) -> list[KernelCall | None]:
+def attribute(kernels: list[str], calls: list[KernelCall], named: bool = False) -> list[KernelCall | None]:
     """Each kernel of a profiled run (launch order; several steps back to back) matched to the call it belongs to:
     a generated kernel to the next call of its name, a library kernel to the current or next extern call (a matmul
-    may launch two: split-K and its reduction); None where no call accounts for it."""
+    may launch two: split-K and its reduction); None where no call accounts for it. `named`: every kernel is named by
+    its own call, extern ones too (the CPU's profiler records: softsyn.runtime.torch_profile), so all go by name."""
     if not calls:
         return [None] * len(kernels)
-    generated = {c.kernel for c in calls if not c.extern}
+    generated = {c.kernel for c in calls if named or not c.extern}
     out: list[KernelCall | None] = []
     at, extern = 0, None  # the next call expected; the extern call library kernels go to until a generated one runs
     for name in kernels:
-        if name.startswith(COPIES) or (name.startswith(GENERATED) and name not in generated):
+        if name.startswith(COPIES) or (name not in generated and (named or name.startswith(GENERATED))):
             out.append(None)
             continue
         wanted = (lambda c: c.kernel == name) if name in generated else (lambda c: c.extern)

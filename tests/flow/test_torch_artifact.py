@@ -54,7 +54,8 @@ def test_torch_json_pointing_out_of_dir_is_refused(tiny_torch_artifact, tmp_path
 
 def test_signoff_measures_the_package_per_group(tiny_torch_artifact, tmp_path, capsys):
     """signoff on model.pt2: every group measured beside the compile's (ORT-library) prediction, labelled an estimate;
-    kernels runtime-only (none visible on the CPU); reports/signoff.rpt and signoff/signoff.json written."""
+    the package's kernels listed per step (its profiler records on the CPU) and per module kind; the step through
+    the compile's macro cells a second prediction; reports/signoff.rpt and signoff/signoff.json written."""
     copy = tmp_path / "art"
     shutil.copytree(tiny_torch_artifact, copy)
     code, out, err = cli(capsys, "signoff", copy, "--runs", "5", "--warmup", "1", "-q")
@@ -62,10 +63,11 @@ def test_signoff_measures_the_package_per_group(tiny_torch_artifact, tmp_path, c
     assert "an estimate of the ONNX netlist, not of model.pt2" in out and "Runtime: AOTInductor" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("prefill ", "decode "))]
     assert [r[0] for r in rows] == ["prefill", "decode"] and all(float(r[8]) > 0 for r in rows), rows  # measured
-    assert "none listed" in out and "Largest kernels" not in out
+    assert "none listed" not in out and "Largest kernels" in out and "aoti_torch_cpu_mm_out" in out
+    assert out.count("Predicted from macro cells (measured at compile") == 2 and "Kernels per source-module kind" in out
     data = json.loads((copy / "signoff" / "signoff.json").read_text())
     assert data["schema"] == "softsyn.signoff/1" and [g["name"] for g in data["groups"]] == ["prefill", "decode"]
-    assert all(g["measured_median"] > 0 and g["cells"] == [] for g in data["groups"])
+    assert all(g["measured_median"] > 0 and g["cells"] == [] and g["macro_predicted"] > 0 for g in data["groups"])
     assert (copy / "reports" / "signoff.rpt").read_text().rstrip() == out.rstrip()
 
 
