@@ -87,7 +87,8 @@ def _device_lines(result) -> list[str]:
         out.append(f"{INDENT}Device   : NOT the library's: the library was characterised on {m['library_device']}; "
                    f"this is {m['device']}. The predictions describe that machine, so the errors here are the "
                    "difference between the machines, not the analysis's (characterise this one: softsyn "
-                   "characterize --runtime ort --provider cpu -o LIB.yaml, then analyze/compile --target LIB.yaml).")
+                   f"characterize --runtime ort --provider {'cuda' if 'CUDA' in result.provider else 'cpu'} -o "
+                   "LIB.yaml, then analyze/compile --target LIB.yaml).")
     if m.get("load_before") is not None and m.get("cores"):
         share = m.get("neighbours")
         busy = share >= BUSY_SHARE if share is not None else max(m["load_before"], m["load_after"]) >= m["cores"]

@@ -11,7 +11,8 @@ optimised graph it writes is read back. The CPU provider stands in for the CUDA 
 fusions for both (graph_transformer_utils.cc); on that lease the CPU view held the 550 nodes the CUDA session
 ran for GPT-2 and 456 of BERT-base's 467 (the CUDA provider leaves three LayerNorm + Add pairs unfused).
 fp16 graphs fuse less on the CPU provider (it lacks fp16 kernels for some fused ops), so the view errs on the
-side of more launches. Each node ORT created (a fused op) is anchored on the netlist node that produced its
+side of more launches. bf16 has no CPU kernels at all (MatMul, the norms): the view types bf16 as fp32 (every Cast
+into or out of bf16 stays a Cast between two types, so it still launches). Each node ORT created (a fused op) is anchored on the netlist node that produced its
 output; the other netlist nodes that vanished were absorbed and launch nothing.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
 from onnx_ir import serde
 
@@ -61,6 +63,49 @@ class LoadView:
                 + (f" ({', '.join(ops)})" if ops else ""))
 
 
+BF16, FP32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+
+
+def _bf16_tensor_as_fp32(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type == BF16:
+        values = onnx.numpy_helper.to_array(tensor).astype("float32")  # ml_dtypes bfloat16 -> float32, exact
+        tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+
+
+def _bf16_as_fp32(proto: onnx.ModelProto) -> None:
+    """Retype every bf16 value, tensor and Cast target of the view's graph as fp32, in place (the CPU provider has no
+    bf16 kernels; the fusions it applies do not depend on the float type's width)."""
+    graph = proto.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.tensor_type.elem_type == BF16:
+            value.type.tensor_type.elem_type = FP32
+    for tensor in graph.initializer:
+        _bf16_tensor_as_fp32(tensor)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == BF16:
+                attr.i = FP32
+            elif attr.type == onnx.AttributeProto.TENSOR:
+                _bf16_tensor_as_fp32(attr.t)
+
+
+def _bf16_casts(nodes: list[ir.Node]) -> set[ir.Node]:
+    """Casts into or out of bf16: they launch on the GPU, though the fp32 view may pair one with a Cast the CPU
+    provider inserted for an fp16 op and drop both."""
+    def cast_to_bf16(node) -> bool:
+        return node.op_type == "Cast" and node.attributes.get_int("to") == BF16
+
+    def bf16(value) -> bool:  # typed bf16, or (types not inferred) made from bf16 operands by a non-Cast
+        if value is None:
+            return False
+        if value.dtype is not None:
+            return value.dtype == ir.DataType.BFLOAT16
+        producer = value.producer()
+        return producer is not None and (cast_to_bf16(producer) or producer.op_type != "Cast" and any(
+            i is not None and i.dtype == ir.DataType.BFLOAT16 for i in producer.inputs))
+    return {n for n in nodes if cast_to_bf16(n) or n.op_type == "Cast" and bf16(n.inputs[0])}
+
+
 def load_view(netlist: Netlist) -> LoadView:
     """The netlist's view through ORT's load-time optimiser; an empty view (with `error`) when ORT cannot load it."""
     model = netlist.model
@@ -74,6 +119,7 @@ def load_view(netlist: Netlist) -> LoadView:
     proto.graph.value_info.extend(serde.serialize_value(out) for node in nodes for out in node.outputs
                                   if out is not None and out.name and out.type is not None and out.shape is not None
                                   and not out.is_graph_output())
+    _bf16_as_fp32(proto)
     with tempfile.TemporaryDirectory(prefix="softsyn-view-") as tmp:
         target = Path(tmp) / "optimized.onnx"
         settings = SessionSettings(provider="cpu", optimized_model_filepath=str(target), log_severity=3,
@@ -103,7 +149,7 @@ def load_view(netlist: Netlist) -> LoadView:
             fused += 1
         elif n.op_type != "Constant":
             orphans.append(n.op_type)
-    ran = set(kept) | {node for node in nodes if node.op_type in expanded}
+    ran = set(kept) | {node for node in nodes if node.op_type in expanded} | _bf16_casts(nodes)
     run = ran | set(anchors)
     gone = [node for node in nodes if node not in run]
     # An orphan still launches: it gives its launch back to a vanished node of its op type, else to any vanished

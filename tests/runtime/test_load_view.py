@@ -58,3 +58,27 @@ def test_a_cpu_target_has_no_view(gpt2, tmp_path):
     cons = tmp_path / "c.yaml"
     cons.write_text("clock_period: 2000ms\ntarget: cpu-ort\nworkload: {batch: 1, prompt_len: 16}\n")
     assert Design.load(str(gpt2), cons, progress=False).runtime_view is None
+
+
+def test_a_bf16_region_is_viewed_as_fp32_and_its_casts_still_launch(tmp_path):
+    """The compile loop's bf16 cells (Cast fp16 -> bf16, MatMul in bf16, Cast back) have no CPU kernels: the view
+    types them fp32, ORT loads it, and neither Cast is taken for a no-op."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    w_bf16 = helper.make_tensor("w", TensorProto.BFLOAT16, [8, 8], np.ones(64, np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+         helper.make_node("MatMul", ["xb", "w"], ["yb"]),
+         helper.make_node("Cast", ["yb"], ["y16"], to=TensorProto.FLOAT16),
+         helper.make_node("Add", ["y16", "x"], ["y"])],
+        "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 8])], [w_bf16])
+    path = tmp_path / "bf16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    netlist = read_design(str(path), progress=False)
+    view = load_view(netlist)
+    assert view.error is None, view.error
+    kept = {n.op_type for n in netlist.nodes() if n not in view.absorbed}
+    assert kept >= {"Cast", "MatMul"} and sum(n.op_type == "Cast" and n not in view.absorbed
+                                              for n in netlist.nodes()) == 2
