@@ -106,7 +106,8 @@ PLANS = {
                           "decode512": {"batch": 1, "seq": 1, "past": 512},
                           "prefill128": {"batch": 1, "seq": 128, "past": 0}}},
     "cuda": {"model": "qwen3-1.7b", "target": "h200-ort-cuda",
-             "variants": tuple(v for v in VARIANTS if not v.startswith("low")),  # low: beside a --compiled-dir only
+             # low: beside a --compiled-dir only; torch: with --torch-dir only
+             "variants": tuple(v for v in VARIANTS if not v.startswith("low") and v != "torch"),
              "builder": ("fp16", "cuda"), "rounds": 20, "runs": 10, "warmup": 10,
              "scenarios": {"decode512": {"batch": 1, "seq": 1, "past": 512},
                            "decode4096": {"batch": 1, "seq": 1, "past": 4096},

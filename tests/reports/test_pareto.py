@@ -214,3 +214,14 @@ def test_report_pareto_adds_peers_and_refuses_a_bad_file(searched, tmp_path, cap
     assert code == 2 and f"{bad}: not a readable peers file" in err
     code, _, err = cli(capsys, "report", "timing", searched, "--peers", peers)
     assert code == 2 and "--peers goes with KIND pareto" in err
+
+
+def test_compare_peers_default_variants_need_no_extra_artifact(monkeypatch):
+    # the H200 session's `peers` step passes no --variants: its defaults must run without --torch-dir/--compiled-dir
+    spec = importlib.util.spec_from_file_location("compare_peers", ROOT / "bench" / "compare_peers.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "compare_peers", bench)
+    spec.loader.exec_module(bench)
+    for plan in bench.PLANS.values():
+        assert "torch" not in plan["variants"] and not any(v.startswith("low") for v in plan["variants"])
+    assert {"compiled+graph", "builder+graph"} <= set(bench.PLANS["cuda"]["variants"])
