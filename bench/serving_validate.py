@@ -773,6 +773,14 @@ def run_all(args, argv) -> dict:
     probe = first_probe(eng, art, warmed)
     warmed |= {p[0] for p in probe}
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
+    if serving.warm_prompts:  # as the engine the compile modelled: every length the trace has, prefilled once
+        t = time.perf_counter()
+        for n in sorted(set(range(1, int(reqs.prompt.max()) + 1)) - warmed):
+            if n < eng.length:
+                eng.prefill(0, np.arange(n) % eng.io.vocab_size)
+                warmed.add(n)
+        log(f"serving.warm_prompts: prompt lengths 1..{int(reqs.prompt.max())} prefilled in "
+            f"{time.perf_counter() - t:.1f} s")
     from softsyn.timing.serving import simulate
 
     sched = replace(art.sched, warm=frozenset(warmed))  # the simulated engine has run what this one ran

@@ -98,6 +98,7 @@ FORMS: dict[str, dict] = {
     "serving.tpot": _object(SERVING_KEYS["serving.tpot"], TIME, "time per output token budgets"),
     "serving.throughput": _object(SERVING_KEYS["serving.throughput"], RATE, "generated tokens/s, at least"),
     "serving.requests": _integer(10, MAX_REQUESTS), "serving.seed": _integer(0),
+    "serving.warm_prompts": {"type": "boolean", "description": "a prefill at every prompt length at load"},
 }
 
 

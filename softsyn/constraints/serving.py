@@ -12,6 +12,7 @@ budgets its simulation is checked against (softsyn.timing.serving).
       throughput: {min: 200/s}      # generated tokens per second
       requests: 2000                # simulated requests
       seed: 0                       # the simulation's random stream
+      warm_prompts: false           # true: the engine runs a prefill at every prompt length it may meet at load
 
 Decisions: the block's values are frozen dataclasses (a simulation re-run with one knob changed uses
 `dataclasses.replace`); a length's p99 is at least its p50; at least one budget must be given (a serving block with
@@ -29,7 +30,7 @@ __all__ = ["Lengths", "Serving", "SERVING_KEYS", "read_serving"]
 
 SERVING_KEYS: dict[str, tuple[str, ...]] = {
     "serving": ("arrival_rate", "max_batch", "batch_timeout", "prompt_len", "gen_len", "ttft", "tpot", "throughput",
-                "requests", "seed"),
+                "requests", "seed", "warm_prompts"),
     "serving.lengths": ("p50", "p99"),
     "serving.ttft": ("p50", "p99"),
     "serving.tpot": ("p50", "p99"),
@@ -62,6 +63,7 @@ class Serving:
     throughput_min: float | None = None  # generated tokens/s
     requests: int = 2000
     seed: int = 0
+    warm_prompts: bool = False  # every prompt length prefilled once at load: none pays its first-shape cost later
 
 
 def _lengths(reader, node: Node, key: str) -> Lengths:
@@ -122,6 +124,11 @@ def read_serving(reader, node: Node) -> Serving:
         values["requests"] = reader.integer(e["requests"][1], "serving.requests", 10, MAX_REQUESTS)
     if "seed" in e:
         values["seed"] = reader.integer(e["seed"][1], "serving.seed", 0)
+    if "warm_prompts" in e:
+        warm = reader.value(e["warm_prompts"][1])
+        if not isinstance(warm, bool):
+            raise reader.fail(e["warm_prompts"][1], "serving.warm_prompts", f"{warm!r}: valid: true or false")
+        values["warm_prompts"] = warm
     serving = Serving(**values)
     budgets = (serving.ttft_p50, serving.ttft_p99, serving.tpot_p50, serving.tpot_p99, serving.throughput_min)
     if all(b is None for b in budgets):

@@ -36,6 +36,7 @@ def test_serving_block_in_si_and_frozen():
     assert (s.throughput_min, s.requests, s.seed) == (200.0, 300, 7)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.max_batch = 16
+    assert s.warm_prompts is False and parse_constraints(GOOD + "  warm_prompts: true\n", "c.yaml").serving.warm_prompts
 
 
 def test_shipped_serving_file_loads_and_matches_the_schema():
@@ -58,6 +59,7 @@ def test_shipped_serving_file_loads_and_matches_the_schema():
     (GOOD.replace("tpot: {p99: 50ms}", "tpot: {p95: 50ms}"), "c.yaml:8: serving.tpot: unknown key 'p95'"),
     (GOOD.replace("300ms", "300"), "c.yaml:7: serving.ttft.p50: time 300 needs a unit"),
     (GOOD.replace("requests: 300", "requests: 5"), "c.yaml:10: serving.requests: must be an integer >= 10"),
+    (GOOD + "  warm_prompts: maybe\n", "c.yaml:12: serving.warm_prompts: 'maybe': valid: true or false"),
     ("serving:\n  arrival_rate: 2/s\n  prompt_len: 8\n  gen_len: 8\n",
      "c.yaml:2: serving: no budget to check; give at least one of ttft"),
 ])

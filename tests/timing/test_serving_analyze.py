@@ -122,3 +122,12 @@ def test_a_prompt_length_met_first_is_charged_per_distinct_gemm_shape(capsys, ca
     assert 2 <= gemm_shapes <= 8 and others > 20, host["first_shape"]  # a layer's projections and the lm_head, once
     assert "once per prompt length met first" in host["line"]
     assert model["serving"]["completed"] > 0
+
+
+def test_warm_prompts_is_reported_with_its_load_time(capsys, cache_dir, tmp_path):
+    warm = tmp_path / "warm.yaml"
+    warm.write_text(SERVING.read_text().replace("serving:\n", "serving:\n  warm_prompts: true\n", 1))
+    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", warm, "-q")
+    assert code == 0, out
+    assert re.search(r"serving.warm_prompts: the engine prefills every prompt length 1\.\.\d+ once at load, "
+                     r"[\d.]+ s \(est", out), out[-2000:]

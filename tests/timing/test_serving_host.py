@@ -3,6 +3,7 @@ holds it, and the simulation that adds it to the step table's times."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -97,3 +98,27 @@ def test_host_work_counts_a_designs_gemm_shapes_and_other_nodes():
                      kv_bytes_per_token=256, all_logits=False, library="t", gemms=5, nodes=30)
     assert math.isclose(work.first_shape, 5 * 2e-6 + 30 * 1e-7)
     assert "once per prompt length met first" in work.describe()
+
+
+def test_warming_every_prompt_length_is_suggested_and_simulated():
+    # a first-shape cost large enough to break the TTFT p99 budget: the warm_prompts suggestion re-runs the load with
+    # every length warm and meets it; a block that already warms gets none, and its simulation charges nothing
+    from softsyn.constraints.serving import Lengths, Serving
+    from softsyn.timing.serving import HostWork, Knobs, Scheduler, requests, simulate, step_table
+    from softsyn.timing.serving.suggest import suggestions
+
+    table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["past"] + 2e-6 * d["seq"], 16, 512, 1024)
+    serving = Serving(arrival_rate=5.0, prompt_len=Lengths(64, 256), gen_len=Lengths(4, 8), max_batch=8,
+                      batch_timeout=0.0, ttft_p99=0.02, requests=200)
+    host = HostWork(iteration=3e-5, per_sequence=2e-6, prefill=5e-5, per_token=1e-8, move=1e-5,
+                    per_moved_token=1e-9, source="test", first_shape=0.05)
+    reqs, sched = requests(serving), Scheduler(8, 0.0, None, host=host)
+    knobs = Knobs(retime=lambda p: None, precision_why="a test", kv_int8_tokens=None, kv_why="a test")
+    cold = simulate(reqs, table, sched)
+    assert np.percentile(cold.ttft, 99) > 0.02  # the first-met lengths' 50 ms
+    warm = next(s for s in suggestions(serving, reqs, table, sched, knobs) if s.knob == "warm_prompts")
+    assert warm.meets is True and f"1..{int(reqs.prompt.max())} prefilled at load" in warm.change
+    warmed = simulate(reqs, table, replace(sched, warm=frozenset(range(1, int(reqs.prompt.max()) + 1))))
+    assert np.percentile(warmed.ttft, 99) < 0.02
+    done = replace(serving, warm_prompts=True)
+    assert all(s.knob != "warm_prompts" for s in suggestions(done, reqs, table, sched, knobs))

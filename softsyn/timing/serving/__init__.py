@@ -31,6 +31,11 @@ def grid_for(serving: Serving) -> dict:
             "max_context": cap(serving.prompt_len) + cap(serving.gen_len)}
 
 
+def warm_lengths(serving: Serving) -> frozenset[int]:
+    """The prompt lengths an engine with serving.warm_prompts runs at load: every one the requests may have."""
+    return frozenset(range(1, cap(serving.prompt_len) + 1))
+
+
 def _load(serving: Serving, kv_tokens: float | None) -> str:
     p, g = serving.prompt_len, serving.gen_len
     kv = f"KV budget {kv_tokens:,.0f} tokens" if kv_tokens is not None else "KV budget unlimited (no area_constraint)"
@@ -63,7 +68,8 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     work per iteration, added to every step (None: not modelled, `host_why` says why)."""
     table = step_table(time_at, **grid_for(serving))
     reqs = requests(serving)
-    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None, host)
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None, host,
+                      warm_lengths(serving) if serving.warm_prompts else frozenset())
     outcome = simulate(reqs, table, sched)
     bare = simulate(reqs, table, replace(sched, host=None)) if host is not None else outcome
     host_row, rows_dist = host_result(host, host_why, outcome, bare)
@@ -78,6 +84,11 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
         notes.append(f"{outcome.too_long} of {serving.requests} requests need more positions (prompt + gen, up to "
                      f"{longest}) than the design holds per sequence ({sequence[0]}, {sequence[1]}) and were "
                      f"rejected: raise {sequence[1]} to {longest} or shorten serving.prompt_len / gen_len")
+    if serving.warm_prompts:
+        lengths = warm_lengths(serving)
+        notes.append(f"serving.warm_prompts: the engine prefills every prompt length 1..{max(lengths)} once at load, "
+                     f"{fmt_time(sum(table.prefill(n) for n in lengths), 's', 1)} (est, the step table's prefill times "
+                     "summed), so no request pays a prompt length's first-run cost")
     if outcome.rejected > outcome.too_long:
         notes.append(f"{outcome.rejected - outcome.too_long} requests never fit the KV budget alone and were rejected")
     result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,

@@ -4,7 +4,8 @@ arrival times scaled), max_batch (the value nearest the given one that meets eve
 step table re-timed with the design's weight matmuls as int8/int4 MatMulNBits: the STA's what-if, an estimate),
 KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget), and the
 engine's steps (the smallest uniform speed-up of every step, decode and prefill alike, at which every check meets: the
-target the compile loop's weight map is given, passes.optimize.serving_target)."""
+target the compile loop's weight map is given, passes.optimize.serving_target), and, when the host model charges a
+prompt length's first run, every length prefilled at load (serving.warm_prompts)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -130,9 +131,23 @@ def steps(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) 
                              "the weight map's target in the compile loop)", best, True, scale=low)
 
 
+def warm_prompts(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> ServingSuggestion | None:
+    """Every prompt length prefilled once at load (serving.warm_prompts), when the host model charges a first run
+    at a new length and the engine does not warm them yet; None otherwise."""
+    if serving.warm_prompts or sched.host is None or not sched.host.first_shape:
+        return None
+    lengths = frozenset(range(1, int(reqs.prompt.max()) + 1))
+    met, text, _ = _run(serving, reqs, table, replace(sched, warm=lengths))
+    load = sum(table.prefill(n) for n in lengths)
+    return ServingSuggestion("warm_prompts", f"serving.warm_prompts: true (prompt lengths 1..{max(lengths)} prefilled "
+                             f"at load, {fmt_time(load, 's', 1)} est; {fmt_time(sched.host.first_shape, 'ms', 2)} "
+                             "per first-met length saved)", text, met)
+
+
 def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
                 knobs: Knobs) -> list[ServingSuggestion]:
     rate = arrival_rate(serving, table, sched)
+    warm = warm_prompts(serving, reqs, table, sched)
     return [*([rate] if rate is not None else []), max_batch(serving, reqs, table, sched),
             *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched),
-            steps(serving, reqs, table, sched)]
+            *([warm] if warm is not None else []), steps(serving, reqs, table, sched)]
