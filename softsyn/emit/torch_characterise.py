@@ -29,7 +29,7 @@ NOT_SEEN = ("torch.profiler saw no kernel of the package at these dims (a CPU pa
 NO_MAP = "the package has no kernel map (runtime/torch_kernels*.json): its kernels cannot be mapped to modules"
 
 
-def characterise(design, analysis, folder: Path, step, calls: dict[str, list], cells: list[dict],
+def characterise(design, analysis, folder: Path, step, *, calls: dict[str, list], cells: list[dict],
                  measured: dict[str, float]) -> list[str]:
     """Profile `step` (the loaded packages) at each group's dims, write MACROS_FILE and MACROS_REPORT into `folder`;
     `calls`: each package's kernel map (torch.json's packages key -> calls), `cells`: DIR/netlist.json's cells,
@@ -45,8 +45,8 @@ def characterise(design, analysis, folder: Path, step, calls: dict[str, list], c
                 groups.append(_uncharacterised(g.name, dims, file, f"not measured: past + seq exceed the KV cache of "
                                                                    f"{step.max_length}"))
                 continue
-            groups.append(macro_group(g.name, dims, file, profile_step(step, dims, PROFILED_STEPS), calls[key],
-                                      cells, measured[g.name]))
+            groups.append(macro_group(g.name, dims, file, profile_step(step, dims, PROFILED_STEPS), calls=calls[key],
+                                      cells=cells, step=measured[g.name]))
     library = MacroLibrary(target=design.torch_target, device=device_name(step.device), torch=torch.__version__,
                            date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), method=METHOD,
                            groups=tuple(groups), library=design.library.name)
@@ -55,7 +55,7 @@ def characterise(design, analysis, folder: Path, step, calls: dict[str, list], c
     return [f"target {design.torch_target}: {MACROS_FILE}: {line}" for line in summary(library)]
 
 
-def macro_group(name: str, dims: dict, file: str, profiled: Profile, calls: list, cells: list[dict],
+def macro_group(name: str, dims: dict, file: str, profiled: Profile, *, calls: list, cells: list[dict],
                 step: float) -> MacroGroup:
     """One group's macro cells from its profile: not characterised (saying why) when the profiler saw no kernel or
     the package has no map."""
@@ -66,11 +66,13 @@ def macro_group(name: str, dims: dict, file: str, profiled: Profile, calls: list
     macros, unattributed = aggregate(list(profiled.kernels), profiled.steps, calls, profiled.named)
     macros, unattributed, factor = scaled(macros, unattributed, step)
     macros, uncovered = cover(macros, cells, name)
-    return MacroGroup(name, dims, file, profiled.steps, step, macros, unattributed, uncovered, scale=factor)
+    return MacroGroup(name, dims, file, steps=profiled.steps, step=step, macros=macros, unattributed=unattributed,
+                      uncovered=uncovered, scale=factor)
 
 
 def _uncharacterised(name: str, dims: dict, file: str, problem: str, steps: int = PROFILED_STEPS) -> MacroGroup:
-    return MacroGroup(name, dims, file, steps, 0.0, (), MacroCell(UNATTRIBUTED, 0.0, 0.0, ()), problem=problem)
+    return MacroGroup(name, dims, file, steps=steps, step=0.0, macros=(),
+                      unattributed=MacroCell(UNATTRIBUTED, 0.0, 0.0, ()), problem=problem)
 
 
 def summary(library: MacroLibrary) -> list[str]:

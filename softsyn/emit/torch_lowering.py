@@ -210,8 +210,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
               f"{'s are' if len(packages) > 1 else ' is'} measured below"]
     analysis, measured = design.analyze(), {}
     notes += measured_notes(design, analysis, folder, step, measured)
-    notes += characterise(design, analysis, folder, step, {b.key: b.calls for b in packages}, list(netlist_cells),
-                          measured)
+    notes += characterise(design, analysis, folder, step, calls={b.key: b.calls for b in packages},
+                          cells=list(netlist_cells), measured=measured)
     return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages), MACROS_FILE]
 
 

@@ -208,10 +208,12 @@ def _group(name: str, g, path: Path) -> MacroGroup:
     uncovered = g.get("uncovered", [])
     if not (isinstance(uncovered, list) and all(isinstance(c, str) for c in uncovered)):
         raise SoftsynError(f"{path}: {key}.uncovered: not a list of cell names; re-run softsyn compile")
-    return MacroGroup(name, dict(g["dims"]), _text(g, "package", path, key), steps, _seconds(g, "step", path, key),
-                      tuple(_cell(m, path, f"{key}.macros[{i}]") for i, m in enumerate(g["macros"])),
-                      _cell(g.get("unattributed"), path, f"{key}.unattributed"), tuple(uncovered),
-                      str(g.get("problem", "")), _seconds(g, "scale", path, key) if "scale" in g else 1.0)
+    return MacroGroup(name, dict(g["dims"]), _text(g, "package", path, key), steps=steps,
+                      step=_seconds(g, "step", path, key),
+                      macros=tuple(_cell(m, path, f"{key}.macros[{i}]") for i, m in enumerate(g["macros"])),
+                      unattributed=_cell(g.get("unattributed"), path, f"{key}.unattributed"), uncovered=tuple(uncovered),
+                      problem=str(g.get("problem", "")),
+                      scale=_seconds(g, "scale", path, key) if "scale" in g else 1.0)
 
 
 def _cell(m, path: Path, key: str) -> MacroCell:

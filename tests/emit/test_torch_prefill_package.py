@@ -228,13 +228,14 @@ def test_signoff_attributes_each_group_with_its_package_s_map(two_package_artifa
     attributed whole with that map; the prefill profile read with the decode map would leave kernels unattributed."""
     from reports import from_json
     from softsyn.flow import torch_signoff
+    from softsyn.runtime.torch_profile import Profile
     from softsyn.runtime.torch_provenance import UNATTRIBUTED, read_calls
 
     maps = {"prefill": read_calls(two_package_artifact, "runtime/torch_kernels-prefill.json"),
             "decode": read_calls(two_package_artifact)}
     profiled = {k: [(c.kernel, 1e-6) for c in calls] * torch_signoff.PROFILED_STEPS for k, calls in maps.items()}
-    monkeypatch.setattr(torch_signoff, "_profile",
-                        lambda step, dims: profiled[step.package_for(dims.get("seq", 1))])
+    monkeypatch.setattr(torch_signoff, "profile_step", lambda step, dims, steps: Profile(
+        tuple(profiled[step.package_for(dims.get("seq", 1))]), steps, named=False))
     copy = tmp_path / "art"
     shutil.copytree(two_package_artifact, copy)
     result = torch_signoff.signoff(copy, runs=5, warmup=1, progress=False)

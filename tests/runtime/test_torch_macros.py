@@ -105,14 +105,15 @@ def _critical():
 def test_the_macro_path_is_the_cells_then_unattributed_then_the_host_under_the_group_s_clock():
     macros, unattributed = aggregate(STEP + [("cpp_fused_other_9", 4e-6)], 1, CALLS, named=True)
     group = macro_group("decode", {"seq": 1}, "model.pt2", Profile(tuple(STEP + [("cpp_fused_other_9", 4e-6)]), 1,
-                                                                  True), CALLS, [], 200e-6)
+                                                                  True), calls=CALLS, cells=[], step=200e-6)
     path = macro_path(_critical(), group)
     assert [p.name for p in path.points] == [m.instance for m in macros] + [UNATTRIBUTED, HOST]
     assert all(p.source == "measured" for p in path.points)
     assert path.points[-1].incr == pytest.approx(200e-6 - 92e-6)
     assert path.arrival == pytest.approx(1e-3 + 200e-6) and path.slack == pytest.approx(1.8e-3 - 1.2e-3)
     # kernels profiled above the separately timed step (88 us in 44): scaled to it, the host point 0, the ratios kept
-    fast = macro_group("decode", {"seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), CALLS, [], 44e-6)
+    fast = macro_group("decode", {"seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), calls=CALLS, cells=[],
+                       step=44e-6)
     assert fast.scale == pytest.approx(0.5) and fast.kernel_seconds == pytest.approx(44e-6)
     assert fast.macros[-1].seconds == pytest.approx(25e-6)
     assert macro_path(_critical(), fast).points[-1].incr == 0
@@ -122,16 +123,17 @@ def test_the_macro_path_is_the_cells_then_unattributed_then_the_host_under_the_g
 def test_a_group_the_profiler_cannot_see_is_not_characterised_and_says_why():
     """No kernel seen (a CPU package without records): no macro cells, no path, the reason kept; a package without
     a map likewise."""
-    blind = macro_group("decode", {"seq": 1}, "model.pt2", Profile((), 5, True), CALLS, [], 1e-3)
+    blind = macro_group("decode", {"seq": 1}, "model.pt2", Profile((), 5, True), calls=CALLS, cells=[], step=1e-3)
     assert blind.problem == NOT_SEEN and blind.macros == () and macro_path(_critical(), blind) is None
-    assert macro_group("decode", {}, "model.pt2", Profile(tuple(STEP), 1, True), [], [], 1e-3).problem == NO_MAP
+    assert macro_group("decode", {}, "model.pt2", Profile(tuple(STEP), 1, True), calls=[], cells=[],
+                       step=1e-3).problem == NO_MAP
 
 
 def test_the_macro_file_reads_back_and_a_bad_one_is_one_line_naming_the_key(tmp_path):
-    group = macro_group("decode", {"batch": 1, "seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), CALLS,
-                        [{"name": "head", "hierarchy": "lm_head", "delay": {"decode": 6e-6}}], 1e-4)
-    library = MacroLibrary("cpu-torch", "test CPU", "2.13", "2026-12-06T00:00:00+00:00", "synthetic", (group,),
-                           "cpu-ort")
+    group = macro_group("decode", {"batch": 1, "seq": 1}, "model.pt2", Profile(tuple(STEP), 1, True), calls=CALLS,
+                        cells=[{"name": "head", "hierarchy": "lm_head", "delay": {"decode": 6e-6}}], step=1e-4)
+    library = MacroLibrary(target="cpu-torch", device="test CPU", torch="2.13", date="2026-12-06T00:00:00+00:00",
+                           method="synthetic", groups=(group,), library="cpu-ort")
     write_library(tmp_path / MACROS_FILE, library)
     assert read_library(tmp_path) == library
     data = json.loads((tmp_path / MACROS_FILE).read_text())
