@@ -127,8 +127,9 @@ def _chain(provider: str, op: str):
     rng = np.random.default_rng(0)
     widths = [FIRST_WIDTH + (64 * i if op == "MatMul" else 0) for i in range(FIRST_NODES + 1)]
     shapes = [[widths[i], widths[i + 1]] if op == "MatMul" else [FIRST_WIDTH] for i in range(FIRST_NODES)]
-    weights = [helper.make_tensor(f"w{i}", dtype, shape, (rng.standard_normal(shape) * 0.04).astype(np_dtype).tobytes(),
-                                  raw=True) for i, shape in enumerate(shapes)]
+    weights = [helper.make_tensor(f"w{i}", dtype, shape,
+                                  (rng.standard_normal(shape) * 0.04).astype(np_dtype).tobytes(), raw=True)
+               for i, shape in enumerate(shapes)]
     nodes = [helper.make_node(op, [f"x{i}", f"w{i}"], [f"x{i + 1}"]) for i in range(FIRST_NODES)]
     graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", widths[0]])],
                               [helper.make_tensor_value_info(f"x{FIRST_NODES}", dtype, ["rows", widths[-1]])],
@@ -139,8 +140,8 @@ def _chain(provider: str, op: str):
 
 
 def first_shape(provider: str, op: str) -> float:
-    """s per `op` node: the median, over FIRST_ROWS, of the first run at a row count minus the fastest of three repeats at it, over
-    FIRST_NODES; 0 when the first run is no slower (noise may make a difference negative)."""
+    """s per `op` node: the median, over FIRST_ROWS, of the first run at a row count minus the fastest of three
+    repeats at it, over FIRST_NODES; 0 when the first run is no slower (noise may make a difference negative)."""
     run = _chain(provider, op)
     top = FIRST_ROWS[-1] + 1
     for _ in range(3):

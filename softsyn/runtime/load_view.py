@@ -12,8 +12,9 @@ fusions for both (graph_transformer_utils.cc); on that lease the CPU view held t
 ran for GPT-2 and 456 of BERT-base's 467 (the CUDA provider leaves three LayerNorm + Add pairs unfused).
 fp16 graphs fuse less on the CPU provider (it lacks fp16 kernels for some fused ops), so the view errs on the
 side of more launches. bf16 has no CPU kernels at all (MatMul, the norms): the view types bf16 as fp32 (every Cast
-into or out of bf16 stays a Cast between two types, so it still launches). Each node ORT created (a fused op) is anchored on the netlist node that produced its
-output; the other netlist nodes that vanished were absorbed and launch nothing.
+into or out of bf16 stays a Cast between two types, so it still launches). Each node ORT created (a fused op) is
+anchored on the netlist node that produced its output; the other netlist nodes that vanished were absorbed and
+launch nothing.
 """
 from __future__ import annotations
 

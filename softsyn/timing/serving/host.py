@@ -31,7 +31,7 @@ class HostWork:
     move: float  # s per iteration that moves KV rows
     per_moved_token: float  # s per cached position moved (all layers' key and value, read and written)
     source: str  # where the figures were measured, for the reports
-    first_shape: float | None = None  # s, once per prompt length the engine runs for the first time; None: not measured
+    first_shape: float | None = None  # s, once per prompt length the engine runs first; None: not measured
 
     def moves(self, moves: list[tuple[int, int, int]]) -> float:
         """One copy of the moved rows' cached positions (the longest, for every row: one strided copy)."""
