@@ -202,7 +202,11 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
     served = analysis.get("serving")
     if not served or not served.get("steps"):
         raise UserError(f"{directory}: analysis.json has no serving step table: compile it with a serving: block")
-    io = decoder_io(ir.load(str(model)))
+    graph = ir.load(str(model))
+    io = decoder_io(graph)
+    if serving.prompt_buckets and not any(n.op_type == "GatherElements" for n in graph.graph):
+        raise UserError(f"{model}: serving.prompt_buckets pads prompts, but this artifact takes the last position's "
+                        f"logits (a padding one): compile it with the {constraints} it is served under")
     if not io.shares_buffer or io.buffer_length is None:
         raise UserError(f"{model}: its KV cache is not one shared max_length buffer (kv_layout); the harness batches "
                         "sequences as rows of that buffer")
@@ -218,7 +222,8 @@ def open_artifact(directory: Path, constraints: str, provider: str, eager: bool 
         work = HostWork(**{k: host[k] for k in ("iteration", "per_sequence", "prefill", "per_token", "move",
                                                   "per_moved_token")}, source="analysis.json serving.host",
                         first_shape=host.get("first_shape"))
-    sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length, work)
+    sched = Scheduler(serving.max_batch, serving.batch_timeout, served.get("kv_tokens"), length, work,
+                      bucket=serving.prompt_buckets)
     table = StepTable.from_points([StepPoint(**p) for p in served["steps"]])
     return Artifact(directory, design, sess, io, provider, cuda_graph, table, sched, serving, so)
 
@@ -281,15 +286,19 @@ class Engine:
     def _array(self, name: str, values, rows: int) -> np.ndarray:
         return np.asarray(values, dtype=self.io.dtype(name)).reshape(rows, -1)
 
-    def prefill(self, slot: int, ids: np.ndarray) -> tuple[int, float]:
+    def prefill(self, slot: int, ids: np.ndarray, width: int | None = None) -> tuple[int, float]:
         """The prompt `ids` into row `slot` (batch 1): (its first token, the run call's seconds). Its inputs are the
-        device values kept for its length (softsyn.runtime.binding.KeptInputs), updated in place."""
-        io, n = self.io, len(ids)
+        device values kept for its length (softsyn.runtime.binding.KeptInputs), updated in place. `width`: the
+        prompt right-padded to that many positions (serving.prompt_buckets: the mask's zeros mark the padding, the
+        compiled model takes the logits at the last real token)."""
+        io, real = self.io, len(ids)
+        n = max(width or real, real)
+        ids = np.concatenate([ids, np.zeros(n - real, dtype=np.asarray(ids).dtype)]) if n > real else ids
         binding = self.sess.io_binding()
         binding.bind_output(io.logits, self.device, 0)  # first: get_outputs() lists outputs in binding order
         feeds = {io.input_ids: ids}
         if io.attention_mask:
-            feeds[io.attention_mask] = np.ones(n)
+            feeds[io.attention_mask] = (np.arange(n) < real).astype(np.int64)
         if io.position_ids:
             feeds[io.position_ids] = np.arange(n)
         for name, value in feeds.items():
@@ -471,9 +480,9 @@ class Harness(Queue):
         firsts = []
         self.seat(admitted)
         for r in admitted:
-            token, seconds = self.eng.prefill(self.rows[r], self.ids[r])
+            length = self.sched.prefill_len(int(self.reqs.prompt[r]))  # padded to its bucket, if the block says so
+            token, seconds = self.eng.prefill(self.rows[r], self.ids[r], length)
             self.tokens[r] = [token]
-            length = int(self.reqs.prompt[r])
             self.prefills.append((length, seconds, length in self.lengths_seen))
             self.lengths_seen.add(length)
             firsts.append(token)
@@ -484,7 +493,8 @@ class Harness(Queue):
             run += seconds
         end = self.clock()
         self.steps.append((len(self.running), float(pasts.mean()) if len(pasts) else 0.0,
-                           tuple(int(self.reqs.prompt[r]) for r in admitted), end - start, run, start))
+                           tuple(self.sched.prefill_len(int(self.reqs.prompt[r])) for r in admitted), end - start,
+                           run, start))
         still = []
         for s, token in zip(self.running, tokens if self.running else []):
             s[1], s[2], s[3] = s[1] + 1, s[2] - 1, int(token)
@@ -775,7 +785,8 @@ def run_all(args, argv) -> dict:
     reqs, offered = trace(art, args, args.trace_share * args.seconds)
     if serving.warm_prompts:  # as the engine the compile modelled: every length the trace has, prefilled once
         t = time.perf_counter()
-        for n in sorted(set(range(1, int(reqs.prompt.max()) + 1)) - warmed):
+        lengths = {art.sched.prefill_len(n) for n in range(1, int(reqs.prompt.max()) + 1)}
+        for n in sorted(lengths - warmed):
             if n < eng.length:
                 eng.prefill(0, np.arange(n) % eng.io.vocab_size)
                 warmed.add(n)

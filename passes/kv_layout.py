@@ -41,6 +41,7 @@ from softsyn.netlist import HIERARCHY_KEY
 from softsyn.netlist.keys import is_weightless
 from passes import PassReport, PassResult, register
 from passes.fuse.graph import add_initializer, make_node, scalar
+from passes.padded_logits import gather_last_real
 from softsyn.runtime.decoder import ATTENTION_MASK, GQA_PAST, GQA_PRESENT, INPUT_IDS, LOGITS
 from softsyn.runtime.design_runner import DesignRunner
 from softsyn.runtime.kv_quant import BITS, QUANT_TYPE, channel_scales
@@ -269,8 +270,9 @@ def rewrite_kv(nodes: list[ir.Node], length: int) -> None:
             present.shape = ir.Shape(shape)
 
 
-def slice_last_position(graph: ir.Graph) -> str:
-    """Slice the lm_head's input to the last position; returns what was done (or why not)."""
+def slice_last_position(graph: ir.Graph, padded_by: ir.Node | None = None) -> str:
+    """Slice the lm_head's input to the last position, or with `padded_by` (a GroupQueryAttention node) gather it at
+    each row's last real position (passes.padded_logits: right-padded prompts); returns what was done (or why not)."""
     out = next((v for v in graph.outputs if v.name == LOGITS), None)
     head = out.producer() if out is not None else None
     after: list[ir.Value] = []  # what lies between the lm_head and the logits, each position on its own
@@ -285,19 +287,25 @@ def slice_last_position(graph: ir.Graph) -> str:
         return f"last_token_logits: not applied (the lm_head's input {x.name} is not [batch, seq, hidden])"
     if x.shape[1] == 1:
         return ""
-    starts, ends, axes = (add_initializer(graph, f"last_position_{k}", np.asarray([v], dtype=np.int64))
-                          for k, v in (("start", -1), ("end", np.iinfo(np.int64).max), ("axis", 1)))
     scope = head.metadata_props.get(HIERARCHY_KEY, "")
     # the lm_head's parent scope: a dont_touch on the lm_head pins that cell, which stays as it was
-    cut = make_node(head, "", "Slice", [x, starts, ends, axes], name="last_position_slice",
-                    hierarchy=scope.rsplit(".", 1)[0] if "." in scope else "")
-    cut.outputs[0].shape = ir.Shape([x.shape[0], 1, x.shape[2]])
-    cut.outputs[0].type = x.type
-    graph.insert_before(head, [cut])
-    head.replace_input_with(0, cut.outputs[0])
+    parent = scope.rsplit(".", 1)[0] if "." in scope else ""
+    if padded_by is not None:
+        head.replace_input_with(0, gather_last_real(graph, head, x, padded_by, parent))
+    else:
+        starts, ends, axes = (add_initializer(graph, f"last_position_{k}", np.asarray([v], dtype=np.int64))
+                              for k, v in (("start", -1), ("end", np.iinfo(np.int64).max), ("axis", 1)))
+        cut = make_node(head, "", "Slice", [x, starts, ends, axes], name="last_position_slice", hierarchy=parent)
+        cut.outputs[0].shape = ir.Shape([x.shape[0], 1, x.shape[2]])
+        cut.outputs[0].type = x.type
+        graph.insert_before(head, [cut])
+        head.replace_input_with(0, cut.outputs[0])
     for v in [head.outputs[0]] + after:
         if v.shape is not None and len(v.shape) == 3:
             v.shape = ir.Shape([v.shape[0], 1, v.shape[2]])
+    if padded_by is not None:
+        return ("last_token_logits: the lm_head reads each row's last real position only (logits [batch, 1, vocab] "
+                "at prefill; serving.prompt_buckets: right-padded prompts)")
     return "last_token_logits: the lm_head reads the last position only (logits [batch, 1, vocab] at prefill)"
 
 
@@ -359,7 +367,8 @@ def run(design, last_token_logits: bool = True) -> PassResult:
         report.update(applied=True, max_length=length, length_key=key, layers=len(nodes), kv_dtype=emitted,
                       kv_note=kv_dtype_note(requested, emitted, why))
     if last and design.netlist.kind == "decoder":
-        note = slice_last_position(graph)
+        buckets = cons.serving.prompt_buckets if cons.serving is not None else None
+        note = slice_last_position(graph, nodes[0] if buckets and nodes and not reason else None)
         applied = note.startswith("last_token_logits: the lm_head")
         report.update(last_token_logits=applied, logits_note=note)
         if applied:

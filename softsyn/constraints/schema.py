@@ -99,6 +99,7 @@ FORMS: dict[str, dict] = {
     "serving.throughput": _object(SERVING_KEYS["serving.throughput"], RATE, "generated tokens/s, at least"),
     "serving.requests": _integer(10, MAX_REQUESTS), "serving.seed": _integer(0),
     "serving.warm_prompts": {"type": "boolean", "description": "a prefill at every prompt length at load"},
+    "serving.prompt_buckets": _integer(1, MAX_TOKENS),
 }
 
 

@@ -13,6 +13,7 @@ budgets its simulation is checked against (softsyn.timing.serving).
       requests: 2000                # simulated requests
       seed: 0                       # the simulation's random stream
       warm_prompts: false           # true: the engine runs a prefill at every prompt length it may meet at load
+      prompt_buckets: 64            # prompts right-padded to a multiple of 64 tokens (fewer prefill shapes)
 
 Decisions: the block's values are frozen dataclasses (a simulation re-run with one knob changed uses
 `dataclasses.replace`); a length's p99 is at least its p50; at least one budget must be given (a serving block with
@@ -30,7 +31,7 @@ __all__ = ["Lengths", "Serving", "SERVING_KEYS", "read_serving"]
 
 SERVING_KEYS: dict[str, tuple[str, ...]] = {
     "serving": ("arrival_rate", "max_batch", "batch_timeout", "prompt_len", "gen_len", "ttft", "tpot", "throughput",
-                "requests", "seed", "warm_prompts"),
+                "requests", "seed", "warm_prompts", "prompt_buckets"),
     "serving.lengths": ("p50", "p99"),
     "serving.ttft": ("p50", "p99"),
     "serving.tpot": ("p50", "p99"),
@@ -64,6 +65,12 @@ class Serving:
     requests: int = 2000
     seed: int = 0
     warm_prompts: bool = False  # every prompt length prefilled once at load: none pays its first-shape cost later
+    prompt_buckets: int | None = None  # tokens: prompts right-padded to a multiple of it; None: run at their length
+
+    def padded(self, prompt: int) -> int:
+        """The length a prompt of `prompt` tokens is prefilled at."""
+        b = self.prompt_buckets
+        return prompt if not b else -(-prompt // b) * b
 
 
 def _lengths(reader, node: Node, key: str) -> Lengths:
@@ -129,6 +136,8 @@ def read_serving(reader, node: Node) -> Serving:
         if not isinstance(warm, bool):
             raise reader.fail(e["warm_prompts"][1], "serving.warm_prompts", f"{warm!r}: valid: true or false")
         values["warm_prompts"] = warm
+    if "prompt_buckets" in e:
+        values["prompt_buckets"] = reader.integer(e["prompt_buckets"][1], "serving.prompt_buckets", 1, MAX_TOKENS)
     serving = Serving(**values)
     budgets = (serving.ttft_p50, serving.ttft_p99, serving.tpot_p50, serving.tpot_p99, serving.throughput_min)
     if all(b is None for b in budgets):

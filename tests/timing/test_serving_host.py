@@ -117,7 +117,8 @@ def test_warming_every_prompt_length_is_suggested_and_simulated():
     cold = simulate(reqs, table, sched)
     assert np.percentile(cold.ttft, 99) > 0.02  # the first-met lengths' 50 ms
     warm = next(s for s in suggestions(serving, reqs, table, sched, knobs) if s.knob == "warm_prompts")
-    assert warm.meets is True and f"1..{int(reqs.prompt.max())} prefilled at load" in warm.change
+    longest = int(reqs.prompt.max())
+    assert warm.meets is True and f"{longest} prefill lengths up to {longest} run at load" in warm.change
     warmed = simulate(reqs, table, replace(sched, warm=frozenset(range(1, int(reqs.prompt.max()) + 1))))
     assert np.percentile(warmed.ttft, 99) < 0.02
     done = replace(serving, warm_prompts=True)

@@ -120,8 +120,8 @@ class _TableEngine:
         self.io = type("IO", (), {"vocab_size": 64})()
         self.rows: dict[int, int] = {}  # row -> the prompt length prefilled into it (follows the moves)
 
-    def prefill(self, slot, ids):
-        self.clock.t += self.table.prefill(len(ids))
+    def prefill(self, slot, ids, width=None):
+        self.clock.t += self.table.prefill(max(width or len(ids), len(ids)))  # a padded prompt runs at its width
         self.rows[slot] = len(ids)
         return 1, 0.0
 
@@ -137,8 +137,8 @@ class _TableEngine:
             self.rows[dst] = self.rows.pop(src)
 
 
-@pytest.mark.parametrize("rate, kv_tokens", [(20.0, None), (400.0, 1500.0)])
-def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
+@pytest.mark.parametrize("rate, kv_tokens, bucket", [(20.0, None, None), (400.0, 1500.0, None), (20.0, None, 64)])
+def test_harness_schedules_as_the_simulation_does(rate, kv_tokens, bucket):
     # with steps taking the table's times on a virtual clock, the harness's TTFT/TPOT/e2e/queue are the simulation's:
     # what differs on a real run is then the step times (and the harness's own costs), not the scheduling
     import numpy as np
@@ -150,7 +150,8 @@ def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
     serving = Serving(arrival_rate=rate, prompt_len=Lengths(64, 256), gen_len=Lengths(32, 128), max_batch=8,
                       batch_timeout=0.005, requests=150, seed=1)
     table = step_table(lambda d: 1e-4 * d["batch"] + 1e-7 * d["batch"] * d["past"] + 2e-6 * d["seq"], 32, 512, 768)
-    sched = Scheduler(8, 0.005, kv_tokens, 300 if kv_tokens else 1000)  # 300: the longest requests are rejected
+    # 300: the longest requests are rejected; bucket: prompts padded to multiples of 64, as serving.prompt_buckets
+    sched = Scheduler(8, 0.005, kv_tokens, 300 if kv_tokens else 1000, bucket=bucket)
     reqs = requests(serving)
     sim = simulate(reqs, table, sched)
     clock = _VirtualClock()
@@ -162,6 +163,9 @@ def test_harness_schedules_as_the_simulation_does(rate, kv_tokens):
         assert np.allclose(getattr(got, name), getattr(sim, name), rtol=1e-9, atol=1e-12), name
     assert got.decode_batches == sim.decode_batches and max(sim.decode_batches) > 1
     assert harness.moves > 0
+    if bucket:  # every prefill at a bucket length, and the buckets slow the first tokens against unpadded prompts
+        assert {p for p, _, _ in harness.prefills} <= set(range(bucket, 10 * bucket, bucket))
+        assert np.median(sim.ttft) > np.median(simulate(reqs, table, Scheduler(8, 0.005, None, 1000)).ttft)
 
 
 def test_harness_row_moves_keep_the_greedy_tokens(serving_artifact):

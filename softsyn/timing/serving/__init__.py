@@ -32,8 +32,9 @@ def grid_for(serving: Serving) -> dict:
 
 
 def warm_lengths(serving: Serving) -> frozenset[int]:
-    """The prompt lengths an engine with serving.warm_prompts runs at load: every one the requests may have."""
-    return frozenset(range(1, cap(serving.prompt_len) + 1))
+    """The prefill lengths an engine with serving.warm_prompts runs at load: every one the requests may have (with
+    serving.prompt_buckets, the bucket lengths)."""
+    return frozenset(serving.padded(n) for n in range(1, cap(serving.prompt_len) + 1))
 
 
 def _load(serving: Serving, kv_tokens: float | None) -> str:
@@ -69,7 +70,7 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     table = step_table(time_at, **grid_for(serving))
     reqs = requests(serving)
     sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None, host,
-                      warm_lengths(serving) if serving.warm_prompts else frozenset())
+                      warm_lengths(serving) if serving.warm_prompts else frozenset(), serving.prompt_buckets)
     outcome = simulate(reqs, table, sched)
     bare = simulate(reqs, table, replace(sched, host=None)) if host is not None else outcome
     host_row, rows_dist = host_result(host, host_why, outcome, bare)
@@ -79,6 +80,10 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     if serving.throughput_min is not None and serving.throughput_min > offered:
         notes.append(f"throughput.min {serving.throughput_min:,.0f} tok/s is above what the arrivals offer "
                      f"({offered:,.0f} tok/s = rate x mean gen_len): no engine meets it at this arrival rate")
+    if serving.prompt_buckets:
+        notes.append(f"serving.prompt_buckets {serving.prompt_buckets}: each prompt is prefilled right-padded to a "
+                     f"multiple of {serving.prompt_buckets} tokens (its step time, host work and KV reservation "
+                     "those of the padded length); the compiled model takes each row's logits at its last real token")
     if outcome.too_long:
         longest = int((reqs.prompt + reqs.gen).max())
         notes.append(f"{outcome.too_long} of {serving.requests} requests need more positions (prompt + gen, up to "
@@ -86,7 +91,9 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
                      f"rejected: raise {sequence[1]} to {longest} or shorten serving.prompt_len / gen_len")
     if serving.warm_prompts:
         lengths = warm_lengths(serving)
-        notes.append(f"serving.warm_prompts: the engine prefills every prompt length 1..{max(lengths)} once at load, "
+        every = f"every prompt length 1..{max(lengths)}" if not serving.prompt_buckets else \
+            f"the {len(lengths)} bucket lengths {serving.prompt_buckets}..{max(lengths)}"
+        notes.append(f"serving.warm_prompts: the engine prefills {every} once at load, "
                      f"{fmt_time(sum(table.prefill(n) for n in lengths), 's', 1)} (est, the step table's prefill times "
                      "summed), so no request pays a prompt length's first-run cost")
     if outcome.rejected > outcome.too_long:

@@ -9,8 +9,9 @@ max_batch requests wait, before it starts, so arrivals close together share the 
 sequence alone exceeds the KV budget, or is longer than the positions the design holds per sequence (its KV
 length: an engine refuses such a prompt or stops at that length), is rejected (counted, never completed). Step times come from a StepTable;
 the host work around them, when modelled, from HostWork, including a prompt length's first-run cost the first time
-the engine meets that length (Scheduler.warm: lengths it ran before the trace). The simulation is deterministic for
-given requests.
+the engine meets that length (Scheduler.warm: lengths it ran before the trace). With Scheduler.bucket a prompt is
+prefilled right-padded to a multiple of it (its time, host work and first run those of the padded length, its KV
+reservation at least that length). The simulation is deterministic for given requests.
 
 TTFT = first token - arrival; TPOT = (last token - first token) / (generated - 1), per request with more than one
 token (vLLM's benchmark definition); e2e = last token - arrival; queue = admission - arrival; throughput =
@@ -44,7 +45,12 @@ class Scheduler:
     kv_tokens: float | None  # KV budget in tokens; None: unlimited
     max_len: int | None = None  # positions the design holds per sequence (prompt + generated); None: unlimited
     host: HostWork | None = None  # the engine's host work per iteration (softsyn.timing.serving.host); None: none
-    warm: frozenset[int] = frozenset()  # prompt lengths the engine ran before the trace (no first-shape cost)
+    warm: frozenset[int] = frozenset()  # prefill lengths the engine ran before the trace (no first-shape cost)
+    bucket: int | None = None  # prompts right-padded to a multiple of this many tokens (serving.prompt_buckets)
+
+    def prefill_len(self, prompt: int) -> int:
+        """The length a prompt is prefilled at: itself, or padded up to its bucket."""
+        return prompt if not self.bucket else -(-prompt // self.bucket) * self.bucket
 
 
 @dataclass
@@ -78,7 +84,9 @@ class Queue:
         self.rows: dict[int, int] = {}  # running request -> its row in the engine's KV buffer (a batch of N: rows 0..N-1)
 
     def need(self, r: int) -> int:
-        return int(self.reqs.prompt[r] + self.reqs.gen[r])
+        """KV positions request r holds: its prompt and generated tokens (a padded prompt's padding at prefill)."""
+        prompt = int(self.reqs.prompt[r])
+        return max(prompt + int(self.reqs.gen[r]), self.sched.prefill_len(prompt))
 
     def arrive(self, now: float) -> None:
         arrival = self.reqs.arrival
@@ -158,15 +166,15 @@ class _Engine(Queue):
     def step(self, admitted: list[int]) -> None:
         start, host = self.t, self.sched.host
         self.seat(admitted)
-        dt = sum(self.table.prefill(int(self.reqs.prompt[r])) for r in admitted)
+        prompts = [self.sched.prefill_len(int(self.reqs.prompt[r])) for r in admitted]
+        dt = sum(self.table.prefill(p) for p in prompts)
         if host is not None:  # the inputs, bindings, logits and argmax around the run calls
-            prompts = [int(self.reqs.prompt[r]) for r in admitted]
             fresh = set(prompts) - self.seen
             self.seen |= fresh
             work = host.step(len(self.running), prompts, len(fresh))
             dt += work
             self.host += work
-        tokens = sum(int(self.reqs.prompt[r]) for r in admitted) + len(self.running)
+        tokens = sum(prompts) + len(self.running)
         self.max_step_tokens = max(self.max_step_tokens, tokens)
         if self.running:
             self.decode_batches.add(len(self.running))

@@ -136,12 +136,13 @@ def warm_prompts(serving: Serving, reqs: Requests, table: StepTable, sched: Sche
     at a new length and the engine does not warm them yet; None otherwise."""
     if serving.warm_prompts or sched.host is None or not sched.host.first_shape:
         return None
-    lengths = frozenset(range(1, int(reqs.prompt.max()) + 1))
+    longest = int(reqs.prompt.max())
+    lengths = frozenset(sched.prefill_len(n) for n in range(1, longest + 1))
     met, text, _ = _run(serving, reqs, table, replace(sched, warm=lengths))
     load = sum(table.prefill(n) for n in lengths)
-    return ServingSuggestion("warm_prompts", f"serving.warm_prompts: true (prompt lengths 1..{max(lengths)} prefilled "
-                             f"at load, {fmt_time(load, 's', 1)} est; {fmt_time(sched.host.first_shape, 'ms', 2)} "
-                             "per first-met length saved)", text, met)
+    return ServingSuggestion("warm_prompts", f"serving.warm_prompts: true ({len(lengths)} prefill lengths up to "
+                             f"{max(lengths)} run at load, {fmt_time(load, 's', 1)} est; "
+                             f"{fmt_time(sched.host.first_shape, 'ms', 2)} per first-met length saved)", text, met)
 
 
 def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
