@@ -86,4 +86,14 @@ def session_json(design, reference: dict, plan: bool = False) -> dict:
         "accuracy": {"max_rel_error": cons.accuracy.max_rel_error, "min_top1": cons.accuracy.min_top1},
         "target": library.name,
         **({"blocks": netlist.blocks()} if netlist.blocks() else {}),  # a composite: one model per block, run in order
+        **({"prompts": _prompts(cons.serving)} if cons.serving is not None else {}),
     }, design.pass_reports.values())
+
+
+def _prompts(serving) -> dict:
+    """How an engine serving this artifact feeds prompts (the serving block's choices, which the compile modelled)."""
+    pad = serving.prompt_buckets
+    return {"pad_to_multiple_of": pad, "padding": "right (attention_mask 0 on the padding); the logits are each row's "
+            "last real token's" if pad else "none: every prompt at its own length (the logits are the last position's)",
+            "warm_at_load": "every prefill length up to the serving block's cap, once" if serving.warm_prompts else
+            "none"}

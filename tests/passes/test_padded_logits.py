@@ -4,6 +4,8 @@ decode after it is the same; rows of different lengths padded together each get 
 against the artifact compiled without buckets (tiny_cpu_artifact), and the structure the pass left."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -87,5 +89,7 @@ def test_the_lm_head_reads_a_gather_at_the_rows_lengths(padded_artifact):
     assert "GatherElements" in ops and not any(n.name == "last_position_slice" for n in model.graph)
     gather = next(n for n in model.graph if n.op_type == "GatherElements")
     assert gather.outputs[0].consumers()[0].op_type in ("MatMul", "Gemm", "MatMulNBits")
+    session = json.loads((padded_artifact / "runtime" / "session.json").read_text())
+    assert session["prompts"]["pad_to_multiple_of"] == BUCKET and "last real token" in session["prompts"]["padding"]
     log = (padded_artifact / "compile.log").read_text()
     assert "each row's last real position" in log and "serving.prompt_buckets" in log
