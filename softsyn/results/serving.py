@@ -62,7 +62,7 @@ class StepPoint:
 class ServingSuggestion:
     """One knob changed and the simulation re-run: what changed and what it gave."""
 
-    knob: str  # rate | max_batch | precision | kv_dtype | warm_prompts | steps
+    knob: str  # rate | max_batch | precision | kv_dtype | warm_prompts | prompt_buckets | steps
     change: str  # e.g. "max_batch 16 -> 32"
     result: str  # e.g. "ttft_p99 412.0 ms, tpot_p99 1.2 ms, 1,900 tok/s: all met"
     meets: bool | None  # every check met after the change; None: not quantified

@@ -123,3 +123,8 @@ def test_warming_every_prompt_length_is_suggested_and_simulated():
     assert np.percentile(warmed.ttft, 99) < 0.02
     done = replace(serving, warm_prompts=True)
     assert all(s.knob != "warm_prompts" for s in suggestions(done, reqs, table, sched, knobs))
+    # padding to 64-token buckets: at most 256 / 64 + 1 lengths meet their first run, each slower by its padding
+    buckets = next(s for s in suggestions(serving, reqs, table, sched, knobs) if s.knob == "prompt_buckets")
+    assert buckets.value == 64 and "prompt_buckets: 64" in buckets.change and buckets.meets is not None
+    padded = simulate(reqs, table, replace(sched, bucket=64))
+    assert np.percentile(padded.ttft, 99) < np.percentile(cold.ttft, 99)

@@ -5,7 +5,8 @@ step table re-timed with the design's weight matmuls as int8/int4 MatMulNBits: t
 KV dtype int8 (half or a quarter of the KV bytes per token: more sequences admitted under the same budget), and the
 engine's steps (the smallest uniform speed-up of every step, decode and prefill alike, at which every check meets: the
 target the compile loop's weight map is given, passes.optimize.serving_target), and, when the host model charges a
-prompt length's first run, every length prefilled at load (serving.warm_prompts)."""
+prompt length's first run, every length prefilled at load (serving.warm_prompts) and prompts padded to a few
+bucket lengths (serving.prompt_buckets)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -145,10 +146,24 @@ def warm_prompts(serving: Serving, reqs: Requests, table: StepTable, sched: Sche
                              f"{fmt_time(sched.host.first_shape, 'ms', 2)} per first-met length saved)", text, met)
 
 
+BUCKET = 64  # tokens: the prompt_buckets suggestion's padding (a few percent of a typical prompt's compute)
+
+
+def prompt_buckets(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler) -> ServingSuggestion | None:
+    """Prompts padded to multiples of BUCKET tokens (serving.prompt_buckets: fewer prefill shapes, each met first
+    once), when the host model charges a first run at a new length and the block pads none yet; None otherwise."""
+    if serving.prompt_buckets or sched.host is None or not sched.host.first_shape:
+        return None
+    met, text, _ = _run(serving, reqs, table, replace(sched, bucket=BUCKET))
+    return ServingSuggestion("prompt_buckets", f"serving.prompt_buckets: {BUCKET} (compiled with it: prompts "
+                             f"right-padded to multiples of {BUCKET} tokens, logits at each row's last real token)",
+                             text, met, BUCKET)
+
+
 def suggestions(serving: Serving, reqs: Requests, table: StepTable, sched: Scheduler,
                 knobs: Knobs) -> list[ServingSuggestion]:
     rate = arrival_rate(serving, table, sched)
-    warm = warm_prompts(serving, reqs, table, sched)
+    first = [s for s in (warm_prompts(serving, reqs, table, sched), prompt_buckets(serving, reqs, table, sched)) if s]
     return [*([rate] if rate is not None else []), max_batch(serving, reqs, table, sched),
             *precision(serving, reqs, table, knobs, sched), kv_dtype(serving, reqs, table, knobs, sched),
-            *([warm] if warm is not None else []), steps(serving, reqs, table, sched)]
+            *first, steps(serving, reqs, table, sched)]
