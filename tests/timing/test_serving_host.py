@@ -128,3 +128,18 @@ def test_warming_every_prompt_length_is_suggested_and_simulated():
     assert buckets.value == 64 and "prompt_buckets: 64" in buckets.change and buckets.meets is not None
     padded = simulate(reqs, table, replace(sched, bucket=64))
     assert np.percentile(padded.ttft, 99) < np.percentile(cold.ttft, 99)
+
+
+def test_the_probe_leaves_a_library_of_another_device_unwritten(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_probe", ROOT / "bench" / "host_probe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    other = tmp_path / "lib.yaml"
+    text = LIBRARY.read_text().replace("\ndevice: ", "\ndevice: Some Other CPU, 64 cores; was ", 1)
+    other.write_text(text)
+    assert bench.main(["--library", str(other), "--repeats", "3"]) == 2
+    assert other.read_text() == text and "describes Some Other CPU" in capsys.readouterr().err
+    assert bench.main(["--library", str(other), "--repeats", "3", "--other-device"]) == 0
+    assert other.read_text() != text
