@@ -70,7 +70,7 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
     table = step_table(time_at, **grid_for(serving))
     reqs = requests(serving)
     sched = Scheduler(serving.max_batch, serving.batch_timeout, kv_tokens, sequence[0] if sequence else None, host,
-                      warm_lengths(serving) if serving.warm_prompts else frozenset(), serving.prompt_buckets)
+                      warm=warm_lengths(serving) if serving.warm_prompts else frozenset(), bucket=serving.prompt_buckets)
     outcome = simulate(reqs, table, sched)
     bare = simulate(reqs, table, replace(sched, host=None)) if host is not None else outcome
     host_row, rows_dist = host_result(host, host_why, outcome, bare)
