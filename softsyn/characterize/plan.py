@@ -158,7 +158,10 @@ GRAPH_ROWS = {"MatMul": "m", "MatMulNBits": "m", "MatMulBlockQuantizedFp8Weight"
               # the small nodes of a captured decode step, over `elements` up to GRAPH_ELEMENTS: inside a graph they
               # cost 1.7-4 us on the H200 (CUPTI, qwen3-1.7b), not the 1.1 us of an empty node the STA gave them
               "SimplifiedLayerNormalization": None, "SkipSimplifiedLayerNormalization": None, "Split": None,
-              "Mul": None, "QuickGelu": None, "Slice": None, "ReduceSum": None, "Gather": None}
+              "Mul": None, "QuickGelu": None, "Slice": None, "ReduceSum": None, "Gather": None,
+              # bf16 cells' boundary Casts: ~3.3 us each in an H100's captured decode against the 1.07 us of an empty
+              # node (bench/results/bf16-fp8-h100-2026-12-06-signoff.rpt)
+              "Cast": None}
 GRAPH_ELEMENTS = 1 << 18  # the largest elements point a small node's graph table holds (a decode step's sizes)
 
 
