@@ -27,7 +27,7 @@ from yaml.nodes import MappingNode, Node
 
 from softsyn.units import UnitError, parse_rate
 
-__all__ = ["Lengths", "Serving", "SERVING_KEYS", "read_serving"]
+__all__ = ["Lengths", "Serving", "SERVING_KEYS", "padded_length", "read_serving"]
 
 SERVING_KEYS: dict[str, tuple[str, ...]] = {
     "serving": ("arrival_rate", "max_batch", "batch_timeout", "prompt_len", "gen_len", "ttft", "tpot", "throughput",
@@ -69,8 +69,12 @@ class Serving:
 
     def padded(self, prompt: int) -> int:
         """The length a prompt of `prompt` tokens is prefilled at."""
-        b = self.prompt_buckets
-        return prompt if not b else -(-prompt // b) * b
+        return padded_length(prompt, self.prompt_buckets)
+
+
+def padded_length(prompt: int, bucket: int | None) -> int:
+    """A prompt's length right-padded up to a multiple of `bucket` (None or 0: its own length)."""
+    return prompt if not bucket else -(-prompt // bucket) * bucket
 
 
 def _lengths(reader, node: Node, key: str) -> Lengths:

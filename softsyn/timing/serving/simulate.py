@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from softsyn.constraints.serving import padded_length
 from softsyn.timing.serving.host import HostWork
 from softsyn.timing.serving.steps import StepTable
 from softsyn.timing.serving.workload import Requests
@@ -50,7 +51,7 @@ class Scheduler:
 
     def prefill_len(self, prompt: int) -> int:
         """The length a prompt is prefilled at: itself, or padded up to its bucket."""
-        return prompt if not self.bucket else -(-prompt // self.bucket) * self.bucket
+        return padded_length(prompt, self.bucket)
 
 
 @dataclass
