@@ -105,29 +105,24 @@ def test_a_declared_batched_decode_group_is_timed_as_the_simulations_step(capsys
     assert code == 0 and "decode_b16" in timing
 
 
-def test_a_prompt_length_met_first_is_charged_per_distinct_gemm_shape(capsys, cache_dir, tmp_path):
+def test_a_prompt_length_met_first_is_charged_per_distinct_gemm_shape_and_warming_is_reported(capsys, cache_dir,
+                                                                                                tmp_path):
     """With first-shape figures in the library's serving_host block, the compile's host model charges a first-met
     prompt length distinct GEMM shapes x first_shape_gemm + the other nodes x first_shape_node: qwen3-tiny's layers
-    repeat the same projections, so its GEMM shapes are a handful while its GEMM nodes grow with the layers."""
+    repeat the same projections, so its GEMM shapes are a handful while its GEMM nodes grow with the layers. With
+    serving.warm_prompts the note gives the load time."""
     library = tmp_path / "cpu-first.yaml"
     text = (ROOT / "softsyn" / "library" / "libs" / "cpu-ort.yaml").read_text()
     library.write_text(text.replace("\nserving_host:", "\nserving_host:\n  first_shape_gemm: 1.0e-3\n"
                                     "  first_shape_node: 1.0e-9", 1))
-    out_dir = tmp_path / "out"
-    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", SERVING, "--target", library, "-q", "-o", out_dir)
-    assert code in (0, 1), out
-    host = json.loads((out_dir / "analysis.json").read_text())["serving"]["host"]
-    model = json.loads((out_dir / "analysis.json").read_text())
-    gemm_shapes, others = divmod(round(host["first_shape"] * 1e9), 1_000_000)
-    assert 2 <= gemm_shapes <= 8 and others > 20, host["first_shape"]  # a layer's projections and the lm_head, once
-    assert "once per prompt length met first" in host["line"]
-    assert model["serving"]["completed"] > 0
-
-
-def test_warm_prompts_is_reported_with_its_load_time(capsys, cache_dir, tmp_path):
     warm = tmp_path / "warm.yaml"
     warm.write_text(SERVING.read_text().replace("serving:\n", "serving:\n  warm_prompts: true\n", 1))
-    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", warm, "-q")
-    assert code == 0, out
+    out_dir = tmp_path / "out"
+    code, out, _ = cli(capsys, "analyze", "zoo:qwen3-tiny", "-c", warm, "--target", library, "-q", "-o", out_dir)
+    assert code in (0, 1), out
+    saved = json.loads((out_dir / "analysis.json").read_text())["serving"]
+    gemm_shapes, others = divmod(round(saved["host"]["first_shape"] * 1e9), 1_000_000)
+    assert 2 <= gemm_shapes <= 8 and others > 20, saved["host"]["first_shape"]  # a layer's projections, the lm_head
+    assert "once per prompt length met first" in saved["host"]["line"] and saved["completed"] > 0
     assert re.search(r"serving.warm_prompts: the engine prefills every prompt length 1\.\.\d+ once at load, "
                      r"[\d.]+ s \(est", out), out[-2000:]
