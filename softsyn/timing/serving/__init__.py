@@ -93,9 +93,11 @@ def serving_analysis(serving: Serving, time_at: TimeAt, kv_tokens: float | None,
         lengths = warm_lengths(serving)
         every = f"every prompt length 1..{max(lengths)}" if not serving.prompt_buckets else \
             f"the {len(lengths)} bucket lengths {serving.prompt_buckets}..{max(lengths)}"
-        notes.append(f"serving.warm_prompts: the engine prefills {every} once at load, "
-                     f"{fmt_time(sum(table.prefill(n) for n in lengths), 's', 1)} (est, the step table's prefill times "
-                     "summed), so no request pays a prompt length's first-run cost")
+        first = (host.first_shape or 0.0) if host is not None else 0.0
+        load = sum(table.prefill(n) for n in lengths) + len(lengths) * first
+        notes.append(f"serving.warm_prompts: the engine prefills {every} once at load, {fmt_time(load, 's', 1)} (est, "
+                     "the step table's prefill times and each length's first-run cost summed), so no request pays a "
+                     "prompt length's first-run cost")
     if outcome.rejected > outcome.too_long:
         notes.append(f"{outcome.rejected - outcome.too_long} requests never fit the KV budget alone and were rejected")
     result = ServingResult(load=_load(serving, kv_tokens), model=MODEL, requests=serving.requests,

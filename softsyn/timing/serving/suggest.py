@@ -140,7 +140,7 @@ def warm_prompts(serving: Serving, reqs: Requests, table: StepTable, sched: Sche
     longest = int(reqs.prompt.max())
     lengths = frozenset(sched.prefill_len(n) for n in range(1, longest + 1))
     met, text, _ = _run(serving, reqs, table, replace(sched, warm=lengths))
-    load = sum(table.prefill(n) for n in lengths)
+    load = sum(table.prefill(n) for n in lengths) + len(lengths) * sched.host.first_shape  # each paid once at load
     return ServingSuggestion("warm_prompts", f"serving.warm_prompts: true ({len(lengths)} prefill lengths up to "
                              f"{max(lengths)} run at load, {fmt_time(load, 's', 1)} est; "
                              f"{fmt_time(sched.host.first_shape, 'ms', 2)} per first-met length saved)", text, met)
