@@ -173,9 +173,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     with progress.step(f"emit: building {source} in torch ({target.dtype}, the weights of the design's export)",
                        enabled=design.progress, done="emit: source model built"):
         model = source_torch_model(source, design.cache_dir)
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):  # the 4-D mask has no window
-        raise SoftsynError(f"{source}: {design.torch_target} does not lower sliding-window attention yet (the step's "
-                           "mask covers the whole cache); valid: a decoder of full-attention layers (qwen3, llama)")
+    other = set(getattr(model.config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if other:  # the step builds a mask per full and sliding layer (torch_step.StaticStep), nothing else
+        raise SoftsynError(f"{source}: {design.torch_target} does not lower {', '.join(sorted(other))} layers yet; "
+                           "valid: full_attention and sliding_attention layers (qwen3, llama, gemma2/3)")
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
     cells = weight_map(design)

@@ -4,7 +4,8 @@ head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SD
 whole or split into chunks of slots; registered with
 transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
-(quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block).
+(quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block). Sliding-window layers
+(Gemma-2/3) get their own mask, and soft-capped scores are capped in every attention form.
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def _stacked(query, key, attention_mask):
 def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """SDPA over the whole static cache, query heads stacked per KV head: K and V are read once per KV head, never
     repeated (transformers' sdpa path repeats them when a mask is given, which would copy the cache every step).
-    `attention_mask`: bool [B, 1, seq, max_length], True where visible."""
+    `attention_mask`: bool [B, 1, seq, max_length], True where visible. Soft-capped scores (Gemma-2's
+    attn_logit_softcapping) are no SDPA: those layers take the matmul form."""
+    if kwargs.get("softcap"):
+        return matmul_attention(module, query, key, value, attention_mask, scaling, softcap=kwargs["softcap"])
     batch, heads, seq, dim = query.shape
     q, mask = _stacked(query, key, attention_mask)
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
@@ -58,14 +62,18 @@ def matmul_attention(module, query, key, value, attention_mask, scaling=None, dr
     Inductor fuses the mask, scale and softmax, and at decode the matmuls are GEMVs over the cache that cuBLAS spreads
     over all its positions, where SDPA's fused kernels split the work by query rows (two at decode: 86 us a layer for
     cuDNN's at qwen3-1.7b's shapes on the H200, 2026-12-03)."""
-    return _two_matmuls(query, key, value, attention_mask, scaling, lambda s: torch.softmax(s, dim=-1))
+    return _two_matmuls(query, key, value, attention_mask, scaling, lambda s: torch.softmax(s, dim=-1),
+                        softcap=kwargs.get("softcap"))
 
 
-def _two_matmuls(query, key, value, attention_mask, scaling, softmax):
-    """q k^T in fp32, masked, `softmax` over the slots, times v: query heads stacked per KV head (_stacked)."""
+def _two_matmuls(query, key, value, attention_mask, scaling, softmax, *, softcap=None):
+    """q k^T in fp32, masked, `softmax` over the slots, times v: query heads stacked per KV head (_stacked);
+    `softcap`: scores = softcap * tanh(scores / softcap) before the mask (Gemma-2, as transformers' eager form)."""
     batch, heads, seq, dim = query.shape
     q, mask = _stacked(query, key, attention_mask)
     scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     probs = softmax(scores.masked_fill(~mask, float("-inf"))).to(value.dtype)
     out = torch.matmul(probs, value)
     return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
@@ -92,7 +100,7 @@ def split_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 def split_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """matmul_attention with the softmax split into chunks of slots (split_softmax): the same function."""
-    return _two_matmuls(query, key, value, attention_mask, scaling, split_softmax)
+    return _two_matmuls(query, key, value, attention_mask, scaling, split_softmax, softcap=kwargs.get("softcap"))
 
 
 def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -100,16 +108,20 @@ def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dr
     (2026-12-03) the matmul form is fastest at decode and SDPA at prefill 512 (34 vs 80 us a layer, each alone). One
     exported program serves both: torch.cond on the query length, which AOTInductor decides on the host from the
     step's shape."""
+    softcap = kwargs.get("softcap")
+
     def decode(q, k, v, m):
-        return matmul_attention(module, q, k, v, m, scaling)[0]
+        return matmul_attention(module, q, k, v, m, scaling, softcap=softcap)[0]
 
     def prefill(q, k, v, m):
-        return grouped_attention(module, q, k, v, m, scaling)[0]
+        return grouped_attention(module, q, k, v, m, scaling, softcap=softcap)[0]
 
     return torch.cond(query.shape[2] == 1, decode, prefill, (query, key, value, attention_mask)), None
 
 
-ATTENTIONS = {"sdpa": ("softsyn_sdpa", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),
+# registered names without "sdpa" in them: transformers checks a model's own SDPA support for any such name and
+# refuses one that has none (Gemma-2: soft-capped scores), though these forms do their own (grouped_attention)
+ATTENTIONS = {"sdpa": ("softsyn_grouped", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),
               "split": ("softsyn_split", split_attention), "by_seq": ("softsyn_by_seq", by_seq_attention)}
 for _name, _function in ATTENTIONS.values():
     AttentionInterface.register(_name, _function)
@@ -191,6 +203,8 @@ class StaticStep(torch.nn.Module):
         super().__init__()
         self.m, self.max_length = model, max_length
         self.layers = model.config.num_hidden_layers
+        types = set(getattr(model.config, "layer_types", None) or ())
+        self.window = int(model.config.sliding_window) if "sliding_attention" in types else 0
         # transformers >= 5.2x names the argument `cache` (past_key_values is deprecated), as export_decoder reads it
         self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -199,6 +213,9 @@ class StaticStep(torch.nn.Module):
         span = slots.shape[0]
         cache = Cache(layers=[BufferLayer(kv[2 * i], kv[2 * i + 1], where, span) for i in range(self.layers)])
         mask = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [B, 1, seq, span]
+        if self.window:  # per layer type, as transformers' own masks: a sliding layer sees the last `window` slots
+            mask = {"full_attention": mask,
+                    "sliding_attention": mask & (slots[None, None, :] > position_ids[:, :, None] - self.window)[:, None]}
         out = self.m(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                      **{self.cache_kw: cache})
         return out.logits
