@@ -479,8 +479,8 @@ class Harness(Queue):
             self.gaps.append(start - self.ended)
         firsts = []
         self.seat(admitted)
-        for r in admitted:
-            length = self.sched.prefill_len(int(self.reqs.prompt[r]))  # padded to its bucket, if the block says so
+        lengths = [self.sched.prefill_len(int(self.reqs.prompt[r])) for r in admitted]  # padded to a bucket, if asked
+        for r, length in zip(admitted, lengths):
             token, seconds = self.eng.prefill(self.rows[r], self.ids[r], length)
             self.tokens[r] = [token]
             self.prefills.append((length, seconds, length in self.lengths_seen))
@@ -493,8 +493,7 @@ class Harness(Queue):
             run += seconds
         end = self.clock()
         self.steps.append((len(self.running), float(pasts.mean()) if len(pasts) else 0.0,
-                           tuple(self.sched.prefill_len(int(self.reqs.prompt[r])) for r in admitted), end - start,
-                           run, start))
+                           tuple(lengths), end - start, run, start))
         still = []
         for s, token in zip(self.running, tokens if self.running else []):
             s[1], s[2], s[3] = s[1] + 1, s[2] - 1, int(token)
@@ -580,12 +579,17 @@ def warm(eng: Engine, art: Artifact, slots: int) -> set[int]:
     for n in range(1, slots + 1):
         for _ in range(4):  # ORT's CUDA provider runs a graph id plainly twice before it captures it
             eng.decode(np.ones(n, np.int64), np.zeros(n, np.int64))
-    warmed = set()
-    for p in art.table.prompts:
-        if p < eng.length:
-            eng.prefill(0, np.arange(p) % eng.io.vocab_size)
-            warmed.add(int(p))
-    return warmed
+    return prefill_lengths(eng, art.table.prompts)
+
+
+def prefill_lengths(eng: Engine, lengths) -> set[int]:
+    """A prompt of each length the KV buffer holds prefilled once into row 0 (a warm-up, untimed); the lengths run."""
+    ran = set()
+    for n in sorted(set(int(n) for n in lengths)):
+        if n < eng.length:
+            eng.prefill(0, np.arange(n) % eng.io.vocab_size)
+            ran.add(n)
+    return ran
 
 
 FIRST_PROBE = 6  # fresh prompt lengths the first-shape probe runs
@@ -786,10 +790,7 @@ def run_all(args, argv) -> dict:
     if serving.warm_prompts:  # as the engine the compile modelled: every length the trace has, prefilled once
         t = time.perf_counter()
         lengths = {art.sched.prefill_len(n) for n in range(1, int(reqs.prompt.max()) + 1)}
-        for n in sorted(lengths - warmed):
-            if n < eng.length:
-                eng.prefill(0, np.arange(n) % eng.io.vocab_size)
-                warmed.add(n)
+        warmed |= prefill_lengths(eng, lengths - warmed)
         log(f"serving.warm_prompts: prompt lengths 1..{int(reqs.prompt.max())} prefilled in "
             f"{time.perf_counter() - t:.1f} s")
     from softsyn.timing.serving import simulate

@@ -119,42 +119,49 @@ def _bind(provider: str):
     return bind
 
 
-def _chain(provider: str, op: str):
-    """A session running FIRST_NODES `op` nodes in a chain over [rows, width] (rows symbolic), fp16 on a GPU; each
-    MatMul's output is 64 wider than its input, so no two share a GEMM shape."""
+def chain_session(provider: str, op: str, widths: list[int]):
+    """rows -> one run of a session chaining len(widths) `op` nodes over [rows, FIRST_WIDTH] (rows symbolic), fp16 on
+    a GPU: a MatMul node i maps the width before it to widths[i] (distinct widths: distinct GEMM shapes), an Add keeps
+    FIRST_WIDTH."""
     dtype, np_dtype = (TensorProto.FLOAT16, np.float16) if device_of(provider) != "cpu" else (TensorProto.FLOAT,
                                                                                              np.float32)
     rng = np.random.default_rng(0)
-    widths = [FIRST_WIDTH + (64 * i if op == "MatMul" else 0) for i in range(FIRST_NODES + 1)]
-    shapes = [[widths[i], widths[i + 1]] if op == "MatMul" else [FIRST_WIDTH] for i in range(FIRST_NODES)]
+    sizes = [FIRST_WIDTH] + (list(widths) if op == "MatMul" else [FIRST_WIDTH] * len(widths))
+    shapes = [[sizes[i], sizes[i + 1]] if op == "MatMul" else [FIRST_WIDTH] for i in range(len(widths))]
     weights = [helper.make_tensor(f"w{i}", dtype, shape,
                                   (rng.standard_normal(shape) * 0.04).astype(np_dtype).tobytes(), raw=True)
                for i, shape in enumerate(shapes)]
-    nodes = [helper.make_node(op, [f"x{i}", f"w{i}"], [f"x{i + 1}"]) for i in range(FIRST_NODES)]
-    graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", widths[0]])],
-                              [helper.make_tensor_value_info(f"x{FIRST_NODES}", dtype, ["rows", widths[-1]])],
+    nodes = [helper.make_node(op, [f"x{i}", f"w{i}"], [f"x{i + 1}"]) for i in range(len(widths))]
+    graph = helper.make_graph(nodes, f"first_{op}", [helper.make_tensor_value_info("x0", dtype, ["rows", sizes[0]])],
+                              [helper.make_tensor_value_info(f"x{len(widths)}", dtype, ["rows", sizes[-1]])],
                               weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
     sess = open_session(model, SessionSettings(provider=provider, log_severity=3))
     return lambda rows: sess.run(None, {"x0": np.ones((rows, FIRST_WIDTH), np_dtype)})
 
 
-def first_shape(provider: str, op: str) -> float:
-    """s per `op` node: the median, over FIRST_ROWS, of the first run at a row count minus the fastest of three
-    repeats at it, over FIRST_NODES; 0 when the first run is no slower (noise may make a difference negative)."""
-    run = _chain(provider, op)
-    top = FIRST_ROWS[-1] + 1
+def first_run_extra(run, counts=FIRST_ROWS) -> float:
+    """s: the median, over row `counts` each met once, of the first run at a count minus the fastest of three
+    repeats at it; the session is run at a larger count first (the arena sized for every later shape, the session's
+    own first-run work done). Noise may make it negative."""
     for _ in range(3):
-        run(top)  # the arena sized for every later shape, the session's own first-run work done
+        run(counts[-1] + 1)
     extra = []
-    for rows in FIRST_ROWS:
+    for rows in counts:
         times = []
         for _ in range(4):
             t = time.perf_counter()
             run(rows)
             times.append(time.perf_counter() - t)
         extra.append(times[0] - min(times[1:]))  # the fastest repeat: a busy host's stalls hit repeats less often
-    return max(statistics.median(extra), 0.0) / FIRST_NODES
+    return statistics.median(extra)
+
+
+def first_shape(provider: str, op: str) -> float:
+    """s per `op` node: first_run_extra of a chain of FIRST_NODES of them (MatMuls each 64 wider: no two share a GEMM
+    shape) over FIRST_NODES; 0 when the first run is no slower."""
+    widths = [FIRST_WIDTH + 64 * (i + 1) for i in range(FIRST_NODES)] if op == "MatMul" else [FIRST_WIDTH] * FIRST_NODES
+    return max(first_run_extra(chain_session(provider, op, widths)), 0.0) / FIRST_NODES
 
 
 def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
