@@ -36,11 +36,12 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
-#   torchkernels         bench/torch_kernels.py: the h200-torch lowering's attention forms (sdpa, matmul, split), packed
+#   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only): the h200-torch lowering's attention forms (sdpa, matmul, split), packed
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
-#   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml into
+#   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml (CONS=...:
+#                        another file, e.g. constraints/chat-h200-torch-int4.yaml) into
 #                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
 #                        model-prefill.pt2, SDPA, for seq > 1), each exported + AOTInductor-compiled (model.pt2 alone
 #                        took 161 s of a ~240 s compile on 2026-12-03 17:12: with two, estimate ~400 s; pass S >= 560),
@@ -51,7 +52,8 @@
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
 #                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
-#                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side
+#                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side;
+#                        BUILDER=int4: the builder's int4 model instead, VARIANTS=...: another variant list
 #   ttft [DIR]           issue 27 item 4, softsyn run against softsyn signoff on one artifact: DIR (default
 #                        /tmp/ttft-MODEL: zoo:qwen3-1.7b, MODEL=..., compiled --effort low under constraints/chat-h200.yaml
 #                        when absent, reused while the machine is warm) signed off on cuda once (prefill seq 512, decode
@@ -252,13 +254,13 @@ torchtiny)
     set -e ;;
 torchkernels)
     softsyn_install
-    python3 bench/torch_kernels.py -o "$OUT/torch-kernels.md" 2>&1 | grep -v "No registered plugin EP" | tail -20 ;;
+    python3 bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | grep -v "No registered plugin EP" | tail -20 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
     rm -rf /tmp/torch-$model
     set +e
-    timeout "${2:-585}" softsyn compile zoo:$model -c constraints/chat-h200-torch.yaml -o /tmp/torch-$model \
+    timeout "${2:-585}" softsyn compile zoo:$model -c "${CONS:-constraints/chat-h200-torch.yaml}" -o /tmp/torch-$model \
         > "$OUT/torch-$model-compile.txt" 2>&1
     echo "compile exit $?"
     set -e
@@ -278,8 +280,8 @@ peerst)
     dir=$1
     model=${2:-qwen3-1.7b}
     python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
-        --torch-dir "$dir" --variants compiled,compiled+graph,torch,plain,builder,builder+graph \
-        --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
+        --torch-dir "$dir" --variants "${VARIANTS:-compiled,compiled+graph,torch,plain,builder,builder+graph}" \
+        ${BUILDER:+--builder-precision $BUILDER} --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
         tee "$OUT/compare-peerst-$model.log" | grep -v "No registered plugin EP"
     cp /tmp/peerst/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
 ttft)

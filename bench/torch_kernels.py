@@ -15,6 +15,10 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
   int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
              in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
              group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back);
+  softsyn    (CUDA) softsyn's own int4 kernel (softsyn.emit.triton_int4: a Triton kernel as a torch.library.triton_op,
+             what h200-torch builds for an int4 cell when TorchTarget.int4 is "softsyn") at group sizes 64 and 128,
+             at decode (one row) and at prefill (512 rows), against fp16 cuBLAS, each with its relative error; then
+             whether AOTInductor packages a step holding it and runs it from the package with the eager result;
   gemlite    (CUDA, where the gemlite wheel is installed: docs/h200.md) the same GEMVs through gemlite's Triton kernels
              (GEMV RevSplit-K at batch 1): A16W8 int8 and fp8 (per-channel scales, gemlite's own quantiser) and A16W4
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
@@ -26,6 +30,7 @@ K/V) over that time as effective bandwidth. Writes a markdown table to -o (defau
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 from pathlib import Path
@@ -164,6 +169,100 @@ def int4_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
+SHAPES = (("q/k/v packed", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM), ("o", HEADS * HEAD_DIM, HIDDEN),
+          ("gate/up packed", HIDDEN, 2 * MLP), ("down", MLP, HIDDEN), ("lm_head", HIDDEN, 151936))
+
+
+def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
+    """softsyn's int4 kernel against F.linear at fp16, decode (1 row) and prefill (512 rows), compiled by Inductor
+    (which inlines the triton_op's kernel and autotunes it at these shapes, as AOTInductor does per package)."""
+    from softsyn.emit.triton_int4 import Int4Linear
+
+    rows = []
+    for label, width_in, width_out in SHAPES:
+        size = width_in * width_out * 2
+        linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
+        torch.nn.init.normal_(linear.weight, std=0.02)
+        for seq in (1, 512):
+            inp = torch.randn(1, seq, width_in, device=device, dtype=dtype)
+            want = linear(inp).float()
+            for form, layer in [("fp16", linear)] + [(f"softsyn int4 g{g}", Int4Linear.from_linear(linear, g))
+                                                     for g in (64, 128)]:
+                torch._dynamo.reset()
+                try:
+                    err = float((layer(inp).float() - want).abs().max() / want.abs().max())
+                    seconds = timed(torch.compile(lambda lyr=layer, i=inp: lyr(i), dynamic=False), device)
+                except Exception as exc:  # noqa: BLE001 - a form Triton refuses here is a line, not a crash
+                    print(f"softsyn int4 {form} {label}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                    continue
+                what = "decode" if seq == 1 else f"prefill {seq}"
+                rows.append((f"{label} {width_in}x{width_out} ({what}, {size / 1e6:.0f} MB at fp16)",
+                             f"{form} (rel err {err:.1e})", seconds, size / seconds))
+    return rows
+
+
+def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
+    """Decode GEMVs (one row) as a step runs them: `calls` eager calls of one layer captured in one CUDA graph, the
+    replay's time / calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200
+    2026-12-03, H100 2026-12-06), so small shapes compare forms only in a chain. Forms: cuBLAS fp16 (F.linear),
+    softsyn's int4 kernel (Triton-autotuned on the first call), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
+    from softsyn.emit.triton_int4 import Int4Linear
+
+    try:
+        import gemlite
+        gemlite.load_config(str(Path(gemlite.__file__).parent / "configs" / "h100.json"), print_error=False)
+    except ImportError:
+        gemlite = None
+    rows = []
+    for label, width_in, width_out in SHAPES:
+        size = width_in * width_out * 2
+        linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
+        torch.nn.init.normal_(linear.weight, std=0.02)
+        inp = torch.randn(1, width_in, device=device, dtype=dtype)
+        forms = [("fp16 cuBLAS", linear)] + [(f"softsyn int4 g{g}", Int4Linear.from_linear(linear, g))
+                                             for g in (64, 128)]
+        if gemlite is not None and label != "lm_head":  # gemlite's from_linear takes the layer's weight: a copy each
+            forms += [(f"gemlite {name}", gemlite_layer(copy.deepcopy(linear), bits, group))
+                      for name, bits, group in (("A16W4 g64", 4, 64), ("A16W8 fp8", 8, -1))]
+        for form, layer in forms:
+            try:
+                seconds = timed(lambda lyr=layer, i=inp: [lyr(i) for _ in range(calls)], device) / calls
+            except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
+                print(f"chain {form} {label}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                continue
+            rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph, {size / 1e6:.0f} MB at "
+                         "fp16)", form, seconds, size / seconds))
+    return rows
+
+
+def softsyn_int4_packaged(device: str, dtype) -> str:
+    """Whether AOTInductor packages a module holding softsyn's int4 layer and the package gives the eager result."""
+    import tempfile
+
+    from softsyn.emit.triton_int4 import Int4Linear
+
+    linear = torch.nn.Linear(HIDDEN, MLP, bias=False, device=device, dtype=dtype)
+    step = torch.nn.Sequential(Int4Linear.from_linear(linear, 128), torch.nn.SiLU())
+    x = torch.randn(3, HIDDEN, device=device, dtype=dtype)
+    try:
+        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
+            seq = torch.export.Dim("seq", min=1, max=4096)
+            program = torch.export.export(step, (x,), dynamic_shapes=({0: seq},), strict=False)
+            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/i4.pt2")
+            runner = torch._inductor.aoti_load_package(path)
+            errs = []
+            for rows in (1, 3, 64):
+                inp = torch.randn(rows, HIDDEN, device=device, dtype=dtype)
+                got = runner(inp)
+                got = got[0] if isinstance(got, (list, tuple)) else got
+                want = step(inp).float()
+                errs.append(f"{rows} rows {float((got.float() - want).abs().max() / want.abs().max()):.1e}")
+        return f"softsyn int4 in an AOTInductor package: compiled and ran (rel err against eager: {', '.join(errs)})"
+    except Exception as exc:  # noqa: BLE001 - the answer is the failure
+        return (f"softsyn int4 in an AOTInductor package: failed ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:300]})")
+
+
 GEMLITE_FORMS = (("A16W8 int8", 8, 0), ("A16W8 fp8", 8, -1), ("A16W4 g64", 4, 64), ("A16W4 g128", 4, 128))
 
 
@@ -252,13 +351,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("-o", "--output", type=Path)
+    parser.add_argument("--parts", default="attention,projections,int4,softsyn,gemlite,chain",
+                        help="which tables (comma-separated; default all)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    rows = attention_rows(args.device, dtype) + projection_rows(args.device, dtype)
-    rows += int4_rows(args.device, dtype) if args.device == "cuda" else []  # tinygemm's int4 layout is CUDA's
-    rows += gemlite_rows(args.device, dtype) if args.device == "cuda" else []  # Triton kernels: CUDA only here
-    packaged = gemlite_packaged(args.device, dtype) if args.device == "cuda" else None
+    cuda = args.device == "cuda"  # tinygemm's int4 layout, softsyn's and gemlite's Triton kernels: CUDA only here
+    rows = attention_rows(args.device, dtype) if "attention" in parts else []
+    rows += projection_rows(args.device, dtype) if "projections" in parts else []
+    rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []
+    rows += softsyn_int4_rows(args.device, dtype) if cuda and "softsyn" in parts else []
+    rows += gemlite_rows(args.device, dtype) if cuda and "gemlite" in parts else []
+    rows += chain_rows(args.device, dtype) if cuda and "chain" in parts else []
+    packaged = "\n".join(line for line in (
+        softsyn_int4_packaged(args.device, dtype) if cuda and "softsyn" in parts else None,
+        gemlite_packaged(args.device, dtype) if cuda and "gemlite" in parts else None) if line) or None
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
              "| what | form | us per call | effective GB/s (fp16 bytes of the weights or K/V / time) |", "|---|---|---:|---:|"]
     lines += [f"| {what} | {form} | {s * 1e6:.1f} | {bw / 1e9:.0f} |" for what, form, s, bw in rows]

@@ -6,6 +6,10 @@ The default is the library's native activation precision: fp16 on GPU targets, f
 export) it converts everything up to fp32 (passes.precision.fp16.to_fp32), dont_touch cells kept as they are.
 fp16 converts weights, activations and the float ports (past KV in, logits and present KV out),
 keeping fp32 islands where fp16 loses more than rounding (passes.precision.fp16).
+A quantised default (int4, int8, fp8) is a uniform weight map: the float design first, then every weight cell the
+compile loop could move (passes.optimize.mapping.candidates: outside dont_touch, with a library cell for it) becomes
+that precision's cell through the loop's own apply_mapping (ORT's quantiser); activations stay float. The loop
+(effort medium and up) then has no float weight cell left to move: the map is the one asked for.
 The report's `realised` is read from the model after the conversion (softsyn.timing.realised), never the request.
 Named rules hold cells above the map: `moe_router` (passes.precision.router) keeps MoE routing at
 fp16/bf16 or wider, and the log and session.json's precision report say how many cells it held.
@@ -16,10 +20,11 @@ from softsyn.errors import SoftsynError
 from softsyn.timing.realised import realised_precision
 from passes import PassReport, PassResult, register, report_of
 from passes.precision.fp16 import holds_half, to_fp16, to_fp32
-from passes.precision.bf16 import start_why_not
 from passes.precision.router import RULE, router_cells, summary
+from passes.precision.bf16 import start_why_not
 
 UNIFORM = ("fp32", "fp16")
+WEIGHTS_ONLY = ("int4", "int8", "fp8")  # quantised defaults: a uniform weight map over the float design
 # A requested precision the uniform map does not realise, and the one it realises instead when the constraints allow
 # it: bf16 and fp16 carry the same bytes, and ORT's CPU provider has no bf16 MatMul to verify a bf16 artifact on.
 # Per-cell bf16 comes with the compile loop's precision moves; the substitution is logged and reported, never silent.
@@ -38,11 +43,13 @@ def default_precision(design) -> tuple[str, str]:
     chosen = cons.precision.default or ("fp16" if design.library.is_gpu else "fp32")
     if chosen in UNIFORM:
         return chosen, chosen
+    if chosen in WEIGHTS_ONLY:  # the float design under the weight map
+        return chosen, "fp16" if design.library.is_gpu else "fp32"
     instead = SUBSTITUTE.get(chosen)
     if instead is not None and (instead in cons.precision.allowed or bf16_start(design)):
         return chosen, instead
     raise SoftsynError(f"{cons.source}: precision.default: {chosen} is not a uniform precision the low-effort "
-                       f"compile maps; valid: {', '.join(UNIFORM)}"
+                       f"compile maps; valid: {', '.join(UNIFORM + WEIGHTS_ONLY)}"
                        + (f" (or {chosen} with {instead} in precision.allowed)" if instead else ""))
 
 
@@ -66,7 +73,7 @@ def run(design) -> PassResult:
                    f"rotary, the KV cache and ports: a bf16 region is not built); the compile loop (effort medium and "
                    f"up) starts every MatMul cell as a bf16 cell on {design.library.name}; effort low keeps them "
                    f"{realised}")
-    elif requested != realised:
+    elif requested != realised and requested not in WEIGHTS_ONLY:
         design.log(f"precision: requested {requested}, realised {realised} (the low-effort map is uniform "
                    f"{'/'.join(UNIFORM)}; {realised} is in precision.allowed)")
     cells = router_cells(design.netlist.model.graph)
@@ -81,9 +88,36 @@ def run(design) -> PassResult:
     else:
         counts = (to_fp32 if realised == "fp32" else to_fp16)(model, pinned).counts()
         design.netlist_changed()
+    if requested in WEIGHTS_ONLY:
+        counts.update(uniform_weights(design, requested, report))
     held = realised_precision(design.netlist)  # what the model holds now, per weight and KV buffer
     report.update({"target": realised, "realised": held.float_precision or realised, "kv": held.kv_precision})
     return PassResult({**counts, **rule}, report)
+
+
+def uniform_weights(design, precision: str, report: PrecisionReport) -> dict[str, int]:
+    """Every weight cell offered `precision` (passes.optimize.mapping.candidates) mapped to it; the counts, and the
+    report's `weights` entry: how many cells were mapped and why the others were not."""
+
+    # deferred: passes.optimize imports passes.fuse, which imports this package (default_precision): a cycle at import
+    from passes.optimize.mapping import apply_mapping, candidates  # the loop's own: one quantiser, one cell choice
+
+    cands, skipped = candidates(design)
+    mapping = {c.name: precision for c in cands if precision in c.options}
+    kept = len(cands) - len(mapping)
+    if precision in skipped:
+        why = skipped[precision]
+    else:
+        why = f"{kept} cell{'s' if kept != 1 else ''} without a {precision} option" if kept else ""
+    counts = apply_mapping(design.netlist, mapping, mapping, design.library) if mapping else {}
+    if mapping:
+        design.netlist_changed()
+    pinned = sum(1 for why_not in skipped.values() if why_not == "dont_touch")
+    report["weights"] = {"precision": precision, "cells": counts.get(precision, 0), "dont_touch": pinned,
+                         **({"not_mapped": why} if why else {})}
+    design.log(f"precision: uniform {precision} weights: {counts.get(precision, 0)} cells"
+               + (f"; {pinned} dont_touch" if pinned else "") + (f"; not mapped: {why}" if why else ""))
+    return {f"weights_{precision}": counts.get(precision, 0)}
 
 
 def _float_params(weights: dict[str, int]) -> int:

@@ -27,6 +27,7 @@ from softsyn.emit.session import write_json
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
                                      weight_map)
+from softsyn.emit.triton_int4 import use_prompt_form
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -120,6 +121,7 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     cfg_max, _ = shared_buffer_length(design.constraints)
     model = holder[0]
     model.set_attn_implementation(ATTENTIONS[built.attention][0])
+    use_prompt_form(model, built.key == PREFILL)  # softsyn's int4 layers: dequantise + cuBLAS for a prompt
     serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
     t0 = time.perf_counter()
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "
@@ -180,7 +182,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
     cells = weight_map(design)
-    weight_notes = quantise_modules(model, cells, target.float_precision, target.weights)
+    weight_notes = quantise_modules(model, cells, target.float_precision, target.weights, target.int4_kernel)
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     packages, holder = planned(target), [model]
@@ -199,8 +201,9 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     for built in packages:
         write_json(folder / built.kernels, calls_data(built.calls))
     settings = torch_settings(design, reference, geometry, vocab, packages)
-    settings["weights"] = {name: {"precision": c.precision, "block": c.block} for name, c in sorted(cells.items())
-                           if c.precision in target.weights}
+    settings["weights"] = {name: {"precision": c.precision, "block": c.block,
+                                  **({"kernel": target.int4_kernel} if c.precision == "int4" else {})}
+                           for name, c in sorted(cells.items()) if c.precision in target.weights}
     write_json(folder / TORCH_FILE, settings)
     step = loaded_step(design, folder, settings, packages)
     notes += package_notes(design, packages, packed, folder, step)

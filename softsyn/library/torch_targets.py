@@ -3,9 +3,9 @@
 A torch target has no library of its own yet: the design is timed with the ORT library of the same device
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
-Weights: the compile loop's per-cell choice, realised per module by torchao's weight-only quantisation: int8 on
-both, int4 on CUDA only (tinygemm's aten._weight_int4pack_mm: torchao's CPU int4 layouts need kernels its CPU wheel
-lacks); fp8 is not offered yet.
+Weights: the compile loop's per-cell choice, realised per module: int8 by torchao's weight-only layer on both; int4
+on CUDA only, by softsyn's Triton kernel (softsyn.emit.triton_int4) on h200-torch or torchao's tinygemm layout
+(`int4_kernel`; torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 is not offered yet.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ class TorchTarget:
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
     prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
     # (DIR/model-prefill.pt2); None: DIR/model.pt2 serves every step
+    int4_kernel: str = "torchao"  # an int4 cell's layer: "torchao" (tinygemm's layout) or "softsyn"
+    # (softsyn.emit.triton_int4's Triton kernel, compiled into the package)
 
     @property
     def float_precision(self) -> str:
@@ -42,6 +44,9 @@ TORCH_TARGETS = {
     # SDPA measured faster alone) fails in the H200 image's torch 2.11 Inductor (AssertionError: ps1, 17:07), so
     # prefill gets a package of its own in SDPA's form: Inductor's mask + softmax took 48 us a layer at prefill 512
     # where SDPA measured 34 alone (prefill 512: 5.959 ms vs ORT's 4.945, 17:36)
+    # int4 stays torchao's: softsyn's kernel (int4_kernel "softsyn") beat cuBLAS fp16 on the lm_head (105 vs 205 us)
+    # and gate/up (13.8 vs 21.1) but lost on q/k/v, o and down (down 19.8 vs 8.8 us: no split-K), 24 calls a graph,
+    # H100, 2026-12-06 (bench/results/torch-kernels-chain-h100-2026-12-06.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4"),
                               prefill_attention="sdpa"),
 }

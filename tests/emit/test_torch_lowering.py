@@ -48,6 +48,39 @@ def _tiny_model():
     return model, ATTENTIONS
 
 
+IDS = [[3, 14, 15, 92]]
+
+
+def packed_tiny():
+    """(zoo:qwen3-tiny in torch, SDPA attention and packed projections, ready for quantise_modules; the float
+    model's logits for IDS, taken before packing)."""
+    import torch
+
+    from softsyn.emit.torch_step import pack_projections
+
+    model, attentions = _tiny_model()
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor(IDS)).logits
+    model.set_attn_implementation(attentions["sdpa"][0])
+    pack_projections(model)
+    return model, want
+
+
+def exported_step(model):
+    """(the step torch.export makes of `model` over a 16-slot cache, what AOTInductor compiles; its logits for IDS)."""
+    import torch
+
+    from softsyn.emit.torch_lowering import export_step
+    from softsyn.emit.torch_step import StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    layers, kv, head_dim = kv_geometry(model.config)
+    program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
+    cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
+    with torch.no_grad():
+        return program, program.module()(torch.tensor(IDS), torch.arange(4)[None], torch.arange(4), *cache)
+
+
 @pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq"])
 def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     """K and V are never repeated per query head, yet either form gives transformers' masked SDPA (which repeats
@@ -251,16 +284,9 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     exports (torch.export, what AOTInductor compiles), and its logits stay within int8's error of the float model's."""
     import torch
 
-    from softsyn.emit.torch_lowering import export_step
-    from softsyn.emit.torch_step import StaticStep, WeightCell, pack_projections, quantise_modules
-    from softsyn.frontends.export import kv_geometry
+    from softsyn.emit.torch_step import WeightCell, quantise_modules
 
-    model, attentions = _tiny_model()
-    ids = torch.tensor([[3, 14, 15, 92]])
-    with torch.no_grad():
-        want = model(input_ids=ids).logits
-    model.set_attn_implementation(attentions["sdpa"][0])
-    pack_projections(model)
+    model, want = packed_tiny()
     int8, int4 = WeightCell("int8", 0), WeightCell("int4", 32)
     notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": int8, "model.layers.0.mlp.down_proj": int8,
                                      "model.layers.1.mlp.up_proj": int4}, "fp32", ("int8",))
@@ -272,11 +298,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     assert any("2 Linear layers int8 weight-only" in n for n in notes)
     assert any("1 Linear layer mapped int4 kept fp32: int4 is not built for this torch target (built: int8)" in n
                for n in notes)
-    layers, kv, head_dim = kv_geometry(model.config)
-    program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
-    cache = [torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)]
-    with torch.no_grad():
-        got = program.module()(ids, torch.arange(4)[None], torch.arange(4), *cache)
+    _, got = exported_step(model)
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.05, rel
 

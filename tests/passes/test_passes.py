@@ -195,9 +195,23 @@ def test_precision_is_fp32_on_cpu_and_honours_the_default(tiny):
     design = Design(tiny, Constraints.default(), load_library("cpu-ort"), progress=False)
     nodes = len(tiny.nodes())
     assert run_pass(design, "precision").counts == {} and len(tiny.nodes()) == nodes
-    design = Design(tiny, parse_constraints("precision:\n  default: int8\n"), load_library("cpu-ort"), progress=False)
-    with pytest.raises(SoftsynError, match="precision.default: int8 .*valid: fp32, fp16"):
-        run_pass(design, "precision")
+
+
+def test_a_quantised_default_maps_every_weight_cell_at_low_effort(tiny, tmp_path):
+    """precision.default int8 (int4, fp8) at effort low: the float design, then every weight cell the loop could move
+    becomes that precision's cell (ORT's quantiser through the loop's apply_mapping), dont_touch kept; the model
+    still computes the function within int8's error, and the report says how many cells were mapped."""
+    feeds, want = reference_outputs(tiny, tmp_path)
+    cons = parse_constraints("precision:\n  allowed: [fp32, int8]\n  default: int8\ndont_touch: [lm_head]\n")
+    design = Design(tiny, cons, load_library("cpu-ort"), progress=False)
+    result = run_pass(design, "precision")
+    nbits = [n for n in tiny.nodes() if n.op_type == "MatMulNBits"]
+    assert result.counts["weights_int8"] == len(nbits) == 14  # 2 layers x 7 projections; the lm_head kept
+    assert all(n.attributes.get_int("bits") == 8 for n in nbits)
+    assert not any(n.metadata_props.get(HIERARCHY_KEY, "").startswith("lm_head") for n in nbits)
+    assert result.report["weights"] == {"precision": "int8", "cells": 14, "dont_touch": 1}
+    for f, w in zip(feeds, want):
+        assert 0 < max_rel_error(run_ort(tiny.model, f, tmp_path), w) < 0.05
 
 
 def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):

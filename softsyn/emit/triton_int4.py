@@ -1,0 +1,254 @@
+"""softsyn's int4 weight-only matmul for the CUDA torch target: a Triton kernel that AOTInductor compiles into the
+package (a `torch.library.triton_op`, so the package runs it with torch alone, no softsyn and no Triton at load).
+
+Why a kernel of our own: torchao's int4 layer (tinygemm's tile-packed layout) decoded no faster than fp16 at
+qwen3-1.7b's widths on the H200 (gate/up 19.6 vs 19.2 us, 2026-12-03), and gemlite registers a Python custom op, so a
+package holding its layers needs gemlite imported where it loads. At batch 1 a step streams its weights, so a kernel
+that reads 4 bits per weight and dequantises in registers is the move the torch target's cells need (issue 28).
+Where it stands: docs/decisions/2026-12-06-triton-int4.md (faster than cuBLAS fp16 on wide layers, slower on narrow
+ones as first written; the target's default stays torchao's until it measures faster at every shape).
+
+Format (`Int4Weights`): weights quantised round-to-nearest per group of `group` inputs, asymmetric: w ~ q * scale +
+low, q in 0..15, scale and low fp16 per (group, output). `packed` is uint8 [K / 2, N], N contiguous, so a program's
+loads along outputs coalesce: in group g, row g * group / 2 + i holds input g * group + i in its low nibble and input
+g * group + group / 2 + i in its high nibble, so a group's two halves are two dense [group / 2, N] tiles, each
+multiplied by its half of the activations (two tl.dot calls, no interleave).
+
+The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 accumulation: one row a program at decode (the tile
+accumulated over GROUPS_PER_STEP groups a loop step, reduced once at the end), tensor-core tiles of BLOCK_M x BLOCK_N
+for several rows; a narrow layer's inputs split across programs (`split_for`). On CUDA it is autotuned (AOTInductor tunes it once at the example shapes of each package: the
+decode package's few rows, the prefill package's prompt); elsewhere it runs at `DEFAULT_CONFIG` (CPU tests run it in
+Triton's interpreter, TRITON_INTERPRET=1), and without Triton the op computes the same product in torch.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group's half is a tl.dot K of at least 16)
+LEVELS = 15  # 4-bit codes 0..15
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU-only install has no Triton: the op falls back to torch (below)
+    triton = None
+
+
+class Int4Weights(NamedTuple):
+    packed: torch.Tensor  # uint8 [K / 2, N]
+    scales: torch.Tensor  # [K / group, N], the activations' dtype
+    lows: torch.Tensor  # [K / group, N]
+    group: int
+
+
+def group_for(block: int, width: int) -> int | None:
+    """The kernel's group size for a cell quantised at `block` (0: per channel): the largest of GROUPS at or below
+    it that divides the input width `width`; None when none does (the layer stays float)."""
+    fits = [g for g in GROUPS if width % g == 0 and (block == 0 or g <= block)]
+    return max(fits) if fits else None
+
+
+def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype) -> Int4Weights:
+    """`weight` [N, K] (a Linear's) as Int4Weights: round to nearest between each group's min and max, the codes
+    computed against the scale and low as stored (`dtype`), so dequantise gives what the kernel computes."""
+    out, width = weight.shape
+    if group not in GROUPS or width % group:
+        raise ValueError(f"int4 group {group} for an input width of {width}: valid groups are {GROUPS} dividing it")
+    w = weight.detach().float().reshape(out, width // group, group)
+    low = w.amin(-1, keepdim=True).to(dtype).float()
+    scale = ((w.amax(-1, keepdim=True) - low) / LEVELS).clamp(min=1e-8).to(dtype).float()
+    codes = ((w - low) / scale).round().clamp(0, LEVELS).to(torch.uint8)
+    half = group // 2
+    packed = codes[..., :half] | (codes[..., half:] << 4)  # [N, K / group, group / 2]
+    return Int4Weights(packed.reshape(out, width // 2).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
+                       low[..., 0].t().contiguous().to(dtype), group)
+
+
+def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
+    """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format."""
+    rows, out = packed.shape
+    groups = scales.shape[0]
+    half = rows // groups
+    tiles = packed.t().reshape(out, groups, half)
+    codes = torch.cat([tiles & 0xF, tiles >> 4], dim=-1).to(scales.dtype)  # [N, groups, group]
+    return (codes * scales.t()[..., None] + lows.t()[..., None]).reshape(out, groups * 2 * half)
+
+
+if triton is not None:
+    @triton.jit
+    def int4_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_split,
+                           K_SPLIT, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           GROUPS_PER_STEP: tl.constexpr = 1):
+        """y[M, N] = x[M, K] @ W^T, W dequantised a group at a time from the packed format (module docstring).
+        Program (i, j, s) computes rows i, outputs j over inputs [s * K_SPLIT, (s + 1) * K_SPLIT) into y's slice s
+        (stride_split apart; one slice when the grid has one split)."""
+        HALF: tl.constexpr = GROUP // 2
+        k_start = tl.program_id(2) * K_SPLIT
+        k_end = tl.minimum(k_start + K_SPLIT, K)
+        y_ptr += tl.program_id(2) * stride_split
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, HALF)
+        w_tile = w_ptr + rk[:, None] * N + rn[None, :]
+        if BLOCK_M == 1:  # one row a program (decode): no tensor-core padding to 16 rows
+            # GROUPS_PER_STEP groups a loop step, multiplied into an accumulator of the tile's shape and reduced once
+            # after the loop: one group a step with a reduction in each (cross-thread, every step) left down_proj
+            # (48 steps) at 19.6 us against cuBLAS fp16's 8.8 (H100, 2026-12-06)
+            row = tl.program_id(0)
+            rg = tl.arange(0, GROUPS_PER_STEP)
+            x_row = x_ptr + row * stride_xm + rg[:, None] * GROUP + rk[None, :]  # [G, HALF]
+            w_step = w_ptr + (rg[:, None, None] * HALF + rk[None, :, None]) * N + rn[None, None, :]  # [G, HALF, BN]
+            acc3 = tl.zeros((GROUPS_PER_STEP, HALF, BLOCK_N), dtype=tl.float32)
+            for k0 in range(k_start, k_end, GROUP * GROUPS_PER_STEP):
+                g0 = k0 // GROUP
+                in_k = (k0 + rg * GROUP) < k_end
+                a_lo = tl.load(x_row + k0, mask=in_k[:, None], other=0.0).to(tl.float32)
+                a_hi = tl.load(x_row + k0 + HALF, mask=in_k[:, None], other=0.0).to(tl.float32)
+                codes = tl.load(w_step + g0 * HALF * N, mask=in_k[:, None, None] & (rn[None, None, :] < N), other=0)
+                sl_mask = in_k[:, None] & (rn[None, :] < N)
+                scale = tl.load(s_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0).to(tl.float32)
+                low = tl.load(l_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0).to(tl.float32)
+                scale, low = scale[:, None, :], low[:, None, :]
+                acc3 += a_lo[:, :, None] * ((codes & 0xF).to(tl.float32) * scale + low)
+                acc3 += a_hi[:, :, None] * ((codes >> 4).to(tl.float32) * scale + low)
+            acc = tl.sum(tl.sum(acc3, 1), 0)
+            tl.store(y_ptr + row * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=rn < N)
+        else:
+            rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok, col_ok = rm[:, None] < M, rn[None, :] < N
+            x_rows = x_ptr + rm[:, None] * stride_xm + rk[None, :]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(k_start, k_end, GROUP):
+                g = k0 // GROUP
+                a_lo = tl.load(x_rows + k0, mask=row_ok, other=0.0)
+                a_hi = tl.load(x_rows + k0 + HALF, mask=row_ok, other=0.0)
+                codes = tl.load(w_tile + g * HALF * N, mask=col_ok, other=0)
+                scale = tl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
+                low = tl.load(l_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
+                acc += tl.dot(a_lo, (codes & 0xF).to(a_lo.dtype) * scale + low)
+                acc += tl.dot(a_hi, (codes >> 4).to(a_lo.dtype) * scale + low)
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
+
+    # decode (a few rows) wants narrow output tiles over many programs; a prompt wants wide tiles: AOTInductor picks
+    # per package at its example shapes
+    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "GROUPS_PER_STEP": g}, num_warps=w, num_stages=s)
+               for n, g, w, s in ((16, 1, 2, 3), (16, 2, 4, 3), (16, 4, 4, 2), (32, 1, 4, 3), (32, 2, 4, 3),
+                                  (32, 4, 8, 2), (64, 1, 4, 3), (64, 2, 8, 2), (128, 1, 8, 2))]
+    CONFIGS += [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+                for m, n, w, s in ((16, 32, 4, 4), (16, 64, 4, 3), (16, 128, 4, 3),
+                                   (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))]
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(int4_matmul_kernel)
+
+DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
+SPLIT_MAX = 8  # input splits at most
+SPLIT_PROGRAMS = 2  # split until the programs at BLOCK_N 32 reach this many per SM
+
+
+def split_for(width: int, out: int, group: int, processors: int) -> int:
+    """Input splits for a [width -> out] layer: at batch 1 a narrow layer has too few output tiles to occupy the GPU
+    (o_proj's 2048 outputs are 64 programs of 32 on 132 SMs), so its inputs are split across programs and the
+    partial products summed after. A power of two that divides the groups and leaves each split 2 of them or more;
+    1 for wide layers. A heuristic on the shape only (the rows are dynamic in a package)."""
+    groups, programs = width // group, -(-out // 32)
+    split = 1
+    while (split * 2 <= SPLIT_MAX and programs * split * 2 <= SPLIT_PROGRAMS * processors
+           and groups % (split * 2) == 0 and groups // (split * 2) >= 2):
+        split *= 2
+    return split
+
+
+def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
+           config: dict | None = None, split: int | None = None) -> torch.Tensor:
+    """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"}) is
+    given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter); inputs split `split` ways (default:
+    split_for on CUDA, 1 elsewhere), each split's fp32 partial product written apart and summed."""
+    rows, width, out = flat.shape[0], flat.shape[1], packed.shape[1]
+    group = width // scales.shape[0]
+    cuda = flat.device.type == "cuda"
+    if split is None:
+        split = split_for(width, out, group, torch.cuda.get_device_properties(flat.device).multi_processor_count) \
+            if cuda else 1
+    if split > 1:
+        y = torch.empty((split, rows, out), device=flat.device, dtype=torch.float32)
+        stride_split = rows * out
+    else:
+        y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)
+        stride_split = 0
+    k_split = width // group // split * group
+    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, stride_split, k_split)
+    if cuda and config is None:
+        grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), split)  # noqa: E731
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group)
+    else:
+        config = config or DEFAULT_CONFIG
+        grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(out, config["BLOCK_N"]), split)
+        torch.library.wrap_triton(int4_matmul_kernel)[grid](*args, GROUP=group, **config)
+    return y.sum(0).to(flat.dtype) if split > 1 else y
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@torch.library.triton_op("softsyn::int4_matmul", mutates_args=())
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format: the Triton kernel on CUDA (and in Triton's interpreter), torch's
+    matmul over the dequantised weight elsewhere."""
+    width, out = x.shape[-1], packed.shape[1]
+    flat = x.reshape(-1, width)
+    if triton is None or (x.device.type != "cuda" and not interpreting()):
+        return (flat @ dequantise(packed, scales, lows).t()).reshape(*x.shape[:-1], out)
+    y = launch(flat.contiguous(), packed, scales, lows)
+    return y.reshape(*x.shape[:-1], out)
+
+
+class Int4Linear(torch.nn.Module):
+    """A bias-optional Linear whose weight is Int4Weights, run by softsyn::int4_matmul; where a torch.nn.Linear was."""
+
+    def __init__(self, weights: Int4Weights, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("packed", weights.packed)
+        self.register_buffer("scales", weights.scales)
+        self.register_buffer("lows", weights.lows)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.group = weights.group
+        self.in_features, self.out_features = weights.packed.shape[0] * 2, weights.packed.shape[1]
+        self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group: int) -> Int4Linear:
+        return cls(quantise(linear.weight, group, linear.weight.dtype), linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prompt_form:
+            return torch.nn.functional.linear(x, dequantise(self.packed, self.scales, self.lows), self.bias)
+        y = torch.ops.softsyn.int4_matmul(x, self.packed, self.scales, self.lows)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, int4 (softsyn)"
+
+
+def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
+    """Set every Int4Linear of `model` to the prompt form (on) or the kernel (off); how many. At 512 rows the kernel's
+    tensor-core tiles took 2.1-2.5x cuBLAS fp16's time (H100, 2026-12-06, bench/torch_kernels.py), so a prompt
+    dequantises each weight (one Inductor kernel) and runs cuBLAS; at decode the kernel reads a quarter of the bytes.
+    Both forms read the same buffers, so a decode and a prefill package share one set of weights."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    for layer in layers:
+        layer.prompt_form = on
+    return len(layers)
+
+
+def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int) -> int:
+    """Put an Int4Linear at `group` where each of `linears` is held (by any parent); how many replaced."""
+    ids, done = {id(lin) for lin in linears}, {}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in ids:
+                if id(child) not in done:
+                    done[id(child)] = Int4Linear.from_linear(child, group)
+                setattr(parent, name, done[id(child)])
+    return len(done)
