@@ -24,6 +24,10 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
+  chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls of one layer in one CUDA graph, per call, for
+             cuBLAS fp16, softsyn's int4 (g64, g128), torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
+             replayed alone reads a floor of ~10-14 us whatever its kernel, so the tables above compare small shapes
+             only here.
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -205,7 +209,11 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     """Decode GEMVs (one row) as a step runs them: `calls` eager calls of one layer captured in one CUDA graph, the
     replay's time / calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200
     2026-12-03, H100 2026-12-06), so small shapes compare forms only in a chain. Forms: cuBLAS fp16 (F.linear),
-    softsyn's int4 kernel (Triton-autotuned on the first call), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
+    softsyn's int4 kernel (Triton-autotuned on the first call), torchao's tinygemm int4 (the step's fp16 activation in,
+    as h200-torch runs it), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
+    from torchao.quantization import quantize_
+
+    from softsyn.emit.torch_step import int4_config
     from softsyn.emit.triton_int4 import Int4Linear
 
     try:
@@ -221,6 +229,9 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
         inp = torch.randn(1, width_in, device=device, dtype=dtype)
         forms = [("fp16 cuBLAS", linear)] + [(f"softsyn int4 g{g}", Int4Linear.from_linear(linear, g))
                                              for g in (64, 128)]
+        tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
+        quantize_(tinygemm, int4_config(128))
+        forms.append(("torchao int4 g128 (tinygemm, h200-torch's int4)", tinygemm))
         if gemlite is not None and label != "lm_head":  # gemlite's from_linear takes the layer's weight: a copy each
             forms += [(f"gemlite {name}", gemlite_layer(copy.deepcopy(linear), bits, group))
                       for name, bits, group in (("A16W4 g64", 4, 64), ("A16W8 fp8", 8, -1))]

@@ -131,14 +131,15 @@ if triton is not None:
                 acc += tl.dot(a_hi, (codes >> 4).to(a_lo.dtype) * scale + low)
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
-    # decode (a few rows) wants narrow output tiles over many programs; a prompt wants wide tiles: AOTInductor picks
-    # per package at its example shapes
+    # decode (a few rows) wants narrow output tiles over many programs, one row each; a prompt wants wide tiles but
+    # takes the prompt form (use_prompt_form) in a prefill package, so two tile configs suffice. Few configs on
+    # purpose: AOTInductor compiles every config of every layer shape (model.pt2 of qwen3-0.6b took 248 s with 12
+    # configs, H100, 2026-12-06)
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "GROUPS_PER_STEP": g}, num_warps=w, num_stages=s)
-               for n, g, w, s in ((16, 1, 2, 3), (16, 2, 4, 3), (16, 4, 4, 2), (32, 1, 4, 3), (32, 2, 4, 3),
-                                  (32, 4, 8, 2), (64, 1, 4, 3), (64, 2, 8, 2), (128, 1, 8, 2))]
+               for n, g, w, s in ((16, 1, 2, 3), (16, 2, 4, 3), (32, 1, 4, 3), (32, 2, 4, 3), (64, 1, 4, 3),
+                                  (64, 2, 8, 2))]
     CONFIGS += [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-                for m, n, w, s in ((16, 32, 4, 4), (16, 64, 4, 3), (16, 128, 4, 3),
-                                   (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))]
+                for m, n, w, s in ((16, 64, 4, 3), (64, 128, 4, 3))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(int4_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
