@@ -15,7 +15,7 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
   int4       (CUDA) the packed q/k/v, packed gate/up and down GEMVs as fp16 against torchao's int4 weight-only layer
              in tinygemm's layout (softsyn.emit.torch_step.int4_config, what h200-torch builds for an int4 cell) at
              group sizes 32 and 128, the way the step runs them (an fp16 activation cast to bf16 and back);
-  softsyn    (CUDA) softsyn's own int4 kernel (softsyn.emit.triton_int4: a Triton kernel as a torch.library.triton_op,
+  softsyn    (CUDA) softsyn's own int4 kernel (softsyn.emit.triton_weights: a Triton kernel as a torch.library.triton_op,
              what h200-torch builds for an int4 cell when TorchTarget.int4 is "softsyn") at group sizes 64 and 128,
              at decode (one row) and at prefill (512 rows), against fp16 cuBLAS, each with its relative error; then
              whether AOTInductor packages a step holding it and runs it from the package with the eager result;
@@ -25,7 +25,7 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls of one layer in one CUDA graph, per call, for
-             cuBLAS fp16, softsyn's int4 (g64, g128), torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
+             cuBLAS fp16, softsyn's int4 (g64, g128) and fp8 (g128), torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
              replayed alone reads a floor of ~10-14 us whatever its kernel, so the tables above compare small shapes
              only here.
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
@@ -180,7 +180,7 @@ SHAPES = (("q/k/v packed", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM), ("o", HEA
 def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
     """softsyn's int4 kernel against F.linear at fp16, decode (1 row) and prefill (512 rows), compiled by Inductor
     (which inlines the triton_op's kernel and autotunes it at these shapes, as AOTInductor does per package)."""
-    from softsyn.emit.triton_int4 import Int4Linear
+    from softsyn.emit.triton_weights import QuantLinear
 
     rows = []
     for label, width_in, width_out in SHAPES:
@@ -190,7 +190,7 @@ def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
         for seq in (1, 512):
             inp = torch.randn(1, seq, width_in, device=device, dtype=dtype)
             want = linear(inp).float()
-            for form, layer in [("fp16", linear)] + [(f"softsyn int4 g{g}", Int4Linear.from_linear(linear, g))
+            for form, layer in [("fp16", linear)] + [(f"softsyn int4 g{g}", QuantLinear.from_linear(linear, g))
                                                      for g in (64, 128)]:
                 torch._dynamo.reset()
                 try:
@@ -209,12 +209,12 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     """Decode GEMVs (one row) as a step runs them: `calls` eager calls of one layer captured in one CUDA graph, the
     replay's time / calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200
     2026-12-03, H100 2026-12-06), so small shapes compare forms only in a chain. Forms: cuBLAS fp16 (F.linear),
-    softsyn's int4 kernel (Triton-autotuned on the first call), torchao's tinygemm int4 (the step's fp16 activation in,
+    softsyn's int4 and fp8 kernel (Triton-autotuned on the first call), torchao's tinygemm int4 (the step's fp16 activation in,
     as h200-torch runs it), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
     from torchao.quantization import quantize_
 
     from softsyn.emit.torch_step import int4_config
-    from softsyn.emit.triton_int4 import Int4Linear
+    from softsyn.emit.triton_weights import QuantLinear
 
     try:
         import gemlite
@@ -227,8 +227,9 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
         linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
         torch.nn.init.normal_(linear.weight, std=0.02)
         inp = torch.randn(1, width_in, device=device, dtype=dtype)
-        forms = [("fp16 cuBLAS", linear)] + [(f"softsyn int4 g{g}", Int4Linear.from_linear(linear, g))
+        forms = [("fp16 cuBLAS", linear)] + [(f"softsyn int4 g{g}", QuantLinear.from_linear(linear, g))
                                              for g in (64, 128)]
+        forms.append(("softsyn fp8 g128", QuantLinear.from_linear(linear, 128, "fp8")))
         tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
         quantize_(tinygemm, int4_config(128))
         forms.append(("torchao int4 g128 (tinygemm, h200-torch's int4)", tinygemm))
@@ -250,10 +251,10 @@ def softsyn_int4_packaged(device: str, dtype) -> str:
     """Whether AOTInductor packages a module holding softsyn's int4 layer and the package gives the eager result."""
     import tempfile
 
-    from softsyn.emit.triton_int4 import Int4Linear
+    from softsyn.emit.triton_weights import QuantLinear
 
     linear = torch.nn.Linear(HIDDEN, MLP, bias=False, device=device, dtype=dtype)
-    step = torch.nn.Sequential(Int4Linear.from_linear(linear, 128), torch.nn.SiLU())
+    step = torch.nn.Sequential(QuantLinear.from_linear(linear, 128), torch.nn.SiLU())
     x = torch.randn(3, HIDDEN, device=device, dtype=dtype)
     try:
         with torch.no_grad(), tempfile.TemporaryDirectory() as folder:

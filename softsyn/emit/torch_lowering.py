@@ -27,7 +27,7 @@ from softsyn.emit.session import write_json
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
                                      weight_map)
-from softsyn.emit.triton_int4 import use_prompt_form
+from softsyn.emit.triton_weights import use_prompt_form
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -121,7 +121,7 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     cfg_max, _ = shared_buffer_length(design.constraints)
     model = holder[0]
     model.set_attn_implementation(ATTENTIONS[built.attention][0])
-    use_prompt_form(model, built.key == PREFILL)  # softsyn's int4 layers: dequantise + cuBLAS for a prompt
+    use_prompt_form(model, built.key == PREFILL)  # softsyn's int4/fp8 layers: dequantise + cuBLAS for a prompt
     serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
     t0 = time.perf_counter()
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "

@@ -17,7 +17,7 @@ from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, qua
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 
-from softsyn.emit.triton_int4 import GROUPS, group_for, replace_linears
+from softsyn.emit.triton_weights import GROUPS, group_for, replace_linears
 
 
 class BufferLayer(StaticLayer):
@@ -270,9 +270,9 @@ def tinygemm_block(block: int) -> int:
 def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float_precision: str,
                      built: tuple[str, ...], int4_kernel: str = "torchao") -> list[str]:
     """Weight-only quantisation of the Linear layers `cells` names, in the precisions `built` (a packed group at its
-    most accurate part's precision and finest block): torchao's layers, or for int4 with `int4_kernel` "softsyn"
-    softsyn's own Triton kernel (softsyn.emit.triton_int4); the notes: what was quantised, and any cell the package
-    keeps float (and why)."""
+    most accurate part's precision and finest block): torchao's layers, or softsyn's own Triton kernel
+    (softsyn.emit.triton_weights) for fp8 and, with `int4_kernel` "softsyn", for int4; the notes: what was quantised,
+    and any cell the package keeps float (and why)."""
     modules = dict(model.named_modules())
     groups: dict[int, tuple[torch.nn.Linear, list[WeightCell]]] = {}
     notes = []
@@ -288,13 +288,13 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
     for linear, asked in groups.values():
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
         block = min(c.block for c in asked if c.precision == precision)
-        if precision == "int4" and int4_kernel == "softsyn" and precision in built:
+        if precision in built and (precision == "fp8" or precision == "int4" and int4_kernel == "softsyn"):
             group = group_for(block, linear.in_features)
             if group is None:
-                notes.append(f"{linear.in_features}-wide Linear mapped int4 kept {float_precision}: no int4 group of "
-                             f"{GROUPS} divides its input width")
+                notes.append(f"{linear.in_features}-wide Linear mapped {precision} kept {float_precision}: no group "
+                             f"of {GROUPS} divides its input width")
             else:
-                chosen.setdefault(("int4 softsyn", group), []).append(linear)
+                chosen.setdefault((f"{precision} softsyn", group), []).append(linear)
         elif precision in built:
             chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0), []).append(linear)
         elif precision != float_precision:
@@ -302,10 +302,11 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
     notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
               f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
     for (precision, block), linears in sorted(chosen.items()):
-        if precision == "int4 softsyn":
-            count = replace_linears(model, linears, block)
-            notes.append(f"{count} Linear layer{'s' if count != 1 else ''} int4 weight-only at group {block} "
-                         "(softsyn's Triton kernel, softsyn.emit.triton_int4), as the compile's map")
+        if precision.endswith(" softsyn"):
+            bits = precision.split()[0]
+            count = replace_linears(model, linears, block, bits)
+            notes.append(f"{count} Linear layer{'s' if count != 1 else ''} {bits} weight-only at group {block} "
+                         "(softsyn's Triton kernel, softsyn.emit.triton_weights), as the compile's map")
             continue
         ids = {id(lin) for lin in linears}
         if precision in WEIGHT_DTYPE:

@@ -4,8 +4,9 @@ A torch target has no library of its own yet: the design is timed with the ORT l
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
 Weights: the compile loop's per-cell choice, realised per module: int8 by torchao's weight-only layer on both; int4
-on CUDA only, by softsyn's Triton kernel (softsyn.emit.triton_int4) on h200-torch or torchao's tinygemm layout
-(`int4_kernel`; torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 is not offered yet.
+on CUDA only, by torchao's tinygemm layout or softsyn's Triton kernel (`int4_kernel`; softsyn.emit.triton_weights;
+torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 by softsyn's kernel where a target's `weights`
+names it (none does yet: the kernel is not measured).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class TorchTarget:
     prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
     # (DIR/model-prefill.pt2); None: DIR/model.pt2 serves every step
     int4_kernel: str = "torchao"  # an int4 cell's layer: "torchao" (tinygemm's layout) or "softsyn"
-    # (softsyn.emit.triton_int4's Triton kernel, compiled into the package)
+    # (softsyn.emit.triton_weights' Triton kernel, compiled into the package; fp8 cells, where `weights` builds
+    # them, always take it: torchao has no fast fp8 weight-only layer)
 
     @property
     def float_precision(self) -> str:

@@ -1,6 +1,7 @@
-"""softsyn's int4 kernel for the CUDA torch target (softsyn.emit.triton_int4): the packed format, the Triton kernel run
-in Triton's interpreter on the CPU (both of its paths: one row a program, and tensor-core tiles), and the lowering's
-use of it (the compile's int4 cells become Int4Linear layers; a prompt's form computes what the kernel does)."""
+"""softsyn's weight-only kernel for the CUDA torch target (softsyn.emit.triton_weights): the packed int4 and fp8
+formats, the Triton kernel run in Triton's interpreter on the CPU (both of its paths: one row a program, and
+tensor-core tiles), and the lowering's use of it (the compile's int4 and fp8 cells become QuantLinear layers; a
+prompt's form computes what the kernel does)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from softsyn.emit.triton_int4 import GROUPS, Int4Linear, dequantise, group_for, quantise, use_prompt_form
+from softsyn.emit.triton_weights import FP8_MAX, GROUPS, QuantLinear, dequantise, group_for, quantise, use_prompt_form
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -27,11 +28,25 @@ def test_the_packed_format_holds_each_weight_within_half_a_step(group):
     assert (back - weight).abs().max() > 0  # it is quantised
 
 
+@pytest.mark.parametrize("group", GROUPS)
+def test_fp8_holds_each_weight_to_e4m3_s_precision_of_its_group_scale(group):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256)
+    q = quantise(weight, group, torch.float32, "fp8")
+    assert q.packed.dtype == torch.float8_e4m3fn and q.packed.shape == (256, 48) and q.precision == "fp8"
+    assert q.scales.shape == (256 // group, 48) and q.lows.numel() == 0
+    back = dequantise(q.packed, q.scales, q.lows)
+    step = q.scales.t().repeat_interleave(group, dim=1)
+    assert torch.allclose(step.amax(0) * FP8_MAX, weight.abs().reshape(48, -1, group).amax(-1).repeat_interleave(
+        group, dim=1).amax(0))  # each group's largest weight is e4m3's largest code
+    assert ((back - weight).abs() <= weight.abs() / 16 + step * 2 ** -9).all()  # 3 mantissa bits: half a step of 1/8
+
+
 def test_narrow_layers_split_their_inputs_until_the_gpu_is_occupied():
     """qwen3-1.7b's decode GEMVs on a 132-SM H100: o and down (2048 outputs, 64 tiles of 32) split 4 ways, packed
     q/k/v (4096) 2 ways, gate/up (12288) and the lm_head not at all; a split always divides the groups and leaves
     each 2 or more."""
-    from softsyn.emit.triton_int4 import split_for
+    from softsyn.emit.triton_weights import split_for
 
     shapes = {"o": (2048, 2048), "down": (6144, 2048), "qkv": (2048, 4096), "gate_up": (2048, 12288),
               "lm_head": (2048, 151936)}
@@ -49,25 +64,26 @@ def test_a_group_is_the_largest_the_kernel_takes_at_or_below_the_block():
 
 KERNEL_CHECK = r"""
 import json, sys, torch
-from softsyn.emit.triton_int4 import Int4Linear, dequantise, launch, quantise
+from softsyn.emit.triton_weights import QuantLinear, dequantise, launch, quantise
 torch.manual_seed(0)
 out = {}
-for dtype in (torch.float32, torch.float16):
+for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torch.float16, "fp8")):
     for group, rows, width, outputs in ((32, 1, 96, 40), (64, 5, 256, 72), (128, 19, 384, 100)):
         w = torch.randn(outputs, width)
-        q = quantise(w, group, dtype)
+        q = quantise(w, group, dtype, precision)
         x = torch.randn(rows, width).to(dtype)
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
         for config in ({"BLOCK_M": 1, "BLOCK_N": 16}, {"BLOCK_M": 1, "BLOCK_N": 32, "GROUPS_PER_STEP": 2},
                        {"BLOCK_M": 16, "BLOCK_N": 32}):
             for split in (1, 2) if (width // group) % 2 == 0 else (1,):
                 got = launch(x, q.packed, q.scales, q.lows, config, split).float()
-                key = f"{dtype} g{group} {rows}x{width}x{outputs} {sorted(config.items())} split {split}"
+                key = f"{precision} {dtype} g{group} {rows}x{width}x{outputs} {sorted(config.items())} split {split}"
                 out[key] = float((got - want).abs().max() / want.abs().max())
-layer = Int4Linear.from_linear(torch.nn.Linear(128, 24), 64)
-x = torch.randn(2, 3, 128)
-want = torch.nn.functional.linear(x, dequantise(layer.packed, layer.scales, layer.lows), layer.bias)
-out["Int4Linear"] = float((layer(x) - want).abs().max() / want.abs().max())
+for precision in ("int4", "fp8"):
+    layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
+    x = torch.randn(2, 3, 128)
+    want = torch.nn.functional.linear(x, dequantise(layer.packed, layer.scales, layer.lows), layer.bias)
+    out[f"QuantLinear {precision}"] = float((layer(x) - want).abs().max() / want.abs().max())
 print(json.dumps(out))
 """
 
@@ -76,14 +92,14 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     """Triton's interpreter runs the kernel's code on CPU tensors: every path (one row a program, one group or two a
     loop step, where K/group is odd (96/32, 384/128) the second group of the last step masked; 16-row tensor-core
     tiles with rows and outputs that do not fill a tile), inputs split two ways where the groups divide, every group
-    size, fp32 and fp16 activations, and the op
-    through Int4Linear with a bias, against the product of the dequantised weight."""
+    size, int4 with fp32 and fp16 activations and fp8 with fp16, and the op through QuantLinear with a bias, against
+    the product of the dequantised weight."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(errors) == 25
+    assert len(errors) == 38
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
@@ -92,33 +108,37 @@ def test_the_prompt_form_computes_what_the_kernel_form_does():
     """A prefill package dequantises and runs one matmul (use_prompt_form); without CUDA or the interpreter the op
     computes the same product in torch: both forms give one function of the same buffers."""
     torch.manual_seed(1)
-    model = torch.nn.Sequential(Int4Linear.from_linear(torch.nn.Linear(128, 32), 128), torch.nn.ReLU())
+    model = torch.nn.Sequential(QuantLinear.from_linear(torch.nn.Linear(128, 32), 128), torch.nn.ReLU())
     x = torch.randn(4, 128)
     kernel = model(x)
     assert use_prompt_form(model, True) == 1 and model[0].prompt_form
     torch.testing.assert_close(model(x), kernel, rtol=1e-5, atol=1e-5)
 
 
-def test_int4_cells_become_softsyn_int4_layers_that_export():
-    """On a target whose int4 kernel is softsyn's, each int4 group becomes one Int4Linear at the largest group at or
-    below its finest part's block (a packed group replaced where its PackedLinear holds it); the step still exports
-    with the op in its graph (what AOTInductor compiles) and computes within int4's error of the float model."""
+def test_int4_and_fp8_cells_become_softsyn_layers_that_export():
+    """On a target whose int4 kernel is softsyn's, each int4 group becomes one QuantLinear at the largest group at or
+    below its finest part's block (a packed group replaced where its PackedLinear holds it), an fp8 cell one in fp8;
+    the step still exports with the op in its graph (what AOTInductor compiles) and computes within int4's error of
+    the float model."""
     from tests.emit.test_torch_lowering import exported_step, packed_tiny
 
     from softsyn.emit.torch_step import WeightCell, quantise_modules
 
     model, want = packed_tiny()
     cells = {"model.layers.0.mlp.gate_proj": WeightCell("int4", 128), "model.layers.0.mlp.up_proj": WeightCell("int4", 64),
-             "model.layers.1.mlp.down_proj": WeightCell("int4", 128)}
-    notes = quantise_modules(model, cells, "fp32", ("int8", "int4"), "softsyn")
+             "model.layers.1.mlp.down_proj": WeightCell("int4", 128), "model.layers.1.self_attn.o_proj":
+             WeightCell("fp8", 0)}
+    notes = quantise_modules(model, cells, "fp32", ("int8", "int4", "fp8"), "softsyn")
     layer0, layer1 = model.model.layers
     packed = layer0.mlp.packed_gate_up.linear
-    assert isinstance(packed, Int4Linear) and packed.group == 64
-    assert isinstance(layer1.mlp.down_proj, Int4Linear)
+    assert isinstance(packed, QuantLinear) and packed.group == 64 and packed.precision == "int4"
+    assert isinstance(layer1.mlp.down_proj, QuantLinear)
+    assert layer1.self_attn.o_proj.precision == "fp8" and layer1.self_attn.o_proj.group == 128
     assert type(layer1.mlp.packed_gate_up.linear) is torch.nn.Linear  # not in the map
     assert any("1 Linear layer int4 weight-only at group 64 (softsyn's Triton kernel" in n for n in notes)
     assert any("1 Linear layer int4 weight-only at group 128 (softsyn's Triton kernel" in n for n in notes)
+    assert any("1 Linear layer fp8 weight-only at group 128 (softsyn's Triton kernel" in n for n in notes)
     program, got = exported_step(model)
-    assert any("softsyn.int4_matmul" in str(node.target) for node in program.graph.nodes)
+    assert sum("softsyn.weight_matmul" in str(node.target) for node in program.graph.nodes) == 3
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.2, rel

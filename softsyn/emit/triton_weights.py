@@ -1,23 +1,27 @@
-"""softsyn's int4 weight-only matmul for the CUDA torch target: a Triton kernel that AOTInductor compiles into the
-package (a `torch.library.triton_op`, so the package runs it with torch alone, no softsyn and no Triton at load).
+"""softsyn's weight-only matmul kernels for the CUDA torch target, int4 and fp8: one Triton kernel that AOTInductor
+compiles into the package (a `torch.library.triton_op`, so the package runs it with torch alone, no softsyn and no
+Triton at load).
 
-Why a kernel of our own: torchao's int4 layer (tinygemm's tile-packed layout) decoded no faster than fp16 at
-qwen3-1.7b's widths on the H200 (gate/up 19.6 vs 19.2 us, 2026-12-03), and gemlite registers a Python custom op, so a
-package holding its layers needs gemlite imported where it loads. At batch 1 a step streams its weights, so a kernel
-that reads 4 bits per weight and dequantises in registers is the move the torch target's cells need (issue 28).
-Where it stands: docs/decisions/2026-12-06-triton-int4.md (faster than cuBLAS fp16 on wide layers, slower on narrow
-ones as first written; the target's default stays torchao's until it measures faster at every shape).
+Why kernels of our own: torchao's int4 layer (tinygemm's tile-packed layout) decoded no faster than fp16 at
+qwen3-1.7b's widths on the H200 (gate/up 19.6 vs 19.2 us, 2026-12-03), torchao has no fast fp8 weight-only layer, and
+gemlite registers a Python custom op, so a package holding its layers needs gemlite imported where it loads. At
+batch 1 a step streams its weights, so a kernel that reads 4 or 8 bits per weight and dequantises in registers is
+the move the torch target's cells need (issue 28). Where it stands: docs/decisions/2026-12-06-triton-int4.md (int4
+faster than cuBLAS fp16 on wide layers, slower on narrow ones as first written; fp8 not measured; the target's int4
+stays torchao's and fp8 is not built until they measure faster at every shape).
 
-Format (`Int4Weights`): weights quantised round-to-nearest per group of `group` inputs, asymmetric: w ~ q * scale +
-low, q in 0..15, scale and low fp16 per (group, output). `packed` is uint8 [K / 2, N], N contiguous, so a program's
-loads along outputs coalesce: in group g, row g * group / 2 + i holds input g * group + i in its low nibble and input
-g * group + group / 2 + i in its high nibble, so a group's two halves are two dense [group / 2, N] tiles, each
-multiplied by its half of the activations (two tl.dot calls, no interleave).
+Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and int4's low) in the activations' dtype:
+- int4: round to nearest between the group's min and max, w ~ q * scale + low, q in 0..15. `packed` is uint8
+  [K / 2, N], N contiguous, so a program's loads along outputs coalesce: in group g, row g * group / 2 + i holds
+  input g * group + i in its low nibble and input g * group + group / 2 + i in its high nibble, so a group's two
+  halves are two dense [group / 2, N] tiles, each multiplied by its half of the activations (no interleave).
+- fp8: w ~ q * scale, q float8_e4m3fn, scale the group's amax / 448 (ORT's MatMulBlockQuantizedFp8Weight's rule, per
+  block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [K, N]; `lows` is empty.
 
 The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 accumulation: one row a program at decode (the tile
 accumulated over GROUPS_PER_STEP groups a loop step, reduced once at the end), tensor-core tiles of BLOCK_M x BLOCK_N
-for several rows; a narrow layer's inputs split across programs (`split_for`). On CUDA it is autotuned (AOTInductor tunes it once at the example shapes of each package: the
-decode package's few rows, the prefill package's prompt); elsewhere it runs at `DEFAULT_CONFIG` (CPU tests run it in
+for several rows; a narrow layer's inputs split across programs (`split_for`). On CUDA it is autotuned (AOTInductor
+tunes it once at the example shapes of each package); elsewhere it runs at `DEFAULT_CONFIG` (CPU tests run it in
 Triton's interpreter, TRITON_INTERPRET=1), and without Triton the op computes the same product in torch.
 """
 from __future__ import annotations
@@ -29,6 +33,8 @@ import torch
 
 GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group's half is a tl.dot K of at least 16)
 LEVELS = 15  # 4-bit codes 0..15
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 try:
     import triton
@@ -37,11 +43,19 @@ except ImportError:  # the CPU-only install has no Triton: the op falls back to 
     triton = None
 
 
-class Int4Weights(NamedTuple):
-    packed: torch.Tensor  # uint8 [K / 2, N]
+class PackedWeights(NamedTuple):
+    packed: torch.Tensor  # int4: uint8 [K / 2, N]; fp8: float8_e4m3fn [K, N]
     scales: torch.Tensor  # [K / group, N], the activations' dtype
-    lows: torch.Tensor  # [K / group, N]
+    lows: torch.Tensor  # int4: [K / group, N]; fp8: empty
     group: int
+
+    @property
+    def precision(self) -> str:
+        return precision_of(self.packed)
+
+
+def precision_of(packed: torch.Tensor) -> str:
+    return "fp8" if packed.dtype == FP8 else "int4"
 
 
 def group_for(block: int, width: int) -> int | None:
@@ -51,26 +65,35 @@ def group_for(block: int, width: int) -> int | None:
     return max(fits) if fits else None
 
 
-def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype) -> Int4Weights:
-    """`weight` [N, K] (a Linear's) as Int4Weights: round to nearest between each group's min and max, the codes
-    computed against the scale and low as stored (`dtype`), so dequantise gives what the kernel computes."""
+def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype, precision: str = "int4") -> PackedWeights:
+    """`weight` [N, K] (a Linear's) as PackedWeights at `precision` (int4, fp8; module docstring), the codes computed
+    against the scale (and low) as stored in `dtype`, so dequantise gives what the kernel computes."""
     out, width = weight.shape
     if group not in GROUPS or width % group:
-        raise ValueError(f"int4 group {group} for an input width of {width}: valid groups are {GROUPS} dividing it")
+        raise ValueError(f"{precision} group {group} for an input width of {width}: valid groups are {GROUPS} "
+                         "dividing it")
     w = weight.detach().float().reshape(out, width // group, group)
+    if precision == "fp8":
+        scale = (w.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12).to(dtype).float()
+        codes = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [N, K / group, group]
+        return PackedWeights(codes.reshape(out, width).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
+                             torch.empty(0, dtype=dtype, device=weight.device), group)
     low = w.amin(-1, keepdim=True).to(dtype).float()
     scale = ((w.amax(-1, keepdim=True) - low) / LEVELS).clamp(min=1e-8).to(dtype).float()
     codes = ((w - low) / scale).round().clamp(0, LEVELS).to(torch.uint8)
     half = group // 2
     packed = codes[..., :half] | (codes[..., half:] << 4)  # [N, K / group, group / 2]
-    return Int4Weights(packed.reshape(out, width // 2).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
-                       low[..., 0].t().contiguous().to(dtype), group)
+    return PackedWeights(packed.reshape(out, width // 2).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
+                         low[..., 0].t().contiguous().to(dtype), group)
 
 
 def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
     """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format."""
     rows, out = packed.shape
     groups = scales.shape[0]
+    if packed.dtype == FP8:
+        w = packed.to(scales.dtype).reshape(groups, rows // groups, out) * scales[:, None, :]
+        return w.reshape(rows, out).t()
     half = rows // groups
     tiles = packed.t().reshape(out, groups, half)
     codes = torch.cat([tiles & 0xF, tiles >> 4], dim=-1).to(scales.dtype)  # [N, groups, group]
@@ -79,19 +102,19 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
 
 if triton is not None:
     @triton.jit
-    def int4_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_split,
-                           K_SPLIT, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           GROUPS_PER_STEP: tl.constexpr = 1):
-        """y[M, N] = x[M, K] @ W^T, W dequantised a group at a time from the packed format (module docstring).
-        Program (i, j, s) computes rows i, outputs j over inputs [s * K_SPLIT, (s + 1) * K_SPLIT) into y's slice s
-        (stride_split apart; one slice when the grid has one split)."""
+    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_split,
+                             K_SPLIT, GROUP: tl.constexpr, FP8_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, GROUPS_PER_STEP: tl.constexpr = 1):
+        """y[M, N] = x[M, K] @ W^T, W dequantised a group at a time from the packed format (module docstring;
+        FP8_CODES: fp8, else int4). Program (i, j, s) computes rows i, outputs j over inputs
+        [s * K_SPLIT, (s + 1) * K_SPLIT) into y's slice s (stride_split apart; one slice when the grid has one split)."""
         HALF: tl.constexpr = GROUP // 2
+        ROWS: tl.constexpr = GROUP if FP8_CODES else HALF  # weight rows a group takes
         k_start = tl.program_id(2) * K_SPLIT
         k_end = tl.minimum(k_start + K_SPLIT, K)
         y_ptr += tl.program_id(2) * stride_split
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, HALF)
-        w_tile = w_ptr + rk[:, None] * N + rn[None, :]
         if BLOCK_M == 1:  # one row a program (decode): no tensor-core padding to 16 rows
             # GROUPS_PER_STEP groups a loop step, multiplied into an accumulator of the tile's shape and reduced once
             # after the loop: one group a step with a reduction in each (cross-thread, every step) left down_proj
@@ -99,36 +122,50 @@ if triton is not None:
             row = tl.program_id(0)
             rg = tl.arange(0, GROUPS_PER_STEP)
             x_row = x_ptr + row * stride_xm + rg[:, None] * GROUP + rk[None, :]  # [G, HALF]
-            w_step = w_ptr + (rg[:, None, None] * HALF + rk[None, :, None]) * N + rn[None, None, :]  # [G, HALF, BN]
+            w_step = w_ptr + (rg[:, None, None] * ROWS + rk[None, :, None]) * N + rn[None, None, :]  # [G, HALF, BN]
             acc3 = tl.zeros((GROUPS_PER_STEP, HALF, BLOCK_N), dtype=tl.float32)
             for k0 in range(k_start, k_end, GROUP * GROUPS_PER_STEP):
                 g0 = k0 // GROUP
                 in_k = (k0 + rg * GROUP) < k_end
                 a_lo = tl.load(x_row + k0, mask=in_k[:, None], other=0.0).to(tl.float32)
                 a_hi = tl.load(x_row + k0 + HALF, mask=in_k[:, None], other=0.0).to(tl.float32)
-                codes = tl.load(w_step + g0 * HALF * N, mask=in_k[:, None, None] & (rn[None, None, :] < N), other=0)
+                w_mask = in_k[:, None, None] & (rn[None, None, :] < N)
                 sl_mask = in_k[:, None] & (rn[None, :] < N)
                 scale = tl.load(s_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0).to(tl.float32)
-                low = tl.load(l_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0).to(tl.float32)
-                scale, low = scale[:, None, :], low[:, None, :]
-                acc3 += a_lo[:, :, None] * ((codes & 0xF).to(tl.float32) * scale + low)
-                acc3 += a_hi[:, :, None] * ((codes >> 4).to(tl.float32) * scale + low)
+                scale = scale[:, None, :]
+                if FP8_CODES:
+                    w_lo = tl.load(w_step + g0 * ROWS * N, mask=w_mask, other=0.0).to(tl.float32) * scale
+                    w_hi = tl.load(w_step + (g0 * ROWS + HALF) * N, mask=w_mask, other=0.0).to(tl.float32) * scale
+                else:
+                    codes = tl.load(w_step + g0 * ROWS * N, mask=w_mask, other=0)
+                    low = tl.load(l_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0)
+                    low = low.to(tl.float32)[:, None, :]
+                    w_lo = (codes & 0xF).to(tl.float32) * scale + low
+                    w_hi = (codes >> 4).to(tl.float32) * scale + low
+                acc3 += a_lo[:, :, None] * w_lo + a_hi[:, :, None] * w_hi
             acc = tl.sum(tl.sum(acc3, 1), 0)
             tl.store(y_ptr + row * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=rn < N)
         else:
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok, col_ok = rm[:, None] < M, rn[None, :] < N
             x_rows = x_ptr + rm[:, None] * stride_xm + rk[None, :]
+            w_tile = w_ptr + rk[:, None] * N + rn[None, :]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in range(k_start, k_end, GROUP):
                 g = k0 // GROUP
                 a_lo = tl.load(x_rows + k0, mask=row_ok, other=0.0)
                 a_hi = tl.load(x_rows + k0 + HALF, mask=row_ok, other=0.0)
-                codes = tl.load(w_tile + g * HALF * N, mask=col_ok, other=0)
                 scale = tl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
-                low = tl.load(l_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
-                acc += tl.dot(a_lo, (codes & 0xF).to(a_lo.dtype) * scale + low)
-                acc += tl.dot(a_hi, (codes >> 4).to(a_lo.dtype) * scale + low)
+                if FP8_CODES:
+                    w_lo = tl.load(w_tile + g * ROWS * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
+                    w_hi = tl.load(w_tile + (g * ROWS + HALF) * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
+                else:
+                    codes = tl.load(w_tile + g * ROWS * N, mask=col_ok, other=0)
+                    low = tl.load(l_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
+                    w_lo = (codes & 0xF).to(a_lo.dtype) * scale + low
+                    w_hi = (codes >> 4).to(a_lo.dtype) * scale + low
+                acc += tl.dot(a_lo, w_lo.to(a_lo.dtype))
+                acc += tl.dot(a_hi, w_hi.to(a_lo.dtype))
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
     # decode (a few rows) wants narrow output tiles over many programs, one row each; a prompt wants wide tiles but
@@ -140,7 +177,7 @@ if triton is not None:
                                   (64, 2, 8, 2))]
     CONFIGS += [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                 for m, n, w, s in ((16, 64, 4, 3), (64, 128, 4, 3))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(int4_matmul_kernel)
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 SPLIT_MAX = 8  # input splits at most
@@ -167,6 +204,7 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     split_for on CUDA, 1 elsewhere), each split's fp32 partial product written apart and summed."""
     rows, width, out = flat.shape[0], flat.shape[1], packed.shape[1]
     group = width // scales.shape[0]
+    fp8 = packed.dtype == FP8
     cuda = flat.device.type == "cuda"
     if split is None:
         split = split_for(width, out, group, torch.cuda.get_device_properties(flat.device).multi_processor_count) \
@@ -181,11 +219,11 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, stride_split, k_split)
     if cuda and config is None:
         grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), split)  # noqa: E731
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group)
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, FP8_CODES=fp8)
     else:
         config = config or DEFAULT_CONFIG
         grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(out, config["BLOCK_N"]), split)
-        torch.library.wrap_triton(int4_matmul_kernel)[grid](*args, GROUP=group, **config)
+        torch.library.wrap_triton(weight_matmul_kernel)[grid](*args, GROUP=group, FP8_CODES=fp8, **config)
     return y.sum(0).to(flat.dtype) if split > 1 else y
 
 
@@ -193,8 +231,8 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@torch.library.triton_op("softsyn::int4_matmul", mutates_args=())
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
+@torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
+def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ W^T for W in the packed format: the Triton kernel on CUDA (and in Triton's interpreter), torch's
     matmul over the dequantised weight elsewhere."""
     width, out = x.shape[-1], packed.shape[1]
@@ -205,51 +243,54 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, low
     return y.reshape(*x.shape[:-1], out)
 
 
-class Int4Linear(torch.nn.Module):
-    """A bias-optional Linear whose weight is Int4Weights, run by softsyn::int4_matmul; where a torch.nn.Linear was."""
+class QuantLinear(torch.nn.Module):
+    """A bias-optional Linear whose weight is PackedWeights (int4 or fp8), run by softsyn::weight_matmul; where a
+    torch.nn.Linear was."""
 
-    def __init__(self, weights: Int4Weights, bias: torch.Tensor | None):
+    def __init__(self, weights: PackedWeights, bias: torch.Tensor | None):
         super().__init__()
         self.register_buffer("packed", weights.packed)
         self.register_buffer("scales", weights.scales)
         self.register_buffer("lows", weights.lows)
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.group = weights.group
-        self.in_features, self.out_features = weights.packed.shape[0] * 2, weights.packed.shape[1]
+        self.group, self.precision = weights.group, weights.precision
+        rows = weights.packed.shape[0]
+        self.in_features, self.out_features = rows if self.precision == "fp8" else rows * 2, weights.packed.shape[1]
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: int) -> Int4Linear:
-        return cls(quantise(linear.weight, group, linear.weight.dtype), linear.bias)
+    def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4") -> QuantLinear:
+        return cls(quantise(linear.weight, group, linear.weight.dtype, precision), linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompt_form:
             return torch.nn.functional.linear(x, dequantise(self.packed, self.scales, self.lows), self.bias)
-        y = torch.ops.softsyn.int4_matmul(x, self.packed, self.scales, self.lows)
+        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, int4 (softsyn)"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
+                f"{self.precision} (softsyn)")
 
 
 def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
-    """Set every Int4Linear of `model` to the prompt form (on) or the kernel (off); how many. At 512 rows the kernel's
+    """Set every QuantLinear of `model` to the prompt form (on) or the kernel (off); how many. At 512 rows the kernel's
     tensor-core tiles took 2.1-2.5x cuBLAS fp16's time (H100, 2026-12-06, bench/torch_kernels.py), so a prompt
     dequantises each weight (one Inductor kernel) and runs cuBLAS; at decode the kernel reads a quarter of the bytes.
     Both forms read the same buffers, so a decode and a prefill package share one set of weights."""
-    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     for layer in layers:
         layer.prompt_form = on
     return len(layers)
 
 
-def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int) -> int:
-    """Put an Int4Linear at `group` where each of `linears` is held (by any parent); how many replaced."""
+def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4") -> int:
+    """Put a QuantLinear at `precision` and `group` where each of `linears` is held (by any parent); how many."""
     ids, done = {id(lin) for lin in linears}, {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in ids:
                 if id(child) not in done:
-                    done[id(child)] = Int4Linear.from_linear(child, group)
+                    done[id(child)] = QuantLinear.from_linear(child, group, precision)
                 setattr(parent, name, done[id(child)])
     return len(done)
