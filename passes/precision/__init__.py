@@ -20,8 +20,8 @@ from softsyn.errors import SoftsynError
 from softsyn.timing.realised import realised_precision
 from passes import PassReport, PassResult, register, report_of
 from passes.precision.fp16 import holds_half, to_fp16, to_fp32
-from passes.precision.router import RULE, router_cells, summary
 from passes.precision.bf16 import start_why_not
+from passes.precision.router import RULE, router_cells, summary
 
 UNIFORM = ("fp32", "fp16")
 WEIGHTS_ONLY = ("int4", "int8", "fp8")  # quantised defaults: a uniform weight map over the float design
@@ -98,7 +98,6 @@ def run(design) -> PassResult:
 def uniform_weights(design, precision: str, report: PrecisionReport) -> dict[str, int]:
     """Every weight cell offered `precision` (passes.optimize.mapping.candidates) mapped to it; the counts, and the
     report's `weights` entry: how many cells were mapped and why the others were not."""
-
     # deferred: passes.optimize imports passes.fuse, which imports this package (default_precision): a cycle at import
     from passes.optimize.mapping import apply_mapping, candidates  # the loop's own: one quantiser, one cell choice
 

@@ -283,7 +283,7 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
             notes.append(f"cell {name} ({cell.precision}): no torch Linear of that name; kept {float_precision}")
             continue
         groups.setdefault(id(linear), (linear, []))[1].append(cell)
-    chosen: dict[tuple[str, int], list[torch.nn.Linear]] = {}
+    chosen: dict[tuple[str, int, str], list[torch.nn.Linear]] = {}  # (precision, block, kernel): the layers
     unbuilt: dict[str, int] = {}
     for linear, asked in groups.values():
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
@@ -294,18 +294,18 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
                 notes.append(f"{linear.in_features}-wide Linear mapped {precision} kept {float_precision}: no group "
                              f"of {GROUPS} divides its input width")
             else:
-                chosen.setdefault((f"{precision} softsyn", group), []).append(linear)
+                chosen.setdefault((precision, group, "softsyn"), []).append(linear)
         elif precision in built:
-            chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0), []).append(linear)
+            chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0, "torchao"),
+                              []).append(linear)
         elif precision != float_precision:
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
     notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
               f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
-    for (precision, block), linears in sorted(chosen.items()):
-        if precision.endswith(" softsyn"):
-            bits = precision.split()[0]
-            count = replace_linears(model, linears, block, bits)
-            notes.append(f"{count} Linear layer{'s' if count != 1 else ''} {bits} weight-only at group {block} "
+    for (precision, block, kernel), linears in sorted(chosen.items()):
+        if kernel == "softsyn":
+            count = replace_linears(model, linears, block, precision)
+            notes.append(f"{count} Linear layer{'s' if count != 1 else ''} {precision} weight-only at group {block} "
                          "(softsyn's Triton kernel, softsyn.emit.triton_weights), as the compile's map")
             continue
         ids = {id(lin) for lin in linears}
