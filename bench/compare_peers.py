@@ -27,6 +27,8 @@ Variants (same seeded inputs for all: softsyn.runtime.inputs.scenario_inputs, se
                steps replayed as CUDA graphs when runtime/torch.json says cuda_graphs (captured on the first warm-up
                run); its KV cache holds the scenario's past in its first positions, written in place; timed as the
                others, with torch.cuda.synchronize() inside each run (ORT's Run returns after its stream syncs)
+  torch2       (with --torch2-dir) a second torch artifact of the same model, e.g. its int4 map beside the fp16 one
+               of --torch-dir, timed in the same rounds
   X+graph      (compiled+graph, builder+graph; --provider cuda) variant X's model with the CUDA EP's
                enable_cuda_graph=1: one session per scenario (a graph replays fixed shapes and addresses), its
                binding made once; captured on the first warm-up run. A model ORT will not capture (a node
@@ -85,8 +87,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("compiled", "compiled+graph", "low", "low+graph", "torch", "plain", "ort_fusions", "builder",
+VARIANTS = ("compiled", "compiled+graph", "low", "low+graph", "torch", "torch2", "plain", "ort_fusions", "builder",
             "builder+graph")
+TORCH_VARIANTS = ("torch", "torch2")  # a torch target's artifact each: --torch-dir, --torch2-dir
 GRAPHED = "+graph"  # a variant of that name is its base variant's model run with the CUDA EP's enable_cuda_graph=1
 LABELS = {
     "compiled": "softsyn compile --effort low",
@@ -95,6 +98,7 @@ LABELS = {
     "low+graph": "the --effort low model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "builder+graph": "the builder's model, CUDA graph (enable_cuda_graph=1, one session per scenario)",
     "torch": "softsyn torch target artifact (AOTInductor model.pt2)",
+    "torch2": "a second softsyn torch target artifact (another map of the same model, e.g. int4 beside fp16)",
     "plain": "plain export (torch.onnx dynamo)",
     "ort_fusions": "plain + onnxscript ort_fusions",
     "builder": "onnxruntime-genai 0.18 model builder",
@@ -106,8 +110,8 @@ PLANS = {
                           "decode512": {"batch": 1, "seq": 1, "past": 512},
                           "prefill128": {"batch": 1, "seq": 128, "past": 0}}},
     "cuda": {"model": "qwen3-1.7b", "target": "h200-ort-cuda",
-             # low: beside a --compiled-dir only; torch: with --torch-dir only
-             "variants": tuple(v for v in VARIANTS if not v.startswith("low") and v != "torch"),
+             # low: beside a --compiled-dir only; torch, torch2: with --torch-dir, --torch2-dir only
+             "variants": tuple(v for v in VARIANTS if not v.startswith("low") and v not in TORCH_VARIANTS),
              "builder": ("fp16", "cuda"), "rounds": 20, "runs": 10, "warmup": 10,
              "scenarios": {"decode512": {"batch": 1, "seq": 1, "past": 512},
                            "decode4096": {"batch": 1, "seq": 1, "past": 4096},
@@ -536,6 +540,8 @@ def main() -> int:
                              "ultra under a constraints file) as the compiled variant instead of compiling --effort low")
     parser.add_argument("--torch-dir", type=Path, metavar="DIR",
                         help="a torch target's artifact (softsyn compile --target h200-torch): adds variant torch")
+    parser.add_argument("--torch2-dir", type=Path, metavar="DIR",
+                        help="a second torch artifact of the same model (e.g. its int4 map): adds variant torch2")
     parser.add_argument("--builder-timeout", type=float, default=420.0,
                         help="time box of HF folder + builder generation, s (runs beside the export; default 420)")
     parser.add_argument("--builder-options", nargs="+", metavar="KEY=VALUE",
@@ -574,10 +580,12 @@ def main() -> int:
     if any(v.removesuffix(GRAPHED) == "low" for v in variants) and not args.compiled_dir:
         parser.error("variant low is the --effort low build beside a --compiled-dir artifact: without --compiled-dir "
                      "the compiled variant is that build")
-    if args.torch_dir and "torch" not in variants:
-        variants.append("torch")
-    if "torch" in variants and not args.torch_dir:
-        parser.error("variant torch is the artifact of --torch-dir DIR (softsyn compile --target h200-torch)")
+    torch_dirs = {name: folder for name, folder in zip(TORCH_VARIANTS, (args.torch_dir, args.torch2_dir))}
+    for name, folder in torch_dirs.items():
+        if folder and name not in variants:
+            variants.append(name)
+        if name in variants and not folder:
+            parser.error(f"variant {name} is the artifact of --{name}-dir DIR (softsyn compile --target h200-torch)")
     # a graph variant runs its base variant's model: build the base too
     wanted = set(variants) | {v.removesuffix(GRAPHED) for v in variants if v.endswith(GRAPHED)}
     variants = [v for v in VARIANTS if v in wanted]
@@ -668,16 +676,18 @@ def main() -> int:
             traceback.print_exc()
         v.prep_seconds = time.perf_counter() - t
         log(f"{name}: {'failed: ' + v.error if v.error else 'done'} in {v.prep_seconds:.0f} s")
-    if "torch" in found:
-        v = found["torch"]
+    for name in (n for n in TORCH_VARIANTS if n in found):
+        v, folder = found[name], torch_dirs[name]
         try:
             from softsyn.runtime.torch_package import package_label, read_torch_settings
 
-            settings = read_torch_settings(args.torch_dir)
-            v.path = args.torch_dir / settings["package"]
+            settings = read_torch_settings(folder)
+            v.path = folder / settings["package"]
             v.notes.append(f"packages {package_label(settings)} (softsyn's runner picks by the step's seq)")
-            LABELS["torch"] = (f"softsyn {settings['target']} artifact {args.torch_dir} ({settings['dtype']}"
-                               f"{', CUDA graphs' if settings.get('cuda_graphs') else ''}), compiled before this run")
+            weights = sorted({w["precision"] for w in settings.get("weights", {}).values()})
+            LABELS[name] = (f"softsyn {settings['target']} artifact {folder} ({settings['dtype']}"
+                            + (f", {'/'.join(weights)} weights" if weights else "")
+                            + f"{', CUDA graphs' if settings.get('cuda_graphs') else ''}), compiled before this run")
             v.notes.append(f"static KV cache of {settings['kv_cache']['max_length']} positions, attention over all of "
                            "them; see its reports/torch.rpt")
         except Exception as exc:  # noqa: BLE001
@@ -713,14 +723,14 @@ def main() -> int:
             continue
         t = time.perf_counter()
         try:
-            if name == "torch":
+            if name in TORCH_VARIANTS:
                 from softsyn.runtime.torch_package import TorchStep, read_torch_settings
 
-                step = TorchStep(args.torch_dir, read_torch_settings(args.torch_dir))
+                step = TorchStep(torch_dirs[name], read_torch_settings(torch_dirs[name]))
                 sessions[name] = {scen: None for scen in scenarios}
                 runners[name] = {scen: TorchRunner(step, feeds[scen], dims) for scen, dims in scenarios.items()}
                 kv_lengths[name] = {scen: {} for scen in scenarios}
-                log(f"session torch: {step.device}, {step.dtype} ({time.perf_counter() - t:.0f} s)")
+                log(f"session {name}: {step.device}, {step.dtype} ({time.perf_counter() - t:.0f} s)")
                 continue
             graphed = name.endswith(GRAPHED)
             sess = None if graphed else open_model(v.path, provider, options=v.options)

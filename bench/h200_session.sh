@@ -53,7 +53,9 @@
 #                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side;
-#                        BUILDER=int4: the builder's int4 model instead, VARIANTS=...: another variant list
+#                        BUILDER=int4: the builder's int4 model instead, VARIANTS=...: another variant list,
+#                        TORCH2=DIR2: a second torch artifact in the same rounds (variant torch2: e.g. the int4 map
+#                        of CONS=constraints/chat-h200-torch-int4.yaml beside the fp16 one)
 #   ttft [DIR]           issue 27 item 4, softsyn run against softsyn signoff on one artifact: DIR (default
 #                        /tmp/ttft-MODEL: zoo:qwen3-1.7b, MODEL=..., compiled --effort low under constraints/chat-h200.yaml
 #                        when absent, reused while the machine is warm) signed off on cuda once (prefill seq 512, decode
@@ -281,7 +283,7 @@ peerst)
     model=${2:-qwen3-1.7b}
     python3 bench/compare_peers.py --provider cuda --model "$model" --genai /tmp/genai/onnxruntime_genai-*.whl \
         --torch-dir "$dir" --variants "${VARIANTS:-compiled,compiled+graph,torch,plain,builder,builder+graph}" \
-        ${BUILDER:+--builder-precision $BUILDER} --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
+        ${BUILDER:+--builder-precision $BUILDER} ${TORCH2:+--torch2-dir $TORCH2} --work /tmp/peerst -o "$OUT/compare-peers-cuda-$model-torch.md" --peers-json "$OUT/peers-torch.json" 2>&1 |
         tee "$OUT/compare-peerst-$model.log" | grep -v "No registered plugin EP"
     cp /tmp/peerst/compiled/reports/fusion.rpt "$OUT/fusion-$model.rpt" 2>/dev/null || true ;;
 ttft)

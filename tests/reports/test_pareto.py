@@ -223,5 +223,11 @@ def test_compare_peers_default_variants_need_no_extra_artifact(monkeypatch):
     monkeypatch.setitem(sys.modules, "compare_peers", bench)
     spec.loader.exec_module(bench)
     for plan in bench.PLANS.values():
-        assert "torch" not in plan["variants"] and not any(v.startswith("low") for v in plan["variants"])
+        assert not set(bench.TORCH_VARIANTS) & set(plan["variants"])
+        assert not any(v.startswith("low") for v in plan["variants"])
     assert {"compiled+graph", "builder+graph"} <= set(bench.PLANS["cuda"]["variants"])
+    # a torch variant without its artifact is refused before anything is built
+    monkeypatch.setattr(sys, "argv", ["compare_peers.py", "--variants", "compiled,torch2", "--prepare-only"])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2
