@@ -41,7 +41,7 @@
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml (CONS=...:
-#                        another file, e.g. constraints/chat-h200-torch-int4.yaml) into
+#                        another file, e.g. constraints/chat-h200-torch-int4.yaml; TAG=int4: into /tmp/torch-MODEL-int4) into
 #                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
 #                        model-prefill.pt2, SDPA, for seq > 1), each exported + AOTInductor-compiled (model.pt2 alone
 #                        took 161 s of a ~240 s compile on 2026-12-03 17:12: with two, estimate ~400 s; pass S >= 560),
@@ -260,18 +260,19 @@ torchkernels)
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
-    rm -rf /tmp/torch-$model
+    name=torch-$model${TAG:+-$TAG}  # TAG=int4: /tmp/torch-MODEL-int4, beside the fp16 artifact
+    rm -rf /tmp/$name
     set +e
-    timeout "${2:-585}" softsyn compile zoo:$model -c "${CONS:-constraints/chat-h200-torch.yaml}" -o /tmp/torch-$model \
-        > "$OUT/torch-$model-compile.txt" 2>&1
+    timeout "${2:-585}" softsyn compile zoo:$model -c "${CONS:-constraints/chat-h200-torch.yaml}" -o /tmp/$name \
+        > "$OUT/$name-compile.txt" 2>&1
     echo "compile exit $?"
     set -e
-    grep -v "No registered plugin EP" "$OUT/torch-$model-compile.txt" | tail -40
-    ls -l /tmp/torch-$model/*.pt2 2>/dev/null || true
-    python3 bench/torch_shared_weights.py /tmp/torch-$model 2>&1 | grep -v "No registered plugin EP" | tail -3 || true
-    cp /tmp/torch-$model/reports/torch.rpt "$OUT/torch-$model.rpt" 2>/dev/null || true
-    cp /tmp/torch-$model/reports/torch_macros.rpt "$OUT/torch-$model-macros.rpt" 2>/dev/null || true
-    cp /tmp/torch-$model/runtime/torch_macros.json "$OUT/torch-$model-macros.json" 2>/dev/null || true ;;
+    grep -v "No registered plugin EP" "$OUT/$name-compile.txt" | tail -40
+    ls -l /tmp/$name/*.pt2 2>/dev/null || true
+    python3 bench/torch_shared_weights.py /tmp/$name 2>&1 | grep -v "No registered plugin EP" | tail -3 || true
+    cp /tmp/$name/reports/torch.rpt "$OUT/$name.rpt" 2>/dev/null || true
+    cp /tmp/$name/reports/torch_macros.rpt "$OUT/$name-macros.rpt" 2>/dev/null || true
+    cp /tmp/$name/runtime/torch_macros.json "$OUT/$name-macros.json" 2>/dev/null || true ;;
 torchsignoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back
