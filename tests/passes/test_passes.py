@@ -214,6 +214,17 @@ def test_a_quantised_default_maps_every_weight_cell_at_low_effort(tiny, tmp_path
         assert 0 < max_rel_error(run_ort(tiny.model, f, tmp_path), w) < 0.05
 
 
+def test_a_quantised_default_the_library_cannot_build_is_said_not_faked(tiny):
+    """fp8 on the CPU library (no MatMulBlockQuantizedFp8Weight cell): nothing is mapped, the float design stands, and
+    the log and report say why, as a bf16 request realised fp16 is said."""
+    cons = parse_constraints("precision:\n  allowed: [fp32, fp8]\n  default: fp8\n")
+    design = Design(tiny, cons, load_library("cpu-ort"), progress=False)
+    result = run_pass(design, "precision")
+    assert result.counts["weights_fp8"] == 0 and not any(n.op_type != "MatMul" and "Quantized" in n.op_type
+                                                          for n in tiny.nodes())
+    assert result.report["weights"]["not_mapped"].startswith("library cpu-ort has no MatMulBlockQuantizedFp8Weight.fp8")
+
+
 def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):
     """The uniform map realises fp16 for a bf16 request when fp16 is allowed, logs it, and reports both; without fp16
     allowed it is a one-line constraints error, except on a target whose loop starts from bf16 cells (a GPU library
