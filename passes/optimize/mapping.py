@@ -337,11 +337,19 @@ def quantise_fp8(name: str, weight: np.ndarray) -> tuple[onnx.NodeProto, list[on
     return node, [onnx.numpy_helper.from_array(q, "B"), onnx.numpy_helper.from_array(scales, "b_scale")]
 
 
-def quantise(name: str, weight: np.ndarray, precision: str,
-             block: int = BLOCK) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+def quantise(name: str, weight: np.ndarray, precision: str, block: int = BLOCK,
+             library=None) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """The quantised node and initializers of one MatMul weight [K, N] at a QUANTISED precision (`block`: int4/int8's
-    block along K)."""
-    return quantise_fp8(name, weight) if precision == "fp8" else quantise_weight(name, weight, NBITS[precision], block)
+    block along K), carrying the node attributes `library`'s cell was measured with (Library.node_attributes: the
+    CPU's MatMulNBits at accuracy_level 4), so the node runs the kernel the table timed."""
+    node, inits = (quantise_fp8(name, weight) if precision == "fp8"
+                   else quantise_weight(name, weight, NBITS[precision], block))
+    extra = library.node_attributes(cell_op(precision), precision) if library is not None else {}
+    if extra:
+        kept = [a for a in node.attribute if a.name not in extra]
+        del node.attribute[:]
+        node.attribute.extend(kept + [onnx.helper.make_attribute(k, v) for k, v in sorted(extra.items())])
+    return node, inits
 
 
 def _weightless_tensors(cand: Candidate, precision: str, dtype: ir.DataType) -> list[ir.ExternalTensor]:
@@ -392,9 +400,10 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
             tensors = _weightless_tensors(cand, precision, w.dtype)
             attrs = {"block_size": FP8_BLOCK} if precision == "fp8" else \
                 {"K": k, "N": n, "bits": NBITS[precision], "block_size": cand.block(precision)}
+            attrs.update(library.node_attributes(cell_op(precision), precision) if library is not None else {})
         else:
             data = np.asarray(source.const_value.numpy())
-            proto, inits = quantise(name, data.T if transposed else data, precision, cand.block(precision))
+            proto, inits = quantise(name, data.T if transposed else data, precision, cand.block(precision), library)
             tensors = [ir.from_proto(t) for t in inits]
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
         values = []

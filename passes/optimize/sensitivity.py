@@ -100,7 +100,7 @@ class Runner(DesignRunner):
             return None
         k, n = weight.shape
         block = nbits_block(self.library, precision, n, k) if precision in NBITS else BLOCK
-        return quantise(name, weight, precision, block)
+        return quantise(name, weight, precision, block, self.library)
 
 
 def bf16_nodes(node: onnx.NodeProto, weight: np.ndarray) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:

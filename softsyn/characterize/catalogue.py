@@ -30,9 +30,12 @@ from typing import Callable
 
 from softsyn.characterize.cellgraph import BOOL, FP8, INT8, Ctx, Graph
 from softsyn.characterize.recipes import (
-    GQA_GROUP, batched_matmul, bias_gelu, binary, cast, concat, dequantize, expand, gather, gather_nd, gemm, gqa,
+    GQA_GROUP, NBITS_CPU_ATTRIBUTES, batched_matmul, bias_gelu, binary, cast, concat, dequantize, expand, gather, gather_nd, gemm, gqa,
     matmul, matmul_fp8, matmul_nbits, mha, moe, norm, qmoe, range_op, reduce, reshape_like, rotary, shape_op, slice_op, softmax,
     split, topk, transpose, unary, where)
+
+NBITS_NOTES = ("weight-only {}-bit, per-block scales, no zero point, activations fp32 (CPU; accuracy_level 4: MLAS "
+               "quantises them to int8 per block) / fp16 (CUDA)")
 
 
 @dataclass
@@ -48,6 +51,8 @@ class CellKind:
     bytes_per_weight: float | None = None
     notes: str = ""
     discrete: tuple = ()  # axes with only legal values (no hold-out midpoints along them), e.g. block
+    attributes: dict | None = None  # provider -> node attributes the cell is built and emitted with (the library's
+    # `attributes`: a node the compile writes carries them, so it runs the kernel the table timed)
 
     @property
     def key(self) -> str:
@@ -161,9 +166,8 @@ def cell_kinds() -> list[CellKind]:
         ks.append(CellKind("Gemm", p, ["m", "n", "k"], {**MM, "cpu": GEMM_CPU} if p == "fp32" else MM,
                            _gemm(p), notes="a @ W^T + c (transB=1)"))
     for bits, p in ((4, "int4"), (8, "int8")):
-        ks.append(CellKind("MatMulNBits", p, ["m", "n", "k", "block"], NB, matmul_nbits(bits),
-                           bytes_per_weight=bits / 8, discrete=("block",), notes=f"weight-only {bits}-bit, per-block scales, no zero "
-                           "point, activations fp32 (CPU) / fp16 (CUDA)"))
+        ks.append(CellKind("MatMulNBits", p, ["m", "n", "k", "block"], NB, matmul_nbits(bits), bytes_per_weight=bits / 8,
+                           discrete=("block",), attributes={"cpu": NBITS_CPU_ATTRIBUTES}, notes=NBITS_NOTES.format(bits)))
     # the CUDA provider's only fp8 weight matmul (ORT's CPU provider has no kernel for it); the MatMulNBits grid
     ks.append(CellKind("MatMulBlockQuantizedFp8Weight", "fp8", ["m", "n", "k", "block"], NB, matmul_fp8,
                        providers=("cuda",), bytes_per_weight=1, discrete=("block",),

@@ -194,7 +194,8 @@ def host_yaml(figures: dict) -> str:
              "s per other node, first run at a new shape"}
     lines = ["serving_host:   # host work of a batching iteration (softsyn.characterize.host; docs/serving.md)"]
     for key, unit in units.items():
-        lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")
+        if key in figures:  # a block probed before first_shape_* existed has none: "not measured"
+            lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")
     for key in ("device", "date", "command"):
         lines.append(f"  {key}: '{str(figures[key]).replace(chr(39), chr(39) * 2)}'")
     return "\n".join(lines) + "\n"

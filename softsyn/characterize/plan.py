@@ -411,6 +411,7 @@ class _Measurement:
         if kind.scale:
             entry["scale"] = {k: (v if v is not None else self.ctx.head_dim) for k, v in kind.scale.items()}
         entry["notes"] = kind.notes or None
+        entry["attributes"] = (kind.attributes or {}).get(self.ctx.provider)
         table = Cell(op=entry["op"], precision=entry["precision"], implementation=impl, axes=entry["axes"],
                      points=[[float(v) for v in g] for g in grids], delays=entry["delays"], _flat=list(values))
         entry["holdout"] = _holdout(table, kind.axes, hold, hvalues)

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import yaml
 
+from softsyn.characterize.host import host_yaml
 from softsyn.library import parse_library
 
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "command", "environment",
                "session_options", "quick")
 SECTIONS = ("characterization", "probe", "interpolation_error", "not_characterised")  # after the notes
 HOLDOUT_KEYS = ("median_pct", "max_pct", "points", "measured", "interpolated")
-CELL_KEYS = ("precision", "implementation", "axes", "points", "delays", "bytes_per_weight", "error", "scale", "notes")
+CELL_KEYS = ("precision", "implementation", "axes", "points", "delays", "bytes_per_weight", "error", "scale",
+             "attributes", "notes")
 
 
 def _num(v) -> str:
@@ -65,7 +67,7 @@ def render_library_yaml(lib: dict) -> str:
     out += [f"  {k}: {_scalar(v)}" for k, v in notes.items()]
     if not characterised:
         out.append("cells: []   # delay tables: filled by characterisation")
-        return "\n".join(out) + "\n"
+        return "\n".join(out) + "\n" + (host_yaml(lib["serving_host"]) if lib.get("serving_host") else "")
     for k in SECTIONS:
         if k in lib:
             if not lib[k]:
@@ -85,7 +87,9 @@ def render_library_yaml(lib: dict) -> str:
             out += [f"      {k}: {_flow(h[k])}" for k in HOLDOUT_KEYS]
         if "measured" in cell:
             out.append(f"    measured: {_flow(cell['measured'])}")
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    # a resumed library keeps the serving_host block bench/host_probe.py measured (characterize never measures it)
+    return text + host_yaml(lib["serving_host"]) if lib.get("serving_host") else text
 
 
 def write_library(lib: dict, path: str | Path) -> None:

@@ -137,9 +137,14 @@ def parse_cell(reader: YamlReader, i: int, raw) -> Cell:
             raise reader.at(f"{key}.scale", "must be a mapping size -> reference value, e.g. {batch: 1, head_dim: 128}")
         scale = {str(k): _positive(reader, f"{key}.scale.{k}", v) for k, v in scale.items()}
     holdout = raw.get("holdout") if isinstance(raw.get("holdout"), dict) else None
+    attributes = raw.get("attributes")
+    if attributes is not None and (not isinstance(attributes, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in attributes.items())):
+        raise reader.at(f"{key}.attributes", f"must be a mapping of node attribute -> integer, e.g. "
+                        f"{{accuracy_level: 4}}, got {attributes!r}")
     return Cell(op=str(raw["op"]), precision=precision, implementation=str(raw.get("implementation", "")),
                 axes=list(axes), points=grids, delays=delays, bytes_per_weight=bpw,
-                error=None if error is None else float(error), scale=scale, holdout=holdout)
+                error=None if error is None else float(error), scale=scale, holdout=holdout, attributes=attributes)
 
 
 def read_yaml(text: str, path: Path) -> tuple[YamlReader, object]:

@@ -108,6 +108,8 @@ class Cell:
     _flat: list[float] = field(default_factory=list, repr=False)  # delays row-major (derived when not given)
     scale: dict[str, float] | None = None  # size -> reference value the table was measured at
     holdout: dict | None = None  # measured interpolation error: median_pct, max_pct, points, ...
+    attributes: dict[str, int] | None = None  # node attributes the table was measured with, which a node the
+    # compile writes carries (MatMulNBits' accuracy_level on the CPU: softsyn.characterize.recipes)
 
     def __post_init__(self):
         if not self._flat:
@@ -160,6 +162,14 @@ class Library:
     def has_cell(self, op_type: str, precision: str) -> bool:
         """Whether the library measured any cell of `op_type` at `precision` (eager or graph table)."""
         return any(c.op == op_type and c.precision == precision for c in self.cells)
+
+    def node_attributes(self, op_type: str, precision: str) -> dict[str, int]:
+        """The node attributes `op_type` at `precision` was measured with (its eager table's `attributes`): a node
+        the compile writes for that cell carries them, so it runs the kernel the table timed. {} when none."""
+        for c in self.cells:
+            if c.op == op_type and c.precision == precision and not c.implementation.endswith(GRAPH_SUFFIX):
+                return dict(c.attributes or {})
+        return {}
 
     @property
     def is_gpu(self) -> bool:

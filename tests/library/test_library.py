@@ -230,6 +230,23 @@ def test_measure_ceilings_quick_cpu(tmp_path):
     assert "bf16" not in loaded.ceilings.peak_flops
 
 
+def test_a_rewritten_library_keeps_its_serving_host_block_and_cell_attributes(tmp_path):
+    """characterize resumes a library by re-rendering it: the serving_host block (bench/host_probe.py's) and a cell's
+    node attributes (the CPU's MatMulNBits at accuracy_level 4) survive, as loaded; a malformed attribute is one
+    line naming its key."""
+    from softsyn.characterize.writer import render_library_yaml
+
+    shipped = load_library("cpu-ort")
+    text = render_library_yaml(yaml.safe_load(shipped.path.read_text()))
+    again = parse_library(text, tmp_path / "cpu-ort.yaml")
+    assert again.serving_host == shipped.serving_host and again.serving_host is not None
+    assert again.node_attributes("MatMulNBits", "int8") == {"accuracy_level": 4}
+    assert again.node_attributes("MatMul", "fp32") == {}
+    bad = text.replace("attributes: {accuracy_level: 4}", "attributes: {accuracy_level: four}", 1)
+    with pytest.raises(SoftsynError, match=r"attributes: must be a mapping of node attribute -> integer"):
+        parse_library(bad, tmp_path / "bad.yaml")
+
+
 def test_measure_ceilings_cuda_without_gpu_is_a_clean_error():
     import shutil
     if shutil.which("nvidia-smi"):

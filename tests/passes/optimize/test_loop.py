@@ -85,9 +85,10 @@ def test_the_cpu_library_tables_meet_decode_where_uniform_fp32_misses():
     problem, _ = wide_problem(-0.3, budget=0.2)  # decode misses by 30 % of its MatMuls' fp32 time
     low = search.outcome(problem, search.baseline(problem), [])
     assert low.slack["decode"] < 0
-    for c in problem.cells:  # the library says int8 MatMulNBits is slower than fp32 at decode on this CPU
-        assert problem.cost["decode"][c]["int8"] > problem.cost["decode"][c]["fp32"]
-        assert problem.cost["decode"][c]["int4"] < problem.cost["decode"][c]["fp32"]
+    # the library's MatMulNBits at accuracy_level 4 (int8 activations): int4 and int8 both beat fp32 at decode on this
+    # CPU (at level 0 int8 had no fast kernel and ran ~12x fp32's time: docs/decisions/2026-12-06-cpu-nbits-accuracy-level.md)
+    for c in problem.cells:
+        assert problem.cost["decode"][c]["int4"] < problem.cost["decode"][c]["int8"] < problem.cost["decode"][c]["fp32"]
     medium = search.greedy(problem)
     ceiling = {g: problem.slack[g] - s for g, s in medium.slack.items()}
     high = search.ilp(problem, ceiling)
@@ -95,10 +96,11 @@ def test_the_cpu_library_tables_meet_decode_where_uniform_fp32_misses():
     for level in (medium, high, ultra):
         assert level.slack["decode"] >= 0 and level.slack["prefill"] >= 0
         assert level.error <= problem.budget
-        assert set(level.mapping.values()) <= {"fp32", "int4"}  # never the slower int8
+        assert "int8" in level.mapping.values()
         assert problem.slack["decode"] - level.slack["decode"] <= ceiling["decode"] + 1e-12  # >= medium's speed
     assert high.cost.scalar() <= medium.cost.scalar()
     assert ultra.error <= high.error
+    assert set(medium.mapping.values()) == {"fp32", "int8"}  # the greedy meets the clock with the accurate format
 
 
 def test_an_impossible_budget_leaves_the_best_map_found_violating():
