@@ -197,7 +197,8 @@ def host_yaml(figures: dict) -> str:
         if key in figures:  # a block probed before first_shape_* existed has none: "not measured"
             lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")
     for key in ("device", "date", "command"):
-        lines.append(f"  {key}: '{str(figures[key]).replace(chr(39), chr(39) * 2)}'")
+        if key in figures:
+            lines.append(f"  {key}: '{str(figures[key]).replace(chr(39), chr(39) * 2)}'")
     return "\n".join(lines) + "\n"
 
 
