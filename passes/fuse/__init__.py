@@ -24,7 +24,7 @@ from passes.fuse.patchify import PatchEmbedRule
 from passes.fuse.projections import ProjectionMergeRule
 from passes.fuse.rotary import RotaryRule
 from passes.fuse.silu import SiluRule
-from passes.precision import default_precision
+from passes.rules.uniform import default_precision
 from softsyn.constraints import shared_buffer_length
 
 RULES: tuple[Rule, ...] = (

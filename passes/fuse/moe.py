@@ -24,7 +24,7 @@ node is evaluated against the expert graph on ORT CPU with probe tokens; a diffe
 Weightless (meta) expert weights fuse too, into weightless fc1/fc2 of the fused shapes: up to
 PROBE_WEIGHT_BYTES they get seeded stand-ins and the same probe; above it (a real-size layer: GBs) the site is
 matched by data flow alone and the note says how many were. The router's MatMul stays outside the op, held at
-fp16/bf16 or wider by the precision rule `moe_router` (passes.precision.router).
+fp16/bf16 or wider by the precision rule `moe_router` (passes.rules.router).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from passes.optimize import search
 from passes.optimize.sensitivity import PRIOR_ERROR
-from passes.precision.bf16 import BF16, realisable, start_why_not
+from passes.rules.bf16 import BF16, realisable, start_why_not
 
 
 

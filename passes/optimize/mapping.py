@@ -34,8 +34,8 @@ from softsyn.timing.cost import FP8_MATMUL as FP8_OP, node_work, precision_of
 from passes.fuse.graph import swap_node
 from passes.optimize import experts
 from passes.optimize.tooling import ort_quantisers
-from passes.precision.router import RULE as ROUTER_RULE, router_cells
-from passes.precision.bf16 import BF16  # the float option: MatMul.bf16 with Casts at its boundary (GPU)
+from passes.rules.router import RULE as ROUTER_RULE, router_cells
+from passes.rules.bf16 import BF16  # the float option: MatMul.bf16 with Casts at its boundary (GPU)
 
 BLOCK = 32  # the quantiser's block along K without a library to choose by: the library's finest block axis point
 BLOCK_TIE = 0.03  # blocks timed within 3 % of the fastest count as tied: the finer (more accurate) one is taken
@@ -400,12 +400,13 @@ def apply_mapping(netlist, mapping: dict[str, str], requested: dict[str, str] | 
             tensors = _weightless_tensors(cand, precision, w.dtype)
             attrs = {"block_size": FP8_BLOCK} if precision == "fp8" else \
                 {"K": k, "N": n, "bits": NBITS[precision], "block_size": cand.block(precision)}
-            attrs.update(library.node_attributes(cell_op(precision), precision) if library is not None else {})
         else:
             data = np.asarray(source.const_value.numpy())
-            proto, inits = quantise(name, data.T if transposed else data, precision, cand.block(precision), library)
+            proto, inits = quantise(name, data.T if transposed else data, precision, cand.block(precision))
             tensors = [ir.from_proto(t) for t in inits]
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+        # the attributes the library's cell was measured with (the CPU's accuracy_level 4), weightless or not
+        attrs.update(library.node_attributes(cell_op(precision), precision) if library is not None else {})
         values = []
         for tensor, suffix in zip(tensors, ("packed", "scales")):
             v = ir.Value(name=f"{source.name}.{precision}.{suffix}", shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),

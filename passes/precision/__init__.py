@@ -11,47 +11,17 @@ compile loop could move (passes.optimize.mapping.candidates: outside dont_touch,
 that precision's cell through the loop's own apply_mapping (ORT's quantiser); activations stay float. The loop
 (effort medium and up) then has no float weight cell left to move: the map is the one asked for.
 The report's `realised` is read from the model after the conversion (softsyn.timing.realised), never the request.
-Named rules hold cells above the map: `moe_router` (passes.precision.router) keeps MoE routing at
+Named rules hold cells above the map: `moe_router` (passes.rules.router) keeps MoE routing at
 fp16/bf16 or wider, and the log and session.json's precision report say how many cells it held.
 """
 from __future__ import annotations
 
-from softsyn.errors import SoftsynError
 from softsyn.timing.realised import realised_precision
 from passes import PassReport, PassResult, register, report_of
 from passes.precision.fp16 import holds_half, to_fp16, to_fp32
-from passes.precision.bf16 import start_why_not
-from passes.precision.router import RULE, router_cells, summary
-
-UNIFORM = ("fp32", "fp16")
-WEIGHTS_ONLY = ("int4", "int8", "fp8")  # quantised defaults: a uniform weight map over the float design
-# A requested precision the uniform map does not realise, and the one it realises instead when the constraints allow
-# it: bf16 and fp16 carry the same bytes, and ORT's CPU provider has no bf16 MatMul to verify a bf16 artifact on.
-# Per-cell bf16 comes with the compile loop's precision moves; the substitution is logged and reported, never silent.
-SUBSTITUTE = {"bf16": "fp16"}
-
-
-def bf16_start(design) -> bool:
-    """Whether the compile loop starts this design's MatMul cells in bf16 (passes.precision.bf16.start_why_not):
-    then the float design under them is fp16 whether or not precision.allowed names fp16."""
-    return start_why_not(design) == ""
-
-
-def default_precision(design) -> tuple[str, str]:
-    """(requested, realised) uniform precision."""
-    cons = design.constraints
-    chosen = cons.precision.default or ("fp16" if design.library.is_gpu else "fp32")
-    if chosen in UNIFORM:
-        return chosen, chosen
-    if chosen in WEIGHTS_ONLY:  # the float design under the weight map
-        return chosen, "fp16" if design.library.is_gpu else "fp32"
-    instead = SUBSTITUTE.get(chosen)
-    if instead is not None and (instead in cons.precision.allowed or bf16_start(design)):
-        return chosen, instead
-    raise SoftsynError(f"{cons.source}: precision.default: {chosen} is not a uniform precision the low-effort "
-                       f"compile maps; valid: {', '.join(UNIFORM + WEIGHTS_ONLY)}"
-                       + (f" (or {chosen} with {instead} in precision.allowed)" if instead else ""))
-
+from passes.optimize.mapping import apply_mapping, candidates  # the loop's own: one quantiser, one cell choice
+from passes.rules.router import RULE, router_cells, summary
+from passes.rules.uniform import UNIFORM, WEIGHTS_ONLY, bf16_start, default_precision
 
 class PrecisionReport(dict, PassReport):
     """The uniform map as session.json's `precision_request` holds it: requested, realised (read from the model),
@@ -98,8 +68,6 @@ def run(design) -> PassResult:
 def uniform_weights(design, precision: str, report: PrecisionReport) -> dict[str, int]:
     """Every weight cell offered `precision` (passes.optimize.mapping.candidates) mapped to it; the counts, and the
     report's `weights` entry: how many cells were mapped and why the others were not."""
-    # deferred: passes.optimize imports passes.fuse, which imports this package (default_precision): a cycle at import
-    from passes.optimize.mapping import apply_mapping, candidates  # the loop's own: one quantiser, one cell choice
 
     cands, skipped = candidates(design)
     mapping = {c.name: precision for c in cands if precision in c.options}

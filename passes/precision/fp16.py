@@ -12,7 +12,7 @@ fp32 islands: cells where fp16 loses more than rounding.
   (65504) once |x| > 256, which real hidden states reach;
 - rotary angles: Cast(int positions -> float) ... -> Cos/Sin; fp16 holds integers exactly only up to
   2048, so angles at longer contexts would be wrong;
-- an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, passes.precision.router);
+- an unfused MoE router's Softmax/Sigmoid and TopK (the rule `moe_router`, passes.rules.router);
 - cells the user pinned (`dont_touch` hierarchy globs);
 - control flow (Scan, Loop, If: a hybrid decoder's delta rule is a Scan) with the outer values its body reads: the
   body is a graph of its own, left fp32 (transformers runs the delta rule in fp32 whatever the model's dtype);
@@ -28,7 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from softsyn.netlist import HIERARCHY_KEY
-from passes.precision.router import router_cells
+from passes.rules.router import router_cells
 from softsyn.netlist.keys import FP8_MATMUL
 
 F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16

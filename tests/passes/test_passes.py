@@ -231,7 +231,7 @@ def test_a_bf16_request_is_realised_as_fp16_and_said(tmp_path):
     with MatMul.bf16: the float design under them is fp16, tests/passes/optimize/test_bf16_start.py)."""
     from softsyn.constraints import parse_constraints
     from softsyn.errors import SoftsynError
-    from passes.precision import default_precision
+    from passes.rules.uniform import default_precision
 
     class _D:
         def __init__(self, text, library="h200-ort-cuda"):

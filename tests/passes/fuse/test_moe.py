@@ -94,7 +94,7 @@ def test_weightless_experts_fuse_into_moe_with_weightless_weights(cache_dir, moe
     """Meta expert weights fuse: probed with seeded stand-ins while small, by data flow alone above
     PROBE_WEIGHT_BYTES (a real-size layer's GBs are never allocated); the fused fc1/fc2 stay weightless."""
     from passes.fuse import moe as moe_rule
-    from passes.precision.router import router_cells
+    from passes.rules.router import router_cells
 
     monkeypatch.setattr(moe_rule, "PROBE_WEIGHT_BYTES", probe_bytes)
     nl = _weightless(_moe3(cache_dir))

@@ -224,7 +224,7 @@ def test_a_moe_router_is_never_a_precision_candidate(cache_dir, tmp_path):
 
     import passes
     from softsyn.design import Design
-    from passes.precision.router import router_cells
+    from passes.rules.router import router_cells
 
     cons = tmp_path / "c.yaml"
     cons.write_text("target: cpu-ort\nclock_period: 1s\nprecision: {allowed: [fp32, int4], default: fp32}\n")

@@ -1,7 +1,7 @@
 """Whether a target realises bf16 MatMul cells, and whether the compile loop starts from them (precision.default
 bf16): read by the precision pass (the float design under a bf16 start is fp16) and by passes.optimize.fallback
-(uniform bf16: the fallback and the start). Here, not in passes.optimize, because the precision pass runs first and
-passes.optimize imports this package's router rule."""
+(uniform bf16: the fallback and the start), and by the compile loop's mapping (the bf16 option). In passes.rules
+because all three import it (passes.rules' docstring)."""
 from __future__ import annotations
 
 BF16 = "bf16"
