@@ -142,6 +142,11 @@ def parse_cell(reader: YamlReader, i: int, raw) -> Cell:
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in attributes.items())):
         raise reader.at(f"{key}.attributes", f"must be a mapping of node attribute -> integer, e.g. "
                         f"{{accuracy_level: 4}}, got {attributes!r}")
+    unknown = sorted(set(attributes or ()) - set(NODE_ATTRIBUTES))
+    if unknown or any(attributes[k] not in NODE_ATTRIBUTES[k] for k in attributes or ()):
+        # the compile writes these onto its nodes: a library (untrusted) may not set the shape or bits softsyn writes
+        raise reader.at(f"{key}.attributes", f"{attributes!r}: valid: " + ", ".join(
+            f"{k} in {v.start}..{v.stop - 1}" for k, v in NODE_ATTRIBUTES.items()))
     return Cell(op=str(raw["op"]), precision=precision, implementation=str(raw.get("implementation", "")),
                 axes=list(axes), points=grids, delays=delays, bytes_per_weight=bpw,
                 error=None if error is None else float(error), scale=scale, holdout=holdout, attributes=attributes)
@@ -207,6 +212,9 @@ def parse_library(text: str, path: Path) -> Library:
                         launch_overhead_graph=launch_graph, run_overhead=run)
     return Library(name=str(data["library"]), header=header, ceilings=ceilings, cells=cells, path=path,
                    serving_host=host)
+
+
+NODE_ATTRIBUTES = {"accuracy_level": range(0, 5)}  # a cell's `attributes` (MatMulNBits' on the CPU), and their values
 
 
 HOST_FIGURES = ("iteration", "input_bandwidth", "sample_bandwidth", "readback_bandwidth", "bind", "move")

@@ -245,6 +245,9 @@ def test_a_rewritten_library_keeps_its_serving_host_block_and_cell_attributes(tm
     bad = text.replace("attributes: {accuracy_level: 4}", "attributes: {accuracy_level: four}", 1)
     with pytest.raises(SoftsynError, match=r"attributes: must be a mapping of node attribute -> integer"):
         parse_library(bad, tmp_path / "bad.yaml")
+    for bad in ("{accuracy_level: 4, bits: 2}", "{accuracy_level: 7}"):  # softsyn's own attributes, a bad level
+        with pytest.raises(SoftsynError, match=r"attributes: .*valid: accuracy_level in 0\.\.4"):
+            parse_library(text.replace("attributes: {accuracy_level: 4}", f"attributes: {bad}", 1), tmp_path / "b.yaml")
 
 
 def test_measure_ceilings_cuda_without_gpu_is_a_clean_error():
