@@ -25,7 +25,7 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls of one layer in one CUDA graph, per call, for
-             cuBLAS fp16, softsyn's int4 (g64, g128) and fp8 (g128), torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
+             cuBLAS fp16, softsyn's int4 (g64, g128) and fp8 (g128) autotuned and (g128) at each one-row config, torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
              replayed alone reads a floor of ~10-14 us whatever its kernel, so the tables above compare small shapes
              only here.
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
@@ -209,12 +209,11 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     """Decode GEMVs (one row) as a step runs them: `calls` eager calls of one layer captured in one CUDA graph, the
     replay's time / calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200
     2026-12-03, H100 2026-12-06), so small shapes compare forms only in a chain. Forms: cuBLAS fp16 (F.linear),
-    softsyn's int4 and fp8 kernel (Triton-autotuned on the first call), torchao's tinygemm int4 (the step's fp16 activation in,
+    softsyn's int4 and fp8 kernel autotuned and at each one-row config (softsyn_chain_forms), torchao's tinygemm int4 (the step's fp16 activation in,
     as h200-torch runs it), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
     from torchao.quantization import quantize_
 
     from softsyn.emit.torch_step import int4_config
-    from softsyn.emit.triton_weights import QuantLinear
 
     try:
         import gemlite
@@ -227,9 +226,7 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
         linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
         torch.nn.init.normal_(linear.weight, std=0.02)
         inp = torch.randn(1, width_in, device=device, dtype=dtype)
-        forms = [("fp16 cuBLAS", linear)] + [(f"softsyn int4 g{g}", QuantLinear.from_linear(linear, g))
-                                             for g in (64, 128)]
-        forms.append(("softsyn fp8 g128", QuantLinear.from_linear(linear, 128, "fp8")))
+        forms = [("fp16 cuBLAS", linear)] + softsyn_chain_forms(linear)
         tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
         quantize_(tinygemm, int4_config(128))
         forms.append(("torchao int4 g128 (tinygemm, h200-torch's int4)", tinygemm))
@@ -245,6 +242,28 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
             rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph, {size / 1e6:.0f} MB at "
                          "fp16)", form, seconds, size / seconds))
     return rows
+
+
+def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
+    """softsyn's int4 (g64, g128) and fp8 (g128) layers, autotuned (the zeroed output and the kernel: the two kernels
+    a package runs), then int4 g128 and fp8 g128 at each one-row config of the kernel's autotune list, to show the
+    spread the autotuner chooses from."""
+    from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
+
+    forms = []
+    for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128)):
+        layer = QuantLinear.from_linear(linear, group, precision)
+        forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
+        if group != 128:
+            continue
+        for config in CONFIGS:
+            meta = dict(config.kwargs)
+            if meta["BLOCK_M"] != 1:
+                continue
+            name = f"BLOCK_N {meta['BLOCK_N']} ROWS {meta['ROWS']} warps {config.num_warps}"
+            forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, w=config.num_warps:
+                          launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": w})))
+    return forms
 
 
 def softsyn_int4_packaged(device: str, dtype) -> str:

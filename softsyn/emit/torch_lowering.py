@@ -182,7 +182,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
     cells = weight_map(design)
-    weight_notes = quantise_modules(model, cells, target.float_precision, target.weights, target.int4_kernel)
+    timed = target.int4_kernel == "measured" and any(c.precision == "int4" for c in cells.values())
+    with progress.step("emit: int4 kernels timed per layer shape on the device (softsyn's and torchao's)",
+                       enabled=design.progress and timed, done="emit: int4 kernels chosen"):
+        quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.int4_kernel)
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     packages, holder = planned(target), [model]
@@ -201,13 +204,12 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     for built in packages:
         write_json(folder / built.kernels, calls_data(built.calls))
     settings = torch_settings(design, reference, geometry, vocab, packages)
-    settings["weights"] = {name: {"precision": c.precision, "block": c.block,
-                                  **({"kernel": target.int4_kernel} if c.precision == "int4" else {})}
-                           for name, c in sorted(cells.items()) if c.precision in target.weights}
+    settings["weights"] = {name: {"precision": c.precision, "block": c.block, "kernel": quantised.kernels[name]}
+                           for name, c in sorted(cells.items()) if name in quantised.kernels}
     write_json(folder / TORCH_FILE, settings)
     step = loaded_step(design, folder, settings, packages)
     notes += package_notes(design, packages, packed, folder, step)
-    notes += [*(f"target {design.torch_target}: {line}" for line in weight_notes or ["weights "
+    notes += [*(f"target {design.torch_target}: {line}" for line in quantised.notes or ["weights "
                 f"{target.float_precision} (the compile's map quantised none)"]),
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
               f"({ESTIMATED}) of the same function on the ONNX netlist; the package"

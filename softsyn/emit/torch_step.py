@@ -4,20 +4,24 @@ head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SD
 whole or split into chunks of slots; registered with
 transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
-(quantise_modules; int4 as tinygemm's tile-packed layout, CUDA only, at the cell's block). Sliding-window layers
+(quantise_modules; int4 as tinygemm's tile-packed layout or softsyn's Triton kernel, whichever measures faster per
+layer shape on the device, CUDA only, at the cell's block). Sliding-window layers
 (Gemma-2/3) get their own mask, and soft-capped scores are capped in every attention form.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 
-from softsyn.emit.triton_weights import GROUPS, group_for, replace_linears
+from softsyn.emit.torch_kernel_choice import Int4Shape, choose_int4_kernels
+from softsyn.emit.triton_weights import GROUPS, QuantLinear, group_for, replace_linears
 
 
 class BufferLayer(StaticLayer):
@@ -267,14 +271,19 @@ def tinygemm_block(block: int) -> int:
     return max([b for b in TINYGEMM_BLOCKS if b <= block] or [TINYGEMM_BLOCKS[0]])
 
 
+class Quantised(NamedTuple):
+    notes: list[str]  # what was quantised, any cell kept float (and why), measured kernel choices
+    kernels: dict[str, str]  # {cell name: the kernel that runs it} for every cell quantised
+
+
 def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float_precision: str,
-                     built: tuple[str, ...], int4_kernel: str = "torchao") -> list[str]:
+                     built: tuple[str, ...], int4_kernel: str = "torchao") -> Quantised:
     """Weight-only quantisation of the Linear layers `cells` names, in the precisions `built` (a packed group at its
     most accurate part's precision and finest block): torchao's layers, or softsyn's own Triton kernel
-    (softsyn.emit.triton_weights) for fp8 and, with `int4_kernel` "softsyn", for int4; the notes: what was quantised,
-    and any cell the package keeps float (and why)."""
+    (softsyn.emit.triton_weights) for fp8 and for int4 as `int4_kernel` says ("torchao", "softsyn", or "measured":
+    the faster of the two per layer shape, timed on the device, softsyn.emit.torch_kernel_choice)."""
     modules = dict(model.named_modules())
-    groups: dict[int, tuple[torch.nn.Linear, list[WeightCell]]] = {}
+    groups: dict[int, tuple[torch.nn.Linear, list[str], list[WeightCell]]] = {}
     notes = []
     for name, cell in sorted(cells.items()):
         module = modules.get(name)
@@ -282,26 +291,65 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
         if not isinstance(linear, torch.nn.Linear):
             notes.append(f"cell {name} ({cell.precision}): no torch Linear of that name; kept {float_precision}")
             continue
-        groups.setdefault(id(linear), (linear, []))[1].append(cell)
-    chosen: dict[tuple[str, int, str], list[torch.nn.Linear]] = {}  # (precision, block, kernel): the layers
-    unbuilt: dict[str, int] = {}
-    for linear, asked in groups.values():
+        entry = groups.setdefault(id(linear), (linear, [], []))
+        entry[1].append(name)
+        entry[2].append(cell)
+    wanted, unbuilt = [], {}  # wanted: (linear, its cells' names, precision, block, kernel)
+    for linear, names, asked in groups.values():
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
         block = min(c.block for c in asked if c.precision == precision)
-        if precision in built and (precision == "fp8" or precision == "int4" and int4_kernel == "softsyn"):
+        if precision in built:
+            kernel = "softsyn" if precision == "fp8" else int4_kernel if precision == "int4" else "torchao"
+            wanted.append((linear, names, precision, block, kernel))
+        elif precision != float_precision:
+            unbuilt[precision] = unbuilt.get(precision, 0) + 1
+    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
+              f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
+    wanted = measured_kernels(wanted, notes)
+    kernels = {name: w[4] for w in wanted for name in w[1]
+               if w[4] != "softsyn" or group_for(w[3], w[0].in_features) is not None}  # build_layers keeps the rest
+    return Quantised(notes + build_layers(model, wanted, float_precision), kernels)
+
+
+def measured_kernels(wanted: list[tuple], notes: list[str]) -> list[tuple]:
+    """`wanted` with each "measured" int4 kernel replaced by the faster of softsyn's and torchao's for its layer's
+    shape, timed on CUDA (softsyn.emit.torch_kernel_choice; its lines added to `notes`)."""
+    shapes = {Int4Shape(w[0].in_features, w[0].out_features, w[3]): w[0] for w in wanted if w[4] == "measured"}
+    if not shapes:
+        return wanted
+    weight = next(iter(shapes.values())).weight
+    picks, said = choose_int4_kernels(shapes, int4_layer, weight.dtype, weight.device.type)
+    notes += said
+    return [(*w[:4], picks[Int4Shape(w[0].in_features, w[0].out_features, w[3])] if w[4] == "measured" else w[4])
+            for w in wanted]
+
+
+def int4_layer(kernel: str, linear: torch.nn.Linear, block: int) -> torch.nn.Module:
+    """A copy of `linear` as `kernel`'s int4 layer at its group nearest `block` (what build_layers makes)."""
+    if kernel == "softsyn":
+        group = group_for(block, linear.in_features)
+        if group is None:
+            raise ValueError(f"no group of {GROUPS} divides the input width {linear.in_features}")
+        return QuantLinear.from_linear(linear, group)
+    layer = copy.deepcopy(linear).to(WEIGHT_DTYPE["int4"])
+    quantize_(layer, int4_config(tinygemm_block(block)))
+    return layer
+
+
+def build_layers(model: torch.nn.Module, wanted: list[tuple], float_precision: str) -> list[str]:
+    """Quantise `wanted`'s layers in place (softsyn's kernel or torchao's layer); the notes saying what was built."""
+    notes, chosen = [], {}  # chosen: (precision, group or block, kernel) -> the layers
+    for linear, _, precision, block, kernel in wanted:
+        if kernel == "softsyn":
             group = group_for(block, linear.in_features)
             if group is None:
                 notes.append(f"{linear.in_features}-wide Linear mapped {precision} kept {float_precision}: no group "
                              f"of {GROUPS} divides its input width")
             else:
                 chosen.setdefault((precision, group, "softsyn"), []).append(linear)
-        elif precision in built:
+        else:
             chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0, "torchao"),
                               []).append(linear)
-        elif precision != float_precision:
-            unbuilt[precision] = unbuilt.get(precision, 0) + 1
-    notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
-              f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
     for (precision, block, kernel), linears in sorted(chosen.items()):
         if kernel == "softsyn":
             count = replace_linears(model, linears, block, precision)

@@ -18,11 +18,12 @@ Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and i
 - fp8: w ~ q * scale, q float8_e4m3fn, scale the group's amax / 448 (ORT's MatMulBlockQuantizedFp8Weight's rule, per
   block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [K, N]; `lows` is empty.
 
-The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 accumulation: one row a program at decode (the tile
-accumulated over GROUPS_PER_STEP groups a loop step, reduced once at the end), tensor-core tiles of BLOCK_M x BLOCK_N
-for several rows; a narrow layer's inputs split across programs (`split_for`). On CUDA it is autotuned (AOTInductor
-tunes it once at the example shapes of each package); elsewhere it runs at `DEFAULT_CONFIG` (CPU tests run it in
-Triton's interpreter, TRITON_INTERPRET=1), and without Triton the op computes the same product in torch.
+The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products: at decode (one row) every program takes
+one row and a chunk of one group's weight rows and adds its partial into y atomically (split-K at the finest grain,
+no loop, each group's scale applied once to its chunk's dot product); for several rows, tensor-core tiles of
+BLOCK_M x BLOCK_N loop over the groups. On CUDA it is autotuned (AOTInductor tunes it once at the example shapes of
+each package); elsewhere it runs at `DEFAULT_CONFIG` or a given config (CPU tests run it in Triton's interpreter,
+TRITON_INTERPRET=1), and without Triton the op computes the same product in torch.
 """
 from __future__ import annotations
 
@@ -102,65 +103,55 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
 
 if triton is not None:
     @triton.jit
-    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_split,
-                             K_SPLIT, GROUP: tl.constexpr, FP8_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, GROUPS_PER_STEP: tl.constexpr = 1):
-        """y[M, N] = x[M, K] @ W^T, W dequantised a group at a time from the packed format (module docstring;
-        FP8_CODES: fp8, else int4). Program (i, j, s) computes rows i, outputs j over inputs
-        [s * K_SPLIT, (s + 1) * K_SPLIT) into y's slice s (stride_split apart; one slice when the grid has one split)."""
+    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+                             GROUP: tl.constexpr, FP8_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 16):
+        """y[M, N] (zeros on entry) += x[M, K] @ W^T, W dequantised from the packed format (module docstring; FP8_CODES:
+        fp8, else int4). BLOCK_M 1 (decode): program (row, j, c) multiplies one row by `ROWS` weight rows of one
+        group (chunk c) for outputs j and adds its partial into y atomically, so even a narrow layer spreads over
+        every SM with no loop (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does). BLOCK_M > 1:
+        program (i, j, 0) loops over every group with tensor-core tiles and stores its tile."""
         HALF: tl.constexpr = GROUP // 2
-        ROWS: tl.constexpr = GROUP if FP8_CODES else HALF  # weight rows a group takes
-        k_start = tl.program_id(2) * K_SPLIT
-        k_end = tl.minimum(k_start + K_SPLIT, K)
-        y_ptr += tl.program_id(2) * stride_split
+        GROUP_ROWS: tl.constexpr = GROUP if FP8_CODES else HALF  # weight rows a group takes
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, HALF)
-        if BLOCK_M == 1:  # one row a program (decode): no tensor-core padding to 16 rows
-            # GROUPS_PER_STEP groups a loop step, multiplied into an accumulator of the tile's shape and reduced once
-            # after the loop: one group a step with a reduction in each (cross-thread, every step) left down_proj
-            # (48 steps) at 19.6 us against cuBLAS fp16's 8.8 (H100, 2026-12-06)
-            row = tl.program_id(0)
-            rg = tl.arange(0, GROUPS_PER_STEP)
-            x_row = x_ptr + row * stride_xm + rg[:, None] * GROUP + rk[None, :]  # [G, HALF]
-            w_step = w_ptr + (rg[:, None, None] * ROWS + rk[None, :, None]) * N + rn[None, None, :]  # [G, HALF, BN]
-            acc3 = tl.zeros((GROUPS_PER_STEP, HALF, BLOCK_N), dtype=tl.float32)
-            for k0 in range(k_start, k_end, GROUP * GROUPS_PER_STEP):
-                g0 = k0 // GROUP
-                in_k = (k0 + rg * GROUP) < k_end
-                a_lo = tl.load(x_row + k0, mask=in_k[:, None], other=0.0).to(tl.float32)
-                a_hi = tl.load(x_row + k0 + HALF, mask=in_k[:, None], other=0.0).to(tl.float32)
-                w_mask = in_k[:, None, None] & (rn[None, None, :] < N)
-                sl_mask = in_k[:, None] & (rn[None, :] < N)
-                scale = tl.load(s_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0).to(tl.float32)
-                scale = scale[:, None, :]
-                if FP8_CODES:
-                    w_lo = tl.load(w_step + g0 * ROWS * N, mask=w_mask, other=0.0).to(tl.float32) * scale
-                    w_hi = tl.load(w_step + (g0 * ROWS + HALF) * N, mask=w_mask, other=0.0).to(tl.float32) * scale
-                else:
-                    codes = tl.load(w_step + g0 * ROWS * N, mask=w_mask, other=0)
-                    low = tl.load(l_ptr + (g0 + rg[:, None]) * N + rn[None, :], mask=sl_mask, other=0.0)
-                    low = low.to(tl.float32)[:, None, :]
-                    w_lo = (codes & 0xF).to(tl.float32) * scale + low
-                    w_hi = (codes >> 4).to(tl.float32) * scale + low
-                acc3 += a_lo[:, :, None] * w_lo + a_hi[:, :, None] * w_hi
-            acc = tl.sum(tl.sum(acc3, 1), 0)
-            tl.store(y_ptr + row * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=rn < N)
+        if BLOCK_M == 1:
+            # the group's scale (and low) applied once to the chunk's dot product: x . (q * s + l) = s * (x . q) +
+            # l * sum(x), one convert and one fma a weight
+            CHUNK: tl.constexpr = ROWS if ROWS < GROUP_ROWS else GROUP_ROWS
+            row, first = tl.program_id(0), tl.program_id(2) * CHUNK
+            group = first // GROUP_ROWS
+            rr = first + tl.arange(0, CHUNK)
+            # no `other`: an output past N only sums its own column, which the atomic's mask drops
+            codes = tl.load(w_ptr + rr[:, None] * N + rn[None, :], mask=rn[None, :] < N)
+            scale = tl.load(s_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
+            if FP8_CODES:
+                a = tl.load(x_ptr + row * stride_xm + rr).to(tl.float32)
+                part = tl.sum(a[:, None] * codes.to(tl.float32), 0) * scale
+            else:
+                lo_in = group * GROUP + rr % HALF  # a group's row i holds inputs i (low nibble) and HALF + i
+                a_lo = tl.load(x_ptr + row * stride_xm + lo_in).to(tl.float32)
+                a_hi = tl.load(x_ptr + row * stride_xm + lo_in + HALF).to(tl.float32)
+                dot = tl.sum(a_lo[:, None] * (codes & 0xF).to(tl.float32) + a_hi[:, None] * (codes >> 4).to(tl.float32), 0)
+                low = tl.load(l_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
+                part = dot * scale + (tl.sum(a_lo, 0) + tl.sum(a_hi, 0)) * low
+            tl.atomic_add(y_ptr + row * stride_ym + rn, part.to(y_ptr.dtype.element_ty), mask=rn < N, sem="relaxed")
         else:
+            rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok, col_ok = rm[:, None] < M, rn[None, :] < N
             x_rows = x_ptr + rm[:, None] * stride_xm + rk[None, :]
             w_tile = w_ptr + rk[:, None] * N + rn[None, :]
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(k_start, k_end, GROUP):
+            for k0 in range(0, K, GROUP):
                 g = k0 // GROUP
                 a_lo = tl.load(x_rows + k0, mask=row_ok, other=0.0)
                 a_hi = tl.load(x_rows + k0 + HALF, mask=row_ok, other=0.0)
                 scale = tl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
                 if FP8_CODES:
-                    w_lo = tl.load(w_tile + g * ROWS * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
-                    w_hi = tl.load(w_tile + (g * ROWS + HALF) * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
+                    w_lo = tl.load(w_tile + g * GROUP_ROWS * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
+                    w_hi = tl.load(w_tile + (g * GROUP_ROWS + HALF) * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
                 else:
-                    codes = tl.load(w_tile + g * ROWS * N, mask=col_ok, other=0)
+                    codes = tl.load(w_tile + g * GROUP_ROWS * N, mask=col_ok, other=0)
                     low = tl.load(l_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
                     w_lo = (codes & 0xF).to(a_lo.dtype) * scale + low
                     w_hi = (codes >> 4).to(a_lo.dtype) * scale + low
@@ -168,63 +159,40 @@ if triton is not None:
                 acc += tl.dot(a_hi, w_hi.to(a_lo.dtype))
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
-    # decode (a few rows) wants narrow output tiles over many programs, one row each; a prompt wants wide tiles but
-    # takes the prompt form (use_prompt_form) in a prefill package, so two tile configs suffice. Few configs on
-    # purpose: AOTInductor compiles every config of every layer shape (model.pt2 of qwen3-0.6b took 248 s with 12
-    # configs, H100, 2026-12-06)
-    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "GROUPS_PER_STEP": g}, num_warps=w, num_stages=s)
-               for n, g, w, s in ((16, 1, 2, 3), (16, 2, 4, 3), (32, 1, 4, 3), (32, 2, 4, 3), (64, 1, 4, 3),
-                                  (64, 2, 8, 2))]
+    # decode (a few rows) wants many small programs, one row and one chunk of a group each; a prompt takes the prompt
+    # form (use_prompt_form) in a prefill package, so two tile configs suffice. Few configs on purpose: AOTInductor
+    # compiles every config of every layer shape (model.pt2 of qwen3-0.6b took 248 s with 12 configs, H100,
+    # 2026-12-06). restore_value: Triton's autotuner (eager calls) puts y back to zeros after timing each config.
+    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "ROWS": r}, num_warps=w, num_stages=1)
+               for n, r, w in ((64, 32, 1), (128, 16, 1), (128, 32, 2), (256, 16, 2), (256, 32, 4), (512, 16, 4))]
     CONFIGS += [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                 for m, n, w, s in ((16, 64, 4, 3), (64, 128, 4, 3))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(weight_matmul_kernel)
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], restore_value=["y_ptr"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
-SPLIT_MAX = 8  # input splits at most
-SPLIT_PROGRAMS = 2  # split until the programs at BLOCK_N 32 reach this many per SM
-
-
-def split_for(width: int, out: int, group: int, processors: int) -> int:
-    """Input splits for a [width -> out] layer: at batch 1 a narrow layer has too few output tiles to occupy the GPU
-    (o_proj's 2048 outputs are 64 programs of 32 on 132 SMs), so its inputs are split across programs and the
-    partial products summed after. A power of two that divides the groups and leaves each split 2 of them or more;
-    1 for wide layers. A heuristic on the shape only (the rows are dynamic in a package)."""
-    groups, programs = width // group, -(-out // 32)
-    split = 1
-    while (split * 2 <= SPLIT_MAX and programs * split * 2 <= SPLIT_PROGRAMS * processors
-           and groups % (split * 2) == 0 and groups // (split * 2) >= 2):
-        split *= 2
-    return split
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-           config: dict | None = None, split: int | None = None) -> torch.Tensor:
-    """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"}) is
-    given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter); inputs split `split` ways (default:
-    split_for on CUDA, 1 elsewhere), each split's fp32 partial product written apart and summed."""
+           config: dict | None = None) -> torch.Tensor:
+    """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "ROWS"]})
+    is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter)."""
     rows, width, out = flat.shape[0], flat.shape[1], packed.shape[1]
     group = width // scales.shape[0]
     fp8 = packed.dtype == FP8
-    cuda = flat.device.type == "cuda"
-    if split is None:
-        split = split_for(width, out, group, torch.cuda.get_device_properties(flat.device).multi_processor_count) \
-            if cuda else 1
-    if split > 1:
-        y = torch.empty((split, rows, out), device=flat.device, dtype=torch.float32)
-        stride_split = rows * out
-    else:
-        y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)
-        stride_split = 0
-    k_split = width // group // split * group
-    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, stride_split, k_split)
-    if cuda and config is None:
-        grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), split)  # noqa: E731
+    group_rows = group if fp8 else group // 2
+    y = torch.zeros((rows, out), device=flat.device, dtype=flat.dtype)  # the one-row programs add into it
+
+    def grid(meta):
+        chunks = packed.shape[0] // min(meta.get("ROWS", 16), group_rows) if meta["BLOCK_M"] == 1 else 1
+        return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), chunks
+
+    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
+    if flat.device.type == "cuda" and config is None:
         torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, FP8_CODES=fp8)
     else:
         config = config or DEFAULT_CONFIG
-        grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(out, config["BLOCK_N"]), split)
-        torch.library.wrap_triton(weight_matmul_kernel)[grid](*args, GROUP=group, FP8_CODES=fp8, **config)
-    return y.sum(0).to(flat.dtype) if split > 1 else y
+        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, FP8_CODES=fp8, **config)
+    return y
 
 
 def interpreting() -> bool:

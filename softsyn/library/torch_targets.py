@@ -4,7 +4,8 @@ A torch target has no library of its own yet: the design is timed with the ORT l
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
 Weights: the compile loop's per-cell choice, realised per module: int8 by torchao's weight-only layer on both; int4
-on CUDA only, by torchao's tinygemm layout or softsyn's Triton kernel (`int4_kernel`; softsyn.emit.triton_weights;
+on CUDA only, by torchao's tinygemm layout or softsyn's Triton kernel, whichever measures faster per layer shape
+(`int4_kernel`; softsyn.emit.triton_weights, softsyn.emit.torch_kernel_choice;
 torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 by softsyn's kernel where a target's `weights`
 names it (none does yet: the kernel is not measured).
 """
@@ -28,9 +29,10 @@ class TorchTarget:
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
     prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
     # (DIR/model-prefill.pt2); None: DIR/model.pt2 serves every step
-    int4_kernel: str = "torchao"  # an int4 cell's layer: "torchao" (tinygemm's layout) or "softsyn"
-    # (softsyn.emit.triton_weights' Triton kernel, compiled into the package; fp8 cells, where `weights` builds
-    # them, always take it: torchao has no fast fp8 weight-only layer)
+    int4_kernel: str = "torchao"  # an int4 cell's layer: "torchao" (tinygemm's layout), "softsyn"
+    # (softsyn.emit.triton_weights' Triton kernel, compiled into the package) or "measured" (the faster of the two
+    # per layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8 cells, where
+    # `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
 
     @property
     def float_precision(self) -> str:
@@ -46,11 +48,11 @@ TORCH_TARGETS = {
     # SDPA measured faster alone) fails in the H200 image's torch 2.11 Inductor (AssertionError: ps1, 17:07), so
     # prefill gets a package of its own in SDPA's form: Inductor's mask + softmax took 48 us a layer at prefill 512
     # where SDPA measured 34 alone (prefill 512: 5.959 ms vs ORT's 4.945, 17:36)
-    # int4 stays torchao's: softsyn's kernel (int4_kernel "softsyn") beat cuBLAS fp16 on the lm_head (105 vs 205 us)
-    # and gate/up (13.8 vs 21.1) but lost on q/k/v, o and down (down 19.8 vs 8.8 us: no split-K), 24 calls a graph,
-    # H100, 2026-12-06 (bench/results/torch-kernels-chain-h100-2026-12-06.md)
+    # int4 measured per shape: softsyn's kernel beat cuBLAS fp16 on the lm_head (105 vs 205 us) and gate/up (13.8 vs
+    # 21.1) but lost on q/k/v, o and down (down 19.8 vs 8.8 us: no input split then), while torchao's tinygemm ran at
+    # fp16's speed everywhere, 24 calls a graph, H100, 2026-12-06 (bench/results/torch-kernels-chain-h100-2026-12-06.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4"),
-                              prefill_attention="sdpa"),
+                              prefill_attention="sdpa", int4_kernel="measured"),
 }
 
 

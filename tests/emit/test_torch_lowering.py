@@ -289,7 +289,7 @@ def test_the_compile_s_int8_cells_become_torchao_int8_modules_and_still_compute_
     model, want = packed_tiny()
     int8, int4 = WeightCell("int8", 0), WeightCell("int4", 32)
     notes = quantise_modules(model, {"model.layers.0.self_attn.q_proj": int8, "model.layers.0.mlp.down_proj": int8,
-                                     "model.layers.1.mlp.up_proj": int4}, "fp32", ("int8",))
+                                     "model.layers.1.mlp.up_proj": int4}, "fp32", ("int8",)).notes
     layer0, layer1 = model.model.layers
     assert type(layer0.self_attn.packed_q_k_v.linear.weight).__name__ == "Int8Tensor"
     assert type(layer0.mlp.down_proj.weight).__name__ == "Int8Tensor"
@@ -323,7 +323,7 @@ def test_int4_cells_go_to_tinygemm_at_their_block_with_bf16_weights(monkeypatch)
     cells = {"model.layers.0.mlp.gate_proj": WeightCell("int4", 128), "model.layers.0.mlp.up_proj": WeightCell("int4", 64),
              "model.layers.1.mlp.down_proj": WeightCell("int4", 128), "model.layers.1.self_attn.o_proj":
              WeightCell("int8", 0)}
-    notes = quantise_modules(model, cells, "fp16", ("int8", "int4"))
+    notes = quantise_modules(model, cells, "fp16", ("int8", "int4")).notes
     by_block = {(type(c).__name__, getattr(c, "group_size", None)): (names, dtypes) for c, names, dtypes in calls}
     assert by_block[("Int4WeightOnlyConfig", 64)] == (["model.layers.0.mlp.packed_gate_up.linear"], {torch.bfloat16})
     assert by_block[("Int4WeightOnlyConfig", 128)] == (["model.layers.1.mlp.down_proj"], {torch.bfloat16})
