@@ -267,30 +267,34 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
 
 
 def softsyn_int4_packaged(device: str, dtype) -> str:
-    """Whether AOTInductor packages a module holding softsyn's int4 layer and the package gives the eager result."""
+    """Whether AOTInductor packages a module holding softsyn's int4 and fp8 layers, its input [batch, seq, K] with
+    both dims dynamic (as a decode step's: the rows are their product), and the package gives the eager result."""
     import tempfile
 
     from softsyn.emit.triton_weights import QuantLinear
 
     linear = torch.nn.Linear(HIDDEN, MLP, bias=False, device=device, dtype=dtype)
-    step = torch.nn.Sequential(QuantLinear.from_linear(linear, 128), torch.nn.SiLU())
-    x = torch.randn(3, HIDDEN, device=device, dtype=dtype)
+    back = torch.nn.Linear(MLP, HIDDEN, bias=False, device=device, dtype=dtype)
+    step = torch.nn.Sequential(QuantLinear.from_linear(linear, 128), torch.nn.SiLU(),
+                               QuantLinear.from_linear(back, 128, "fp8"))
+    x = torch.randn(1, 3, HIDDEN, device=device, dtype=dtype)
     try:
         with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
-            seq = torch.export.Dim("seq", min=1, max=4096)
-            program = torch.export.export(step, (x,), dynamic_shapes=({0: seq},), strict=False)
+            dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=4096)}
+            program = torch.export.export(step, (x,), dynamic_shapes=(dims,), strict=False)
             path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/i4.pt2")
             runner = torch._inductor.aoti_load_package(path)
             errs = []
-            for rows in (1, 3, 64):
-                inp = torch.randn(rows, HIDDEN, device=device, dtype=dtype)
+            for batch, seq in ((1, 1), (1, 3), (2, 32)):
+                inp = torch.randn(batch, seq, HIDDEN, device=device, dtype=dtype)
                 got = runner(inp)
                 got = got[0] if isinstance(got, (list, tuple)) else got
                 want = step(inp).float()
-                errs.append(f"{rows} rows {float((got.float() - want).abs().max() / want.abs().max()):.1e}")
-        return f"softsyn int4 in an AOTInductor package: compiled and ran (rel err against eager: {', '.join(errs)})"
+                errs.append(f"{batch}x{seq} rows {float((got.float() - want).abs().max() / want.abs().max()):.1e}")
+        return ("softsyn int4 + fp8 in an AOTInductor package (batch and seq dynamic): compiled and ran (rel err "
+                f"against eager: {', '.join(errs)})")
     except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        return (f"softsyn int4 in an AOTInductor package: failed ({type(exc).__name__}: "
+        return (f"softsyn int4 + fp8 in an AOTInductor package: failed ({type(exc).__name__}: "
                 f"{' '.join(str(exc).split())[:300]})")
 
 
@@ -383,7 +387,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--parts", default="attention,projections,int4,softsyn,gemlite,chain",
-                        help="which tables (comma-separated; default all)")
+                        help="which tables (comma-separated; default all; package: only whether softsyn's layers "
+                             "package under AOTInductor, which softsyn runs too)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     dtype = torch.float16 if args.device == "cuda" else torch.float32
@@ -396,7 +401,7 @@ def main() -> int:
     rows += gemlite_rows(args.device, dtype) if cuda and "gemlite" in parts else []
     rows += chain_rows(args.device, dtype) if cuda and "chain" in parts else []
     packaged = "\n".join(line for line in (
-        softsyn_int4_packaged(args.device, dtype) if cuda and "softsyn" in parts else None,
+        softsyn_int4_packaged(args.device, dtype) if cuda and parts & {"softsyn", "package"} else None,
         gemlite_packaged(args.device, dtype) if cuda and "gemlite" in parts else None) if line) or None
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
              "| what | form | us per call | effective GB/s (fp16 bytes of the weights or K/V / time) |", "|---|---|---:|---:|"]

@@ -18,12 +18,13 @@ Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and i
 - fp8: w ~ q * scale, q float8_e4m3fn, scale the group's amax / 448 (ORT's MatMulBlockQuantizedFp8Weight's rule, per
   block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [K, N]; `lows` is empty.
 
-The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products: at decode (one row) every program takes
-one row and a chunk of one group's weight rows and adds its partial into y atomically (split-K at the finest grain,
-no loop, each group's scale applied once to its chunk's dot product); for several rows, tensor-core tiles of
-BLOCK_M x BLOCK_N loop over the groups. On CUDA it is autotuned (AOTInductor tunes it once at the example shapes of
-each package); elsewhere it runs at `DEFAULT_CONFIG` or a given config (CPU tests run it in Triton's interpreter,
-TRITON_INTERPRET=1), and without Triton the op computes the same product in torch.
+The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products. Autotuned (decode): every program reads a
+chunk of one group's weight rows for a tile of outputs once, multiplies each row of x by it and adds the partials
+into y atomically (split-K at the finest grain, each group's scale applied once to a chunk's dot product); a launch
+with a BLOCK_M > 1 config runs tensor-core tiles that loop over the groups instead. On CUDA it is autotuned
+(AOTInductor tunes it once at the example shapes of each package); elsewhere it runs at `DEFAULT_CONFIG` or a given
+config (CPU tests run it in Triton's interpreter, TRITON_INTERPRET=1), and without Triton the op computes the same
+product in torch.
 """
 from __future__ import annotations
 
@@ -107,34 +108,42 @@ if triton is not None:
                              GROUP: tl.constexpr, FP8_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 16):
         """y[M, N] (zeros on entry) += x[M, K] @ W^T, W dequantised from the packed format (module docstring; FP8_CODES:
-        fp8, else int4). BLOCK_M 1 (decode): program (row, j, c) multiplies one row by `ROWS` weight rows of one
-        group (chunk c) for outputs j and adds its partial into y atomically, so even a narrow layer spreads over
-        every SM with no loop (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does). BLOCK_M > 1:
-        program (i, j, 0) loops over every group with tensor-core tiles and stores its tile."""
+        fp8, else int4). BLOCK_M 1 (decode): program (0, j, c) multiplies every row by `ROWS` weight rows of one
+        group (chunk c) for outputs j and adds its partials into y atomically, so even a narrow layer spreads over
+        every SM (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does). BLOCK_M > 1 (`launch` with
+        a config; not autotuned): program (i, j, 0) loops over every group with tensor-core tiles and stores its
+        tile."""
         HALF: tl.constexpr = GROUP // 2
         GROUP_ROWS: tl.constexpr = GROUP if FP8_CODES else HALF  # weight rows a group takes
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         if BLOCK_M == 1:
-            # the group's scale (and low) applied once to the chunk's dot product: x . (q * s + l) = s * (x . q) +
-            # l * sum(x), one convert and one fma a weight
+            # the chunk's codes read once for every row (the grid names no row: a package's dynamic row count stays
+            # a kernel argument, never a launch dimension); the group's scale (and low) applied once to each row's
+            # dot product: x . (q * s + l) = s * (x . q) + l * sum(x), one convert and one fma a weight
             CHUNK: tl.constexpr = ROWS if ROWS < GROUP_ROWS else GROUP_ROWS
-            row, first = tl.program_id(0), tl.program_id(2) * CHUNK
+            first = tl.program_id(2) * CHUNK
             group = first // GROUP_ROWS
             rr = first + tl.arange(0, CHUNK)
             # no `other`: an output past N only sums its own column, which the atomic's mask drops
             codes = tl.load(w_ptr + rr[:, None] * N + rn[None, :], mask=rn[None, :] < N)
             scale = tl.load(s_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
             if FP8_CODES:
-                a = tl.load(x_ptr + row * stride_xm + rr).to(tl.float32)
-                part = tl.sum(a[:, None] * codes.to(tl.float32), 0) * scale
+                q = codes.to(tl.float32)
             else:
-                lo_in = group * GROUP + rr % HALF  # a group's row i holds inputs i (low nibble) and HALF + i
-                a_lo = tl.load(x_ptr + row * stride_xm + lo_in).to(tl.float32)
-                a_hi = tl.load(x_ptr + row * stride_xm + lo_in + HALF).to(tl.float32)
-                dot = tl.sum(a_lo[:, None] * (codes & 0xF).to(tl.float32) + a_hi[:, None] * (codes >> 4).to(tl.float32), 0)
+                q_lo, q_hi = (codes & 0xF).to(tl.float32), (codes >> 4).to(tl.float32)
                 low = tl.load(l_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
-                part = dot * scale + (tl.sum(a_lo, 0) + tl.sum(a_hi, 0)) * low
-            tl.atomic_add(y_ptr + row * stride_ym + rn, part.to(y_ptr.dtype.element_ty), mask=rn < N, sem="relaxed")
+                lo_in = group * GROUP + rr % HALF  # a group's row i holds inputs i (low nibble) and HALF + i
+            for row in range(0, M):
+                if FP8_CODES:
+                    a = tl.load(x_ptr + row * stride_xm + rr).to(tl.float32)
+                    part = tl.sum(a[:, None] * q, 0) * scale
+                else:
+                    a_lo = tl.load(x_ptr + row * stride_xm + lo_in).to(tl.float32)
+                    a_hi = tl.load(x_ptr + row * stride_xm + lo_in + HALF).to(tl.float32)
+                    part = tl.sum(a_lo[:, None] * q_lo + a_hi[:, None] * q_hi, 0) * scale + \
+                        (tl.sum(a_lo, 0) + tl.sum(a_hi, 0)) * low
+                tl.atomic_add(y_ptr + row * stride_ym + rn, part.to(y_ptr.dtype.element_ty), mask=rn < N,
+                              sem="relaxed")
         else:
             rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -159,14 +168,15 @@ if triton is not None:
                 acc += tl.dot(a_hi, w_hi.to(a_lo.dtype))
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
-    # decode (a few rows) wants many small programs, one row and one chunk of a group each; a prompt takes the prompt
-    # form (use_prompt_form) in a prefill package, so two tile configs suffice. Few configs on purpose: AOTInductor
-    # compiles every config of every layer shape (model.pt2 of qwen3-0.6b took 248 s with 12 configs, H100,
-    # 2026-12-06). restore_value: Triton's autotuner (eager calls) puts y back to zeros after timing each config.
+    # decode (a few rows) wants many small programs over one chunk of a group each; a prompt takes the prompt form
+    # (use_prompt_form) in a prefill package, so only one-row configs are tuned, and their grid is static (no row
+    # count in it: torch 2.11's AOTInductor failed to autotune a grid over the dynamic rows, "launcher() missing 1
+    # required positional argument: '_launcher_s1'", H100, 2026-12-06). Few configs, small ones: on the H100 (24 calls
+    # a graph, 2026-12-06) one warp over 64-128 outputs was fastest at every qwen3-1.7b decode shape, 256-512 outputs
+    # 1.5-4x slower; AOTInductor compiles every config of every layer shape. restore_value: Triton's autotuner (eager
+    # calls) puts y back to zeros after timing each config.
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "ROWS": r}, num_warps=w, num_stages=1)
-               for n, r, w in ((64, 32, 1), (128, 16, 1), (128, 32, 2), (256, 16, 2), (256, 32, 4), (512, 16, 4))]
-    CONFIGS += [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-                for m, n, w, s in ((16, 64, 4, 3), (64, 128, 4, 3))]
+               for n, r, w in ((32, 32, 1), (64, 16, 1), (64, 32, 1), (64, 64, 1), (128, 16, 1), (128, 32, 2))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], restore_value=["y_ptr"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
@@ -183,8 +193,9 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     y = torch.zeros((rows, out), device=flat.device, dtype=flat.dtype)  # the one-row programs add into it
 
     def grid(meta):
-        chunks = packed.shape[0] // min(meta.get("ROWS", 16), group_rows) if meta["BLOCK_M"] == 1 else 1
-        return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), chunks
+        if meta["BLOCK_M"] == 1:  # every row in each program (no symbolic size in the launch)
+            return 1, triton.cdiv(out, meta["BLOCK_N"]), packed.shape[0] // min(meta.get("ROWS", 16), group_rows)
+        return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if flat.device.type == "cuda" and config is None:
