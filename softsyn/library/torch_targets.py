@@ -7,7 +7,7 @@ Weights: the compile loop's per-cell choice, realised per module: int8 by torcha
 on CUDA only, by torchao's tinygemm layout or softsyn's Triton kernel, whichever measures faster per layer shape
 (`int4_kernel`; softsyn.emit.triton_weights, softsyn.emit.torch_kernel_choice;
 torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 by softsyn's kernel where a target's `weights`
-names it (none does yet: the kernel is not measured).
+names it (h200-torch's does).
 """
 from __future__ import annotations
 
@@ -48,10 +48,12 @@ TORCH_TARGETS = {
     # SDPA measured faster alone) fails in the H200 image's torch 2.11 Inductor (AssertionError: ps1, 17:07), so
     # prefill gets a package of its own in SDPA's form: Inductor's mask + softmax took 48 us a layer at prefill 512
     # where SDPA measured 34 alone (prefill 512: 5.959 ms vs ORT's 4.945, 17:36)
-    # int4 measured per shape: softsyn's kernel beat cuBLAS fp16 on the lm_head (105 vs 205 us) and gate/up (13.8 vs
-    # 21.1) but lost on q/k/v, o and down (down 19.8 vs 8.8 us: no input split then), while torchao's tinygemm ran at
-    # fp16's speed everywhere, 24 calls a graph, H100, 2026-12-06 (bench/results/torch-kernels-chain-h100-2026-12-06.md)
-    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4"),
+    # int4 measured per shape at compile time: neither kernel is assumed faster on every card and shape (softsyn's
+    # first kernel lost to cuBLAS fp16 on narrow layers; its fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape,
+    # H100, 2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c-compile.txt)
+    # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV (qwen3-1.7b layer 25.6 vs 39.7 us, lm_head 102.5
+    # vs 216.9; H100, 2026-12-06, bench/results/torch-kernels-chain-h100-2026-12-06-d.md)
+    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4", "fp8"),
                               prefill_attention="sdpa", int4_kernel="measured"),
 }
 

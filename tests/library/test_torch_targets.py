@@ -29,10 +29,11 @@ def test_h200_torch_compile_without_cuda_is_refused_before_the_passes(tmp_path, 
     assert "use target cpu-torch" in err and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name, kept", [("cpu-torch", ["fp32", "int8"]), ("h200-torch", ["fp16", "int8", "int4"])])
+@pytest.mark.parametrize("name, kept", [("cpu-torch", ["fp32", "int8"]),
+                                        ("h200-torch", ["fp16", "fp8", "int8", "int4"])])
 def test_narrowing_keeps_what_each_torch_target_builds(name, kept):
-    """The loop is offered the precisions the target's package builds (int4 only where tinygemm runs: CUDA), and the
-    KV cache pinned to the target's float dtype; the log line names what was dropped."""
+    """The loop is offered the precisions the target's package builds (int4 and fp8 only where their kernels run:
+    CUDA), and the KV cache pinned to the target's float dtype; the log line names what was dropped."""
     from types import SimpleNamespace
 
     from softsyn.library.torch_targets import narrow_constraints, torch_target
@@ -43,4 +44,6 @@ def test_narrowing_keeps_what_each_torch_target_builds(name, kept):
     assert cons.precision.allowed == [p for p in ["fp32", "fp16", "fp8", "int8", "int4"] if p in kept]
     assert cons.precision.default == ("int4" if "int4" in kept else kept[0])
     assert cons.kv_cache.dtype == kept[0] and line.startswith(f"target {name}: precision.allowed")
-    assert "fp8" in line.split("->")[0] and "fp8" not in line.split("->")[1].split("(")[0]
+    before, after = line.split("->")[0], line.split("->")[1].split("(")[0]
+    dropped = [p for p in ["fp32", "fp16", "fp8", "int8", "int4"] if p not in kept]
+    assert dropped and all(p in before and p not in after for p in dropped)
