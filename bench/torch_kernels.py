@@ -5,7 +5,8 @@
 
 At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a static cache of 4160 positions), fp16:
   attention  softsyn.emit.torch_step.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
-             matmul: two matmuls and an fp32 softmax; split: the same with the softmax in chunks of slots), decode
+             matmul: two matmuls and an fp32 softmax; split: the same with the softmax in chunks of slots; softsyn:
+             softsyn.emit.triton_attention's split decode kernel at one position, matmul's form at a prompt), decode
              (seq 1) over past 512 and 4096 and prefill (seq 512), over the span the package reads, each compiled by
              torch.compile (Inductor, as AOTInductor compiles the step) with static and with dynamic shapes (the
              package's) and replayed as a CUDA graph;
@@ -213,7 +214,7 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     as h200-torch runs it), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
     from torchao.quantization import quantize_
 
-    from softsyn.emit.torch_step import int4_config
+    from softsyn.emit.torch_step import int4_config, int8_config
 
     try:
         import gemlite
@@ -229,7 +230,10 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
         forms = [("fp16 cuBLAS", linear)] + softsyn_chain_forms(linear)
         tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
         quantize_(tinygemm, int4_config(128))
-        forms.append(("torchao int4 g128 (tinygemm, h200-torch's int4)", tinygemm))
+        forms.append(("torchao int4 g128 (tinygemm)", tinygemm))
+        int8 = copy.deepcopy(linear)
+        quantize_(int8, int8_config(0))
+        forms.append(("torchao int8 (Int8WeightOnlyConfig, per channel)", int8))
         if gemlite is not None and label != "lm_head":  # gemlite's from_linear takes the layer's weight: a copy each
             forms += [(f"gemlite {name}", gemlite_layer(copy.deepcopy(linear), bits, group))
                       for name, bits, group in (("A16W4 g64", 4, 64), ("A16W8 fp8", 8, -1))]
@@ -245,16 +249,16 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
 
 
 def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
-    """softsyn's int4 (g64, g128) and fp8 (g128) layers, autotuned (the zeroed output and the kernel: the two kernels
+    """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the zeroed output and the kernel: the two kernels
     a package runs), then int4 g128 and fp8 g128 at each one-row config of the kernel's autotune list, to show the
     spread the autotuner chooses from."""
     from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
 
     forms = []
-    for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128)):
+    for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
         forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
-        if group != 128:
+        if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
         for config in CONFIGS:
             meta = dict(config.kwargs)

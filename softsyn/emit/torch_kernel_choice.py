@@ -1,10 +1,11 @@
-"""Which kernel runs an int4 cell in a CUDA torch package, measured on the device while the compile lowers the design
-(TorchTarget.int4_kernel "measured"): torchao's tinygemm layer or softsyn's Triton kernel (softsyn.emit.triton_weights).
+"""Which kernel runs an int4 or int8 cell in a CUDA torch package, measured on the device while the compile lowers the
+design (TorchTarget.weight_kernel "measured"): torchao's layer (int4: tinygemm's layout; int8: Int8WeightOnlyConfig)
+or softsyn's Triton kernel (softsyn.emit.triton_weights).
 
 Why measured and per shape: neither wins everywhere. On the H100 (2026-12-06, 24 calls a graph) softsyn's first
 kernel read the lm_head in 105 us against fp16's 205 and lost on the narrow q/k/v, o and down GEMVs; tinygemm ran
-at fp16's speed at every decode shape. Which wins depends on the layer's widths and the card, so the compile times
-both forms of every distinct int4 layer shape on the device the package is for, the way a step runs them (a chain of
+at fp16's speed at every decode shape. Which wins depends on the layer's widths, the precision and the card, so the
+compile times both forms of every distinct quantised layer shape on the device the package is for, the way a step runs them (a chain of
 CALLS one-row calls captured as a CUDA graph: a call replayed alone reads a ~10-14 us floor whatever its kernel),
 and builds the faster. The times are compile-log lines; runtime/torch.json names each layer's kernel.
 """
@@ -18,19 +19,21 @@ import torch
 
 from softsyn.units import fmt_time
 
-KERNELS = ("softsyn", "torchao")  # the int4 forms a measured choice compares (the first wins a tie)
+KERNELS = ("softsyn", "torchao")  # the forms a measured choice compares (the first wins a tie)
+CHOICE_PRECISIONS = ("int4", "int8")  # the precisions both kernels build (fp8: softsyn's only)
 CALLS = 24  # one-row calls a timed CUDA graph holds
 RUNS, WARMUP = 50, 5  # replays timed (the median taken), and replays before them
 
 
 @dataclass(frozen=True)
-class Int4Shape:
+class WeightShape:
+    precision: str  # CHOICE_PRECISIONS
     width: int  # input features
     out: int  # output features
     block: int  # the cell's quantisation block (0: per channel); each kernel takes its nearest group
 
     def label(self) -> str:
-        return f"{self.width}->{self.out} block {self.block}"
+        return f"{self.precision} {self.width}->{self.out} block {self.block}"
 
 
 def chain_seconds(layer: torch.nn.Module, width: int, dtype: torch.dtype, device: str) -> float:
@@ -60,30 +63,30 @@ def chain_seconds(layer: torch.nn.Module, width: int, dtype: torch.dtype, device
     return statistics.median(times) / CALLS
 
 
-Build = Callable[[str, torch.nn.Linear, int], torch.nn.Module]  # (kernel, a Linear, block) -> its int4 layer
+Build = Callable[[str, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (kernel, a Linear, shape) -> its layer
 Timer = Callable[[torch.nn.Module, int, torch.dtype, str], float]
 
 
-def choose_int4_kernels(layers: dict[Int4Shape, torch.nn.Linear], build: Build, dtype: torch.dtype, device: str,
-                        timer: Timer = chain_seconds) -> tuple[dict[Int4Shape, str], list[str]]:
-    """{shape: the faster of KERNELS} for one Linear of each int4 shape (`build` makes a kernel's layer from a copy
-    of its weight; the model's layer is untouched) on `device`, and the compile-log lines with both times. A form that fails to
-    build or run here is a line and loses; a shape neither form runs keeps torchao's (the build then says why), as
-    does every shape off CUDA (nothing to time: torchao's is the default)."""
+def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Build, dtype: torch.dtype, device: str,
+                          timer: Timer = chain_seconds) -> tuple[dict[WeightShape, str], list[str]]:
+    """{shape: the faster of KERNELS} for one Linear of each quantised shape (`build` makes a kernel's layer from a copy
+    of its weight; the model's layer is untouched) on `device`, and the compile-log lines with both times. A form
+    that fails to build or run here is a line and loses; a shape neither form runs keeps torchao's (the build then
+    says why), as does every shape off CUDA (nothing to time: torchao's is the default)."""
     if device != "cuda":
-        return dict.fromkeys(layers, "torchao"), ["int4 kernels not measured (no CUDA device): torchao's"]
+        return dict.fromkeys(layers, "torchao"), ["weight kernels not measured (no CUDA device): torchao's"]
     chosen, notes = {}, []
     for shape, linear in layers.items():
         times, failed = {}, []
         for kernel in KERNELS:
             try:
-                times[kernel] = timer(build(kernel, linear, shape.block), shape.width, dtype, "cuda")
+                times[kernel] = timer(build(kernel, linear, shape), shape.width, dtype, "cuda")
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
                 first = (str(exc).splitlines() or [""])[0][:120]
                 failed.append(f"{kernel} did not run ({type(exc).__name__}: {first})")
         chosen[shape] = min(times, key=lambda k: (times[k], KERNELS.index(k))) if times else "torchao"
         said = [f"{k} {fmt_time(t, 'us', 1)}" for k, t in times.items()] + failed
-        notes.append(f"int4 kernel for {shape.label()}: {chosen[shape]} ({', '.join(said)} a one-row call, "
+        notes.append(f"kernel for {shape.label()}: {chosen[shape]} ({', '.join(said)} a one-row call, "
                      f"{CALLS} calls a CUDA graph, measured)")
         torch.cuda.empty_cache()  # the timed copies (an lm_head's is 0.3-0.6 GB) go before the next shape's
     return chosen, notes

@@ -25,6 +25,7 @@ from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
 from softsyn.emit.torch_characterise import characterise
+from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
                                      weight_map)
 from softsyn.emit.triton_weights import use_prompt_form
@@ -182,10 +183,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
     cells = weight_map(design)
-    timed = target.int4_kernel == "measured" and any(c.precision == "int4" for c in cells.values())
-    with progress.step("emit: int4 kernels timed per layer shape on the device (softsyn's and torchao's)",
-                       enabled=design.progress and timed, done="emit: int4 kernels chosen"):
-        quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.int4_kernel)
+    timed = target.weight_kernel == "measured" and any(c.precision in CHOICE_PRECISIONS for c in cells.values())
+    with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
+                       enabled=design.progress and timed, done="emit: weight kernels chosen"):
+        quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     packages, holder = planned(target), [model]

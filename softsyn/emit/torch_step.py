@@ -1,8 +1,8 @@
 """The torch targets' step model (softsyn.emit.torch_lowering exports and compiles it): one decoder step over a
 static KV cache the caller owns, written in place, attention over its filled prefix (BufferLayer, StaticStep); a KV
 head's query heads stacked so K and V are never repeated (ATTENTIONS: torch's SDPA, or two matmuls and an fp32 softmax,
-whole or split into chunks of slots; registered with
-transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
+whole or split into chunks of slots, or at decode softsyn's split kernel, softsyn.emit.triton_attention; registered
+with transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
 (quantise_modules; int4 as tinygemm's tile-packed layout or softsyn's Triton kernel, whichever measures faster per
 layer shape on the device, CUDA only, at the cell's block). Sliding-window layers
@@ -20,7 +20,8 @@ from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, qua
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 
-from softsyn.emit.torch_kernel_choice import Int4Shape, choose_int4_kernels
+import softsyn.emit.triton_attention  # noqa: F401 - registers softsyn::decode_attention
+from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS, WeightShape, choose_weight_kernels
 from softsyn.emit.triton_weights import GROUPS, QuantLinear, group_for, replace_linears
 
 
@@ -125,10 +126,24 @@ def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dr
     return torch.cond(query.shape[2] == 1, decode, prefill, (query, key, value, attention_mask)), None
 
 
+def softsyn_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """softsyn's split decode kernel (softsyn.emit.triton_attention) for one query position, the query heads of a KV
+    head stacked as its rows; matmul_attention for several positions (a prompt), soft-capped scores, or a head
+    width the kernel's tiles do not take (not a power of two)."""
+    batch, heads, seq, dim = query.shape
+    if seq != 1 or kwargs.get("softcap") or dim & (dim - 1):
+        return matmul_attention(module, query, key, value, attention_mask, scaling, softcap=kwargs.get("softcap"))
+    q = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
+    out = torch.ops.softsyn.decode_attention(q, key, value, attention_mask[:, 0, 0, :],
+                                             scaling if scaling is not None else dim ** -0.5)
+    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+
+
 # registered names without "sdpa" in them: transformers checks a model's own SDPA support for any such name and
 # refuses one that has none (Gemma-2: soft-capped scores), though these forms do their own (grouped_attention)
 ATTENTIONS = {"sdpa": ("softsyn_grouped", grouped_attention), "matmul": ("softsyn_matmul", matmul_attention),
-              "split": ("softsyn_split", split_attention), "by_seq": ("softsyn_by_seq", by_seq_attention)}
+              "split": ("softsyn_split", split_attention), "by_seq": ("softsyn_by_seq", by_seq_attention),
+              "softsyn": ("softsyn_decode", softsyn_attention)}
 for _name, _function in ATTENTIONS.values():
     AttentionInterface.register(_name, _function)
 
@@ -277,11 +292,12 @@ class Quantised(NamedTuple):
 
 
 def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float_precision: str,
-                     built: tuple[str, ...], int4_kernel: str = "torchao") -> Quantised:
+                     built: tuple[str, ...], weight_kernel: str = "torchao") -> Quantised:
     """Weight-only quantisation of the Linear layers `cells` names, in the precisions `built` (a packed group at its
     most accurate part's precision and finest block): torchao's layers, or softsyn's own Triton kernel
-    (softsyn.emit.triton_weights) for fp8 and for int4 as `int4_kernel` says ("torchao", "softsyn", or "measured":
-    the faster of the two per layer shape, timed on the device, softsyn.emit.torch_kernel_choice)."""
+    (softsyn.emit.triton_weights) for fp8, and for int4 and int8 as `weight_kernel` says ("torchao", "softsyn", or
+    "measured": the faster of the two per precision and layer shape, timed on the device,
+    softsyn.emit.torch_kernel_choice)."""
     modules = dict(model.named_modules())
     groups: dict[int, tuple[torch.nn.Linear, list[str], list[WeightCell]]] = {}
     notes = []
@@ -299,7 +315,7 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
         block = min(c.block for c in asked if c.precision == precision)
         if precision in built:
-            kernel = "softsyn" if precision == "fp8" else int4_kernel if precision == "int4" else "torchao"
+            kernel = weight_kernel if precision in CHOICE_PRECISIONS else "softsyn"  # fp8: softsyn's kernel only
             wanted.append((linear, names, precision, block, kernel))
         elif precision != float_precision:
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
@@ -312,28 +328,35 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
 
 
 def measured_kernels(wanted: list[tuple], notes: list[str]) -> list[tuple]:
-    """`wanted` with each "measured" int4 kernel replaced by the faster of softsyn's and torchao's for its layer's
-    shape, timed on CUDA (softsyn.emit.torch_kernel_choice; its lines added to `notes`)."""
-    shapes = {Int4Shape(w[0].in_features, w[0].out_features, w[3]): w[0] for w in wanted if w[4] == "measured"}
+    """`wanted` with each "measured" kernel replaced by the faster of softsyn's and torchao's for its layer's
+    precision and shape, timed on CUDA (softsyn.emit.torch_kernel_choice; its lines added to `notes`)."""
+    def shape(w) -> WeightShape:
+        return WeightShape(w[2], w[0].in_features, w[0].out_features, w[3])
+
+    shapes = {shape(w): w[0] for w in wanted if w[4] == "measured"}
     if not shapes:
         return wanted
     weight = next(iter(shapes.values())).weight
-    picks, said = choose_int4_kernels(shapes, int4_layer, weight.dtype, weight.device.type)
+    picks, said = choose_weight_kernels(shapes, quant_layer, weight.dtype, weight.device.type)
     notes += said
-    return [(*w[:4], picks[Int4Shape(w[0].in_features, w[0].out_features, w[3])] if w[4] == "measured" else w[4])
-            for w in wanted]
+    return [(*w[:4], picks[shape(w)] if w[4] == "measured" else w[4]) for w in wanted]
 
 
-def int4_layer(kernel: str, linear: torch.nn.Linear, block: int) -> torch.nn.Module:
-    """A copy of `linear` as `kernel`'s int4 layer at its group nearest `block` (what build_layers makes)."""
+def quant_layer(kernel: str, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
+    """A copy of `linear` as `kernel`'s layer at `shape`'s precision and block (what build_layers makes of it)."""
     if kernel == "softsyn":
-        group = group_for(block, linear.in_features)
+        group = group_for(shape.block, linear.in_features)
         if group is None:
             raise ValueError(f"no group of {GROUPS} divides the input width {linear.in_features}")
-        return QuantLinear.from_linear(linear, group)
-    layer = copy.deepcopy(linear).to(WEIGHT_DTYPE["int4"])
-    quantize_(layer, int4_config(tinygemm_block(block)))
+        return QuantLinear.from_linear(linear, group, shape.precision)
+    layer = copy.deepcopy(linear).to(WEIGHT_DTYPE.get(shape.precision, linear.weight.dtype))
+    quantize_(layer, TORCHAO[shape.precision](torchao_block(shape.precision, shape.block)))
     return layer
+
+
+def torchao_block(precision: str, block: int) -> int:
+    """The block torchao's layer takes for a cell at `block`: tinygemm's nearest for int4, none (per channel) else."""
+    return tinygemm_block(block) if precision == "int4" else 0
 
 
 def build_layers(model: torch.nn.Module, wanted: list[tuple], float_precision: str) -> list[str]:
@@ -348,8 +371,7 @@ def build_layers(model: torch.nn.Module, wanted: list[tuple], float_precision: s
             else:
                 chosen.setdefault((precision, group, "softsyn"), []).append(linear)
         else:
-            chosen.setdefault((precision, tinygemm_block(block) if precision == "int4" else 0, "torchao"),
-                              []).append(linear)
+            chosen.setdefault((precision, torchao_block(precision, block), "torchao"), []).append(linear)
     for (precision, block, kernel), linears in sorted(chosen.items()):
         if kernel == "softsyn":
             count = replace_linears(model, linears, block, precision)

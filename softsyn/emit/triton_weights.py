@@ -1,14 +1,14 @@
-"""softsyn's weight-only matmul kernels for the CUDA torch target, int4 and fp8: one Triton kernel that AOTInductor
-compiles into the package (a `torch.library.triton_op`, so the package runs it with torch alone, no softsyn and no
-Triton at load).
+"""softsyn's weight-only matmul kernels for the CUDA torch target, int4, int8 and fp8: one Triton kernel that
+AOTInductor compiles into the package (a `torch.library.triton_op`, so the package runs it with torch alone, no
+softsyn and no Triton at load).
 
 Why kernels of our own: torchao's int4 layer (tinygemm's tile-packed layout) decoded no faster than fp16 at
 qwen3-1.7b's widths on the H200 (gate/up 19.6 vs 19.2 us, 2026-12-03), torchao has no fast fp8 weight-only layer, and
 gemlite registers a Python custom op, so a package holding its layers needs gemlite imported where it loads. At
 batch 1 a step streams its weights, so a kernel that reads 4 or 8 bits per weight and dequantises in registers is
-the move the torch target's cells need (issue 28). Where it stands: docs/decisions/2026-12-06-triton-int4.md (int4
-faster than cuBLAS fp16 on wide layers, slower on narrow ones as first written; fp8 not measured; the target's int4
-stays torchao's and fp8 is not built until they measure faster at every shape).
+the move the torch target's cells need (issue 28). Where it stands: docs/decisions/2026-12-06-triton-int4.md (the
+fourth version's int4 and fp8 beat cuBLAS fp16 at every qwen3-1.7b decode GEMV on an H100; h200-torch builds fp8
+with it, and int4 with it or tinygemm, whichever the compile measures faster per shape).
 
 Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and int4's low) in the activations' dtype:
 - int4: round to nearest between the group's min and max, w ~ q * scale + low, q in 0..15. `packed` is uint8
@@ -17,6 +17,9 @@ Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and i
   halves are two dense [group / 2, N] tiles, each multiplied by its half of the activations (no interleave).
 - fp8: w ~ q * scale, q float8_e4m3fn, scale the group's amax / 448 (ORT's MatMulBlockQuantizedFp8Weight's rule, per
   block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [K, N]; `lows` is empty.
+- int8: w ~ q * scale, q int8 in -127..127, scale the group's amax / 127 (symmetric, as softsyn maps ORT's int8
+  MatMulNBits cells). `packed` is int8 [K, N]; `lows` is empty. fp8 and int8 are "byte codes": one code a weight,
+  no low, the same kernel path.
 
 The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products. Autotuned (decode): every program reads a
 chunk of one group's weight rows for a tile of outputs once, multiplies each row of x by it and adds the partials
@@ -37,6 +40,9 @@ GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group's half is a tl.d
 LEVELS = 15  # 4-bit codes 0..15
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+INT8_MAX = 127.0  # symmetric int8 codes: -127..127
+BYTE_FORMATS = {"fp8": (FP8, FP8_MAX), "int8": (torch.int8, INT8_MAX)}  # one code a weight, w ~ q * scale
+PRECISIONS = ("int4", *BYTE_FORMATS)  # what the kernel takes
 
 try:
     import triton
@@ -46,9 +52,9 @@ except ImportError:  # the CPU-only install has no Triton: the op falls back to 
 
 
 class PackedWeights(NamedTuple):
-    packed: torch.Tensor  # int4: uint8 [K / 2, N]; fp8: float8_e4m3fn [K, N]
+    packed: torch.Tensor  # int4: uint8 [K / 2, N]; fp8: float8_e4m3fn [K, N]; int8: int8 [K, N]
     scales: torch.Tensor  # [K / group, N], the activations' dtype
-    lows: torch.Tensor  # int4: [K / group, N]; fp8: empty
+    lows: torch.Tensor  # int4: [K / group, N]; byte codes (fp8, int8): empty
     group: int
 
     @property
@@ -57,7 +63,12 @@ class PackedWeights(NamedTuple):
 
 
 def precision_of(packed: torch.Tensor) -> str:
-    return "fp8" if packed.dtype == FP8 else "int4"
+    return next((name for name, (dtype, _) in BYTE_FORMATS.items() if packed.dtype == dtype), "int4")
+
+
+def byte_codes(packed: torch.Tensor) -> bool:
+    """Whether `packed` holds one code a weight (fp8, int8: w ~ q * scale), not int4's nibble pairs with a low."""
+    return packed.dtype != torch.uint8
 
 
 def group_for(block: int, width: int) -> int | None:
@@ -68,16 +79,20 @@ def group_for(block: int, width: int) -> int | None:
 
 
 def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype, precision: str = "int4") -> PackedWeights:
-    """`weight` [N, K] (a Linear's) as PackedWeights at `precision` (int4, fp8; module docstring), the codes computed
-    against the scale (and low) as stored in `dtype`, so dequantise gives what the kernel computes."""
+    """`weight` [N, K] (a Linear's) as PackedWeights at `precision` (PRECISIONS; module docstring), the codes
+    computed against the scale (and low) as stored in `dtype`, so dequantise gives what the kernel computes."""
     out, width = weight.shape
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision}: valid precisions are {', '.join(PRECISIONS)}")
     if group not in GROUPS or width % group:
         raise ValueError(f"{precision} group {group} for an input width of {width}: valid groups are {GROUPS} "
                          "dividing it")
     w = weight.detach().float().reshape(out, width // group, group)
-    if precision == "fp8":
-        scale = (w.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12).to(dtype).float()
-        codes = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [N, K / group, group]
+    if precision in BYTE_FORMATS:
+        code_dtype, top = BYTE_FORMATS[precision]
+        scale = (w.abs().amax(-1, keepdim=True) / top).clamp(min=1e-12).to(dtype).float()
+        codes = (w / scale).clamp(-top, top)  # [N, K / group, group]
+        codes = (codes.round() if precision == "int8" else codes).to(code_dtype)
         return PackedWeights(codes.reshape(out, width).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
                              torch.empty(0, dtype=dtype, device=weight.device), group)
     low = w.amin(-1, keepdim=True).to(dtype).float()
@@ -93,7 +108,7 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
     """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format."""
     rows, out = packed.shape
     groups = scales.shape[0]
-    if packed.dtype == FP8:
+    if byte_codes(packed):
         w = packed.to(scales.dtype).reshape(groups, rows // groups, out) * scales[:, None, :]
         return w.reshape(rows, out).t()
     half = rows // groups
@@ -105,16 +120,16 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
 if triton is not None:
     @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
-                             GROUP: tl.constexpr, FP8_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
+                             GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 16):
-        """y[M, N] (zeros on entry) += x[M, K] @ W^T, W dequantised from the packed format (module docstring; FP8_CODES:
-        fp8, else int4). BLOCK_M 1 (decode): program (0, j, c) multiplies every row by `ROWS` weight rows of one
-        group (chunk c) for outputs j and adds its partials into y atomically, so even a narrow layer spreads over
-        every SM (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does). BLOCK_M > 1 (`launch` with
-        a config; not autotuned): program (i, j, 0) loops over every group with tensor-core tiles and stores its
-        tile."""
+        """y[M, N] (zeros on entry) += x[M, K] @ W^T, W dequantised from the packed format (module docstring;
+        BYTE_CODES: fp8 or int8, else int4). BLOCK_M 1 (decode): program (0, j, c) multiplies every row by `ROWS`
+        weight rows of one group (chunk c) for outputs j and adds its partials into y atomically, so even a narrow
+        layer spreads over every SM (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does).
+        BLOCK_M > 1 (`launch` with a config; not autotuned): program (i, j, 0) loops over every group with
+        tensor-core tiles and stores its tile."""
         HALF: tl.constexpr = GROUP // 2
-        GROUP_ROWS: tl.constexpr = GROUP if FP8_CODES else HALF  # weight rows a group takes
+        GROUP_ROWS: tl.constexpr = GROUP if BYTE_CODES else HALF  # weight rows a group takes
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         if BLOCK_M == 1:
             # the chunk's codes read once for every row (the grid names no row: a package's dynamic row count stays
@@ -127,14 +142,14 @@ if triton is not None:
             # no `other`: an output past N only sums its own column, which the atomic's mask drops
             codes = tl.load(w_ptr + rr[:, None] * N + rn[None, :], mask=rn[None, :] < N)
             scale = tl.load(s_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
-            if FP8_CODES:
+            if BYTE_CODES:
                 q = codes.to(tl.float32)
             else:
                 q_lo, q_hi = (codes & 0xF).to(tl.float32), (codes >> 4).to(tl.float32)
                 low = tl.load(l_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
                 lo_in = group * GROUP + rr % HALF  # a group's row i holds inputs i (low nibble) and HALF + i
             for row in range(0, M):
-                if FP8_CODES:
+                if BYTE_CODES:
                     a = tl.load(x_ptr + row * stride_xm + rr).to(tl.float32)
                     part = tl.sum(a[:, None] * q, 0) * scale
                 else:
@@ -156,7 +171,7 @@ if triton is not None:
                 a_lo = tl.load(x_rows + k0, mask=row_ok, other=0.0)
                 a_hi = tl.load(x_rows + k0 + HALF, mask=row_ok, other=0.0)
                 scale = tl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
-                if FP8_CODES:
+                if BYTE_CODES:
                     w_lo = tl.load(w_tile + g * GROUP_ROWS * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
                     w_hi = tl.load(w_tile + (g * GROUP_ROWS + HALF) * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
                 else:
@@ -166,7 +181,8 @@ if triton is not None:
                     w_hi = (codes >> 4).to(a_lo.dtype) * scale + low
                 acc += tl.dot(a_lo, w_lo.to(a_lo.dtype))
                 acc += tl.dot(a_hi, w_hi.to(a_lo.dtype))
-            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                     mask=row_ok & col_ok)
 
     # decode (a few rows) wants many small programs over one chunk of a group each; a prompt takes the prompt form
     # (use_prompt_form) in a prefill package, so only one-row configs are tuned, and their grid is static (no row
@@ -188,8 +204,8 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter)."""
     rows, width, out = flat.shape[0], flat.shape[1], packed.shape[1]
     group = width // scales.shape[0]
-    fp8 = packed.dtype == FP8
-    group_rows = group if fp8 else group // 2
+    one_code = byte_codes(packed)
+    group_rows = group if one_code else group // 2
     y = torch.zeros((rows, out), device=flat.device, dtype=flat.dtype)  # the one-row programs add into it
 
     def grid(meta):
@@ -199,10 +215,10 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if flat.device.type == "cuda" and config is None:
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, FP8_CODES=fp8)
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code)
     else:
         config = config or DEFAULT_CONFIG
-        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, FP8_CODES=fp8, **config)
+        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code, **config)
     return y
 
 
@@ -223,7 +239,7 @@ def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, l
 
 
 class QuantLinear(torch.nn.Module):
-    """A bias-optional Linear whose weight is PackedWeights (int4 or fp8), run by softsyn::weight_matmul; where a
+    """A bias-optional Linear whose weight is PackedWeights (int4, int8 or fp8), run by softsyn::weight_matmul; where a
     torch.nn.Linear was."""
 
     def __init__(self, weights: PackedWeights, bias: torch.Tensor | None):
@@ -234,7 +250,7 @@ class QuantLinear(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group, self.precision = weights.group, weights.precision
         rows = weights.packed.shape[0]
-        self.in_features, self.out_features = rows if self.precision == "fp8" else rows * 2, weights.packed.shape[1]
+        self.in_features, self.out_features = rows if byte_codes(weights.packed) else rows * 2, weights.packed.shape[1]
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
 
     @classmethod

@@ -3,10 +3,10 @@
 A torch target has no library of its own yet: the design is timed with the ORT library of the same device
 (`library`), an estimate of the same function, and the package is measured at compile end. `cpu-torch` runs fp32 on
 the CPU; `h200-torch` runs fp16 on CUDA, its fixed-shape steps replayed as CUDA graphs (softsyn.runtime.torch_package).
-Weights: the compile loop's per-cell choice, realised per module: int8 by torchao's weight-only layer on both; int4
-on CUDA only, by torchao's tinygemm layout or softsyn's Triton kernel, whichever measures faster per layer shape
-(`int4_kernel`; softsyn.emit.triton_weights, softsyn.emit.torch_kernel_choice;
-torchao's CPU int4 layouts need kernels its CPU wheel lacks); fp8 by softsyn's kernel where a target's `weights`
+Weights: the compile loop's per-cell choice, realised per module: int8 by torchao's weight-only layer on the CPU;
+int4 on CUDA only (torchao's CPU int4 layouts need kernels its CPU wheel lacks); on CUDA int4 and int8 by torchao's
+layer or softsyn's Triton kernel, whichever measures faster per precision and layer shape (`weight_kernel`;
+softsyn.emit.triton_weights, softsyn.emit.torch_kernel_choice); fp8 by softsyn's kernel where a target's `weights`
 names it (h200-torch's does).
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ class TorchTarget:
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
     prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
     # (DIR/model-prefill.pt2); None: DIR/model.pt2 serves every step
-    int4_kernel: str = "torchao"  # an int4 cell's layer: "torchao" (tinygemm's layout), "softsyn"
+    weight_kernel: str = "torchao"  # an int4 or int8 cell's layer: "torchao" (int4: tinygemm's layout), "softsyn"
     # (softsyn.emit.triton_weights' Triton kernel, compiled into the package) or "measured" (the faster of the two
-    # per layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8 cells, where
-    # `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
+    # per precision and layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8
+    # cells, where `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
 
     @property
     def float_precision(self) -> str:
@@ -54,7 +54,7 @@ TORCH_TARGETS = {
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV (qwen3-1.7b layer 25.6 vs 39.7 us, lm_head 102.5
     # vs 216.9; H100, 2026-12-06, bench/results/torch-kernels-chain-h100-2026-12-06-d.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4", "fp8"),
-                              prefill_attention="sdpa", int4_kernel="measured"),
+                              prefill_attention="sdpa", weight_kernel="measured"),
 }
 
 

@@ -42,6 +42,21 @@ def test_fp8_holds_each_weight_to_e4m3_s_precision_of_its_group_scale(group):
     assert ((back - weight).abs() <= weight.abs() / 16 + step * 2 ** -9).all()  # 3 mantissa bits: half a step of 1/8
 
 
+@pytest.mark.parametrize("group", GROUPS)
+def test_int8_holds_each_weight_within_half_a_step_of_its_symmetric_group_scale(group):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256)
+    q = quantise(weight, group, torch.float32, "int8")
+    assert q.packed.dtype == torch.int8 and q.packed.shape == (256, 48) and q.precision == "int8"
+    assert q.scales.shape == (256 // group, 48) and q.lows.numel() == 0
+    assert int(q.packed.abs().max()) == 127  # each group's largest weight is the largest code
+    back = dequantise(q.packed, q.scales, q.lows)
+    step = q.scales.t().repeat_interleave(group, dim=1)
+    assert ((back - weight).abs() <= step / 2 + 1e-6).all() and (back - weight).abs().max() > 0
+    with pytest.raises(ValueError, match="valid precisions are int4, fp8, int8"):
+        quantise(weight, group, torch.float32, "int2")
+
+
 def test_a_group_is_the_largest_the_kernel_takes_at_or_below_the_block():
     assert [group_for(b, 2048) for b in (0, 16, 32, 48, 64, 128, 256)] == [128, None, 32, 32, 64, 128, 128]
     assert group_for(128, 96) == 32 and group_for(0, 100) is None
@@ -54,7 +69,7 @@ import json, sys, torch
 from softsyn.emit.triton_weights import QuantLinear, dequantise, launch, quantise
 torch.manual_seed(0)
 out = {}
-for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torch.float16, "fp8")):
+for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torch.float16, "fp8"), (torch.float16, "int8")):
     for group, rows, width, outputs in ((32, 1, 96, 40), (64, 5, 256, 72), (128, 19, 384, 100)):
         w = torch.randn(outputs, width)
         q = quantise(w, group, dtype, precision)
@@ -65,7 +80,7 @@ for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torc
             got = launch(x, q.packed, q.scales, q.lows, config).float()
             key = f"{precision} {dtype} g{group} {rows}x{width}x{outputs} {sorted(config.items())}"
             out[key] = float((got - want).abs().max() / want.abs().max())
-for precision in ("int4", "fp8"):
+for precision in ("int4", "fp8", "int8"):
     layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
     x = torch.randn(2, 3, 128)
     want = torch.nn.functional.linear(x, dequantise(layer.packed, layer.scales, layer.lows), layer.bias)
@@ -78,14 +93,14 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     """Triton's interpreter runs the kernel's code on CPU tensors: every path (one row a program adding its chunk of
     8 weight rows, or of a whole group (ROWS above the group's rows: clamped), into y atomically, over outputs that do
     not fill a tile; 16-row tensor-core tiles with rows and outputs that do not fill a tile), every group size, int4
-    with fp32 and fp16 activations and fp8 with fp16, and the op through QuantLinear with a bias, against the
+    with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
     product of the dequantised weight."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(errors) == 29
+    assert len(errors) == 39
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
