@@ -2,6 +2,10 @@
 the fusion report read back."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +57,13 @@ def fusion_report(path):
             kind, site = line.strip()[1:].split("] ", 1)
             misses.append((kind, site, lines[i + 1].strip()[len("reason: "):]))
     return kinds, misses
+
+
+def in_triton_interpreter(script: str) -> dict:
+    """Run `script` in a fresh Python under Triton's interpreter (TRITON_INTERPRET=1: Triton kernels on CPU tensors)
+    and return the JSON dict it prints last; skipped where Triton is not installed."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,7 +7,7 @@ import torch
 
 from softsyn.emit import torch_step
 from softsyn.emit.torch_kernel_choice import CALLS, WeightShape, choose_weight_kernels
-from softsyn.emit.torch_step import WeightCell, pack_projections, quantise_modules
+from softsyn.emit.torch_step import WeightCell, quantise_modules
 from softsyn.emit.triton_weights import QuantLinear
 
 
@@ -69,10 +69,9 @@ def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
     kernel becomes an int4 QuantLinear, layer 0's int8 down_proj (torchao faster) a torchao int8 call, layer 1's int8
     down_proj (softsyn faster) an int8 QuantLinear, the fp8 o_proj softsyn's without a measurement; the kernels name
     every cell's."""
-    from tests.emit.test_torch_lowering import _tiny_model
+    from tests.emit.test_torch_lowering import packed_tiny
 
-    model, _ = _tiny_model()
-    pack_projections(model)
+    model, _ = packed_tiny()
     asked = {}
     layer0, layer1 = model.model.layers
     softsyn_faster = {(layer0.mlp.packed_gate_up.linear.in_features, layer0.mlp.packed_gate_up.linear.out_features)}

@@ -2,16 +2,12 @@
 torch function, the splits' combination, and the attention form that calls it at decode only."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
-import pytest
 import torch
 
 from softsyn.emit.triton_attention import combine
 from softsyn.emit.torch_step import ATTENTIONS, matmul_attention, softsyn_attention
+from helpers import in_triton_interpreter
 
 ATTENTION_CHECK = r"""
 import json, torch
@@ -40,12 +36,7 @@ def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
     block and a split, query heads a KV head that are not a power of two (3: rows padded to the 16-row tile), two
     batch rows with different masks (a prefix and a sliding window), the cache read as a view of a longer buffer; fp32
     and fp16 operands."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", ATTENTION_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = in_triton_interpreter(ATTENTION_CHECK)
     assert len(errors) == 6
     for key, err in errors.items():
         assert err < (5e-3 if "float16" in key else 1e-5), (key, err)
