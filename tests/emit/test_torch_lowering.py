@@ -81,7 +81,7 @@ def exported_step(model):
         return program, program.module()(torch.tensor(IDS), torch.arange(4)[None], torch.arange(4), *cache)
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq", "softsyn"])
 def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     """K and V are never repeated per query head, yet either form gives transformers' masked SDPA (which repeats
     them), for one query (decode) and several (prefill), GQA 2:1."""
@@ -106,7 +106,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq", "softsyn"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
     place, stale slots masked, attention over a span of it from the exact prefix to the whole) give the logits of
