@@ -105,16 +105,18 @@ def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype, precision: st
 
 
 def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
-    """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format."""
+    """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format: a transposed view of
+    [K, N] computed in the packed format's own order (N contiguous), so the prompt form's dequantise kernel reads
+    and writes along N, coalesced both ways (the [N, K] order read the codes across rows)."""
     rows, out = packed.shape
     groups = scales.shape[0]
     if byte_codes(packed):
         w = packed.to(scales.dtype).reshape(groups, rows // groups, out) * scales[:, None, :]
         return w.reshape(rows, out).t()
     half = rows // groups
-    tiles = packed.t().reshape(out, groups, half)
-    codes = torch.cat([tiles & 0xF, tiles >> 4], dim=-1).to(scales.dtype)  # [N, groups, group]
-    return (codes * scales.t()[..., None] + lows.t()[..., None]).reshape(out, groups * 2 * half)
+    tiles = packed.reshape(groups, half, out)  # a group's row i: input i (low nibble) and half + i (high)
+    codes = torch.cat([tiles & 0xF, tiles >> 4], dim=1).to(scales.dtype)  # [groups, group, N]
+    return (codes * scales[:, None, :] + lows[:, None, :]).reshape(groups * 2 * half, out).t()
 
 
 if triton is not None:
