@@ -287,6 +287,18 @@ def tinygemm_block(block: int) -> int:
     return max([b for b in TINYGEMM_BLOCKS if b <= block] or [TINYGEMM_BLOCKS[0]])
 
 
+class Wanted(NamedTuple):
+    """One Linear the map quantises (a packed group once), and the kernel that will run it."""
+    linear: torch.nn.Linear
+    names: list[str]  # the cells it realises
+    precision: str
+    block: int
+    kernel: str  # "softsyn", "torchao", or "measured" until measured_kernels picks one
+
+    def shape(self) -> WeightShape:
+        return WeightShape(self.precision, self.linear.in_features, self.linear.out_features, self.block)
+
+
 class Quantised(NamedTuple):
     notes: list[str]  # what was quantised, any cell kept float (and why), measured kernel choices
     kernels: dict[str, str]  # {cell name: the kernel that runs it} for every cell quantised
@@ -311,36 +323,33 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
         entry = groups.setdefault(id(linear), (linear, [], []))
         entry[1].append(name)
         entry[2].append(cell)
-    wanted, unbuilt = [], {}  # wanted: (linear, its cells' names, precision, block, kernel)
+    wanted, unbuilt = [], {}
     for linear, names, asked in groups.values():
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
         block = min(c.block for c in asked if c.precision == precision)
         if precision in built:
             kernel = weight_kernel if precision in CHOICE_PRECISIONS else "softsyn"  # fp8: softsyn's kernel only
-            wanted.append((linear, names, precision, block, kernel))
+            wanted.append(Wanted(linear, names, precision, block, kernel))
         elif precision != float_precision:
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
     notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
               f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
     wanted = measured_kernels(wanted, notes)
-    kernels = {name: w[4] for w in wanted for name in w[1]
-               if w[4] != "softsyn" or group_for(w[3], w[0].in_features) is not None}  # build_layers keeps the rest
+    kernels = {name: w.kernel for w in wanted for name in w.names
+               if w.kernel != "softsyn" or group_for(w.block, w.linear.in_features) is not None}  # the rest stay float
     return Quantised(notes + build_layers(model, wanted, float_precision), kernels)
 
 
-def measured_kernels(wanted: list[tuple], notes: list[str]) -> list[tuple]:
+def measured_kernels(wanted: list[Wanted], notes: list[str]) -> list[Wanted]:
     """`wanted` with each "measured" kernel replaced by the faster of softsyn's and torchao's for its layer's
     precision and shape, timed on CUDA (softsyn.emit.torch_kernel_choice; its lines added to `notes`)."""
-    def shape(w) -> WeightShape:
-        return WeightShape(w[2], w[0].in_features, w[0].out_features, w[3])
-
-    shapes = {shape(w): w[0] for w in wanted if w[4] == "measured"}
+    shapes = {w.shape(): w.linear for w in wanted if w.kernel == "measured"}
     if not shapes:
         return wanted
     weight = next(iter(shapes.values())).weight
     picks, said = choose_weight_kernels(shapes, quant_layer, weight.dtype, weight.device.type)
     notes += said
-    return [(*w[:4], picks[shape(w)] if w[4] == "measured" else w[4]) for w in wanted]
+    return [w._replace(kernel=picks[w.shape()]) if w.kernel == "measured" else w for w in wanted]
 
 
 def quant_layer(kernel: str, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
@@ -360,7 +369,7 @@ def torchao_block(precision: str, block: int) -> int:
     return tinygemm_block(block) if precision == "int4" else 0
 
 
-def build_layers(model: torch.nn.Module, wanted: list[tuple], float_precision: str) -> list[str]:
+def build_layers(model: torch.nn.Module, wanted: list[Wanted], float_precision: str) -> list[str]:
     """Quantise `wanted`'s layers in place (softsyn's kernel or torchao's layer); the notes saying what was built."""
     notes, chosen = [], {}  # chosen: (precision, group or block, kernel) -> the layers
     for linear, _, precision, block, kernel in wanted:
