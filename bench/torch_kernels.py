@@ -61,24 +61,9 @@ def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
             fn()
             times.append(time.perf_counter() - t)
         return statistics.median(times)
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for r in range(warmup + runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if r >= warmup:
-            times.append(start.elapsed_time(end) * 1e-3)
-    return statistics.median(times)
+    from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
+
+    return replay_seconds(graph_of(fn, warm=1), runs, warmup)
 
 
 def attention_rows(device: str, dtype) -> list[tuple]:
@@ -270,11 +255,30 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     return forms
 
 
+def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cases: list[tuple], want) -> str:
+    """Whether AOTInductor packages `module` (exported at `example` with `dynamic_shapes` `dims`) and the package
+    gives `want(*args)` for every args of `cases`: one line, the relative error per case or the failure."""
+    import tempfile
+
+    try:
+        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
+            program = torch.export.export(module, example, dynamic_shapes=dims, strict=False)
+            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/check.pt2")
+            runner = torch._inductor.aoti_load_package(path)
+            errs = []
+            for name, args in cases:
+                got = runner(*args)
+                got = got[0] if isinstance(got, (list, tuple)) else got
+                expected = want(*args).float()
+                errs.append(f"{name} {float((got.float() - expected).abs().max() / expected.abs().max()):.1e}")
+        return f"{label}: compiled and ran (rel err {', '.join(errs)})"
+    except Exception as exc:  # noqa: BLE001 - the answer is the failure
+        return f"{label}: failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+
+
 def softsyn_int4_packaged(device: str, dtype) -> str:
     """Whether AOTInductor packages a module holding softsyn's int4 and fp8 layers, its input [batch, seq, K] with
     both dims dynamic (as a decode step's: the rows are their product), and the package gives the eager result."""
-    import tempfile
-
     from softsyn.emit.triton_weights import QuantLinear
 
     linear = torch.nn.Linear(HIDDEN, MLP, bias=False, device=device, dtype=dtype)
@@ -282,31 +286,16 @@ def softsyn_int4_packaged(device: str, dtype) -> str:
     step = torch.nn.Sequential(QuantLinear.from_linear(linear, 128), torch.nn.SiLU(),
                                QuantLinear.from_linear(back, 128, "fp8"))
     x = torch.randn(2, 3, HIDDEN, device=device, dtype=dtype)  # batch 2: torch.export specialises a batch of 1
-    try:
-        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
-            dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=4096)}
-            program = torch.export.export(step, (x,), dynamic_shapes=(dims,), strict=False)
-            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/i4.pt2")
-            runner = torch._inductor.aoti_load_package(path)
-            errs = []
-            for batch, seq in ((1, 1), (1, 3), (2, 32)):
-                inp = torch.randn(batch, seq, HIDDEN, device=device, dtype=dtype)
-                got = runner(inp)
-                got = got[0] if isinstance(got, (list, tuple)) else got
-                want = step(inp).float()
-                errs.append(f"{batch}x{seq} rows {float((got.float() - want).abs().max() / want.abs().max()):.1e}")
-        return ("softsyn int4 + fp8 in an AOTInductor package (batch and seq dynamic): compiled and ran (rel err "
-                f"against eager: {', '.join(errs)})")
-    except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        return (f"softsyn int4 + fp8 in an AOTInductor package: failed ({type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:300]})")
+    dims = ({0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=4096)},)
+    cases = [(f"{batch}x{seq} rows", (torch.randn(batch, seq, HIDDEN, device=device, dtype=dtype),))
+             for batch, seq in ((1, 1), (1, 3), (2, 32))]
+    return package_check("softsyn int4 + fp8 in an AOTInductor package (batch and seq dynamic), against eager", step,
+                         (x,), dims, cases, step)
 
 
 def softsyn_attention_packaged(device: str, dtype) -> str:
     """Whether AOTInductor packages softsyn's split attention (the attention form "softsyn") with batch, positions
     and span dynamic, as a decode package holds it, and the package gives the matmul form's result."""
-    import tempfile
-
     from softsyn.emit.torch_step import matmul_attention, softsyn_attention
 
     class Attend(torch.nn.Module):
@@ -319,26 +308,13 @@ def softsyn_attention_packaged(device: str, dtype) -> str:
         return (torch.randn(batch, HEADS, seq, HEAD_DIM, device=device, dtype=dtype),
                 *torch.randn(2, batch, KV_HEADS, span, HEAD_DIM, device=device, dtype=dtype), mask)
 
-    try:
-        with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
-            auto = torch.export.Dim.AUTO
-            dims = ({0: auto, 2: auto}, {0: auto, 2: auto}, {0: auto, 2: auto}, {0: auto, 2: auto, 3: auto})
-            program = torch.export.export(Attend(), inputs(2, 3, 700), dynamic_shapes=dims, strict=False)
-            path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/attn.pt2")
-            runner = torch._inductor.aoti_load_package(path)
-            errs = []
-            for batch, seq, span in ((1, 1, 512), (1, 1, 4096), (2, 5, 300)):
-                args = inputs(batch, seq, span)
-                got = runner(*args)
-                got = got[0] if isinstance(got, (list, tuple)) else got
-                want = matmul_attention(None, *args, HEAD_DIM ** -0.5)[0].float()
-                err = float((got.float() - want).abs().max() / want.abs().max())
-                errs.append(f"b{batch} seq {seq} span {span} {err:.1e}")
-        return ("softsyn attention in an AOTInductor package (batch, positions, span dynamic): compiled and ran (rel "
-                f"err against the matmul form: {', '.join(errs)})")
-    except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        return (f"softsyn attention in an AOTInductor package: failed ({type(exc).__name__}: "
-                f"{' '.join(str(exc).split())[:300]})")
+    auto = torch.export.Dim.AUTO
+    dims = ({0: auto, 2: auto}, {0: auto, 2: auto}, {0: auto, 2: auto}, {0: auto, 2: auto, 3: auto})
+    cases = [(f"b{batch} seq {seq} span {span}", inputs(batch, seq, span))
+             for batch, seq, span in ((1, 1, 512), (1, 1, 4096), (2, 5, 300))]
+    return package_check("softsyn attention in an AOTInductor package (batch, positions, span dynamic), against the "
+                         "matmul form", Attend(), inputs(2, 3, 700), dims, cases,
+                         lambda *args: matmul_attention(None, *args, HEAD_DIM ** -0.5)[0])
 
 
 GEMLITE_FORMS = (("A16W8 int8", 8, 0), ("A16W8 fp8", 8, -1), ("A16W4 g64", 4, 64), ("A16W4 g128", 4, 128))

@@ -37,31 +37,41 @@ class WeightShape:
         return f"{self.precision} {self.width}->{self.out} block {self.block}"
 
 
-def chain_seconds(layer: torch.nn.Module, width: int, dtype: torch.dtype, device: str) -> float:
-    """Seconds a call of `layer` on one row takes among CALLS captured in one CUDA graph (the median replay / CALLS);
-    the first calls run outside the graph (Triton's autotuning, torchao's lazy state)."""
-    rows = [torch.randn(1, width, device=device, dtype=dtype) for _ in range(CALLS)]
-    side = torch.cuda.Stream()  # warmed up on a side stream, as torch's CUDA-graph docs ask before a capture
+def graph_of(fn: Callable[[], object], warm: int = 3) -> torch.cuda.CUDAGraph:
+    """`fn` captured as a CUDA graph, after `warm` calls on a side stream (torch's CUDA-graph docs ask for that before
+    a capture; the first calls also run Triton's autotuning and torchao's lazy state)."""
+    side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):
-        for x in rows[:3]:
-            layer(x)
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for x in rows:
-                layer(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def replay_seconds(graph: torch.cuda.CUDAGraph, runs: int = RUNS, warmup: int = WARMUP) -> float:
+    """The median seconds of one replay of `graph` over `runs` (after `warmup`), CUDA events around each."""
     times = []
-    for run in range(WARMUP + RUNS):
+    for run in range(warmup + runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        if run >= WARMUP:
+        if run >= warmup:
             times.append(start.elapsed_time(end) * 1e-3)
-    return statistics.median(times) / CALLS
+    return statistics.median(times)
+
+
+def chain_seconds(layer: torch.nn.Module, width: int, dtype: torch.dtype, device: str) -> float:
+    """Seconds a call of `layer` on one row takes among CALLS captured in one CUDA graph (the median replay / CALLS)."""
+    rows = [torch.randn(1, width, device=device, dtype=dtype) for _ in range(CALLS)]
+    with torch.no_grad():
+        graph = graph_of(lambda: [layer(x) for x in rows])
+    return replay_seconds(graph) / CALLS
 
 
 Build = Callable[[str, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (kernel, a Linear, shape) -> its layer
