@@ -25,10 +25,11 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
-  chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls of one layer in one CUDA graph, per call, for
-             cuBLAS fp16, softsyn's int4 (g64, g128) and fp8 (g128) autotuned and (g128) at each one-row config, torchao's tinygemm int4 and gemlite's A16W4 / A16W8 fp8: a GEMV
-             replayed alone reads a floor of ~10-14 us whatever its kernel, so the tables above compare small shapes
-             only here.
+  chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls in one CUDA graph over distinct copies of the
+             layer (its weights read from device memory, not the L2 cache), per call, for cuBLAS fp16, softsyn's int4
+             (g64, g128), fp8 and int8 (g128) autotuned and int4 g128 at each config of a sweep, torchao's tinygemm
+             int4 and int8 and gemlite's A16W4 / A16W8 fp8: a GEMV replayed alone reads a floor of ~10-14 us whatever
+             its kernel, so the tables above compare small shapes only here.
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -191,67 +192,89 @@ def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
-def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
-    """Decode GEMVs (one row) as a step runs them: `calls` eager calls of one layer captured in one CUDA graph, the
-    replay's time / calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200
-    2026-12-03, H100 2026-12-06), so small shapes compare forms only in a chain. Forms: cuBLAS fp16 (F.linear),
-    softsyn's int4 and fp8 kernel autotuned and at each one-row config (softsyn_chain_forms), torchao's tinygemm int4 (the step's fp16 activation in,
-    as h200-torch runs it), gemlite's A16W4 g64 and A16W8 fp8 where installed."""
-    from torchao.quantization import quantize_
+# one-row configs of softsyn's kernel swept at int4 g128 in the chain (the shipped list, CONFIGS, is a subset chosen
+# from such a sweep): outputs a program covers, weight rows of its chunk, warps
+SWEEP = [(n, r, w) for n in (32, 64, 128, 256) for r in (16, 32, 64) for w in (1, 2, 4) if w <= n // 32]
 
-    from softsyn.emit.torch_step import int4_config, int8_config
+
+def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
+    """Decode GEMVs (one row) as a step runs them: `calls` eager calls captured in one CUDA graph, the replay's time /
+    calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200 2026-12-03, H100
+    2026-12-06), so small shapes compare forms only in a chain. The calls rotate over distinct copies of the layer
+    (softsyn.emit.torch_kernel_choice.cold_copies, for the int4 codes, the smallest form's) so that each reads its
+    weights from device memory as a step does, not from the L2 cache (every chain before 2026-12-06 12:00 read one
+    layer's). Forms: chain_forms."""
+    from softsyn.emit.torch_kernel_choice import cache_bytes, cold_copies
 
     try:
         import gemlite
         gemlite.load_config(str(Path(gemlite.__file__).parent / "configs" / "h100.json"), print_error=False)
     except ImportError:
         gemlite = None
-    rows = []
+    rows, cache = [], cache_bytes(device)
     for label, width_in, width_out in SHAPES:
         size = width_in * width_out * 2
-        linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
-        torch.nn.init.normal_(linear.weight, std=0.02)
-        inp = torch.randn(1, width_in, device=device, dtype=dtype)
-        forms = [("fp16 cuBLAS", linear)] + softsyn_chain_forms(linear)
-        tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
-        quantize_(tinygemm, int4_config(128))
-        forms.append(("torchao int4 g128 (tinygemm)", tinygemm))
-        int8 = copy.deepcopy(linear)
-        quantize_(int8, int8_config(0))
-        forms.append(("torchao int8 (Int8WeightOnlyConfig, per channel)", int8))
-        if gemlite is not None and label != "lm_head":  # gemlite's from_linear takes the layer's weight: a copy each
-            forms += [(f"gemlite {name}", gemlite_layer(copy.deepcopy(linear), bits, group))
-                      for name, bits, group in (("A16W4 g64", 4, 64), ("A16W8 fp8", 8, -1))]
-        for form, layer in forms:
+        copies = cold_copies(width_in * width_out // 2, cache, calls)
+        forms: dict[str, list] = {}
+        for _ in range(copies):
+            linear = torch.nn.Linear(width_in, width_out, bias=False, device=device, dtype=dtype)
+            torch.nn.init.normal_(linear.weight, std=0.02)
+            for form, layer in chain_forms(linear, gemlite if label != "lm_head" else None):
+                forms.setdefault(form, []).append(layer)
+        inputs = [torch.randn(1, width_in, device=device, dtype=dtype) for _ in range(calls)]
+        for form, layers in forms.items():
             try:
-                seconds = timed(lambda lyr=layer, i=inp: [lyr(i) for _ in range(calls)], device) / calls
+                seconds = timed(lambda lyrs=layers: [lyrs[i % len(lyrs)](x) for i, x in enumerate(inputs)],
+                                device) / calls
             except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
                 print(f"chain {form} {label}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 continue
-            rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph, {size / 1e6:.0f} MB at "
-                         "fp16)", form, seconds, size / seconds))
+            rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph over {copies} copies, "
+                         f"{size / 1e6:.0f} MB at fp16)", form, seconds, size / seconds))
+        del forms
+        torch.cuda.empty_cache()
     return rows
+
+
+def chain_forms(linear: torch.nn.Linear, gemlite) -> list[tuple[str, object]]:
+    """A chain's forms of one layer: cuBLAS fp16 (F.linear), softsyn's (softsyn_chain_forms), torchao's tinygemm int4
+    (the step's fp16 activation in, as h200-torch runs it) and int8 weight-only, gemlite's A16W4 g64 and A16W8 fp8
+    where installed (gemlite's from_linear takes the layer's weight: a copy each)."""
+    from torchao.quantization import quantize_
+
+    from softsyn.emit.torch_step import int4_config, int8_config
+
+    forms = [("fp16 cuBLAS", linear)] + softsyn_chain_forms(linear)
+    tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
+    quantize_(tinygemm, int4_config(128))
+    forms.append(("torchao int4 g128 (tinygemm)", tinygemm))
+    int8 = copy.deepcopy(linear)
+    quantize_(int8, int8_config(0))
+    forms.append(("torchao int8 (Int8WeightOnlyConfig, per channel)", int8))
+    if gemlite is not None:
+        forms += [(f"gemlite {name}", gemlite_layer(copy.deepcopy(linear), bits, group))
+                  for name, bits, group in (("A16W4 g64", 4, 64), ("A16W8 fp8", 8, -1))]
+    return forms
 
 
 def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the zeroed output and the kernel: the two kernels
-    a package runs), then int4 g128 and fp8 g128 at each one-row config of the kernel's autotune list, to show the
-    spread the autotuner chooses from."""
+    a package runs), then int4 g128 at each config of SWEEP and fp8 g128 at each shipped one-row config (CONFIGS),
+    to show the spread the autotuner chooses from and what it could."""
     from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
 
+    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["ROWS"], c.num_warps) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
     forms = []
     for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
         forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
-        for config in CONFIGS:
-            meta = dict(config.kwargs)
-            if meta["BLOCK_M"] != 1:
-                continue
-            name = f"BLOCK_N {meta['BLOCK_N']} ROWS {meta['ROWS']} warps {config.num_warps}"
-            forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, w=config.num_warps:
-                          launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": w})))
+        for n, r, w in SWEEP if precision == "int4" else shipped:
+            meta = {"BLOCK_M": 1, "BLOCK_N": n, "ROWS": r}
+            name = f"BLOCK_N {n} ROWS {r} warps {w}{' (shipped)' if (n, r, w) in shipped else ''}"
+            forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, nw=w:
+                          launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": nw})))
     return forms
 
 

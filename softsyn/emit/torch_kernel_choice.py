@@ -8,10 +8,14 @@ fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape; tinygemm ran at fp16's 
 wins depends on the layer's widths, the precision and the card, so the compile times both forms of every distinct
 quantised layer shape on the device the package is for, the way a step runs them (a chain of CALLS one-row calls
 captured as a CUDA graph: a call replayed alone reads a ~10-14 us floor whatever its kernel), and builds the faster.
+The chain rotates over distinct copies of the layer (cold_copies): a step reads each layer's weights once, from
+device memory, while a chain of one layer's calls reads its weights from the L2 cache wherever they fit (every
+qwen3-1.7b layer but the lm_head on an H100's 50 MB), which flatters the kernel that hides latency worst.
 The times are compile-log lines; runtime/torch.json names each layer's kernel.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +27,7 @@ from softsyn.units import fmt_time
 KERNELS = ("softsyn", "torchao")  # the forms a measured choice compares (the first wins a tie)
 CHOICE_PRECISIONS = ("int4", "int8")  # the precisions both kernels build (fp8: softsyn's only)
 CALLS = 24  # one-row calls a timed CUDA graph holds
+BITS = {"int4": 4, "int8": 8, "fp8": 8}  # weight bits a code takes, per quantised precision
 RUNS, WARMUP = 50, 5  # replays timed (the median taken), and replays before them
 
 
@@ -35,6 +40,22 @@ class WeightShape:
 
     def label(self) -> str:
         return f"{self.precision} {self.width}->{self.out} block {self.block}"
+
+    def weight_bytes(self) -> int:
+        """The bytes of the layer's codes (its scales left out: a lower bound, as cold_copies wants)."""
+        return self.width * self.out * BITS[self.precision] // 8
+
+
+def cold_copies(weight_bytes: int, cache_bytes: int, calls: int = CALLS) -> int:
+    """How many distinct copies of a layer a chain of `calls` rotates over so that every call reads its weights from
+    device memory, as a step does: enough that the others' weights between two calls of one copy fill the cache
+    twice over (LRU-like eviction), at most one per call."""
+    return max(1, min(calls, math.ceil(2 * cache_bytes / max(weight_bytes, 1)) + 1))
+
+
+def cache_bytes(device: str) -> int:
+    """The L2 cache of the current CUDA device, in bytes."""
+    return torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
 
 
 def graph_of(fn: Callable[[], object], warm: int = 3) -> torch.cuda.CUDAGraph:
@@ -66,38 +87,43 @@ def replay_seconds(graph: torch.cuda.CUDAGraph, runs: int = RUNS, warmup: int = 
     return statistics.median(times)
 
 
-def chain_seconds(layer: torch.nn.Module, width: int, dtype: torch.dtype, device: str) -> float:
-    """Seconds a call of `layer` on one row takes among CALLS captured in one CUDA graph (the median replay / CALLS)."""
+def chain_seconds(layers: list[torch.nn.Module], width: int, dtype: torch.dtype, device: str) -> float:
+    """Seconds a one-row call takes among CALLS captured in one CUDA graph (the median replay / CALLS), call i on
+    layers[i % len(layers)]: distinct copies of one layer (cold_copies) keep its weights out of the cache."""
     rows = [torch.randn(1, width, device=device, dtype=dtype) for _ in range(CALLS)]
     with torch.no_grad():
-        graph = graph_of(lambda: [layer(x) for x in rows])
+        graph = graph_of(lambda: [layers[i % len(layers)](x) for i, x in enumerate(rows)])
     return replay_seconds(graph) / CALLS
 
 
 Build = Callable[[str, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (kernel, a Linear, shape) -> its layer
-Timer = Callable[[torch.nn.Module, int, torch.dtype, str], float]
+Timer = Callable[[list[torch.nn.Module], int, torch.dtype, str], float]
 
 
 def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Build, dtype: torch.dtype, device: str,
-                          timer: Timer = chain_seconds) -> tuple[dict[WeightShape, str], list[str]]:
+                          timer: Timer = chain_seconds, cache: int | None = None
+                          ) -> tuple[dict[WeightShape, str], list[str]]:
     """{shape: the faster of KERNELS} for one Linear of each quantised shape (`build` makes a kernel's layer from a copy
-    of its weight; the model's layer is untouched) on `device`, and the compile-log lines with both times. A form
-    that fails to build or run here is a line and loses; a shape neither form runs keeps torchao's (the build then
-    says why), as does every shape off CUDA (nothing to time: torchao's is the default)."""
+    of its weight, once per cold copy for a cache of `cache` bytes, the device's L2 unless given; the model's layer is
+    untouched) on `device`, and the compile-log lines with both times. A form that fails to build or run here is a
+    line and loses; a shape neither form runs keeps torchao's (the build then says why), as does every shape off CUDA
+    (nothing to time: torchao's is the default)."""
     if device != "cuda":
         return dict.fromkeys(layers, "torchao"), ["weight kernels not measured (no CUDA device): torchao's"]
+    cache = cache_bytes(device) if cache is None else cache
     chosen, notes = {}, []
     for shape, linear in layers.items():
         times, failed = {}, []
+        copies = cold_copies(shape.weight_bytes(), cache)
         for kernel in KERNELS:
             try:
-                times[kernel] = timer(build(kernel, linear, shape), shape.width, dtype, "cuda")
+                times[kernel] = timer([build(kernel, linear, shape) for _ in range(copies)], shape.width, dtype, "cuda")
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
                 first = (str(exc).splitlines() or [""])[0][:120]
                 failed.append(f"{kernel} did not run ({type(exc).__name__}: {first})")
         chosen[shape] = min(times, key=lambda k: (times[k], KERNELS.index(k))) if times else "torchao"
         said = [f"{k} {fmt_time(t, 'us', 1)}" for k, t in times.items()] + failed
         notes.append(f"kernel for {shape.label()}: {chosen[shape]} ({', '.join(said)} a one-row call, "
-                     f"{CALLS} calls a CUDA graph, measured)")
+                     f"{CALLS} calls a CUDA graph over {copies} copies, measured)")
         torch.cuda.empty_cache()  # the timed copies (an lm_head's is 0.3-0.6 GB) go before the next shape's
     return chosen, notes

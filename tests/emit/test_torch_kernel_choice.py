@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from softsyn.emit import torch_step
-from softsyn.emit.torch_kernel_choice import CALLS, WeightShape, choose_weight_kernels
+from softsyn.emit.torch_kernel_choice import CALLS, WeightShape, choose_weight_kernels, cold_copies
 from softsyn.emit.torch_step import WeightCell, quantise_modules
 from softsyn.emit.triton_weights import QuantLinear
 
@@ -28,29 +28,42 @@ def test_each_shape_gets_the_faster_kernel_and_the_log_gives_both_times():
         built.append((kernel, shape))
         return (shape, kernel)
 
-    def timer(layer, width, dtype, device):
+    def timer(layers, width, dtype, device):
+        layer = layers[0]
         assert device == "cuda" and dtype == torch.float16 and width == layer[0].width
+        assert len(layers) == {wide: 9, narrow: 9, broken: 17}[layer[0]] and all(copy == layer for copy in layers)
         return table.get((layer[0], layer[1]), 5e-6)
 
-    chosen, notes = choose_weight_kernels(_layers(wide, narrow, broken), build, torch.float16, "cuda", timer)
+    # wide's and narrow's codes take 16 KiB, broken's 8: a 64 KiB cache wants 128 KiB of others between two calls of
+    # one copy, 8 (16) others
+    chosen, notes = choose_weight_kernels(_layers(wide, narrow, broken), build, torch.float16, "cuda", timer,
+                                          cache=64 * 1024)
     assert chosen == {wide: "softsyn", narrow: "torchao", broken: "torchao"}
     assert notes[0] == (f"kernel for int4 64->512 block 32: softsyn (softsyn 10.0 us, torchao 20.0 us a one-row call, "
-                        f"{CALLS} calls a CUDA graph, measured)")
+                        f"{CALLS} calls a CUDA graph over 9 copies, measured)")
     assert notes[1].startswith("kernel for int8 256->64 block 32: torchao (softsyn 9.0 us, torchao 7.0 us")
     assert notes[2].startswith("kernel for int4 128->128 block 32: torchao (torchao 5.0 us, softsyn did not run "
                                "(RuntimeError: PTX too new)")
 
 
+def test_cold_copies_keep_every_call_out_of_the_cache():
+    assert cold_copies(16 * 1024, 64 * 1024) == 9  # 8 others of 16 KiB between two calls: twice the cache
+    assert cold_copies(155_582_464, 50 * 2**20) == 2  # an lm_head larger than the cache: one other suffices
+    assert cold_copies(4096, 50 * 2**20) == CALLS  # never more copies than calls
+    assert WeightShape("int4", 2048, 4096, 32).weight_bytes() == 2048 * 4096 // 2
+    assert WeightShape("int8", 2048, 4096, 0).weight_bytes() == 2048 * 4096
+
+
 def test_a_tie_goes_to_softsyn_and_a_shape_no_form_runs_keeps_torchao():
     shape = WeightShape("int4", 64, 64, 64)
     chosen, _ = choose_weight_kernels(_layers(shape), lambda k, lin, b: k, torch.float16, "cuda",
-                                    lambda layer, w, d, dev: 3e-6)
+                                    lambda layers, w, d, dev: 3e-6, cache=0)
     assert chosen == {shape: "softsyn"}
 
     def fails(kernel, linear, block):
         raise ValueError(kernel)
 
-    chosen, notes = choose_weight_kernels(_layers(shape), fails, torch.float16, "cuda", lambda *a: 1.0)
+    chosen, notes = choose_weight_kernels(_layers(shape), fails, torch.float16, "cuda", lambda *a: 1.0, cache=0)
     assert chosen == {shape: "torchao"} and "softsyn did not run" in notes[0] and "torchao did not run" in notes[0]
 
 
