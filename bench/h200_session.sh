@@ -256,7 +256,8 @@ torchtiny)
     set -e ;;
 torchkernels)
     softsyn_install
-    python3 bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | grep -v "No registered plugin EP" | tail -20 ;;
+    python3 -u bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | tee "$OUT/torch-kernels.log" \
+        | grep -v "No registered plugin EP" | tail -20 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}

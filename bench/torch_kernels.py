@@ -231,6 +231,7 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
                 continue
             rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph over {copies} copies, "
                          f"{size / 1e6:.0f} MB at fp16)", form, seconds, size / seconds))
+            print(f"chain {label} | {form} | {seconds * 1e6:.1f} us", flush=True)  # kept if the run is cut short
         del forms
         torch.cuda.empty_cache()
     return rows
