@@ -4,8 +4,8 @@ or softsyn's Triton kernel (softsyn.emit.triton_weights).
 
 Why measured and per shape: neither wins everywhere. On the H100 (2026-12-06, 24 calls a graph) softsyn's first
 kernel read the lm_head in 105 us against fp16's 205 and lost on the narrow q/k/v, o and down GEMVs, while its
-fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape; tinygemm ran at fp16's speed at every decode shape. Which
-wins depends on the layer's widths, the precision and the card, so the compile times both forms of every distinct
+fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape (1.1-2.3x at qwen3-1.7b's, weights read cold); tinygemm ran
+at fp16's speed at every decode shape. Which wins depends on the layer's widths, the precision and the card, so the compile times both forms of every distinct
 quantised layer shape on the device the package is for, the way a step runs them (a chain of CALLS one-row calls
 captured as a CUDA graph: a call replayed alone reads a ~10-14 us floor whatever its kernel), and builds the faster.
 The chain rotates over distinct copies of the layer (cold_copies): a step reads each layer's weights once, from
