@@ -37,7 +37,11 @@ def frozen_heap():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("softsyn-cache")
+    """One export cache for the run: under pytest-xdist the workers share it (softsyn.frontends.cache.exporting makes
+    a worker wait for a model the other is exporting, then read it), so each model is exported once a run."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "softsyn-cache"
+    path.mkdir(exist_ok=True)
     os.environ["SOFTSYN_CACHE"] = str(path)
     return path
 

@@ -3,10 +3,13 @@
 Layout: ``<cache_dir>/<name>-<key16>/model.onnx`` (+ ``model.onnx.data`` for materialised
 weights). Meta (weightless) models are saved without a data file: their initializers are
 external references that are never read. Entries are written to a temporary folder and
-renamed into place, so a crash never leaves a half-written entry that looks complete.
+renamed into place, so a crash never leaves a half-written entry that looks complete. Processes share a cache:
+one exporting an entry holds a lock on it (`exporting`), and a second asking for the same entry waits, then reads it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -64,6 +67,27 @@ def entry_dir(cache_dir: Path, name: str, key: str) -> Path:
     return Path(cache_dir) / f"{safe}-{key[:16]}"
 
 
+@contextlib.contextmanager
+def exporting(entry: Path):
+    """Held while this process looks `entry` up and, on a miss, exports it: a second softsyn process asking for the
+    same entry (two compiles of one model, a CI matrix) waits, then reads the first one's entry instead of exporting
+    it again (minutes for a large model). An flock on a hidden file beside the entry, which the kernel releases if the
+    holder dies; a cache folder this process cannot write gets no lock (reading it still works)."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(entry.parent / f".{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def load_entry(entry: Path) -> Netlist | None:
     path = entry / MODEL_FILE
     if not path.is_file():
@@ -97,9 +121,13 @@ def save_entry(nl: Netlist, entry: Path, progress: bool = False) -> Netlist:
             ir.save(nl.model, str(path), external_data=DATA_FILE, size_threshold_bytes=1024)
         else:
             ir.save(nl.model, str(path))
-        if entry.exists():
-            shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
+        if entry.exists() and load_entry(entry) is not None:  # written meanwhile by a process that took no lock: same key, same content
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = None
+        else:
+            if entry.exists():  # unreadable (a stale or damaged entry): this export replaces it
+                shutil.rmtree(entry, ignore_errors=True)
+            os.replace(tmp, entry)
     except OSError as exc:  # the exporter's writers raise OSErrors of their own, some without an errno
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

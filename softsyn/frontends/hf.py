@@ -197,6 +197,13 @@ def load_transformers_design(
                       materialize=materialize)
     key = _cache.content_key(_key_material(ex))
     entry = _cache.entry_dir(cache_dir, name, key)
+    with _cache.exporting(entry):  # another process exporting this entry: wait, then read it
+        return _read_or_export(ex, cache_dir, progress, entry, key)
+
+
+def _read_or_export(ex: _Export, cache_dir: Path, progress: bool, entry: Path, key: str) -> Netlist:
+    """The cache entry's netlist, or (a miss) the export saved there."""
+    name = ex.name
     with step(f"reading {name} from the export cache", enabled=progress and entry.is_dir(),
               done=f"read {name} from the export cache"):
         cached = _cache.load_entry(entry)

@@ -277,47 +277,49 @@ def load_vlm_design(cfg, name: str, source: str, cache_dir, progress: bool = Tru
                               "weights": weights, "dtype": dtype, "frontend": _cache.FRONTEND_VERSION,
                               "versions": _cache.versions()})
     entry = _cache.entry_dir(cache_dir, f"{name}-{size[0]}x{size[1]}", key)
-    cached = _cache.load_entry(entry)
-    if cached is not None:
-        cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
-        return cached
-    t0 = time.perf_counter()
-    if progress:
-        print(f"exporting {name} ({grid.describe()}) with {exporter}{' + seeded weights' * (weights == 'filled')}...",
-              end="", file=sys.stderr, flush=True)
-    _export.torch_num_threads()
-    blocks, parameters, copies = _blocks(cfg, name, source, grid, {"weights": weights, "dtype": dtype,
-                                                                   "traced": traced, "exporter": exporter})
-    joined, info = join_blocks(blocks, name)
-    del blocks
-    t, h, w = grid.thw
-    provenance = {
-        "source": source, "exporter": exporter, "dtype": dtype, "versions": _cache.versions(),
-        "weights": {"random": "random seed 0", "meta": "meta (not materialised)", "filled": FILLED}[weights],
-        "export_seconds": round(time.perf_counter() - t0, 2), "scope_prefix": _export.SCOPE_PREFIX,
-        "blocks": info,
-        "image": {"size": list(size), "resized": list(grid.resized), "grid_thw": [t, h, w], "patches": grid.patches,
-                  "tokens": grid.tokens, "patch_size": grid.patch, "spatial_merge_size": grid.merge,
-                  "image_token_id": cfg.image_token_id,
-                  "positions": "fixed per export: the grid's patch positions, rotary angles and resampled position "
-                               "table are constants; `images` (a dynamic dim) images of that grid per call"},
-    }
-    if traced:
-        provenance["layers"] = (f"decoder: {traced} traced by torch.export (the first {traced - 2} add DeepStack "
-                                f"features), model.layers.{traced - 1} copied {copies} times to {layers} "
-                                "(softsyn.frontends.replicate); vision: every block traced")
-    if weights == "meta":
-        provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
-    summary = config_summary(cfg.text_config, parameters)
-    summary["vision"] = {k: getattr(cfg.vision_config, k) for k in ("depth", "hidden_size", "num_heads",
-                                                                     "intermediate_size", "out_hidden_size")}
-    nl = Netlist(joined, name=name, kind="vlm", provenance=provenance, config=summary,
-                 derived_dims={"total": "past + seq", "image_tokens": f"{grid.tokens}*images"})
-    nl = _cache.save_entry(nl, entry, progress)
-    nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
-    if progress:
-        print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return nl
+    with _cache.exporting(entry):  # another process exporting this entry: wait, then read it
+        cached = _cache.load_entry(entry)
+        if cached is not None:
+            cached.provenance["cache"] = {"key": key, "path": str(entry), "hit": True}
+            return cached
+        t0 = time.perf_counter()
+        if progress:
+            seeded = " + seeded weights" * (weights == "filled")
+            print(f"exporting {name} ({grid.describe()}) with {exporter}{seeded}...", end="", file=sys.stderr,
+                  flush=True)
+        _export.torch_num_threads()
+        blocks, parameters, copies = _blocks(cfg, name, source, grid, {"weights": weights, "dtype": dtype,
+                                                                       "traced": traced, "exporter": exporter})
+        joined, info = join_blocks(blocks, name)
+        del blocks
+        t, h, w = grid.thw
+        provenance = {
+            "source": source, "exporter": exporter, "dtype": dtype, "versions": _cache.versions(),
+            "weights": {"random": "random seed 0", "meta": "meta (not materialised)", "filled": FILLED}[weights],
+            "export_seconds": round(time.perf_counter() - t0, 2), "scope_prefix": _export.SCOPE_PREFIX,
+            "blocks": info,
+            "image": {"size": list(size), "resized": list(grid.resized), "grid_thw": [t, h, w], "patches": grid.patches,
+                      "tokens": grid.tokens, "patch_size": grid.patch, "spatial_merge_size": grid.merge,
+                      "image_token_id": cfg.image_token_id,
+                      "positions": "fixed per export: the grid's patch positions, rotary angles and resampled position "
+                                   "table are constants; `images` (a dynamic dim) images of that grid per call"},
+        }
+        if traced:
+            provenance["layers"] = (f"decoder: {traced} traced by torch.export (the first {traced - 2} add DeepStack "
+                                    f"features), model.layers.{traced - 1} copied {copies} times to {layers} "
+                                    "(softsyn.frontends.replicate); vision: every block traced")
+        if weights == "meta":
+            provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
+        summary = config_summary(cfg.text_config, parameters)
+        summary["vision"] = {k: getattr(cfg.vision_config, k) for k in ("depth", "hidden_size", "num_heads",
+                                                                         "intermediate_size", "out_hidden_size")}
+        nl = Netlist(joined, name=name, kind="vlm", provenance=provenance, config=summary,
+                     derived_dims={"total": "past + seq", "image_tokens": f"{grid.tokens}*images"})
+        nl = _cache.save_entry(nl, entry, progress)
+        nl.provenance["cache"] = {"key": key, "path": str(entry), "hit": False}
+        if progress:
+            print(f" {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return nl
 
 
 def split_blocks(model: ir.Model, blocks: list[dict]) -> dict[str, ir.Model]:

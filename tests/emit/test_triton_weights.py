@@ -62,16 +62,19 @@ from softsyn.emit.triton_weights import QuantLinear, dequantise, launch, quantis
 torch.manual_seed(0)
 out = {}
 for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torch.float16, "fp8"), (torch.float16, "int8")):
-    for group, rows, width, outputs in ((32, 1, 96, 40), (64, 5, 256, 72), (128, 19, 384, 100)):
+    for group, rows, width, outputs in ((32, 1, 96, 40), (64, 5, 256, 72), (128, 19, 256, 40)):
         w = torch.randn(outputs, width)
         q = quantise(w, group, dtype, precision)
         x = torch.randn(rows, width).to(dtype)
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
         for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "ROWS": 8}, {"BLOCK_M": 1, "BLOCK_N": 32, "ROWS": 128},
                        {"BLOCK_M": 16, "BLOCK_N": 32}):
-            got = launch(x, q.packed, q.scales, q.lows, config).float()
-            key = f"{precision} {dtype} g{group} {rows}x{width}x{outputs} {sorted(config.items())}"
-            out[key] = float((got - want).abs().max() / want.abs().max())
+            # the one-row path loops over rows in every program: 5 rows cover it, 19 (two row tiles) the tiled path,
+            # and the interpreter takes ~8 s for 19 rows of the one-row path at group 128
+            take = rows if config["BLOCK_M"] > 1 else min(rows, 5)
+            got = launch(x[:take], q.packed, q.scales, q.lows, config).float()
+            key = f"{precision} {dtype} g{group} {take}x{width}x{outputs} {sorted(config.items())}"
+            out[key] = float((got - want[:take]).abs().max() / want[:take].abs().max())
 for precision in ("int4", "fp8", "int8"):
     layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
     x = torch.randn(2, 3, 128)
