@@ -4,8 +4,8 @@
 #
 #   wheels               carry [".whl"]: onnx-ir 1.1 + transformers 5.24 + torchao 0.18 (+ gemlite 0.6) wheels (the image's are older
 #                        or absent)
-#   part DIR             carry [DIR] (.ortgpu/q_part00 .. 03): one piece of the onnxruntime-gpu wheel
-#   install DIR          carry [DIR] (.ortgpu/q_part04): last piece, install ORT-GPU + wheels + softsyn
+#   part DIR             carry [DIR] (.ortgpu/r_part00 .. 05): one piece of the onnxruntime-gpu wheel
+#   install DIR          carry [DIR] (.ortgpu/r_part06): last piece, install ORT-GPU + wheels + softsyn
 #   characterize [S]     resume the H200 library from softsyn/library/libs/h200-ort-cuda.yaml for S seconds (570)
 #   fresh [S]            characterise the whole H200 library from nothing (ceilings, then every cell) for S seconds;
 #                        a second `fresh` call resumes it (the device time of both calls is the library's cost)
@@ -128,9 +128,11 @@
 #                        the compile's and verify's output. On a warm machine a second `vl` reuses the artifact (when
 #                        the first call's compile left the signoff too little time)
 #
-# .ortgpu/ comes from ../shared/tools/ort-gpu-parts.sh, re-cut into 50 MiB pieces (its 63 MiB ones plus the working
-# tree pass the device's 64 MiB carry limit): for K in 00 01 02 03 04: .ortgpu/q_partK/partK from
-#   cd .ortgpu && split -b 50M -d -a 2 onnxruntime_gpu-1.31.1-*.whl part && for f in part0*; do mkdir q_$f; mv $f q_$f/; done
+# .ortgpu/ holds the onnxruntime-gpu 1.31.1 wheel (CPython 3.12, manylinux_2_28: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 onnxruntime-gpu==1.31.1`) cut into 40 MiB
+# pieces, since a piece plus the working tree (~15 MiB on 2026-12-06; 50 MiB pieces no longer fit) must pass the
+# device's 64 MiB carry limit: for K in 00 .. 06: .ortgpu/r_partK/partK from
+#   cd .ortgpu && split -b 40M -d -a 2 onnxruntime_gpu-1.31.1-*.whl part && for f in part0*; do mkdir r_$f; mv $f r_$f/; done
 # .whl/ from `pip download` (README "Benchmarks").
 # Results land in $OUT (the device tool brings them back); the library stays in /tmp/h200-lib.yaml between calls.
 set -euo pipefail
