@@ -202,8 +202,8 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200 2026-12-03, H100
     2026-12-06), so small shapes compare forms only in a chain. The calls rotate over distinct copies of the layer
     (softsyn.emit.torch_kernel_choice.cold_copies, for the int4 codes, the smallest form's) so that each reads its
-    weights from device memory as a step does, not from the L2 cache (every chain before 2026-12-06 12:00 read one
-    layer's). Forms: chain_forms."""
+    weights from device memory as a step does, not from the L2 cache (the chain tables in bench/results before
+    torch-kernels-chain-h100-2026-12-06-cold.md read one layer's). Forms: chain_forms."""
     from softsyn.emit.torch_kernel_choice import cache_bytes, cold_copies
 
     try:
