@@ -334,10 +334,22 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
     notes += [f"{n} Linear layer{'s' if n != 1 else ''} mapped {p} kept {float_precision}: {p} is not built for this "
               f"torch target (built: {', '.join(built)})" for p, n in unbuilt.items()]
-    wanted = measured_kernels(wanted, notes)
-    kernels = {name: w.kernel for w in wanted for name in w.names
-               if w.kernel != "softsyn" or group_for(w.block, w.linear.in_features) is not None}  # the rest stay float
-    return Quantised(notes + build_layers(model, wanted, float_precision), kernels)
+    wanted = buildable(measured_kernels(wanted, notes), float_precision, notes)
+    kernels = {name: w.kernel for w in wanted for name in w.names}
+    return Quantised(notes + build_layers(model, wanted), kernels)
+
+
+def buildable(wanted: list[Wanted], float_precision: str, notes: list[str]) -> list[Wanted]:
+    """`wanted` less the layers softsyn's kernel was to run whose input width no group of GROUPS divides: they stay
+    `float_precision` (a line each in `notes`)."""
+    kept = []
+    for w in wanted:
+        if w.kernel == "softsyn" and group_for(w.block, w.linear.in_features) is None:
+            notes.append(f"{w.linear.in_features}-wide Linear mapped {w.precision} kept {float_precision}: no group "
+                         f"of {GROUPS} divides its input width")
+        else:
+            kept.append(w)
+    return kept
 
 
 def measured_kernels(wanted: list[Wanted], notes: list[str]) -> list[Wanted]:
@@ -369,17 +381,13 @@ def torchao_block(precision: str, block: int) -> int:
     return tinygemm_block(block) if precision == "int4" else 0
 
 
-def build_layers(model: torch.nn.Module, wanted: list[Wanted], float_precision: str) -> list[str]:
-    """Quantise `wanted`'s layers in place (softsyn's kernel or torchao's layer); the notes saying what was built."""
+def build_layers(model: torch.nn.Module, wanted: list[Wanted]) -> list[str]:
+    """Quantise `wanted`'s layers (each `buildable`) in place, softsyn's kernel or torchao's layer; the notes saying
+    what was built."""
     notes, chosen = [], {}  # chosen: (precision, group or block, kernel) -> the layers
     for linear, _, precision, block, kernel in wanted:
         if kernel == "softsyn":
-            group = group_for(block, linear.in_features)
-            if group is None:
-                notes.append(f"{linear.in_features}-wide Linear mapped {precision} kept {float_precision}: no group "
-                             f"of {GROUPS} divides its input width")
-            else:
-                chosen.setdefault((precision, group, "softsyn"), []).append(linear)
+            chosen.setdefault((precision, group_for(block, linear.in_features), "softsyn"), []).append(linear)
         else:
             chosen.setdefault((precision, torchao_block(precision, block), "torchao"), []).append(linear)
     for (precision, block, kernel), linears in sorted(chosen.items()):

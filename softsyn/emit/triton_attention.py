@@ -14,8 +14,10 @@ with an online softmax (scores and sums in fp32, each row's masked slots at -inf
 and its (max, sum); the splits are combined in torch (one Inductor kernel). SPLITS programs a KV head whatever the
 span, so a short cache leaves some splits empty (max -inf, weight 0) and a long one spreads over every SM. It serves
 any number of positions (a package's step is exported with the positions dynamic), but is built for one.
-Not measured on a GPU yet: the bench's attention table times it beside the other forms
-(`python bench/torch_kernels.py --parts attention`).
+Measured, it loses: per layer at qwen3-1.7b's shapes, matmul / SDPA / this kernel took 11.6 / 24.8 / 35.5 us at past
+512 and 29.8 / 98.1 / 39.3 at past 4096, and AOTInductor failed to package it (H100, 2026-12-06,
+bench/results/torch-kernels-h100-2026-12-06-e.md). No target uses the form; it walks the whole span it is given with a
+per-row mask, where FlashDecoding splits only the filled prefix.
 """
 from __future__ import annotations
 

@@ -51,8 +51,9 @@ TORCH_TARGETS = {
     # int4 measured per shape at compile time: neither kernel is assumed faster on every card and shape (softsyn's
     # first kernel lost to cuBLAS fp16 on narrow layers; its fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape,
     # H100, 2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c-compile.txt)
-    # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV (qwen3-1.7b layer 25.6 vs 39.7 us, lm_head 102.5
-    # vs 216.9; H100, 2026-12-06, bench/results/torch-kernels-chain-h100-2026-12-06-d.md)
+    # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
+    # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
+    # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4", "fp8"),
                               prefill_attention="sdpa", weight_kernel="measured"),
 }

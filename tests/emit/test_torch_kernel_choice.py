@@ -114,3 +114,15 @@ def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
                        "model.layers.0.mlp.down_proj": "torchao", "model.layers.1.mlp.down_proj": "softsyn",
                        "model.layers.1.self_attn.o_proj": "softsyn"}
     assert notes[0] == "measured line"
+
+
+def test_a_layer_no_group_divides_stays_float_and_says_so():
+    """softsyn's kernel takes groups of 32, 64 or 128 inputs: a 48-wide fp8 layer is kept at the float precision,
+    named in a note and absent from the kernels; a 64-wide one beside it is built."""
+    model = torch.nn.ModuleDict({"narrow": torch.nn.Linear(48, 8), "wide": torch.nn.Linear(64, 8)})
+    cells = {"narrow": WeightCell("fp8", 0), "wide": WeightCell("fp8", 0)}
+    notes, kernels = quantise_modules(model, cells, "fp32", ("fp8",), "measured")
+    assert kernels == {"wide": "softsyn"}
+    assert isinstance(model["wide"], QuantLinear) and type(model["narrow"]) is torch.nn.Linear
+    assert notes[0] == "48-wide Linear mapped fp8 kept fp32: no group of (32, 64, 128) divides its input width"
+    assert notes[1].startswith("1 Linear layer fp8 weight-only at group ")
