@@ -679,7 +679,7 @@ def main() -> int:
     for name in (n for n in TORCH_VARIANTS if n in found):
         v, folder = found[name], torch_dirs[name]
         try:
-            from softsyn.runtime.torch_package import package_label, read_torch_settings
+            from softsyn.runtime.torch_package import SPAN_STEP, package_label, read_torch_settings
 
             settings = read_torch_settings(folder)
             v.path = folder / settings["package"]
@@ -688,8 +688,8 @@ def main() -> int:
             LABELS[name] = (f"softsyn {settings['target']} artifact {folder} ({settings['dtype']}"
                             + (f", {'/'.join(weights)} weights" if weights else "")
                             + f"{', CUDA graphs' if settings.get('cuda_graphs') else ''}), compiled before this run")
-            v.notes.append(f"static KV cache of {settings['kv_cache']['max_length']} positions, attention over all of "
-                           "them; see its reports/torch.rpt")
+            v.notes.append(f"static KV cache of {settings['kv_cache']['max_length']} positions, attention over the "
+                           f"filled prefix rounded up to {SPAN_STEP} slots; see its reports/torch.rpt")
         except Exception as exc:  # noqa: BLE001
             v.error = short_error(exc)
     if job is not None:

@@ -36,7 +36,8 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
-#   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
+#   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only; attnchain,package: each decode
+#                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)

@@ -25,6 +25,8 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
+  attnchain  (CUDA) each decode attention form (matmul, split, softsyn) over 28 layers' caches in one CUDA graph at
+             past 512 and 4096, per layer, with the kernels of a replay per layer;
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls in one CUDA graph over distinct copies of the
              layer (its weights read from device memory, not the L2 cache), per call, for cuBLAS fp16, softsyn's int4
              (g64, g128), fp8 and int8 (g128) autotuned and int4 g128 at each config of a sweep, torchao's tinygemm
@@ -92,6 +94,58 @@ def attention_rows(device: str, dtype) -> list[tuple]:
                 kv_bytes = 2 * k.numel() * k.element_size()
                 rows.append((f"attention {label} (seq {seq}, past {past}, span {span}, "
                              f"{'dynamic' if dynamic else 'static'} shapes)", form, seconds, kv_bytes / seconds))
+    return rows
+
+
+LAYERS = 28  # qwen3-1.7b's layers: an attention chain reads each layer's cache once, as a step does
+
+
+def attention_chain_rows(device: str, dtype, forms=("matmul", "split", "softsyn")) -> list[tuple]:
+    """Each decode attention form as a step runs it: LAYERS calls over LAYERS distinct caches (K/V of 28 layers:
+    88 MB at past 512, 500 MB at 4096: read from device memory, not the L2 cache) compiled by torch.compile with
+    dynamic shapes (the package's) and captured as one CUDA graph, per layer; then the kernels of one replay (CUPTI,
+    summed by name, per layer) so a form's time splits into its kernels. Single-layer replays (attention_rows) read
+    a launch floor a step does not pay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
+    from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.runtime.torch_package import SPAN_STEP
+
+    rows = []
+    for past in (512, 4096):
+        span = min(CACHE, -(-(past + 1) // SPAN_STEP) * SPAN_STEP)
+        caches = [torch.randn(2, 1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
+        queries = [torch.randn(1, HEADS, 1, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
+        mask = (torch.arange(span, device=device) <= past)[None, None, None, :]
+        for form in forms:
+            function = ATTENTIONS[form][1]
+            step = torch.compile(lambda q, k, v, m, f=function: f(None, q, k, v, m, HEAD_DIM ** -0.5)[0],
+                                 dynamic=True)
+            try:
+                graph = graph_of(lambda pairs=tuple(zip(queries, caches)): [
+                    step(q, c[0][:, :, :span], c[1][:, :, :span], mask) for q, c in pairs])
+                seconds = replay_seconds(graph) / LAYERS
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    graph.replay()
+                    torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
+                print(f"attention chain {form} past {past}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                continue
+            kernels: dict[str, list[float]] = {}
+            for event in prof.events():
+                if event.device_type == torch.autograd.DeviceType.CUDA:
+                    kernels.setdefault(event.name[:48], []).append(event.device_time * 1e-6)
+            split = "; ".join(f"{name} {len(t) / LAYERS:g}x {sum(t) / LAYERS * 1e6:.1f}"
+                              for name, t in sorted(kernels.items(), key=lambda kv: -sum(kv[1])))
+            kv_bytes = 2 * KV_HEADS * span * HEAD_DIM * 2
+            rows.append((f"attention decode chain (past {past}, span {span}, {LAYERS} layers' caches, dynamic "
+                         f"shapes; kernels a layer: {split})", form, seconds, kv_bytes / seconds))
+            print(f"attention chain past {past} | {form} | {seconds * 1e6:.1f} us a layer | {split}", flush=True)
+            del graph
+            torch._dynamo.reset()
+        caches = queries = None
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -297,7 +351,8 @@ def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cas
                 errs.append(f"{name} {float((got.float() - expected).abs().max() / expected.abs().max()):.1e}")
         return f"{label}: compiled and ran (rel err {', '.join(errs)})"
     except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        return f"{label}: failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+        text = " ".join(str(exc).split())  # a traceback's cause is at its end
+        return f"{label}: failed ({type(exc).__name__}: {text[:200]}{' ... ' + text[-600:] if len(text) > 200 else ''})"
 
 
 def softsyn_int4_packaged(device: str, dtype) -> str:
@@ -443,6 +498,7 @@ def main() -> int:
     rows += softsyn_int4_rows(args.device, dtype) if cuda and "softsyn" in parts else []
     rows += gemlite_rows(args.device, dtype) if cuda and "gemlite" in parts else []
     rows += chain_rows(args.device, dtype) if cuda and "chain" in parts else []
+    rows += attention_chain_rows(args.device, dtype) if cuda and "attnchain" in parts else []
     packaged = "\n".join(line for line in (
         softsyn_int4_packaged(args.device, dtype) if cuda and parts & {"softsyn", "package"} else None,
         softsyn_attention_packaged(args.device, dtype) if cuda and parts & {"attention", "package"} else None,

@@ -24,6 +24,7 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
+from softsyn.emit.torch_attention_choice import FORMS, MEASURED, choose_attention, decode_shapes
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
@@ -104,9 +105,10 @@ class Built:
     said: list = field(default_factory=list)  # notes on its weights' form (a fallback, and why)
 
 
-def planned(target) -> list[Built]:
-    """The packages `target` builds: model.pt2 in its attention form; with a prefill form, model-prefill.pt2 too."""
-    out = [Built(DECODE, TORCH_PACKAGE, target.attention, 1, KERNELS_FILE)]
+def planned(target, attention: str) -> list[Built]:
+    """The packages `target` builds: model.pt2 in `attention` (target.attention, or the measured choice); with a
+    prefill form, model-prefill.pt2 too."""
+    out = [Built(DECODE, TORCH_PACKAGE, attention, 1, KERNELS_FILE)]
     if target.prefill_attention:
         out[0].weights_config = WEIGHTS_BESIDE
         out.append(Built(PREFILL, TORCH_PREFILL_PACKAGE, target.prefill_attention, 2, PREFILL_KERNELS_FILE,
@@ -189,7 +191,15 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
         quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
-    packages, holder = planned(target), [model]
+    analysis = design.analyze()
+    attention = target.attention
+    if attention == MEASURED:
+        with progress.step(f"emit: decode attention forms timed on the device ({', '.join(FORMS)})",
+                           enabled=design.progress, done="emit: decode attention chosen"):
+            attention, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
+                                                getattr(torch, target.dtype), target.device)
+        notes += [f"target {design.torch_target}: {line}" for line in lines]
+    packages, holder = planned(target, attention), [model]
     del model
     try:
         for i, built in enumerate(packages):
@@ -215,7 +225,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
               f"target {design.torch_target}: the slack above is the {design.library.name} library's estimate "
               f"({ESTIMATED}) of the same function on the ONNX netlist; the package"
               f"{'s are' if len(packages) > 1 else ' is'} measured below"]
-    analysis, measured = design.analyze(), {}
+    measured = {}
     notes += measured_notes(design, analysis, folder, step, measured)
     notes += characterise(design, analysis, folder, step, calls={b.key: b.calls for b in packages},
                           cells=list(netlist_cells), measured=measured)

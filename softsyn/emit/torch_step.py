@@ -127,17 +127,17 @@ def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 
 def softsyn_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """softsyn's split decode kernel (softsyn.emit.triton_attention), the query heads of a KV head stacked as its
-    rows (_stacked's order: row r * seq + s); matmul_attention for soft-capped scores or a head width the kernel's
-    tiles do not take (not a power of two). The kernel serves any number of positions, so a package exported with
-    them dynamic holds it; a prompt runs it too, though it is built for decode (a prefill package takes SDPA)."""
+    """softsyn's split decode kernels (softsyn.emit.triton_attention), the query heads of a KV head stacked as its
+    rows (_stacked's order: row r * seq + s), the output written as [B, seq, heads, D]; matmul_attention for
+    soft-capped scores or a head width the kernel's tiles do not take (not a power of two). The kernels serve any
+    number of positions, so a package exported with them dynamic holds them; a prompt runs them too, though they are
+    built for decode (a prefill package takes SDPA)."""
     batch, heads, seq, dim = query.shape
     if kwargs.get("softcap") or dim & (dim - 1):
         return matmul_attention(module, query, key, value, attention_mask, scaling, softcap=kwargs.get("softcap"))
     q = query.reshape(batch, key.shape[1], heads // key.shape[1] * seq, dim)
-    out = torch.ops.softsyn.decode_attention(q, key, value, attention_mask[:, 0],
-                                             scaling if scaling is not None else dim ** -0.5)
-    return out.reshape(batch, heads, seq, dim).transpose(1, 2).contiguous(), None
+    return torch.ops.softsyn.decode_attention(q, key, value, attention_mask[:, 0],
+                                              scaling if scaling is not None else dim ** -0.5), None
 
 
 # registered names without "sdpa" in them: transformers checks a model's own SDPA support for any such name and

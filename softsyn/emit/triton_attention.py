@@ -1,23 +1,28 @@
-"""softsyn's decode attention for the CUDA torch target: one query position per head against the static KV cache, as
-a Triton kernel that AOTInductor compiles into the package (a `torch.library.triton_op`, like
+"""softsyn's decode attention for the CUDA torch target: the query positions of a step against the static KV cache's
+filled prefix, as two Triton kernels that AOTInductor compiles into the package (a `torch.library.triton_op`, like
 softsyn.emit.triton_weights), split over the cache's slots as FlashDecoding does.
 
-Why: at decode, the matmul form (softsyn.emit.torch_step.matmul_attention) runs q k^T, a masked softmax and p v as
-three kernels a layer, each reading its operand whole; at past 4096 they took 0.52 of a 1.58 ms qwen3-0.6b int4 step
-on the H100 (2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c.rpt), where K and V once at the
-card's bandwidth take ~0.17 ms for 28 layers. cuDNN's fused SDPA splits the work by query rows, two a KV head at
-decode, and was slower still (86 us a layer at qwen3-1.7b's shapes on the H200, 2026-12-03).
+Why: at decode the matmul form (softsyn.emit.torch_step.matmul_attention) runs q k^T, a masked softmax and p v as
+three kernels a layer, each reading its operand whole; in qwen3-1.7b's int4 step at past 4096 they took 522 us of
+1.886 ms of kernels (H100, 2026-12-06, bench/results/compare-peers-cuda-h100-2026-12-06-torch-int4-1.7b.md), where
+K and V read once at the card's bandwidth take ~0.15 ms for 28 layers.
 
-The kernel: program (b * kv_heads + h, split, t) takes 16 of the rows that share KV head h (its query heads
-stacked, times the step's positions: 2-8 rows at decode, one tile), walks its split's slots in blocks of BLOCK_S
-with an online softmax (scores and sums in fp32, each row's masked slots at -inf) and writes its unnormalised output
-and its (max, sum); the splits are combined in torch (one Inductor kernel). SPLITS programs a KV head whatever the
-span, so a short cache leaves some splits empty (max -inf, weight 0) and a long one spreads over every SM. It serves
-any number of positions (a package's step is exported with the positions dynamic), but is built for one.
-Measured, it loses: per layer at qwen3-1.7b's shapes, matmul / SDPA / this kernel took 11.6 / 24.8 / 35.5 us at past
-512 and 29.8 / 98.1 / 39.3 at past 4096, and AOTInductor failed to package it (H100, 2026-12-06,
-bench/results/torch-kernels-h100-2026-12-06-e.md). No target uses the form; it walks the whole span it is given with a
-per-row mask, where FlashDecoding splits only the filled prefix.
+The kernels:
+- split (attend_kernel): program (h, split) takes KV head h's slots [split * part, +part) (part: the span over SPLITS
+  in whole blocks of BLOCK_S) and, for every batch row and every tile of RP query rows (the KV head's query heads
+  stacked, times the step's positions: 2-8 rows at decode, one tile), walks them with an online softmax (scores and
+  sums in fp32, masked slots at -inf) and writes the unnormalised output and its (max, sum). Splits past the span
+  write an empty part (max -inf, sum 0), so a short span costs idle programs, not reads.
+- combine (combine_kernel): program (h, r) merges row r of every row tile's SPLITS parts (each weighted by
+  exp(its max - the overall max)) and writes the row where the attention output goes, [B, seq, heads, D]: no
+  transpose after.
+Both grids are static (KV heads x a constant): batch, positions and span are loop bounds, never grid dims, since
+torch 2.11's AOTInductor failed to autotune a kernel whose grid named a dynamic size (the weight kernel's "launcher()
+missing 1 required positional argument", H100 2026-12-06; this kernel's first form, gridded over batch x KV heads and
+row tiles, failed to package the same way).
+
+The first form (SPLITS programs a KV head, the combine in torch ops) lost to the matmul form: 35.5 vs 11.6 us a layer
+at past 512, 39.3 vs 29.8 at 4096 (H100, 2026-12-06, bench/results/torch-kernels-h100-2026-12-06-e.md).
 """
 from __future__ import annotations
 
@@ -25,9 +30,9 @@ import torch
 
 from softsyn.emit.triton_weights import interpreting
 
-SPLITS = 32  # programs a KV head over the cache's slots (qwen3's 8 KV heads: 256 programs at batch 1)
-BLOCK_S = 64  # slots a loop step
-ROWS_MIN = 16  # rows a program: tl.dot's smallest tile (decode's 2-8 query heads a KV head padded up to it)
+SPLITS = 64  # programs a KV head over the span (qwen3's 8 KV heads: 512 at any batch; idle past the span)
+ROWS = 16  # query rows a tile: tl.dot's smallest (decode's 2-8 query heads a KV head padded up to it)
+DEFAULT_CONFIG = {"BLOCK_S": 64}  # untuned (the interpreter)
 
 try:
     import triton
@@ -37,61 +42,92 @@ except ImportError:  # the CPU-only install: the op computes the same function i
 
 if triton is not None:
     @triton.jit
-    def decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, kv_heads, rows, seq, slots, split_slots,
-                                stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_mb, stride_mq,
-                                scale, RP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
-        """Program (bh, split, t): rows [t * RP, +RP) of q[bh] (row i: query position i % seq) against slots
-        [split * split_slots, +split_slots) of k/v[b, h], visible where mask[b, i % seq, slot]; writes
-        o[bh, split, row] (unnormalised, fp32) and ml[bh, split, row] = (running max, running sum)."""
-        bh, split = tl.program_id(0), tl.program_id(1)
-        b, h = bh // kv_heads, bh % kv_heads
-        rr, rd = tl.program_id(2) * RP + tl.arange(0, RP), tl.arange(0, D)
-        live = rr < rows
-        q = tl.load(q_ptr + (bh * rows + rr[:, None]) * D + rd[None, :], mask=live[:, None], other=0.0)
-        k_head, v_head = k_ptr + b * stride_kb + h * stride_kh, v_ptr + b * stride_vb + h * stride_vh
-        mask_rows = mask_ptr + b * stride_mb + (rr % seq) * stride_mq
-        m_i = tl.full((RP,), float("-inf"), tl.float32)
-        l_i = tl.zeros((RP,), tl.float32)
-        acc = tl.zeros((RP, D), tl.float32)
-        start = split * split_slots
-        end = tl.minimum(start + split_slots, slots)
-        for s0 in range(start, end, BLOCK_S):
-            rs = s0 + tl.arange(0, BLOCK_S)
-            inside = rs < end
-            visible = tl.load(mask_rows[:, None] + rs[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
-            k = tl.load(k_head + rs[:, None] * stride_ks + rd[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            scores = tl.where(visible, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible slot yet: exp(-inf) = 0, never nan
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            v = tl.load(v_head + rs[:, None] * stride_vs + rd[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-        part = (bh * tl.num_programs(1) + split) * rows + rr
-        tl.store(o_ptr + part[:, None] * D + rd[None, :], acc, mask=live[:, None])
-        tl.store(ml_ptr + part * 2, m_i, mask=live)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=live)
+    def attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, batch, rows, seq, slots,
+                      stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_mb, stride_mq, scale,
+                      SPLITS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+        """Program (h, split): for every batch row b and row tile, rows of q[b, h] (row i: query position i % seq)
+        against the split's slots of k/v[b, h], visible where mask[b, i % seq, slot]; writes o[b, h, tile, split]
+        (unnormalised, fp32, [RP, D]) and ml[b, h, tile, split] = (running max, running sum) per row."""
+        h, split = tl.program_id(0), tl.program_id(1)
+        kv_heads = tl.num_programs(0)
+        part = tl.cdiv(tl.cdiv(slots, SPLITS), BLOCK_S) * BLOCK_S
+        start = split * part
+        end = tl.minimum(start + part, slots)
+        rd, tiles = tl.arange(0, D), tl.cdiv(rows, RP)
+        for b in range(batch):
+            k_head = k_ptr + b * stride_kb + h * stride_kh
+            v_head = v_ptr + b * stride_vb + h * stride_vh
+            for t in range(tiles):
+                rr = t * RP + tl.arange(0, RP)
+                live = rr < rows
+                q = tl.load(q_ptr + ((b * kv_heads + h) * rows + rr[:, None]) * D + rd[None, :], mask=live[:, None],
+                            other=0.0)
+                mask_rows = mask_ptr + b * stride_mb + (rr % seq) * stride_mq
+                m_i = tl.full((RP,), float("-inf"), tl.float32)
+                l_i = tl.zeros((RP,), tl.float32)
+                acc = tl.zeros((RP, D), tl.float32)
+                for s0 in range(start, end, BLOCK_S):
+                    rs = s0 + tl.arange(0, BLOCK_S)
+                    inside = rs < end
+                    visible = tl.load(mask_rows[:, None] + rs[None, :], mask=live[:, None] & inside[None, :],
+                                      other=0) != 0
+                    k = tl.load(k_head + rs[:, None] * stride_ks + rd[None, :], mask=inside[:, None], other=0.0)
+                    scores = tl.where(visible, tl.dot(q, tl.trans(k)).to(tl.float32) * scale, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(scores, 1))
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: p = 0, never nan
+                    p = tl.exp(scores - m_safe[:, None])
+                    alpha = tl.exp(m_i - m_safe)
+                    v = tl.load(v_head + rs[:, None] * stride_vs + rd[None, :], mask=inside[:, None], other=0.0)
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    m_i = m_new
+                at = ((b * kv_heads + h) * tiles + t) * SPLITS + split  # this tile's part of this split
+                tl.store(o_ptr + (at * RP + tl.arange(0, RP))[:, None] * D + rd[None, :], acc)
+                tl.store(ml_ptr + (at * RP + tl.arange(0, RP)) * 2, m_i)
+                tl.store(ml_ptr + (at * RP + tl.arange(0, RP)) * 2 + 1, l_i)
+
+    @triton.jit
+    def combine_kernel(o_ptr, ml_ptr, out_ptr, batch, rows, seq, SPLITS: tl.constexpr, RP: tl.constexpr,
+                       D: tl.constexpr):
+        """Program (h, r): row r of every row tile of KV head h, each batch row: its SPLITS parts merged into one
+        softmax, written to out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq)."""
+        h, r = tl.program_id(0), tl.program_id(1)
+        kv_heads = tl.num_programs(0)
+        tiles, rep = tl.cdiv(rows, RP), rows // seq
+        rs, rd = tl.arange(0, SPLITS), tl.arange(0, D)
+        for b in range(batch):
+            for t in range(tiles):
+                row = t * RP + r
+                if row < rows:
+                    at = ((b * kv_heads + h) * tiles + t) * SPLITS + rs  # [SPLITS] parts of this row's tile
+                    m = tl.load(ml_ptr + (at * RP + r) * 2)
+                    top = tl.max(m, 0)
+                    weight = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # an empty part weighs 0
+                    total = tl.sum(tl.load(ml_ptr + (at * RP + r) * 2 + 1) * weight, 0)
+                    parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :])
+                    row_out = tl.sum(parts * weight[:, None], 0) / total
+                    head, position = h * rep + row // seq, row % seq
+                    tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd,
+                             row_out.to(out_ptr.dtype.element_ty))
+
+    # few configs: AOTInductor compiles each (once a package: every layer has the same shapes); num_stages 2 lets a
+    # split's next block load while this one computes
+    CONFIGS = [triton.Config({"BLOCK_S": s}, num_warps=w, num_stages=n)
+               for s, w, n in ((32, 2, 1), (64, 4, 1), (64, 4, 2), (128, 4, 2))]
+    tuned_attend = triton.autotune(configs=CONFIGS, key=["rows", "slots"])(attend_kernel)
 
 
 def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """The function in torch: softmax(q k^T * scale, masked) v in fp32, per KV head (the kernel's fallback); row i of
-    a KV head's rows is query position i % seq."""
-    rows_mask = mask.repeat(1, query.shape[2] // mask.shape[1], 1)[:, None]  # [B, 1, rows, S]
+    """The function in torch, softmax(q k^T * scale, masked) v in fp32, laid out as the op's result: query
+    [B, Hkv, rows, D] (row i: position i % seq), mask [B, seq, S] -> [B, seq, Hkv * rows / seq, D]."""
+    batch, kv_heads, rows, dim = query.shape
+    seq = mask.shape[1]
+    rows_mask = mask.repeat(1, rows // seq, 1)[:, None]  # [B, 1, rows, S]
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     scores = scores.masked_fill(~rows_mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(query.dtype)
-
-
-def combine(out: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
-    """The splits' partial outputs [BH, SPLITS, R, D] and (max, sum) [BH, SPLITS, R, 2] as one softmax: each split
-    weighted by exp(its max - the overall max); an empty split (max -inf) weighs 0."""
-    top = ml[..., 0].amax(1, keepdim=True)
-    weight = torch.exp(ml[..., 0] - torch.where(torch.isinf(top), torch.zeros_like(top), top))
-    return (out * weight[..., None]).sum(1) / (ml[..., 1] * weight).sum(1)[..., None]
+    out = torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(query.dtype)
+    return out.reshape(batch, kv_heads * rows // seq, seq, dim).transpose(1, 2).contiguous()
 
 
 @torch.library.triton_op("softsyn::decode_attention", mutates_args=())
@@ -100,22 +136,25 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """softmax(query key^T * scale where mask) value: query [B, Hkv, rows, D] (the query heads of each KV head
     stacked, rows = heads a KV head x positions, row i at position i % seq; D a power of two), key/value
     [B, Hkv, S, D] (views of the cache, each slot's D values contiguous), mask [B, seq, S] bool (True: visible,
-    contiguous along S); [B, Hkv, rows, D] in the query's dtype. The Triton kernel on CUDA (and in Triton's
-    interpreter), torch elsewhere."""
+    contiguous along S); [B, seq, heads, D] in the query's dtype (the layout attention's output projection reads).
+    The Triton kernels on CUDA (and in Triton's interpreter), torch elsewhere."""
     if triton is None or (query.device.type != "cuda" and not interpreting()):
         return reference(query, key, value, mask, scale)
     batch, kv_heads, rows, dim = query.shape
-    slots = key.shape[2]
+    seq, tiles = mask.shape[1], -(-rows // ROWS)
     q = query.contiguous()
-    out = torch.empty((batch * kv_heads, SPLITS, rows, dim), device=q.device, dtype=torch.float32)
-    ml = torch.empty((batch * kv_heads, SPLITS, rows, 2), device=q.device, dtype=torch.float32)
-    per_split = -(-slots // SPLITS)
-    split_slots = -(-per_split // BLOCK_S) * BLOCK_S  # a split's slots, in whole blocks
-    grid = (batch * kv_heads, SPLITS, -(-rows // ROWS_MIN))
-    torch.library.wrap_triton(decode_attention_kernel)[grid](
-        q_ptr=q, k_ptr=key, v_ptr=value, mask_ptr=mask, o_ptr=out, ml_ptr=ml, kv_heads=kv_heads, rows=rows,
-        seq=mask.shape[1], slots=slots, split_slots=split_slots, stride_kb=key.stride(0), stride_kh=key.stride(1),
-        stride_ks=key.stride(2), stride_vb=value.stride(0), stride_vh=value.stride(1), stride_vs=value.stride(2),
-        stride_mb=mask.stride(0), stride_mq=mask.stride(1), scale=scale, RP=ROWS_MIN, D=dim, BLOCK_S=BLOCK_S,
-        num_warps=4)
-    return combine(out, ml).reshape(batch, kv_heads, rows, dim).to(query.dtype)
+    parts = torch.empty((batch * kv_heads * tiles * SPLITS * ROWS, dim), device=q.device, dtype=torch.float32)
+    ml = torch.empty((batch * kv_heads * tiles * SPLITS * ROWS, 2), device=q.device, dtype=torch.float32)
+    out = torch.empty((batch, seq, kv_heads * (rows // seq), dim), device=q.device, dtype=query.dtype)
+    args = dict(q_ptr=q, k_ptr=key, v_ptr=value, mask_ptr=mask, o_ptr=parts, ml_ptr=ml, batch=batch, rows=rows,
+                seq=seq, slots=key.shape[2], stride_kb=key.stride(0), stride_kh=key.stride(1),
+                stride_ks=key.stride(2), stride_vb=value.stride(0), stride_vh=value.stride(1),
+                stride_vs=value.stride(2), stride_mb=mask.stride(0), stride_mq=mask.stride(1), scale=scale,
+                SPLITS=SPLITS, RP=ROWS, D=dim)
+    if q.device.type == "cuda":
+        torch.library.wrap_triton(tuned_attend)[(kv_heads, SPLITS)](**args)
+    else:
+        torch.library.wrap_triton(attend_kernel)[(kv_heads, SPLITS)](**args, **DEFAULT_CONFIG)
+    torch.library.wrap_triton(combine_kernel)[(kv_heads, ROWS)](
+        o_ptr=parts, ml_ptr=ml, out_ptr=out, batch=batch, rows=rows, seq=seq, SPLITS=SPLITS, RP=ROWS, D=dim)
+    return out

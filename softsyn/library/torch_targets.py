@@ -24,7 +24,9 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
-    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split", "by_seq"
+    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split",
+    # "by_seq", "softsyn" (softsyn's split decode kernels), or "measured" (the faster decode form of
+    # softsyn.emit.torch_attention_choice.FORMS, timed on the device at the decode groups' spans)
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;
     # softsyn.emit.torch_step.TORCHAO has a layer for each)
     prefill_attention: str | None = None  # a form for a second package that serves the steps of seq > 1
@@ -51,10 +53,12 @@ TORCH_TARGETS = {
     # int4 measured per shape at compile time: neither kernel is assumed faster on every card and shape (softsyn's
     # first kernel lost to cuBLAS fp16 on narrow layers; its fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape,
     # H100, 2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c-compile.txt)
+    # decode attention measured at compile time: softsyn's first split kernel lost to the matmul form (35.5 vs 11.6 us
+    # a layer at past 512, H100 2026-12-06); its second (static grid, combine kernel) is not yet measured on a GPU
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
-    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "matmul", ("int8", "int4", "fp8"),
+    "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "measured", ("int8", "int4", "fp8"),
                               prefill_attention="sdpa", weight_kernel="measured"),
 }
 

@@ -44,6 +44,12 @@ DECODE, PREFILL = "decode", "prefill"  # torch.json's `packages` keys: the all-s
 INPUT_ALIGN = 8  # int64s: 64 bytes, where position_ids start in a step's flat input array
 
 
+def attended_span(end: int, max_length: int) -> int:
+    """The slots a step whose last position is end - 1 attends over: `end` rounded up to SPAN_STEP, at most the
+    cache's length."""
+    return min(max_length, -(-end // SPAN_STEP) * SPAN_STEP)
+
+
 def read_torch_settings(directory: str | Path) -> dict:
     """DIR/runtime/torch.json, checked: a SoftsynError naming the file and key otherwise."""
     path = Path(directory) / TORCH_FILE
@@ -277,9 +283,7 @@ class TorchStep:
         return self._owned[batch]
 
     def span(self, end: int) -> int:
-        """The slots a step whose last position is end - 1 attends over: `end` rounded up to SPAN_STEP, at most the
-        cache's length."""
-        return min(self.max_length, -(-end // SPAN_STEP) * SPAN_STEP)
+        return attended_span(end, self.max_length)
 
     def __call__(self, ids: np.ndarray, start: int, cache: list[torch.Tensor]) -> torch.Tensor:
         """The logits [B, seq, vocab] (on the package's device) of `ids` [B, seq] at positions start..start+seq-1;

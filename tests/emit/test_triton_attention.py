@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from softsyn.emit.triton_attention import combine
 from softsyn.emit.torch_step import ATTENTIONS, matmul_attention, softsyn_attention
 from helpers import in_triton_interpreter
 
 ATTENTION_CHECK = r"""
 import json, torch
+import softsyn.emit.triton_attention as kernels
 from softsyn.emit.triton_attention import decode_attention, reference
+kernels.SPLITS = 16  # the interpreter runs every program in turn: fewer, and still most of them empty at 5 slots
 torch.manual_seed(0)
 out = {}
 for dtype in (torch.float32, torch.float16):
@@ -34,7 +35,7 @@ print(json.dumps(out))
 
 
 def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
-    """Every case against the torch function: short caches (most of the 32 splits empty), spans that end inside a
+    """Every case against the torch function: short caches (most of the splits empty), spans that end inside a
     block and a split, query heads a KV head that are not a power of two (3: rows padded to the 16-row tile), two
     batch rows with different masks (a prefix and a sliding window), several positions a step (7 x 3 heads: 21 rows,
     two row tiles, each row its own causal mask), the cache read as a view of a longer buffer; fp32 and fp16."""
@@ -42,22 +43,6 @@ def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
     assert len(errors) == 8
     for key, err in errors.items():
         assert err < (5e-3 if "float16" in key else 1e-5), (key, err)
-
-
-def test_splits_combine_into_one_softmax_and_an_empty_split_weighs_nothing():
-    """Two halves of the slots, each normalised by its own max, combine to the softmax over all; a third split with
-    no visible slot (max -inf, sum 0) changes nothing."""
-    torch.manual_seed(2)
-    scores, values = torch.randn(1, 10), torch.randn(10, 4)
-    halves = []
-    for part in (slice(0, 6), slice(6, 10)):
-        top = scores[:, part].max(-1).values
-        weights = torch.exp(scores[:, part] - top[:, None])
-        halves.append((weights @ values[part], torch.stack([top, weights.sum(-1)], -1)))
-    halves.append((torch.zeros(1, 4), torch.tensor([[float("-inf"), 0.0]])))
-    out = torch.stack([h[0] for h in halves])[None]  # [BH 1, splits 3, R 1, D 4]
-    ml = torch.stack([h[1] for h in halves])[None]  # [BH 1, splits 3, R 1, (max, sum)]
-    torch.testing.assert_close(combine(out, ml)[0], torch.softmax(scores, -1) @ values)
 
 
 def test_the_softsyn_form_calls_the_kernel_and_computes_the_matmul_form_s_function():
