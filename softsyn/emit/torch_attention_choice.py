@@ -22,7 +22,7 @@ from softsyn.emit.torch_step import ATTENTIONS
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
 
-MEASURED = "measured"  # TorchTarget.attention: choose among FORMS on the device
+MEASURED_FORM = "measured"  # TorchTarget.attention: choose among FORMS on the device
 FORMS = ("matmul", "softsyn")  # the decode forms a measured choice compares (the first wins a tie, and off CUDA)
 
 

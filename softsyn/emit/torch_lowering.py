@@ -24,7 +24,7 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_attention_choice import FORMS, MEASURED, choose_attention, decode_shapes
+from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, choose_attention, decode_shapes
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
@@ -193,7 +193,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()
     attention = target.attention
-    if attention == MEASURED:
+    if attention == MEASURED_FORM:
         with progress.step(f"emit: decode attention forms timed on the device ({', '.join(FORMS)})",
                            enabled=design.progress, done="emit: decode attention chosen"):
             attention, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),

@@ -67,3 +67,13 @@ def test_a_form_that_fails_loses_a_tie_goes_to_the_first_and_nothing_is_timed_of
         "matmul", ["decode attention not measured (no CUDA device): matmul"])
     assert choose_attention([], torch.float16, "cuda", never) == (
         "matmul", ["decode attention not measured (no decode path group): matmul"])
+
+
+def test_every_torch_target_names_a_form_or_the_measured_choice():
+    from softsyn.emit.torch_attention_choice import MEASURED_FORM
+    from softsyn.library.torch_targets import TORCH_TARGETS
+
+    for target in TORCH_TARGETS.values():
+        assert target.attention in ATTENTIONS or target.attention == MEASURED_FORM, target.name
+        assert target.prefill_attention in (None, *ATTENTIONS), target.name
+    assert TORCH_TARGETS["h200-torch"].attention == MEASURED_FORM
