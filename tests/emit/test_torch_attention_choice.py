@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from softsyn.emit.torch_attention_choice import FORMS, AttentionShape, choose_attention, decode_shapes
+from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, AttentionShape, choose_attention, decode_shapes
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_step import ATTENTIONS
+from softsyn.library.torch_targets import TORCH_TARGETS
 
 
 def _group(**dims):
@@ -70,9 +71,6 @@ def test_a_form_that_fails_loses_a_tie_goes_to_the_first_and_nothing_is_timed_of
 
 
 def test_every_torch_target_names_a_form_or_the_measured_choice():
-    from softsyn.emit.torch_attention_choice import MEASURED_FORM
-    from softsyn.library.torch_targets import TORCH_TARGETS
-
     for target in TORCH_TARGETS.values():
         assert target.attention in ATTENTIONS or target.attention == MEASURED_FORM, target.name
         assert target.prefill_attention in (None, *ATTENTIONS), target.name
