@@ -134,6 +134,22 @@ def read_calls(directory: Path, name: str = KERNELS_FILE) -> list[KernelCall]:
     return out
 
 
+USER_SUFFIX = re.compile(r"_\d+$")  # Inductor names a user-defined Triton kernel's call NAME_<index>
+
+
+def user_kernels(calls: list[KernelCall]) -> dict[str, set[str]]:
+    """{the name the profiler sees: the map's names of its calls} for user-defined Triton kernels (softsyn's weight
+    and attention kernels, through torch.library.triton_op): the map names each distinct launch `NAME_<index>`
+    while the compiled kernel keeps the function's NAME, so the profile's NAME matches no call by name and, not
+    Inductor's own (triton_...), would be taken for a library kernel of the next extern call."""
+    out: dict[str, set[str]] = {}
+    for call in calls:
+        base = USER_SUFFIX.sub("", call.kernel)
+        if base != call.kernel and not call.extern and not call.kernel.startswith(GENERATED):
+            out.setdefault(base, set()).add(call.kernel)
+    return out
+
+
 def attribute(kernels: list[str], calls: list[KernelCall], named: bool = False) -> list[KernelCall | None]:
     """Each kernel of a profiled run (launch order; several steps back to back) matched to the call it belongs to:
     a generated kernel to the next call of its name, a library kernel to the current or next extern call (a matmul
@@ -142,9 +158,17 @@ def attribute(kernels: list[str], calls: list[KernelCall], named: bool = False) 
     if not calls:
         return [None] * len(kernels)
     generated = {c.kernel for c in calls if named or not c.extern}
+    users = user_kernels(calls)
     out: list[KernelCall | None] = []
     at, extern = 0, None  # the next call expected; the extern call library kernels go to until a generated one runs
     for name in kernels:
+        if name in users:  # a user-defined Triton kernel: its calls by name
+            name_of = users[name]
+            found = next((i % len(calls) for i in range(at, at + len(calls)) if calls[i % len(calls)].kernel in name_of),
+                         None)
+            out.append(None if found is None else calls[found])
+            at, extern = (found + 1, None) if found is not None else (at, extern)
+            continue
         if name.startswith(COPIES) or (name not in generated and (named or name.startswith(GENERATED))):
             out.append(None)
             continue
