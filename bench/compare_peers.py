@@ -931,16 +931,20 @@ def kernel_table(scen: str, runners: dict) -> list[str]:
     """Per variant: kernels per run, device busy time, and its largest kernels, side by side (CUPTI)."""
     lines = ["", f"Kernels, {scen} (CUPTI via torch.profiler, {KERNEL_RUNS} runs; per run):", "",
              "| variant | kernels | busy ms | largest kernels (count x, us) |", "|---|---:|---:|---|"]
+    every = []  # the torch variants' whole lists: which small kernels a step could lose
     for name, runner in runners.items():
         try:
             prof = kernel_profile(runner)
         except Exception as exc:  # noqa: BLE001
             lines.append(f"| {name} | failed: {short_error(exc)[:80]} | | |")
             continue
-        top = sorted(prof["by_name"].items(), key=lambda kv: -kv[1][1])[:8]
-        cells = "; ".join(f"{k} {n:.0f}x {t * 1e6:.0f}" for k, (n, t) in top)
+        ranked = sorted(prof["by_name"].items(), key=lambda kv: -kv[1][1])
+        cells = "; ".join(f"{k} {n:.0f}x {t * 1e6:.0f}" for k, (n, t) in ranked[:8])
         lines.append(f"| {name} | {prof['kernels']:.0f} | {prof['busy'] * 1e3:.3f} | {cells} |")
-    return lines
+        if name.startswith("torch"):
+            every.append(f"- {name}, every kernel (count x, us): "
+                         + "; ".join(f"{k} {n:.0f}x {t * 1e6:.1f}" for k, (n, t) in ranked))
+    return lines + ([""] + every if every else [])
 
 
 def render_table(rows: list[dict]) -> list[str]:
