@@ -11,11 +11,11 @@ The kernels:
 - split (attend_kernel): program (h, split) takes KV head h's slots [split * part, +part) (part: the span over SPLITS
   in whole blocks of BLOCK_S) and, for every batch row and every tile of RP query rows (the KV head's query heads
   stacked, times the step's positions: 2-8 rows at decode, one tile), walks them with an online softmax (scores and
-  sums in fp32, masked slots at -inf) and writes the unnormalised output and its (max, sum). Splits past the span
-  write an empty part (max -inf, sum 0), so a short span costs idle programs, not reads.
+  sums in fp32, masked slots at -inf) and writes the unnormalised output and its (max, sum) for the live rows. A split
+  past the span writes only its (max -inf, sum 0), so a short span costs idle programs, not reads or writes.
 - combine (combine_kernel): program (h, r) merges row r of every row tile's SPLITS parts (each weighted by
-  exp(its max - the overall max)) and writes the row where the attention output goes, [B, seq, heads, D]: no
-  transpose after.
+  exp(its max - the overall max); the output of a part that weighs 0 is not read) and writes the row where the
+  attention output goes, [B, seq, heads, D]: no transpose after.
 Both grids are static (KV heads x a constant): batch, positions and span are loop bounds, never grid dims, since
 torch 2.11's AOTInductor failed to autotune a kernel whose grid named a dynamic size (the weight kernel's "launcher()
 missing 1 required positional argument", H100 2026-12-06; this kernel's first form, gridded over batch x KV heads and
@@ -82,9 +82,12 @@ if triton is not None:
                     l_i = l_i * alpha + tl.sum(p, 1)
                     m_i = m_new
                 at = ((b * kv_heads + h) * tiles + t) * SPLITS + split  # this tile's part of this split
-                tl.store(o_ptr + (at * RP + tl.arange(0, RP))[:, None] * D + rd[None, :], acc)
-                tl.store(ml_ptr + (at * RP + tl.arange(0, RP)) * 2, m_i)
-                tl.store(ml_ptr + (at * RP + tl.arange(0, RP)) * 2 + 1, l_i)
+                # live rows only; a split past the span writes its (max -inf, sum 0) alone: the combine reads no
+                # output of a part that weighs nothing
+                tl.store(o_ptr + (at * RP + rr % RP)[:, None] * D + rd[None, :], acc,
+                         mask=live[:, None] & (start < end))
+                tl.store(ml_ptr + (at * RP + rr % RP) * 2, m_i, mask=live)
+                tl.store(ml_ptr + (at * RP + rr % RP) * 2 + 1, l_i, mask=live)
 
     @triton.jit
     def combine_kernel(o_ptr, ml_ptr, out_ptr, batch, rows, seq, SPLITS: tl.constexpr, RP: tl.constexpr,
@@ -104,7 +107,8 @@ if triton is not None:
                     top = tl.max(m, 0)
                     weight = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # an empty part weighs 0
                     total = tl.sum(tl.load(ml_ptr + (at * RP + r) * 2 + 1) * weight, 0)
-                    parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :])
+                    parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=(weight > 0)[:, None],
+                                    other=0.0)
                     row_out = tl.sum(parts * weight[:, None], 0) / total
                     head, position = h * rep + row // seq, row % seq
                     tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd,
