@@ -72,7 +72,10 @@ if triton is not None:
                     visible = tl.load(mask_rows[:, None] + rs[None, :], mask=live[:, None] & inside[None, :],
                                       other=0) != 0
                     k = tl.load(k_head + rs[:, None] * stride_ks + rd[None, :], mask=inside[:, None], other=0.0)
-                    scores = tl.where(visible, tl.dot(q, tl.trans(k)).to(tl.float32) * scale, float("-inf"))
+                    # fp32 throughout: Inductor types the float `scale` as fp64, which would make the loop-carried
+                    # max fp64 ("Loop-carried variable m_i ... re-assigned to fp64", H100, 2026-12-06)
+                    scores = tl.where(visible, (tl.dot(q, tl.trans(k)).to(tl.float32) * scale).to(tl.float32),
+                                      float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(scores, 1))
                     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: p = 0, never nan
                     p = tl.exp(scores - m_safe[:, None])
