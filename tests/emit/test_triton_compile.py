@@ -1,0 +1,45 @@
+"""softsyn's Triton kernels compiled for the H100/H200 (sm_90) on this CPU, with the argument types Inductor gives a
+user-defined kernel inside a package (a Python float as fp64, sizes and strides as i32): a kernel Triton's
+interpreter runs can still fail to compile. The attention kernel's first GPU run did (H100, 2026-12-06: the fp64
+`scale` made its loop-carried max fp64), which cost a device lease to find. This is Triton 3.8 (the test extra's);
+the H200 image's torch 2.11 brings 3.6, so a version's own quirks can still pass here."""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from softsyn.emit import triton_attention, triton_weights  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+I32 = "i32"
+
+
+def compiled(fn, signature: dict, constexprs: dict) -> bytes:
+    kernel = triton.compile(ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                                      constexprs=constexprs), target=SM90)
+    return kernel.asm["cubin"]
+
+
+def test_the_decode_attention_kernels_compile_for_sm90():
+    ints = dict.fromkeys(("batch", "rows", "seq", "slots", "stride_kb", "stride_kh", "stride_ks", "stride_vb",
+                          "stride_vh", "stride_vs", "stride_mb", "stride_mq"), I32)
+    attend = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "mask_ptr": "*i1", "o_ptr": "*fp32",
+              "ml_ptr": "*fp32", **ints, "scale": "fp64"}
+    for config in triton_attention.CONFIGS:
+        assert compiled(triton_attention.attend_kernel, attend,
+                        {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128, **config.kwargs})
+    combine = {"o_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": "*fp16", "batch": I32, "rows": I32, "seq": I32}
+    assert compiled(triton_attention.combine_kernel, combine,
+                    {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128})
+
+
+@pytest.mark.parametrize("codes,byte_codes", [("*u8", False), ("*fp8e4nv", True), ("*i8", True)])
+def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config(codes, byte_codes):
+    signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
+                 "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32}
+    for config in triton_weights.CONFIGS:
+        assert compiled(triton_weights.weight_matmul_kernel, signature,
+                        {"GROUP": 128, "BYTE_CODES": byte_codes, **config.kwargs})
