@@ -25,7 +25,7 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
-  attnchain  (CUDA) each decode attention form (matmul, split, softsyn) over 28 layers' caches in one CUDA graph at
+  attnchain  (CUDA) the decode attention forms a measured choice compares (matmul, softsyn) over 28 layers' caches in one CUDA graph at
              past 512 and 4096, per layer, with the kernels of a replay per layer;
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls in one CUDA graph over distinct copies of the
              layer (its weights read from device memory, not the L2 cache), per call, for cuBLAS fp16, softsyn's int4
@@ -100,7 +100,7 @@ def attention_rows(device: str, dtype) -> list[tuple]:
 LAYERS = 28  # qwen3-1.7b's layers: an attention chain reads each layer's cache once, as a step does
 
 
-def attention_chain_rows(device: str, dtype, forms=("matmul", "split", "softsyn")) -> list[tuple]:
+def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> list[tuple]:
     """Each decode attention form as a step runs it: LAYERS calls over LAYERS distinct caches (K/V of 28 layers:
     88 MB at past 512, 500 MB at 4096: read from device memory, not the L2 cache) compiled by torch.compile with
     dynamic shapes (the package's) and captured as one CUDA graph, per layer; then the kernels of one replay (CUPTI,
