@@ -23,11 +23,11 @@ def test_decode_groups_give_their_spans_and_other_groups_none():
               _group(batch=1, seq=1, past=600), _group(batch=4, seq=1, past=512), _group(batch=1, seq=1, past=5000)]
     shapes = decode_shapes(groups, config, 4160)
     # past 512 and 600 both read 768 slots (one shape); 4096 reads the cache's 4160; past 5000 is beyond the cache
-    assert shapes == [AttentionShape(1, 16, 8, 128, 768), AttentionShape(1, 16, 8, 128, 4160),
-                      AttentionShape(4, 16, 8, 128, 768)]
+    assert shapes == [AttentionShape(1, 16, 8, 128, 768, 4160), AttentionShape(1, 16, 8, 128, 4160, 4160),
+                      AttentionShape(4, 16, 8, 128, 768, 4160)]
     assert shapes[0].kv_bytes(2) == 2 * 8 * 768 * 128 * 2
     gqa_free = SimpleNamespace(num_attention_heads=4, hidden_size=256)  # no kv heads, no head_dim: MHA of 64
-    assert decode_shapes([_group(seq=1, past=10)], gqa_free, 64) == [AttentionShape(1, 4, 4, 64, 64)]
+    assert decode_shapes([_group(seq=1, past=10)], gqa_free, 64) == [AttentionShape(1, 4, 4, 64, 64, 64)]
 
 
 def test_the_form_with_the_least_summed_time_wins_and_the_log_gives_every_time():
