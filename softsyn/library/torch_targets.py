@@ -53,8 +53,8 @@ TORCH_TARGETS = {
     # int4 measured per shape at compile time: neither kernel is assumed faster on every card and shape (softsyn's
     # first kernel lost to cuBLAS fp16 on narrow layers; its fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape,
     # H100, 2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c-compile.txt)
-    # decode attention measured at compile time: softsyn's first split kernel lost to the matmul form (35.5 vs 11.6 us
-    # a layer at past 512, H100 2026-12-06); its second (static grid, combine kernel) is not yet measured on a GPU
+    # decode attention measured at compile time: neither form wins everywhere (H100, 2026-12-06, 28 layers' caches:
+    # matmul / softsyn's split kernels 10.9 / 11.7 us a layer at 768 slots, 20.8 / 18.7 at 4160)
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
