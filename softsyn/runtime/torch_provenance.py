@@ -152,8 +152,9 @@ def user_kernels(calls: list[KernelCall]) -> dict[str, set[str]]:
 
 def attribute(kernels: list[str], calls: list[KernelCall], named: bool = False) -> list[KernelCall | None]:
     """Each kernel of a profiled run (launch order; several steps back to back) matched to the call it belongs to:
-    a generated kernel to the next call of its name, a library kernel to the current or next extern call (a matmul
-    may launch two: split-K and its reduction); None where no call accounts for it. `named`: every kernel is named by
+    a generated kernel to the next call of its name, a user-defined Triton kernel to the next call of its name less
+    Inductor's `_N` (user_kernels), a library kernel to the current or next extern call (a matmul may launch two:
+    split-K and its reduction); None where no call accounts for it. `named`: every kernel is named by
     its own call, extern ones too (the CPU's profiler records: softsyn.runtime.torch_profile), so all go by name."""
     if not calls:
         return [None] * len(kernels)
