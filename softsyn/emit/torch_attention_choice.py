@@ -66,9 +66,9 @@ def chain_seconds(form: str, shape: AttentionShape, dtype: torch.dtype, device: 
     function = ATTENTIONS[form][1]
     step = torch.compile(lambda q, k, v, m: function(None, q, k, v, m, shape.head_dim ** -0.5)[0], dynamic=True)
     copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device))
-    # views of a cache of `length` slots, as the step reads its span: the matmul form's cuBLAS kernels run strided
-    # batches there (contiguous caches of the span alone timed it 13.1 us a layer at 768 slots where views of the
-    # cache took 10.9, and chose the other form; H100, 2026-12-06)
+    # views of a cache of `length` slots, as the step reads its span (the matmul form's cuBLAS kernels then run
+    # strided batches): contiguous caches of the span alone timed that form at 13.1 us a layer at 768 slots, where
+    # the bench's chains over views took 10.9, and the compile chose the other form (H100, 2026-12-06)
     caches = [torch.randn(2, shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
                           device=device, dtype=dtype)[:, :, :, :shape.span] for _ in range(copies)]
     queries = [torch.randn(shape.batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
