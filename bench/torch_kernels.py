@@ -25,8 +25,9 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              at group sizes 64 and 128 (round-to-nearest asymmetric groups packed in the HQQ format), each with its
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
-  attnchain  (CUDA) the decode attention forms a measured choice compares (matmul, softsyn) over 28 layers' caches in one CUDA graph at
-             past 512 and 4096, per layer, with the kernels of a replay per layer;
+  attnchain  (CUDA) the decode attention forms a measured choice compares (matmul, softsyn's kernels at 32, 64 and 128
+             splits a KV head) over 28 layers' caches in one CUDA graph at past 512 and 4096, per layer, with the
+             kernels of a replay per layer;
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls in one CUDA graph over distinct copies of the
              layer (its weights read from device memory, not the L2 cache), per call, for cuBLAS fp16, softsyn's int4
              (g64, g128), fp8 and int8 (g128) autotuned and int4 g128 at each config of a sweep, torchao's tinygemm
@@ -100,17 +101,26 @@ def attention_rows(device: str, dtype) -> list[tuple]:
 LAYERS = 28  # qwen3-1.7b's layers: an attention chain reads each layer's cache once, as a step does
 
 
+ATTENTION_SPLITS = (32, 64, 128)  # softsyn's kernels at each split count (its SPLITS: a package's is fixed)
+
+
 def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> list[tuple]:
     """Each decode attention form as a step runs it: LAYERS calls over LAYERS distinct caches (K/V of 28 layers:
     88 MB at past 512, 500 MB at 4096: read from device memory, not the L2 cache) compiled by torch.compile with
     dynamic shapes (the package's) and captured as one CUDA graph, per layer; then the kernels of one replay (CUPTI,
-    summed by name, per layer) so a form's time splits into its kernels. Single-layer replays (attention_rows) read
-    a launch floor a step does not pay."""
+    summed by name, per layer) so a form's time splits into its kernels. softsyn's kernels at each of
+    ATTENTION_SPLITS (the shipped SPLITS first). Single-layer replays (attention_rows) read a launch floor a step does
+    not pay."""
     from torch.profiler import ProfilerActivity, profile
 
+    from softsyn.emit import triton_attention
     from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
     from softsyn.emit.torch_step import ATTENTIONS
     from softsyn.runtime.torch_package import SPAN_STEP
+
+    shipped = triton_attention.SPLITS
+    splits = (shipped, *(n for n in ATTENTION_SPLITS if n != shipped))
+    variants = [(form, n) for form in forms for n in (splits if form == "softsyn" else (None,))]
 
     rows = []
     for past in (512, 4096):
@@ -118,7 +128,9 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
         caches = [torch.randn(2, 1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
         queries = [torch.randn(1, HEADS, 1, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
         mask = (torch.arange(span, device=device) <= past)[None, None, None, :]
-        for form in forms:
+        for form, n in variants:
+            triton_attention.SPLITS = n or shipped  # read when the op is traced: each variant compiles afresh
+            label = form if n in (None, shipped) else f"{form} ({n} splits)"
             function = ATTENTIONS[form][1]
             step = torch.compile(lambda q, k, v, m, f=function: f(None, q, k, v, m, HEAD_DIM ** -0.5)[0],
                                  dynamic=True)
@@ -130,7 +142,7 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
                     graph.replay()
                     torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
-                print(f"attention chain {form} past {past}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                print(f"attention chain {label} past {past}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 continue
             kernels: dict[str, list[float]] = {}
             for event in prof.events():
@@ -140,12 +152,13 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
                               for name, t in sorted(kernels.items(), key=lambda kv: -sum(kv[1])))
             kv_bytes = 2 * KV_HEADS * span * HEAD_DIM * 2
             rows.append((f"attention decode chain (past {past}, span {span}, {LAYERS} layers' caches, dynamic "
-                         f"shapes; kernels a layer: {split})", form, seconds, kv_bytes / seconds))
-            print(f"attention chain past {past} | {form} | {seconds * 1e6:.1f} us a layer | {split}", flush=True)
+                         f"shapes; kernels a layer: {split})", label, seconds, kv_bytes / seconds))
+            print(f"attention chain past {past} | {label} | {seconds * 1e6:.1f} us a layer | {split}", flush=True)
             del graph
             torch._dynamo.reset()
         caches = queries = None
         torch.cuda.empty_cache()
+    triton_attention.SPLITS = shipped
     return rows
 
 
