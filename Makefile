@@ -28,7 +28,7 @@ demo: $(STAMP)
 	@test -f out/qwen3-tiny/reports/report.html && echo "HTML report: $(CURDIR)/out/qwen3-tiny/reports/report.html"
 
 # Two workers, one test file each at a time (module fixtures stay in one process): the suite fits its 10 minutes on
-# 2 cores. Each worker keeps its own export cache.
+# 2 cores. The workers share one export cache (tests/conftest.py: each zoo model exported once a run).
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
