@@ -26,8 +26,8 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              relative error against the fp16 layer; then whether AOTInductor packages a step holding a gemlite layer
              (gemlite registers a Python custom op: a package may need gemlite imported where it loads).
   attnchain  (CUDA) the decode attention forms a measured choice compares (matmul, softsyn's kernels at 32, 64 and 128
-             splits a KV head) over 28 layers' caches in one CUDA graph at past 512 and 4096, per layer, with the
-             kernels of a replay per layer;
+             splits a KV head) as 28 calls over cold copies of the cache in one CUDA graph (the graph the compile's
+             choice times) at past 512 and 4096, per layer, with the kernels of a replay per layer;
   chain      (CUDA) each decode GEMV as a step runs it: 24 eager calls in one CUDA graph over distinct copies of the
              layer (its weights read from device memory, not the L2 cache), per call, for cuBLAS fp16, softsyn's int4
              (g64, g128), fp8 and int8 (g128) autotuned and int4 g128 at each config of a sweep, torchao's tinygemm
@@ -98,45 +98,36 @@ def attention_rows(device: str, dtype) -> list[tuple]:
     return rows
 
 
-LAYERS = 28  # qwen3-1.7b's layers: an attention chain reads each layer's cache once, as a step does
+LAYERS = 28  # calls an attention chain holds (qwen3-1.7b's layers), over copies of the cache cold enough to read from memory
 
 
 ATTENTION_SPLITS = (32, 64, 128)  # softsyn's kernels at each split count (its SPLITS: a package's is fixed)
 
 
 def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> list[tuple]:
-    """Each decode attention form as a step runs it: LAYERS calls over LAYERS distinct caches (K/V of 28 layers:
-    88 MB at past 512, 500 MB at 4096: read from device memory, not the L2 cache) compiled by torch.compile with
-    dynamic shapes (the package's) and captured as one CUDA graph, per layer; then the kernels of one replay (CUPTI,
-    summed by name, per layer) so a form's time splits into its kernels. softsyn's kernels at each of
-    ATTENTION_SPLITS (the shipped SPLITS first). Single-layer replays (attention_rows) read a launch floor a step does
-    not pay."""
+    """Each decode attention form as a step runs it, the graph the compile's measured choice times
+    (softsyn.emit.torch_attention_choice.chain_graph) over LAYERS calls (each layer's K and V read from device memory,
+    not the L2 cache), per layer; then the kernels of one replay (CUPTI, summed by name, per layer) so a form's time
+    splits into its kernels. softsyn's kernels at each of ATTENTION_SPLITS (the shipped SPLITS first). Single-layer
+    replays (attention_rows) read a launch floor a step does not pay."""
     from torch.profiler import ProfilerActivity, profile
 
     from softsyn.emit import triton_attention
-    from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
-    from softsyn.emit.torch_step import ATTENTIONS
-    from softsyn.runtime.torch_package import SPAN_STEP
+    from softsyn.emit.torch_attention_choice import AttentionShape, chain_graph
+    from softsyn.emit.torch_kernel_choice import replay_seconds
+    from softsyn.runtime.torch_package import attended_span
 
     shipped = triton_attention.SPLITS
     splits = (shipped, *(n for n in ATTENTION_SPLITS if n != shipped))
     variants = [(form, n) for form in forms for n in (splits if form == "softsyn" else (None,))]
-
     rows = []
     for past in (512, 4096):
-        span = min(CACHE, -(-(past + 1) // SPAN_STEP) * SPAN_STEP)
-        caches = [torch.randn(2, 1, KV_HEADS, CACHE, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
-        queries = [torch.randn(1, HEADS, 1, HEAD_DIM, device=device, dtype=dtype) for _ in range(LAYERS)]
-        mask = (torch.arange(span, device=device) <= past)[None, None, None, :]
+        shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, attended_span(past + 1, CACHE), CACHE)
         for form, n in variants:
             triton_attention.SPLITS = n or shipped  # read when the op is traced: each variant compiles afresh
             label = form if n in (None, shipped) else f"{form} ({n} splits)"
-            function = ATTENTIONS[form][1]
-            step = torch.compile(lambda q, k, v, m, f=function: f(None, q, k, v, m, HEAD_DIM ** -0.5)[0],
-                                 dynamic=True)
             try:
-                graph = graph_of(lambda pairs=tuple(zip(queries, caches)): [
-                    step(q, c[0][:, :, :span], c[1][:, :, :span], mask) for q, c in pairs])
+                graph = chain_graph(form, shape, dtype, device, calls=LAYERS)
                 seconds = replay_seconds(graph) / LAYERS
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     graph.replay()
@@ -144,20 +135,20 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
             except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
                 print(f"attention chain {label} past {past}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 continue
+            finally:
+                torch._dynamo.reset()
             kernels: dict[str, list[float]] = {}
             for event in prof.events():
                 if event.device_type == torch.autograd.DeviceType.CUDA:
                     kernels.setdefault(event.name[:48], []).append(event.device_time * 1e-6)
             split = "; ".join(f"{name} {len(t) / LAYERS:g}x {sum(t) / LAYERS * 1e6:.1f}"
                               for name, t in sorted(kernels.items(), key=lambda kv: -sum(kv[1])))
-            kv_bytes = 2 * KV_HEADS * span * HEAD_DIM * 2
-            rows.append((f"attention decode chain (past {past}, span {span}, {LAYERS} layers' caches, dynamic "
-                         f"shapes; kernels a layer: {split})", label, seconds, kv_bytes / seconds))
+            rows.append((f"attention decode chain (past {past}, span {shape.span}, {LAYERS} calls over cold cache "
+                         f"copies, dynamic shapes; kernels a layer: {split})", label, seconds,
+                         shape.kv_bytes(2) / seconds))
             print(f"attention chain past {past} | {label} | {seconds * 1e6:.1f} us a layer | {split}", flush=True)
             del graph
-            torch._dynamo.reset()
-        caches = queries = None
-        torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
     triton_attention.SPLITS = shipped
     return rows
 

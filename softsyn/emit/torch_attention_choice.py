@@ -19,6 +19,7 @@ import torch
 
 from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, graph_of, replay_seconds
 from softsyn.emit.torch_step import ATTENTIONS
+from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
 
@@ -47,8 +48,7 @@ def decode_shapes(groups, config, max_length: int) -> list[AttentionShape]:
     """The distinct attention shapes of the path groups that decode (seq 1) within the cache: `groups`, the
     analysis' (each with scenario.dims); `config`, the model's."""
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    _, kv_heads, head_dim = kv_geometry(config)
     shapes = []
     for group in groups:
         dims = group.scenario.dims
@@ -61,23 +61,29 @@ def decode_shapes(groups, config, max_length: int) -> list[AttentionShape]:
 
 
 def chain_seconds(form: str, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
-    """Seconds one layer's attention in `form` takes among CALLS in one CUDA graph, call i over cache copy
-    i % copies (cold_copies: each layer's K and V read from device memory), compiled with dynamic shapes."""
+    """Seconds one layer's attention in `form` takes among CALLS in one CUDA graph (chain_graph)."""
+    return replay_seconds(chain_graph(form, shape, dtype, device)) / CALLS
+
+
+def chain_graph(form: str, shape: AttentionShape, dtype: torch.dtype, device: str,
+                calls: int = CALLS) -> torch.cuda.CUDAGraph:
+    """`calls` layers' attention in `form` captured as one CUDA graph, call i over cache copy i % copies
+    (cold_copies: each layer's K and V read from device memory), compiled with dynamic shapes; the compile's choice
+    and bench/torch_kernels.py's attnchain time the same graph."""
     function = ATTENTIONS[form][1]
     step = torch.compile(lambda q, k, v, m: function(None, q, k, v, m, shape.head_dim ** -0.5)[0], dynamic=True)
-    copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device))
+    copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device), calls)
     # views of a cache of `length` slots, as the step reads its span (the matmul form's cuBLAS kernels then run
     # strided batches): contiguous caches of the span alone timed that form at 13.1 us a layer at 768 slots, where
     # the bench's chains over views took 10.9, and the compile chose the other form (H100, 2026-12-06)
     caches = [torch.randn(2, shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
                           device=device, dtype=dtype)[:, :, :, :shape.span] for _ in range(copies)]
     queries = [torch.randn(shape.batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
-               for _ in range(CALLS)]
+               for _ in range(calls)]
     # [B, 1, 1, S] as the step builds it (the last slot unfilled, as in a span rounded up)
     mask = (torch.arange(shape.span, device=device) < shape.span - 1).expand(shape.batch, 1, 1, shape.span)
     with torch.no_grad():
-        graph = graph_of(lambda: [step(q, *caches[i % copies], mask) for i, q in enumerate(queries)])
-    return replay_seconds(graph) / CALLS
+        return graph_of(lambda: [step(q, *caches[i % copies], mask) for i, q in enumerate(queries)])
 
 
 Timer = Callable[[str, AttentionShape, torch.dtype, str], float]

@@ -18,7 +18,8 @@ def _group(**dims):
 
 
 def test_decode_groups_give_their_spans_and_other_groups_none():
-    config = SimpleNamespace(num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_size=2048)
+    config = SimpleNamespace(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                             hidden_size=2048)
     groups = [_group(batch=1, seq=1, past=512), _group(batch=1, seq=512, past=0), _group(batch=1, seq=1, past=4096),
               _group(batch=1, seq=1, past=600), _group(batch=4, seq=1, past=512), _group(batch=1, seq=1, past=5000)]
     shapes = decode_shapes(groups, config, 4160)
@@ -26,7 +27,8 @@ def test_decode_groups_give_their_spans_and_other_groups_none():
     assert shapes == [AttentionShape(1, 16, 8, 128, 768, 4160), AttentionShape(1, 16, 8, 128, 4160, 4160),
                       AttentionShape(4, 16, 8, 128, 768, 4160)]
     assert shapes[0].kv_bytes(2) == 2 * 8 * 768 * 128 * 2
-    gqa_free = SimpleNamespace(num_attention_heads=4, hidden_size=256)  # no kv heads, no head_dim: MHA of 64
+    # no kv heads, no head_dim: MHA of 64
+    gqa_free = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=256)
     assert decode_shapes([_group(seq=1, past=10)], gqa_free, 64) == [AttentionShape(1, 4, 4, 64, 64, 64)]
 
 
