@@ -252,7 +252,10 @@ def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
 
 # one-row configs of softsyn's kernel swept at int4 g128 in the chain (the shipped list, CONFIGS, is a subset chosen
 # from such a sweep): outputs a program covers, weight rows of its chunk, warps
-SWEEP = [(n, r, w) for n in (32, 64, 128, 256) for r in (16, 32, 64) for w in (1, 2, 4) if w <= n // 32]
+# one-row configs of softsyn's int4 kernel (outputs a program, bytes of each row a loop step, warps): 16-64 bytes a
+# thread, the tiles whose 16-byte loads fill every thread without spilling (tests/emit/test_triton_compile.py)
+SWEEP = [(n, k, w) for n in (1, 2, 4, 8, 16, 32) for k in (256, 512, 1024) for w in (1, 2, 4, 8)
+         if 16 <= n * k // (32 * w) <= 64]
 
 
 def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
@@ -317,21 +320,21 @@ def chain_forms(linear: torch.nn.Linear, gemlite) -> list[tuple[str, object]]:
 
 
 def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
-    """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the zeroed output and the kernel: the two kernels
-    a package runs), then int4 g128 at each config of SWEEP and fp8 g128 at each shipped one-row config (CONFIGS),
-    to show the spread the autotuner chooses from and what it could."""
+    """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the kernel alone: its programs store
+    finished sums into an empty output), then int4 g128 at each config of SWEEP and fp8 g128 at each shipped one-row
+    config (CONFIGS), to show the spread the autotuner chooses from and what it could."""
     from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
 
-    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["ROWS"], c.num_warps) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
+    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
     forms = []
     for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
         forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
-        for n, r, w in SWEEP if precision == "int4" else shipped:
-            meta = {"BLOCK_M": 1, "BLOCK_N": n, "ROWS": r}
-            name = f"BLOCK_N {n} ROWS {r} warps {w}{' (shipped)' if (n, r, w) in shipped else ''}"
+        for n, k, w in SWEEP if precision == "int4" else shipped:
+            meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}
+            name = f"BLOCK_N {n} BLOCK_K {k} warps {w}{' (shipped)' if (n, k, w) in shipped else ''}"
             forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, nw=w:
                           launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": nw})))
     return forms

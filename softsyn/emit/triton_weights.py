@@ -12,19 +12,21 @@ with it, and int4 with it or tinygemm, whichever the compile measures faster per
 
 Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and int4's low) in the activations' dtype:
 - int4: round to nearest between the group's min and max, w ~ q * scale + low, q in 0..15. `packed` is uint8
-  [K / 2, N], N contiguous, so a program's loads along outputs coalesce: in group g, row g * group / 2 + i holds
-  input g * group + i in its low nibble and input g * group + group / 2 + i in its high nibble, so a group's two
-  halves are two dense [group / 2, N] tiles, each multiplied by its half of the activations (no interleave).
+  [N, K / 2], K contiguous (a Linear's own order), so a program reads whole weight rows in 16-byte loads: in group
+  g, byte g * group / 2 + i of a row holds input g * group + i in its low nibble and input g * group + group / 2 + i
+  in its high nibble, so a group's two halves are the two nibbles of one dense run of group / 2 bytes, each
+  multiplied by its half of the activations (no interleave). `scales` and `lows` are [N, K / group].
 - fp8: w ~ q * scale, q float8_e4m3fn, scale the group's amax / 448 (ORT's MatMulBlockQuantizedFp8Weight's rule, per
-  block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [K, N]; `lows` is empty.
+  block of 128 along K, where the ONNX netlist's fp8 cells come from). `packed` is [N, K]; `lows` is empty.
 - int8: w ~ q * scale, q int8 in -127..127, scale the group's amax / 127 (symmetric, as softsyn maps ORT's int8
-  MatMulNBits cells). `packed` is int8 [K, N]; `lows` is empty. fp8 and int8 are "byte codes": one code a weight,
+  MatMulNBits cells). `packed` is int8 [N, K]; `lows` is empty. fp8 and int8 are "byte codes": one code a weight,
   no low, the same kernel path.
 
-The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products. Autotuned (decode): every program reads a
-chunk of one group's weight rows for a tile of outputs once, multiplies each row of x by it and adds the partials
-into y atomically (split-K at the finest grain, each group's scale applied once to a chunk's dot product); a launch
-with a BLOCK_M > 1 config runs tensor-core tiles that loop over the groups instead. On CUDA it is autotuned
+The kernel computes y[M, N] = x[M, K] @ dequant(W)^T with fp32 products. Autotuned (decode): every program reads
+the whole weight rows of a few outputs (BLOCK_N), BLOCK_K bytes a loop step, and stores their finished sums: no
+zeroed output to add into, no atomics (the fourth version split K at its finest grain and added partials
+atomically: a zero-fill kernel before every GEMV and one round trip a program); a launch with a BLOCK_M > 1 config
+runs tensor-core tiles that loop over the groups instead. On CUDA it is autotuned
 (AOTInductor tunes it once at the example shapes of each package); elsewhere it runs at `DEFAULT_CONFIG` or a given
 config (CPU tests run it in Triton's interpreter, TRITON_INTERPRET=1), and without Triton the op computes the same
 product in torch.
@@ -52,9 +54,9 @@ except ImportError:  # the CPU-only install has no Triton: the op falls back to 
 
 
 class PackedWeights(NamedTuple):
-    packed: torch.Tensor  # int4: uint8 [K / 2, N]; fp8: float8_e4m3fn [K, N]; int8: int8 [K, N]
-    scales: torch.Tensor  # [K / group, N], the activations' dtype
-    lows: torch.Tensor  # int4: [K / group, N]; byte codes (fp8, int8): empty
+    packed: torch.Tensor  # int4: uint8 [N, K / 2]; fp8: float8_e4m3fn [N, K]; int8: int8 [N, K]
+    scales: torch.Tensor  # [N, K / group], the activations' dtype
+    lows: torch.Tensor  # int4: [N, K / group]; byte codes (fp8, int8): empty
     group: int
 
     @property
@@ -93,126 +95,127 @@ def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype, precision: st
         scale = (w.abs().amax(-1, keepdim=True) / top).clamp(min=1e-12).to(dtype).float()
         codes = (w / scale).clamp(-top, top)  # [N, K / group, group]
         codes = (codes.round() if precision == "int8" else codes).to(code_dtype)
-        return PackedWeights(codes.reshape(out, width).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
+        return PackedWeights(codes.reshape(out, width).contiguous(), scale[..., 0].contiguous().to(dtype),
                              torch.empty(0, dtype=dtype, device=weight.device), group)
     low = w.amin(-1, keepdim=True).to(dtype).float()
     scale = ((w.amax(-1, keepdim=True) - low) / LEVELS).clamp(min=1e-8).to(dtype).float()
     codes = ((w - low) / scale).round().clamp(0, LEVELS).to(torch.uint8)
     half = group // 2
     packed = codes[..., :half] | (codes[..., half:] << 4)  # [N, K / group, group / 2]
-    return PackedWeights(packed.reshape(out, width // 2).t().contiguous(), scale[..., 0].t().contiguous().to(dtype),
-                         low[..., 0].t().contiguous().to(dtype), group)
+    return PackedWeights(packed.reshape(out, width // 2).contiguous(), scale[..., 0].contiguous().to(dtype),
+                         low[..., 0].contiguous().to(dtype), group)
 
 
 def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
-    """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format: a transposed view of
-    [K, N] computed in the packed format's own order (N contiguous), so the prompt form's dequantise kernel reads
-    and writes along N, coalesced both ways (the [N, K] order read the codes across rows)."""
-    rows, out = packed.shape
-    groups = scales.shape[0]
+    """The [N, K] weight the kernel multiplies by (in the scales' dtype), from the packed format, computed in its own
+    order (K contiguous): the prompt form's dequantise kernel reads and writes along rows, coalesced both ways."""
+    out, row_bytes = packed.shape
+    groups = scales.shape[1]
     if byte_codes(packed):
-        w = packed.to(scales.dtype).reshape(groups, rows // groups, out) * scales[:, None, :]
-        return w.reshape(rows, out).t()
-    half = rows // groups
-    tiles = packed.reshape(groups, half, out)  # a group's row i: input i (low nibble) and half + i (high)
-    codes = torch.cat([tiles & 0xF, tiles >> 4], dim=1).to(scales.dtype)  # [groups, group, N]
-    return (codes * scales[:, None, :] + lows[:, None, :]).reshape(groups * 2 * half, out).t()
+        w = packed.to(scales.dtype).reshape(out, groups, row_bytes // groups) * scales[:, :, None]
+        return w.reshape(out, row_bytes)
+    tiles = packed.reshape(out, groups, row_bytes // groups)  # a group's byte i: input i (low nibble), half + i (high)
+    codes = torch.cat([tiles & 0xF, tiles >> 4], dim=2).to(scales.dtype)  # [N, groups, group]
+    return (codes * scales[:, :, None] + lows[:, :, None]).reshape(out, row_bytes * 2)
 
 
 if triton is not None:
     @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 16):
-        """y[M, N] (zeros on entry) += x[M, K] @ W^T, W dequantised from the packed format (module docstring;
-        BYTE_CODES: fp8 or int8, else int4). BLOCK_M 1 (decode): program (0, j, c) multiplies every row by `ROWS`
-        weight rows of one group (chunk c) for outputs j and adds its partials into y atomically, so even a narrow
-        layer spreads over every SM (GEMV "split-K" at the finest grain, as gemlite's RevSplit-K GEMV does).
-        BLOCK_M > 1 (`launch` with a config; not autotuned): program (i, j, 0) loops over every group with
-        tensor-core tiles and stores its tile."""
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256):
+        """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
+        else int4). Program (i, j) owns outputs j * BLOCK_N.. and reads their weight rows whole, K contiguous, so it
+        stores finished sums: no zeroed output, no atomics, the same sum every run.
+        BLOCK_M 1 (decode): BLOCK_K bytes of each row a loop step, as [BLOCK_N, groups, group bytes] tiles, each
+        group's scale (and int4's low) applied once to its dot product (x . (q s + l) = s (x . q) + l sum(x): one
+        convert and one fma a weight); the rows of x are a loop (the grid names no row: a package's dynamic row count
+        stays a kernel argument, never a launch dimension), each reading the program's weights again (from L2 past
+        the first row). BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
-        GROUP_ROWS: tl.constexpr = GROUP if BYTE_CODES else HALF  # weight rows a group takes
+        GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
+        groups = K // GROUP
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        w_rows = w_ptr + rn.to(tl.int64) * (groups * GB)  # [BLOCK_N] row starts (lm_head-sized matrices: int64)
+        s_rows = rn * groups
         if BLOCK_M == 1:
-            # the chunk's codes read once for every row (the grid names no row: a package's dynamic row count stays
-            # a kernel argument, never a launch dimension); the group's scale (and low) applied once to each row's
-            # dot product: x . (q * s + l) = s * (x . q) + l * sum(x), one convert and one fma a weight
-            CHUNK: tl.constexpr = ROWS if ROWS < GROUP_ROWS else GROUP_ROWS
-            first = tl.program_id(2) * CHUNK
-            group = first // GROUP_ROWS
-            rr = first + tl.arange(0, CHUNK)
-            # no `other`: an output past N only sums its own column, which the atomic's mask drops
-            codes = tl.load(w_ptr + rr[:, None] * N + rn[None, :], mask=rn[None, :] < N)
-            scale = tl.load(s_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
-            if BYTE_CODES:
-                q = codes.to(tl.float32)
-            else:
-                q_lo, q_hi = (codes & 0xF).to(tl.float32), (codes >> 4).to(tl.float32)
-                low = tl.load(l_ptr + group * N + rn, mask=rn < N, other=0.0).to(tl.float32)
-                lo_in = group * GROUP + rr % HALF  # a group's row i holds inputs i (low nibble) and HALF + i
+            GPC: tl.constexpr = BLOCK_K // GB  # groups a loop step
+            rg, ri = tl.arange(0, GPC), tl.arange(0, GB)
             for row in range(0, M):
-                if BYTE_CODES:
-                    a = tl.load(x_ptr + row * stride_xm + rr).to(tl.float32)
-                    part = tl.sum(a[:, None] * q, 0) * scale
-                else:
-                    a_lo = tl.load(x_ptr + row * stride_xm + lo_in).to(tl.float32)
-                    a_hi = tl.load(x_ptr + row * stride_xm + lo_in + HALF).to(tl.float32)
-                    part = tl.sum(a_lo[:, None] * q_lo + a_hi[:, None] * q_hi, 0) * scale + \
-                        (tl.sum(a_lo, 0) + tl.sum(a_hi, 0)) * low
-                tl.atomic_add(y_ptr + row * stride_ym + rn, part.to(y_ptr.dtype.element_ty), mask=rn < N,
-                              sem="relaxed")
+                x_row = x_ptr + row * stride_xm
+                acc = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)  # reduced across groups once, after the loop
+                for g0 in range(0, groups, GPC):
+                    g = g0 + rg
+                    g_ok = g < groups
+                    tile_ok = n_ok[:, None, None] & g_ok[None, :, None]
+                    at = w_rows[:, None, None] + (g[:, None] * GB + ri[None, :])[None, :, :]
+                    gate = n_ok[:, None] & g_ok[None, :]
+                    scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
+                    first = g[:, None] * GROUP + ri[None, :]  # [GPC, GB]: the input of each byte (int4: its low nibble)
+                    if BYTE_CODES:  # fp8 takes a float `other`, int4's uint8 an int one
+                        codes = tl.load(at, mask=tile_ok, other=0.0).to(tl.float32)
+                        a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                        acc += tl.sum(codes * a[None, :, :], 2) * scale
+                    else:
+                        codes = tl.load(at, mask=tile_ok, other=0)
+                        a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                        a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                        low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
+                        dots = tl.sum((codes & 0xF).to(tl.float32) * a_lo[None, :, :] +
+                                      (codes >> 4).to(tl.float32) * a_hi[None, :, :], 2)
+                        acc += dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
+                tl.store(y_ptr + row * stride_ym + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok, col_ok = rm[:, None] < M, rn[None, :] < N
+            row_ok = rm[:, None] < M
             x_rows = x_ptr + rm[:, None] * stride_xm + rk[None, :]
-            w_tile = w_ptr + rk[:, None] * N + rn[None, :]
+            w_tile = w_rows[:, None] + rk[None, :]  # [BLOCK_N, HALF]: a group's first half (int4: both, as nibbles)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, K, GROUP):
-                g = k0 // GROUP
-                a_lo = tl.load(x_rows + k0, mask=row_ok, other=0.0)
-                a_hi = tl.load(x_rows + k0 + HALF, mask=row_ok, other=0.0)
-                scale = tl.load(s_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
+            for g in range(0, groups):
+                a_lo = tl.load(x_rows + g * GROUP, mask=row_ok, other=0.0)
+                a_hi = tl.load(x_rows + g * GROUP + HALF, mask=row_ok, other=0.0)
+                scale = tl.load(s_ptr + s_rows + g, mask=n_ok, other=0.0)[:, None]
                 if BYTE_CODES:
-                    w_lo = tl.load(w_tile + g * GROUP_ROWS * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
-                    w_hi = tl.load(w_tile + (g * GROUP_ROWS + HALF) * N, mask=col_ok, other=0.0).to(a_lo.dtype) * scale
+                    w_lo = tl.load(w_tile + g * GB, mask=n_ok[:, None], other=0.0).to(a_lo.dtype) * scale
+                    w_hi = tl.load(w_tile + g * GB + HALF, mask=n_ok[:, None], other=0.0).to(a_lo.dtype) * scale
                 else:
-                    codes = tl.load(w_tile + g * GROUP_ROWS * N, mask=col_ok, other=0)
-                    low = tl.load(l_ptr + g * N + rn, mask=rn < N, other=0.0)[None, :]
+                    codes = tl.load(w_tile + g * GB, mask=n_ok[:, None], other=0)
+                    low = tl.load(l_ptr + s_rows + g, mask=n_ok, other=0.0)[:, None]
                     w_lo = (codes & 0xF).to(a_lo.dtype) * scale + low
                     w_hi = (codes >> 4).to(a_lo.dtype) * scale + low
-                acc += tl.dot(a_lo, w_lo.to(a_lo.dtype))
-                acc += tl.dot(a_hi, w_hi.to(a_lo.dtype))
+                acc += tl.dot(a_lo, tl.trans(w_lo.to(a_lo.dtype)))
+                acc += tl.dot(a_hi, tl.trans(w_hi.to(a_lo.dtype)))
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=row_ok & col_ok)
+                     mask=row_ok & n_ok[None, :])
 
-    # decode (a few rows) wants many small programs over one chunk of a group each; a prompt takes the prompt form
-    # (use_prompt_form) in a prefill package, so only one-row configs are tuned, and their grid is static (no row
-    # count in it: torch 2.11's AOTInductor failed to autotune a grid over the dynamic rows, "launcher() missing 1
-    # required positional argument: '_launcher_s1'", H100, 2026-12-06). Few configs, small ones: on the H100 (24 calls
-    # a graph, 2026-12-06) one warp over 64-128 outputs was fastest at every qwen3-1.7b decode shape, 256-512 outputs
-    # 1.5-4x slower; AOTInductor compiles every config of every layer shape. restore_value: Triton's autotuner (eager
-    # calls) puts y back to zeros after timing each config.
-    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "ROWS": r}, num_warps=w, num_stages=1)
-               for n, r, w in ((32, 32, 1), (64, 16, 1), (64, 32, 1), (64, 64, 1), (128, 16, 1), (128, 32, 2))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], restore_value=["y_ptr"])(weight_matmul_kernel)
+    # a prompt takes the prompt form (use_prompt_form) in a prefill package, so only one-row configs are tuned, and
+    # their grid is static (no row count in it: torch 2.11's AOTInductor failed to autotune a grid over the dynamic
+    # rows, "launcher() missing 1 required positional argument: '_launcher_s1'", H100, 2026-12-06). A program's tile
+    # is BLOCK_N rows x BLOCK_K bytes, 32-64 bytes a thread (two to four 16-byte loads in flight, no spills for sm_90
+    # at any group: tests/emit/test_triton_compile.py): the loop does not pipeline (its loads feed no dot), so bytes
+    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. Few configs:
+    # AOTInductor compiles every config of every layer shape.
+    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
+               for n, k, w in ((2, 1024, 2), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 1024, 8))]
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
            config: dict | None = None) -> torch.Tensor:
-    """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "ROWS"]})
+    """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "BLOCK_K"]})
     is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter)."""
-    rows, width, out = flat.shape[0], flat.shape[1], packed.shape[1]
-    group = width // scales.shape[0]
+    rows, width, out = flat.shape[0], flat.shape[1], packed.shape[0]
+    group = width // scales.shape[1]
     one_code = byte_codes(packed)
-    group_rows = group if one_code else group // 2
-    y = torch.zeros((rows, out), device=flat.device, dtype=flat.dtype)  # the one-row programs add into it
+    y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)  # every program stores finished sums
 
     def grid(meta):
         if meta["BLOCK_M"] == 1:  # every row in each program (no symbolic size in the launch)
-            return 1, triton.cdiv(out, meta["BLOCK_N"]), packed.shape[0] // min(meta.get("ROWS", 16), group_rows)
+            return 1, triton.cdiv(out, meta["BLOCK_N"]), 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
@@ -232,7 +235,7 @@ def interpreting() -> bool:
 def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ W^T for W in the packed format: the Triton kernel on CUDA (and in Triton's interpreter), torch's
     matmul over the dequantised weight elsewhere."""
-    width, out = x.shape[-1], packed.shape[1]
+    width, out = x.shape[-1], packed.shape[0]
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
         return (flat @ dequantise(packed, scales, lows).t()).reshape(*x.shape[:-1], out)
@@ -251,8 +254,8 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("lows", weights.lows)
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group, self.precision = weights.group, weights.precision
-        rows = weights.packed.shape[0]
-        self.in_features, self.out_features = rows if byte_codes(weights.packed) else rows * 2, weights.packed.shape[1]
+        out, row_bytes = weights.packed.shape
+        self.in_features, self.out_features = row_bytes if byte_codes(weights.packed) else row_bytes * 2, out
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
 
     @classmethod

@@ -17,10 +17,13 @@ def test_the_packed_format_holds_each_weight_within_half_a_step(group):
     torch.manual_seed(0)
     weight = torch.randn(48, 256)
     q = quantise(weight, group, torch.float32)
-    assert q.packed.dtype == torch.uint8 and q.packed.shape == (128, 48)
-    assert q.scales.shape == q.lows.shape == (256 // group, 48)
+    assert q.packed.dtype == torch.uint8 and q.packed.shape == (48, 128)
+    assert q.scales.shape == q.lows.shape == (48, 256 // group)
     back = dequantise(q.packed, q.scales, q.lows)
-    step = q.scales.t().repeat_interleave(group, dim=1)  # [N, K]: each weight's group scale
+    step = q.scales.repeat_interleave(group, dim=1)  # [N, K]: each weight's group scale
+    half = group // 2  # byte i of a group: input i in the low nibble, half + i in the high
+    assert ((q.packed[:, :half] & 0xF) == ((weight[:, :half] - q.lows[:, :1]) / q.scales[:, :1]).round()
+            .clamp(0, 15)).all()
     assert ((back - weight).abs() <= step / 2 + 1e-6).all()
     assert (back - weight).abs().max() > 0  # it is quantised
 
@@ -28,16 +31,16 @@ def test_the_packed_format_holds_each_weight_within_half_a_step(group):
 @pytest.mark.parametrize("precision", ["fp8", "int8"])
 @pytest.mark.parametrize("group", GROUPS)
 def test_byte_codes_hold_each_weight_to_their_precision_of_its_group_scale(group, precision):
-    """fp8 and int8: one code a weight [K, N], w ~ q * scale with the group's largest weight at the largest code
+    """fp8 and int8: one code a weight [N, K], w ~ q * scale with the group's largest weight at the largest code
     (e4m3's 448, int8's 127); fp8 within 3 mantissa bits of each weight, int8 within half a step."""
     torch.manual_seed(0)
     weight = torch.randn(48, 256)
     q = quantise(weight, group, torch.float32, precision)
     code_dtype, top = {"fp8": (torch.float8_e4m3fn, FP8_MAX), "int8": (torch.int8, 127.0)}[precision]
-    assert q.packed.dtype == code_dtype and q.packed.shape == (256, 48) and q.precision == precision
-    assert q.scales.shape == (256 // group, 48) and q.lows.numel() == 0
+    assert q.packed.dtype == code_dtype and q.packed.shape == (48, 256) and q.precision == precision
+    assert q.scales.shape == (48, 256 // group) and q.lows.numel() == 0
     back = dequantise(q.packed, q.scales, q.lows)
-    step = q.scales.t().repeat_interleave(group, dim=1)
+    step = q.scales.repeat_interleave(group, dim=1)
     assert torch.allclose(step.amax(0) * top, weight.abs().reshape(48, -1, group).amax(-1).repeat_interleave(
         group, dim=1).amax(0))
     bound = weight.abs() / 16 + step * 2 ** -9 if precision == "fp8" else step / 2 + 1e-6  # 3 mantissa bits / rounding
@@ -67,7 +70,7 @@ for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torc
         q = quantise(w, group, dtype, precision)
         x = torch.randn(rows, width).to(dtype)
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
-        for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "ROWS": 8}, {"BLOCK_M": 1, "BLOCK_N": 32, "ROWS": 128},
+        for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 1024},
                        {"BLOCK_M": 16, "BLOCK_N": 32}):
             # the one-row path loops over rows in every program: 5 rows cover it, 19 (two row tiles) the tiled path,
             # and the interpreter takes ~8 s for 19 rows of the one-row path at group 128
@@ -85,9 +88,10 @@ print(json.dumps(out))
 
 
 def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
-    """Triton's interpreter runs the kernel's code on CPU tensors: every path (one row a program adding its chunk of
-    8 weight rows, or of a whole group (ROWS above the group's rows: clamped), into y atomically, over outputs that do
-    not fill a tile; 16-row tensor-core tiles with rows and outputs that do not fill a tile), every group size, int4
+    """Triton's interpreter runs the kernel's code on CPU tensors: every path (the one-row path over 1-5 rows, its
+    loop steps of 128 bytes a row (several steps, groups that do not fill the last) and of 1024 (past every row's
+    end), outputs that do not fill a program's; 16-row tensor-core tiles with rows and outputs that do not fill a
+    tile), every group size, int4
     with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
     product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
