@@ -330,6 +330,10 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
         forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
+        if linear.out_features == 2 * MLP and precision == "int4":  # gate/up: + the activation in the epilogue
+            forms.append((f"softsyn {precision} g{group} gated (silu(gate) * up in the epilogue, autotuned)",
+                          lambda x, lyr=layer: torch.ops.softsyn.gated_weight_matmul(x, lyr.packed, lyr.scales,
+                                                                                       lyr.lows)))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
         for n, k, w in SWEEP if precision == "int4" else shipped:
@@ -363,20 +367,27 @@ def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cas
 
 
 def softsyn_int4_packaged(device: str, dtype) -> str:
-    """Whether AOTInductor packages a module holding softsyn's int4 and fp8 layers, its input [batch, seq, K] with
-    both dims dynamic (as a decode step's: the rows are their product), and the package gives the eager result."""
+    """Whether AOTInductor packages a gated MLP of softsyn's layers (int4 gate/up with the activation in its epilogue,
+    fp8 down: GatedMLP, as the lowering builds one), its input [batch, seq, K] with both dims dynamic (as a decode
+    step's: the rows are their product), and the package gives the unfused eager result."""
+    from softsyn.emit.torch_step import GatedMLP
     from softsyn.emit.triton_weights import QuantLinear
 
-    linear = torch.nn.Linear(HIDDEN, MLP, bias=False, device=device, dtype=dtype)
+    linear = torch.nn.Linear(HIDDEN, 2 * MLP, bias=False, device=device, dtype=dtype)
     back = torch.nn.Linear(MLP, HIDDEN, bias=False, device=device, dtype=dtype)
-    step = torch.nn.Sequential(QuantLinear.from_linear(linear, 128), torch.nn.SiLU(),
-                               QuantLinear.from_linear(back, 128, "fp8"))
+    gate_up, down = QuantLinear.from_linear(linear, 128), QuantLinear.from_linear(back, 128, "fp8")
+    step = GatedMLP(gate_up, down)
+
+    def unfused(x):
+        gate, up = gate_up(x).chunk(2, dim=-1)
+        return down(torch.nn.functional.silu(gate) * up)
+
     x = torch.randn(2, 3, HIDDEN, device=device, dtype=dtype)  # batch 2: torch.export specialises a batch of 1
     dims = ({0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=1, max=4096)},)
     cases = [(f"{batch}x{seq} rows", (torch.randn(batch, seq, HIDDEN, device=device, dtype=dtype),))
              for batch, seq in ((1, 1), (1, 3), (2, 32))]
-    return package_check("softsyn int4 + fp8 in an AOTInductor package (batch and seq dynamic), against eager", step,
-                         (x,), dims, cases, step)
+    return package_check("softsyn gated int4 gate/up + fp8 down in an AOTInductor package (batch and seq dynamic), "
+                         "against the unfused eager layers", step, (x,), dims, cases, unfused)
 
 
 def softsyn_attention_packaged(device: str, dtype) -> str:

@@ -27,8 +27,8 @@ from softsyn.emit.session import write_json
 from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, choose_attention, decode_shapes
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
-from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, pack_projections, quantise_modules,
-                                     weight_map)
+from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
+                                     quantise_modules, weight_map)
 from softsyn.emit.triton_weights import use_prompt_form
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
@@ -189,6 +189,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
                        enabled=design.progress and timed, done="emit: weight kernels chosen"):
         quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
+    gated = fuse_gated_mlps(model)
+    if gated:
+        quantised.notes.append(f"{gated} gated MLP{'s' if gated != 1 else ''}: silu(gate) * up in the packed gate/up "
+                               "GEMV's epilogue (softsyn's kernel, one kernel where two ran)")
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 import softsyn.emit.triton_attention  # noqa: F401 - registers softsyn::decode_attention
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS, WeightShape, choose_weight_kernels
-from softsyn.emit.triton_weights import GROUPS, QuantLinear, group_for, replace_linears
+from softsyn.emit.triton_weights import GROUPS, QuantLinear, dequantise, group_for, replace_linears
 
 
 class BufferLayer(StaticLayer):
@@ -213,6 +213,60 @@ def pack_projections(model: torch.nn.Module) -> int:
                 setattr(module, name, PackedPart(group, index))
             packed += 1
     return packed
+
+
+class GatedMLP(torch.nn.Module):
+    """A gated MLP, down(silu(gate(x)) * up(x)), whose packed gate/up is softsyn's QuantLinear: one kernel computes
+    the activation in the GEMV's epilogue (softsyn::gated_weight_matmul) where a decode step ran the GEMV and an
+    elementwise kernel; a prompt (the layer's prompt form) runs the dequantised matmul and the activation in torch."""
+
+    def __init__(self, gate_up: QuantLinear, down: torch.nn.Module):
+        super().__init__()
+        self.gate_up, self.down_proj = gate_up, down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = self.gate_up
+        if layer.prompt_form:
+            weight = dequantise(layer.packed, layer.scales, layer.lows)
+            gate, up = torch.nn.functional.linear(x, weight).chunk(2, dim=-1)
+            return self.down_proj(torch.nn.functional.silu(gate) * up)
+        return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows))
+
+
+def gated_candidate(module: torch.nn.Module) -> QuantLinear | None:
+    """The packed gate/up QuantLinear (no bias) of a module holding gate_proj and up_proj as its parts and a
+    down_proj, else None."""
+    packed = getattr(module, "packed_gate_up", None)
+    parts = [getattr(module, name, None) for name in PACKED[1]]
+    if not isinstance(packed, PackedLinear) or not isinstance(getattr(module, "down_proj", None), torch.nn.Module):
+        return None
+    if not all(isinstance(p, PackedPart) and p.packed is packed for p in parts) or len(packed.sizes) != 2:
+        return None
+    layer = packed.linear
+    return layer if isinstance(layer, QuantLinear) and layer.bias is None and packed.sizes[0] == packed.sizes[1] else None
+
+
+def fuse_gated_mlps(model: torch.nn.Module) -> int:
+    """Put a GatedMLP where each MLP with a packed softsyn gate/up computes down(silu(gate(x)) * up(x)); how many.
+    What an MLP computes is checked, not assumed from its class: both forms run on one random input of the layer's
+    width and agree within fp16's rounding of the activation, or the MLP stays as it was (another activation or
+    order, e.g. GELU-gated MLPs, computes something else and keeps its own)."""
+    fused = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            layer = gated_candidate(child)
+            if layer is None:
+                continue
+            gated = GatedMLP(layer, child.down_proj)
+            generator = torch.Generator(device=layer.packed.device).manual_seed(0)
+            x = torch.randn(2, layer.in_features, generator=generator, device=layer.packed.device,
+                            dtype=layer.scales.dtype)
+            with torch.no_grad():
+                want, got = child(x).float(), gated(x).float()
+            if (got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-6:
+                setattr(parent, name, gated)
+                fused += 1
+    return fused
 
 
 class StaticStep(torch.nn.Module):

@@ -121,17 +121,45 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
 
 if triton is not None:
     @triton.jit
+    def group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
+                   BYTE_CODES: tl.constexpr, groups):
+        """[BLOCK_N, len(g)]: each weight row's dot product with x over groups g, each group's scale (and int4's
+        low) applied once: x . (q s + l) = s (x . q) + l sum(x), one convert and one fma a weight."""
+        HALF: tl.constexpr = GROUP // 2
+        ri = tl.arange(0, GB)
+        g_ok = g < groups
+        tile_ok = n_ok[:, None, None] & g_ok[None, :, None]
+        at = w_rows[:, None, None] + (g[:, None] * GB + ri[None, :])[None, :, :]
+        gate = n_ok[:, None] & g_ok[None, :]
+        scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
+        first = g[:, None] * GROUP + ri[None, :]  # [groups, GB]: the input of each byte (int4: its low nibble)
+        if BYTE_CODES:  # fp8 takes a float `other`, int4's uint8 an int one
+            codes = tl.load(at, mask=tile_ok, other=0.0).to(tl.float32)
+            a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            dots = tl.sum(codes * a[None, :, :], 2) * scale
+        else:
+            codes = tl.load(at, mask=tile_ok, other=0)
+            a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
+            dots = tl.sum((codes & 0xF).to(tl.float32) * a_lo[None, :, :] +
+                          (codes >> 4).to(tl.float32) * a_hi[None, :, :], 2)
+            dots = dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
+        return dots
+
+    @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). Program (i, j) owns outputs j * BLOCK_N.. and reads their weight rows whole, K contiguous, so it
         stores finished sums: no zeroed output, no atomics, the same sum every run.
-        BLOCK_M 1 (decode): BLOCK_K bytes of each row a loop step, as [BLOCK_N, groups, group bytes] tiles, each
-        group's scale (and int4's low) applied once to its dot product (x . (q s + l) = s (x . q) + l sum(x): one
-        convert and one fma a weight); the rows of x are a loop (the grid names no row: a package's dynamic row count
-        stays a kernel argument, never a launch dimension), each reading the program's weights again (from L2 past
-        the first row). BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
+        BLOCK_M 1 (decode): BLOCK_K bytes of each row a loop step, as [BLOCK_N, groups, group bytes] tiles
+        (group_dots); the rows of x are a loop (the grid names no row: a package's dynamic row count stays a kernel
+        argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
+        GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
+        activation in the GEMV's epilogue (one kernel where a step ran two). BLOCK_M > 1 (`launch` with a config; not
+        autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
@@ -141,31 +169,22 @@ if triton is not None:
         s_rows = rn * groups
         if BLOCK_M == 1:
             GPC: tl.constexpr = BLOCK_K // GB  # groups a loop step
-            rg, ri = tl.arange(0, GPC), tl.arange(0, GB)
+            rg = tl.arange(0, GPC)
+            up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
                 acc = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)  # reduced across groups once, after the loop
+                up = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
-                    g = g0 + rg
-                    g_ok = g < groups
-                    tile_ok = n_ok[:, None, None] & g_ok[None, :, None]
-                    at = w_rows[:, None, None] + (g[:, None] * GB + ri[None, :])[None, :, :]
-                    gate = n_ok[:, None] & g_ok[None, :]
-                    scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
-                    first = g[:, None] * GROUP + ri[None, :]  # [GPC, GB]: the input of each byte (int4: its low nibble)
-                    if BYTE_CODES:  # fp8 takes a float `other`, int4's uint8 an int one
-                        codes = tl.load(at, mask=tile_ok, other=0.0).to(tl.float32)
-                        a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
-                        acc += tl.sum(codes * a[None, :, :], 2) * scale
-                    else:
-                        codes = tl.load(at, mask=tile_ok, other=0)
-                        a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
-                        a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
-                        low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
-                        dots = tl.sum((codes & 0xF).to(tl.float32) * a_lo[None, :, :] +
-                                      (codes >> 4).to(tl.float32) * a_hi[None, :, :], 2)
-                        acc += dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
-                tl.store(y_ptr + row * stride_ym + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=n_ok)
+                    acc += group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
+                                      BYTE_CODES=BYTE_CODES, groups=groups)
+                    if GATED:
+                        up += group_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
+                                         BYTE_CODES=BYTE_CODES, groups=groups)
+                out = tl.sum(acc, 1)
+                if GATED:
+                    out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
+                tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -199,18 +218,24 @@ if triton is not None:
     # AOTInductor compiles every config of every layer shape.
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
                for n, k, w in ((2, 1024, 2), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 1024, 8))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(weight_matmul_kernel)
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-           config: dict | None = None) -> torch.Tensor:
+           config: dict | None = None, gated: bool = False) -> torch.Tensor:
     """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "BLOCK_K"]})
-    is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter)."""
-    rows, width, out = flat.shape[0], flat.shape[1], packed.shape[0]
+    is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter). `gated`: packed holds gate then up rows,
+    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles)."""
+    rows, width = flat.shape
     group = width // scales.shape[1]
     one_code = byte_codes(packed)
+    config = None if flat.device.type == "cuda" and config is None else config or DEFAULT_CONFIG
+    if gated and config is not None and config["BLOCK_M"] > 1:  # the tiles' path has no epilogue
+        gate, up = launch(flat, packed, scales, lows, config).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate.float()).mul(up.float()).to(flat.dtype)
+    out = packed.shape[0] // 2 if gated else packed.shape[0]
     y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)  # every program stores finished sums
 
     def grid(meta):
@@ -219,11 +244,11 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
-    if flat.device.type == "cuda" and config is None:
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code)
+    if config is None:
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
     else:
-        config = config or DEFAULT_CONFIG
-        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code, **config)
+        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
+                                                                       GATED=gated, **config)
     return y
 
 
@@ -240,6 +265,20 @@ def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, l
     if triton is None or (x.device.type != "cuda" and not interpreting()):
         return (flat @ dequantise(packed, scales, lows).t()).reshape(*x.shape[:-1], out)
     y = launch(flat.contiguous(), packed, scales, lows)
+    return y.reshape(*x.shape[:-1], out)
+
+
+@torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
+def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                        lows: torch.Tensor) -> torch.Tensor:
+    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up): the kernel
+    with its gated epilogue on CUDA (and in Triton's interpreter), torch over the dequantised weight elsewhere."""
+    width, out = x.shape[-1], packed.shape[0] // 2
+    flat = x.reshape(-1, width)
+    if triton is None or (x.device.type != "cuda" and not interpreting()):
+        gate, up = (flat @ dequantise(packed, scales, lows).t()).chunk(2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up).reshape(*x.shape[:-1], out)
+    y = launch(flat.contiguous(), packed, scales, lows, gated=True)
     return y.reshape(*x.shape[:-1], out)
 
 

@@ -43,7 +43,7 @@ def test_the_decode_attention_kernels_compile_for_sm90():
 
 @pytest.mark.parametrize("codes,byte_codes", [("*u8", False), ("*fp8e4nv", True), ("*i8", True)])
 def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byte_loads(codes, byte_codes):
-    """Every shipped one-row config at every group, as Inductor launches it at qwen3's widths (aligned buffers, K and
+    """Every shipped one-row config at every group (and the gated epilogue at the smallest), as Inductor launches it at qwen3's widths (aligned buffers, K and
     N multiples of 16): the codes load 16 bytes a thread (a scalar byte load a weight is what an unproven alignment
     gives, and a GEMV's speed is its loads)."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
@@ -51,7 +51,8 @@ def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byt
     aligned = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
     for group in triton_weights.GROUPS:
         for config in triton_weights.CONFIGS:
-            kernel = compiled(triton_weights.weight_matmul_kernel, signature,
-                              {"GROUP": group, "BYTE_CODES": byte_codes, **config.kwargs}, aligned,
-                              {"num_warps": config.num_warps, "num_stages": config.num_stages})
-            assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config)
+            for gated in (False, True) if group == triton_weights.GROUPS[0] else (False,):  # + the gated epilogue
+                kernel = compiled(triton_weights.weight_matmul_kernel, signature,
+                                  {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated, **config.kwargs}, aligned,
+                                  {"num_warps": config.num_warps, "num_stages": config.num_stages})
+                assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config, gated)

@@ -78,6 +78,17 @@ for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torc
             got = launch(x[:take], q.packed, q.scales, q.lows, config).float()
             key = f"{precision} {dtype} g{group} {take}x{width}x{outputs} {sorted(config.items())}"
             out[key] = float((got - want[:take]).abs().max() / want[:take].abs().max())
+for precision in ("int4", "fp8"):  # gated: W = [gate; up], silu(gate) * up in the one-row path's epilogue
+    w = torch.randn(2 * 40, 256)
+    q = quantise(w, 64, torch.float16, precision)
+    x = torch.randn(3, 256).to(torch.float16)
+    gate, up = (x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()).chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 16, "BLOCK_N": 32}):
+        got = launch(x, q.packed, q.scales, q.lows, config, gated=True).float()
+        out[f"gated {precision} float16 {sorted(config.items())}"] = float((got - want).abs().max() / want.abs().max())
+    out[f"gated op {precision} float16"] = float((torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows)[0]
+                                          .float() - want).abs().max() / want.abs().max())
 for precision in ("int4", "fp8", "int8"):
     layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
     x = torch.randn(2, 3, 128)
@@ -91,11 +102,12 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     """Triton's interpreter runs the kernel's code on CPU tensors: every path (the one-row path over 1-5 rows, its
     loop steps of 128 bytes a row (several steps, groups that do not fill the last) and of 1024 (past every row's
     end), outputs that do not fill a program's; 16-row tensor-core tiles with rows and outputs that do not fill a
-    tile), every group size, int4
+    tile), every group size, the gated epilogue (silu(gate) * up of a [gate; up] weight; the tiles' path applies it
+    after) and its op, int4
     with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
     product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
-    assert len(errors) == 39
+    assert len(errors) == 45
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
@@ -139,3 +151,28 @@ def test_int4_and_fp8_cells_become_softsyn_layers_that_export():
     assert sum("softsyn.weight_matmul" in str(node.target) for node in program.graph.nodes) == 3
     rel = float((got - want).abs().max() / want.abs().max())
     assert 0 < rel < 0.2, rel
+
+
+def test_a_gated_mlp_runs_its_activation_in_the_gate_up_kernel_where_it_computes_silu_gating():
+    """After quantise_modules, an MLP whose packed gate/up is softsyn's computes silu(gate) * up in that kernel's
+    epilogue (GatedMLP: one softsyn::gated_weight_matmul in the exported step where the GEMV and an elementwise
+    kernel were), with the step's logits unchanged in both forms (decode's kernel, a prompt's dequantise + matmul);
+    an MLP whose activation is another (GELU here) is checked, found to differ, and keeps its own forward."""
+    from tests.emit.test_torch_lowering import exported_step, packed_tiny
+
+    from softsyn.emit.torch_step import GatedMLP, WeightCell, fuse_gated_mlps, quantise_modules
+
+    model, _ = packed_tiny()
+    cells = {f"model.layers.{i}.mlp.{part}": WeightCell("int4", 64) for i in (0, 1) for part in ("gate_proj", "up_proj")}
+    quantise_modules(model, cells, "fp32", ("int8", "int4", "fp8"), "softsyn")
+    layers = model.model.layers
+    layers[1].mlp.act_fn = torch.nn.GELU()
+    _, before = exported_step(model)
+    assert fuse_gated_mlps(model) == 1
+    assert isinstance(layers[0].mlp, GatedMLP) and not isinstance(layers[1].mlp, GatedMLP)
+    program, got = exported_step(model)
+    assert sum("gated_weight_matmul" in str(node.target) for node in program.graph.nodes) == 1
+    assert sum("softsyn.weight_matmul" in str(node.target) for node in program.graph.nodes) == 1  # layer 1's
+    torch.testing.assert_close(got, before, rtol=1e-4, atol=1e-4)
+    use_prompt_form(model, True)
+    torch.testing.assert_close(exported_step(model)[1], before, rtol=1e-4, atol=1e-4)
