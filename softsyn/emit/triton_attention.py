@@ -62,8 +62,10 @@ if triton is not None:
             for t in range(tiles):
                 rr = t * RP + tl.arange(0, RP)
                 live = rr < rows
+                # in the cache's dtype: torch 2.11's AOTInductor typed q fp32 in qwen3-1.7b's package (tl.dot "Both
+                # operands must be same dtype", H100, 2026-12-06)
                 q = tl.load(q_ptr + ((b * kv_heads + h) * rows + rr[:, None]) * D + rd[None, :], mask=live[:, None],
-                            other=0.0)
+                            other=0.0).to(k_ptr.dtype.element_ty)
                 mask_rows = mask_ptr + b * stride_mb + (rr % seq) * stride_mq
                 m_i = tl.full((RP,), float("-inf"), tl.float32)
                 l_i = tl.zeros((RP,), tl.float32)

@@ -121,10 +121,19 @@ def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -
 
 if triton is not None:
     @triton.jit
+    def small_ints(codes):
+        """Integer codes in 0..255 as fp32 by the exponent trick: 2^23 + c holds c in its mantissa, so OR-ing c into
+        2^23's bits and subtracting 2^23 is exact: two full-rate ops where an int-to-float convert runs at a quarter
+        of the rate (16 a clock an SM on Hopper), which bounded the int4 GEMVs (gate/up 11.3 us cold on the H100, 1.2
+        TB/s of codes, as slow as fp8 reading twice the bytes, 2026-12-06)."""
+        return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+    @triton.jit
     def group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
                    BYTE_CODES: tl.constexpr, groups):
         """[BLOCK_N, len(g)]: each weight row's dot product with x over groups g, each group's scale (and int4's
-        low) applied once: x . (q s + l) = s (x . q) + l sum(x), one convert and one fma a weight."""
+        low) applied once: x . (q s + l) = s (x . q) + l sum(x), one convert (small_ints for integer codes) and one
+        fma a weight."""
         HALF: tl.constexpr = GROUP // 2
         ri = tl.arange(0, GB)
         g_ok = g < groups
@@ -134,7 +143,11 @@ if triton is not None:
         scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
         first = g[:, None] * GROUP + ri[None, :]  # [groups, GB]: the input of each byte (int4: its low nibble)
         if BYTE_CODES:  # fp8 takes a float `other`, int4's uint8 an int one
-            codes = tl.load(at, mask=tile_ok, other=0.0).to(tl.float32)
+            codes = tl.load(at, mask=tile_ok, other=0.0)
+            if codes.dtype == tl.int8:  # -127..127: shifted into small_ints' range and back
+                codes = small_ints(codes.to(tl.int32) + 128) - 128.0
+            else:
+                codes = codes.to(tl.float32)
             a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
             dots = tl.sum(codes * a[None, :, :], 2) * scale
         else:
@@ -142,8 +155,7 @@ if triton is not None:
             a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
             a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
             low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
-            dots = tl.sum((codes & 0xF).to(tl.float32) * a_lo[None, :, :] +
-                          (codes >> 4).to(tl.float32) * a_hi[None, :, :], 2)
+            dots = tl.sum(small_ints(codes & 0xF) * a_lo[None, :, :] + small_ints(codes >> 4) * a_hi[None, :, :], 2)
             dots = dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
         return dots
 
@@ -163,7 +175,9 @@ if triton is not None:
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
-        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        # decode's output tiles on the launch's x axis (2^31 - 1 programs; y allows 65535, fewer than the lm_head's
+        # 151936 outputs in tiles of 2: "invalid argument", H100, 2026-12-06); the tiles' path: rows on x, outputs on y
+        rn = tl.program_id(0 if BLOCK_M == 1 else 1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
         w_rows = w_ptr + rn.to(tl.int64) * (groups * GB)  # [BLOCK_N] row starts (lm_head-sized matrices: int64)
         s_rows = rn * groups
@@ -212,12 +226,13 @@ if triton is not None:
     # a prompt takes the prompt form (use_prompt_form) in a prefill package, so only one-row configs are tuned, and
     # their grid is static (no row count in it: torch 2.11's AOTInductor failed to autotune a grid over the dynamic
     # rows, "launcher() missing 1 required positional argument: '_launcher_s1'", H100, 2026-12-06). A program's tile
-    # is BLOCK_N rows x BLOCK_K bytes, 32-64 bytes a thread (two to four 16-byte loads in flight, no spills for sm_90
+    # is BLOCK_N rows x BLOCK_K bytes, 16-32 bytes a thread (one or two 16-byte loads in flight, no spills for sm_90
     # at any group: tests/emit/test_triton_compile.py): the loop does not pipeline (its loads feed no dot), so bytes
-    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. Few configs:
-    # AOTInductor compiles every config of every layer shape.
+    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six: the
+    # fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md), and
+    # their neighbours; AOTInductor compiles every config of every layer shape.
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
-               for n, k, w in ((2, 1024, 2), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 1024, 8))]
+               for n, k, w in ((2, 1024, 2), (2, 1024, 4), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (16, 256, 4))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
@@ -240,7 +255,7 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
 
     def grid(meta):
         if meta["BLOCK_M"] == 1:  # every row in each program (no symbolic size in the launch)
-            return 1, triton.cdiv(out, meta["BLOCK_N"]), 1
+            return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)

@@ -36,6 +36,10 @@ def test_the_decode_attention_kernels_compile_for_sm90():
     for config in triton_attention.CONFIGS:
         assert compiled(triton_attention.attend_kernel, attend,
                         {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128, **config.kwargs})
+    # q typed fp32 beside an fp16 cache, as AOTInductor typed it in qwen3-1.7b's package (H100, 2026-12-06)
+    assert compiled(triton_attention.attend_kernel, {**attend, "q_ptr": "*fp32"},
+                    {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128,
+                     **triton_attention.CONFIGS[0].kwargs})
     combine = {"o_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": "*fp16", "batch": I32, "rows": I32, "seq": I32}
     assert compiled(triton_attention.combine_kernel, combine,
                     {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128})
