@@ -510,6 +510,16 @@ def main() -> int:
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     cuda = args.device == "cuda"  # tinygemm's int4 layout, softsyn's and gemlite's Triton kernels: CUDA only here
+    # the package checks first, each printed as it ends: a call cut short by its limit still says whether they built
+    checks = [check for check, wanted in ((softsyn_int4_packaged, {"softsyn", "package"}),
+                                          (softsyn_attention_packaged, {"attention", "package"}),
+                                          (gemlite_packaged, {"gemlite"})) if cuda and parts & wanted]
+    packaged = []
+    for check in checks:
+        line = check(args.device, dtype)
+        if line:
+            print(line, flush=True)
+            packaged.append(line)
     rows = attention_rows(args.device, dtype) if "attention" in parts else []
     rows += projection_rows(args.device, dtype) if "projections" in parts else []
     rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []
@@ -517,14 +527,10 @@ def main() -> int:
     rows += gemlite_rows(args.device, dtype) if cuda and "gemlite" in parts else []
     rows += chain_rows(args.device, dtype) if cuda and "chain" in parts else []
     rows += attention_chain_rows(args.device, dtype) if cuda and "attnchain" in parts else []
-    packaged = "\n".join(line for line in (
-        softsyn_int4_packaged(args.device, dtype) if cuda and parts & {"softsyn", "package"} else None,
-        softsyn_attention_packaged(args.device, dtype) if cuda and parts & {"attention", "package"} else None,
-        gemlite_packaged(args.device, dtype) if cuda and "gemlite" in parts else None) if line) or None
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",
              "| what | form | us per call | effective GB/s (fp16 bytes of the weights or K/V / time) |", "|---|---|---:|---:|"]
     lines += [f"| {what} | {form} | {s * 1e6:.1f} | {bw / 1e9:.0f} |" for what, form, s, bw in rows]
-    lines += ["", packaged] if packaged else []
+    lines += ["", *packaged] if packaged else []
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:
