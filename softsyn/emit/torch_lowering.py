@@ -189,10 +189,13 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
                        enabled=design.progress and timed, done="emit: weight kernels chosen"):
         quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
-    gated = fuse_gated_mlps(model)
+    gated, kept = fuse_gated_mlps(model)
     if gated:
         quantised.notes.append(f"{gated} gated MLP{'s' if gated != 1 else ''}: silu(gate) * up in the packed gate/up "
                                "GEMV's epilogue (softsyn's kernel, one kernel where two ran)")
+    if kept:
+        quantised.notes.append(f"{kept} MLP{'s' if kept != 1 else ''} with a packed gate/up on softsyn's kernel kept "
+                               "their own forward: they do not compute silu(gate) * up")
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()

@@ -5,7 +5,8 @@ whole or split into chunks of slots, or at decode softsyn's split kernel, softsy
 with transformers' AttentionInterface); QKV and gate/up as one matmul per group (PackedLinear); the target dtype on the
 parameters only (cast_parameters); the compile loop's int8 and int4 cells as torchao weight-only layers
 (quantise_modules; int4 as tinygemm's tile-packed layout or softsyn's Triton kernel, whichever measures faster per
-layer shape on the device, CUDA only, at the cell's block). Sliding-window layers
+layer shape on the device, CUDA only, at the cell's block); a gated MLP on softsyn's kernel as one GEMV with its
+activation in the epilogue (GatedMLP, fuse_gated_mlps). Sliding-window layers
 (Gemma-2/3) get their own mask, and soft-capped scores are capped in every attention form.
 """
 from __future__ import annotations
@@ -246,12 +247,12 @@ def gated_candidate(module: torch.nn.Module) -> QuantLinear | None:
     return layer if isinstance(layer, QuantLinear) and layer.bias is None and packed.sizes[0] == packed.sizes[1] else None
 
 
-def fuse_gated_mlps(model: torch.nn.Module) -> int:
-    """Put a GatedMLP where each MLP with a packed softsyn gate/up computes down(silu(gate(x)) * up(x)); how many.
-    What an MLP computes is checked, not assumed from its class: both forms run on one random input of the layer's
-    width and agree within fp16's rounding of the activation, or the MLP stays as it was (another activation or
-    order, e.g. GELU-gated MLPs, computes something else and keeps its own)."""
-    fused = 0
+def fuse_gated_mlps(model: torch.nn.Module) -> tuple[int, int]:
+    """Put a GatedMLP where each MLP with a packed softsyn gate/up computes down(silu(gate(x)) * up(x)); (how many
+    fused, how many such MLPs kept). What an MLP computes is checked, not assumed from its class: both forms run on
+    one random input of the layer's width and agree within fp16's rounding of the activation, or the MLP stays as it
+    was (another activation or order, e.g. GELU-gated MLPs, computes something else and keeps its own)."""
+    fused = kept = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             layer = gated_candidate(child)
@@ -266,7 +267,9 @@ def fuse_gated_mlps(model: torch.nn.Module) -> int:
             if (got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-6:
                 setattr(parent, name, gated)
                 fused += 1
-    return fused
+            else:
+                kept += 1
+    return fused, kept
 
 
 class StaticStep(torch.nn.Module):

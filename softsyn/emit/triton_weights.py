@@ -164,8 +164,9 @@ if triton is not None:
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
-        else int4). Program (i, j) owns outputs j * BLOCK_N.. and reads their weight rows whole, K contiguous, so it
-        stores finished sums: no zeroed output, no atomics, the same sum every run.
+        else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
+        (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
+        zeroed output, no atomics, the same sum every run.
         BLOCK_M 1 (decode): BLOCK_K bytes of each row a loop step, as [BLOCK_N, groups, group bytes] tiles
         (group_dots); the rows of x are a loop (the grid names no row: a package's dynamic row count stays a kernel
         argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
