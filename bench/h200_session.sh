@@ -41,9 +41,12 @@
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
-#   torchonly [ARGS]     carry [".whl"]: on a fresh machine in one call, without onnxruntime-gpu (the torch targets' kernels
-#                        need none): the wheels, softsyn, then bench/torch_kernels.py ARGS (e.g. --parts package,chain:
-#                        the package checks print first, so a call cut short still says whether they built)
+#   torchonly STEP ARGS  carry [".whl"]: STEP (torchkernels or torch) on a fresh machine in one call, without
+#                        onnxruntime-gpu (the torch targets need none): the wheels and softsyn, then the step, e.g.
+#                        `torchonly torchkernels --parts package,chain` (the package checks print first, so a call cut
+#                        short still says whether they built; `torchonly torch ...` compiles against the image's
+#                        onnxruntime 1.30 CPU build, untried as of 2026-12-06); peerst and the ORT steps still need the
+#                        full setup
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml (CONS=...:
 #                        another file, e.g. constraints/chat-h200-torch-int4.yaml; TAG=int4: into /tmp/torch-MODEL-int4) into
 #                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
@@ -159,6 +162,9 @@ shift
 # the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
 case $step in
 wheels|part|install|torchonly) ;;
+torchkernels|torch) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
+       "onnxruntime-gpu is not installed on this machine: run wheels, part x6 and install first, or torchonly $step"
+       exit 2; } ;;
 *) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
        "(a fresh one: the last was released): run wheels, part x4 and install first"; exit 2; } ;;
 esac
@@ -265,15 +271,14 @@ torchkernels)
     python3 -u bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | tee "$OUT/torch-kernels.log" \
         | grep -v "No registered plugin EP" | tail -20 ;;
 torchonly)
-    # one call on a fresh machine: the torch targets' kernels need no onnxruntime-gpu (the image's CPU build imports),
-    # so the 255 MB wheel's seven calls are skipped; the wheels' packages, softsyn, then the bench
+    # one call on a fresh machine: the torch targets need no onnxruntime-gpu (the image's CPU build imports), so the
+    # 255 MB wheel's seven calls are skipped; the wheels' packages and softsyn, then STEP as usual
     mkdir -p /tmp/whl && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
     cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || true
     python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/whl/*.whl
     softsyn_install
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    python3 -u bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | tee "$OUT/torch-kernels.log" \
-        | grep -v "No registered plugin EP" | tail -40 ;;
+    TORCH_ONLY=1 exec bash "$0" "$@" ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
