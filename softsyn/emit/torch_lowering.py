@@ -166,6 +166,29 @@ def compile_package(design, program, built: Built, folder: Path) -> None:
     built.calls = kernel_calls(folder / built.file, program)
 
 
+def build_packages(design, packages: list[Built], holder: list, folder: Path, build=build_package) -> None:
+    """Build every package `planned` gave, in order (`build`: build_package). A decode attention form the compile
+    measured fastest that AOTInductor then cannot package is built again in FORMS[0] (the matmul form), said in the
+    package's notes and logged at once: the rebuild takes as long again, and a run cut short would keep no reason
+    (qwen3-1.7b's int4 package, H100, 2026-12-06). Only while the model is still held: the last package drops it
+    once exported."""
+    measured = torch_target(design.torch_target).attention == MEASURED_FORM
+    for i, built in enumerate(packages):
+        if built.key == PREFILL and packages[0].weights_config != WEIGHTS_BESIDE:  # no blob in model.pt2 to read
+            built.constants, built.weights_config = OWN, {}
+            built.said.append(f"{built.file} holds its own weights: {packages[0].file} has them inside its .so")
+        try:
+            build(design, holder, built, folder, last=i == len(packages) - 1)
+        except Exception as exc:  # noqa: BLE001 - Inductor and Triton fail with many types; re-raised unless a fallback
+            if not measured or built.attention == FORMS[0] or not holder:
+                raise
+            built.said.append(f"{built.file}: AOTInductor failed on the measured {built.attention} attention "
+                              f"({brief(exc)}); built in {FORMS[0]} attention instead")
+            progress.log(f"emit: {built.said[-1]}", enabled=design.progress)
+            built.attention = FORMS[0]
+            build(design, holder, built, folder, last=i == len(packages) - 1)
+
+
 def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells: list[dict] = ()) -> list[str]:
     """Write DIR/model.pt2 (and with a prefill form DIR/model-prefill.pt2), their kernel maps, DIR/runtime/torch.json
     and the macro cells characterised on this device (softsyn.emit.torch_characterise; `netlist_cells`: the cells of
@@ -209,19 +232,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     packages, holder = planned(target, attention), [model]
     del model
     try:
-        for i, built in enumerate(packages):
-            if built.key == PREFILL and packages[0].weights_config != WEIGHTS_BESIDE:  # no blob in model.pt2 to read
-                built.constants, built.weights_config = OWN, {}
-                built.said.append(f"{built.file} holds its own weights: {packages[0].file} has them inside its .so")
-            try:
-                build_package(design, holder, built, folder, last=i == len(packages) - 1)
-            except Exception as exc:  # a measured form that timed well but AOTInductor cannot package: the first
-                if target.attention != MEASURED_FORM or built.attention == FORMS[0] or not holder:
-                    raise
-                built.said.append(f"{built.file}: AOTInductor failed on the measured {built.attention} attention "
-                                  f"({brief(exc)}); built in {FORMS[0]} attention instead")
-                built.attention = FORMS[0]
-                build_package(design, holder, built, folder, last=i == len(packages) - 1)
+        build_packages(design, packages, holder, folder)
     except SoftsynError:
         raise
     except Exception as exc:  # torch.export and Inductor fail with many types; the innermost cause says what

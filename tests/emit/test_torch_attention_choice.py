@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, AttentionShape, choose_attention, decode_shapes
@@ -77,3 +78,37 @@ def test_every_torch_target_names_a_form_or_the_measured_choice():
         assert target.attention in ATTENTIONS or target.attention == MEASURED_FORM, target.name
         assert target.prefill_attention in (None, *ATTENTIONS), target.name
     assert TORCH_TARGETS["h200-torch"].attention == MEASURED_FORM
+
+
+def test_a_measured_form_aotinductor_cannot_package_is_built_again_in_the_matmul_form(capsys):
+    """The compile measured softsyn's attention fastest and AOTInductor then failed on it (qwen3-1.7b's int4 package,
+    H100, 2026-12-06): model.pt2 is built again in the matmul form, the prefill package still follows, and the reason
+    is in the package's notes and on stderr at once. A form the target names itself, or a failure once the model is
+    dropped (nothing left to rebuild from), stands."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from softsyn.emit.torch_lowering import build_packages, planned
+    from softsyn.library.torch_targets import TORCH_TARGETS
+
+    calls = []
+
+    def build(design, holder, built, folder, last):
+        calls.append((built.file, built.attention, last))
+        if built.attention == "softsyn":
+            raise RuntimeError("Failed to run autotuning code block: Name=attend_kernel")
+
+    design = SimpleNamespace(torch_target="h200-torch", progress=True)
+    packages = planned(TORCH_TARGETS["h200-torch"], "softsyn")
+    build_packages(design, packages, ["model"], Path("unused"), build)
+    assert calls == [("model.pt2", "softsyn", False), ("model.pt2", "matmul", False),
+                     ("model-prefill.pt2", "sdpa", True)]
+    assert packages[0].attention == "matmul"
+    said = "model.pt2: AOTInductor failed on the measured softsyn attention (RuntimeError: Failed to run autotuning"
+    assert packages[0].said[-1].startswith(said) and packages[0].said[-1].endswith("built in matmul attention instead")
+    assert said in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="attend_kernel"):  # cpu-torch names its form: no measured choice to undo
+        build_packages(SimpleNamespace(torch_target="cpu-torch", progress=False),
+                       planned(TORCH_TARGETS["cpu-torch"], "softsyn"), ["model"], Path("unused"), build)
+    with pytest.raises(RuntimeError, match="attend_kernel"):  # the model already dropped
+        build_packages(design, planned(TORCH_TARGETS["h200-torch"], "softsyn"), [], Path("unused"), build)
