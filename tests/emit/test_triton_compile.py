@@ -5,6 +5,8 @@ interpreter runs can still fail to compile. The attention kernel's first GPU run
 the H200 image's torch 2.11 brings 3.6, so a version's own quirks can still pass here."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -49,7 +51,8 @@ def test_the_decode_attention_kernels_compile_for_sm90():
 def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byte_loads(codes, byte_codes):
     """Every shipped one-row config at every group (and the gated epilogue at the smallest), as Inductor launches it at qwen3's widths (aligned buffers, K and
     N multiples of 16): the codes load 16 bytes a thread (a scalar byte load a weight is what an unproven alignment
-    gives, and a GEMV's speed is its loads)."""
+    gives, and a GEMV's speed is its loads), and integer codes become floats with no int-to-float convert (a quarter
+    of the FMA rate: small_ints)."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
                  "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32}
     aligned = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
@@ -60,3 +63,5 @@ def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byt
                                   {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated, **config.kwargs}, aligned,
                                   {"num_warps": config.num_warps, "num_stages": config.num_stages})
                 assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config, gated)
+                if codes != "*fp8e4nv":  # integer codes become floats by small_ints' exponent trick, no converts
+                    assert not re.search(r"cvt\.rn\.f32\.[su]\d+", kernel.asm["ptx"]), (group, config, gated)
