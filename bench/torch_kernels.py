@@ -299,14 +299,19 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
 
 
 def chain_forms(linear: torch.nn.Linear, gemlite) -> list[tuple[str, object]]:
-    """A chain's forms of one layer: cuBLAS fp16 (F.linear), softsyn's (softsyn_chain_forms), torchao's tinygemm int4
+    """A chain's forms of one layer: cuBLAS fp16 (F.linear), the fp16 tensor-core prototype (bench/fp16_gemv.py),
+    softsyn's (softsyn_chain_forms), torchao's tinygemm int4
     (the step's fp16 activation in, as h200-torch runs it) and int8 weight-only, gemlite's A16W4 g64 and A16W8 fp8
     where installed (gemlite's from_linear takes the layer's weight: a copy each)."""
     from torchao.quantization import quantize_
 
     from softsyn.emit.torch_step import int4_config, int8_config
 
-    forms = [("fp16 cuBLAS", linear)] + softsyn_chain_forms(linear)
+    import fp16_gemv  # bench/: a prototype, not softsyn's yet
+
+    forms = [("fp16 cuBLAS", linear),
+             ("fp16 tensor-core GEMV (bench/fp16_gemv.py prototype, autotuned)",
+              lambda x, w=linear.weight: fp16_gemv.gemv(x, w))] + softsyn_chain_forms(linear)
     tinygemm = copy.deepcopy(linear).to(torch.bfloat16)
     quantize_(tinygemm, int4_config(128))
     forms.append(("torchao int4 g128 (tinygemm)", tinygemm))
