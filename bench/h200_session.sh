@@ -152,6 +152,12 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 
 # each call gets a fresh copy of the tree: the graph tables a `graphcells` call measured ($LIB.graph) go back in first
+stage_wheels() {  # the wheels' packages (not onnxruntime-gpu) into /tmp/whl
+    mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
+    cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || echo "no gemlite wheel in .whl (docs/h200.md): torchkernels skips its rows"
+    cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
+}
+
 softsyn_install() {
     [ -f $LIB.graph ] && cp $LIB.graph softsyn/library/libs/h200-ort-cuda.yaml
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
@@ -170,9 +176,7 @@ torchkernels|torch) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || 
 esac
 case $step in
 wheels)
-    mkdir -p /tmp/whl /tmp/genai && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
-    cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || echo "no gemlite wheel in .whl (docs/h200.md): torchkernels skips its rows"
-    cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
+    stage_wheels
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv ;;
 part)
     mkdir -p /tmp/ortw && cp "$1"/part0* /tmp/ortw/ && ls -la /tmp/ortw ;;
@@ -273,8 +277,7 @@ torchkernels)
 torchonly)
     # one call on a fresh machine: the torch targets need no onnxruntime-gpu (the image's CPU build imports), so the
     # 255 MB wheel's seven calls are skipped; the wheels' packages and softsyn, then STEP as usual
-    mkdir -p /tmp/whl && cp .whl/onnx_ir-*.whl .whl/transformers-*.whl .whl/torchao-*.whl /tmp/whl/
-    cp .whl/gemlite-*.whl /tmp/whl/ 2>/dev/null || true
+    stage_wheels
     python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/whl/*.whl
     softsyn_install
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 import softsyn.emit.triton_attention  # noqa: F401 - registers softsyn::decode_attention
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS, WeightShape, choose_weight_kernels
-from softsyn.emit.triton_weights import GROUPS, QuantLinear, dequantise, group_for, replace_linears
+from softsyn.emit.triton_weights import GROUPS, QuantLinear, group_for, replace_linears, silu_gated
 
 
 class BufferLayer(StaticLayer):
@@ -227,10 +227,8 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.gate_up
-        if layer.prompt_form:
-            weight = dequantise(layer.packed, layer.scales, layer.lows)
-            gate, up = torch.nn.functional.linear(x, weight).chunk(2, dim=-1)
-            return self.down_proj(torch.nn.functional.silu(gate) * up)
+        if layer.prompt_form:  # the layer's own prompt form (dequantise + one matmul), then the activation
+            return self.down_proj(silu_gated(layer(x)))
         return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows))
 
 

@@ -249,8 +249,7 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     one_code = byte_codes(packed)
     config = None if flat.device.type == "cuda" and config is None else config or DEFAULT_CONFIG
     if gated and config is not None and config["BLOCK_M"] > 1:  # the tiles' path has no epilogue
-        gate, up = launch(flat, packed, scales, lows, config).chunk(2, dim=-1)
-        return torch.nn.functional.silu(gate.float()).mul(up.float()).to(flat.dtype)
+        return silu_gated(launch(flat, packed, scales, lows, config))
     out = packed.shape[0] // 2 if gated else packed.shape[0]
     y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)  # every program stores finished sums
 
@@ -268,34 +267,41 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     return y
 
 
+def silu_gated(y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for y = [gate, up] along its last dim, in fp32 as the kernel's epilogue computes it."""
+    gate, up = y.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate.float()).mul(up.float()).to(y.dtype)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
-def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ W^T for W in the packed format: the Triton kernel on CUDA (and in Triton's interpreter), torch's
-    matmul over the dequantised weight elsewhere."""
-    width, out = x.shape[-1], packed.shape[0]
+def product(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
+            gated: bool) -> torch.Tensor:
+    """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), torch's matmul over the dequantised
+    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs."""
+    width, out = x.shape[-1], packed.shape[0] // (2 if gated else 1)
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
-        return (flat @ dequantise(packed, scales, lows).t()).reshape(*x.shape[:-1], out)
-    y = launch(flat.contiguous(), packed, scales, lows)
+        y = flat @ dequantise(packed, scales, lows).t()
+        y = silu_gated(y) if gated else y
+    else:
+        y = launch(flat.contiguous(), packed, scales, lows, gated=gated)
     return y.reshape(*x.shape[:-1], out)
+
+
+@torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
+def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format."""
+    return product(x, packed, scales, lows, gated=False)
 
 
 @torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
 def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                         lows: torch.Tensor) -> torch.Tensor:
-    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up): the kernel
-    with its gated epilogue on CUDA (and in Triton's interpreter), torch over the dequantised weight elsewhere."""
-    width, out = x.shape[-1], packed.shape[0] // 2
-    flat = x.reshape(-1, width)
-    if triton is None or (x.device.type != "cuda" and not interpreting()):
-        gate, up = (flat @ dequantise(packed, scales, lows).t()).chunk(2, dim=-1)
-        return (torch.nn.functional.silu(gate) * up).reshape(*x.shape[:-1], out)
-    y = launch(flat.contiguous(), packed, scales, lows, gated=True)
-    return y.reshape(*x.shape[:-1], out)
+    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up)."""
+    return product(x, packed, scales, lows, gated=True)
 
 
 class QuantLinear(torch.nn.Module):

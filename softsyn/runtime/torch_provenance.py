@@ -164,19 +164,17 @@ def attribute(kernels: list[str], calls: list[KernelCall], named: bool = False) 
     at, extern = 0, None  # the next call expected; the extern call library kernels go to until a generated one runs
     for name in kernels:
         if name in users:  # a user-defined Triton kernel: its calls by name
-            name_of = users[name]
-            found = next((i % len(calls) for i in range(at, at + len(calls)) if calls[i % len(calls)].kernel in name_of),
-                         None)
-            out.append(None if found is None else calls[found])
-            at, extern = (found + 1, None) if found is not None else (at, extern)
-            continue
-        if name.startswith(COPIES) or (name not in generated and (named or name.startswith(GENERATED))):
+            wanted = (lambda c, names=users[name]: c.kernel in names)
+        elif name.startswith(COPIES) or (name not in generated and (named or name.startswith(GENERATED))):
             out.append(None)
             continue
-        wanted = (lambda c: c.kernel == name) if name in generated else (lambda c: c.extern)
-        if name not in generated and extern is not None:
+        elif name in generated:
+            wanted = (lambda c: c.kernel == name)
+        elif extern is not None:
             out.append(calls[extern])
             continue
+        else:
+            wanted = (lambda c: c.extern)
         found = next((i % len(calls) for i in range(at, at + len(calls)) if wanted(calls[i % len(calls)])), None)
         if found is None:
             out.append(None)
