@@ -160,9 +160,36 @@ if triton is not None:
         return dots
 
     @triton.jit
-    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+    def pull_ahead(a_ptr, a_bytes, HOW: tl.constexpr):
+        """This program's share of the `a_bytes` bytes at `a_ptr` (the weights of the GEMV a step runs next) asked
+        into L2, with nothing waiting for them: a decode GEMV is bound by the bytes it keeps in flight, not by the
+        memory's bandwidth (qwen3-1.7b's int4 layers: 1-1.2 TB/s of codes on an H100 whatever the config, 2026-12-06),
+        so the next layer's weights can stream in while this one and the small kernels between them run. HOW 1: one
+        `prefetch.global.L2` a 128-byte line, spread over the program's threads; 2: one `cp.async.bulk.prefetch.L2`
+        of the whole share from the program's first thread (Hopper's bulk copy engine)."""
+        programs = tl.num_programs(0)
+        share = tl.cdiv(tl.cdiv(a_bytes, programs), 128) * 128  # bytes a program asks for, whole lines
+        start = tl.program_id(0).to(tl.int64) * share
+        stop = tl.minimum(start + share, a_bytes)
+        if HOW == 1:
+            lines = tl.arange(0, 64).to(tl.int64) * 128
+            for at in range(start, stop, 64 * 128):
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                          [a_ptr + tl.minimum(at + lines, stop - 1)], dtype=tl.int32, is_pure=False,
+                                          pack=1)
+        else:
+            size = ((stop - start) // 16 * 16).to(tl.int32)
+            if size > 0:
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred first; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 first, t, 0;\n"
+                    "@first cp.async.bulk.prefetch.L2.global [$1], $2; }\nmov.u32 $0, 0;", "=r,l,r",
+                    [a_ptr + start, size], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, a_ptr, a_bytes,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
+                             AHEAD: tl.constexpr = 0):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -171,8 +198,9 @@ if triton is not None:
         (group_dots); the rows of x are a loop (the grid names no row: a package's dynamic row count stays a kernel
         argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
-        activation in the GEMV's epilogue (one kernel where a step ran two). BLOCK_M > 1 (`launch` with a config; not
-        autotuned): tensor-core tiles, one group a step."""
+        activation in the GEMV's epilogue (one kernel where a step ran two). AHEAD (one-row path, CUDA): the
+        program's share of the `a_bytes` at `a_ptr` asked into L2 once its own sums are stored (pull_ahead's HOW).
+        BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
@@ -200,6 +228,8 @@ if triton is not None:
                 if GATED:
                     out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
                 tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+            if AHEAD:
+                pull_ahead(a_ptr.to(tl.pointer_type(tl.uint8)), a_bytes, HOW=AHEAD)
         else:
             rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -234,16 +264,20 @@ if triton is not None:
     # their neighbours; AOTInductor compiles every config of every layer shape.
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
                for n, k, w in ((2, 1024, 2), (2, 1024, 4), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (16, 256, 4))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED", "AHEAD"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
+AHEAD_HOW = 1  # pull_ahead's way when an op is given the next weights (prefetch lines; 2: one bulk prefetch)
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-           config: dict | None = None, gated: bool = False) -> torch.Tensor:
+           config: dict | None = None, gated: bool = False, ahead: torch.Tensor | None = None,
+           how: int = AHEAD_HOW) -> torch.Tensor:
     """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "BLOCK_K"]})
     is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter). `gated`: packed holds gate then up rows,
-    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles)."""
+    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles).
+    `ahead`: the weights the step reads next, asked into L2 (pull_ahead, `how`) by a one-row launch on CUDA; a
+    hint, ignored elsewhere (the interpreter runs no inline PTX)."""
     rows, width = flat.shape
     group = width // scales.shape[1]
     one_code = byte_codes(packed)
@@ -258,12 +292,15 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
-    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
+    pull = ahead is not None and flat.device.type == "cuda" and (config is None or config["BLOCK_M"] == 1)
+    a_ptr, a_bytes = (ahead, ahead.numel() * ahead.element_size()) if pull else (packed, 0)
+    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, a_ptr, a_bytes)
     if config is None:
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated,
+                                                      AHEAD=how if pull else 0)
     else:
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
-                                                                       GATED=gated, **config)
+                                                                       GATED=gated, AHEAD=how if pull else 0, **config)
     return y
 
 
@@ -278,30 +315,33 @@ def interpreting() -> bool:
 
 
 def product(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-            gated: bool) -> torch.Tensor:
+            gated: bool, ahead: torch.Tensor | None = None) -> torch.Tensor:
     """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), torch's matmul over the dequantised
-    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs."""
+    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs; `ahead`:
+    the next weights, asked into L2 on CUDA (launch)."""
     width, out = x.shape[-1], packed.shape[0] // (2 if gated else 1)
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
         y = flat @ dequantise(packed, scales, lows).t()
         y = silu_gated(y) if gated else y
     else:
-        y = launch(flat.contiguous(), packed, scales, lows, gated=gated)
+        y = launch(flat.contiguous(), packed, scales, lows, gated=gated, ahead=ahead)
     return y.reshape(*x.shape[:-1], out)
 
 
 @torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
-def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ W^T for W in the packed format."""
-    return product(x, packed, scales, lows, gated=False)
+def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
+                  ahead: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format; `ahead`: the weights the step reads next (a hint: launch)."""
+    return product(x, packed, scales, lows, gated=False, ahead=ahead)
 
 
 @torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
 def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                        lows: torch.Tensor) -> torch.Tensor:
-    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up)."""
-    return product(x, packed, scales, lows, gated=True)
+                        lows: torch.Tensor, ahead: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up); `ahead` as
+    weight_matmul's."""
+    return product(x, packed, scales, lows, gated=True, ahead=ahead)
 
 
 class QuantLinear(torch.nn.Module):
