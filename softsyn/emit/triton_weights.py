@@ -358,6 +358,7 @@ class QuantLinear(torch.nn.Module):
         out, row_bytes = weights.packed.shape
         self.in_features, self.out_features = row_bytes if byte_codes(weights.packed) else row_bytes * 2, out
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
+        self.register_buffer("ahead", None, persistent=False)  # the next layer's codes (link_ahead), or None
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4") -> QuantLinear:
@@ -366,7 +367,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompt_form:
             return torch.nn.functional.linear(x, dequantise(self.packed, self.scales, self.lows), self.bias)
-        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows)
+        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.ahead)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
@@ -383,6 +384,19 @@ def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
     for layer in layers:
         layer.prompt_form = on
     return len(layers)
+
+
+def link_ahead(model: torch.nn.Module, on: bool = True) -> int:
+    """Give every QuantLinear of `model` the codes of the next one in module order as `ahead` (on; off: none), so
+    each decode GEMV asks the next one's weights into L2 (pull_ahead); how many links. Module order is a decoder's
+    execution order (q/k/v, o, gate/up, down, then the next layer, the lm_head last, which pulls the first layer's
+    q/k/v for the next step); where a family orders them otherwise, a link pulls the wrong weights early, costing
+    bandwidth, never a result. `ahead` is a non-persistent buffer holding the same tensor as the next layer's
+    `packed`: an export shares it, the package holds the codes once."""
+    layers = list(dict.fromkeys(m for m in model.modules() if isinstance(m, QuantLinear)))
+    for layer, nxt in zip(layers, layers[1:] + layers[:1]):
+        layer.ahead = nxt.packed if on and len(layers) > 1 else None
+    return len(layers) if on and len(layers) > 1 else 0
 
 
 def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4") -> int:
