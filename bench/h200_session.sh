@@ -37,7 +37,9 @@
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
 #   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only; attnchain,package: each decode
-#                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
+#                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages;
+#                        layerchain: a step's GEMVs layer after layer, with and without prefetching the next one's
+#                        weights into L2): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)

@@ -177,6 +177,12 @@ def test_a_gated_mlp_runs_its_activation_in_the_gate_up_kernel_where_it_computes
     torch.testing.assert_close(got, before, rtol=1e-4, atol=1e-4)
     use_prompt_form(model, True)
     torch.testing.assert_close(exported_step(model)[1], before, rtol=1e-4, atol=1e-4)
+    use_prompt_form(model, False)
+    assert link_ahead(model) == 2  # each gate/up names the other's codes; the step computes what it did
+    program, linked = exported_step(model)
+    calls = [node for node in program.graph.nodes if "weight_matmul" in str(node.target)]
+    assert len(calls) == 2 and all(len(node.args) == 5 and node.args[4] is not None for node in calls)
+    torch.testing.assert_close(linked, before, rtol=1e-4, atol=1e-4)
 
 
 def test_each_layer_is_linked_to_the_next_ones_codes_and_an_export_holds_them_once():
