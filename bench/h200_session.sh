@@ -49,6 +49,9 @@
 #                        short still says whether they built; `torchonly torch ...` compiles against the image's
 #                        onnxruntime 1.30 CPU build, untried as of 2026-12-06); peerst and the ORT steps still need the
 #                        full setup
+#   warm [MODEL] [S]     softsyn analyze zoo:MODEL (qwen3-1.7b) under CONS within S seconds (300): the export cache
+#                        filled, so a `torch` step in the next call spends its limit on the packages (TORCH_ONLY=1 after
+#                        torchonly, e.g. `torchonly torchkernels ...; TORCH_ONLY=1 bash bench/h200_session.sh warm`)
 #   torch [MODEL] [S]    zoo:MODEL (qwen3-1.7b) compiled for h200-torch under constraints/chat-h200-torch.yaml (CONS=...:
 #                        another file, e.g. constraints/chat-h200-torch-int4.yaml; TAG=int4: into /tmp/torch-MODEL-int4) into
 #                        /tmp/torch-MODEL within S seconds (585): two packages (model.pt2, matmul attention, for decode;
@@ -170,7 +173,7 @@ shift
 # the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
 case $step in
 wheels|part|install|torchonly) ;;
-torchkernels|torch) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
+torchkernels|torch|warm) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
        "onnxruntime-gpu is not installed on this machine: run wheels, part x6 and install first, or torchonly $step"
        exit 2; } ;;
 *) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
@@ -284,6 +287,12 @@ torchonly)
     softsyn_install
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     TORCH_ONLY=1 exec bash "$0" "$@" ;;
+warm)
+    # the export cache filled (softsyn analyze: export, materialised weights), so that a `torch` step in the next call
+    # on this warm machine spends its limit on the packages (qwen3-1.7b: ~95 s of export a fresh machine pays first)
+    softsyn_install
+    timeout "${2:-300}" softsyn analyze zoo:${1:-qwen3-1.7b} -c "${CONS:-constraints/chat-h200-torch.yaml}" 2>&1 \
+        | grep "^\[softsyn\]" | tail -5 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
