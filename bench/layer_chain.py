@@ -1,20 +1,19 @@
 """A decode step's weight GEMVs as the step runs them, layer after layer: qwen3-1.7b's q/k/v (packed), o, gate/up
 (packed, silu(gate) * up in the epilogue) and down, 28 layers of distinct weights (every layer's read from device
-memory, as in a step), captured in one CUDA graph; per layer. Forms: cuBLAS fp16, and softsyn's int4 g128 kernel
-(softsyn.emit.triton_weights, autotuned) without and with each GEMV asking the next one's weights into L2
-(pull_ahead's two ways), each with and without an RMSNorm kernel before q/k/v and gate/up (the small kernels between
-a step's GEMVs, during which asked-for weights can arrive). Part `layerchain` of bench/torch_kernels.py.
+memory, as in a step), captured in one CUDA graph; per layer. Forms: cuBLAS fp16 and softsyn's int4 g128 kernel
+(softsyn.emit.triton_weights, autotuned), each without and with an RMSNorm kernel before q/k/v and gate/up (the small
+kernels between a step's GEMVs). Part `layerchain` of bench/torch_kernels.py.
 
-A single GEMV chain (torch_kernels' `chain`) repeats one shape; this one measures what a prefetch needs: a different
-next weight after each call."""
+A single GEMV chain (torch_kernels' `chain`) repeats one shape; this one runs the step's shapes in the step's order,
+each GEMV after a different one, as a change to what one GEMV leaves for the next (the cache, the tail of its launch)
+needs. It measured the kernel asking the next GEMV's weights into L2 (H100, 2026-12-06: slower; decision note
+docs/decisions/2026-12-06-triton-int4.md, "v6")."""
 from __future__ import annotations
 
 import torch
 
 HIDDEN, MLP, QKV, LAYERS = 2048, 6144, 4096, 28  # qwen3-1.7b: q 16 x 128, k and v 8 x 128 each
 SHAPES = (("qkv", HIDDEN, QKV), ("o", HIDDEN, HIDDEN), ("gate_up", HIDDEN, 2 * MLP), ("down", MLP, HIDDEN))
-AHEAD = ((0, "no prefetch"), (1, "each GEMV prefetches the next one's weights, a line a thread"),
-         (2, "each GEMV prefetches the next one's weights, one bulk copy a program"))
 
 
 def int4_layers(device: str, dtype) -> list[dict]:
@@ -28,21 +27,20 @@ def int4_layers(device: str, dtype) -> list[dict]:
     return layers
 
 
-def int4_step(layers: list[dict], inputs: dict, how: int, norms: bool):
-    """One step's GEMVs over `layers`; `how` 0: no prefetch, else each call names the next call's codes."""
+def int4_step(layers: list[dict], inputs: dict, norms: bool):
+    """One step's GEMVs over `layers` (softsyn's kernel, autotuned; gate/up with silu(gate) * up in its epilogue)."""
     from softsyn.emit.triton_weights import launch
 
-    order = [(i, name) for i in range(len(layers)) for name, _, _ in SHAPES]
-    ahead = [layers[i][name].packed for i, name in order[1:] + order[:1]]
     norm = torch.ones(HIDDEN, device=inputs[HIDDEN].device, dtype=inputs[HIDDEN].dtype)
 
     def step():
-        for (i, name), nxt in zip(order, ahead):
-            w = layers[i][name]
-            x = inputs[w.packed.shape[1] * 2]
-            if norms and name in ("qkv", "gate_up"):
-                x = torch.nn.functional.rms_norm(x, (HIDDEN,), norm)
-            launch(x, w.packed, w.scales, w.lows, gated=name == "gate_up", ahead=nxt if how else None, how=how or 1)
+        for layer in layers:
+            for name, width, _ in SHAPES:
+                x = inputs[width]
+                if norms and name in ("qkv", "gate_up"):
+                    x = torch.nn.functional.rms_norm(x, (HIDDEN,), norm)
+                w = layer[name]
+                launch(x, w.packed, w.scales, w.lows, gated=name == "gate_up")
     return step
 
 
@@ -76,13 +74,12 @@ def layer_chain_rows(device: str, dtype, timed) -> list[tuple]:
     torch.cuda.empty_cache()
     layers = int4_layers(device, dtype)
     for norms in (False, True):
-        for how, label in AHEAD:
-            form = f"softsyn int4 g128 (autotuned), {label}{' + RMSNorms' if norms else ''}"
-            try:
-                seconds = timed(int4_step(layers, inputs, how, norms), device) / LAYERS
-            except Exception as exc:  # noqa: BLE001 - a form that fails is a line, not a crash
-                print(f"layer chain {form}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            rows.append((what, form, seconds, fp16_bytes / seconds))
-            print(f"layer chain | {form} | {seconds * 1e6:.1f} us a layer", flush=True)
+        form = f"softsyn int4 g128 (autotuned){' + RMSNorms' if norms else ''}"
+        try:
+            seconds = timed(int4_step(layers, inputs, norms), device) / LAYERS
+        except Exception as exc:  # noqa: BLE001 - a form that fails is a line, not a crash
+            print(f"layer chain {form}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        rows.append((what, form, seconds, fp16_bytes / seconds))
+        print(f"layer chain | {form} | {seconds * 1e6:.1f} us a layer", flush=True)
     return rows

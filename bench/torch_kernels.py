@@ -33,8 +33,8 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              (g64, g128), fp8 and int8 (g128) autotuned and int4 g128 at each config of a sweep, torchao's tinygemm
              int4 and int8 and gemlite's A16W4 / A16W8 fp8: a GEMV replayed alone reads a floor of ~10-14 us whatever
              its kernel, so the tables above compare small shapes only here;
-  layerchain (CUDA) a step's GEMVs layer after layer, 28 layers, fp16 cuBLAS and softsyn's int4 with and without each
-             GEMV prefetching the next one's weights into L2 (bench/layer_chain.py).
+  layerchain (CUDA) a step's GEMVs layer after layer, 28 layers, fp16 cuBLAS and softsyn's int4, without and with an
+             RMSNorm kernel between them (bench/layer_chain.py).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -535,7 +535,7 @@ def main() -> int:
     rows += chain_rows(args.device, dtype) if cuda and "chain" in parts else []
     rows += attention_chain_rows(args.device, dtype) if cuda and "attnchain" in parts else []
     if cuda and "layerchain" in parts:
-        import layer_chain  # bench/: the step's GEMVs layer after layer, with and without prefetching the next
+        import layer_chain  # bench/: the step's GEMVs layer after layer
 
         rows += layer_chain.layer_chain_rows(args.device, dtype, timed)
     lines = [f"# h200-torch kernel choices on {name} (torch {torch.__version__}, {dtype})", "",

@@ -29,7 +29,7 @@ from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
-from softsyn.emit.triton_weights import link_ahead, use_prompt_form
+from softsyn.emit.triton_weights import use_prompt_form
 from softsyn.errors import SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -219,10 +219,6 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     if kept:
         quantised.notes.append(f"{kept} MLP{'s' if kept != 1 else ''} with a packed gate/up on softsyn's kernel kept "
                                "their own forward: they do not compute silu(gate) * up")
-    links = link_ahead(model, target.prefetch)
-    if links:
-        quantised.notes.append(f"{links} of softsyn's weight layers each ask the next one's codes into L2 as they "
-                               "finish (decode: the next GEMV reads from the cache)")
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()

@@ -229,8 +229,7 @@ class GatedMLP(torch.nn.Module):
         layer = self.gate_up
         if layer.prompt_form:  # the layer's own prompt form (dequantise + one matmul), then the activation
             return self.down_proj(silu_gated(layer(x)))
-        return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows,
-                                                                     layer.ahead))
+        return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows))
 
 
 def gated_candidate(module: torch.nn.Module) -> QuantLinear | None:

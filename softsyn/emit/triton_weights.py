@@ -160,36 +160,9 @@ if triton is not None:
         return dots
 
     @triton.jit
-    def pull_ahead(a_ptr, a_bytes, HOW: tl.constexpr):
-        """This program's share of the `a_bytes` bytes at `a_ptr` (the weights of the GEMV a step runs next) asked
-        into L2, with nothing waiting for them: a decode GEMV is bound by the bytes it keeps in flight, not by the
-        memory's bandwidth (qwen3-1.7b's int4 layers: 1-1.2 TB/s of codes on an H100 whatever the config, 2026-12-06),
-        so the next layer's weights can stream in while this one and the small kernels between them run. HOW 1: one
-        `prefetch.global.L2` a 128-byte line, spread over the program's threads; 2: one `cp.async.bulk.prefetch.L2`
-        of the whole share from the program's first thread (Hopper's bulk copy engine)."""
-        programs = tl.num_programs(0)
-        share = tl.cdiv(tl.cdiv(a_bytes, programs), 128) * 128  # bytes a program asks for, whole lines
-        start = tl.program_id(0).to(tl.int64) * share
-        stop = tl.minimum(start + share, a_bytes)
-        if HOW == 1:
-            lines = tl.arange(0, 64).to(tl.int64) * 128
-            for at in range(start, stop, 64 * 128):
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                          [a_ptr + tl.minimum(at + lines, stop - 1)], dtype=tl.int32, is_pure=False,
-                                          pack=1)
-        else:
-            size = ((stop - start) // 16 * 16).to(tl.int32)
-            if size > 0:
-                tl.inline_asm_elementwise(
-                    "{ .reg .pred first; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 first, t, 0;\n"
-                    "@first cp.async.bulk.prefetch.L2.global [$1], $2; }\nmov.u32 $0, 0;", "=r,l,r",
-                    [a_ptr + start, size], dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
-    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, a_ptr, a_bytes,
+    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
-                             AHEAD: tl.constexpr = 0):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -198,9 +171,8 @@ if triton is not None:
         (group_dots); the rows of x are a loop (the grid names no row: a package's dynamic row count stays a kernel
         argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
-        activation in the GEMV's epilogue (one kernel where a step ran two). AHEAD (one-row path, CUDA): the
-        program's share of the `a_bytes` at `a_ptr` asked into L2 once its own sums are stored (pull_ahead's HOW).
-        BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
+        activation in the GEMV's epilogue (one kernel where a step ran two). BLOCK_M > 1 (`launch` with a config; not
+        autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
@@ -228,8 +200,6 @@ if triton is not None:
                 if GATED:
                     out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
                 tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
-            if AHEAD:
-                pull_ahead(a_ptr.to(tl.pointer_type(tl.uint8)), a_bytes, HOW=AHEAD)
         else:
             rk = tl.arange(0, HALF)
             rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -264,20 +234,16 @@ if triton is not None:
     # their neighbours; AOTInductor compiles every config of every layer shape.
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
                for n, k, w in ((2, 1024, 2), (2, 1024, 4), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (16, 256, 4))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED", "AHEAD"])(weight_matmul_kernel)
+    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
-AHEAD_HOW = 1  # pull_ahead's way when an op is given the next weights (prefetch lines; 2: one bulk prefetch)
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-           config: dict | None = None, gated: bool = False, ahead: torch.Tensor | None = None,
-           how: int = AHEAD_HOW) -> torch.Tensor:
+           config: dict | None = None, gated: bool = False) -> torch.Tensor:
     """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "BLOCK_K"]})
     is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter). `gated`: packed holds gate then up rows,
-    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles).
-    `ahead`: the weights the step reads next, asked into L2 (pull_ahead, `how`) by a one-row launch on CUDA; a
-    hint, ignored elsewhere (the interpreter runs no inline PTX)."""
+    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles)."""
     rows, width = flat.shape
     group = width // scales.shape[1]
     one_code = byte_codes(packed)
@@ -292,23 +258,13 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
-    pull = ahead is not None and flat.device.type == "cuda" and (config is None or config["BLOCK_M"] == 1)
-    a_ptr, a_bytes = (ahead, ahead_bytes(ahead)) if pull else (packed, 0)
-    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, a_ptr, a_bytes)
+    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated,
-                                                      AHEAD=how if pull else 0)
+        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
     else:
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
-                                                                       GATED=gated, AHEAD=how if pull else 0, **config)
+                                                                       GATED=gated, **config)
     return y
-
-
-def ahead_bytes(ahead: torch.Tensor) -> int:
-    """How much of `ahead` a GEMV asks into L2: all of it up to half the device's L2 cache (the lm_head's 155 MB of
-    int4 codes at qwen3-1.7b would stream through the cache and evict themselves before the lm_head reads them)."""
-    cache = torch.cuda.get_device_properties(ahead.device).L2_cache_size
-    return min(ahead.numel() * ahead.element_size(), cache // 2) // 16 * 16
 
 
 def silu_gated(y: torch.Tensor) -> torch.Tensor:
@@ -322,33 +278,30 @@ def interpreting() -> bool:
 
 
 def product(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-            gated: bool, ahead: torch.Tensor | None = None) -> torch.Tensor:
+            gated: bool) -> torch.Tensor:
     """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), torch's matmul over the dequantised
-    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs; `ahead`:
-    the next weights, asked into L2 on CUDA (launch)."""
+    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs."""
     width, out = x.shape[-1], packed.shape[0] // (2 if gated else 1)
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
         y = flat @ dequantise(packed, scales, lows).t()
         y = silu_gated(y) if gated else y
     else:
-        y = launch(flat.contiguous(), packed, scales, lows, gated=gated, ahead=ahead)
+        y = launch(flat.contiguous(), packed, scales, lows, gated=gated)
     return y.reshape(*x.shape[:-1], out)
 
 
 @torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
-def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-                  ahead: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W^T for W in the packed format; `ahead`: the weights the step reads next (a hint: launch)."""
-    return product(x, packed, scales, lows, gated=False, ahead=ahead)
+def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format."""
+    return product(x, packed, scales, lows, gated=False)
 
 
 @torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
 def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                        lows: torch.Tensor, ahead: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up); `ahead` as
-    weight_matmul's."""
-    return product(x, packed, scales, lows, gated=True, ahead=ahead)
+                        lows: torch.Tensor) -> torch.Tensor:
+    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up)."""
+    return product(x, packed, scales, lows, gated=True)
 
 
 class QuantLinear(torch.nn.Module):
@@ -365,7 +318,6 @@ class QuantLinear(torch.nn.Module):
         out, row_bytes = weights.packed.shape
         self.in_features, self.out_features = row_bytes if byte_codes(weights.packed) else row_bytes * 2, out
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
-        self.register_buffer("ahead", None, persistent=False)  # the next layer's codes (link_ahead), or None
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4") -> QuantLinear:
@@ -374,7 +326,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompt_form:
             return torch.nn.functional.linear(x, dequantise(self.packed, self.scales, self.lows), self.bias)
-        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.ahead)
+        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
@@ -391,19 +343,6 @@ def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
     for layer in layers:
         layer.prompt_form = on
     return len(layers)
-
-
-def link_ahead(model: torch.nn.Module, on: bool = True) -> int:
-    """Give every QuantLinear of `model` the codes of the next one in module order as `ahead` (on; off: none), so
-    each decode GEMV asks the next one's weights into L2 (pull_ahead); how many links. Module order is a decoder's
-    execution order (q/k/v, o, gate/up, down, then the next layer, the lm_head last, which pulls the first layer's
-    q/k/v for the next step); where a family orders them otherwise, a link pulls the wrong weights early, costing
-    bandwidth, never a result. `ahead` is a non-persistent buffer holding the same tensor as the next layer's
-    `packed`: an export shares it, the package holds the codes once."""
-    layers = list(dict.fromkeys(m for m in model.modules() if isinstance(m, QuantLinear)))
-    for layer, nxt in zip(layers, layers[1:] + layers[:1]):
-        layer.ahead = nxt.packed if on and len(layers) > 1 else None
-    return len(layers) if on and len(layers) > 1 else 0
 
 
 def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4") -> int:

@@ -11,12 +11,18 @@ EXPERTS_IMPL = "batched_mm"  # transformers' MoE experts as batched matmuls: the
 
 
 def brief(exc: BaseException, limit: int = 200) -> str:
-    """One short line for a library's exception: the innermost cause's first line, terminal colours removed."""
+    """One short line for a library's exception: the innermost cause's first line, terminal colours removed; where
+    that line only announces what follows (ends in ":", as Inductor's "Failed to run autotuning code block: An
+    exception occurred in a subprocess:" before a worker's traceback, which a 1.7B compile's log kept nothing else
+    of, H100, 2026-12-06), the last line too: the worker's own exception."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
-    first = " ".join(lines[0].split()) if lines else ""
-    return f"{type(exc).__name__}: {first if len(first) <= limit else first[:limit - 3] + '...'}"
+    lines = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() if line.strip()]
+    text = " ".join(lines[0].split()) if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        last = " ".join(lines[-1].split())
+        text = f"{text[:limit // 2 - 4]}... {last}" if len(text) + len(last) + 1 > limit else f"{text} {last}"
+    return f"{type(exc).__name__}: {text if len(text) <= limit else text[:limit - 3] + '...'}"
 
 
 @contextlib.contextmanager

@@ -35,8 +35,6 @@ class TorchTarget:
     # (softsyn.emit.triton_weights' Triton kernel, compiled into the package) or "measured" (the faster of the two
     # per precision and layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8
     # cells, where `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
-    prefetch: bool = False  # each of softsyn's decode GEMVs asks the next one's weights into L2
-    # (softsyn.emit.triton_weights.link_ahead)
 
     @property
     def float_precision(self) -> str:

@@ -47,43 +47,21 @@ def test_the_decode_attention_kernels_compile_for_sm90():
                     {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128})
 
 
-def weight_signature(codes: str) -> tuple[dict, tuple]:
-    """The weight kernel's arguments as Inductor types them at qwen3's widths, and those it marks aligned."""
-    signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
-                 "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32, "a_ptr": "*u8", "a_bytes": I32}
-    return signature, ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym", "a_ptr",
-                       "a_bytes")
-
-
 @pytest.mark.parametrize("codes,byte_codes", [("*u8", False), ("*fp8e4nv", True), ("*i8", True)])
 def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byte_loads(codes, byte_codes):
     """Every shipped one-row config at every group (and the gated epilogue at the smallest), as Inductor launches it at qwen3's widths (aligned buffers, K and
     N multiples of 16): the codes load 16 bytes a thread (a scalar byte load a weight is what an unproven alignment
     gives, and a GEMV's speed is its loads), and integer codes become floats with no int-to-float convert (a quarter
     of the FMA rate: small_ints)."""
-    signature, aligned = weight_signature(codes)
+    signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
+                 "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32}
+    aligned = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
     for group in triton_weights.GROUPS:
         for config in triton_weights.CONFIGS:
             for gated in (False, True) if group == triton_weights.GROUPS[0] else (False,):  # + the gated epilogue
                 kernel = compiled(triton_weights.weight_matmul_kernel, signature,
-                                  {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated, "AHEAD": 0, **config.kwargs},
-                                  aligned,
+                                  {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated, **config.kwargs}, aligned,
                                   {"num_warps": config.num_warps, "num_stages": config.num_stages})
                 assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config, gated)
                 if codes != "*fp8e4nv":  # integer codes become floats by small_ints' exponent trick, no converts
                     assert not re.search(r"cvt\.rn\.f32\.[su]\d+", kernel.asm["ptx"]), (group, config, gated)
-
-
-@pytest.mark.parametrize("how,instruction", [(1, "prefetch.global.L2 "), (2, "cp.async.bulk.prefetch.L2.global")])
-def test_the_weight_kernel_asks_the_next_weights_into_l2_only_when_told(how, instruction):
-    """AHEAD compiles the chosen prefetch into the one-row path for sm_90, after the sums are stored; AHEAD 0 (every
-    launch without `ahead`) has none."""
-    signature, aligned = weight_signature("*u8")
-    config = triton_weights.CONFIGS[0]
-    constexprs = {"GROUP": 128, "BYTE_CODES": False, "GATED": False, **config.kwargs}
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    ptx = compiled(triton_weights.weight_matmul_kernel, signature, {**constexprs, "AHEAD": how}, aligned,
-                   options).asm["ptx"]
-    assert instruction in ptx and ptx.index("st.global") < ptx.index(instruction)
-    plain = compiled(triton_weights.weight_matmul_kernel, signature, {**constexprs, "AHEAD": 0}, aligned, options)
-    assert "prefetch" not in plain.asm["ptx"]

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from softsyn.emit.triton_weights import (FP8_MAX, GROUPS, QuantLinear, dequantise, group_for, link_ahead, quantise,
-                                         use_prompt_form)
+from softsyn.emit.triton_weights import FP8_MAX, GROUPS, QuantLinear, dequantise, group_for, quantise, use_prompt_form
 from helpers import in_triton_interpreter
 
 
@@ -177,27 +176,3 @@ def test_a_gated_mlp_runs_its_activation_in_the_gate_up_kernel_where_it_computes
     torch.testing.assert_close(got, before, rtol=1e-4, atol=1e-4)
     use_prompt_form(model, True)
     torch.testing.assert_close(exported_step(model)[1], before, rtol=1e-4, atol=1e-4)
-    use_prompt_form(model, False)
-    assert link_ahead(model) == 2  # each gate/up names the other's codes; the step computes what it did
-    program, linked = exported_step(model)
-    calls = [node for node in program.graph.nodes if "weight_matmul" in str(node.target)]
-    assert len(calls) == 2 and all(len(node.args) == 5 and node.args[4] is not None for node in calls)
-    torch.testing.assert_close(linked, before, rtol=1e-4, atol=1e-4)
-
-
-def test_each_layer_is_linked_to_the_next_ones_codes_and_an_export_holds_them_once():
-    """link_ahead: module order, the last layer pulling the first's (the next step's); the link is a buffer the export
-    shares with the next layer's codes (one copy in a package), and the step computes what it did unlinked."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(QuantLinear.from_linear(torch.nn.Linear(64, 64, bias=False), 32) for _ in range(3)))
-    x = torch.randn(1, 64)
-    want = model(x)
-    assert link_ahead(model) == 3
-    assert [layer.ahead is nxt.packed for layer, nxt in zip(model, [*model[1:], model[0]])] == [True] * 3
-    program = torch.export.export(model, (x,), strict=False)
-    codes = {t.data_ptr() for name, t in program.state_dict.items() if name.endswith("packed")}
-    aheads = {t.data_ptr() for name, t in program.constants.items() if name.endswith("ahead")}
-    assert len(codes) == 3 and aheads == codes
-    assert torch.equal(program.module()(x), want)
-    assert link_ahead(model, on=False) == 0 and all(layer.ahead is None for layer in model)
-    assert link_ahead(torch.nn.Sequential(model[0])) == 0  # one layer: nothing ahead of it

@@ -430,3 +430,24 @@ def test_anchored_matching_gives_the_optimizer_s_own_graph(cache_dir):
     assert len(patched.graph) < len(base.model.graph)  # the optimizer did rewrite it
     assert ir.to_proto(patched).SerializeToString(deterministic=True) == \
         ir.to_proto(plain).SerializeToString(deterministic=True)
+
+
+def test_a_library_error_s_line_keeps_the_cause_a_header_line_announces():
+    """brief: the innermost cause's first line; where that line only announces a worker's traceback (Inductor's
+    autotuning block), the traceback's last line (the worker's exception) joins it, within the limit."""
+    from softsyn.frontends.hf_common import brief
+
+    worker = ("Failed to run autotuning code block: An exception occurred in a subprocess:\n\nTraceback (most recent "
+              "call last):\n  File \"x.py\", line 3, in f\n    g()\ntriton.compiler.errors.CompilationError: at 12:4: "
+              "unsupported operand")
+    try:
+        try:
+            raise RuntimeError(worker)
+        except RuntimeError as inner:
+            raise ValueError("wrapped") from inner
+    except ValueError as exc:
+        line = brief(exc)
+    assert line.startswith("RuntimeError: Failed to run autotuning code block") and line.endswith(
+        "CompilationError: at 12:4: unsupported operand") and "\n" not in line
+    assert len(brief(RuntimeError("head:\n" + "x" * 500))) <= len("RuntimeError: ") + 200
+    assert brief(KeyError("plain")) == "KeyError: 'plain'"
