@@ -16,7 +16,7 @@ import click
 from softsyn import __version__
 from softsyn.cli import common
 from softsyn.cli.common import HELP_WIDTH, resolve
-from softsyn.errors import SoftsynError
+from softsyn.errors import LibraryFailure, SoftsynError
 
 # Library notices that are not the user's business, silenced before any command imports their library: torchao's
 # warning per optional CUDA kernel a CPU wheel cannot load, torch's per enum torchao registers with pytree.
@@ -124,7 +124,8 @@ def run(argv: list[str] | None = None) -> None:
     try:
         code = main.main(args, prog_name="softsyn", standalone_mode=False)
     except SoftsynError as exc:
-        _fail(debug, f"softsyn: error: {_one_line(exc)}", 2)
+        hint = " (rerun with --debug for the trace)" if isinstance(exc, LibraryFailure) and not debug else ""
+        _fail(debug, f"softsyn: error: {_one_line(exc)}{hint}", 2)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help())
         sys.exit(exc.exit_code)

@@ -30,7 +30,7 @@ from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
 from softsyn.emit.triton_weights import use_prompt_form
-from softsyn.errors import SoftsynError
+from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
 from softsyn.frontends.hf_common import brief
@@ -236,8 +236,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     except SoftsynError:
         raise
     except Exception as exc:  # torch.export and Inductor fail with many types; the innermost cause says what
-        raise SoftsynError(f"{source}: lowering {design.netlist.name} for {design.torch_target} failed: "
-                           f"{brief(exc)}") from exc
+        raise LibraryFailure(f"{source}: lowering {design.netlist.name} for {design.torch_target} failed: "
+                             f"{brief(exc)}") from exc
     for built in packages:
         write_json(folder / built.kernels, calls_data(built.calls))
     settings = torch_settings(design, reference, geometry, vocab, packages)

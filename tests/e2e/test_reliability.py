@@ -22,6 +22,8 @@ from paths import ROOT
 from softsyn import outdir
 from softsyn.constraints.model import Constraints
 from softsyn.design import Design
+from softsyn.errors import LibraryFailure
+from softsyn.frontends.hf_common import brief
 from softsyn.library import load_library
 from softsyn.netlist.model import Netlist
 
@@ -197,6 +199,26 @@ def test_internal_errors_exit_3_in_one_line_and_debug_prints_the_trace(tmp_path,
                                  "(rerun with --debug for the trace)\n")
     code, _, err = cli(capsys, "analyze", model, "-q", "--debug")
     assert code == 3 and "Traceback (most recent call last)" in err and "in broken" in err
+
+
+def test_a_library_failure_exits_2_in_one_line_that_points_at_the_trace(tmp_path, capsys, monkeypatch):
+    """A library softsyn drives failing on the design (AOTInductor's compile worker, here): exit 2, one line with the
+    worker's own exception, and --debug for the whole trace (the worker's traceback)."""
+    def broken(self):
+        try:
+            raise RuntimeError("Failed to run autotuning code block: An exception occurred in a subprocess:\n"
+                               "Traceback (most recent call last):\n  File \"w.py\", line 1\nValueError: worker")
+        except RuntimeError as exc:
+            raise LibraryFailure(f"m.onnx: lowering failed: {brief(exc)}") from exc
+
+    monkeypatch.setattr(Design, "analyze", broken)
+    model = mlp(tmp_path / "m.onnx")
+    code, _, err = cli(capsys, "analyze", model, "-q")
+    assert code == 2 and err == ("softsyn: error: m.onnx: lowering failed: RuntimeError: Failed to run autotuning code "
+                                 "block: An exception occurred in a subprocess: ValueError: worker (rerun with --debug "
+                                 "for the trace)\n")
+    code, _, err = cli(capsys, "analyze", model, "-q", "--debug")
+    assert code == 2 and "Traceback (most recent call last)" in err and 'File "w.py"' in err
 
 
 def test_bad_output_directories_are_found_before_any_work(tmp_path, capsys, monkeypatch):
