@@ -38,7 +38,8 @@
 #                        int4 layers in the package)
 #   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only; attnchain,package: each decode
 #                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages;
-#                        layerchain: a step's GEMVs layer after layer, 28 layers, fp16 and int4): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
+#                        layerchain: a step's GEMVs layer after layer, 28 layers, fp16 and int4, and what a near-empty
+#                        kernel costs in a graph): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)

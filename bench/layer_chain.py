@@ -2,7 +2,8 @@
 (packed, silu(gate) * up in the epilogue) and down, 28 layers of distinct weights (every layer's read from device
 memory, as in a step), captured in one CUDA graph; per layer. Forms: cuBLAS fp16 and softsyn's int4 g128 kernel
 (softsyn.emit.triton_weights, autotuned), each without and with an RMSNorm kernel before q/k/v and gate/up (the small
-kernels between a step's GEMVs). Part `layerchain` of bench/torch_kernels.py.
+kernels between a step's GEMVs); first, what a near-empty kernel costs in the same kind of graph. Part `layerchain`
+of bench/torch_kernels.py.
 
 A single GEMV chain (torch_kernels' `chain`) repeats one shape; this one runs the step's shapes in the step's order,
 each GEMV after a different one, as a change to what one GEMV leaves for the next (the cache, the tail of its launch)
@@ -57,13 +58,28 @@ def fp16_step(layers: list[dict], inputs: dict, norms: bool):
     return step
 
 
+KERNELS_A_LAYER = 14  # kernels a layer of qwen3-1.7b's int4 decode step runs (v5, matmul attention; 2026-12-06)
+
+
+def floor_row(device: str, dtype, timed) -> tuple:
+    """What a kernel costs a step when it does almost nothing: LAYERS x KERNELS_A_LAYER in-place adds on a hidden-wide
+    vector in one graph, per kernel: the floor that only fewer kernels remove (the L2 prefetch, which removes none,
+    bought nothing: H100, 2026-12-06)."""
+    x = torch.zeros(HIDDEN, device=device, dtype=dtype)
+    calls = LAYERS * KERNELS_A_LAYER
+    seconds = timed(lambda: [x.add_(1) for _ in range(calls)], device) / calls
+    print(f"layer chain | a near-empty kernel (in-place add of {HIDDEN}) | {seconds * 1e6:.2f} us a kernel", flush=True)
+    return (f"a near-empty kernel in a graph ({calls} in-place adds of {HIDDEN} values; per kernel)", "torch add_",
+            seconds, x.numel() * x.element_size() / seconds)
+
+
 def layer_chain_rows(device: str, dtype, timed) -> list[tuple]:
     """Rows (what, form, seconds a layer, fp16 bytes a layer / time) for torch_kernels' table; `timed(fn, device)`
     is its CUDA-graph timer."""
     inputs = {width: torch.randn(1, width, device=device, dtype=dtype) for width in (HIDDEN, MLP)}
     fp16_bytes = sum(width * out * 2 for _, width, out in SHAPES)
     what = f"decode layer chain ({LAYERS} layers of q/k/v, o, gate/up gated, down; per layer)"
-    rows = []
+    rows = [floor_row(device, dtype, timed)]
     fp16 = [{name: torch.randn(out, width, device=device, dtype=dtype) * 0.02 for name, width, out in SHAPES}
             for _ in range(LAYERS)]
     for norms in (False, True):

@@ -34,7 +34,7 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              int4 and int8 and gemlite's A16W4 / A16W8 fp8: a GEMV replayed alone reads a floor of ~10-14 us whatever
              its kernel, so the tables above compare small shapes only here;
   layerchain (CUDA) a step's GEMVs layer after layer, 28 layers, fp16 cuBLAS and softsyn's int4, without and with an
-             RMSNorm kernel between them (bench/layer_chain.py).
+             RMSNorm kernel between them, and what a near-empty kernel costs in such a graph (bench/layer_chain.py).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
