@@ -17,21 +17,30 @@ HIDDEN, MLP, QKV, LAYERS = 2048, 6144, 4096, 28  # qwen3-1.7b: q 16 x 128, k and
 SHAPES = (("qkv", HIDDEN, QKV), ("o", HIDDEN, HIDDEN), ("gate_up", HIDDEN, 2 * MLP), ("down", MLP, HIDDEN))
 
 
-def int4_layers(device: str, dtype) -> list[dict]:
-    """LAYERS layers of seeded int4 g128 weights at SHAPES: a dict of PackedWeights per layer."""
+def layer_weights(device: str, dtype, int4: bool) -> list[dict]:
+    """LAYERS layers of seeded weights at SHAPES, a dict per layer: fp16 tensors, or int4 g128 PackedWeights."""
     from softsyn.emit.triton_weights import quantise
 
-    layers = []
-    for _ in range(LAYERS):
-        layers.append({name: quantise(torch.randn(out, width, device=device, dtype=dtype) * 0.02, 128, dtype)
-                       for name, width, out in SHAPES})
-    return layers
+    def weight(width: int, out: int):
+        w = torch.randn(out, width, device=device, dtype=dtype) * 0.02
+        return quantise(w, 128, dtype) if int4 else w
+
+    return [{name: weight(width, out) for name, width, out in SHAPES} for _ in range(LAYERS)]
 
 
-def int4_step(layers: list[dict], inputs: dict, norms: bool):
-    """One step's GEMVs over `layers` (softsyn's kernel, autotuned; gate/up with silu(gate) * up in its epilogue)."""
+def cublas(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
+    torch.nn.functional.linear(x, weight)
+
+
+def softsyn_int4(x: torch.Tensor, weight, name: str) -> None:
+    """softsyn's kernel, autotuned; gate/up with silu(gate) * up in its epilogue."""
     from softsyn.emit.triton_weights import launch
 
+    launch(x, weight.packed, weight.scales, weight.lows, gated=name == "gate_up")
+
+
+def chain_step(layers: list[dict], inputs: dict, norms: bool, gemv):
+    """One step's GEMVs over `layers`, `gemv(x, weight, name)` each, an RMSNorm before q/k/v and gate/up if `norms`."""
     norm = torch.ones(HIDDEN, device=inputs[HIDDEN].device, dtype=inputs[HIDDEN].dtype)
 
     def step():
@@ -40,21 +49,7 @@ def int4_step(layers: list[dict], inputs: dict, norms: bool):
                 x = inputs[width]
                 if norms and name in ("qkv", "gate_up"):
                     x = torch.nn.functional.rms_norm(x, (HIDDEN,), norm)
-                w = layer[name]
-                launch(x, w.packed, w.scales, w.lows, gated=name == "gate_up")
-    return step
-
-
-def fp16_step(layers: list[dict], inputs: dict, norms: bool):
-    norm = torch.ones(HIDDEN, device=inputs[HIDDEN].device, dtype=inputs[HIDDEN].dtype)
-
-    def step():
-        for layer in layers:
-            for name, width, _ in SHAPES:
-                x = inputs[width]
-                if norms and name in ("qkv", "gate_up"):
-                    x = torch.nn.functional.rms_norm(x, (HIDDEN,), norm)
-                torch.nn.functional.linear(x, layer[name])
+                gemv(x, layer[name], name)
     return step
 
 
@@ -80,22 +75,17 @@ def layer_chain_rows(device: str, dtype, timed) -> list[tuple]:
     fp16_bytes = sum(width * out * 2 for _, width, out in SHAPES)
     what = f"decode layer chain ({LAYERS} layers of q/k/v, o, gate/up gated, down; per layer)"
     rows = [floor_row(device, dtype, timed)]
-    fp16 = [{name: torch.randn(out, width, device=device, dtype=dtype) * 0.02 for name, width, out in SHAPES}
-            for _ in range(LAYERS)]
-    for norms in (False, True):
-        seconds = timed(fp16_step(fp16, inputs, norms), device) / LAYERS
-        rows.append((what, f"fp16 cuBLAS{' + RMSNorms' if norms else ''}", seconds, fp16_bytes / seconds))
-        print(f"layer chain | fp16 cuBLAS norms={norms} | {seconds * 1e6:.1f} us a layer", flush=True)
-    del fp16
-    torch.cuda.empty_cache()
-    layers = int4_layers(device, dtype)
-    for norms in (False, True):
-        form = f"softsyn int4 g128 (autotuned){' + RMSNorms' if norms else ''}"
-        try:
-            seconds = timed(int4_step(layers, inputs, norms), device) / LAYERS
-        except Exception as exc:  # noqa: BLE001 - a form that fails is a line, not a crash
-            print(f"layer chain {form}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            continue
-        rows.append((what, form, seconds, fp16_bytes / seconds))
-        print(f"layer chain | {form} | {seconds * 1e6:.1f} us a layer", flush=True)
+    for label, int4, gemv in (("fp16 cuBLAS", False, cublas), ("softsyn int4 g128 (autotuned)", True, softsyn_int4)):
+        layers = layer_weights(device, dtype, int4)
+        for norms in (False, True):
+            form = f"{label}{' + RMSNorms' if norms else ''}"
+            try:
+                seconds = timed(chain_step(layers, inputs, norms, gemv), device) / LAYERS
+            except Exception as exc:  # noqa: BLE001 - a form that fails is a line, not a crash
+                print(f"layer chain {form}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            rows.append((what, form, seconds, fp16_bytes / seconds))
+            print(f"layer chain | {form} | {seconds * 1e6:.1f} us a layer", flush=True)
+        del layers
+        torch.cuda.empty_cache()
     return rows

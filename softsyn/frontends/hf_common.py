@@ -13,7 +13,7 @@ EXPERTS_IMPL = "batched_mm"  # transformers' MoE experts as batched matmuls: the
 def brief(exc: BaseException, limit: int = 200) -> str:
     """One short line for a library's exception: the innermost cause's first line, terminal colours removed; where
     that line only announces what follows (ends in ":", as Inductor's "Failed to run autotuning code block: An
-    exception occurred in a subprocess:" before a worker's traceback, which a 1.7B compile's log kept nothing else
+    exception occurred in a subprocess:" before a worker's traceback, which a 0.6B compile's log kept nothing else
     of, H100, 2026-12-06), the last line too: the worker's own exception."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
