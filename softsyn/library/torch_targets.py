@@ -35,6 +35,9 @@ class TorchTarget:
     # (softsyn.emit.triton_weights' Triton kernel, compiled into the package) or "measured" (the faster of the two
     # per precision and layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8
     # cells, where `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
+    fused_prologue: bool = False  # with softsyn's decode attention, each checked attention's q/k norm, rotary and
+    # cache write as one kernel (softsyn.emit.torch_prologue), since a decode step is bound by its kernel count; off
+    # on every target until measured on a GPU
 
     @property
     def float_precision(self) -> str:

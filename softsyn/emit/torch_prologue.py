@@ -1,0 +1,204 @@
+"""A decoder layer's attention with its prologue in one kernel (softsyn::attention_prologue,
+softsyn.emit.triton_prologue) for the torch targets' decode step: the packed QKV projection once, then the q/k norms,
+rotary, the cache write and q's stacked layout in one kernel, softsyn::decode_attention over the cache's filled prefix
+(as softsyn.emit.torch_step.softsyn_attention calls it) and the output projection. Where Inductor ran the prologue as
+four kernels a layer (q norm + rotary, k norm + rotary, two cache writes), and a decode step is bound by its number
+of kernels (docs/decisions/2026-12-06-triton-int4.md).
+
+FusedAttention replaces an attention module (Llama-style: q/k/v the parts of one PackedLinear, optional q_norm and
+k_norm over the head, rotary from the layer's position_embeddings, o_proj) only where it computes what that module
+does: fuse_prologues runs both on one random input over a small cache and keeps the original where they differ
+(interleaved rotary, another norm) or where the kernels cannot take the layer (partial rotary, sliding-window layers,
+soft-capped scores, a head width that is not a power of two), saying why. Outside softsyn's decode attention form
+(the prefill package's SDPA) or without softsyn's cache, a FusedAttention runs the original class's forward.
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+from transformers.cache_utils import Cache
+
+import softsyn.emit.triton_prologue  # noqa: F401 - registers softsyn::attention_prologue
+from softsyn.emit.torch_step import ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart
+
+FUSED_FORM = ATTENTIONS["softsyn"][0]  # the attention implementation whose steps take the fused prologue
+CHECK_FORM = ATTENTIONS["matmul"][0]  # the original runs the check in the matmul form (a bool mask, plain torch)
+CHECK_SLOTS, CHECK_SEQ = 8, 3  # the check's cache and step: three positions written at slots 3-5 of 8
+
+
+def norm_eps(norm: torch.nn.Module | None) -> float | None:
+    """An RMS norm's epsilon (Qwen3RMSNorm's variance_epsilon, Llama-style `eps`), None for anything else."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
+class FusedAttention(torch.nn.Module):
+    """An attention that fuse_prologues checked, with its prologue in one kernel at decode: a subclass of the
+    original's class (fused_form(), same instance state, so module paths, weight names and kernel provenance are
+    unchanged) whose forward is the original's wherever the fused form does not apply."""
+
+    prologue_eps: float = 1e-6  # the q/k norms' epsilon (fused_form() sets it from them)
+
+    def norm_weight(self, name: str) -> torch.Tensor | None:
+        norm = getattr(self, name, None)
+        return None if norm is None else norm.weight
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        layers = getattr(cache, "layers", ())
+        layer = layers[self.layer_idx] if len(layers) > self.layer_idx else None
+        if (self.config._attn_implementation != FUSED_FORM or not isinstance(layer, BufferLayer)
+                or attention_mask is None or position_embeddings is None):
+            return super().forward(hidden_states, position_embeddings=position_embeddings,
+                                   attention_mask=attention_mask, **kwargs)
+        cos, sin = position_embeddings
+        qkv = self.packed_q_k_v.linear(hidden_states)
+        q = torch.ops.softsyn.attention_prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos,
+                                                 sin, layer.keys, layer.values, layer.where, self.prologue_eps)
+        scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
+        out = torch.ops.softsyn.decode_attention(q, layer.keys[:, :, :layer.span], layer.values[:, :, :layer.span],
+                                                 attention_mask[:, 0], scale)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), None
+
+
+FUSED_CLASSES: dict[type, type] = {}  # one FusedAttention subclass per attention class
+
+
+def fused_form(original: torch.nn.Module) -> FusedAttention:
+    """A FusedAttention sharing `original`'s state (a shallow copy: the same children, parameters and attributes)."""
+    cls = type(original)
+    if cls not in FUSED_CLASSES:
+        FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (FusedAttention, cls), {"__module__": __name__})
+    out = copy.copy(original)
+    out.__class__ = FUSED_CLASSES[cls]
+    norms = [getattr(original, name, None) for name in ("q_norm", "k_norm")]
+    out.prologue_eps = next((norm_eps(n) for n in norms if n is not None), FusedAttention.prologue_eps)
+    return out
+
+
+def packed_qkv(module: torch.nn.Module) -> PackedLinear | None:
+    """The PackedLinear whose three parts are `module`'s q/k/v projections, where it has an o_proj, a layer_idx and a
+    head_dim (a Llama-style attention pack_projections packed); else None."""
+    packed = getattr(module, "packed_q_k_v", None)
+    parts = [getattr(module, name, None) for name in PACKED[0]]
+    if not isinstance(packed, PackedLinear) or len(packed.sizes) != 3:
+        return None
+    if not all(isinstance(p, PackedPart) and p.packed is packed for p in parts):
+        return None
+    has = all(hasattr(module, name) for name in ("o_proj", "layer_idx", "head_dim", "scaling", "config"))
+    return packed if has else None
+
+
+def unfusable(module: torch.nn.Module, packed: PackedLinear) -> str | None:
+    """Why the kernels cannot take `module`'s attention, None when they can (what it computes is checked after)."""
+    dim = int(module.head_dim)
+    q_size, k_size, v_size = packed.sizes
+    if dim & (dim - 1):
+        return f"head dim {dim} is not a power of two (the kernels' tiles)"
+    if k_size != v_size or k_size % dim or q_size % k_size:
+        return "q/k/v widths are not whole heads with as many query heads for every KV head"
+    if getattr(module, "sliding_window", None):
+        return "sliding-window layers (the step's per-type mask)"
+    if getattr(module, "attn_logit_softcapping", None) or getattr(module.config, "attn_logit_softcapping", None):
+        return "soft-capped scores"
+    norms = [getattr(module, name, None) for name in ("q_norm", "k_norm")]
+    if any(n is not None and (norm_eps(n) is None or getattr(n, "weight", None) is None
+                              or tuple(n.weight.shape) != (dim,)) for n in norms):
+        return "a q/k norm that is not an RMS norm over the head"
+    if len({norm_eps(n) for n in norms if n is not None}) > 1:
+        return "q and k norms of different epsilons"
+    return None
+
+
+class CheckInput(NamedTuple):
+    x: torch.Tensor  # [B, CHECK_SEQ, hidden]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor  # [B, 1, CHECK_SEQ, CHECK_SLOTS] bool
+    where: torch.Tensor  # the slots written
+    cache: torch.Tensor  # [2, B, Hkv, CHECK_SLOTS, D]: keys and values before the step
+
+
+def check_input(width: int, kv_heads: int, dim: int, rotary: torch.nn.Module, like: torch.Tensor) -> CheckInput:
+    """One random step of 2 batch rows at positions 3-5 over a cache of random stale values (`like`: the
+    activations' dtype and device)."""
+    g = torch.Generator(device=like.device).manual_seed(0)
+    x = torch.randn(2, CHECK_SEQ, width, generator=g, device=like.device).to(like.dtype)
+    where = torch.arange(3, 3 + CHECK_SEQ, device=like.device)
+    positions = where.expand(2, CHECK_SEQ)
+    cos, sin = rotary(x, positions)
+    mask = (torch.arange(CHECK_SLOTS, device=like.device)[None, None, :] <= positions[:, :, None])[:, None]
+    cache = torch.randn(2, 2, kv_heads, CHECK_SLOTS, dim, generator=g, device=like.device).to(like.dtype)
+    return CheckInput(x, cos, sin, mask, where, cache)
+
+
+def run_once(module: torch.nn.Module, form: str, case: CheckInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """(module's output, the cache after it) for `case` under attention implementation `form`."""
+    keys, values = case.cache.clone()
+    layer = BufferLayer(keys, values, case.where, CHECK_SLOTS)
+    cache = Cache(layers=[layer] * (module.layer_idx + 1))
+    before = module.config._attn_implementation
+    module.config._attn_implementation = form
+    try:
+        with torch.no_grad():
+            out = module(hidden_states=case.x, position_embeddings=(case.cos, case.sin), attention_mask=case.mask,
+                         position_ids=case.where.expand(2, CHECK_SEQ), cache=cache, use_cache=True)[0]
+    finally:
+        module.config._attn_implementation = before
+    return out.float(), torch.stack([keys, values]).float()
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Within fp16's rounding of the prologue (the original rounds between norm, weight and rotary; the kernel once)."""
+    return got.shape == want.shape and bool((got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-6)
+
+
+class Fusion(NamedTuple):
+    fused: int
+    kept: int  # packed-QKV attentions left as they were
+    why: dict[str, int]  # {reason: attentions kept for it}
+
+
+def fuse_prologues(model: torch.nn.Module) -> Fusion:
+    """Put a FusedAttention where each packed-QKV attention of `model` computes what the fused form does, checked on
+    one random step over a small cache (output and cache both, within fp16 rounding); the others kept, with why."""
+    rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+    like = model.get_input_embeddings().weight
+    fused, why = 0, {}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            packed = packed_qkv(child)
+            if packed is None:
+                continue
+            dim = int(child.head_dim)
+            reason = unfusable(child, packed) or (None if rotary is not None else "no rotary embedding found")
+            if reason is None:
+                case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
+                if case.cos.shape[-1] != dim:
+                    reason = f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
+            if reason is None:
+                candidate = fused_form(child)
+                want, want_cache = run_once(child, CHECK_FORM, case)
+                got, got_cache = run_once(candidate, FUSED_FORM, case)
+                if close(got, want) and close(got_cache, want_cache):
+                    setattr(parent, name, candidate)
+                    fused += 1
+                    continue
+                reason = "it computes something else (another rotary or norm)"
+            why[reason] = why.get(reason, 0) + 1
+    return Fusion(fused, sum(why.values()), why)
+
+
+def fusion_notes(fusion: Fusion) -> list[str]:
+    """The compile log's lines on what fuse_prologues did."""
+    lines = []
+    if fusion.fused:
+        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary, cache write and "
+                     "q's layout in one kernel before softsyn's decode attention (softsyn::attention_prologue; "
+                     "fused_prologue, unmeasured)")
+    if fusion.kept:
+        why = "; ".join(f"{n}: {reason}" for reason, n in fusion.why.items())
+        lines.append(f"{fusion.kept} attention{'s' if fusion.kept != 1 else ''} kept their own prologue ({why})")
+    return lines
