@@ -27,7 +27,7 @@ from softsyn.emit.session import write_json
 from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, choose_attention, decode_shapes
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
-from softsyn.emit.torch_prologue import fuse_prologues, fusion_notes
+from softsyn.emit.torch_prologue import prologues_for
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
 from softsyn.emit.triton_weights import use_prompt_form
@@ -230,10 +230,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
             attention, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
                                                 getattr(torch, target.dtype), target.device)
         notes += [f"target {design.torch_target}: {line}" for line in lines]
-    if target.fused_prologue and attention == "softsyn":
-        quantised.notes.extend(fusion_notes(fuse_prologues(model)))
-    elif target.fused_prologue:
-        quantised.notes.append(f"fused_prologue unused: the decode attention is {attention}, not softsyn's")
+    quantised.notes.extend(prologues_for(target, attention, model))
     packages, holder = planned(target, attention), [model]
     del model
     try:

@@ -202,3 +202,13 @@ def fusion_notes(fusion: Fusion) -> list[str]:
         why = "; ".join(f"{n}: {reason}" for reason, n in fusion.why.items())
         lines.append(f"{fusion.kept} attention{'s' if fusion.kept != 1 else ''} kept their own prologue ({why})")
     return lines
+
+
+def prologues_for(target, attention: str, model: torch.nn.Module) -> list[str]:
+    """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue) and its decode attention
+    form `attention` is softsyn's (the kernel writes q in that form's layout); the compile log's lines."""
+    if not target.fused_prologue:
+        return []
+    if attention != "softsyn":
+        return [f"fused_prologue unused: the decode attention is {attention}, not softsyn's"]
+    return fusion_notes(fuse_prologues(model))

@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from softsyn.emit import triton_attention, triton_weights  # noqa: E402
+from softsyn.emit import triton_attention, triton_prologue, triton_weights  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 I32 = "i32"
@@ -45,6 +45,22 @@ def test_the_decode_attention_kernels_compile_for_sm90():
     combine = {"o_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": "*fp16", "batch": I32, "rows": I32, "seq": I32}
     assert compiled(triton_attention.combine_kernel, combine,
                     {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128})
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(norm):
+    """With and without the q/k norms (Qwen3, Llama), q typed fp32 beside an fp16 cache (as AOTInductor typed the
+    attention kernel's q) and `eps` fp64: no fp64 arithmetic past the one convert of eps (the norm stays fp32)."""
+    ints = dict.fromkeys(("batch", "seq", "heads", "kv_heads", "stride_cb", "stride_cs", "stride_sb", "stride_ss",
+                          "stride_kb", "stride_kh", "stride_ks", "stride_vb", "stride_vh", "stride_vs"), I32)
+    signature = {"qkv_ptr": "*fp16", "qw_ptr": "*fp16", "kw_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
+                 "k_ptr": "*fp16", "v_ptr": "*fp16", "where_ptr": "*i64", "q_ptr": "*fp32", **ints, "eps": "fp64"}
+    for half in (32, 64):  # head dims 64 and 128
+        kernel = compiled(triton_prologue.prologue_kernel, signature,
+                          {"Q_NORM": norm, "K_NORM": norm, "HALF": half, "ROWS": triton_prologue.ROWS})
+        f64 = [line for line in kernel.asm["ptx"].splitlines() if "f64" in line and ".param" not in line]
+        assert ["cvt.rn.f32.f64" in line for line in f64] == ([True] if norm else []), f64  # eps to fp32, once
+        assert ("rsqrt" in kernel.asm["ptx"]) == norm
 
 
 @pytest.mark.parametrize("codes,byte_codes", [("*u8", False), ("*fp8e4nv", True), ("*i8", True)])
