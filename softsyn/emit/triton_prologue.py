@@ -140,7 +140,9 @@ def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weigh
     batch, seq, width = qkv.shape
     kv_heads, dim = keys.shape[1], keys.shape[3]
     heads = width // dim - 2 * kv_heads
-    x, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()  # rows' values contiguous (no copy if so)
+    x = qkv.contiguous()
+    # each row's values contiguous (no copy where they are), one batch row's angles read by every row (stride 0)
+    cos, sin = (t.contiguous().expand(batch, seq, dim) for t in (cos, sin))
     q = torch.empty((batch, kv_heads, heads // kv_heads * seq, dim), device=x.device, dtype=keys.dtype)
     torch.library.wrap_triton(prologue_kernel)[(heads + kv_heads,)](
         qkv_ptr=x, qw_ptr=q_weight if q_weight is not None else cos, kw_ptr=k_weight if k_weight is not None else cos,

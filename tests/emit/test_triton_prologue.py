@@ -30,7 +30,8 @@ def errors(dtype, norm: bool, seq: int, dim: int, heads=6, kv_heads=2, batch=2, 
     g = torch.Generator().manual_seed(seq * dim + norm)
     qkv = torch.randn(batch, seq, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
     weights = [(1 + 0.3 * torch.randn(dim, generator=g)).to(dtype) if norm else None for _ in range(2)]
-    angle = torch.randn(batch, seq, dim // 2, generator=g).repeat(1, 1, 2) * 3
+    # three positions: one batch row of angles for both (transformers' rotary of a [1, S] position_ids)
+    angle = torch.randn(1 if seq > 1 else batch, seq, dim // 2, generator=g).repeat(1, 1, 2) * 3
     cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
     keys, values = (torch.randn(batch, kv_heads, slots, dim, generator=g).to(dtype) for _ in range(2))
     where = torch.tensor([7, 2, 9][:seq])  # unordered, apart: each position its own slot
