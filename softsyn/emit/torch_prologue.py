@@ -56,7 +56,8 @@ class FusedAttention(torch.nn.Module):
         cos, sin = position_embeddings
         qkv = self.packed_q_k_v.linear(hidden_states)
         q = torch.ops.softsyn.attention_prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos,
-                                                 sin, layer.keys, layer.values, layer.where, self.prologue_eps)
+                                                 sin, keys=layer.keys, values=layer.values, where=layer.where,
+                                                 eps=self.prologue_eps)
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
         out = torch.ops.softsyn.decode_attention(q, layer.keys[:, :, :layer.span], layer.values[:, :, :layer.span],
                                                  attention_mask[:, 0], scale)

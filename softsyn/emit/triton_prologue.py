@@ -136,7 +136,7 @@ def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weigh
     in the cache's dtype. fp32 inside, rounded once. The Triton kernel on CUDA (and in Triton's interpreter), torch
     elsewhere; D a power of two."""
     if triton is None or (qkv.device.type != "cuda" and not interpreting()):
-        return reference(qkv, q_weight, k_weight, cos, sin, keys, values, where, eps)
+        return reference(qkv, q_weight, k_weight, cos, sin, keys=keys, values=values, where=where, eps=eps)
     batch, seq, width = qkv.shape
     kv_heads, dim = keys.shape[1], keys.shape[3]
     heads = width // dim - 2 * kv_heads
