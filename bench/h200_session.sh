@@ -61,6 +61,11 @@
 #                        torch-MODEL-macros.rpt/.json); the log's "packages built" line times each one;
 #                        then "shared weights: yes|NO ..." (bench/torch_shared_weights.py): device memory taken by
 #                        loading both packages in softsyn's runner vs model.pt2's weight blob (one copy expected)
+#   torchbg [MODEL] [S]  the `torch` step's compile detached from the call (setsid), waiting up to S seconds (560) for
+#                        it: qwen3-1.7b's int4 compile outlasted a 585 s call on the H200 (2026-12-06 20:27, still in
+#                        AOTInductor); the compile goes on while the machine stays warm (a call within 30 s)
+#   torchwait [MODEL] [S]  wait up to S seconds (580) more for torchbg's compile (same MODEL and TAG); when it has
+#                        ended, the `torch` step's results (log tail, packages, reports, kernels.json)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
 #                        estimate, the largest kernels per step
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
@@ -163,6 +168,36 @@ stage_wheels() {  # the wheels' packages (not onnxruntime-gpu) into /tmp/whl
     cp .whl/onnxruntime_genai-*.whl /tmp/genai/ 2>/dev/null || true
 }
 
+torch_results() {  # NAME LOG CODE: a finished torch compile's log tail, then its packages, shared weights and reports
+    local name=$1 log=$2 code=$3
+    echo "compile exit $code"
+    # --debug: a failed lowering's trace stays in the log (Inductor's worker traceback after "An exception occurred
+    # in a subprocess:"), whose lines the warnings would push out of the tail
+    grep -v "No registered plugin EP\|UserWarning\|FutureWarning\|return cls\|warnings.warn\|Online softmax\|split the reduction\|important use\|^softmax\.\|^$" \
+        "$log" | tail -60
+    [ "$code" -eq 0 ] || exit "$code"  # no artifact: the checks below would only report its absence
+    ls -l /tmp/$name/*.pt2 2>/dev/null || true
+    python3 bench/torch_shared_weights.py /tmp/$name 2>&1 | grep -v "No registered plugin EP" | tail -3 || true
+    cp /tmp/$name/reports/torch.rpt "$OUT/$name.rpt" 2>/dev/null || true
+    cp /tmp/$name/reports/torch_macros.rpt "$OUT/$name-macros.rpt" 2>/dev/null || true
+    cp /tmp/$name/runtime/torch_macros.json "$OUT/$name-macros.json" 2>/dev/null || true
+    cp /tmp/$name/runtime/torch_kernels.json "$OUT/$name-kernels.json" 2>/dev/null || true
+}
+
+torch_wait() {  # NAME S: wait up to S seconds for torchbg's detached compile; its results when it ends
+    local name=$1 waited=0
+    [ -f /tmp/$name.log ] || { echo "h200_session torchwait: no compile of $name on this machine (torchbg starts one;" \
+        "a released machine keeps nothing)"; exit 2; }
+    while [ ! -f /tmp/$name.code ] && [ $waited -lt "$2" ]; do sleep 5; waited=$((waited + 5)); done
+    cp /tmp/$name.log "$OUT/$name-compile.txt"
+    if [ ! -f /tmp/$name.code ]; then
+        grep "^\[softsyn\]" /tmp/$name.log | tail -5
+        echo "still compiling after ${waited} s: call \`torchwait\` again within 30 s (the machine stays warm)"
+        return 0
+    fi
+    torch_results "$name" "$OUT/$name-compile.txt" "$(cat /tmp/$name.code)"
+}
+
 softsyn_install() {
     [ -f $LIB.graph ] && cp $LIB.graph softsyn/library/libs/h200-ort-cuda.yaml
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
@@ -172,8 +207,8 @@ step=$1
 shift
 # the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
 case $step in
-wheels|part|install|torchonly) ;;
-torchkernels|torch|warm) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
+wheels|part|install|torchonly|torchwait) ;;
+torchkernels|torch|torchbg|warm) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
        "onnxruntime-gpu is not installed on this machine: run wheels, part x6 and install first, or torchonly $step"
        exit 2; } ;;
 *) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
@@ -292,7 +327,11 @@ warm)
     # on this warm machine spends its limit on the packages (qwen3-1.7b: ~95 s of export a fresh machine pays first)
     softsyn_install
     timeout "${2:-300}" softsyn analyze zoo:${1:-qwen3-1.7b} -c "${CONS:-constraints/chat-h200-torch.yaml}" 2>&1 \
-        | grep "^\[softsyn\]" | tail -5 ;;
+        | grep "^\[softsyn\]" | tail -5
+    # analyze reads the weightless export; a compile materialises seeded weights too (qwen3-1.7b: 78 s on the H200,
+    # 2026-12-06, which ran a 585 s torch step out of time): fill that cache entry as well
+    timeout "${2:-300}" python3 -c "from softsyn.frontends import read_design; read_design('zoo:${1:-qwen3-1.7b}', materialize=True)" \
+        2>&1 | grep "^\[softsyn\]" | tail -2 ;;
 torch)
     softsyn_install
     model=${1:-qwen3-1.7b}
@@ -302,18 +341,21 @@ torch)
     timeout "${2:-585}" softsyn --debug compile zoo:$model -c "${CONS:-constraints/chat-h200-torch.yaml}" -o /tmp/$name \
         > "$OUT/$name-compile.txt" 2>&1
     code=$?
-    echo "compile exit $code"
     set -e
-    # --debug: a failed lowering's trace stays in the log (Inductor's worker traceback after "An exception occurred
-    # in a subprocess:"), whose lines the warnings would push out of the tail
-    grep -v "No registered plugin EP\|UserWarning\|warnings.warn\|Online softmax\|split the reduction\|important use\|^softmax\.\|^$" \
-        "$OUT/$name-compile.txt" | tail -60
-    [ $code -eq 0 ] || exit $code  # no artifact: the checks below would only report its absence
-    ls -l /tmp/$name/*.pt2 2>/dev/null || true
-    python3 bench/torch_shared_weights.py /tmp/$name 2>&1 | grep -v "No registered plugin EP" | tail -3 || true
-    cp /tmp/$name/reports/torch.rpt "$OUT/$name.rpt" 2>/dev/null || true
-    cp /tmp/$name/reports/torch_macros.rpt "$OUT/$name-macros.rpt" 2>/dev/null || true
-    cp /tmp/$name/runtime/torch_macros.json "$OUT/$name-macros.json" 2>/dev/null || true ;;
+    torch_results "$name" "$OUT/$name-compile.txt" $code ;;
+torchbg)
+    # the compile detached from the call (setsid: the call's end does not stop it), so a model whose compile outlasts
+    # one call's limit finishes across calls while the machine stays warm; this call waits up to S seconds for it
+    softsyn_install
+    model=${1:-qwen3-1.7b}
+    name=torch-$model${TAG:+-$TAG}
+    rm -rf /tmp/$name /tmp/$name.code
+    : > /tmp/$name.log  # there before the detached shell opens it: torch_wait checks for it
+    setsid nohup bash -c "softsyn --debug compile zoo:$model -c '${CONS:-constraints/chat-h200-torch.yaml}' \
+        -o /tmp/$name > /tmp/$name.log 2>&1; echo \$? > /tmp/$name.code" > /dev/null 2>&1 < /dev/null &
+    torch_wait "$name" "${2:-560}" ;;
+torchwait)
+    torch_wait "torch-${1:-qwen3-1.7b}${TAG:+-$TAG}" "${2:-580}" ;;
 torchsignoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back

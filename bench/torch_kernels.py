@@ -34,7 +34,9 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              int4 and int8 and gemlite's A16W4 / A16W8 fp8: a GEMV replayed alone reads a floor of ~10-14 us whatever
              its kernel, so the tables above compare small shapes only here;
   layerchain (CUDA) a step's GEMVs layer after layer, 28 layers, fp16 cuBLAS and softsyn's int4, without and with an
-             RMSNorm kernel between them, and what a near-empty kernel costs in such a graph (bench/layer_chain.py).
+             RMSNorm kernel between them, and what a near-empty kernel costs in such a graph (bench/layer_chain.py);
+  prologue   (CUDA) whether AOTInductor packages softsyn's attention prologue, writes the cache in place and launches
+             no kernel beside it (bench/prologue_check.py; also under `package`).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -427,6 +429,13 @@ def softsyn_attention_packaged(device: str, dtype) -> str:
                          lambda *args: matmul_attention(None, *args, HEAD_DIM ** -0.5)[0])
 
 
+def prologue_packaged(device: str, dtype) -> str:
+    """bench/prologue_check.py's line: whether softsyn's attention prologue packages and writes the cache in place."""
+    import prologue_check  # bench/
+
+    return prologue_check.prologue_packaged(device, dtype)
+
+
 GEMLITE_FORMS = (("A16W8 int8", 8, 0), ("A16W8 fp8", 8, -1), ("A16W4 g64", 4, 64), ("A16W4 g128", 4, 128))
 
 
@@ -516,8 +525,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("-o", "--output", type=Path)
     parser.add_argument("--parts", default="attention,projections,int4,softsyn,gemlite,chain",
-                        help="which tables (comma-separated; default all; package: only whether softsyn's layers "
-                             "and attention package under AOTInductor)")
+                        help="which tables (comma-separated; default all; package: only whether softsyn's layers, "
+                             "attention and attention prologue package under AOTInductor)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     dtype = torch.float16 if args.device == "cuda" else torch.float32
@@ -526,6 +535,7 @@ def main() -> int:
     # the package checks first, each printed as it ends: a call cut short by its limit still says whether they built
     checks = [check for check, wanted in ((softsyn_int4_packaged, {"softsyn", "package"}),
                                           (softsyn_attention_packaged, {"attention", "package"}),
+                                          (prologue_packaged, {"prologue", "package"}),
                                           (gemlite_packaged, {"gemlite"})) if cuda and parts & wanted]
     packaged = []
     for check in checks:
