@@ -130,7 +130,7 @@ if triton is not None:
 
     @triton.jit
     def group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
-                   BYTE_CODES: tl.constexpr, groups):
+                   BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr = False):
         """[BLOCK_N, len(g)]: each weight row's dot product with x over groups g, each group's scale (and int4's
         low) applied once: x . (q s + l) = s (x . q) + l sum(x), one convert (small_ints for integer codes) and one
         fma a weight."""
@@ -148,21 +148,34 @@ if triton is not None:
                 codes = small_ints(codes.to(tl.int32) + 128) - 128.0
             else:
                 codes = codes.to(tl.float32)
-            a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
-            dots = tl.sum(codes * a[None, :, :], 2) * scale
+            if X_TILE:
+                a = tl.load(tl.broadcast_to((x_row + first)[None, :, :], codes.shape), mask=tile_ok, other=0.0)
+                dots = tl.sum(codes * a.to(tl.float32), 2) * scale
+            else:
+                a = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                dots = tl.sum(codes * a[None, :, :], 2) * scale
         else:
             codes = tl.load(at, mask=tile_ok, other=0)
-            a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
-            a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
             low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
-            dots = tl.sum(small_ints(codes & 0xF) * a_lo[None, :, :] + small_ints(codes >> 4) * a_hi[None, :, :], 2)
-            dots = dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
+            if X_TILE:  # each output row's own copy of the activations, loaded in the codes' layout
+                x_at = tl.broadcast_to((x_row + first)[None, :, :], codes.shape)
+                a_lo = tl.load(x_at, mask=tile_ok, other=0.0).to(tl.float32)
+                a_hi = tl.load(x_at + HALF, mask=tile_ok, other=0.0).to(tl.float32)
+                dots = tl.sum(small_ints(codes & 0xF) * a_lo + small_ints(codes >> 4) * a_hi, 2)
+                dots = dots * scale + low * tl.sum(a_lo + a_hi, 2)
+            else:  # [groups, GB] once, broadcast over the rows
+                a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                dots = tl.sum(small_ints(codes & 0xF) * a_lo[None, :, :] + small_ints(codes >> 4) * a_hi[None, :, :],
+                              2)
+                dots = dots * scale + low * tl.sum(a_lo + a_hi, 1)[None, :]
         return dots
 
     @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
+                             X_TILE: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -171,8 +184,9 @@ if triton is not None:
         (group_dots); the rows of x are a loop (the grid names no row: a package's dynamic row count stays a kernel
         argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
-        activation in the GEMV's epilogue (one kernel where a step ran two). BLOCK_M > 1 (`launch` with a config; not
-        autotuned): tensor-core tiles, one group a step."""
+        activation in the GEMV's epilogue (one kernel where a step ran two). X_TILE (one-row path): each output row
+        loads its own copy of the activations in the codes' layout (group_dots). BLOCK_M > 1 (`launch` with a config;
+        not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
@@ -192,10 +206,10 @@ if triton is not None:
                 up = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
                     acc += group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                      BYTE_CODES=BYTE_CODES, groups=groups)
+                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE)
                     if GATED:
                         up += group_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                         BYTE_CODES=BYTE_CODES, groups=groups)
+                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE)
                 out = tl.sum(acc, 1)
                 if GATED:
                     out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
@@ -232,8 +246,15 @@ if triton is not None:
     # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six: the
     # fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md), and
     # their neighbours; AOTInductor compiles every config of every layer shape.
-    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)
-               for n, k, w in ((2, 1024, 2), (2, 1024, 4), (4, 512, 2), (4, 1024, 4), (8, 512, 4), (16, 256, 4))]
+    # X_TILE (2026-12-06, unmeasured): the three narrowest again with the activations loaded in the codes' layout.
+    # Loaded once a program as [groups, GB] and broadcast over its rows, they are moved into the codes' layout inside
+    # the loop: in the int4 loop body's sm_90 PTX, 10-22 barriers (Triton 3.8) or 0-14 barriers and up to 42 warp
+    # shuffles (3.6, the H200 image's); with each row's own copy (L1 hits past the first row) 0-4 barriers and 0-8
+    # shuffles (tests/emit/test_triton_compile.py). The autotuner times both forms per shape on the device.
+    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile}, num_warps=w, num_stages=1)
+               for n, k, w, tile in ((2, 1024, 2, False), (2, 1024, 4, False), (4, 512, 2, False),
+                                     (4, 1024, 4, False), (8, 512, 4, False), (16, 256, 4, False),
+                                     (2, 1024, 2, True), (2, 1024, 4, True), (4, 512, 2, True))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)

@@ -68,7 +68,8 @@ def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byt
     """Every shipped one-row config at every group (and the gated epilogue at the smallest), as Inductor launches it at qwen3's widths (aligned buffers, K and
     N multiples of 16): the codes load 16 bytes a thread (a scalar byte load a weight is what an unproven alignment
     gives, and a GEMV's speed is its loads), and integer codes become floats with no int-to-float convert (a quarter
-    of the FMA rate: small_ints)."""
+    of the FMA rate: small_ints), and an X_TILE config's loop holds fewer barriers than the same config without it
+    (the activations moved into the codes' layout through shared memory: softsyn.emit.triton_weights.CONFIGS)."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
                  "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32}
     aligned = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
@@ -81,3 +82,21 @@ def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byt
                 assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config, gated)
                 if codes != "*fp8e4nv":  # integer codes become floats by small_ints' exponent trick, no converts
                     assert not re.search(r"cvt\.rn\.f32\.[su]\d+", kernel.asm["ptx"]), (group, config, gated)
+                if config.kwargs["X_TILE"]:  # the activations reach the codes' layout without shared memory
+                    twin = compiled(triton_weights.weight_matmul_kernel, signature,
+                                    {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated,
+                                     **config.kwargs, "X_TILE": False}, aligned,
+                                    {"num_warps": config.num_warps, "num_stages": config.num_stages})
+                    bars, twin_bars = (inner_loop(k.asm["ptx"]).count("bar.sync") for k in (kernel, twin))
+                    assert bars <= 4 and bars < twin_bars, (group, config, gated, bars, twin_bars)
+
+
+def inner_loop(ptx: str) -> str:
+    """The PTX of the kernel's innermost loop body: from the block LLVM labels `.lr.ph` (a loop's preheader-led
+    body) to the branch back to it."""
+    label = re.search(r"^(\$L__BB\d+_\d+):\s*// %\.lr\.ph$", ptx, re.M)
+    assert label, "no loop body in the PTX"
+    start = label.end()
+    back = re.search(rf"bra\s+{re.escape(label.group(1))};", ptx[start:])
+    assert back, "no branch back to the loop body"
+    return ptx[start:start + back.start()]

@@ -71,7 +71,7 @@ for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torc
         x = torch.randn(rows, width).to(dtype)
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
         for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 1024},
-                       {"BLOCK_M": 16, "BLOCK_N": 32}):
+                       {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 256, "X_TILE": True}, {"BLOCK_M": 16, "BLOCK_N": 32}):
             # the one-row path loops over rows in every program: 5 rows cover it, 19 (two row tiles) the tiled path,
             # and the interpreter takes ~8 s for 19 rows of the one-row path at group 128
             take = rows if config["BLOCK_M"] > 1 else min(rows, 5)
@@ -84,7 +84,8 @@ for precision in ("int4", "fp8"):  # gated: W = [gate; up], silu(gate) * up in t
     x = torch.randn(3, 256).to(torch.float16)
     gate, up = (x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()).chunk(2, dim=-1)
     want = torch.nn.functional.silu(gate) * up
-    for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 16, "BLOCK_N": 32}):
+    for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128,
+                                                                     "X_TILE": True}, {"BLOCK_M": 16, "BLOCK_N": 32}):
         got = launch(x, q.packed, q.scales, q.lows, config, gated=True).float()
         out[f"gated {precision} float16 {sorted(config.items())}"] = float((got - want).abs().max() / want.abs().max())
     out[f"gated op {precision} float16"] = float((torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows)[0]
@@ -101,13 +102,14 @@ print(json.dumps(out))
 def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     """Triton's interpreter runs the kernel's code on CPU tensors: every path (the one-row path over 1-5 rows, its
     loop steps of 128 bytes a row (several steps, groups that do not fill the last) and of 1024 (past every row's
-    end), outputs that do not fill a program's; 16-row tensor-core tiles with rows and outputs that do not fill a
+    end), outputs that do not fill a program's, with the activations broadcast or in the codes' layout (X_TILE);
+    16-row tensor-core tiles with rows and outputs that do not fill a
     tile), every group size, the gated epilogue (silu(gate) * up of a [gate; up] weight; the tiles' path applies it
     after) and its op, int4
     with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
     product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
-    assert len(errors) == 45
+    assert len(errors) == 59
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
