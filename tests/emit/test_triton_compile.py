@@ -6,6 +6,8 @@ the H200 image's torch 2.11 brings 3.6, so a version's own quirks can still pass
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from softsyn.emit import triton_attention, triton_prologue, triton_weights  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from kernel_ptx import inner_loop  # noqa: E402 - bench/: the loop body a PTX listing runs
 
 SM90 = GPUTarget("cuda", 90, 32)
 I32 = "i32"
@@ -90,13 +95,3 @@ def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byt
                     bars, twin_bars = (inner_loop(k.asm["ptx"]).count("bar.sync") for k in (kernel, twin))
                     assert bars <= 4 and bars < twin_bars, (group, config, gated, bars, twin_bars)
 
-
-def inner_loop(ptx: str) -> str:
-    """The PTX of the kernel's innermost loop body: from the block LLVM labels `.lr.ph` (a loop's preheader-led
-    body) to the branch back to it."""
-    label = re.search(r"^(\$L__BB\d+_\d+):\s*// %\.lr\.ph$", ptx, re.M)
-    assert label, "no loop body in the PTX"
-    start = label.end()
-    back = re.search(rf"bra\s+{re.escape(label.group(1))};", ptx[start:])
-    assert back, "no branch back to the loop body"
-    return ptx[start:start + back.start()]
