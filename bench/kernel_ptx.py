@@ -1,9 +1,10 @@
 """softsyn's weight kernel compiled for sm_90 on this CPU, its innermost loop read: per shipped config, PTX
-instructions a weight, barriers and warp shuffles in the loop body. No GPU: a kernel's static cost before a lease.
+instructions a weight, barriers and warp shuffles in the loop body, registers a thread and the threads an SM can
+hold at that count. No GPU: a kernel's static cost before a lease.
 
-Why: a GEMV at qwen3-1.7b's widths read ~0.9 TB/s of the H200's 4.8 (2026-12-06); the loop's instruction count per
-weight bounds it from the issue side (at 8.5 a weight, a layer's 50.3M int4 weights are ~13 us of issue over the
-H200's 132 SMs, of the 29.8 us measured), and barriers or shuffles inside it serialise its warps.
+Why: a GEMV at qwen3-1.7b's widths read ~0.9 TB/s of the H200's 4.8 (2026-12-06). A one-row GEMV's speed is the bytes
+its resident threads keep in flight, which its registers cap (65536 a Hopper SM; 2048 threads at most), and its
+instruction count a weight bounds it from the issue side; barriers or shuffles inside the loop serialise its warps.
 
     python bench/kernel_ptx.py [--precision int4|fp8|int8] [--group 128]
 
@@ -12,8 +13,11 @@ Needs Triton (the test extra); compiles with the installed version (the H200 ima
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -22,6 +26,7 @@ from triton.compiler import ASTSource
 from softsyn.emit import triton_weights
 
 SM90 = GPUTarget("cuda", 90, 32)
+SM_REGISTERS, SM_THREADS = 65536, 2048  # a Hopper SM's register file and thread limit
 CODES = {"int4": "*u8", "fp8": "*fp8e4nv", "int8": "*i8"}
 ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")  # as Inductor marks them
 
@@ -48,6 +53,16 @@ def inner_loop(ptx: str) -> str:
     return ptx[label.end():label.end() + back.start()]
 
 
+def registers(cubin: bytes) -> int:
+    """Registers a thread of the compiled kernel, from cuobjdump (shipped in Triton's NVIDIA backend)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True)
+    return int(re.search(r"REG:(\d+)", usage.stdout).group(1))
+
+
 def instructions(body: str) -> list[str]:
     return [line.strip() for line in body.splitlines() if line.strip()
             and not line.strip().startswith(("//", "$", ".", "{", "}")) and not line.strip().endswith(":")]
@@ -60,14 +75,19 @@ def main() -> int:
     args = parser.parse_args()
     per_byte = 2 if args.precision == "int4" else 1
     print(f"# weight kernel, {args.precision} g{args.group}, sm_90 PTX (Triton {triton.__version__}), innermost loop")
-    print("| BLOCK_N | BLOCK_K | warps | X_TILE | weights a thread a step | PTX a weight | bar.sync | shfl |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("| BLOCK_N | BLOCK_K | warps | X_TILE | weights a thread a step | PTX a weight | bar.sync | shfl | registers "
+          "| threads an SM by registers (est) |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for config in triton_weights.CONFIGS:
-        body = inner_loop(compile_config(CODES[args.precision], args.group, config).asm["ptx"])
-        kw = config.kwargs
-        weights = kw["BLOCK_N"] * kw["BLOCK_K"] * per_byte // (config.num_warps * 32)
+        kernel = compile_config(CODES[args.precision], args.group, config)
+        body = inner_loop(kernel.asm["ptx"])
+        kw, threads = config.kwargs, config.num_warps * 32
+        weights = kw["BLOCK_N"] * kw["BLOCK_K"] * per_byte // threads
+        regs = registers(kernel.asm["cubin"])
+        resident = min(SM_REGISTERS // (regs * threads), SM_THREADS // threads) * threads  # whole programs
         print(f"| {kw['BLOCK_N']} | {kw['BLOCK_K']} | {config.num_warps} | {kw.get('X_TILE', False)} | {weights} | "
-              f"{len(instructions(body)) / weights:.1f} | {body.count('bar.sync')} | {body.count('shfl')} |")
+              f"{len(instructions(body)) / weights:.1f} | {body.count('bar.sync')} | {body.count('shfl')} | {regs} | "
+              f"{resident} |")
     return 0
 
 
