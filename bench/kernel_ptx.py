@@ -31,17 +31,25 @@ CODES = {"int4": "*u8", "fp8": "*fp8e4nv", "int8": "*i8"}
 ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")  # as Inductor marks them
 
 
+def compiled(fn, signature: dict, constexprs: dict, aligned: tuple = (), options: dict | None = None):
+    """`fn` compiled for sm_90 with `signature`'s argument types; `aligned`: the arguments Inductor marks divisible by
+    16 (pointers of aligned buffers, sizes and strides that are multiples of 16), which decides whether loads
+    vectorise."""
+    names = list(signature)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    kernel = triton.compile(ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                                      constexprs=constexprs, attrs=attrs), target=SM90, options=options)
+    assert kernel.asm["cubin"], f"{fn.__name__}: no cubin"
+    return kernel
+
+
 def compile_config(codes: str, group: int, config, gated: bool = False):
     """The weight kernel at `config` (a triton.Config of CONFIGS) with the argument types Inductor gives it."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16",
                  **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_ym"), "i32")}
     constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, **config.kwargs}
-    names = list(signature)
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED}
-    source = ASTSource(fn=triton_weights.weight_matmul_kernel, attrs=attrs, constexprs=constexprs,
-                       signature={**signature, **dict.fromkeys(constexprs, "constexpr")})
-    return triton.compile(source, target=SM90, options={"num_warps": config.num_warps,
-                                                         "num_stages": config.num_stages})
+    return compiled(triton_weights.weight_matmul_kernel, signature, constexprs, ALIGNED,
+                    {"num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
 def inner_loop(ptx: str) -> str:

@@ -73,5 +73,6 @@ def prologue_packaged(device: str, dtype) -> str:
             names = kernels_of(lambda: runner(*inputs(device, dtype, 1, 1, 512)))
         return f"{label}: compiled and ran ({'; '.join(said)}); a call launches {len(names)}: {', '.join(names)}"
     except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        text = " ".join(str(exc).split())
-        return f"{label}: failed ({type(exc).__name__}: {text[:200]}{' ... ' + text[-600:] if len(text) > 200 else ''})"
+        from torch_kernels import failure_line  # bench/: the package checks' one-line failure
+
+        return failure_line(label, exc)

@@ -376,8 +376,14 @@ def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cas
                 errs.append(f"{name} {float((got.float() - expected).abs().max() / expected.abs().max()):.1e}")
         return f"{label}: compiled and ran (rel err {', '.join(errs)})"
     except Exception as exc:  # noqa: BLE001 - the answer is the failure
-        text = " ".join(str(exc).split())  # a traceback's cause is at its end
-        return f"{label}: failed ({type(exc).__name__}: {text[:200]}{' ... ' + text[-600:] if len(text) > 200 else ''})"
+        return failure_line(label, exc)
+
+
+def failure_line(label: str, exc: BaseException) -> str:
+    """A package check's failure on one line: its head and, past 200 characters, its last 600 (a traceback's cause
+    is at its end)."""
+    text = " ".join(str(exc).split())
+    return f"{label}: failed ({type(exc).__name__}: {text[:200]}{' ... ' + text[-600:] if len(text) > 200 else ''})"
 
 
 VOCAB = 151936  # qwen3's lm_head outputs

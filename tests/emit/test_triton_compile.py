@@ -12,27 +12,13 @@ from pathlib import Path
 import pytest
 
 triton = pytest.importorskip("triton")
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from softsyn.emit import triton_attention, triton_prologue, triton_weights  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from kernel_ptx import inner_loop  # noqa: E402 - bench/: the loop body a PTX listing runs
+# bench/: kernels compiled for sm_90 with Inductor's argument types (asserting a cubin), the loop body of a PTX
+from kernel_ptx import compile_config, compiled, inner_loop  # noqa: E402
 
-SM90 = GPUTarget("cuda", 90, 32)
 I32 = "i32"
-
-
-def compiled(fn, signature: dict, constexprs: dict, aligned: tuple = (), options: dict | None = None):
-    """`fn` compiled for sm_90; `aligned`: the arguments Inductor marks divisible by 16 (pointers of aligned buffers,
-    sizes and strides that are multiples of 16), which decides whether loads vectorise."""
-    names = list(signature)
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    kernel = triton.compile(ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
-                                      constexprs=constexprs, attrs=attrs), target=SM90, options=options)
-    assert kernel.asm["cubin"]
-    return kernel
 
 
 def test_the_decode_attention_kernels_compile_for_sm90():
@@ -68,30 +54,24 @@ def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(n
         assert ("rsqrt" in kernel.asm["ptx"]) == norm
 
 
-@pytest.mark.parametrize("codes,byte_codes", [("*u8", False), ("*fp8e4nv", True), ("*i8", True)])
-def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byte_loads(codes, byte_codes):
+@pytest.mark.parametrize("codes", ["*u8", "*fp8e4nv", "*i8"])  # int4's bytes, fp8 and int8 codes
+def test_the_weight_kernel_compiles_for_sm90_at_every_shipped_config_with_16_byte_loads(codes):
     """Every shipped one-row config at every group (and the gated epilogue at the smallest), as Inductor launches it at qwen3's widths (aligned buffers, K and
     N multiples of 16): the codes load 16 bytes a thread (a scalar byte load a weight is what an unproven alignment
     gives, and a GEMV's speed is its loads), and integer codes become floats with no int-to-float convert (a quarter
     of the FMA rate: small_ints), and an X_TILE config's loop holds fewer barriers than the same config without it
     (the activations moved into the codes' layout through shared memory: softsyn.emit.triton_weights.CONFIGS)."""
-    signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16", "M": I32,
-                 "N": I32, "K": I32, "stride_xm": I32, "stride_ym": I32}
-    aligned = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")
     for group in triton_weights.GROUPS:
         for config in triton_weights.CONFIGS:
             for gated in (False, True) if group == triton_weights.GROUPS[0] else (False,):  # + the gated epilogue
-                kernel = compiled(triton_weights.weight_matmul_kernel, signature,
-                                  {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated, **config.kwargs}, aligned,
-                                  {"num_warps": config.num_warps, "num_stages": config.num_stages})
+                kernel = compile_config(codes, group, config, gated)
                 assert "ld.global.v4.b32" in kernel.asm["ptx"], (group, config, gated)
                 if codes != "*fp8e4nv":  # integer codes become floats by small_ints' exponent trick, no converts
                     assert not re.search(r"cvt\.rn\.f32\.[su]\d+", kernel.asm["ptx"]), (group, config, gated)
                 if config.kwargs["X_TILE"]:  # the activations reach the codes' layout without shared memory
-                    twin = compiled(triton_weights.weight_matmul_kernel, signature,
-                                    {"GROUP": group, "BYTE_CODES": byte_codes, "GATED": gated,
-                                     **config.kwargs, "X_TILE": False}, aligned,
-                                    {"num_warps": config.num_warps, "num_stages": config.num_stages})
+                    twin = compile_config(codes, group, triton.Config({**config.kwargs, "X_TILE": False},
+                                                                      num_warps=config.num_warps,
+                                                                      num_stages=config.num_stages), gated)
                     bars, twin_bars = (inner_loop(k.asm["ptx"]).count("bar.sync") for k in (kernel, twin))
                     assert bars <= 4 and bars < twin_bars, (group, config, gated, bars, twin_bars)
 
