@@ -1,6 +1,6 @@
 """softsyn's weight kernel compiled for sm_90 on this CPU, its innermost loop read: per shipped config, PTX
-instructions a weight, barriers and warp shuffles in the loop body, registers a thread and the threads an SM can
-hold at that count. No GPU: a kernel's static cost before a lease.
+instructions a weight, barriers and warp shuffles in the loop body, registers a thread, the threads an SM can hold at
+that count and the bytes of codes those threads have in flight. No GPU: a kernel's static cost before a lease.
 
 Why: a GEMV at qwen3-1.7b's widths read ~0.9 TB/s of the H200's 4.8 (2026-12-06). A one-row GEMV's speed is the bytes
 its resident threads keep in flight, which its registers cap (65536 a Hopper SM; 2048 threads at most), and its
@@ -26,7 +26,8 @@ from triton.compiler import ASTSource
 from softsyn.emit import triton_weights
 
 SM90 = GPUTarget("cuda", 90, 32)
-SM_REGISTERS, SM_THREADS = 65536, 2048  # a Hopper SM's register file and thread limit
+SM_REGISTERS, SM_THREADS, SM_PROGRAMS = 65536, 2048, 32  # a Hopper SM's register file, thread and block limits
+REGISTER_UNIT = 256  # a warp's registers are allocated in units of 256 (8 a thread)
 CODES = {"int4": "*u8", "fp8": "*fp8e4nv", "int8": "*i8"}
 ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")  # as Inductor marks them
 
@@ -71,6 +72,15 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", usage.stdout).group(1))
 
 
+def resident_threads(regs: int, warps: int) -> int:
+    """Threads an SM holds of a kernel at `regs` registers a thread and `warps` a program, whole programs only: the
+    register file (a warp's share rounded up to REGISTER_UNIT), 2048 threads, 32 programs; shared memory not counted
+    (the one-row configs use at most a few KB)."""
+    warp_regs = -(-regs * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    programs = min(SM_REGISTERS // warp_regs // warps, SM_THREADS // (warps * 32), SM_PROGRAMS)
+    return programs * warps * 32
+
+
 def instructions(body: str) -> list[str]:
     return [line.strip() for line in body.splitlines() if line.strip()
             and not line.strip().startswith(("//", "$", ".", "{", "}")) and not line.strip().endswith(":")]
@@ -83,19 +93,22 @@ def main() -> int:
     args = parser.parse_args()
     per_byte = 2 if args.precision == "int4" else 1
     print(f"# weight kernel, {args.precision} g{args.group}, sm_90 PTX (Triton {triton.__version__}), innermost loop")
-    print("| BLOCK_N | BLOCK_K | warps | X_TILE | weights a thread a step | PTX a weight | bar.sync | shfl | registers "
-          "| threads an SM by registers (est) |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| BLOCK_N | BLOCK_K | warps | X_TILE | F16 | weights a thread a step | PTX a weight | bar.sync | shfl "
+          "| registers | threads an SM by registers (est) | bytes in flight an SM (est) |")
+    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for config in triton_weights.CONFIGS:
         kernel = compile_config(CODES[args.precision], args.group, config)
         body = inner_loop(kernel.asm["ptx"])
         kw, threads = config.kwargs, config.num_warps * 32
         weights = kw["BLOCK_N"] * kw["BLOCK_K"] * per_byte // threads
         regs = registers(kernel.asm["cubin"])
-        resident = min(SM_REGISTERS // (regs * threads), SM_THREADS // threads) * threads  # whole programs
-        print(f"| {kw['BLOCK_N']} | {kw['BLOCK_K']} | {config.num_warps} | {kw.get('X_TILE', False)} | {weights} | "
-              f"{len(instructions(body)) / weights:.1f} | {body.count('bar.sync')} | {body.count('shfl')} | {regs} | "
-              f"{resident} |")
+        resident = resident_threads(regs, config.num_warps)
+        # a step's code loads are all issued before their first use (no loop-carried loads), so a thread's step is
+        # what it has in flight: an estimate, which ignores rows shorter than BLOCK_K (masked loads issue nothing)
+        in_flight = resident * weights // per_byte
+        print(f"| {kw['BLOCK_N']} | {kw['BLOCK_K']} | {config.num_warps} | {kw.get('X_TILE', False)} | "
+              f"{kw.get('F16', False)} | {weights} | {len(instructions(body)) / weights:.1f} | {body.count('bar.sync')} "
+              f"| {body.count('shfl')} | {regs} | {resident} | {in_flight / 1024:.1f} KB |")
     return 0
 
 
