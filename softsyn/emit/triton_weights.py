@@ -129,11 +129,22 @@ if triton is not None:
         return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
     @triton.jit
+    def sixteenths(nibbles):
+        """4-bit codes q as fp16 (q - 8) / 16, exactly and with no convert: 0x5400 is fp16 64.0, whose mantissa steps
+        by 1/16, so OR-ing q in and subtracting 64.5 gives it (packed two a register: or, sub.f16x2). Sixteenths, not
+        q (Marlin's 0x6400, 1024 + q): an fp16 product q * x overflows past |x| 4366, (q - 8) / 16 * x never does;
+        centred, so the fp16 products do not carry the group's offset (which the low then cancels: a rounding error
+        of the offset's size, 2.5x the fp32 form's on gated outputs in the interpreter, 2026-12-06)."""
+        return (nibbles.to(tl.int16) | 0x5400).to(tl.float16, bitcast=True) - 64.5
+
+    @triton.jit
     def group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
-                   BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr = False):
+                   BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr = False, F16: tl.constexpr = False):
         """[BLOCK_N, len(g)]: each weight row's dot product with x over groups g, each group's scale (and int4's
         low) applied once: x . (q s + l) = s (x . q) + l sum(x), one convert (small_ints for integer codes) and one
-        fma a weight."""
+        fma a weight. F16 (int4 with fp16 activations, X_TILE's layout; else X_TILE's form): the codes as fp16
+        sixteenths times the fp16 activations, a byte's two products summed in fp16 (f16x2 ops), each pair added
+        in fp32, so a group's sum and the sums across groups stay fp32."""
         HALF: tl.constexpr = GROUP // 2
         ri = tl.arange(0, GB)
         g_ok = g < groups
@@ -159,10 +170,16 @@ if triton is not None:
             low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0).to(tl.float32)
             if X_TILE:  # each output row's own copy of the activations, loaded in the codes' layout
                 x_at = tl.broadcast_to((x_row + first)[None, :, :], codes.shape)
-                a_lo = tl.load(x_at, mask=tile_ok, other=0.0).to(tl.float32)
-                a_hi = tl.load(x_at + HALF, mask=tile_ok, other=0.0).to(tl.float32)
-                dots = tl.sum(small_ints(codes & 0xF) * a_lo + small_ints(codes >> 4) * a_hi, 2)
-                dots = dots * scale + low * tl.sum(a_lo + a_hi, 2)
+                a_lo = tl.load(x_at, mask=tile_ok, other=0.0)
+                a_hi = tl.load(x_at + HALF, mask=tile_ok, other=0.0)
+                if F16 and a_lo.dtype == tl.float16:  # half the live registers of fp32 codes and activations
+                    pair = (sixteenths(codes & 0xF) * a_lo + sixteenths(codes >> 4) * a_hi).to(tl.float32)
+                    both = tl.sum((a_lo + a_hi).to(tl.float32), 2)
+                    dots = tl.sum(pair, 2) * (scale * 16.0) + (low + scale * 8.0) * both  # q s + l, centred
+                else:
+                    a_lo, a_hi = a_lo.to(tl.float32), a_hi.to(tl.float32)
+                    dots = tl.sum(small_ints(codes & 0xF) * a_lo + small_ints(codes >> 4) * a_hi, 2)
+                    dots = dots * scale + low * tl.sum(a_lo + a_hi, 2)
             else:  # [groups, GB] once, broadcast over the rows
                 a_lo = tl.load(x_row + first, mask=g_ok[:, None], other=0.0).to(tl.float32)
                 a_hi = tl.load(x_row + first + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
@@ -175,7 +192,7 @@ if triton is not None:
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
-                             X_TILE: tl.constexpr = False):
+                             X_TILE: tl.constexpr = False, F16: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -185,7 +202,8 @@ if triton is not None:
         argument, never a launch dimension), each reading the program's weights again (from L2 past the first row).
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
         activation in the GEMV's epilogue (one kernel where a step ran two). X_TILE (one-row path): each output row
-        loads its own copy of the activations in the codes' layout (group_dots). BLOCK_M > 1 (`launch` with a config;
+        loads its own copy of the activations in the codes' layout (group_dots); F16 with it: int4 dequantised and
+        multiplied in fp16, summed in fp32 (group_dots). BLOCK_M > 1 (`launch` with a config;
         not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
@@ -206,10 +224,10 @@ if triton is not None:
                 up = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
                     acc += group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE)
+                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)
                     if GATED:
                         up += group_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE)
+                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)
                 out = tl.sum(acc, 1)
                 if GATED:
                     out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
@@ -243,18 +261,26 @@ if triton is not None:
     # rows, "launcher() missing 1 required positional argument: '_launcher_s1'", H100, 2026-12-06). A program's tile
     # is BLOCK_N rows x BLOCK_K bytes, 16-32 bytes a thread (one or two 16-byte loads in flight, no spills for sm_90
     # at any group: tests/emit/test_triton_compile.py): the loop does not pipeline (its loads feed no dot), so bytes
-    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six: the
-    # fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md), and
-    # their neighbours; AOTInductor compiles every config of every layer shape.
-    # X_TILE (2026-12-06, unmeasured): the three narrowest again with the activations loaded in the codes' layout.
-    # Loaded once a program as [groups, GB] and broadcast over its rows, they are moved into the codes' layout inside
-    # the loop: in the int4 loop body's sm_90 PTX, 10-22 barriers (Triton 3.8) or 0-14 barriers and up to 42 warp
-    # shuffles (3.6, the H200 image's); with each row's own copy (L1 hits past the first row) 0-4 barriers and 0-8
-    # shuffles (tests/emit/test_triton_compile.py). The autotuner times both forms per shape on the device.
-    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile}, num_warps=w, num_stages=1)
-               for n, k, w, tile in ((2, 1024, 2, False), (2, 1024, 4, False), (4, 512, 2, False),
-                                     (4, 1024, 4, False), (8, 512, 4, False), (16, 256, 4, False),
-                                     (2, 1024, 2, True), (2, 1024, 4, True), (4, 512, 2, True))]
+    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six until F16:
+    # the fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md),
+    # and their neighbours; AOTInductor compiles every config of every layer shape.
+    # F16 (session 17, 2026-12-06, static figures, unmeasured on a GPU): X_TILE's layout with int4 dequantised and
+    # multiplied in fp16 (group_dots); sm_90 PTX of int4 g128 (Triton 3.8, bench/kernel_ptx.py): 63-71 registers
+    # where X_TILE's twins hold 78-93, so 896-1024 resident threads an SM, ~28-32 KB of codes in flight an SM (the
+    # six fp32 configs: 12-16 KB; ~36 KB streams the H200), 8.6-8.7 PTX a weight (X_TILE 10.6), no barrier in the
+    # loop. Kept: (2, 1024, 2) and (16, 256, 4), the fastest measured (H100), and (2, 1024, 4) and (4, 512, 2).
+    # Dropped, dominated by those figures: (4, 1024, 4) by (4, 512, 2) (both 8.6 PTX a weight and 10 barriers; 140
+    # registers to 138, 12 KB to 14 in flight); (8, 512, 4) (the most registers, 143, and barriers, 18; 12 KB); the
+    # three X_TILE configs by F16 twins (for int4 with fp16 activations: fewer registers and instructions, the same
+    # loads; fp8, int8 and fp32 activations run an F16 config in X_TILE's form, which is why F16 configs set both).
+    # F16's four: one warp a program (1 x 1024, 2 x 512: 32 KB an SM, capped by the 32 programs an SM), the best
+    # fp32 config's tile (2 x 1024, 2 warps: 28 KB), one row of 2048 bytes (down's 3 KB rows: 32 KB). At g32/g64
+    # some F16 configs hold more registers than X_TILE's (tests/emit/test_triton_compile.py checks g128 only).
+    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=w,
+                             num_stages=1)
+               for n, k, w, f16 in ((2, 1024, 2, False), (2, 1024, 4, False), (4, 512, 2, False),
+                                    (16, 256, 4, False), (1, 1024, 1, True), (2, 512, 1, True), (2, 1024, 2, True),
+                                    (1, 2048, 2, True))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)

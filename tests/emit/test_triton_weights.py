@@ -71,7 +71,9 @@ for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torc
         x = torch.randn(rows, width).to(dtype)
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
         for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 1024},
-                       {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 256, "X_TILE": True}, {"BLOCK_M": 16, "BLOCK_N": 32}):
+                       {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 256, "X_TILE": True},
+                       {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 256, "X_TILE": True, "F16": True},
+                       {"BLOCK_M": 16, "BLOCK_N": 32}):
             # the one-row path loops over rows in every program: 5 rows cover it, 19 (two row tiles) the tiled path,
             # and the interpreter takes ~8 s for 19 rows of the one-row path at group 128
             take = rows if config["BLOCK_M"] > 1 else min(rows, 5)
@@ -85,7 +87,9 @@ for precision in ("int4", "fp8"):  # gated: W = [gate; up], silu(gate) * up in t
     gate, up = (x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()).chunk(2, dim=-1)
     want = torch.nn.functional.silu(gate) * up
     for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128}, {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128,
-                                                                     "X_TILE": True}, {"BLOCK_M": 16, "BLOCK_N": 32}):
+                                                                     "X_TILE": True},
+                   {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128, "X_TILE": True, "F16": True},
+                   {"BLOCK_M": 16, "BLOCK_N": 32}):
         got = launch(x, q.packed, q.scales, q.lows, config, gated=True).float()
         out[f"gated {precision} float16 {sorted(config.items())}"] = float((got - want).abs().max() / want.abs().max())
     out[f"gated op {precision} float16"] = float((torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows)[0]
@@ -102,16 +106,51 @@ print(json.dumps(out))
 def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     """Triton's interpreter runs the kernel's code on CPU tensors: every path (the one-row path over 1-5 rows, its
     loop steps of 128 bytes a row (several steps, groups that do not fill the last) and of 1024 (past every row's
-    end), outputs that do not fill a program's, with the activations broadcast or in the codes' layout (X_TILE);
+    end), outputs that do not fill a program's, with the activations broadcast or in the codes' layout (X_TILE,
+    and F16 with it: int4 in fp16 where the activations are fp16, X_TILE's form elsewhere);
     16-row tensor-core tiles with rows and outputs that do not fill a
     tile), every group size, the gated epilogue (silu(gate) * up of a [gate; up] weight; the tiles' path applies it
     after) and its op, int4
     with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
     product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
-    assert len(errors) == 59
+    assert len(errors) == 73
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
+
+
+F16_CHECK = r"""
+import json, torch
+from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated
+torch.manual_seed(0)
+out = {}
+for group in (32, 128):
+    for gated, size in ((False, 1.0), (False, 3000.0), (True, 1.0)):  # 3000: fp16 products q * x would overflow
+        w = torch.randn(2 * 24 if gated else 24, 512) / size  # outputs within fp16's range
+        q = quantise(w, group, torch.float16)
+        x = (torch.randn(3, 512) * size).half()
+        want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
+        want = silu_gated(want).float() if gated else want
+        for n, k in ((1, 1024), (2, 128), (4, 512)):  # one step past the row's end, four steps, two rows a thread
+            for f16 in (True, False):
+                config = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": True, "F16": f16}
+                got = launch(x, q.packed, q.scales, q.lows, config, gated=gated).float()
+                out[f"g{group} gated {gated} x{size} {n}x{k} f16 {f16}"] = float((got - want).abs().max() / want.abs().max())
+print(json.dumps(out))
+"""
+
+
+def test_the_fp16_dequantising_form_computes_the_int4_product_within_the_fp32_form_s_tolerance():
+    """F16 (int4 codes as fp16 (q - 8) / 16 times fp16 activations, a byte's two products summed in fp16, the rest
+    in fp32) at groups 32 and 128, plain and gated, one to four loop steps a row, activations up to ~12000 (where fp16
+    products of the codes themselves, 15 x, would overflow): within the fp16 tolerance of the other tests, and within
+    twice the fp32 form's error (X_TILE without F16) at the same case."""
+    errors = in_triton_interpreter(F16_CHECK)
+    assert len(errors) == 36
+    for key, err in errors.items():
+        assert err < 2e-3, (key, err)
+        if "f16 True" in key:
+            assert err < 2 * errors[key.replace("f16 True", "f16 False")] + 2.5e-4, (key, err)
 
 
 def test_the_prompt_form_computes_what_the_kernel_form_does():
