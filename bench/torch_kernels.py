@@ -330,13 +330,13 @@ def chain_forms(linear: torch.nn.Linear, gemlite) -> list[tuple[str, object]]:
 
 def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the kernel alone: its programs store
-    finished sums into an empty output), then int4 g128 at each config of SWEEP and each shipped X_TILE config, and
-    fp8 g128 at each shipped one-row config (CONFIGS), to show the spread the autotuner chooses from and what it
-    could."""
+    finished sums into an empty output), then int4 g128 at each config of SWEEP and each shipped F16 config (int4
+    dequantised in fp16), and fp8 g128 at each shipped one-row config (CONFIGS), to show the spread the autotuner
+    chooses from and what it could."""
     from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
 
-    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.kwargs.get("X_TILE", False))
-               for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
+    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.kwargs.get("X_TILE", False),
+                c.kwargs.get("F16", False)) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
     forms = []
     for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
@@ -347,12 +347,13 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
                                                                                        lyr.lows)))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
-        # int4: the sweep, then the shipped X_TILE configs (each row's own activations: triton_weights.CONFIGS)
-        swept = [(*c, False) for c in SWEEP] + [c for c in shipped if c[3]] if precision == "int4" else shipped
-        for n, k, w, tile in swept:
-            meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile}
-            name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if tile else ''}"
-                    f"{' (shipped)' if (n, k, w, tile) in shipped else ''}")
+        # int4: the sweep, then the shipped X_TILE and F16 configs (each row's own activations, F16 int4 in fp16:
+        # triton_weights.CONFIGS)
+        swept = [(*c, False, False) for c in SWEEP] + [c for c in shipped if c[3]] if precision == "int4" else shipped
+        for n, k, w, tile, f16 in swept:
+            meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile, "F16": f16}
+            name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if tile and not f16 else ''}{' F16' if f16 else ''}"
+                    f"{' (shipped)' if (n, k, w, tile, f16) in shipped else ''}")
             forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, nw=w:
                           launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": nw})))
     return forms
