@@ -264,23 +264,21 @@ if triton is not None:
     # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six until F16:
     # the fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md),
     # and their neighbours; AOTInductor compiles every config of every layer shape.
-    # F16 (session 17, 2026-12-06, static figures, unmeasured on a GPU): X_TILE's layout with int4 dequantised and
-    # multiplied in fp16 (group_dots); sm_90 PTX of int4 g128 (Triton 3.8, bench/kernel_ptx.py): 63-71 registers
-    # where X_TILE's twins hold 78-93, so 896-1024 resident threads an SM, ~28-32 KB of codes in flight an SM (the
-    # six fp32 configs: 12-16 KB; ~36 KB streams the H200), 8.6-8.7 PTX a weight (X_TILE 10.6), no barrier in the
-    # loop. Kept: (2, 1024, 2) and (16, 256, 4), the fastest measured (H100), and (2, 1024, 4) and (4, 512, 2).
-    # Dropped, dominated by those figures: (4, 1024, 4) by (4, 512, 2) (both 8.6 PTX a weight and 10 barriers; 140
-    # registers to 138, 12 KB to 14 in flight); (8, 512, 4) (the most registers, 143, and barriers, 18; 12 KB); the
-    # three X_TILE configs by F16 twins (for int4 with fp16 activations: fewer registers and instructions, the same
-    # loads; fp8, int8 and fp32 activations run an F16 config in X_TILE's form, which is why F16 configs set both).
-    # F16's four: one warp a program (1 x 1024, 2 x 512: 32 KB an SM, capped by the 32 programs an SM), the best
-    # fp32 config's tile (2 x 1024, 2 warps: 28 KB), one row of 2048 bytes (down's 3 KB rows: 32 KB). At g32/g64
-    # some F16 configs hold more registers than X_TILE's (tests/emit/test_triton_compile.py checks g128 only).
+    # F16 (session 17, 2026-12-06): X_TILE's layout with int4 dequantised and multiplied in fp16 (group_dots): 63-71
+    # registers where X_TILE's twins hold 78-93 (sm_90, bench/kernel_ptx.py), ~28-32 KB of codes in flight an SM
+    # where the fp32 configs keep 12-16 KB, no barrier in the loop. Measured on the H200 (cold chains, one run,
+    # torch-kernels-chain-h200-2026-12-06-f16.md) it won every int4 shape (us: q/k/v 5.2 vs 5.8, o 3.6 vs 4.0,
+    # gate/up 11.3 vs 12.4, down 7.5 vs 7.7, lm_head 107.5 vs 109.4: the best F16 config vs the best fp32 one, swept
+    # or shipped). The five kept are the fastest at some shape there, int4 or fp8: F16 (1, 1024, 1) (int4 q/k/v,
+    # gate/up, down; fp8 down), F16 (2, 1024, 2) (int4 o), F16 (2, 512, 1) (int4 lm_head, fp8 gate/up), (2, 1024, 4)
+    # (fp8 q/k/v, o) and (16, 256, 4) (fp8 lm_head); dropped as the best at no shape: (2, 1024, 2) and (4, 512, 2)
+    # without F16 (the H100's best before F16), and F16 (1, 2048, 2) (the slowest at four int4 shapes: gate/up 20.1,
+    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile
+    # outran a 585 s call).
     CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=w,
                              num_stages=1)
-               for n, k, w, f16 in ((2, 1024, 2, False), (2, 1024, 4, False), (4, 512, 2, False),
-                                    (16, 256, 4, False), (1, 1024, 1, True), (2, 512, 1, True), (2, 1024, 2, True),
-                                    (1, 2048, 2, True))]
+               for n, k, w, f16 in ((2, 1024, 4, False), (16, 256, 4, False), (1, 1024, 1, True), (2, 512, 1, True),
+                                    (2, 1024, 2, True))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)

@@ -12,7 +12,10 @@ fusions for both (graph_transformer_utils.cc); on that lease the CPU view held t
 ran for GPT-2 and 456 of BERT-base's 467 (the CUDA provider leaves three LayerNorm + Add pairs unfused).
 fp16 graphs fuse less on the CPU provider (it lacks fp16 kernels for some fused ops), so the view errs on the
 side of more launches. bf16 has no CPU kernels at all (MatMul, the norms): the view types bf16 as fp32 (every Cast
-into or out of bf16 stays a Cast between two types, so it still launches). Each node ORT created (a fused op) is
+into or out of bf16 stays a Cast between two types, so it still launches). fp8 weight cells
+(com.microsoft.MatMulBlockQuantizedFp8Weight) run on CUDA only and take fp16/bf16 activations, which the CPU provider
+recasts to fp32 (InvalidGraph, 2026-12-06): the view puts a MatMul of the same name in each one's place, so it
+launches as one node and the rest of the graph is still viewed. Each node ORT created (a fused op) is
 anchored on the netlist node that produced its output; the other netlist nodes that vanished were absorbed and
 launch nothing.
 """
@@ -90,6 +93,36 @@ def _bf16_as_fp32(proto: onnx.ModelProto) -> None:
                 _bf16_tensor_as_fp32(attr.t)
 
 
+FP8_OP = "MatMulBlockQuantizedFp8Weight"
+
+
+def _fp8_as_matmul(proto: onnx.ModelProto) -> int:
+    """Put a MatMul (same name, activation and output; a weightless [K, N] input as B) in place of every fp8 weight
+    cell of the view, in place; returns how many."""
+    graph = proto.graph
+    typed = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    for node in graph.node:  # a Cast's output has its `to` type, recorded or not
+        if node.op_type == "Cast" and not node.domain:
+            typed.setdefault(node.output[0], next(a.i for a in node.attribute if a.name == "to"))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input}
+    count = 0
+    for node in graph.node:
+        if node.op_type != FP8_OP or node.domain != "com.microsoft":
+            continue
+        elem = typed.get(node.output[0]) or typed.get(node.input[0])  # the op's T: its output's or activation's type
+        dims = shapes.get(node.input[1], [])  # the codes, a weightless input of the view
+        if len(dims) != 2 or not all(dims) or elem is None:
+            continue  # unknown shapes: the node stays, and ORT says why the view cannot load
+        stand_in = f"{node.name}_fp8_weight"
+        graph.input.append(onnx.helper.make_tensor_value_info(stand_in, elem, dims[::-1]))
+        activation = node.input[0]
+        del node.input[:], node.attribute[:]
+        node.input.extend([activation, stand_in])
+        node.op_type, node.domain = "MatMul", ""
+        count += 1
+    return count
+
+
 def _bf16_casts(nodes: list[ir.Node]) -> set[ir.Node]:
     """Casts into or out of bf16: they launch on the GPU, though the fp32 view may pair one with a Cast the CPU
     provider inserted for an fp16 op and drop both."""
@@ -121,6 +154,7 @@ def load_view(netlist: Netlist) -> LoadView:
                                   if out is not None and out.name and out.type is not None and out.shape is not None
                                   and not out.is_graph_output())
     _bf16_as_fp32(proto)
+    _fp8_as_matmul(proto)
     with tempfile.TemporaryDirectory(prefix="softsyn-view-") as tmp:
         target = Path(tmp) / "optimized.onnx"
         settings = SessionSettings(provider="cpu", optimized_model_filepath=str(target), log_severity=3,

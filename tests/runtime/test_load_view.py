@@ -82,3 +82,31 @@ def test_a_bf16_region_is_viewed_as_fp32_and_its_casts_still_launch(tmp_path):
     kept = {n.op_type for n in netlist.nodes() if n not in view.absorbed}
     assert kept >= {"Cast", "MatMul"} and sum(n.op_type == "Cast" and n not in view.absorbed
                                               for n in netlist.nodes()) == 2
+
+
+@pytest.mark.parametrize("activations", ["fp16", "bf16"])
+def test_an_fp8_weight_cell_is_viewed_as_one_launch_and_the_graph_still_loads(tmp_path, activations):
+    """MatMulBlockQuantizedFp8Weight has no CPU kernel and rejects the fp32 the CPU provider recasts fp16 (and the
+    view types bf16) to: the H200's fp8 + bf16 map had no view (InvalidGraph, every cell charged a launch). The view
+    now loads and the fp8 cell launches once."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    act = TensorProto.FLOAT16 if activations == "fp16" else TensorProto.BFLOAT16
+    codes = helper.make_tensor("codes", TensorProto.FLOAT8E4M3FN, [16, 64], np.zeros(1024, np.uint8).tobytes(),
+                               raw=True)
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [16, 1], np.ones(16, np.float32))
+    nodes = [helper.make_node("Cast", ["x"], ["xa"], to=act),
+             helper.make_node("MatMulBlockQuantizedFp8Weight", ["xa", "codes", "scale"], ["ya"], domain="com.microsoft",
+                              block_size=64),
+             helper.make_node("Cast", ["ya"], ["y"], to=TensorProto.FLOAT16)]
+    graph = helper.make_graph(nodes, "fp8", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 16])], [codes, scale])
+    path = tmp_path / "fp8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=10), str(path))
+    netlist = read_design(str(path), progress=False)
+    view = load_view(netlist)
+    assert view.error is None, view.error
+    fp8 = [n for n in netlist.nodes() if n.op_type == "MatMulBlockQuantizedFp8Weight"]
+    assert len(fp8) == 1 and fp8[0] not in view.absorbed
