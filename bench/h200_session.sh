@@ -111,7 +111,10 @@
 #   sensitivity [M] [C]  bench/sensitivity.py --mode role: MODEL's (qwen3-1.7b) per-role int4/int8 errors on cuda under
 #                        constraints C (chat-h200-int4.yaml), and the whole model at each measured against the estimate
 #   moe                  bench/moe_cuda.py: qwen3-moe-tiny and a 4-layer Qwen3-30B-A3B, fused vs plain, predicted vs measured
-#   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300)
+#   moecells [S]         the MoE*/QMoE* cells (quick grid) added to the shipped H200 library, for S seconds (300);
+#                        FULL=1: the full grid (20 points + 24 hold-outs a cell: tokens 1-2048, Qwen3-30B-A3B and
+#                        235B-A22B widths), resumed cell by cell from the tree's library, so calls in later sessions
+#                        go on where one stopped (commit the brought-back h200-ort-cuda.yaml between them)
 #   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fp16,qmoe within S seconds (560; 4 layers ran
 #                        past 420 s on 2026-12-03): the 2-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off
@@ -576,7 +579,8 @@ moecells)
     softsyn_install
     cp softsyn/library/libs/h200-ort-cuda.yaml $LIB
     set +e
-    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda --quick --cells 'MoE*,QMoE*' -o $LIB 2>&1 |
+    quick=--quick; [ -n "${FULL:-}" ] && quick=
+    timeout "${1:-300}" softsyn characterize --runtime ort --provider cuda $quick --cells 'MoE*,QMoE*' -o $LIB 2>&1 |
         tail -20 | grep -v "No registered plugin EP"
     set -e
     cp $LIB "$OUT/h200-ort-cuda.yaml" ;;
