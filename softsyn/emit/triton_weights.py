@@ -269,17 +269,24 @@ if triton is not None:
     # where the fp32 configs keep 12-16 KB, no barrier in the loop. Measured on the H200 (cold chains, one run,
     # torch-kernels-chain-h200-2026-12-06-f16.md) it won every int4 shape (us: q/k/v 5.2 vs 5.8, o 3.6 vs 4.0,
     # gate/up 11.3 vs 12.4, down 7.5 vs 7.7, lm_head 107.5 vs 109.4: the best F16 config vs the best fp32 one, swept
-    # or shipped). The five kept are the fastest at some shape there, int4 or fp8: F16 (1, 1024, 1) (int4 q/k/v,
+    # or shipped). The five kept are the fastest at some shape there, int4 or fp8 : F16 (1, 1024, 1) (int4 q/k/v,
     # gate/up, down; fp8 down), F16 (2, 1024, 2) (int4 o), F16 (2, 512, 1) (int4 lm_head, fp8 gate/up), (2, 1024, 4)
     # (fp8 q/k/v, o) and (16, 256, 4) (fp8 lm_head); dropped as the best at no shape: (2, 1024, 2) and (4, 512, 2)
     # without F16 (the H100's best before F16), and F16 (1, 2048, 2) (the slowest at four int4 shapes: gate/up 20.1,
-    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile
-    # outran a 585 s call).
-    CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=w,
+    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile outran a 585
+    # s call).
+    def one_row(n: int, k: int, warps: int, f16: bool):
+        return triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=warps,
                              num_stages=1)
-               for n, k, w, f16 in ((2, 1024, 4, False), (16, 256, 4, False), (1, 1024, 1, True), (2, 512, 1, True),
-                                    (2, 1024, 2, True))]
-    tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+
+    # int4 is tuned over the F16 configs only (no fp32 config was fastest at an int4 shape on the H200), byte codes
+    # over the four fastest at some fp8 shape; CONFIGS, the union, is what the compile tests and benches walk
+    INT4_CONFIGS = [one_row(1, 1024, 1, True), one_row(2, 1024, 2, True), one_row(2, 512, 1, True)]
+    BYTE_CONFIGS = [one_row(2, 1024, 4, False), one_row(16, 256, 4, False), one_row(1, 1024, 1, True),
+                    one_row(2, 512, 1, True)]
+    CONFIGS = [*BYTE_CONFIGS[:2], *INT4_CONFIGS]
+    tuned_int4 = triton.autotune(configs=INT4_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+    tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
@@ -305,7 +312,8 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
 
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
-        torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
+        tuned = tuned_bytes if one_code else tuned_int4
+        torch.library.wrap_triton(tuned)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
     else:
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
                                                                        GATED=gated, **config)
