@@ -48,7 +48,9 @@ def compile_config(codes: str, group: int, config, gated: bool = False):
     """The weight kernel at `config` (a triton.Config of CONFIGS) with the argument types Inductor gives it."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16",
                  **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_ym"), "i32")}
-    constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, **config.kwargs}
+    # every constexpr named (ASTSource takes no defaults); TWIN (the interpreter's twin of ASM) never compiles
+    constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, "X_TILE": False, "F16": False,
+                  "ASM": False, **config.kwargs, "TWIN": False}
     return compiled(triton_weights.weight_matmul_kernel, signature, constexprs, ALIGNED,
                     {"num_warps": config.num_warps, "num_stages": config.num_stages})
 
