@@ -202,22 +202,24 @@ if triton is not None:
     @triton.jit
     def word_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, groups,
                   TWIN: tl.constexpr = False):
-        """[BLOCK_N, len(g)] as group_dots' F16 form computes it, for int4 codes and fp16 activations (ASM): the codes
+        """[BLOCK_N, len(g), group / 8], summed: group_dots' F16 form, for int4 codes and fp16 activations (ASM): the codes
         loaded as 32-bit words (8 nibbles) and each word's 4 low-nibble and 4 high-nibble activations as one 64-bit
         load each, dequantised (q s + l, fp16) and multiplied by WORD_DOTS (or word_twin where TWIN, in Triton's
-        interpreter), a word's two fp16 quads added in fp32, the groups' sums in fp32."""
+        interpreter), a word's two fp16 quads added in fp32; left unsummed (the kernel sums after its loop, no
+        shuffles in it). w_rows must be in bounds for every output (the kernel clamps them)."""
         WORDS: tl.constexpr = GROUP // 8  # 32-bit words of codes a group (group / 2 bytes)
         rw = tl.arange(0, WORDS)
         g_ok = g < groups
-        tile_ok = n_ok[:, None, None] & g_ok[None, :, None]
-        words = (g[:, None] * WORDS + rw[None, :])[None, :, :]
-        codes = tl.load(w_rows.to(tl.pointer_type(tl.uint32), bitcast=True)[:, None, None] + words, mask=tile_ok,
-                        other=0)
+        # no masks on codes and activations (a masked load zeroes its registers first: ~0.4 PTX a weight): groups
+        # past the row's end read its last (w_rows clamps the outputs past N), and their zero scale and low cancel them
+        gc = tl.minimum(g, groups - 1)
+        words = (gc[:, None] * WORDS + rw[None, :])[None, :, :]
+        codes = tl.load(w_rows.to(tl.pointer_type(tl.uint32), bitcast=True)[:, None, None] + words)
         # word j of a group holds inputs 4j..4j+3 in its low nibbles and half + 4j.. in its high ones: 4 fp16 each
-        x_at = x_row.to(tl.pointer_type(tl.uint64), bitcast=True) + (g[:, None] * (GROUP // 4) + rw[None, :])
+        x_at = x_row.to(tl.pointer_type(tl.uint64), bitcast=True) + (gc[:, None] * (GROUP // 4) + rw[None, :])
         x_at = tl.broadcast_to(x_at[None, :, :], codes.shape)  # each output row's own copy (X_TILE's layout)
-        a_lo = tl.load(x_at, mask=tile_ok, other=0)
-        a_hi = tl.load(x_at + GROUP // 8, mask=tile_ok, other=0)
+        a_lo = tl.load(x_at)
+        a_hi = tl.load(x_at + GROUP // 8)
         gate = n_ok[:, None] & g_ok[None, :]
         scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0)[:, :, None]
         low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0)[:, :, None]
@@ -229,19 +231,19 @@ if triton is not None:
                                              tl.full([1, 1, 1], 0x64006400, tl.uint32),
                                              tl.full([1, 1, 1], 0x54005400, tl.uint32)],
                                             dtype=tl.float32, is_pure=True, pack=1)
-        return tl.sum(out, 2)
+        return out
 
     @triton.jit
     def step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
-                  BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr,
+                  BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr, F16: tl.constexpr, WORDS: tl.constexpr,
                   TWIN: tl.constexpr):
-        """A loop step's [BLOCK_N, len(g)] dot products: word_dots where ASM applies (int4 codes, fp16
-        activations), else group_dots (an ASM config on other codes runs its F16 form)."""
-        if ASM and not BYTE_CODES and x_row.dtype.element_ty == tl.float16:
+        """A loop step's [BLOCK_N, len(g), WORDS] dot products, to be summed: word_dots where WORDS > 1 (ASM on
+        int4 codes and fp16 activations), else group_dots' (WORDS 1)."""
+        if WORDS > 1:
             dots = word_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok=n_ok, GROUP=GROUP, groups=groups, TWIN=TWIN)
         else:
             dots = group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                              BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)
+                              BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)[:, :, None]
         return dots
 
     @triton.jit
@@ -321,6 +323,10 @@ if triton is not None:
         # 151936 outputs in tiles of 2: "invalid argument", H100, 2026-12-06); the tiles' path: rows on x, outputs on y
         rn = tl.program_id(0 if BLOCK_M == 1 else 1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
+        # ASM's form (int4 codes, fp16 activations): a group's 32-bit words of codes, each summed after the loop
+        WORDS: tl.constexpr = GROUP // 8 if ASM and not BYTE_CODES and x_ptr.dtype.element_ty == tl.float16 else 1
+        if WORDS > 1:  # word_dots loads unmasked: outputs past N read the last row (and store nothing)
+            rn = tl.minimum(rn, N - 1)
         w_rows = w_ptr + rn.to(tl.int64) * (groups * GB)  # [BLOCK_N] row starts (lm_head-sized matrices: int64)
         s_rows = rn * groups
         if BLOCK_M == 1:
@@ -329,18 +335,18 @@ if triton is not None:
             up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
-                acc = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)  # reduced across groups once, after the loop
-                up = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)
+                acc = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)  # reduced across groups once, after the loop
+                up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
                     acc += step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                     BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, ASM=ASM, TWIN=TWIN)
+                                     BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS, TWIN=TWIN)
                     if GATED:
                         up += step_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                        BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, ASM=ASM,
+                                        BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
                                         TWIN=TWIN)
-                out = tl.sum(acc, 1)
+                out = tl.sum(tl.sum(acc, 2), 1)
                 if GATED:
-                    out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
+                    out = out / (1.0 + tl.exp(-out)) * tl.sum(tl.sum(up, 2), 1)
                 tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             rk = tl.arange(0, HALF)
