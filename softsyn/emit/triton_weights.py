@@ -398,6 +398,10 @@ if triton is not None:
                                     (16, 256, 4, False), (1, 1024, 1, True), (2, 512, 1, True), (2, 1024, 2, True),
                                     (1, 2048, 2, True))]
     tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+    # ASM's twins of the F16 configs, for bench/torch_kernels.py's chain and bench/kernel_ptx.py, never tuned: the
+    # autotuner picks by speed, not correctness, and inline PTX is unproved on a GPU (session 17, 2026-12-06)
+    ASM_CONFIGS = [triton.Config({**c.kwargs, "ASM": True}, num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in CONFIGS if c.kwargs.get("F16")]
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
