@@ -206,7 +206,8 @@ if triton is not None:
         loaded as 32-bit words (8 nibbles) and each word's 4 low-nibble and 4 high-nibble activations as one 64-bit
         load each, dequantised (q s + l, fp16) and multiplied by WORD_DOTS (or word_twin where TWIN, in Triton's
         interpreter), a word's two fp16 quads added in fp32; left unsummed (the kernel sums after its loop, no
-        shuffles in it). w_rows must be in bounds for every output (the kernel clamps them)."""
+        shuffles in it). w_rows must be in bounds for every output (the kernel clamps them), and x_row 8-byte aligned
+        (`launch` copies a view that is not)."""
         WORDS: tl.constexpr = GROUP // 8  # 32-bit words of codes a group (group / 2 bytes)
         rw = tl.arange(0, WORDS)
         g_ok = g < groups
@@ -425,6 +426,8 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
+    if config is not None and config.get("ASM") and flat.data_ptr() % 8:  # ASM loads x 8 bytes at a time
+        flat = flat.clone()  # a view may start off 8 bytes
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
         torch.library.wrap_triton(tuned_kernel)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
