@@ -1,6 +1,7 @@
 """softsyn's weight kernel compiled for sm_90 on this CPU, its innermost loop read: per shipped config, PTX
 instructions a weight, barriers and warp shuffles in the loop body, registers a thread, the threads an SM can hold at
-that count and the bytes of codes those threads have in flight; SASS a weight beside PTX (what issues). No GPU: a kernel's static cost before a lease.
+that count and the bytes of codes those threads have in flight; SASS a weight beside PTX (what issues). No GPU: a
+kernel's static cost before a lease.
 
 Why: a GEMV at qwen3-1.7b's widths read ~0.9 TB/s of the H200's 4.8 (2026-12-06). A one-row GEMV's speed is the bytes
 its resident threads keep in flight, which its registers cap (65536 a Hopper SM; 2048 threads at most), and its
@@ -124,7 +125,8 @@ def main() -> int:
         # what it has in flight: an estimate, which ignores rows shorter than BLOCK_K (masked loads issue nothing)
         in_flight = resident * weights // per_byte
         print(f"| {kw['BLOCK_N']} | {kw['BLOCK_K']} | {config.num_warps} | {kw.get('X_TILE', False)} | "
-              f"{kw.get('F16', False)} | {kw.get('ASM', False)} | {weights} | {len(instructions(body)) / weights:.1f} | "
+              f"{kw.get('F16', False)} | {kw.get('ASM', False)} | {weights} | "
+              f"{len(instructions(body)) / weights:.1f} | "
               f"{len(sass_loop(kernel.asm['cubin'])) / weights:.1f} | {body.count('bar.sync')} | {body.count('shfl')} "
               f"| {regs} | {resident} | {in_flight / 1024:.1f} KB |")
     return 0

@@ -202,16 +202,16 @@ if triton is not None:
     @triton.jit
     def word_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, groups,
                   TWIN: tl.constexpr = False):
-        """[BLOCK_N, len(g), group / 8], summed: group_dots' F16 form, for int4 codes and fp16 activations (ASM): the codes
-        loaded as 32-bit words (8 nibbles) and each word's 4 low-nibble and 4 high-nibble activations as one 64-bit
-        load each, dequantised (q s + l, fp16) and multiplied by WORD_DOTS (or word_twin where TWIN, in Triton's
+        """[BLOCK_N, len(g), group / 8], summed: group_dots' F16 form, for int4 codes and fp16 activations (ASM): the
+        codes loaded as 32-bit words (8 nibbles) and each word's 4 low-nibble and 4 high-nibble activations as one
+        64-bit load each, dequantised (q s + l, fp16) and multiplied by WORD_DOTS (or word_twin where TWIN, in Triton's
         interpreter), a word's two fp16 quads added in fp32; left unsummed (the kernel sums after its loop, no
         shuffles in it). w_rows must be in bounds for every output (the kernel clamps them), and x_row 8-byte aligned
         (`launch` copies a view that is not)."""
         WORDS: tl.constexpr = GROUP // 8  # 32-bit words of codes a group (group / 2 bytes)
         rw = tl.arange(0, WORDS)
         g_ok = g < groups
-        # no masks on codes and activations (a masked load zeroes its registers first: ~0.4 PTX a weight): groups
+        # no masks on codes and activations (masked, gated configs held 94-118 registers, not 64-72, sm_90): groups
         # past the row's end read its last (w_rows clamps the outputs past N), and their zero scale and low cancel them
         gc = tl.minimum(g, groups - 1)
         words = (gc[:, None] * WORDS + rw[None, :])[None, :, :]
@@ -340,7 +340,8 @@ if triton is not None:
                 up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
                     acc += step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                     BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS, TWIN=TWIN)
+                                     BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
+                                     TWIN=TWIN)
                     if GATED:
                         up += step_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
