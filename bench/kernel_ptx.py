@@ -1,6 +1,7 @@
 """softsyn's weight kernel compiled for sm_90 on this CPU, its innermost loop read: per shipped config, PTX
 instructions a weight, barriers and warp shuffles in the loop body, registers a thread, the threads an SM can hold at
-that count and the bytes of codes those threads have in flight. No GPU: a kernel's static cost before a lease.
+that count and the bytes of codes those threads have in flight; SASS a weight beside PTX (what issues). No GPU: a
+kernel's static cost before a lease.
 
 Why: a GEMV at qwen3-1.7b's widths read ~0.9 TB/s of the H200's 4.8 (2026-12-06). A one-row GEMV's speed is the bytes
 its resident threads keep in flight, which its registers cap (65536 a Hopper SM; 2048 threads at most), and its
@@ -48,7 +49,9 @@ def compile_config(codes: str, group: int, config, gated: bool = False):
     """The weight kernel at `config` (a triton.Config of CONFIGS) with the argument types Inductor gives it."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16",
                  **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_ym"), "i32")}
-    constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, **config.kwargs}
+    # every constexpr named (ASTSource takes no defaults); TWIN (the interpreter's twin of ASM) never compiles
+    constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, "X_TILE": False, "F16": False,
+                  "ASM": False, **config.kwargs, "TWIN": False}
     return compiled(triton_weights.weight_matmul_kernel, signature, constexprs, ALIGNED,
                     {"num_warps": config.num_warps, "num_stages": config.num_stages})
 
@@ -62,14 +65,28 @@ def inner_loop(ptx: str) -> str:
     return ptx[label.end():label.end() + back.start()]
 
 
-def registers(cubin: bytes) -> int:
-    """Registers a thread of the compiled kernel, from cuobjdump (shipped in Triton's NVIDIA backend)."""
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """cuobjdump's `flag` output for a cubin (the tool ships in Triton's NVIDIA backend)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True)
-    return int(re.search(r"REG:(\d+)", usage.stdout).group(1))
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(cubin: bytes) -> int:
+    """Registers a thread of the compiled kernel."""
+    return int(re.search(r"REG:(\d+)", cuobjdump(cubin, "--dump-resource-usage")).group(1))
+
+
+def sass_loop(cubin: bytes) -> list[str]:
+    """The innermost loop's SASS instructions (what the schedulers issue; PTX counts dead moves ptxas drops): the
+    shortest span from a backward branch's target to the branch."""
+    sass = [(int(m.group(1), 16), m.group(2)) for m in
+            re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", cuobjdump(cubin, "-sass"))]
+    spans = [[text for at, text in sass if int(m.group(1), 16) <= at <= where] for where, branch in sass
+             if (m := re.search(r"BRA\s+0x([0-9a-f]+)", branch)) and int(m.group(1), 16) < where]
+    return min(spans, key=len)
 
 
 def resident_threads(regs: int, warps: int) -> int:
@@ -93,10 +110,11 @@ def main() -> int:
     args = parser.parse_args()
     per_byte = 2 if args.precision == "int4" else 1
     print(f"# weight kernel, {args.precision} g{args.group}, sm_90 PTX (Triton {triton.__version__}), innermost loop")
-    print("| BLOCK_N | BLOCK_K | warps | X_TILE | F16 | weights a thread a step | PTX a weight | bar.sync | shfl "
-          "| registers | threads an SM by registers (est) | bytes in flight an SM (est) |")
-    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for config in triton_weights.CONFIGS:
+    print("| BLOCK_N | BLOCK_K | warps | X_TILE | F16 | ASM | weights a thread a step | PTX a weight | SASS a weight "
+          "| bar.sync | shfl | registers | threads an SM by registers (est) | bytes in flight an SM (est) |")
+    print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # the shipped configs, then ASM's twins of the F16 ones (not shipped: softsyn.emit.triton_weights.ASM_CONFIGS)
+    for config in triton_weights.CONFIGS + triton_weights.ASM_CONFIGS:
         kernel = compile_config(CODES[args.precision], args.group, config)
         body = inner_loop(kernel.asm["ptx"])
         kw, threads = config.kwargs, config.num_warps * 32
@@ -107,8 +125,10 @@ def main() -> int:
         # what it has in flight: an estimate, which ignores rows shorter than BLOCK_K (masked loads issue nothing)
         in_flight = resident * weights // per_byte
         print(f"| {kw['BLOCK_N']} | {kw['BLOCK_K']} | {config.num_warps} | {kw.get('X_TILE', False)} | "
-              f"{kw.get('F16', False)} | {weights} | {len(instructions(body)) / weights:.1f} | {body.count('bar.sync')} "
-              f"| {body.count('shfl')} | {regs} | {resident} | {in_flight / 1024:.1f} KB |")
+              f"{kw.get('F16', False)} | {kw.get('ASM', False)} | {weights} | "
+              f"{len(instructions(body)) / weights:.1f} | "
+              f"{len(sass_loop(kernel.asm['cubin'])) / weights:.1f} | {body.count('bar.sync')} | {body.count('shfl')} "
+              f"| {regs} | {resident} | {in_flight / 1024:.1f} KB |")
     return 0
 
 

@@ -262,13 +262,36 @@ def softsyn_int4_rows(device: str, dtype) -> list[tuple]:
 SWEEP = [(n, k, w) for n in (1, 2, 4, 8, 16, 32) for k in (256, 512, 1024) for w in (1, 2, 4, 8) if n * k == 1024 * w]
 
 
+class Configured:
+    """softsyn's kernel on a QuantLinear's buffers at one config (launch), and, where `checked`, its relative error
+    against the product of the dequantised weight in fp32 (a form that computes wrongly shows as an error beside its
+    time, not only as a speed: ASM's inline PTX is unproved on a GPU)."""
+
+    def __init__(self, layer, meta: dict, warps: int, gated: bool = False, checked: bool = False):
+        self.layer, self.config, self.gated, self.checked = layer, {**meta, "num_warps": warps}, gated, checked
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from softsyn.emit.triton_weights import launch
+
+        return launch(x, self.layer.packed, self.layer.scales, self.layer.lows, self.config, gated=self.gated)
+
+    def error(self, x: torch.Tensor) -> float:
+        """max |got - want| / max |want| on the row x."""
+        from softsyn.emit.triton_weights import dequantise, silu_gated
+
+        want = x.float() @ dequantise(self.layer.packed, self.layer.scales, self.layer.lows).float().t()
+        want = silu_gated(want).float() if self.gated else want
+        return float((self(x).float() - want).abs().max() / want.abs().max())
+
+
 def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
     """Decode GEMVs (one row) as a step runs them: `calls` eager calls captured in one CUDA graph, the replay's time /
     calls. A single call replayed alone reads a floor of ~10-14 us whatever the kernel (H200 2026-12-03, H100
     2026-12-06), so small shapes compare forms only in a chain. The calls rotate over distinct copies of the layer
     (softsyn.emit.torch_kernel_choice.cold_copies, for the int4 codes, the smallest form's) so that each reads its
     weights from device memory as a step does, not from the L2 cache (the chain tables in bench/results before
-    torch-kernels-chain-h100-2026-12-06-cold.md read one layer's). Forms: chain_forms."""
+    torch-kernels-chain-h100-2026-12-06-cold.md read one layer's). Forms: chain_forms; a checked form's (F16, ASM)
+    relative error, the largest over its copies, follows its name."""
     from softsyn.emit.torch_kernel_choice import cache_bytes, cold_copies
 
     try:
@@ -294,6 +317,8 @@ def chain_rows(device: str, dtype, calls: int = 24) -> list[tuple]:
             except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
                 print(f"chain {form} {label}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 continue
+            if getattr(layers[0], "checked", False):
+                form = f"{form}, rel err {max(layer.error(inputs[0]) for layer in layers):.1e}"
             rows.append((f"{label} {width_in}x{width_out} (decode, {calls} calls a graph over {copies} copies, "
                          f"{size / 1e6:.0f} MB at fp16)", form, seconds, size / seconds))
             print(f"chain {label} | {form} | {seconds * 1e6:.1f} us", flush=True)  # kept if the run is cut short
@@ -332,8 +357,9 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the kernel alone: its programs store
     finished sums into an empty output), then int4 g128 at each config of SWEEP and each shipped F16 config (int4
     dequantised in fp16), and fp8 g128 at each shipped one-row config (CONFIGS), to show the spread the autotuner
-    chooses from and what it could."""
-    from softsyn.emit.triton_weights import CONFIGS, QuantLinear, launch
+    chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, not shipped), plain and on gate/up
+    gated, beside F16's with the error of each (Configured)."""
+    from softsyn.emit.triton_weights import ASM_CONFIGS, CONFIGS, QuantLinear
 
     shipped = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.kwargs.get("X_TILE", False),
                 c.kwargs.get("F16", False)) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
@@ -354,8 +380,13 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
             meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile, "F16": f16}
             name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if tile and not f16 else ''}{' F16' if f16 else ''}"
                     f"{' (shipped)' if (n, k, w, tile, f16) in shipped else ''}")
-            forms.append((f"softsyn {precision} g{group} {name}", lambda x, lyr=layer, m=meta, nw=w:
-                          launch(x, lyr.packed, lyr.scales, lyr.lows, {**m, "num_warps": nw})))
+            forms.append((f"softsyn {precision} g{group} {name}", Configured(layer, meta, w, checked=f16)))
+        if precision == "int4":  # ASM's twins of the F16 configs, with F16's gated rows beside the gated ASM ones
+            gated = (False, True) if linear.out_features == 2 * MLP else (False,)
+            forms += [(f"softsyn int4 g128 BLOCK_N {c.kwargs['BLOCK_N']} BLOCK_K {c.kwargs['BLOCK_K']} warps "
+                       f"{c.num_warps} {'ASM (inline PTX, not shipped)' if asm else 'F16'}{' gated' if gate else ''}",
+                       Configured(layer, {**c.kwargs, "ASM": asm}, c.num_warps, gated=gate, checked=True))
+                      for c in ASM_CONFIGS for gate in gated for asm in (True, False) if asm or gate]
     return forms
 
 

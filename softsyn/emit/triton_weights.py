@@ -137,6 +137,116 @@ if triton is not None:
         of the offset's size, 2.5x the fp32 form's on gated outputs in the interpreter, 2026-12-06)."""
         return (nibbles.to(tl.int16) | 0x5400).to(tl.float16, bitcast=True) - 64.5
 
+    # ASM's body, one 32-bit word of codes (4 bytes, 8 nibbles) a call: prmt puts two bytes in the halves of a
+    # register, lop3 ORs their low nibbles into fp16 1024 (0x6400) or their high ones into fp16 64 (0x5400, whose
+    # mantissa steps by 1/16, so bits 4-7 add q), sub leaves q exactly, fma gives q s + l in fp16 (s, l a pair each),
+    # and four f16x2 products sum each half's quad (bytes 0 and 2, 1 and 3) before the halves go to fp32
+    WORD_DOTS = tl.constexpr("""{
+    .reg .b32 t0, t1, q0, q1, q2, q3, xl0, xl1, xh0, xh1, p;
+    .reg .b16 h0, h1;
+    .reg .f32 f0, f1;
+    prmt.b32 t0, $1, 0, 0x4140;
+    prmt.b32 t1, $1, 0, 0x4342;
+    lop3.b32 q0, t0, 0x000f000f, 0x64006400, 0xea;
+    lop3.b32 q1, t0, 0x00f000f0, 0x54005400, 0xea;
+    lop3.b32 q2, t1, 0x000f000f, 0x64006400, 0xea;
+    lop3.b32 q3, t1, 0x00f000f0, 0x54005400, 0xea;
+    sub.f16x2 q0, q0, $6;
+    sub.f16x2 q1, q1, $7;
+    sub.f16x2 q2, q2, $6;
+    sub.f16x2 q3, q3, $7;
+    fma.rn.f16x2 q0, q0, $4, $5;
+    fma.rn.f16x2 q1, q1, $4, $5;
+    fma.rn.f16x2 q2, q2, $4, $5;
+    fma.rn.f16x2 q3, q3, $4, $5;
+    mov.b64 {xl0, xl1}, $2;
+    mov.b64 {xh0, xh1}, $3;
+    mul.rn.f16x2 p, q0, xl0;
+    fma.rn.f16x2 p, q1, xh0, p;
+    fma.rn.f16x2 p, q2, xl1, p;
+    fma.rn.f16x2 p, q3, xh1, p;
+    mov.b32 {h0, h1}, p;
+    cvt.f32.f16 f0, h0;
+    cvt.f32.f16 f1, h1;
+    add.f32 $0, f0, f1;
+    }""")
+
+    @triton.jit
+    def twin_weight(codes, shift: tl.constexpr, scale, low):
+        """The nibble of the uint32 `codes` at bit `shift` dequantised in fp16, q s + l (WORD_DOTS' lop3, sub, fma)."""
+        return ((codes >> shift) & 0xF).to(tl.float16) * scale + low
+
+    @triton.jit
+    def twin_x(pairs, k: tl.constexpr):
+        """The k-th fp16 of four held in the uint64 `pairs` (little-endian, as the u64 load holds them)."""
+        return ((pairs >> (16 * k)) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def word_twin(codes, a_lo, a_hi, scale, low):
+        """WORD_DOTS in tl ops for Triton's interpreter (which runs no PTX): the same nibbles, activations, quads
+        (half h: bytes h and h + 2, low then high nibble) and order, each fp16 op rounded apart where PTX fuses."""
+        out = tl.zeros(codes.shape, tl.float32)
+        for h in tl.static_range(2):
+            p = twin_weight(codes, 8 * h, scale, low) * twin_x(a_lo, h)
+            p += twin_weight(codes, 8 * h + 4, scale, low) * twin_x(a_hi, h)
+            p += twin_weight(codes, 8 * h + 16, scale, low) * twin_x(a_lo, h + 2)
+            p += twin_weight(codes, 8 * h + 20, scale, low) * twin_x(a_hi, h + 2)
+            out += p.to(tl.float32)
+        return out
+
+    @triton.jit
+    def fp16_pairs(v):
+        """fp16 `v` as a 32-bit register holding it twice (an f16x2 operand)."""
+        return v.to(tl.uint16, bitcast=True).to(tl.uint32) * 65537
+
+    @triton.jit
+    def word_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, groups,
+                  TWIN: tl.constexpr = False):
+        """[BLOCK_N, len(g), group / 8], summed: group_dots' F16 form, for int4 codes and fp16 activations (ASM): the
+        codes loaded as 32-bit words (8 nibbles) and each word's 4 low-nibble and 4 high-nibble activations as one
+        64-bit load each, dequantised (q s + l, fp16) and multiplied by WORD_DOTS (or word_twin where TWIN, in Triton's
+        interpreter), a word's two fp16 quads added in fp32; left unsummed (the kernel sums after its loop, no
+        shuffles in it). w_rows must be in bounds for every output (the kernel clamps them), and x_row 8-byte aligned
+        (`launch` copies a view that is not)."""
+        WORDS: tl.constexpr = GROUP // 8  # 32-bit words of codes a group (group / 2 bytes)
+        rw = tl.arange(0, WORDS)
+        g_ok = g < groups
+        # no masks on codes and activations (masked, gated configs held 94-118 registers, not 64-72, sm_90): groups
+        # past the row's end read its last (w_rows clamps the outputs past N), and their zero scale and low cancel them
+        gc = tl.minimum(g, groups - 1)
+        words = (gc[:, None] * WORDS + rw[None, :])[None, :, :]
+        codes = tl.load(w_rows.to(tl.pointer_type(tl.uint32), bitcast=True)[:, None, None] + words)
+        # word j of a group holds inputs 4j..4j+3 in its low nibbles and half + 4j.. in its high ones: 4 fp16 each
+        x_at = x_row.to(tl.pointer_type(tl.uint64), bitcast=True) + (gc[:, None] * (GROUP // 4) + rw[None, :])
+        x_at = tl.broadcast_to(x_at[None, :, :], codes.shape)  # each output row's own copy (X_TILE's layout)
+        a_lo = tl.load(x_at)
+        a_hi = tl.load(x_at + GROUP // 8)
+        gate = n_ok[:, None] & g_ok[None, :]
+        scale = tl.load(s_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0)[:, :, None]
+        low = tl.load(l_ptr + s_rows[:, None] + g[None, :], mask=gate, other=0.0)[:, :, None]
+        if TWIN:
+            out = word_twin(codes, a_lo, a_hi, scale, low)
+        else:  # the magic numbers (fp16 1024 and 64, in pairs) as operands: f16x2 subtraction takes registers
+            out = tl.inline_asm_elementwise(WORD_DOTS, "=r,r,l,l,r,r,r,r",
+                                            [codes, a_lo, a_hi, fp16_pairs(scale), fp16_pairs(low),
+                                             tl.full([1, 1, 1], 0x64006400, tl.uint32),
+                                             tl.full([1, 1, 1], 0x54005400, tl.uint32)],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+        return out
+
+    @triton.jit
+    def step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
+                  BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr, F16: tl.constexpr, WORDS: tl.constexpr,
+                  TWIN: tl.constexpr):
+        """A loop step's [BLOCK_N, len(g), WORDS] dot products, to be summed: word_dots where WORDS > 1 (ASM on
+        int4 codes and fp16 activations), else group_dots' (WORDS 1)."""
+        if WORDS > 1:
+            dots = word_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok=n_ok, GROUP=GROUP, groups=groups, TWIN=TWIN)
+        else:
+            dots = group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok=n_ok, GROUP=GROUP, GB=GB,
+                              BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)[:, :, None]
+        return dots
+
     @triton.jit
     def group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g, n_ok, GROUP: tl.constexpr, GB: tl.constexpr,
                    BYTE_CODES: tl.constexpr, groups, X_TILE: tl.constexpr = False, F16: tl.constexpr = False):
@@ -192,7 +302,8 @@ if triton is not None:
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
-                             X_TILE: tl.constexpr = False, F16: tl.constexpr = False):
+                             X_TILE: tl.constexpr = False, F16: tl.constexpr = False, ASM: tl.constexpr = False,
+                             TWIN: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -203,8 +314,9 @@ if triton is not None:
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
         activation in the GEMV's epilogue (one kernel where a step ran two). X_TILE (one-row path): each output row
         loads its own copy of the activations in the codes' layout (group_dots); F16 with it: int4 dequantised and
-        multiplied in fp16, summed in fp32 (group_dots). BLOCK_M > 1 (`launch` with a config;
-        not autotuned): tensor-core tiles, one group a step."""
+        multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; not in CONFIGS, unproved
+        on a GPU): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
+        BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
         groups = K // GROUP
@@ -212,6 +324,10 @@ if triton is not None:
         # 151936 outputs in tiles of 2: "invalid argument", H100, 2026-12-06); the tiles' path: rows on x, outputs on y
         rn = tl.program_id(0 if BLOCK_M == 1 else 1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
+        # ASM's form (int4 codes, fp16 activations): a group's 32-bit words of codes, each summed after the loop
+        WORDS: tl.constexpr = GROUP // 8 if ASM and not BYTE_CODES and x_ptr.dtype.element_ty == tl.float16 else 1
+        if WORDS > 1:  # word_dots loads unmasked: outputs past N read the last row (and store nothing)
+            rn = tl.minimum(rn, N - 1)
         w_rows = w_ptr + rn.to(tl.int64) * (groups * GB)  # [BLOCK_N] row starts (lm_head-sized matrices: int64)
         s_rows = rn * groups
         if BLOCK_M == 1:
@@ -220,17 +336,19 @@ if triton is not None:
             up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
-                acc = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)  # reduced across groups once, after the loop
-                up = tl.zeros((BLOCK_N, GPC), dtype=tl.float32)
+                acc = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)  # reduced across groups once, after the loop
+                up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
-                    acc += group_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)
+                    acc += step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
+                                     BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
+                                     TWIN=TWIN)
                     if GATED:
-                        up += group_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
-                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16)
-                out = tl.sum(acc, 1)
+                        up += step_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
+                                        BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
+                                        TWIN=TWIN)
+                out = tl.sum(tl.sum(acc, 2), 1)
                 if GATED:
-                    out = out / (1.0 + tl.exp(-out)) * tl.sum(up, 1)
+                    out = out / (1.0 + tl.exp(-out)) * tl.sum(tl.sum(up, 2), 1)
                 tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             rk = tl.arange(0, HALF)
@@ -269,12 +387,12 @@ if triton is not None:
     # where the fp32 configs keep 12-16 KB, no barrier in the loop. Measured on the H200 (cold chains, one run,
     # torch-kernels-chain-h200-2026-12-06-f16.md) it won every int4 shape (us: q/k/v 5.2 vs 5.8, o 3.6 vs 4.0,
     # gate/up 11.3 vs 12.4, down 7.5 vs 7.7, lm_head 107.5 vs 109.4: the best F16 config vs the best fp32 one, swept
-    # or shipped). The five kept are the fastest at some shape there, int4 or fp8 : F16 (1, 1024, 1) (int4 q/k/v,
+    # or shipped). The five kept are the fastest at some shape there, int4 or fp8: F16 (1, 1024, 1) (int4 q/k/v,
     # gate/up, down; fp8 down), F16 (2, 1024, 2) (int4 o), F16 (2, 512, 1) (int4 lm_head, fp8 gate/up), (2, 1024, 4)
     # (fp8 q/k/v, o) and (16, 256, 4) (fp8 lm_head); dropped as the best at no shape: (2, 1024, 2) and (4, 512, 2)
     # without F16 (the H100's best before F16), and F16 (1, 2048, 2) (the slowest at four int4 shapes: gate/up 20.1,
-    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile outran a 585
-    # s call).
+    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile outran
+    # a 585 s call).
     def one_row(n: int, k: int, warps: int, f16: bool):
         return triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=warps,
                              num_stages=1)
@@ -287,6 +405,10 @@ if triton is not None:
     CONFIGS = [*BYTE_CONFIGS[:2], *INT4_CONFIGS]
     tuned_int4 = triton.autotune(configs=INT4_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
     tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+    # ASM's twins of the F16 configs, for bench/torch_kernels.py's chain and bench/kernel_ptx.py, never tuned: the
+    # autotuner picks by speed, not correctness, and inline PTX is unproved on a GPU (session 17, 2026-12-06)
+    ASM_CONFIGS = [triton.Config({**c.kwargs, "ASM": True}, num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in INT4_CONFIGS]
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
@@ -310,13 +432,16 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
+    if config is not None and config.get("ASM") and flat.data_ptr() % 8:  # ASM loads x 8 bytes at a time
+        flat = flat.clone()  # a view may start off 8 bytes
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
         tuned = tuned_bytes if one_code else tuned_int4
         torch.library.wrap_triton(tuned)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
     else:
+        twin = {"TWIN": interpreting()} if config.get("ASM") else {}  # the interpreter runs no inline PTX
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
-                                                                       GATED=gated, **config)
+                                                                       GATED=gated, **config, **twin)
     return y
 
 

@@ -16,7 +16,7 @@ from softsyn.emit import triton_attention, triton_prologue, triton_weights  # no
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 # bench/: kernels compiled for sm_90 with Inductor's argument types (asserting a cubin), the loop body of a PTX
-from kernel_ptx import compile_config, compiled, inner_loop, registers  # noqa: E402
+from kernel_ptx import compile_config, compiled, inner_loop, instructions, registers, sass_loop  # noqa: E402
 
 I32 = "i32"
 
@@ -93,3 +93,25 @@ def test_the_fp16_dequantising_configs_hold_fewer_registers_than_x_tile_s_and_no
         regs, twin_regs = registers(kernel.asm["cubin"]), registers(twin.asm["cubin"])
         assert regs < twin_regs, (config, gated, regs, twin_regs)
 
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_inline_ptx_form_compiles_with_no_loop_barrier_and_far_fewer_instructions_a_weight_than_f16(gated):
+    """ASM's twin of every F16 config (softsyn.emit.triton_weights.ASM_CONFIGS) at int4 g128, plain and gated: ptxas
+    takes its inline PTX (a syntax or register error fails here), its loop holds no bar.sync and loads the codes 16
+    bytes a thread, and it issues at most 0.65 of F16's instructions at the same config, in PTX and in SASS (4.3-4.6
+    PTX and 3.9-4.0 SASS a weight to F16's 8.6-8.7 and 7.3-7.5, Triton 3.8, 2026-12-06): the lever on an int4 GEMV
+    the issue rate bounds. At groups 32 and 64 it compiles too."""
+    assert triton_weights.ASM_CONFIGS
+    for config in triton_weights.ASM_CONFIGS:
+        kernel = compile_config("*u8", 128, config, gated)
+        twin = compile_config("*u8", 128, triton.Config({**config.kwargs, "ASM": False}, num_warps=config.num_warps,
+                                                        num_stages=config.num_stages), gated)
+        body, twin_body = inner_loop(kernel.asm["ptx"]), inner_loop(twin.asm["ptx"])
+        assert "bar.sync" not in body and "lop3.b32" in body and "ld.global.v4.b32" in body, (config, gated)
+        ptx, twin_ptx = len(instructions(body)), len(instructions(twin_body))  # the same weights a step
+        sass, twin_sass = len(sass_loop(kernel.asm["cubin"])), len(sass_loop(twin.asm["cubin"]))
+        assert ptx <= 0.65 * twin_ptx and sass <= 0.65 * twin_sass, (config, gated, ptx, twin_ptx, sass, twin_sass)
+    for group in (32, 64):
+        for config in triton_weights.ASM_CONFIGS:
+            assert "lop3.b32" in inner_loop(compile_config("*u8", group, config, gated).asm["ptx"]), (group, config)

@@ -5,6 +5,7 @@ prompt's form computes what the kernel does)."""
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 import torch
 
@@ -151,6 +152,120 @@ def test_the_fp16_dequantising_form_computes_the_int4_product_within_the_fp32_fo
         assert err < 2e-3, (key, err)
         if "f16 True" in key:
             assert err < 2 * errors[key.replace("f16 True", "f16 False")] + 2.5e-4, (key, err)
+
+
+ASM_CHECK = r"""
+import json, torch
+from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated
+torch.manual_seed(0)
+out = {}
+for group in (32, 64, 128):
+    for gated, size in ((False, 1.0), (False, 3000.0), (True, 1.0)):  # 3000: fp16 products q * x would overflow
+        w = torch.randn(2 * 26 if gated else 26, 512) / size  # 26: outputs that fill no 4-row program
+        q = quantise(w, group, torch.float16)
+        x = (torch.randn(3, 512) * size).half()
+        want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
+        want = silu_gated(want).float() if gated else want
+        for n, k in ((1, 1024), (2, 128), (4, 512)):  # one step past the row's end, four steps, two rows a thread
+            for asm in (True, False):
+                config = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": True, "F16": True, "ASM": asm}
+                got = launch(x, q.packed, q.scales, q.lows, config, gated=gated).float()
+                out[f"g{group} gated {gated} x{size} {n}x{k} asm {asm}"] = float((got - want).abs().max() / want.abs().max())
+print(json.dumps(out))
+"""
+
+
+def test_the_word_form_computes_the_int4_product_within_the_fp16_form_s_tolerance():
+    """ASM's interpreter twin (word_twin: the codes as 32-bit words, each word's activations as two 64-bit loads, q s
+    + l and the products in fp16, a word's two quads added in fp32) at groups 32, 64 and 128, plain and gated, one to
+    four loop steps a row (groups past a row's end and outputs past N read clamped, unmasked), activations up to
+    ~12000: within the fp16 tolerance, and no worse than F16 (the form it would replace) by more than 2.5e-4 at the
+    same case; this proves the nibbles' pairing with the activations."""
+    errors = in_triton_interpreter(ASM_CHECK)
+    assert len(errors) == 54
+    for key, err in errors.items():
+        assert err < 2e-3, (key, err)
+        if "asm True" in key:
+            assert err < errors[key.replace("asm True", "asm False")] + 2.5e-4, (key, err)
+
+
+def ptx_f16x2(op, *regs):
+    """An f16x2 instruction of WORD_DOTS on uint32 arrays: each half computed in fp64 and rounded once to fp16 (an
+    fma's one rounding; sub and mul are exact in fp64)."""
+    regs = np.broadcast_arrays(*regs)  # a scalar operand (the magic numbers) beside arrays
+    halves = [np.stack([(r & 0xFFFF).astype(np.uint16), (r >> 16).astype(np.uint16)]).view(np.float16)
+              .astype(np.float64) for r in regs]
+    value = {"sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "fma": lambda a, b, c: a * b + c}[op](*halves)
+    bits = value.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return bits[0] | (bits[1] << 16)
+
+
+def run_word_dots(asm: str, operands: dict) -> np.ndarray:
+    """WORD_DOTS executed on numpy arrays by the PTX ISA's rules for the instructions it uses, from its text:
+    `operands` maps $1.. to uint32 (or uint64) arrays; returns $0 as float32."""
+    regs = dict(operands)
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        args = [a.strip() for a in args.replace("{", "").replace("}", "").split(",")]
+        val = [regs[a] if a in regs else np.uint64(int(a, 0)) if a[0].isdigit() else None for a in args[1:]]
+        if op == "prmt.b32":  # d's byte i is byte sel[i] of b:a
+            both = val[0].astype(np.uint64) | (np.uint64(val[1]) << np.uint64(32))
+            sel = int(args[3], 0)
+            regs[args[0]] = sum(((both >> np.uint64(8 * ((sel >> 4 * i) & 7))) & np.uint64(0xFF)) << np.uint64(8 * i)
+                                for i in range(4)).astype(np.uint32)
+        elif op == "lop3.b32":  # bit i of the table: the result where a, b, c hold bits i >> 2, i >> 1, i & 1
+            a, b, c = (np.asarray(v).astype(np.uint32) for v in val[:3])
+            lut, ones = int(args[4], 0), np.uint32(0xFFFFFFFF)
+            regs[args[0]] = np.bitwise_or.reduce([(a if i & 4 else a ^ ones) & (b if i & 2 else b ^ ones)
+                                                  & (c if i & 1 else c ^ ones) for i in range(8) if lut >> i & 1])
+        elif op.endswith(".f16x2"):
+            regs[args[0]] = ptx_f16x2(op.split(".")[0], *(np.asarray(v).astype(np.uint32) for v in val))
+        elif op == "mov.b64":  # {lo, hi}: the low 32 bits first
+            regs[args[0]], regs[args[1]] = ((regs[args[2]] >> np.uint64(s)) & np.uint64(0xFFFFFFFF) for s in (0, 32))
+        elif op == "mov.b32":  # {h0, h1}: the low 16 bits first
+            regs[args[0]], regs[args[1]] = ((regs[args[2]] >> np.uint64(s)) & np.uint64(0xFFFF) for s in (0, 16))
+        elif op == "cvt.f32.f16":
+            regs[args[0]] = np.asarray(val[0]).astype(np.uint16).view(np.float16).astype(np.float32)
+        elif op == "add.f32":
+            regs[args[0]] = val[0] + val[1]
+        else:
+            raise AssertionError(f"an instruction the emulator does not know: {line}")
+    return regs["$0"]
+
+
+def test_the_inline_ptx_dequantises_each_nibble_with_its_own_activation():
+    """WORD_DOTS (ASM's inline PTX, which no CPU runs) executed by the PTX ISA's rules: with one activation set at a
+    time it returns exactly that input's fp16 q s + l (so each of a word's 8 nibbles meets its own activation: byte j's
+    low nibble input j, its high nibble input half + j), and on random words, scales and activations it is within
+    fp16's rounding of the fp64 sum of the 8 products."""
+    triton_weights = pytest.importorskip("softsyn.emit.triton_weights")
+    pytest.importorskip("triton")
+    rng = np.random.default_rng(0)
+    count = 4096
+    codes = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    scale = rng.uniform(1e-4, 0.1, count).astype(np.float16)
+    low = (-7.5 * scale.astype(np.float32) * rng.uniform(0.5, 1.5, count)).astype(np.float16)
+    scale2, low2 = (v.view(np.uint16).astype(np.uint32) * np.uint32(65537) for v in (scale, low))  # f16x2 pairs
+    nibbles = [(codes >> np.uint32(8 * (k % 4) + 4 * (k // 4))) & np.uint32(0xF) for k in range(8)]  # inputs 0-3, 4-7
+    weights = [(q.astype(np.float64) * scale + low).astype(np.float16) for q in nibbles]
+    words = {"$1": codes, "$4": scale2, "$5": low2, "$6": np.uint32(0x64006400),
+             "$7": np.uint32(0x54005400)}
+
+    def packed(x):  # four fp16 activations a lane, as one little-endian uint64
+        return x.astype(np.float16).view(np.uint16).astype(np.uint64) @ (np.uint64(1) << np.arange(0, 64, 16,
+                                                                                                     dtype=np.uint64))
+    for k in range(8):
+        x = np.zeros((count, 8))
+        x[:, k] = 1.0
+        got = run_word_dots(triton_weights.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
+        assert np.array_equal(got, weights[k].astype(np.float32)), k
+    x = rng.normal(0, 100, (count, 8)).astype(np.float16)
+    got = run_word_dots(triton_weights.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
+    terms = np.stack([weights[k].astype(np.float64) * x[:, k] for k in range(8)], 1)
+    assert np.all(np.abs(got - terms.sum(1)) <= 2.0**-9 * np.abs(terms).sum(1) + 1e-6)
 
 
 def test_the_prompt_form_computes_what_the_kernel_form_does():
