@@ -36,7 +36,7 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
-#   torchkernels [ARGS]  bench/torch_kernels.py ARGS (--parts softsyn,gemlite: those tables only; attnchain,package: each decode
+#   torchkernels [ARGS]  bench/torch_kernels.py ARGS (SWEEP=0: the chain without its config sweep; --parts softsyn,gemlite: those tables only; attnchain,package: each decode
 #                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages;
 #                        layerchain: a step's GEMVs layer after layer, 28 layers, fp16 and int4, and what a near-empty
 #                        kernel costs in a graph): the h200-torch lowering's attention forms (sdpa, matmul, split, softsyn), packed

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -375,7 +376,8 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
             continue
         # int4: the sweep, then the shipped X_TILE and F16 configs (each row's own activations, F16 int4 in fp16:
         # triton_weights.CONFIGS)
-        swept = [(*c, False, False) for c in SWEEP] + [c for c in shipped if c[3]] if precision == "int4" else shipped
+        sweep = SWEEP if os.environ.get("SWEEP", "1") != "0" else []  # SWEEP=0: the shipped configs alone (a short call)
+        swept = [(*c, False, False) for c in sweep] + [c for c in shipped if c[3]] if precision == "int4" else shipped
         for n, k, w, tile, f16 in swept:
             meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile, "F16": f16}
             name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if tile and not f16 else ''}{' F16' if f16 else ''}"
