@@ -241,8 +241,8 @@ def test_the_inline_ptx_dequantises_each_nibble_with_its_own_activation():
     time it returns exactly that input's fp16 q s + l (so each of a word's 8 nibbles meets its own activation: byte j's
     low nibble input j, its high nibble input half + j), and on random words, scales and activations it is within
     fp16's rounding of the fp64 sum of the 8 products."""
-    triton_weights = pytest.importorskip("softsyn.emit.triton_weights")
     pytest.importorskip("triton")
+    triton_words = pytest.importorskip("softsyn.emit.triton_words")
     rng = np.random.default_rng(0)
     count = 4096
     codes = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
@@ -260,10 +260,10 @@ def test_the_inline_ptx_dequantises_each_nibble_with_its_own_activation():
     for k in range(8):
         x = np.zeros((count, 8))
         x[:, k] = 1.0
-        got = run_word_dots(triton_weights.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
+        got = run_word_dots(triton_words.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
         assert np.array_equal(got, weights[k].astype(np.float32)), k
     x = rng.normal(0, 100, (count, 8)).astype(np.float16)
-    got = run_word_dots(triton_weights.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
+    got = run_word_dots(triton_words.WORD_DOTS.value, {**words, "$2": packed(x[:, :4]), "$3": packed(x[:, 4:])})
     terms = np.stack([weights[k].astype(np.float64) * x[:, k] for k in range(8)], 1)
     assert np.all(np.abs(got - terms.sum(1)) <= 2.0**-9 * np.abs(terms).sum(1) + 1e-6)
 
