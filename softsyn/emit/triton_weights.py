@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import torch
 
+from softsyn.emit.triton_words import word_dots  # ASM's inline PTX (None without Triton)
+
 GROUPS = (32, 64, 128)  # group sizes the kernel takes (a group's half is a tl.dot K of at least 16)
 LEVELS = 15  # 4-bit codes 0..15
 FP8 = torch.float8_e4m3fn
@@ -49,8 +51,6 @@ PRECISIONS = ("int4", *BYTE_FORMATS)  # what the kernel takes
 try:
     import triton
     import triton.language as tl
-
-    from softsyn.emit.triton_words import word_dots  # ASM's inline PTX (a Triton module: imported with Triton)
 except ImportError:  # the CPU-only install has no Triton: the op falls back to torch (below)
     triton = None
 

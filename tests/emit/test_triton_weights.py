@@ -120,25 +120,33 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
 
-F16_CHECK = r"""
+FORM_CHECK = r"""
 import json, torch
 from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated
 torch.manual_seed(0)
 out = {}
-for group in (32, 128):
+for group in GROUPS:
     for gated, size in ((False, 1.0), (False, 3000.0), (True, 1.0)):  # 3000: fp16 products q * x would overflow
-        w = torch.randn(2 * 24 if gated else 24, 512) / size  # outputs within fp16's range
+        w = torch.randn(2 * OUTPUTS if gated else OUTPUTS, 512) / size  # outputs within fp16's range
         q = quantise(w, group, torch.float16)
         x = (torch.randn(3, 512) * size).half()
         want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
         want = silu_gated(want).float() if gated else want
         for n, k in ((1, 1024), (2, 128), (4, 512)):  # one step past the row's end, four steps, two rows a thread
-            for f16 in (True, False):
-                config = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": True, "F16": f16}
+            for on in (True, False):
+                config = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": True, "F16": True, "FLAG": on}
                 got = launch(x, q.packed, q.scales, q.lows, config, gated=gated).float()
-                out[f"g{group} gated {gated} x{size} {n}x{k} f16 {f16}"] = float((got - want).abs().max() / want.abs().max())
+                out[f"g{group} gated {gated} x{size} {n}x{k} LABEL {on}"] = float((got - want).abs().max() / want.abs().max())
 print(json.dumps(out))
 """
+
+
+def form_check(flag: str, groups: tuple, outputs: int) -> str:
+    """FORM_CHECK for one constexpr `flag` of the kernel's F16 configs (F16 itself: against X_TILE's fp32 form), on
+    and off (the errors' keys end in the flag in lower case and its value), over `groups` with `outputs` rows (26:
+    outputs that fill no 4-row program; doubled when gated)."""
+    return (FORM_CHECK.replace("GROUPS", repr(groups)).replace("OUTPUTS", str(outputs)).replace("FLAG", flag)
+            .replace("LABEL", flag.lower()))
 
 
 def test_the_fp16_dequantising_form_computes_the_int4_product_within_the_fp32_form_s_tolerance():
@@ -146,33 +154,12 @@ def test_the_fp16_dequantising_form_computes_the_int4_product_within_the_fp32_fo
     in fp32) at groups 32 and 128, plain and gated, one to four loop steps a row, activations up to ~12000 (where fp16
     products of the codes themselves, 15 x, would overflow): within the fp16 tolerance of the other tests, and within
     twice the fp32 form's error (X_TILE without F16) at the same case."""
-    errors = in_triton_interpreter(F16_CHECK)
+    errors = in_triton_interpreter(form_check("F16", (32, 128), 24))
     assert len(errors) == 36
     for key, err in errors.items():
         assert err < 2e-3, (key, err)
         if "f16 True" in key:
             assert err < 2 * errors[key.replace("f16 True", "f16 False")] + 2.5e-4, (key, err)
-
-
-ASM_CHECK = r"""
-import json, torch
-from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated
-torch.manual_seed(0)
-out = {}
-for group in (32, 64, 128):
-    for gated, size in ((False, 1.0), (False, 3000.0), (True, 1.0)):  # 3000: fp16 products q * x would overflow
-        w = torch.randn(2 * 26 if gated else 26, 512) / size  # 26: outputs that fill no 4-row program
-        q = quantise(w, group, torch.float16)
-        x = (torch.randn(3, 512) * size).half()
-        want = x.float() @ dequantise(q.packed, q.scales, q.lows).float().t()
-        want = silu_gated(want).float() if gated else want
-        for n, k in ((1, 1024), (2, 128), (4, 512)):  # one step past the row's end, four steps, two rows a thread
-            for asm in (True, False):
-                config = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": True, "F16": True, "ASM": asm}
-                got = launch(x, q.packed, q.scales, q.lows, config, gated=gated).float()
-                out[f"g{group} gated {gated} x{size} {n}x{k} asm {asm}"] = float((got - want).abs().max() / want.abs().max())
-print(json.dumps(out))
-"""
 
 
 def test_the_word_form_computes_the_int4_product_within_the_fp16_form_s_tolerance():
@@ -181,7 +168,7 @@ def test_the_word_form_computes_the_int4_product_within_the_fp16_form_s_toleranc
     four loop steps a row (groups past a row's end and outputs past N read clamped, unmasked), activations up to
     ~12000: within the fp16 tolerance, and no worse than F16 (the form it would replace) by more than 2.5e-4 at the
     same case; this proves the nibbles' pairing with the activations."""
-    errors = in_triton_interpreter(ASM_CHECK)
+    errors = in_triton_interpreter(form_check("ASM", (32, 64, 128), 26))
     assert len(errors) == 54
     for key, err in errors.items():
         assert err < 2e-3, (key, err)
