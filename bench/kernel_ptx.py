@@ -113,7 +113,7 @@ def main() -> int:
     print("| BLOCK_N | BLOCK_K | warps | X_TILE | F16 | ASM | weights a thread a step | PTX a weight | SASS a weight "
           "| bar.sync | shfl | registers | threads an SM by registers (est) | bytes in flight an SM (est) |")
     print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    # the shipped configs, then ASM's twins of the F16 ones (not shipped: softsyn.emit.triton_weights.ASM_CONFIGS)
+    # the shipped configs, then ASM's twins of the F16 ones (int4's tuned configs: softsyn.emit.triton_weights.ASM_CONFIGS)
     for config in triton_weights.CONFIGS + triton_weights.ASM_CONFIGS:
         kernel = compile_config(CODES[args.precision], args.group, config)
         body = inner_loop(kernel.asm["ptx"])

@@ -358,7 +358,7 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the kernel alone: its programs store
     finished sums into an empty output), then int4 g128 at each config of SWEEP and each shipped F16 config (int4
     dequantised in fp16), and fp8 g128 at each shipped one-row config (CONFIGS), to show the spread the autotuner
-    chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, not shipped), plain and on gate/up
+    chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, int4's tuned configs), plain and on gate/up
     gated, beside F16's with the error of each (Configured)."""
     from softsyn.emit.triton_weights import ASM_CONFIGS, CONFIGS, QuantLinear
 
@@ -386,7 +386,7 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
         if precision == "int4":  # ASM's twins of the F16 configs, with F16's gated rows beside the gated ASM ones
             gated = (False, True) if linear.out_features == 2 * MLP else (False,)
             forms += [(f"softsyn int4 g128 BLOCK_N {c.kwargs['BLOCK_N']} BLOCK_K {c.kwargs['BLOCK_K']} warps "
-                       f"{c.num_warps} {'ASM (inline PTX, not shipped)' if asm else 'F16'}{' gated' if gate else ''}",
+                       f"{c.num_warps} {'ASM (shipped)' if asm else 'F16'}{' gated' if gate else ''}",
                        Configured(layer, {**c.kwargs, "ASM": asm}, c.num_warps, gated=gate, checked=True))
                       for c in ASM_CONFIGS for gate in gated for asm in (True, False) if asm or gate]
     return forms

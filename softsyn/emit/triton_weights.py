@@ -219,8 +219,8 @@ if triton is not None:
         GATED (one-row path): W holds 2N rows, gate then up, and y = silu(x @ gate^T) * (x @ up^T), a gated MLP's
         activation in the GEMV's epilogue (one kernel where a step ran two). X_TILE (one-row path): each output row
         loads its own copy of the activations in the codes' layout (group_dots); F16 with it: int4 dequantised and
-        multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; not in CONFIGS, unproved
-        on a GPU): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
+        multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; int4's tuned configs,
+        ASM_CONFIGS): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
         BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
@@ -298,26 +298,29 @@ if triton is not None:
     # without F16 (the H100's best before F16), and F16 (1, 2048, 2) (the slowest at four int4 shapes: gate/up 20.1,
     # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile outran
     # a 585 s call).
-    def one_row(n: int, k: int, warps: int, f16: bool):
-        return triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16}, num_warps=warps,
-                             num_stages=1)
+    def one_row(n: int, k: int, warps: int, f16: bool, asm: bool = False):
+        # every constexpr launch does not pass is named (TWIN too): torch's mutation analysis of a wrapped kernel
+        # fails on a call that leaves one to its default ("Incorrect number of arguments passed to kernel", H100,
+        # 2026-12-06) and then takes every tensor argument as written, weights included
+        return triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16, "ASM": asm,
+                              "TWIN": False}, num_warps=warps, num_stages=1)
 
-    # Per precision, few configs that are near the best at every qwen3-1.7b shape on the H200 (cold chains,
-    # 2026-12-06). int4: two F16 configs, the best at every shape but the lm_head (1 x 1024 x 1 there 4 % behind);
-    # the worse of the two is 0-5 % behind at the layers, 10 % at the lm_head, the most an autotuner's miss costs.
-    # The third F16 config (2 x 512 x 1) led only at the lm_head, by 4 %, and was 33 % behind at down. Byte codes:
-    # the four fastest at some fp8 shape. CONFIGS, the union, is what the compile tests and benches walk.
+    # Per precision, few configs that are near the best at every qwen3-1.7b shape (cold chains, 2026-12-06). int4:
+    # ASM's form at the three F16 configs. On the H200 F16 (1, 1024, 1) and (2, 1024, 2) were the best at every
+    # shape but the lm_head, where (2, 512, 1) led by 4 %; on the H100 ASM matched F16's error and beat it at every
+    # shape (us, best ASM vs best F16: q/k/v 4.9 vs 5.9, o 4.1 vs 4.6, gate/up 9.2 vs 12.2, down 6.6 vs 8.4,
+    # lm_head 66.3 vs 109.2 at (2, 512, 1); torch-kernels-chain-h100-2026-12-06-asm.md), each of the three the best
+    # at some shape. Byte codes: the four fastest at some fp8 shape (H200). CONFIGS, the union of the fp32 and F16
+    # forms, is what the compile tests and benches walk; ASM_CONFIGS are ASM's twins of the F16 ones.
     F16_WIDE, F16_NARROW = one_row(1, 1024, 1, True), one_row(2, 1024, 2, True)
     F16_HALF = one_row(2, 512, 1, True)
-    INT4_CONFIGS = [F16_WIDE, F16_NARROW]
+    ASM_CONFIGS = [one_row(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, True, asm=True)
+                   for c in (F16_WIDE, F16_NARROW, F16_HALF)]
+    INT4_CONFIGS = ASM_CONFIGS  # with bf16 activations ASM's configs run the F16 form's fp32 path (WORDS = 1)
     BYTE_CONFIGS = [one_row(2, 1024, 4, False), one_row(16, 256, 4, False), F16_WIDE, F16_HALF]
     CONFIGS = [*BYTE_CONFIGS[:2], F16_WIDE, F16_NARROW, F16_HALF]
     tuned_int4 = triton.autotune(configs=INT4_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
     tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
-    # ASM's twins of the F16 configs, for bench/torch_kernels.py's chain and bench/kernel_ptx.py, never tuned: the
-    # autotuner picks by speed, not correctness, and inline PTX is unproved on a GPU (session 17, 2026-12-06)
-    ASM_CONFIGS = [triton.Config({**c.kwargs, "ASM": True}, num_warps=c.num_warps, num_stages=c.num_stages)
-                   for c in CONFIGS if c.kwargs["F16"]]
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 
@@ -341,8 +344,8 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
-    if config is not None and config.get("ASM") and flat.data_ptr() % 8:  # ASM loads x 8 bytes at a time
-        flat = flat.clone()  # a view may start off 8 bytes
+    if (config is None and not one_code or config is not None and config.get("ASM")) and misaligned(flat):
+        flat = flat.clone()  # ASM (int4's tuned configs) loads x 8 bytes at a time, and a view may start off 8 bytes
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
         tuned = tuned_bytes if one_code else tuned_int4
@@ -350,8 +353,14 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     else:
         twin = {"TWIN": interpreting()} if config.get("ASM") else {}  # the interpreter runs no inline PTX
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
-                                                                       GATED=gated, **config, **twin)
+                                                                       GATED=gated, **{**config, **twin})
     return y
+
+
+def misaligned(flat: torch.Tensor) -> bool:
+    """Whether `flat` starts off an 8-byte boundary; never while tracing (export's fakes have no address, and the
+    compiled program's buffers are aligned: Inductor specialises Triton kernels on 16-byte ones)."""
+    return not torch.compiler.is_compiling() and flat.data_ptr() % 8 != 0
 
 
 def silu_gated(y: torch.Tensor) -> torch.Tensor:

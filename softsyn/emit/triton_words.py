@@ -3,9 +3,9 @@ form, for int4 codes and fp16 activations), and its twin in tl ops for Triton's 
 
 Why: on the H200 (2026-12-06) the F16 form read an int4 lm_head at 1.5 TB/s where fp8 read 4.0: at 8.6 PTX
 instructions a weight, issue bounds it. The lop3 + f16x2 dequantisation FasterTransformer and Marlin use is not
-what Triton emits from tl ops; here it is ~4 SASS a weight (sm_90, bench/kernel_ptx.py). Unproved on a GPU, so no
-autotuned config uses it (triton_weights.ASM_CONFIGS: the benches and tests only); docs/decisions/
-2026-12-06-triton-int4.md, "Fewer instructions a weight".
+what Triton emits from tl ops; here it is ~4 SASS a weight (sm_90, bench/kernel_ptx.py). On the H100 (2026-12-06) it
+matched F16's error and beat it at every int4 shape (lm_head 66 vs 109 us), so int4's autotuned configs are ASM's
+(triton_weights.ASM_CONFIGS); docs/decisions/2026-12-06-triton-int4.md, "Fewer instructions a weight".
 """
 from __future__ import annotations
 
@@ -21,35 +21,39 @@ if triton is not None:
     # register, lop3 ORs their low nibbles into fp16 1024 (0x6400) or their high ones into fp16 64 (0x5400, whose
     # mantissa steps by 1/16, so bits 4-7 add q), sub leaves q exactly, fma gives q s + l in fp16 (s, l a pair each),
     # and four f16x2 products sum each half's quad (bytes 0 and 2, 1 and 3) before the halves go to fp32
-    WORD_DOTS = tl.constexpr("""{
-    .reg .b32 t0, t1, q0, q1, q2, q3, xl0, xl1, xh0, xh1, p;
-    .reg .b16 h0, h1;
-    .reg .f32 f0, f1;
-    prmt.b32 t0, $1, 0, 0x4140;
-    prmt.b32 t1, $1, 0, 0x4342;
-    lop3.b32 q0, t0, 0x000f000f, 0x64006400, 0xea;
-    lop3.b32 q1, t0, 0x00f000f0, 0x54005400, 0xea;
-    lop3.b32 q2, t1, 0x000f000f, 0x64006400, 0xea;
-    lop3.b32 q3, t1, 0x00f000f0, 0x54005400, 0xea;
-    sub.f16x2 q0, q0, $6;
-    sub.f16x2 q1, q1, $7;
-    sub.f16x2 q2, q2, $6;
-    sub.f16x2 q3, q3, $7;
-    fma.rn.f16x2 q0, q0, $4, $5;
-    fma.rn.f16x2 q1, q1, $4, $5;
-    fma.rn.f16x2 q2, q2, $4, $5;
-    fma.rn.f16x2 q3, q3, $4, $5;
-    mov.b64 {xl0, xl1}, $2;
-    mov.b64 {xh0, xh1}, $3;
-    mul.rn.f16x2 p, q0, xl0;
-    fma.rn.f16x2 p, q1, xh0, p;
-    fma.rn.f16x2 p, q2, xl1, p;
-    fma.rn.f16x2 p, q3, xh1, p;
-    mov.b32 {h0, h1}, p;
-    cvt.f32.f16 f0, h0;
-    cvt.f32.f16 f1, h1;
-    add.f32 $0, f0, f1;
-    }""")
+    # one line: Inductor embeds a kernel's constexpr globals by repr in a triple-quoted string, where a "\n" escape
+    # becomes a newline and the string literal breaks (AOTInductor's autotuning block: "unterminated string literal",
+    # H100, 2026-12-06); PTX needs none between statements
+    WORD_DOTS = tl.constexpr(" ".join((
+        "{",
+        ".reg .b32 t0, t1, q0, q1, q2, q3, xl0, xl1, xh0, xh1, p;",
+        ".reg .b16 h0, h1;",
+        ".reg .f32 f0, f1;",
+        "prmt.b32 t0, $1, 0, 0x4140;",
+        "prmt.b32 t1, $1, 0, 0x4342;",
+        "lop3.b32 q0, t0, 0x000f000f, 0x64006400, 0xea;",
+        "lop3.b32 q1, t0, 0x00f000f0, 0x54005400, 0xea;",
+        "lop3.b32 q2, t1, 0x000f000f, 0x64006400, 0xea;",
+        "lop3.b32 q3, t1, 0x00f000f0, 0x54005400, 0xea;",
+        "sub.f16x2 q0, q0, $6;",
+        "sub.f16x2 q1, q1, $7;",
+        "sub.f16x2 q2, q2, $6;",
+        "sub.f16x2 q3, q3, $7;",
+        "fma.rn.f16x2 q0, q0, $4, $5;",
+        "fma.rn.f16x2 q1, q1, $4, $5;",
+        "fma.rn.f16x2 q2, q2, $4, $5;",
+        "fma.rn.f16x2 q3, q3, $4, $5;",
+        "mov.b64 {xl0, xl1}, $2;",
+        "mov.b64 {xh0, xh1}, $3;",
+        "mul.rn.f16x2 p, q0, xl0;",
+        "fma.rn.f16x2 p, q1, xh0, p;",
+        "fma.rn.f16x2 p, q2, xl1, p;",
+        "fma.rn.f16x2 p, q3, xh1, p;",
+        "mov.b32 {h0, h1}, p;",
+        "cvt.f32.f16 f0, h0;",
+        "cvt.f32.f16 f1, h1;",
+        "add.f32 $0, f0, f1;",
+        "}")))
 
     @triton.jit
     def twin_weight(codes, shift: tl.constexpr, scale, low):

@@ -4,6 +4,8 @@ tensor-core tiles), and the lowering's use of it (the compile's int4 and fp8 cel
 prompt's form computes what the kernel does)."""
 from __future__ import annotations
 
+import importlib
+import inspect
 
 import numpy as np
 import pytest
@@ -191,9 +193,9 @@ def run_word_dots(asm: str, operands: dict) -> np.ndarray:
     """WORD_DOTS executed on numpy arrays by the PTX ISA's rules for the instructions it uses, from its text:
     `operands` maps $1.. to uint32 (or uint64) arrays; returns $0 as float32."""
     regs = dict(operands)
-    for line in asm.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
+    for line in asm.strip().removeprefix("{").removesuffix("}").split(";"):  # one line, statements end in ";"
+        line = line.strip()
+        if not line or line.startswith(".reg"):
             continue
         op, args = line.split(None, 1)
         args = [a.strip() for a in args.replace("{", "").replace("}", "").split(",")]
@@ -319,3 +321,29 @@ def test_a_gated_mlp_runs_its_activation_in_the_gate_up_kernel_where_it_computes
     torch.testing.assert_close(got, before, rtol=1e-4, atol=1e-4)
     use_prompt_form(model, True)
     torch.testing.assert_close(exported_step(model)[1], before, rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernels_string_constants_are_one_line_so_inductor_can_embed_them():
+    """Inductor writes a wrapped kernel's constexpr globals by repr into a triple-quoted string (AOTInductor's
+    autotuning block), where a newline escape becomes a newline and breaks the literal: the 2026-12-06 H100 package
+    failed so ("unterminated string literal") while ASM's PTX was written over lines."""
+    triton = pytest.importorskip("triton")
+    for name in ("triton_weights", "triton_words", "triton_attention", "triton_prologue"):
+        module = importlib.import_module(f"softsyn.emit.{name}")
+        for key, value in vars(module).items():
+            text = value.value if isinstance(value, triton.language.constexpr) else None
+            assert not (isinstance(text, str) and "\n" in text), f"{name}.{key} spans lines"
+
+
+def test_every_tuned_config_names_each_constexpr_launch_leaves_to_it():
+    """torch's mutation analysis of a wrapped kernel fails on a call that leaves a constexpr to its default, and then
+    takes every tensor argument as written (H100, 2026-12-06: "Incorrect number of arguments passed to kernel");
+    launch passes GROUP, BYTE_CODES and GATED, the configs the rest, and int4's tuned configs are ASM's."""
+    pytest.importorskip("triton")
+    from softsyn.emit import triton_weights
+
+    params = inspect.signature(triton_weights.weight_matmul_kernel.fn).parameters
+    constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
+    for config in (*triton_weights.INT4_CONFIGS, *triton_weights.BYTE_CONFIGS, *triton_weights.CONFIGS):
+        assert set(config.kwargs) == constexprs - {"GROUP", "BYTE_CODES", "GATED"}, config
+    assert all(c.kwargs["ASM"] and c.kwargs["F16"] for c in triton_weights.INT4_CONFIGS)
