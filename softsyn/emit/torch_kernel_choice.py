@@ -11,6 +11,10 @@ captured as a CUDA graph: a call replayed alone reads a ~10-14 us floor whatever
 The chain rotates over distinct copies of the layer (cold_copies): a step reads each layer's weights once, from
 device memory, while a chain of one layer's calls reads its weights from the L2 cache wherever they fit (every
 qwen3-1.7b layer but the lm_head on an H100's 50 MB), which flatters the kernel that hides latency worst.
+softsyn's kernel is timed at each of its tuned configs (softsyn.emit.triton_weights.tuned_configs) and the fastest
+is pinned in the layer: Triton's autotuner times single launches, whose pick was 10-14 % behind the best config at
+four of five qwen3-1.7b shapes in a chain (H200, 2026-12-06), and a pinned config is one AOTInductor compile a shape
+where an autotuned one is one per config. fp8 (softsyn's kernel alone) has its config measured the same way.
 The times are compile-log lines; runtime/torch.json names each layer's kernel.
 """
 from __future__ import annotations
@@ -22,13 +26,24 @@ from typing import Callable
 
 import torch
 
+from softsyn.emit.triton_weights import AUTOTUNED, config_name, tuned_configs
 from softsyn.units import fmt_time
 
-KERNELS = ("softsyn", "torchao")  # the forms a measured choice compares (the first wins a tie)
 CHOICE_PRECISIONS = ("int4", "int8")  # the precisions both kernels build (fp8: softsyn's only)
 CALLS = 24  # one-row calls a timed CUDA graph holds
 BITS = {"int4": 4, "int8": 8, "fp8": 8}  # weight bits a code takes, per quantised precision
 RUNS, WARMUP = 50, 5  # replays timed (the median taken), and replays before them
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A form a layer can run: a kernel ("softsyn" or "torchao"), and for softsyn's a tuned config's index (AUTOTUNED:
+    none pinned)."""
+    kernel: str
+    config: int = AUTOTUNED
+
+    def label(self, precision: str) -> str:
+        return self.kernel if self.config == AUTOTUNED else f"{self.kernel} at {config_name(precision, self.config)}"
 
 
 @dataclass(frozen=True)
@@ -96,34 +111,52 @@ def chain_seconds(layers: list[torch.nn.Module], width: int, dtype: torch.dtype,
     return replay_seconds(graph) / CALLS
 
 
-Build = Callable[[str, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (kernel, a Linear, shape) -> its layer
+Build = Callable[[Pick, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (form, a Linear, shape) -> its layer
 Timer = Callable[[list[torch.nn.Module], int, torch.dtype, str], float]
 
 
+def options(shape: WeightShape) -> list[Pick]:
+    """The forms a shape is timed in: softsyn's kernel at each tuned config of its precision (autotuned where Triton
+    lists none), then torchao's layer for the precisions both build."""
+    softsyn = [Pick("softsyn", i) for i in range(len(tuned_configs(shape.precision)))] or [Pick("softsyn")]
+    return softsyn + [Pick("torchao")] if shape.precision in CHOICE_PRECISIONS else softsyn
+
+
+def fallback(order: list[Pick]) -> Pick:
+    """A shape's form when none was timed: torchao's layer where it is offered (the default), else softsyn's kernel
+    autotuned (fp8, whose build then says what failed)."""
+    return Pick("torchao") if Pick("torchao") in order else Pick("softsyn")
+
+
 def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Build, dtype: torch.dtype, device: str,
-                          timer: Timer = chain_seconds, cache: int | None = None
-                          ) -> tuple[dict[WeightShape, str], list[str]]:
-    """{shape: the faster of KERNELS} for one Linear of each quantised shape (`build` makes a kernel's layer from a copy
-    of its weight, once per cold copy for a cache of `cache` bytes, the device's L2 unless given; the model's layer is
-    untouched) on `device`, and the compile-log lines with both times. A form that fails to build or run here is a
-    line and loses; a shape neither form runs keeps torchao's (the build then says why), as does every shape off CUDA
-    (nothing to time: torchao's is the default)."""
+                          timer: Timer = chain_seconds, cache: int | None = None,
+                          forms: Callable[[WeightShape], list[Pick]] = options
+                          ) -> tuple[dict[WeightShape, Pick], list[str]]:
+    """{shape: the fastest of its `forms`} for one Linear of each quantised shape (`build` makes a form's layer from a
+    copy of its weight, once per cold copy for a cache of `cache` bytes, the device's L2 unless given; the model's
+    layer is untouched) on `device`, and the compile-log lines with every time. A form that fails to build or run
+    here is a line and loses (a kernel failing at one config is not tried at the others); a shape no form runs keeps
+    the fallback (the build then says why), as does every shape off CUDA (nothing to time)."""
     if device != "cuda":
-        return dict.fromkeys(layers, "torchao"), ["weight kernels not measured (no CUDA device): torchao's"]
+        return {shape: fallback(forms(shape)) for shape in layers}, \
+            ["weight kernels not measured (no CUDA device): torchao's (fp8: softsyn's, autotuned)"]
     cache = cache_bytes(device) if cache is None else cache
     chosen, notes = {}, []
     for shape, linear in layers.items():
-        times, failed = {}, []
+        times, failed = {}, {}
         copies = cold_copies(shape.weight_bytes(), cache)
-        for kernel in KERNELS:
+        for pick in forms(shape):
+            if pick.kernel in failed:
+                continue
             try:
-                times[kernel] = timer([build(kernel, linear, shape) for _ in range(copies)], shape.width, dtype, "cuda")
+                times[pick] = timer([build(pick, linear, shape) for _ in range(copies)], shape.width, dtype, "cuda")
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
                 first = (str(exc).splitlines() or [""])[0][:120]
-                failed.append(f"{kernel} did not run ({type(exc).__name__}: {first})")
-        chosen[shape] = min(times, key=lambda k: (times[k], KERNELS.index(k))) if times else "torchao"
-        said = [f"{k} {fmt_time(t, 'us', 1)}" for k, t in times.items()] + failed
-        notes.append(f"kernel for {shape.label()}: {chosen[shape]} ({', '.join(said)} a one-row call, "
-                     f"{CALLS} calls a CUDA graph over {copies} copies, measured)")
+                failed[pick.kernel] = f"{pick.label(shape.precision)} did not run ({type(exc).__name__}: {first})"
+        order = forms(shape)
+        chosen[shape] = min(times, key=lambda p: (times[p], order.index(p))) if times else fallback(order)
+        said = [f"{p.label(shape.precision)} {fmt_time(t, 'us', 1)}" for p, t in times.items()] + list(failed.values())
+        notes.append(f"kernel for {shape.label()}: {chosen[shape].label(shape.precision)} ({', '.join(said)} a "
+                     f"one-row call, {CALLS} calls a CUDA graph over {copies} copies, measured)")
         torch.cuda.empty_cache()  # the timed copies (an lm_head's is 0.3-0.6 GB) go before the next shape's
     return chosen, notes

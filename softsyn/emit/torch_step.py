@@ -22,8 +22,9 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, StaticLayer
 
 import softsyn.emit.triton_attention  # noqa: F401 - registers softsyn::decode_attention
-from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS, WeightShape, choose_weight_kernels
-from softsyn.emit.triton_weights import GROUPS, QuantLinear, group_for, replace_linears, silu_gated
+from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS, Pick, WeightShape, choose_weight_kernels
+from softsyn.emit.triton_weights import (AUTOTUNED, GROUPS, QuantLinear, config_name, group_for, replace_linears,
+                                         silu_gated)
 
 
 class BufferLayer(StaticLayer):
@@ -229,6 +230,8 @@ class GatedMLP(torch.nn.Module):
         layer = self.gate_up
         if layer.prompt_form:  # the layer's own prompt form (dequantise + one matmul), then the activation
             return self.down_proj(silu_gated(layer(x)))
+        # autotuned, not the layer's pinned config: that was timed without the epilogue, and the gated form's best
+        # config differs (H100, 2026-12-06: 1 x 1024 gated, 2 x 1024 plain, 7 % apart)
         return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows))
 
 
@@ -349,6 +352,7 @@ class Wanted(NamedTuple):
     precision: str
     block: int
     kernel: str  # "softsyn", "torchao", or "measured" until measured_kernels picks one
+    config: int = AUTOTUNED  # softsyn's: the tuned config measured fastest, if measured
 
     def shape(self) -> WeightShape:
         return WeightShape(self.precision, self.linear.in_features, self.linear.out_features, self.block)
@@ -383,7 +387,8 @@ def quantise_modules(model: torch.nn.Module, cells: dict[str, WeightCell], float
         precision = min((c.precision for c in asked), key=BITS_ORDER.index)
         block = min(c.block for c in asked if c.precision == precision)
         if precision in built:
-            kernel = weight_kernel if precision in CHOICE_PRECISIONS else "softsyn"  # fp8: softsyn's kernel only
+            # fp8: softsyn's kernel only, its config measured where the kernels are
+            kernel = weight_kernel if precision in CHOICE_PRECISIONS or weight_kernel == "measured" else "softsyn"
             wanted.append(Wanted(linear, names, precision, block, kernel))
         elif precision != float_precision:
             unbuilt[precision] = unbuilt.get(precision, 0) + 1
@@ -416,16 +421,19 @@ def measured_kernels(wanted: list[Wanted], notes: list[str]) -> list[Wanted]:
     weight = next(iter(shapes.values())).weight
     picks, said = choose_weight_kernels(shapes, quant_layer, weight.dtype, weight.device.type)
     notes += said
-    return [w._replace(kernel=picks[w.shape()]) if w.kernel == "measured" else w for w in wanted]
+    return [w._replace(kernel=picks[w.shape()].kernel, config=picks[w.shape()].config) if w.kernel == "measured"
+            else w for w in wanted]
 
 
-def quant_layer(kernel: str, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
-    """A copy of `linear` as `kernel`'s layer at `shape`'s precision and block (what build_layers makes of it)."""
-    if kernel == "softsyn":
+def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
+    """A copy of `linear` as `pick`'s layer at `shape`'s precision and block (what build_layers makes of it)."""
+    if pick.kernel == "softsyn":
         group = group_for(shape.block, linear.in_features)
         if group is None:
             raise ValueError(f"no group of {GROUPS} divides the input width {linear.in_features}")
-        return QuantLinear.from_linear(linear, group, shape.precision)
+        layer = QuantLinear.from_linear(linear, group, shape.precision)
+        layer.config = pick.config
+        return layer
     layer = copy.deepcopy(linear).to(WEIGHT_DTYPE.get(shape.precision, linear.weight.dtype))
     quantize_(layer, TORCHAO[shape.precision](torchao_block(shape.precision, shape.block)))
     return layer
@@ -439,17 +447,18 @@ def torchao_block(precision: str, block: int) -> int:
 def build_layers(model: torch.nn.Module, wanted: list[Wanted]) -> list[str]:
     """Quantise `wanted`'s layers (each `buildable`) in place, softsyn's kernel or torchao's layer; the notes saying
     what was built."""
-    notes, chosen = [], {}  # chosen: (precision, group or block, kernel) -> the layers
-    for linear, _, precision, block, kernel in wanted:
+    notes, chosen = [], {}  # chosen: (precision, group or block, kernel, config) -> the layers
+    for linear, _, precision, block, kernel, config in wanted:
         if kernel == "softsyn":
-            chosen.setdefault((precision, group_for(block, linear.in_features), "softsyn"), []).append(linear)
+            chosen.setdefault((precision, group_for(block, linear.in_features), "softsyn", config), []).append(linear)
         else:
-            chosen.setdefault((precision, torchao_block(precision, block), "torchao"), []).append(linear)
-    for (precision, block, kernel), linears in sorted(chosen.items()):
+            chosen.setdefault((precision, torchao_block(precision, block), "torchao", AUTOTUNED), []).append(linear)
+    for (precision, block, kernel, config), linears in sorted(chosen.items()):
         if kernel == "softsyn":
-            count = replace_linears(model, linears, block, precision)
+            count = replace_linears(model, linears, block, precision, config)
             notes.append(f"{count} Linear layer{'s' if count != 1 else ''} {precision} weight-only at group {block} "
-                         "(softsyn's Triton kernel, softsyn.emit.triton_weights), as the compile's map")
+                         f"(softsyn's Triton kernel, softsyn.emit.triton_weights, {config_name(precision, config)}), "
+                         "as the compile's map")
             continue
         ids = {id(lin) for lin in linears}
         if precision in WEIGHT_DTYPE:

@@ -323,6 +323,32 @@ if triton is not None:
     tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
+AUTOTUNED = -1  # a layer's `config` when Triton's autotuner picks among tuned_configs at the first call
+
+
+def tuned_configs(precision: str) -> list:
+    """The one-row configs the kernel tunes over at `precision` (int4: ASM's; fp8 and int8: the byte codes'); none
+    without Triton. A layer pins one by its index (QuantLinear.config), as the compile's measured choice does."""
+    if triton is None:
+        return []
+    return INT4_CONFIGS if precision == "int4" else BYTE_CONFIGS
+
+
+def config_name(precision: str, index: int) -> str:
+    """A pinned config as the compile log names it, e.g. "2 x 1024 bytes, 2 warps, ASM"; "autotuned" for AUTOTUNED."""
+    if index == AUTOTUNED:
+        return "autotuned"
+    c = tuned_configs(precision)[index]
+    form = "ASM" if c.kwargs["ASM"] else "F16" if c.kwargs["F16"] else "fp32"
+    return f"{c.kwargs['BLOCK_N']} x {c.kwargs['BLOCK_K']} bytes, {c.num_warps} warp{'s' * (c.num_warps > 1)}, {form}"
+
+
+def pinned(precision: str, index: int) -> dict | None:
+    """launch's config for a pinned index (its constexprs and launch options); None for AUTOTUNED."""
+    if index == AUTOTUNED or triton is None:
+        return None
+    c = tuned_configs(precision)[index]
+    return {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
@@ -374,30 +400,32 @@ def interpreting() -> bool:
 
 
 def product(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-            gated: bool) -> torch.Tensor:
-    """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), torch's matmul over the dequantised
-    weight elsewhere; `gated`: silu_gated of the product, in the kernel's epilogue where the kernel runs."""
+            gated: bool, config: int = AUTOTUNED) -> torch.Tensor:
+    """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), at the tuned config of index `config`
+    or autotuned, torch's matmul over the dequantised weight elsewhere; `gated`: silu_gated of the product, in the
+    kernel's epilogue where the kernel runs."""
     width, out = x.shape[-1], packed.shape[0] // (2 if gated else 1)
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
         y = flat @ dequantise(packed, scales, lows).t()
         y = silu_gated(y) if gated else y
     else:
-        y = launch(flat.contiguous(), packed, scales, lows, gated=gated)
+        y = launch(flat.contiguous(), packed, scales, lows, pinned(precision_of(packed), config), gated=gated)
     return y.reshape(*x.shape[:-1], out)
 
 
 @torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
-def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ W^T for W in the packed format."""
-    return product(x, packed, scales, lows, gated=False)
+def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
+                  config: int = AUTOTUNED) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format; `config`: a tuned config's index (tuned_configs), or autotuned."""
+    return product(x, packed, scales, lows, gated=False, config=config)
 
 
 @torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
 def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                        lows: torch.Tensor) -> torch.Tensor:
+                        lows: torch.Tensor, config: int = AUTOTUNED) -> torch.Tensor:
     """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up)."""
-    return product(x, packed, scales, lows, gated=True)
+    return product(x, packed, scales, lows, gated=True, config=config)
 
 
 class QuantLinear(torch.nn.Module):
@@ -414,6 +442,7 @@ class QuantLinear(torch.nn.Module):
         out, row_bytes = weights.packed.shape
         self.in_features, self.out_features = row_bytes if byte_codes(weights.packed) else row_bytes * 2, out
         self.prompt_form = False  # True: dequantise, then one fp16 matmul (use_prompt_form)
+        self.config = AUTOTUNED  # or the index of the tuned config the compile measured fastest (pinned)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4") -> QuantLinear:
@@ -422,12 +451,12 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompt_form:
             return torch.nn.functional.linear(x, dequantise(self.packed, self.scales, self.lows), self.bias)
-        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows)
+        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.config)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
-                f"{self.precision} (softsyn)")
+                f"{self.precision} (softsyn, {config_name(self.precision, self.config)})")
 
 
 def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
@@ -441,13 +470,16 @@ def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
     return len(layers)
 
 
-def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4") -> int:
-    """Put a QuantLinear at `precision` and `group` where each of `linears` is held (by any parent); how many."""
+def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4",
+                    config: int = AUTOTUNED) -> int:
+    """Put a QuantLinear at `precision` and `group` (at tuned config `config`) where each of `linears` is held (by any
+    parent); how many."""
     ids, done = {id(lin) for lin in linears}, {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in ids:
                 if id(child) not in done:
                     done[id(child)] = QuantLinear.from_linear(child, group, precision)
+                    done[id(child)].config = config
                 setattr(parent, name, done[id(child)])
     return len(done)

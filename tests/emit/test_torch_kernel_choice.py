@@ -1,14 +1,18 @@
 """The measured int4 kernel choice of the CUDA torch target (softsyn.emit.torch_kernel_choice): the faster form per
-layer shape, a form that fails loses and is named, nothing timed off CUDA; quantise_modules builds what was chosen and
-runtime/torch.json's kernels say so."""
+layer shape, softsyn's at its fastest tuned config, a form that fails loses and is named, nothing timed off CUDA;
+quantise_modules builds what was chosen (the config pinned in the layer) and runtime/torch.json's kernels say so."""
 from __future__ import annotations
 
 import torch
 
 from softsyn.emit import torch_step
-from softsyn.emit.torch_kernel_choice import CALLS, WeightShape, choose_weight_kernels, cold_copies
+from softsyn.emit.torch_kernel_choice import CALLS, Pick, WeightShape, choose_weight_kernels, cold_copies, options
 from softsyn.emit.torch_step import WeightCell, quantise_modules
 from softsyn.emit.triton_weights import QuantLinear
+
+
+def PLAIN(shape: WeightShape) -> list[Pick]:  # noqa: N802 - the kernels alone, no config timed
+    return [Pick("softsyn"), Pick("torchao")]
 
 
 def _layers(*shapes: WeightShape) -> dict[WeightShape, torch.nn.Linear]:
@@ -21,12 +25,12 @@ def test_each_shape_gets_the_faster_kernel_and_the_log_gives_both_times():
     table = {(wide, "softsyn"): 10e-6, (wide, "torchao"): 20e-6, (narrow, "softsyn"): 9e-6, (narrow, "torchao"): 7e-6}
     built = []
 
-    def build(kernel, linear, shape):
+    def build(pick, linear, shape):
         assert (linear.in_features, linear.out_features) == (shape.width, shape.out)
-        if shape == broken and kernel == "softsyn":
+        if shape == broken and pick.kernel == "softsyn":
             raise RuntimeError("PTX too new\nsecond line")
-        built.append((kernel, shape))
-        return (shape, kernel)
+        built.append((pick.kernel, shape))
+        return (shape, pick.kernel)
 
     def timer(layers, width, dtype, device):
         layer = layers[0]
@@ -37,8 +41,8 @@ def test_each_shape_gets_the_faster_kernel_and_the_log_gives_both_times():
     # wide's and narrow's codes take 16 KiB, broken's 8: a 64 KiB cache wants 128 KiB of others between two calls of
     # one copy, 8 (16) others
     chosen, notes = choose_weight_kernels(_layers(wide, narrow, broken), build, torch.float16, "cuda", timer,
-                                          cache=64 * 1024)
-    assert chosen == {wide: "softsyn", narrow: "torchao", broken: "torchao"}
+                                          cache=64 * 1024, forms=PLAIN)
+    assert chosen == {wide: Pick("softsyn"), narrow: Pick("torchao"), broken: Pick("torchao")}
     assert notes[0] == (f"kernel for int4 64->512 block 32: softsyn (softsyn 10.0 us, torchao 20.0 us a one-row call, "
                         f"{CALLS} calls a CUDA graph over 9 copies, measured)")
     assert notes[1].startswith("kernel for int8 256->64 block 32: torchao (softsyn 9.0 us, torchao 7.0 us")
@@ -56,15 +60,32 @@ def test_cold_copies_keep_every_call_out_of_the_cache():
 
 def test_a_tie_goes_to_softsyn_and_a_shape_no_form_runs_keeps_torchao():
     shape = WeightShape("int4", 64, 64, 64)
-    chosen, _ = choose_weight_kernels(_layers(shape), lambda k, lin, b: k, torch.float16, "cuda",
-                                    lambda layers, w, d, dev: 3e-6, cache=0)
-    assert chosen == {shape: "softsyn"}
+    chosen, _ = choose_weight_kernels(_layers(shape), lambda p, lin, b: p, torch.float16, "cuda",
+                                      lambda layers, w, d, dev: 3e-6, cache=0)
+    assert chosen == {shape: Pick("softsyn", 0)}  # a tie: the first of softsyn's configs
 
-    def fails(kernel, linear, block):
-        raise ValueError(kernel)
+    def fails(pick, linear, block):
+        raise ValueError(pick.kernel)
 
     chosen, notes = choose_weight_kernels(_layers(shape), fails, torch.float16, "cuda", lambda *a: 1.0, cache=0)
-    assert chosen == {shape: "torchao"} and "softsyn did not run" in notes[0] and "torchao did not run" in notes[0]
+    assert chosen == {shape: Pick("torchao")} and "softsyn at" in notes[0] and "torchao did not run" in notes[0]
+    assert notes[0].count("did not run") == 2  # softsyn's other configs are not tried after its first failed
+
+
+def test_softsyn_s_kernel_is_pinned_at_its_fastest_tuned_config_and_fp8_is_timed_alone():
+    """softsyn's form is timed at each tuned config of the precision (int4: ASM's three), the fastest pinned; fp8,
+    softsyn's only, is timed at its own configs and offered no torchao layer; the log names each config."""
+    int4, fp8 = WeightShape("int4", 64, 64, 32), WeightShape("fp8", 64, 64, 32)
+    assert [p.kernel for p in options(int4)] == ["softsyn"] * 3 + ["torchao"]
+    assert [p.kernel for p in options(fp8)] == ["softsyn"] * 4
+    speed = {Pick("softsyn", 0): 9e-6, Pick("softsyn", 1): 6e-6, Pick("softsyn", 2): 8e-6, Pick("torchao"): 7e-6,
+             Pick("softsyn", 3): 5e-6}
+    chosen, notes = choose_weight_kernels(_layers(int4, fp8), lambda p, lin, s: p, torch.float16, "cuda",
+                                          lambda layers, w, d, dev: speed[layers[0]], cache=0)
+    assert chosen == {int4: Pick("softsyn", 1), fp8: Pick("softsyn", 3)}
+    assert notes[0].startswith("kernel for int4 64->64 block 32: softsyn at 2 x 1024 bytes, 2 warps, ASM (softsyn at "
+                               "1 x 1024 bytes, 1 warp, ASM 9.0 us, softsyn at 2 x 1024 bytes, 2 warps, ASM 6.0 us, ")
+    assert "torchao" not in notes[1] and "softsyn at 2 x 512 bytes, 1 warp, F16 5.0 us" in notes[1]
 
 
 def test_nothing_is_timed_off_cuda():
@@ -73,8 +94,10 @@ def test_nothing_is_timed_off_cuda():
     def never(*args):
         raise AssertionError("timed on the CPU")
 
-    chosen, notes = choose_weight_kernels(_layers(shape), never, torch.float32, "cpu", never)
-    assert chosen == {shape: "torchao"} and notes == ["weight kernels not measured (no CUDA device): torchao's"]
+    fp8 = WeightShape("fp8", 64, 64, 32)
+    chosen, notes = choose_weight_kernels(_layers(shape, fp8), never, torch.float32, "cpu", never)
+    assert chosen == {shape: Pick("torchao"), fp8: Pick("softsyn")}
+    assert notes == ["weight kernels not measured (no CUDA device): torchao's (fp8: softsyn's, autotuned)"]
 
 
 def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
@@ -91,8 +114,8 @@ def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
 
     def choose(layers, build, dtype, device):
         asked.update(layers)
-        return {s: "softsyn" if (s.width, s.out) in softsyn_faster or s.block == 64 else "torchao" for s in layers}, \
-            ["measured line"]
+        return {s: Pick("softsyn", 1) if (s.width, s.out) in softsyn_faster or s.block == 64 or s.precision == "fp8"
+                else Pick("torchao") for s in layers}, ["measured line"]
 
     calls = []
     monkeypatch.setattr(torch_step, "choose_weight_kernels", choose)
@@ -104,11 +127,13 @@ def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
     notes, kernels = quantise_modules(model, cells, "fp32", ("int8", "int4", "fp8"), "measured")
     gate_up = layer0.mlp.packed_gate_up.linear
     down = (layer0.mlp.down_proj.in_features, layer0.mlp.down_proj.out_features)
+    o_proj = (layer1.self_attn.o_proj.in_features, layer1.self_attn.o_proj.out_features)
     assert set(asked) == {WeightShape("int4", gate_up.in_features, gate_up.out_features, 32),
-                          WeightShape("int8", *down, 32), WeightShape("int8", *down, 64)}  # fp8: nothing to choose
-    assert isinstance(gate_up, QuantLinear) and gate_up.precision == "int4"
+                          WeightShape("int8", *down, 32), WeightShape("int8", *down, 64),
+                          WeightShape("fp8", *o_proj, 0)}  # fp8: its config measured
+    assert isinstance(gate_up, QuantLinear) and gate_up.precision == "int4" and gate_up.config == 1
     assert isinstance(layer1.mlp.down_proj, QuantLinear) and layer1.mlp.down_proj.precision == "int8"
-    assert layer1.self_attn.o_proj.precision == "fp8"
+    assert layer1.self_attn.o_proj.precision == "fp8" and layer1.self_attn.o_proj.config == 1
     assert calls == [("Int8WeightOnlyConfig", ["model.layers.0.mlp.down_proj"])]
     assert kernels == {"model.layers.0.mlp.gate_proj": "softsyn", "model.layers.0.mlp.up_proj": "softsyn",
                        "model.layers.0.mlp.down_proj": "torchao", "model.layers.1.mlp.down_proj": "softsyn",
@@ -124,5 +149,6 @@ def test_a_layer_no_group_divides_stays_float_and_says_so():
     notes, kernels = quantise_modules(model, cells, "fp32", ("fp8",), "measured")
     assert kernels == {"wide": "softsyn"}
     assert isinstance(model["wide"], QuantLinear) and type(model["narrow"]) is torch.nn.Linear
-    assert notes[0] == "48-wide Linear mapped fp8 kept fp32: no group of (32, 64, 128) divides its input width"
-    assert notes[1].startswith("1 Linear layer fp8 weight-only at group ")
+    assert notes[0].startswith("weight kernels not measured (no CUDA device)")  # fp8's config: autotuned
+    assert notes[1] == "48-wide Linear mapped fp8 kept fp32: no group of (32, 64, 128) divides its input width"
+    assert notes[2].startswith("1 Linear layer fp8 weight-only at group ") and "autotuned" in notes[2]

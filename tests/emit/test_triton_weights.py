@@ -64,7 +64,7 @@ def test_a_group_is_the_largest_the_kernel_takes_at_or_below_the_block():
 
 KERNEL_CHECK = r"""
 import json, sys, torch
-from softsyn.emit.triton_weights import QuantLinear, dequantise, launch, quantise
+from softsyn.emit.triton_weights import QuantLinear, dequantise, launch, quantise, tuned_configs
 torch.manual_seed(0)
 out = {}
 for dtype, precision in ((torch.float32, "int4"), (torch.float16, "int4"), (torch.float16, "fp8"), (torch.float16, "int8")):
@@ -102,6 +102,15 @@ for precision in ("int4", "fp8", "int8"):
     x = torch.randn(2, 3, 128)
     want = torch.nn.functional.linear(x, dequantise(layer.packed, layer.scales, layer.lows), layer.bias)
     out[f"QuantLinear {precision}"] = float((layer(x) - want).abs().max() / want.abs().max())
+for precision in ("int4", "fp8"):  # each tuned config pinned in the layer (the compile's measured choice)
+    layer = QuantLinear.from_linear(torch.nn.Linear(128, 24).half(), 64, precision)
+    x = torch.randn(1, 3, 128).half()
+    want = torch.nn.functional.linear(x.float(), dequantise(layer.packed, layer.scales, layer.lows).float(),
+                                      layer.bias.float())
+    for index in range(len(tuned_configs(precision))):
+        layer.config = index
+        out[f"QuantLinear {precision} float16 config {index}"] = float((layer(x).float() - want).abs().max()
+                                                                       / want.abs().max())
 print(json.dumps(out))
 """
 
@@ -114,10 +123,10 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     16-row tensor-core tiles with rows and outputs that do not fill a
     tile), every group size, the gated epilogue (silu(gate) * up of a [gate; up] weight; the tiles' path applies it
     after) and its op, int4
-    with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias, against the
-    product of the dequantised weight."""
+    with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias (autotuned,
+    and at each tuned config pinned: int4's are ASM's), against the product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
-    assert len(errors) == 73
+    assert len(errors) == 80  # + int4's 3 and fp8's 4 tuned configs pinned
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
