@@ -284,20 +284,10 @@ if triton is not None:
     # rows, "launcher() missing 1 required positional argument: '_launcher_s1'", H100, 2026-12-06). A program's tile
     # is BLOCK_N rows x BLOCK_K bytes, 16-32 bytes a thread (one or two 16-byte loads in flight, no spills for sm_90
     # at any group: tests/emit/test_triton_compile.py): the loop does not pipeline (its loads feed no dot), so bytes
-    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. The six until F16:
-    # the fastest at each qwen3-1.7b shape of 34 swept (H100, 2026-12-06, torch-kernels-chain-h100-2026-12-06-v5.md),
-    # and their neighbours; AOTInductor compiles every config of every layer shape.
-    # F16 (session 17, 2026-12-06): X_TILE's layout with int4 dequantised and multiplied in fp16 (group_dots): 63-71
-    # registers where X_TILE's twins hold 78-93 (sm_90, bench/kernel_ptx.py), ~28-32 KB of codes in flight an SM
-    # where the fp32 configs keep 12-16 KB, no barrier in the loop. Measured on the H200 (cold chains, one run,
-    # torch-kernels-chain-h200-2026-12-06-f16.md) it won every int4 shape (us: q/k/v 5.2 vs 5.8, o 3.6 vs 4.0,
-    # gate/up 11.3 vs 12.4, down 7.5 vs 7.7, lm_head 107.5 vs 109.4: the best F16 config vs the best fp32 one, swept
-    # or shipped). The five kept are the fastest at some shape there, int4 or fp8: F16 (1, 1024, 1) (int4 q/k/v,
-    # gate/up, down; fp8 down), F16 (2, 1024, 2) (int4 o), F16 (2, 512, 1) (int4 lm_head, fp8 gate/up), (2, 1024, 4)
-    # (fp8 q/k/v, o) and (16, 256, 4) (fp8 lm_head); dropped as the best at no shape: (2, 1024, 2) and (4, 512, 2)
-    # without F16 (the H100's best before F16), and F16 (1, 2048, 2) (the slowest at four int4 shapes: gate/up 20.1,
-    # lm_head 222). Fewer configs are fewer AOTInductor compiles per layer shape (the 1.7B int4 compile outran
-    # a 585 s call).
+    # in flight come from the tile, and a row of qwen3-1.7b's int4 layers (1-3 KB) takes 1-3 steps. Each config kept
+    # was the fastest at some qwen3-1.7b shape in a sweep (the sweeps, and the forms F16 and ASM that replaced the
+    # fp32 one for int4: docs/decisions/2026-12-06-triton-int4.md); few, because AOTInductor compiles every config
+    # of every autotuned layer shape.
     def one_row(n: int, k: int, warps: int, f16: bool, asm: bool = False):
         # every constexpr launch does not pass is named (TWIN too): torch's mutation analysis of a wrapped kernel
         # fails on a call that leaves one to its default ("Incorrect number of arguments passed to kernel", H100,
