@@ -12,7 +12,8 @@ The chain rotates over distinct copies of the layer (cold_copies): a step reads 
 device memory, while a chain of one layer's calls reads its weights from the L2 cache wherever they fit (every
 qwen3-1.7b layer but the lm_head on an H100's 50 MB), which flatters the kernel that hides latency worst.
 softsyn's kernel is timed at each of its tuned configs (softsyn.emit.triton_weights.tuned_configs) and the fastest
-is pinned in the layer: Triton's autotuner times single launches, whose pick was 10-14 % behind the best config at
+is pinned in the layer (a packed gate/up timed in its gated form, activation in the epilogue, as the lowering runs
+it): Triton's autotuner times single launches, whose pick was 10-14 % behind the best config at
 four of five qwen3-1.7b shapes in a chain (H200, 2026-12-06), and a pinned config is one AOTInductor compile a shape
 where an autotuned one is one per config. fp8 (softsyn's kernel alone) has its config measured the same way.
 The times are compile-log lines; runtime/torch.json names each layer's kernel.
@@ -52,9 +53,10 @@ class WeightShape:
     width: int  # input features
     out: int  # output features
     block: int  # the cell's quantisation block (0: per channel); each kernel takes its nearest group
+    gated: bool = False  # a packed gate/up, timed as softsyn's gated GEMV (activation in the epilogue) runs it
 
     def label(self) -> str:
-        return f"{self.precision} {self.width}->{self.out} block {self.block}"
+        return f"{self.precision} {self.width}->{self.out} block {self.block}{' gated' if self.gated else ''}"
 
     def weight_bytes(self) -> int:
         """The bytes of the layer's codes (its scales left out: a lower bound, as cold_copies wants)."""

@@ -230,9 +230,24 @@ class GatedMLP(torch.nn.Module):
         layer = self.gate_up
         if layer.prompt_form:  # the layer's own prompt form (dequantise + one matmul), then the activation
             return self.down_proj(silu_gated(layer(x)))
-        # autotuned, not the layer's pinned config: that was timed without the epilogue, and the gated form's best
-        # config differs (H100, 2026-12-06: 1 x 1024 gated, 2 x 1024 plain, 7 % apart)
-        return self.down_proj(torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows))
+        return self.down_proj(gated_gemv(layer, x))
+
+
+def gated_gemv(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a packed gate/up QuantLinear in one kernel (softsyn::gated_weight_matmul), at the layer's
+    pinned config (the measured choice times gate/up shapes in this form: GatedGemv) or autotuned."""
+    return torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows, layer.config)
+
+
+class GatedGemv(torch.nn.Module):
+    """gated_gemv as a layer: what the measured choice times for a packed gate/up."""
+
+    def __init__(self, layer: QuantLinear):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gated_gemv(self.layer, x)
 
 
 def gated_candidate(module: torch.nn.Module) -> QuantLinear | None:
@@ -355,7 +370,10 @@ class Wanted(NamedTuple):
     config: int = AUTOTUNED  # softsyn's: the tuned config measured fastest, if measured
 
     def shape(self) -> WeightShape:
-        return WeightShape(self.precision, self.linear.in_features, self.linear.out_features, self.block)
+        # a packed gate/up is timed gated (fuse_gated_mlps runs it so where the MLP computes silu(gate) * up): the
+        # gated form's fastest config is not the plain GEMV's (H100, 2026-12-06: 1 x 1024 vs 2 x 1024, 7 % apart)
+        gated = all(any(name.endswith(f".{part}") for name in self.names) for part in PACKED[1])
+        return WeightShape(self.precision, self.linear.in_features, self.linear.out_features, self.block, gated)
 
 
 class Quantised(NamedTuple):
@@ -433,7 +451,7 @@ def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torc
             raise ValueError(f"no group of {GROUPS} divides the input width {linear.in_features}")
         layer = QuantLinear.from_linear(linear, group, shape.precision)
         layer.config = pick.config
-        return layer
+        return GatedGemv(layer) if shape.gated else layer
     layer = copy.deepcopy(linear).to(WEIGHT_DTYPE.get(shape.precision, linear.weight.dtype))
     quantize_(layer, TORCHAO[shape.precision](torchao_block(shape.precision, shape.block)))
     return layer

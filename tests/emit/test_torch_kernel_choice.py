@@ -102,7 +102,7 @@ def test_nothing_is_timed_off_cuda():
 
 def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
     """quantise_modules with weight_kernel "measured": the packed gate/up int4 shape measured faster on softsyn's
-    kernel becomes an int4 QuantLinear, layer 0's int8 down_proj (torchao faster) a torchao int8 call, layer 1's int8
+    kernel (timed gated: the MLP's activation in its epilogue) becomes an int4 QuantLinear, layer 0's int8 down_proj (torchao faster) a torchao int8 call, layer 1's int8
     down_proj (softsyn faster) an int8 QuantLinear, the fp8 o_proj softsyn's without a measurement; the kernels name
     every cell's."""
     from tests.emit.test_torch_lowering import packed_tiny
@@ -128,7 +128,7 @@ def test_a_measured_map_builds_each_layer_with_its_shape_s_kernel(monkeypatch):
     gate_up = layer0.mlp.packed_gate_up.linear
     down = (layer0.mlp.down_proj.in_features, layer0.mlp.down_proj.out_features)
     o_proj = (layer1.self_attn.o_proj.in_features, layer1.self_attn.o_proj.out_features)
-    assert set(asked) == {WeightShape("int4", gate_up.in_features, gate_up.out_features, 32),
+    assert set(asked) == {WeightShape("int4", gate_up.in_features, gate_up.out_features, 32, gated=True),
                           WeightShape("int8", *down, 32), WeightShape("int8", *down, 64),
                           WeightShape("fp8", *o_proj, 0)}  # fp8: its config measured
     assert isinstance(gate_up, QuantLinear) and gate_up.precision == "int4" and gate_up.config == 1
@@ -152,3 +152,18 @@ def test_a_layer_no_group_divides_stays_float_and_says_so():
     assert notes[0].startswith("weight kernels not measured (no CUDA device)")  # fp8's config: autotuned
     assert notes[1] == "48-wide Linear mapped fp8 kept fp32: no group of (32, 64, 128) divides its input width"
     assert notes[2].startswith("1 Linear layer fp8 weight-only at group ") and "autotuned" in notes[2]
+
+
+def test_a_packed_gate_up_is_timed_in_its_gated_form_at_its_config():
+    """The measured choice builds a packed gate/up as the gated GEMV (GatedGemv at the config timed), a plain layer
+    as the QuantLinear; the log says which shape was gated."""
+    GatedGemv, quant_layer = torch_step.GatedGemv, torch_step.quant_layer
+    gated, plain = WeightShape("int4", 64, 96, 32, gated=True), WeightShape("int4", 64, 96, 32)
+    probe = quant_layer(Pick("softsyn", 2), torch.nn.Linear(64, 96, bias=False), gated)
+    assert isinstance(probe, GatedGemv) and probe.layer.config == 2
+    layer = quant_layer(Pick("softsyn", 1), torch.nn.Linear(64, 96, bias=False), plain)
+    assert isinstance(layer, QuantLinear) and layer.config == 1
+    x = torch.randn(3, 64)
+    gate, up = layer(x).chunk(2, dim=-1)  # off CUDA both run the dequantised product
+    assert torch.allclose(GatedGemv(layer)(x), torch.nn.functional.silu(gate) * up, atol=1e-5)
+    assert gated.label() == "int4 64->96 block 32 gated"

@@ -97,6 +97,9 @@ for precision in ("int4", "fp8"):  # gated: W = [gate; up], silu(gate) * up in t
         out[f"gated {precision} float16 {sorted(config.items())}"] = float((got - want).abs().max() / want.abs().max())
     out[f"gated op {precision} float16"] = float((torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows)[0]
                                           .float() - want).abs().max() / want.abs().max())
+    for index in range(len(tuned_configs(precision))):  # each tuned config pinned, as a measured compile leaves it
+        got = torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows, index)[0].float()
+        out[f"gated op {precision} float16 config {index}"] = float((got - want).abs().max() / want.abs().max())
 for precision in ("int4", "fp8", "int8"):
     layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
     x = torch.randn(2, 3, 128)
@@ -126,7 +129,7 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
     with fp32 and fp16 activations, fp8 and int8 with fp16, and the op through QuantLinear with a bias (autotuned,
     and at each tuned config pinned: int4's are ASM's), against the product of the dequantised weight."""
     errors = in_triton_interpreter(KERNEL_CHECK)
-    assert len(errors) == 80  # + int4's 3 and fp8's 4 tuned configs pinned
+    assert len(errors) == 87  # + int4's 3 and fp8's 4 tuned configs pinned, in QuantLinear and the gated op
     for key, err in errors.items():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
