@@ -356,14 +356,17 @@ def chain_forms(linear: torch.nn.Linear, gemlite) -> list[tuple[str, object]]:
 
 def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     """softsyn's int4 (g64, g128), fp8 and int8 (g128) layers, autotuned (the kernel alone: its programs store
-    finished sums into an empty output), then int4 g128 at each config of SWEEP and each shipped F16 config (int4
-    dequantised in fp16), and fp8 g128 at each shipped one-row config (CONFIGS), to show the spread the autotuner
-    chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, int4's tuned configs), plain and on gate/up
-    gated, beside F16's with the error of each (Configured)."""
-    from softsyn.emit.triton_weights import ASM_CONFIGS, CONFIGS, QuantLinear
+    finished sums into an empty output), then int4 g128 at each config of SWEEP and each F16 config (int4
+    dequantised in fp16), and fp8 g128 at each one-row config of CONFIGS (its tuned ones marked shipped), to show the
+    spread the autotuner chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, int4's tuned
+    configs), plain and on gate/up gated, beside F16's with the error of each (Configured)."""
+    from softsyn.emit.triton_weights import ASM_CONFIGS, CONFIGS, QuantLinear, tuned_configs
 
-    shipped = [(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.kwargs.get("X_TILE", False),
-                c.kwargs.get("F16", False)) for c in CONFIGS if c.kwargs["BLOCK_M"] == 1]
+    def tile(c):
+        return c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.kwargs["X_TILE"], c.kwargs["F16"]
+
+    walked = [tile(c) for c in CONFIGS]  # the fp32 and F16 forms' configs (int4's tuned ones are ASM's, below)
+    shipped = {"int4": [], "fp8": [tile(c) for c in tuned_configs("fp8")]}  # the F16 rows at int4 are ASM's twins
     forms = []
     for precision, group in (("int4", 64), ("int4", 128), ("fp8", 128), ("int8", 128)):
         layer = QuantLinear.from_linear(linear, group, precision)
@@ -374,14 +377,14 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
                                                                                        lyr.lows)))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
-        # int4: the sweep, then the shipped X_TILE and F16 configs (each row's own activations, F16 int4 in fp16:
-        # triton_weights.CONFIGS)
+        # int4: the sweep, then the F16 configs (each row's own activations, int4 in fp16: triton_weights.CONFIGS);
+        # fp8: every walked config, its tuned ones marked shipped
         sweep = SWEEP if os.environ.get("SWEEP", "1") != "0" else []  # SWEEP=0: the shipped configs alone (a short call)
-        swept = [(*c, False, False) for c in sweep] + [c for c in shipped if c[3]] if precision == "int4" else shipped
-        for n, k, w, tile, f16 in swept:
-            meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": tile, "F16": f16}
-            name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if tile and not f16 else ''}{' F16' if f16 else ''}"
-                    f"{' (shipped)' if (n, k, w, tile, f16) in shipped else ''}")
+        swept = [(*c, False, False) for c in sweep] + [c for c in walked if c[4]] if precision == "int4" else walked
+        for n, k, w, x_tile, f16 in swept:
+            meta = {"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": x_tile, "F16": f16}
+            name = (f"BLOCK_N {n} BLOCK_K {k} warps {w}{' X_TILE' if x_tile and not f16 else ''}"
+                    f"{' F16' if f16 else ''}{' (shipped)' if (n, k, w, x_tile, f16) in shipped[precision] else ''}")
             forms.append((f"softsyn {precision} g{group} {name}", Configured(layer, meta, w, checked=f16)))
         if precision == "int4":  # ASM's twins of the F16 configs, with F16's gated rows beside the gated ASM ones
             gated = (False, True) if linear.out_features == 2 * MLP else (False,)
