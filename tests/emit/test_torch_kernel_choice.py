@@ -167,3 +167,14 @@ def test_a_packed_gate_up_is_timed_in_its_gated_form_at_its_config():
     gate, up = layer(x).chunk(2, dim=-1)  # off CUDA both run the dequantised product
     assert torch.allclose(GatedGemv(layer)(x), torch.nn.functional.silu(gate) * up, atol=1e-5)
     assert gated.label() == "int4 64->96 block 32 gated"
+
+
+def test_only_a_packed_gate_and_up_are_timed_gated():
+    """A Linear realising both a gate_proj and an up_proj cell (packed) is a gated shape; an unpacked gate_proj, or a
+    packed QKV, is not."""
+    linear = torch.nn.Linear(64, 96, bias=False)
+    mlp = "model.layers.0.mlp."
+    packed = torch_step.Wanted(linear, [mlp + "gate_proj", mlp + "up_proj"], "int4", 32, "measured")
+    alone = torch_step.Wanted(linear, [mlp + "gate_proj"], "int4", 32, "measured")
+    qkv = torch_step.Wanted(linear, [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"], "int4", 32, "measured")
+    assert packed.shape().gated and not alone.shape().gated and not qkv.shape().gated
