@@ -266,7 +266,7 @@ SWEEP = [(n, k, w) for n in (1, 2, 4, 8, 16, 32) for k in (256, 512, 1024) for w
 class Configured:
     """softsyn's kernel on a QuantLinear's buffers at one config (launch), and, where `checked`, its relative error
     against the product of the dequantised weight in fp32 (a form that computes wrongly shows as an error beside its
-    time, not only as a speed: ASM's inline PTX is unproved on a GPU)."""
+    time, not only as a speed: F16's and ASM's fp16 arithmetic, ASM's inline PTX)."""
 
     def __init__(self, layer, meta: dict, warps: int, gated: bool = False, checked: bool = False):
         self.layer, self.config, self.gated, self.checked = layer, {**meta, "num_warps": warps}, gated, checked
@@ -360,6 +360,7 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     dequantised in fp16), and fp8 g128 at each one-row config of CONFIGS (its tuned ones marked shipped), to show the
     spread the autotuner chooses from and what it could; then int4 g128 at ASM_CONFIGS (inline PTX, int4's tuned
     configs), plain and on gate/up gated, beside F16's with the error of each (Configured)."""
+    from softsyn.emit.torch_step import GatedGemv
     from softsyn.emit.triton_weights import ASM_CONFIGS, CONFIGS, QuantLinear, tuned_configs
 
     def tile(c):
@@ -373,8 +374,7 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
         forms.append((f"softsyn {precision} g{group} (autotuned)", layer))
         if linear.out_features == 2 * MLP and precision == "int4":  # gate/up: + the activation in the epilogue
             forms.append((f"softsyn {precision} g{group} gated (silu(gate) * up in the epilogue, autotuned)",
-                          lambda x, lyr=layer: torch.ops.softsyn.gated_weight_matmul(x, lyr.packed, lyr.scales,
-                                                                                       lyr.lows)))
+                          GatedGemv(layer)))
         if group != 128 or precision == "int8":  # int8 reads what fp8 reads: its configs rank the same
             continue
         # int4: the sweep, then the F16 configs (each row's own activations, int4 in fp16: triton_weights.CONFIGS);

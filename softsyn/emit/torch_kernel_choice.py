@@ -147,7 +147,8 @@ def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Bui
     for shape, linear in layers.items():
         times, failed = {}, {}
         copies = cold_copies(shape.weight_bytes(), cache)
-        for pick in forms(shape):
+        order = forms(shape)
+        for pick in order:
             if pick.kernel in failed:
                 continue
             try:
@@ -155,7 +156,6 @@ def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Bui
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
                 first = (str(exc).splitlines() or [""])[0][:120]
                 failed[pick.kernel] = f"{pick.label(shape.precision)} did not run ({type(exc).__name__}: {first})"
-        order = forms(shape)
         chosen[shape] = min(times, key=lambda p: (times[p], order.index(p))) if times else fallback(order)
         said = [f"{p.label(shape.precision)} {fmt_time(t, 'us', 1)}" for p, t in times.items()] + list(failed.values())
         notes.append(f"kernel for {shape.label()}: {chosen[shape].label(shape.precision)} ({', '.join(said)} a "

@@ -439,8 +439,13 @@ def measured_kernels(wanted: list[Wanted], notes: list[str]) -> list[Wanted]:
     weight = next(iter(shapes.values())).weight
     picks, said = choose_weight_kernels(shapes, quant_layer, weight.dtype, weight.device.type)
     notes += said
-    return [w._replace(kernel=picks[w.shape()].kernel, config=picks[w.shape()].config) if w.kernel == "measured"
-            else w for w in wanted]
+    out = []
+    for w in wanted:
+        if w.kernel == "measured":
+            pick = picks[w.shape()]
+            w = w._replace(kernel=pick.kernel, config=pick.config)
+        out.append(w)
+    return out
 
 
 def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
@@ -449,8 +454,7 @@ def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torc
         group = group_for(shape.block, linear.in_features)
         if group is None:
             raise ValueError(f"no group of {GROUPS} divides the input width {linear.in_features}")
-        layer = QuantLinear.from_linear(linear, group, shape.precision)
-        layer.config = pick.config
+        layer = QuantLinear.from_linear(linear, group, shape.precision, pick.config)
         return GatedGemv(layer) if shape.gated else layer
     layer = copy.deepcopy(linear).to(WEIGHT_DTYPE.get(shape.precision, linear.weight.dtype))
     quantize_(layer, TORCHAO[shape.precision](torchao_block(shape.precision, shape.block)))

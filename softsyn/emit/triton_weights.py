@@ -302,10 +302,9 @@ if triton is not None:
     # lm_head 66.3 vs 109.2 at (2, 512, 1); torch-kernels-chain-h100-2026-12-06-asm.md), each of the three the best
     # at some shape. Byte codes: the four fastest at some fp8 shape (H200). CONFIGS, the union of the fp32 and F16
     # forms, is what the compile tests and benches walk; ASM_CONFIGS are ASM's twins of the F16 ones.
-    F16_WIDE, F16_NARROW = one_row(1, 1024, 1, True), one_row(2, 1024, 2, True)
-    F16_HALF = one_row(2, 512, 1, True)
-    ASM_CONFIGS = [one_row(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, True, asm=True)
-                   for c in (F16_WIDE, F16_NARROW, F16_HALF)]
+    F16_TILES = ((1, 1024, 1), (2, 1024, 2), (2, 512, 1))  # (BLOCK_N, BLOCK_K, warps) of the F16 and ASM configs
+    F16_WIDE, F16_NARROW, F16_HALF = (one_row(*tile, True) for tile in F16_TILES)
+    ASM_CONFIGS = [one_row(*tile, True, asm=True) for tile in F16_TILES]
     INT4_CONFIGS = ASM_CONFIGS  # with bf16 activations ASM's configs run the F16 form's fp32 path (WORDS = 1)
     BYTE_CONFIGS = [one_row(2, 1024, 4, False), one_row(16, 256, 4, False), F16_WIDE, F16_HALF]
     CONFIGS = [*BYTE_CONFIGS[:2], F16_WIDE, F16_NARROW, F16_HALF]
@@ -360,14 +359,15 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
             return triton.cdiv(out, meta["BLOCK_N"]), 1, 1
         return triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(out, meta["BLOCK_N"]), 1
 
-    if (config is None and not one_code or config is not None and config.get("ASM")) and misaligned(flat):
-        flat = flat.clone()  # ASM (int4's tuned configs) loads x 8 bytes at a time, and a view may start off 8 bytes
+    asm = config.get("ASM", False) if config is not None else not one_code  # int4's tuned configs are ASM's
+    if asm and misaligned(flat):
+        flat = flat.clone()  # ASM loads x 8 bytes at a time, and a view may start off 8 bytes
     args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
     if config is None:
         tuned = tuned_bytes if one_code else tuned_int4
         torch.library.wrap_triton(tuned)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
     else:
-        twin = {"TWIN": interpreting()} if config.get("ASM") else {}  # the interpreter runs no inline PTX
+        twin = {"TWIN": interpreting()} if asm else {}  # the interpreter runs no inline PTX
         torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
                                                                        GATED=gated, **{**config, **twin})
     return y
@@ -435,8 +435,11 @@ class QuantLinear(torch.nn.Module):
         self.config = AUTOTUNED  # or the index of the tuned config the compile measured fastest (pinned)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4") -> QuantLinear:
-        return cls(quantise(linear.weight, group, linear.weight.dtype, precision), linear.bias)
+    def from_linear(cls, linear: torch.nn.Linear, group: int, precision: str = "int4",
+                    config: int = AUTOTUNED) -> QuantLinear:
+        layer = cls(quantise(linear.weight, group, linear.weight.dtype, precision), linear.bias)
+        layer.config = config
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prompt_form:
@@ -469,7 +472,6 @@ def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], grou
         for name, child in list(parent.named_children()):
             if id(child) in ids:
                 if id(child) not in done:
-                    done[id(child)] = QuantLinear.from_linear(child, group, precision)
-                    done[id(child)].config = config
+                    done[id(child)] = QuantLinear.from_linear(child, group, precision, config)
                 setattr(parent, name, done[id(child)])
     return len(done)
