@@ -37,6 +37,7 @@ from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
 from softsyn.frontends.hf_common import brief
 from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
+from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE, TORCH_PREFILL_PACKAGE
 from softsyn.runtime.torch_package import DECODE, FORMAT, PREFILL, SPAN_STEP, TorchStep
 from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE, PROVENANCE_CONFIG, calls_data,
@@ -79,6 +80,15 @@ def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torc
               "kv": tuple({0: auto} for _ in cache)}
     with quiet(), torch.no_grad():
         return torch.export.export(step, (ids, positions, slots, *cache), dynamic_shapes=shapes, strict=False)
+
+
+def last_logits(design) -> bool:
+    """Whether the design's netlist returns the last position's logits only (kv_layout's last_token_logits; off with
+    compile --all-logits): the packages then compute the same function."""
+    try:
+        return decoder_io(design.netlist.model).last_logits
+    except NotDecoder:
+        return False
 
 
 def device_problem(name: str) -> str | None:
@@ -131,8 +141,10 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "
                        f"attention, {serves}; {target.dtype} on {target.device}, static KV cache of {cfg_max})",
                        enabled=design.progress, done=f"emit: {built.file}'s step exported"):
-        program = export_step(StaticStep(model, cfg_max).eval(), model.config, cfg_max, target.device,
-                              getattr(torch, target.dtype), prefill=built.key == PREFILL)
+        step = StaticStep(model, cfg_max, last_logits(design)).eval()
+        program = export_step(step, model.config, cfg_max, target.device, getattr(torch, target.dtype),
+                              prefill=built.key == PREFILL)
+        del step
     del model
     if last:
         holder.clear()
@@ -267,7 +279,8 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
     layers, kv, head_dim = geometry
     return {
         "format": FORMAT, "target": design.torch_target, "package": TORCH_PACKAGE, "device": target.device,
-        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits; kv "
+        "loader": "torch._inductor.aoti_load_package(package)(input_ids, position_ids, slots, *kv) -> logits (shape: "
+                  "outputs.logits, the last position's only where its seq is 1); kv "
                   "written in place; slots = arange(S), the cache slots attention reads (last position < S <= "
                   "max_length); `package` runs every step, `packages` says which one softsyn runs at which seq "
                   "(the one of the largest min_seq <= seq)",
@@ -275,7 +288,7 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
                              "constants": b.constants} for b in packages},
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
                    "slots": ["span", "int64"]},
-        "outputs": {"logits": ["batch", "seq", "vocab_size", target.dtype]},
+        "outputs": {"logits": ["batch", 1 if last_logits(design) else "seq", "vocab_size", target.dtype]},
         "kv_cache": {"layers": layers, "kv_heads": kv, "head_dim": head_dim, "max_length": cfg_max,
                      "layout": "per layer key then value, [batch, kv_heads, max_length, head_dim]; inputs after "
                                "position_ids, the step's keys and values written into them at its positions"},

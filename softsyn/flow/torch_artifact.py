@@ -58,6 +58,14 @@ def _reference(settings: dict, cache_dir) -> tuple[Path, Netlist]:
     return ref_path, reference
 
 
+def last_logits(settings: dict) -> bool:
+    """Whether runtime/torch.json declares logits of the last position only (outputs.logits [batch, 1, vocab]):
+    verify then compares them with the reference's last position, as for an ONNX Runtime artifact."""
+    outputs = settings.get("outputs")
+    shape = outputs.get("logits") if isinstance(outputs, dict) else None
+    return isinstance(shape, list) and len(shape) == 4 and shape[1] == 1
+
+
 def _checks(scenario: str, got: dict, expected: dict, max_rel: float, min_top1) -> list[OutputCheck]:
     checks = []
     for name, value in got.items():
@@ -94,6 +102,8 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
                                    f"(past + seq <= {step.max_length}, batch 1..{MAX_BATCH}); re-run softsyn compile")
             feeds = scenario_inputs(reference, dims, seed=seed)
             expected = dict(zip(names, session.run(None, feeds)))
+            if last_logits(settings):
+                expected["logits"] = expected["logits"][:, -1:]
             past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")]
             ids = feeds["input_ids"]
             start = dims.get("past", 0)

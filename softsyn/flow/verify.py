@@ -450,8 +450,7 @@ def shared_layout(model: ir.Model) -> SharedLayout:
         io = decoder_io(model)
     except NotDecoder:
         return SharedLayout()
-    logits = next(v for v in model.graph.outputs if v.name == io.logits)
-    last = io.logits if logits.shape is not None and len(logits.shape) == 3 and logits.shape[1] == 1 else None
+    last = io.logits if io.last_logits else None
     if not io.shares_buffer or io.buffer_length is None:
         return SharedLayout(last_logits=last)
     ports = frozenset(n for layer in io.layers for n in (layer.past_key, layer.past_value, layer.present_key,

@@ -75,6 +75,7 @@ class DecoderIO:
     buffer_length: int | None  # the static sequence dim of a shared buffer (None: symbolic or not shared)
     max_positions: int | None  # rows of the smallest rotary cos cache (None: no rotary cache in the graph)
     states: tuple[StatePort, ...] = ()  # a hybrid decoder's conv and recurrent states, in layer order
+    last_logits: bool = False  # logits [batch, 1, vocab] at every step: the last position's (passes.kv_layout)
 
     def dtype(self, name: str) -> str:
         return dict(self.dtypes)[name]
@@ -201,6 +202,7 @@ def decoder_io(model: ir.Model, token_input: str = INPUT_IDS, extra: tuple[str, 
         buffer_length=shape[2] if shares and isinstance(shape[2], int) else None,
         max_positions=max_positions(graph),
         states=states,
+        last_logits=len(logits) == 3 and logits[1] == 1,
     )
 
 

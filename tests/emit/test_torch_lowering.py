@@ -134,6 +134,36 @@ def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_d
     assert all(float(c[:, :, :6].sub(7).abs().min()) > 0 for c in cache)
 
 
+@pytest.mark.parametrize("keeps", [True, False])
+def test_last_logits_step_returns_the_last_position_and_exports(keeps):
+    """StaticStep(last_logits=True): logits [B, 1, vocab], the full step's last position, through transformers'
+    logits_to_keep (the lm_head reads one row) or, for a forward without it, sliced after; the exported program
+    (what AOTInductor compiles) keeps the one-row lm_head at any prompt length."""
+    import torch
+
+    from softsyn.emit.torch_lowering import export_step
+    from softsyn.emit.torch_step import StaticStep
+    from softsyn.frontends.export import kv_geometry
+
+    model, _ = _tiny_model()
+    layers, kv, head_dim = kv_geometry(model.config)
+    ids, positions, slots = torch.tensor([[3, 14, 15, 92, 6]]), torch.arange(5)[None], torch.arange(8)
+    step = StaticStep(model, 16, last_logits=True).eval()
+    if not keeps:  # a model whose forward takes no logits_to_keep
+        step.keep = False
+    with torch.no_grad():
+        full = StaticStep(model, 16).eval()(ids, positions, slots, *[torch.zeros(1, kv, 16, head_dim)
+                                                                      for _ in range(2 * layers)])
+        got = step(ids, positions, slots, *[torch.zeros(1, kv, 16, head_dim) for _ in range(2 * layers)])
+    assert full.shape[1] == 5 and got.shape == (1, 1, full.shape[2])
+    torch.testing.assert_close(got, full[:, -1:], rtol=1e-5, atol=1e-5)
+    if keeps:
+        program = export_step(step, model.config, 16, "cpu", torch.float32, prefill=True)
+        heads = [n for n in program.graph.nodes if n.op == "call_function" and "linear" in str(n.target)
+                 and n.meta["val"].shape[-1] == model.config.vocab_size]
+        assert len(heads) == 1 and heads[0].args[0].meta["val"].shape[1] == 1  # the lm_head reads one position
+
+
 def test_split_softmax_is_softmax_over_any_span():
     """The chunked max and sum give torch's softmax whatever the span (shorter than a chunk, a chunk, not a multiple
     of it) and with masked (-inf) slots, whole masked chunks included."""

@@ -102,8 +102,9 @@ def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, t
         for form, ids, start in (("sdpa", prompt[None], 0), ("matmul", np.array([[tokens[0]]]), len(prompt))):
             model.set_attn_implementation(ATTENTIONS[form][0])
             positions = torch.arange(start, start + ids.shape[1])[None]
-            want.append(StaticStep(model, step.max_length)(torch.from_numpy(ids), positions,
-                                                           torch.arange(256), *eager_cache))
+            want.append(StaticStep(model, step.max_length, last_logits=True)(torch.from_numpy(ids), positions,
+                                                                             torch.arange(256), *eager_cache))
+    assert [g.shape[1] for g in got] == [1, 1]  # the netlist's last-position logits, at the prompt too
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
