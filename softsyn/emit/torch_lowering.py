@@ -135,13 +135,15 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     cfg_max, _ = shared_buffer_length(design.constraints)
     model = holder[0]
     model.set_attn_implementation(ATTENTIONS[built.attention][0])
-    use_prompt_form(model, built.key == PREFILL)  # softsyn's int4/fp8 layers: dequantise + cuBLAS for a prompt
+    keep = last_logits(design)
+    # softsyn's int4/fp8 layers: dequantise + cuBLAS for a prompt, but an lm_head of one row keeps its kernel
+    use_prompt_form(model, built.key == PREFILL, one_row=(model.get_output_embeddings(),) if keep else ())
     serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
     t0 = time.perf_counter()
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "
                        f"attention, {serves}; {target.dtype} on {target.device}, static KV cache of {cfg_max})",
                        enabled=design.progress, done=f"emit: {built.file}'s step exported"):
-        step = StaticStep(model, cfg_max, last_logits(design)).eval()
+        step = StaticStep(model, cfg_max, keep).eval()
         program = export_step(step, model.config, cfg_max, target.device, getattr(torch, target.dtype),
                               prefill=built.key == PREFILL)
         del step

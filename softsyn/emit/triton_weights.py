@@ -452,14 +452,17 @@ class QuantLinear(torch.nn.Module):
                 f"{self.precision} (softsyn, {config_name(self.precision, self.config)})")
 
 
-def use_prompt_form(model: torch.nn.Module, on: bool) -> int:
+def use_prompt_form(model: torch.nn.Module, on: bool, one_row: tuple[torch.nn.Module, ...] = ()) -> int:
     """Set every QuantLinear of `model` to the prompt form (on) or the kernel (off); how many. At 512 rows the kernel's
     tensor-core tiles took 2.1-2.5x cuBLAS fp16's time (H100, 2026-12-06, bench/torch_kernels.py), so a prompt
     dequantises each weight (one Inductor kernel) and runs cuBLAS; at decode the kernel reads a quarter of the bytes.
-    Both forms read the same buffers, so a decode and a prefill package share one set of weights."""
+    Both forms read the same buffers, so a decode and a prefill package share one set of weights. The modules in
+    `one_row` (an lm_head that reads the last position only) keep the kernel: a prompt gives them one row a sequence,
+    and dequantising a 151936 x 2048 weight for it would write 0.6 GB."""
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    skipped = {id(m) for m in one_row}
     for layer in layers:
-        layer.prompt_form = on
+        layer.prompt_form = on and id(layer) not in skipped
     return len(layers)
 
 

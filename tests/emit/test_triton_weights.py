@@ -280,6 +280,17 @@ def test_the_prompt_form_computes_what_the_kernel_form_does():
     torch.testing.assert_close(model(x), kernel, rtol=1e-5, atol=1e-5)
 
 
+def test_a_one_row_lm_head_keeps_the_kernel_in_a_prompt_package():
+    """use_prompt_form's `one_row` (an lm_head that reads the last position only) keep the kernel form; the others
+    take the prompt form; off, every layer runs the kernel."""
+    body, head = (QuantLinear.from_linear(torch.nn.Linear(128, 128), 128) for _ in range(2))
+    model = torch.nn.Sequential(body, head)
+    assert use_prompt_form(model, True, one_row=(head,)) == 2
+    assert (body.prompt_form, head.prompt_form) == (True, False)
+    use_prompt_form(model, False)
+    assert not body.prompt_form and not head.prompt_form
+
+
 def test_int4_and_fp8_cells_become_softsyn_layers_that_export():
     """On a target whose int4 kernel is softsyn's, each int4 group becomes one QuantLinear at the largest group at or
     below its finest part's block (a packed group replaced where its PackedLinear holds it), an fp8 cell one in fp8;
