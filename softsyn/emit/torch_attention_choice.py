@@ -9,6 +9,13 @@ group's span: a chain of one call per layer over distinct caches (each layer's K
 the L2 cache; at most CALLS layers), compiled by torch.compile with dynamic shapes (as the package is exported) and
 captured as one CUDA graph, and builds the form whose chains sum least over the decode groups. The times are
 compile-log lines; runtime/torch.json's packages name each package's form.
+
+With the model at hand the chains time a decoder layer's whole attention module (the packed QKV projection, the q/k
+norms, rotary, the cache write, attention, the output projection) in each form, not the attention function alone:
+so the fused prologue (softsyn.emit.torch_prologue: the norms, rotary and cache write in one kernel, with softsyn's
+form) is one more candidate, timed against the others the same way, where the target measures it
+(TorchTarget.fused_prologue "measured"). It packaged in session 17 but was never timed in a step, and what it saves
+(four kernels a layer) is worth only what a step of them costs on the card.
 """
 from __future__ import annotations
 
@@ -17,8 +24,11 @@ from typing import Callable
 
 import torch
 
+from transformers.cache_utils import Cache
+
 from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, graph_of, replay_seconds
-from softsyn.emit.torch_step import ATTENTIONS
+from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
+from softsyn.emit.torch_step import ATTENTIONS, BufferLayer
 from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
@@ -60,57 +70,148 @@ def decode_shapes(groups, config, max_length: int) -> list[AttentionShape]:
     return shapes
 
 
-def chain_seconds(form: str, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
-    """Seconds one layer's attention in `form` takes among CALLS in one CUDA graph (chain_graph)."""
-    return replay_seconds(chain_graph(form, shape, dtype, device)) / CALLS
+@dataclass(frozen=True)
+class Candidate:
+    """A decode attention the choice times: a form of ATTENTIONS, with the fused prologue (softsyn's form only)."""
+    form: str
+    prologue: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.form} + fused prologue" if self.prologue else self.form
+
+
+PLAIN = tuple(Candidate(form) for form in FORMS)  # the candidates without the prologue, FORMS' order
+PROLOGUE = Candidate("softsyn", prologue=True)
+Timer = Callable[[Candidate, AttentionShape, torch.dtype, str], float]
+
+
+def core_seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
+    """Seconds one layer's attention function in `candidate`'s form takes among CALLS in one CUDA graph (chain_graph):
+    the timer where no attention module is at hand."""
+    return replay_seconds(chain_graph(candidate.form, shape, dtype, device)) / CALLS
 
 
 def chain_graph(form: str, shape: AttentionShape, dtype: torch.dtype, device: str,
                 calls: int = CALLS) -> torch.cuda.CUDAGraph:
-    """`calls` layers' attention in `form` captured as one CUDA graph, call i over cache copy i % copies
-    (cold_copies: each layer's K and V read from device memory), compiled with dynamic shapes; the compile's choice
-    and bench/torch_kernels.py's attnchain time the same graph."""
+    """`calls` layers' attention function in `form` captured as one CUDA graph, call i over cache copy i % copies
+    (cold_caches), compiled with dynamic shapes; bench/torch_kernels.py's attnchain times the same graph."""
     function = ATTENTIONS[form][1]
     step = torch.compile(lambda q, k, v, m: function(None, q, k, v, m, shape.head_dim ** -0.5)[0], dynamic=True)
-    copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device), calls)
-    # views of a cache of `length` slots, as the step reads its span (the matmul form's cuBLAS kernels then run
-    # strided batches): contiguous caches of the span alone timed that form at 13.1 us a layer at 768 slots, where
-    # the bench's chains over views took 10.9, and the compile chose the other form (H100, 2026-12-06)
-    caches = [torch.randn(2, shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
-                          device=device, dtype=dtype)[:, :, :, :shape.span] for _ in range(copies)]
+    caches = [c[:, :, :, :shape.span] for c in cold_caches(shape, dtype, device, calls)]  # the span's view
     queries = [torch.randn(shape.batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
                for _ in range(calls)]
     # [B, 1, 1, S] as the step builds it (the last slot unfilled, as in a span rounded up)
     mask = (torch.arange(shape.span, device=device) < shape.span - 1).expand(shape.batch, 1, 1, shape.span)
     with torch.no_grad():
-        return graph_of(lambda: [step(q, *caches[i % copies], mask) for i, q in enumerate(queries)])
+        return graph_of(lambda: [step(q, *caches[i % len(caches)], mask) for i, q in enumerate(queries)])
 
 
-Timer = Callable[[str, AttentionShape, torch.dtype, str], float]
+def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: int) -> list[torch.Tensor]:
+    """Cold copies (each layer's K and V read from device memory) of a whole [2, B, Hkv, length, D] cache. A chain
+    reads a view of each one's first `span` slots, as the step reads its span: the matmul form's cuBLAS kernels then
+    run strided batches (contiguous caches of the span alone timed that form at 13.1 us a layer at 768 slots, where
+    the bench's chains over views took 10.9, and the compile chose the other form; H100, 2026-12-06)."""
+    copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device), calls)
+    return [torch.randn(2, shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
+                        device=device, dtype=dtype) for _ in range(copies)]
 
 
-def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: str,
-                     timer: Timer = chain_seconds) -> tuple[str, list[str]]:
-    """The form of FORMS whose decode chains sum least over `shapes` on `device`, and the compile-log lines with
-    every time. A form that fails to compile or run here is a line and loses; off CUDA, or with no decode group, or
-    where no form runs, the first form, saying why."""
+def module_chain(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
+                 caches: list[torch.Tensor], calls: int = CALLS, compiled: bool = True) -> Callable[[], list]:
+    """A chain of `calls` one-position steps of the attention `module` (the prologue fused where `candidate` says)
+    as the package runs them: call i writes its key and value into caches[i % len(caches)] (whole [2, B, Hkv,
+    length, D] caches) at slot span - 2 and attends over their first `span` slots; compiled with dynamic shapes
+    unless not `compiled`. The caller sets the attention implementation to `candidate.form`'s while it runs."""
+    chosen = fused_form(module) if candidate.prologue else module
+    like = caches[0]
+    where = torch.tensor([shape.span - 2], device=like.device)
+    mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span)
+    rows = [torch.randn(shape.batch, 1, module.config.hidden_size, device=like.device, dtype=like.dtype)
+            for _ in range(calls)]
+    cos, sin = rotary(rows[0], where.expand(shape.batch, 1))
+
+    def one(x, keys, values):
+        layer = BufferLayer(keys, values, where, shape.span)
+        return chosen(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask,
+                      position_ids=where.expand(shape.batch, 1), cache=Cache(layers=[layer] * (module.layer_idx + 1)),
+                      use_cache=True)[0]
+
+    step = torch.compile(one, dynamic=True) if compiled else one
+    return lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)]
+
+
+def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
+    """A Timer of `module`'s chains (module_chain) in each candidate, captured as one CUDA graph."""
+    def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
+        caches = cold_caches(shape, dtype, device, CALLS)
+        before = module.config._attn_implementation
+        module.config._attn_implementation = ATTENTIONS[candidate.form][0]
+        try:
+            with torch.no_grad():
+                graph = graph_of(module_chain(module, rotary, candidate, shape, caches))
+        finally:
+            module.config._attn_implementation = before
+        return replay_seconds(graph) / CALLS
+    return seconds
+
+
+def attention_timing(model: torch.nn.Module, prologue: bool) -> tuple[Timer, tuple[Candidate, ...], str]:
+    """(the timer, the candidates, what is timed) for `model`'s decode attention choice: its first packed-QKV
+    attention module's chains, the fused prologue a candidate where `prologue` asks and the kernels take that
+    module; the attention function's chains where no such module is found."""
+    module = next((m for m in model.modules() if packed_qkv(m) is not None), None)
+    rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+    if module is None or rotary is None:
+        return core_seconds, PLAIN, "the attention function"
+    offered = prologue and unfusable(module, packed_qkv(module)) is None
+    return module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module"
+
+
+def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: str, timer: Timer = core_seconds,
+                     candidates: tuple[Candidate, ...] = PLAIN,
+                     fallback: Timer | None = None) -> tuple[Candidate, list[str]]:
+    """The candidate whose decode chains sum least over `shapes` on `device`, and the compile-log lines with every
+    time. A candidate that fails to compile or run here is a line and loses; where none runs, the forms of PLAIN
+    timed by `fallback` (if given); off CUDA, or with no decode group, or where still none runs, the first, saying
+    why."""
+    first = candidates[0]
     if device != "cuda" or not shapes:
         why = "no CUDA device" if device != "cuda" else "no decode path group"
-        return FORMS[0], [f"decode attention not measured ({why}): {FORMS[0]}"]
+        return first, [f"decode attention not measured ({why}): {first.label}"]
+    totals, lines = timed_chains(shapes, dtype, device, timer, candidates)
+    if not totals and fallback is not None:
+        candidates = PLAIN
+        totals, more = timed_chains(shapes, dtype, device, fallback, candidates)
+        lines += ["decode attention: no candidate ran; each form's attention function timed instead", *more]
+    chosen = min(totals, key=lambda c: (totals[c], candidates.index(c))) if totals else first
+    fastest = "the fastest of " + ", ".join(c.label for c in totals) if totals else "none ran"
+    return chosen, [f"decode attention: {chosen.label} ({fastest})", *lines]
+
+
+def timed_chains(shapes, dtype, device, timer: Timer, candidates) -> tuple[dict[Candidate, float], list[str]]:
+    """({candidate: its chains' seconds summed over `shapes`} for those that ran, a log line for each)."""
     totals, lines = {}, []
-    for form in FORMS:
+    for candidate in candidates:
         try:
-            times = [timer(form, shape, dtype, device) for shape in shapes]
+            times = [timer(candidate, shape, dtype, device) for shape in shapes]
         except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
-            first = (str(exc).splitlines() or [""])[0][:120]
-            lines.append(f"decode attention {form}: did not run ({type(exc).__name__}: {first})")
+            reason = (str(exc).splitlines() or [""])[0][:120]
+            lines.append(f"decode attention {candidate.label}: did not run ({type(exc).__name__}: {reason})")
             continue
         finally:
-            torch._dynamo.reset()  # each form's compiled chains go before the next form's
-        totals[form] = sum(times)
-        lines.append(f"decode attention {form}: " + ", ".join(
+            torch._dynamo.reset()  # each candidate's compiled chains go before the next one's
+        totals[candidate] = sum(times)
+        lines.append(f"decode attention {candidate.label}: " + ", ".join(
             f"{fmt_time(t, 'us', 1)} a layer at {shape.label()}" for t, shape in zip(times, shapes))
             + f" ({CALLS} calls a CUDA graph, measured)")
-    chosen = min(totals, key=lambda f: (totals[f], FORMS.index(f))) if totals else FORMS[0]
-    return chosen, [f"decode attention: {chosen} ({'the fastest of ' + ', '.join(totals) if totals else 'no form ran'})",
-                    *lines]
+    return totals, lines
+
+
+def measured_attention(model: torch.nn.Module, shapes: list[AttentionShape], dtype: torch.dtype, device: str,
+                       prologue: bool) -> tuple[Candidate, list[str]]:
+    """The decode attention of `model` chosen by its attention module's chains (attention_timing); where none of
+    those runs on the device, by the attention function's chains, saying so."""
+    timer, candidates, _ = attention_timing(model, prologue)
+    return choose_attention(shapes, dtype, device, timer, candidates,
+                            fallback=None if timer is core_seconds else core_seconds)

@@ -24,7 +24,8 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, choose_attention, decode_shapes
+from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, attention_timing, decode_shapes,
+                                                 measured_attention)
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_prologue import prologues_for
@@ -237,14 +238,18 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()
-    attention = target.attention
+    attention, prologue = target.attention, False
     if attention == MEASURED_FORM:
-        with progress.step(f"emit: decode attention forms timed on the device ({', '.join(FORMS)})",
+        prologue = target.fused_prologue == "measured"
+        _, candidates, timed = attention_timing(model, prologue)
+        with progress.step(f"emit: decode attention timed on the device ({timed}: "
+                           f"{', '.join(c.label for c in candidates)})",
                            enabled=design.progress, done="emit: decode attention chosen"):
-            attention, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
-                                                getattr(torch, target.dtype), target.device)
+            chosen, lines = measured_attention(model, decode_shapes(analysis.groups, model.config, cfg_max),
+                                               getattr(torch, target.dtype), target.device, prologue)
+        attention, prologue = chosen.form, chosen.prologue
         notes += [f"target {design.torch_target}: {line}" for line in lines]
-    quantised.notes.extend(prologues_for(target, attention, model))
+    quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue))
     packages, holder = planned(target, attention), [model]
     del model
     try:

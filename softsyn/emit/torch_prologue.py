@@ -192,24 +192,31 @@ def fuse_prologues(model: torch.nn.Module) -> Fusion:
     return Fusion(fused, sum(why.values()), why)
 
 
-def fusion_notes(fusion: Fusion) -> list[str]:
-    """The compile log's lines on what fuse_prologues did."""
+def fusion_notes(fusion: Fusion, measured: bool = False) -> list[str]:
+    """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster)."""
     lines = []
     if fusion.fused:
         lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary, cache write and "
                      "q's layout in one kernel before softsyn's decode attention (softsyn::attention_prologue; "
-                     "fused_prologue, unmeasured)")
+                     f"fused_prologue, {'measured faster' if measured else 'unmeasured'})")
     if fusion.kept:
         why = "; ".join(f"{n}: {reason}" for reason, n in fusion.why.items())
         lines.append(f"{fusion.kept} attention{'s' if fusion.kept != 1 else ''} kept their own prologue ({why})")
     return lines
 
 
-def prologues_for(target, attention: str, model: torch.nn.Module) -> list[str]:
-    """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue) and its decode attention
-    form `attention` is softsyn's (the kernel writes q in that form's layout); the compile log's lines."""
-    if not target.fused_prologue:
+PROLOGUE_SETTINGS = ("off", "on", "measured")  # TorchTarget.fused_prologue
+
+
+def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool = False) -> list[str]:
+    """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue "on", or "measured" and
+    the measured choice `chosen` it) and its decode attention form `attention` is softsyn's (the kernel writes q in
+    that form's layout); the compile log's lines."""
+    setting = target.fused_prologue
+    if setting == "off":
         return []
     if attention != "softsyn":
         return [f"fused_prologue unused: the decode attention is {attention}, not softsyn's"]
-    return fusion_notes(fuse_prologues(model))
+    if setting == "measured" and not chosen:
+        return ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
+    return fusion_notes(fuse_prologues(model), measured=setting == "measured")

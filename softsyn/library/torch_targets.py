@@ -35,9 +35,10 @@ class TorchTarget:
     # (softsyn.emit.triton_weights' Triton kernel, compiled into the package) or "measured" (the faster of the two
     # per precision and layer shape, timed on the device at compile time: softsyn.emit.torch_kernel_choice); fp8
     # cells, where `weights` builds them, always take softsyn's: torchao has no fast fp8 weight-only layer
-    fused_prologue: bool = False  # with softsyn's decode attention, each checked attention's q/k norm, rotary and
-    # cache write as one kernel (softsyn.emit.torch_prologue), since a decode step is bound by its kernel count; off
-    # on every target until measured on a GPU
+    fused_prologue: str = "off"  # with softsyn's decode attention, each checked attention's q/k norm, rotary and
+    # cache write as one kernel (softsyn.emit.torch_prologue), since a decode step is bound by its kernel count:
+    # "off", "on", or "measured" (one more candidate of the measured attention choice, timed as the others are:
+    # softsyn.emit.torch_attention_choice; with attention "measured" only)
 
     @property
     def float_precision(self) -> str:
@@ -57,12 +58,13 @@ TORCH_TARGETS = {
     # first kernel lost to cuBLAS fp16 on narrow layers; its fourth beat tinygemm 2.0-2.8x at every qwen3-0.6b shape,
     # H100, 2026-12-06, bench/results/torch-int4-qwen3-0.6b-h100-2026-12-06-c-compile.txt)
     # decode attention measured at compile time: neither form wins everywhere (H100, 2026-12-06, 28 layers' caches:
-    # matmul / softsyn's split kernels 10.9 / 11.7 us a layer at 768 slots, 20.8 / 18.7 at 4160)
+    # matmul / softsyn's split kernels 10.9 / 11.7 us a layer at 768 slots, 20.8 / 18.7 at 4160); the fused prologue
+    # measured with them: it packaged and computed the cache exactly (H200, 2026-12-06) but was never timed in a step
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "measured", ("int8", "int4", "fp8"),
-                              prefill_attention="sdpa", weight_kernel="measured"),
+                              prefill_attention="sdpa", weight_kernel="measured", fused_prologue="measured"),
 }
 
 

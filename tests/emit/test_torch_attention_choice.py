@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from softsyn.emit.torch_attention_choice import FORMS, MEASURED_FORM, AttentionShape, choose_attention, decode_shapes
+from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PROLOGUE, AttentionShape, Candidate,
+                                                  attention_timing, choose_attention, core_seconds, decode_shapes,
+                                                  module_chain)
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_step import ATTENTIONS
 from softsyn.library.torch_targets import TORCH_TARGETS
@@ -38,13 +40,13 @@ def test_the_form_with_the_least_summed_time_wins_and_the_log_gives_every_time()
     table = {("matmul", short): 9e-6, ("matmul", long): 19e-6, ("softsyn", short): 10e-6, ("softsyn", long): 8e-6}
     asked = []
 
-    def timer(form, shape, dtype, device):
-        asked.append((form, shape))
-        assert dtype == torch.float16 and device == "cuda"
-        return table[form, shape]
+    def timer(candidate, shape, dtype, device):
+        asked.append((candidate.form, shape))
+        assert dtype == torch.float16 and device == "cuda" and not candidate.prologue
+        return table[candidate.form, shape]
 
     chosen, lines = choose_attention([short, long], torch.float16, "cuda", timer)
-    assert chosen == "softsyn" and asked == [(f, s) for f in FORMS for s in (short, long)]
+    assert chosen == Candidate("softsyn") and asked == [(f, s) for f in FORMS for s in (short, long)]
     assert lines[0] == "decode attention: softsyn (the fastest of matmul, softsyn)"
     assert lines[1] == (f"decode attention matmul: 9.0 us a layer at batch 1, 16/8 heads of 128, span 768, 19.0 us a "
                         f"layer at batch 1, 16/8 heads of 128, span 4160 ({CALLS} calls a CUDA graph, measured)")
@@ -54,23 +56,88 @@ def test_the_form_with_the_least_summed_time_wins_and_the_log_gives_every_time()
 def test_a_form_that_fails_loses_a_tie_goes_to_the_first_and_nothing_is_timed_off_cuda():
     shape = AttentionShape(1, 2, 1, 64, 256)
 
-    def broken(form, shape, dtype, device):
-        if form == "softsyn":
+    def broken(candidate, shape, dtype, device):
+        if candidate.form == "softsyn":
             raise RuntimeError("Failed to run autotuning code block\nsecond line")
         return 5e-6
 
     chosen, lines = choose_attention([shape], torch.float16, "cuda", broken)
-    assert chosen == "matmul"
+    assert chosen == Candidate("matmul")
     assert lines[-1] == ("decode attention softsyn: did not run (RuntimeError: Failed to run autotuning code block)")
-    assert choose_attention([shape], torch.float16, "cuda", lambda *a: 3e-6)[0] == FORMS[0]
+    assert choose_attention([shape], torch.float16, "cuda", lambda *a: 3e-6)[0] == Candidate(FORMS[0])
 
     def never(*args):
         raise AssertionError("timed off CUDA")
 
     assert choose_attention([shape], torch.float32, "cpu", never) == (
-        "matmul", ["decode attention not measured (no CUDA device): matmul"])
+        Candidate("matmul"), ["decode attention not measured (no CUDA device): matmul"])
     assert choose_attention([], torch.float16, "cuda", never) == (
-        "matmul", ["decode attention not measured (no decode path group): matmul"])
+        Candidate("matmul"), ["decode attention not measured (no decode path group): matmul"])
+
+
+def test_the_fused_prologue_is_a_candidate_that_wins_only_when_faster():
+    """With the prologue a candidate, it is chosen where its chains sum least and named in the log; a tie goes to the
+    earlier candidate (softsyn's form without it)."""
+    shape = AttentionShape(1, 16, 8, 128, 768)
+    times = {Candidate("matmul"): 30e-6, Candidate("softsyn"): 28e-6, PROLOGUE: 24e-6}
+    candidates = PLAIN + (PROLOGUE,)
+    chosen, lines = choose_attention([shape], torch.float16, "cuda", lambda c, *a: times[c], candidates)
+    assert chosen == PROLOGUE and chosen.form == "softsyn"
+    assert lines[0] == ("decode attention: softsyn + fused prologue (the fastest of matmul, softsyn, softsyn + fused "
+                        "prologue)")
+    assert lines[3].startswith("decode attention softsyn + fused prologue: 24.0 us a layer at batch 1")
+    times[PROLOGUE] = 28e-6
+    assert choose_attention([shape], torch.float16, "cuda", lambda c, *a: times[c],
+                            candidates)[0] == Candidate("softsyn")
+
+    def failing(*args):
+        raise RuntimeError("dynamo could not trace the module")
+
+    chosen, lines = choose_attention([shape], torch.float16, "cuda", failing, candidates,
+                                     fallback=lambda c, *a: times[c])
+    assert chosen == Candidate("softsyn") and len(lines) == 7  # the three that failed, then PLAIN's two, timed again
+    assert lines[4] == "decode attention: no candidate ran; each form's attention function timed instead"
+
+
+def _packed_tiny():
+    from softsyn.emit.torch_step import cast_parameters, pack_projections
+    from softsyn.frontends import source_torch_model
+
+    model = source_torch_model("zoo:qwen3-tiny").eval()
+    cast_parameters(model, torch.float32)
+    pack_projections(model)
+    return model
+
+
+def test_each_candidate_s_module_chain_computes_the_same_steps():
+    """What the choice times: a layer's attention module over a chain of caches, in each form and with the fused
+    prologue, gives the same outputs and writes the same keys and values (the chains run eagerly on the CPU here;
+    compiled and captured as a CUDA graph on the device)."""
+    model = _packed_tiny()
+    timer, candidates, timed = attention_timing(model, prologue=True)
+    assert candidates == PLAIN + (PROLOGUE,) and timed == "a layer's attention module" and timer is not core_seconds
+    assert attention_timing(model, prologue=False)[1] == PLAIN
+    module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb
+    kv, dim = model.config.num_key_value_heads, model.config.head_dim
+    shape = AttentionShape(2, model.config.num_attention_heads, kv, dim, span=12, length=16)
+    results = []
+    for candidate in candidates:
+        torch.manual_seed(0)
+        caches = [torch.randn(2, 2, kv, 16, dim) for _ in range(3)]
+        start = torch.stack(caches).clone()
+        before = module.config._attn_implementation
+        module.config._attn_implementation = ATTENTIONS[candidate.form][0]
+        try:
+            with torch.no_grad():
+                outs = module_chain(module, rotary, candidate, shape, caches, calls=4, compiled=False)()
+        finally:
+            module.config._attn_implementation = before
+        results.append((torch.stack(outs), torch.stack(caches)))
+    for outs, caches in results[1:]:
+        torch.testing.assert_close(outs, results[0][0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(caches, results[0][1], rtol=1e-5, atol=1e-5)
+    written = results[0][1] != start  # the same seed: every candidate started from these caches
+    assert written[:, :, :, :, 10].all() and not written[:, :, :, :, :10].any() and not written[:, :, :, :, 11:].any()
 
 
 def test_every_torch_target_names_a_form_or_the_measured_choice():
@@ -78,6 +145,9 @@ def test_every_torch_target_names_a_form_or_the_measured_choice():
         assert target.attention in ATTENTIONS or target.attention == MEASURED_FORM, target.name
         assert target.prefill_attention in (None, *ATTENTIONS), target.name
     assert TORCH_TARGETS["h200-torch"].attention == MEASURED_FORM
+    for target in TORCH_TARGETS.values():  # the prologue is measured as a candidate of the measured attention only
+        assert target.fused_prologue in ("off", "on", "measured"), target.name
+        assert target.fused_prologue != "measured" or target.attention == MEASURED_FORM, target.name
 
 
 def test_a_measured_form_aotinductor_cannot_package_is_built_again_in_the_matmul_form(capsys):

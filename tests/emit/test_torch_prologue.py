@@ -90,12 +90,20 @@ def test_a_layer_the_kernels_cannot_take_is_kept_with_why():
 
 
 @pytest.mark.parametrize("form", ["softsyn", "matmul"])
-def test_the_setting_is_off_everywhere_and_fuses_only_with_softsyn_s_decode_attention(form):
-    assert not any(target.fused_prologue for target in TORCH_TARGETS.values())  # unmeasured: off
+def test_the_setting_fuses_only_with_softsyn_s_decode_attention_and_measured_only_when_chosen(form):
+    """off: nothing; measured: fused only where the attention choice chose the prologue; on: fused; any of them
+    only with softsyn's decode attention (the kernel writes q in its layout)."""
     target = TORCH_TARGETS["h200-torch"]
+    assert target.fused_prologue == "measured" and TORCH_TARGETS["cpu-torch"].fused_prologue == "off"
     model = packed_model()
-    assert prologues_for(target, form, model) == []
-    notes = prologues_for(dataclasses.replace(target, fused_prologue=True), form, model)
+    assert prologues_for(dataclasses.replace(target, fused_prologue="off"), form, model) == []
+    kept = prologues_for(target, form, model, chosen=False)
+    assert not any(isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers)
+    if form == "softsyn":
+        assert kept == ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
+        chosen = prologues_for(target, form, packed_model(), chosen=True)
+        assert len(chosen) == 1 and chosen[0].endswith("(softsyn::attention_prologue; fused_prologue, measured faster)")
+    notes = prologues_for(dataclasses.replace(target, fused_prologue="on"), form, model)
     fused = [isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers]
     if form == "softsyn":
         assert len(notes) == 1 and notes[0].startswith("2 attentions: q/k norm, rotary, cache write") and all(fused)
