@@ -13,7 +13,8 @@ into `keys`) and value (as is, into `values`). Each walks the step's rows (batch
 fp32, each row's D values as two halves (rotate_half pairs element i with i + D / 2), and rounds once to the output's
 dtype. The grid is static, (H + Hkv,): batch and positions are loop bounds, never grid dims, since torch 2.11's
 AOTInductor failed to autotune a kernel whose grid named a dynamic size (softsyn.emit.triton_attention says where).
-Unmeasured on a GPU (2026-12-06): the torch target uses it only where `fused_prologue` says so (off everywhere).
+The torch target uses it only where `fused_prologue` says so: h200-torch times it against the unfused forms in its
+measured attention choice (softsyn.emit.torch_attention_choice), and builds it only where it is faster.
 """
 from __future__ import annotations
 
