@@ -122,7 +122,9 @@ def module_chain(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Ca
     """A chain of `calls` one-position steps of the attention `module` (the prologue fused where `candidate` says)
     as the package runs them: call i writes its key and value into caches[i % len(caches)] (whole [2, B, Hkv,
     length, D] caches) at slot span - 2 and attends over their first `span` slots; compiled with dynamic shapes
-    unless not `compiled`. The caller sets the attention implementation to `candidate.form`'s while it runs."""
+    unless not `compiled`. The caller sets the attention implementation to `candidate.form`'s while it runs. Every
+    call runs the one module, so its projections read their weights from the L2 cache where they fit: the same for
+    every candidate, which differ in what runs between the projections."""
     chosen = fused_form(module) if candidate.prologue else module
     like = caches[0]
     where = torch.tensor([shape.span - 2], device=like.device)
