@@ -20,7 +20,7 @@ form) is one more candidate, timed against the others the same way, where the ta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -158,16 +158,25 @@ def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
     return seconds
 
 
-def attention_timing(model: torch.nn.Module, prologue: bool) -> tuple[Timer, tuple[Candidate, ...], str]:
-    """(the timer, the candidates, what is timed) for `model`'s decode attention choice: its first packed-QKV
-    attention module's chains, the fused prologue a candidate where `prologue` asks and the kernels take that
-    module; the attention function's chains where no such module is found."""
+class Timing(NamedTuple):
+    """How a model's decode attention choice is timed (attention_timing)."""
+    timer: Timer
+    candidates: tuple[Candidate, ...]
+    what: str  # what a chain call runs, for the log
+    fallback: Timer | None  # times PLAIN's forms where no candidate ran (None: nothing else to try)
+
+
+def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
+    """How `model`'s decode attention choice is timed: its first packed-QKV attention module's chains, the fused
+    prologue a candidate where `prologue` asks and the kernels take that module, the attention function's chains
+    where none of those runs; the function's chains alone where no such module is found."""
     module = next((m for m in model.modules() if packed_qkv(m) is not None), None)
     rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
     if module is None or rotary is None:
-        return core_seconds, PLAIN, "the attention function"
+        return Timing(core_seconds, PLAIN, "the attention function", None)
     offered = prologue and unfusable(module, packed_qkv(module)) is None
-    return module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module"
+    return Timing(module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module",
+                  core_seconds)
 
 
 def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: str, timer: Timer = core_seconds,
@@ -208,12 +217,3 @@ def timed_chains(shapes, dtype, device, timer: Timer, candidates) -> tuple[dict[
             f"{fmt_time(t, 'us', 1)} a layer at {shape.label()}" for t, shape in zip(times, shapes))
             + f" ({CALLS} calls a CUDA graph, measured)")
     return totals, lines
-
-
-def measured_attention(model: torch.nn.Module, shapes: list[AttentionShape], dtype: torch.dtype, device: str,
-                       prologue: bool) -> tuple[Candidate, list[str]]:
-    """The decode attention of `model` chosen by its attention module's chains (attention_timing); where none of
-    those runs on the device, by the attention function's chains, saying so."""
-    timer, candidates, _ = attention_timing(model, prologue)
-    return choose_attention(shapes, dtype, device, timer, candidates,
-                            fallback=None if timer is core_seconds else core_seconds)

@@ -24,8 +24,8 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, attention_timing, decode_shapes,
-                                                 measured_attention)
+from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, attention_timing, choose_attention,
+                                                 decode_shapes)
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_prologue import prologues_for
@@ -240,13 +240,13 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     analysis = design.analyze()
     attention, prologue = target.attention, False
     if attention == MEASURED_FORM:
-        prologue = target.fused_prologue == "measured"
-        _, candidates, timed = attention_timing(model, prologue)
-        with progress.step(f"emit: decode attention timed on the device ({timed}: "
-                           f"{', '.join(c.label for c in candidates)})",
+        timing = attention_timing(model, target.fused_prologue == "measured")
+        with progress.step(f"emit: decode attention timed on the device ({timing.what}: "
+                           f"{', '.join(c.label for c in timing.candidates)})",
                            enabled=design.progress, done="emit: decode attention chosen"):
-            chosen, lines = measured_attention(model, decode_shapes(analysis.groups, model.config, cfg_max),
-                                               getattr(torch, target.dtype), target.device, prologue)
+            chosen, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
+                                             getattr(torch, target.dtype), target.device, timing.timer,
+                                             timing.candidates, timing.fallback)
         attention, prologue = chosen.form, chosen.prologue
         notes += [f"target {design.torch_target}: {line}" for line in lines]
     quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue))

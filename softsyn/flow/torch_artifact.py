@@ -58,7 +58,7 @@ def _reference(settings: dict, cache_dir) -> tuple[Path, Netlist]:
     return ref_path, reference
 
 
-def last_logits(settings: dict) -> bool:
+def declares_last_logits(settings: dict) -> bool:
     """Whether runtime/torch.json declares logits of the last position only (outputs.logits [batch, 1, vocab]):
     verify then compares them with the reference's last position, as for an ONNX Runtime artifact."""
     outputs = settings.get("outputs")
@@ -102,7 +102,7 @@ def verify(directory: str | Path, seed: int = 0, cache_dir: str | Path | None = 
                                    f"(past + seq <= {step.max_length}, batch 1..{MAX_BATCH}); re-run softsyn compile")
             feeds = scenario_inputs(reference, dims, seed=seed)
             expected = dict(zip(names, session.run(None, feeds)))
-            if last_logits(settings):
+            if declares_last_logits(settings):
                 expected["logits"] = expected["logits"][:, -1:]
             past = [feeds[f"past_key_values.{i}.{k}"] for i in range(layers) for k in ("key", "value")]
             ids = feeds["input_ids"]

@@ -12,6 +12,7 @@ from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PR
                                                   attention_timing, choose_attention, core_seconds, decode_shapes,
                                                   module_chain)
 from softsyn.emit.torch_kernel_choice import CALLS
+from softsyn.emit.torch_prologue import PROLOGUE_SETTINGS
 from softsyn.emit.torch_step import ATTENTIONS
 from softsyn.library.torch_targets import TORCH_TARGETS
 
@@ -114,9 +115,11 @@ def test_each_candidate_s_module_chain_computes_the_same_steps():
     prologue, gives the same outputs and writes the same keys and values (the chains run eagerly on the CPU here;
     compiled and captured as a CUDA graph on the device)."""
     model = _packed_tiny()
-    timer, candidates, timed = attention_timing(model, prologue=True)
-    assert candidates == PLAIN + (PROLOGUE,) and timed == "a layer's attention module" and timer is not core_seconds
-    assert attention_timing(model, prologue=False)[1] == PLAIN
+    timing = attention_timing(model, prologue=True)
+    candidates = timing.candidates
+    assert candidates == PLAIN + (PROLOGUE,) and timing.what == "a layer's attention module"
+    assert timing.timer is not core_seconds and timing.fallback is core_seconds
+    assert attention_timing(model, prologue=False).candidates == PLAIN
     module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb
     kv, dim = model.config.num_key_value_heads, model.config.head_dim
     shape = AttentionShape(2, model.config.num_attention_heads, kv, dim, span=12, length=16)
@@ -146,7 +149,7 @@ def test_every_torch_target_names_a_form_or_the_measured_choice():
         assert target.prefill_attention in (None, *ATTENTIONS), target.name
     assert TORCH_TARGETS["h200-torch"].attention == MEASURED_FORM
     for target in TORCH_TARGETS.values():  # the prologue is measured as a candidate of the measured attention only
-        assert target.fused_prologue in ("off", "on", "measured"), target.name
+        assert target.fused_prologue in PROLOGUE_SETTINGS, target.name
         assert target.fused_prologue != "measured" or target.attention == MEASURED_FORM, target.name
 
 
