@@ -28,6 +28,18 @@ def test_verify_met(tiny_torch_artifact, cache_dir):
     assert all(c["rel"] < 1e-4 and c["top1"] in (None, 1.0) for c in data["checks"])
 
 
+def test_the_package_returns_the_logits_the_netlist_returns(tiny_torch_artifact, tiny_cpu_artifact):
+    """kv_layout leaves the netlist (and the ORT artifact of the same design) with the last position's logits; the
+    torch package computes the same function, and torch.json says so (verify then compares the last position)."""
+    import onnx_ir as ir
+
+    from softsyn.runtime.decoder import decoder_io
+
+    settings = json.loads((tiny_torch_artifact / "runtime" / "torch.json").read_text())
+    assert settings["outputs"]["logits"][:2] == ["batch", 1]
+    assert decoder_io(ir.load(str(tiny_cpu_artifact / "model.onnx"))).last_logits
+
+
 def test_run_tokens_equal_the_ort_artifacts(tiny_torch_artifact, tiny_cpu_artifact):
     torch_run, ort_run = _run_json(tiny_torch_artifact), _run_json(tiny_cpu_artifact)
     assert len(torch_run["tokens"]) == 8
