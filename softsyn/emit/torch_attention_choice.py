@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache
 
 from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, graph_of, replay_seconds
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
-from softsyn.emit.torch_step import ATTENTIONS, BufferLayer
+from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation
 from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
@@ -147,13 +147,8 @@ def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
     """A Timer of `module`'s chains (module_chain) in each candidate, captured as one CUDA graph."""
     def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
         caches = cold_caches(shape, dtype, device, CALLS)
-        before = module.config._attn_implementation
-        module.config._attn_implementation = ATTENTIONS[candidate.form][0]
-        try:
-            with torch.no_grad():
-                graph = graph_of(module_chain(module, rotary, candidate, shape, caches))
-        finally:
-            module.config._attn_implementation = before
+        with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
+            graph = graph_of(module_chain(module, rotary, candidate, shape, caches))
         return replay_seconds(graph) / CALLS
     return seconds
 

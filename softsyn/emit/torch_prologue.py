@@ -21,7 +21,8 @@ import torch
 from transformers.cache_utils import Cache
 
 import softsyn.emit.triton_prologue  # noqa: F401 - registers softsyn::attention_prologue
-from softsyn.emit.torch_step import ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart
+from softsyn.emit.torch_step import (ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart,
+                                     attention_implementation)
 
 FUSED_FORM = ATTENTIONS["softsyn"][0]  # the attention implementation whose steps take the fused prologue
 CHECK_FORM = ATTENTIONS["matmul"][0]  # the original runs the check in the matmul form (a bool mask, plain torch)
@@ -140,14 +141,9 @@ def run_once(module: torch.nn.Module, form: str, case: CheckInput) -> tuple[torc
     keys, values = case.cache.clone()
     layer = BufferLayer(keys, values, case.where, CHECK_SLOTS)
     cache = Cache(layers=[layer] * (module.layer_idx + 1))
-    before = module.config._attn_implementation
-    module.config._attn_implementation = form
-    try:
-        with torch.no_grad():
-            out = module(hidden_states=case.x, position_embeddings=(case.cos, case.sin), attention_mask=case.mask,
-                         position_ids=case.where.expand(2, CHECK_SEQ), cache=cache, use_cache=True)[0]
-    finally:
-        module.config._attn_implementation = before
+    with attention_implementation(module, form), torch.no_grad():
+        out = module(hidden_states=case.x, position_embeddings=(case.cos, case.sin), attention_mask=case.mask,
+                     position_ids=case.where.expand(2, CHECK_SEQ), cache=cache, use_cache=True)[0]
     return out.float(), torch.stack([keys, values]).float()
 
 

@@ -11,6 +11,7 @@ activation in the epilogue (GatedMLP, fuse_gated_mlps). Sliding-window layers
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -149,6 +150,18 @@ ATTENTIONS = {"sdpa": ("softsyn_grouped", grouped_attention), "matmul": ("softsy
               "softsyn": ("softsyn_decode", softsyn_attention)}
 for _name, _function in ATTENTIONS.values():
     AttentionInterface.register(_name, _function)
+
+
+@contextlib.contextmanager
+def attention_implementation(module: torch.nn.Module, name: str):
+    """`module` runs attention implementation `name` (an ATTENTIONS entry's registered name) inside the block, its
+    config's own restored after: a check or a timing of one module leaves the model as the lowering set it."""
+    before = module.config._attn_implementation
+    module.config._attn_implementation = name
+    try:
+        yield
+    finally:
+        module.config._attn_implementation = before
 
 
 class PackedLinear(torch.nn.Module):

@@ -13,7 +13,7 @@ from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PR
                                                   module_chain)
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_prologue import PROLOGUE_SETTINGS
-from softsyn.emit.torch_step import ATTENTIONS
+from softsyn.emit.torch_step import ATTENTIONS, attention_implementation
 from softsyn.library.torch_targets import TORCH_TARGETS
 
 
@@ -128,13 +128,8 @@ def test_each_candidate_s_module_chain_computes_the_same_steps():
         torch.manual_seed(0)
         caches = [torch.randn(2, 2, kv, 16, dim) for _ in range(3)]
         start = torch.stack(caches).clone()
-        before = module.config._attn_implementation
-        module.config._attn_implementation = ATTENTIONS[candidate.form][0]
-        try:
-            with torch.no_grad():
-                outs = module_chain(module, rotary, candidate, shape, caches, calls=4, compiled=False)()
-        finally:
-            module.config._attn_implementation = before
+        with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
+            outs = module_chain(module, rotary, candidate, shape, caches, calls=4, compiled=False)()
         results.append((torch.stack(outs), torch.stack(caches)))
     for outs, caches in results[1:]:
         torch.testing.assert_close(outs, results[0][0], rtol=1e-4, atol=1e-4)
