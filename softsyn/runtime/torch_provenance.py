@@ -10,6 +10,12 @@ kind beside the ORT library's estimate of the netlist cells of that kind.
 An extern call (a cuBLAS matmul, a fused attention op) launches kernels whose names Inductor never sees; they are
 matched by order: each takes the next extern call of the step. A kernel no call accounts for stays unattributed and
 is reported as such.
+
+A call Inductor did not generate runs one op, but its provenance is its IR node's `origins`, which for a user-defined
+Triton kernel (softsyn::weight_matmul's GEMV, softsyn::decode_attention's) also hold the nodes that computed its
+inputs: the RMSNorm's 8 nodes outnumbered the GEMV's one, and qwen3-1.7b int4's signoff (H100, 2026-12-07) gave
+the q/k/v and gated GEMVs to the norms and lm_head's to model.norm. So such a call keeps only the nodes of the op it
+runs (own_op) where any is among them.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ STEP_ROOT = "m"  # StaticStep holds the source model as `m`
 UNATTRIBUTED = "(unattributed)"
 GENERATED = ("triton_", "cpp_fused")  # Inductor's own kernels' names: one not in the map is no call's
 COPIES = ("Memcpy", "Memset")  # the profiler's names for copies and fills: the runner's, not the package's kernels
+BUILTIN_OPS = ("aten", "prims")  # the namespaces of the ops Inductor lowers itself; any other op is a call of its own
+WRAPPERS = ("triton_kernel_wrapper", "auto_functionalized")  # the graph's forms of a user kernel or a custom op's call
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,9 @@ def module_kind(path: str) -> str:
 
 def kernel_calls(package: Path, program) -> list[KernelCall]:
     """The package's kernel calls in wrapper order ("name:N", N the call's index) with the modules of the exported
-    `program`'s nodes each was generated from; [] when the package holds no provenance it can read (compiled without
-    PROVENANCE_CONFIG, or by a torch whose file differs): the map is a diagnostic, never a reason to fail a compile."""
+    `program`'s nodes each was generated from, a call Inductor did not generate with only its own op's nodes where it
+    names any (own_op); [] when the package holds no provenance it can read (compiled without PROVENANCE_CONFIG, or by
+    a torch whose file differs): the map is a diagnostic, never a reason to fail a compile."""
     try:
         with zipfile.ZipFile(package) as archive:
             names = [n for n in archive.namelist() if n.endswith("kernel_information.json")]
@@ -87,16 +96,31 @@ def kernel_calls(package: Path, program) -> list[KernelCall]:
     nodes = {node.name: node for node in program.graph.nodes}
     calls = []
     for key, entry in sorted(info.items(), key=lambda kv: _call_index(kv[0])):
+        kernel = key.rsplit(":", 1)[0]
+        found = [nodes[n] for n in (entry.get("pre_grad_nodes", []) if isinstance(entry, dict) else []) if n in nodes]
+        if not kernel.startswith(GENERATED):  # one op's call: its inputs' producers are no part of it
+            found = [n for n in found if own_op(getattr(n, "target", None))] or found
         modules: dict[str, int] = {}
-        for name in entry.get("pre_grad_nodes", []) if isinstance(entry, dict) else []:
-            stack = getattr(nodes.get(name), "meta", {}).get("nn_module_stack") or {}
+        for node in found:
+            stack = getattr(node, "meta", {}).get("nn_module_stack") or {}
             if stack:
                 path = list(stack.values())[-1][0]
                 path = "" if path == STEP_ROOT else path.removeprefix(f"{STEP_ROOT}.")
                 if path:
                     modules[path] = modules.get(path, 0) + 1
-        calls.append(KernelCall(key.rsplit(":", 1)[0], tuple(modules), tuple(modules.values())))
+        calls.append(KernelCall(kernel, tuple(modules), tuple(modules.values())))
     return calls
+
+
+def own_op(target) -> bool:
+    """Whether a graph node's target is an op Inductor calls rather than lowers: a custom op (softsyn::weight_matmul,
+    any torch.library op outside ATen), a user-defined Triton kernel's wrapper, a custom op functionalised. An
+    ATen extern call keeps all its nodes: Inductor names its op's node alone where it knows it (`origin_node`: every
+    matmul of qwen3-tiny's map), and no rule tells which of several ATen nodes is the op."""
+    namespace = getattr(target, "namespace", None)
+    if namespace == "higher_order":
+        return getattr(target, "__name__", "").startswith(WRAPPERS)
+    return isinstance(namespace, str) and namespace not in BUILTIN_OPS
 
 
 def _call_index(key: str) -> int:

@@ -1,8 +1,12 @@
 """The provenance map of a torch package (softsyn.runtime.torch_provenance): every kernel call of the compiled step
 named with the source modules it computes, and a profiled run's kernels attributed to those calls."""
 import json
+import zipfile
+from types import SimpleNamespace
 
-from softsyn.runtime.torch_provenance import (KERNELS_FILE, KernelCall, attribute, module_kind, read_calls)
+from softsyn.runtime.torch_macros import call_instance
+from softsyn.runtime.torch_provenance import (KERNELS_FILE, KernelCall, attribute, kernel_calls, module_kind,
+                                              read_calls)
 
 
 def test_the_compile_maps_every_projection_call_to_its_module(tiny_torch_artifact):
@@ -29,6 +33,68 @@ def test_module_kinds_drop_the_layer_index_as_the_netlist_scopes_read():
     # a kernel fusing a layer's residual add into the next norm reads as that norm; the add alone as the layer's
     fused = KernelCall("triton_0", ("model.layers.0", "model.layers.1.input_layernorm", "model.layers.0.mlp.down_proj"))
     assert fused.kind == "input_layernorm+mlp" and KernelCall("triton_1", ("model.layers.2",)).kind == "layer"
+
+
+def _graph_node(name, target, module):
+    return SimpleNamespace(name=name, target=target, meta={"nn_module_stack": {"m": ("m", "StaticStep"), module:
+                                                                                (f"m.{module}", "Module")}})
+
+
+def test_a_user_kernel_call_is_its_op_s_module_not_its_inputs_producers(tmp_path):
+    """Inductor's provenance of a user-defined Triton kernel is its IR node's origins, which hold the nodes that
+    computed its inputs: on the H100 (qwen3-1.7b int4, 2026-12-07) the q/k/v GEMV named its op's 1 node beside
+    input_layernorm's 8 and read as that norm, the gated GEMV as post_attention_layernorm, the decode attention named
+    every layer's self_attn. A call Inductor did not generate keeps its own op's nodes (a custom op; a user kernel's
+    wrapper); one without (an ATen extern call) and Inductor's own kernels keep them all."""
+    import torch
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
+
+    from softsyn.emit import triton_attention, triton_weights  # noqa: F401 - registers softsyn's ops
+
+    aten, softsyn = torch.ops.aten, torch.ops.softsyn
+    norm = [(f"norm_{i}", op, "model.layers.2.input_layernorm")
+            for i, op in enumerate([aten.to.dtype, aten.pow.Tensor_Scalar, aten.mean.dim, aten.add.Tensor,
+                                    aten.rsqrt.default, aten.mul.Tensor, aten.to.dtype, aten.mul.Tensor])]
+    post = [(f"post_{i}", aten.mul.Tensor, "model.layers.2.post_attention_layernorm") for i in range(8)]
+    graph = [("add_1", aten.add.Tensor, "model.layers.1"), *norm, *post,
+             ("weight_matmul", softsyn.weight_matmul.default, "model.layers.2.self_attn.packed_q_k_v.linear"),
+             ("rope", aten.cos.default, "model.rotary_emb"), ("mask", aten.le.Tensor, "model.layers.0.self_attn"),
+             ("decode_attention", softsyn.decode_attention.default, "model.layers.2.self_attn"),
+             ("gated", softsyn.gated_weight_matmul.default, "model.layers.2.mlp"),
+             ("wrapped", triton_kernel_wrapper_functional, "lm_head"),
+             ("linear", aten.linear.default, "model.layers.2.mlp.down_proj"),
+             ("sdpa", aten.scaled_dot_product_attention.default, "model.layers.2.self_attn")]
+    program = SimpleNamespace(graph=SimpleNamespace(nodes=[_graph_node(*n) for n in graph]))
+    names = [n for n, _, _ in norm]
+    info = {"triton_red_fused_mean_mul_0:1": names + ["add_1", "weight_matmul"],
+            "weight_matmul_kernel_0:2": ["weight_matmul", *names, "add_1"],
+            "attend_kernel_1:3": ["decode_attention", "rope", "mask", "norm_0"],
+            "weight_matmul_kernel_2:4": ["gated", *[n for n, _, _ in post], "gone_from_the_graph"],
+            "weight_matmul_kernel_3:5": ["wrapped", *names],
+            "aoti_torch_cuda_mm_out:6": ["linear"],
+            "aoti_torch_cuda__scaled_dot_product_flash_attention:7": ["sdpa", "rope", "mask"],
+            "user_kernel_4:8": ["norm_0", "add_1"]}
+    package = tmp_path / "model.pt2"
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.writestr("model/data/aotinductor/model/kernel_information.json",
+                         json.dumps({k: {"pre_grad_nodes": v, "post_grad_nodes": []} for k, v in info.items()}))
+    calls = kernel_calls(package, program)
+    assert [(c.modules, c.nodes) for c in calls] == [
+        (("model.layers.2.input_layernorm", "model.layers.1", "model.layers.2.self_attn.packed_q_k_v.linear"),
+         (8, 1, 1)),
+        (("model.layers.2.self_attn.packed_q_k_v.linear",), (1,)),
+        (("model.layers.2.self_attn",), (1,)),
+        (("model.layers.2.mlp",), (1,)),
+        (("lm_head",), (1,)),
+        (("model.layers.2.mlp.down_proj",), (1,)),
+        (("model.layers.2.self_attn", "model.rotary_emb", "model.layers.0.self_attn"), (1, 1, 1)),
+        (("model.layers.2.input_layernorm", "model.layers.1"), (1, 1))]
+    assert [c.kind for c in calls] == ["input_layernorm", "self_attn", "self_attn", "mlp", "lm_head", "mlp",
+                                       "self_attn", "input_layernorm"]
+    # the macro cells read the same map: each GEMV is its op's instance, the norm kernel the norm's
+    assert [call_instance(c)[0] for c in calls[:5]] == [
+        "model.layers.2.input_layernorm", "model.layers.2.self_attn", "model.layers.2.self_attn", "model.layers.2.mlp",
+        "lm_head"]
 
 
 def test_profiled_kernels_go_to_the_calls_they_belong_to():
