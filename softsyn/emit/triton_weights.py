@@ -37,6 +37,7 @@ import os
 from typing import NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from softsyn.emit.triton_words import word_dots  # ASM's inline PTX (None without Triton)
 
@@ -376,7 +377,8 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
 def misaligned(flat: torch.Tensor) -> bool:
     """Whether `flat` starts off an 8-byte boundary; never while tracing (export's fakes have no address, and the
     compiled program's buffers are aligned: Inductor specialises Triton kernels on 16-byte ones)."""
-    return not torch.compiler.is_compiling() and flat.data_ptr() % 8 != 0
+    # torch.compile runs a triton_op's body on fake tensors outside is_compiling, where data_ptr raises (torch 2.11)
+    return not torch.compiler.is_compiling() and not is_fake(flat) and flat.data_ptr() % 8 != 0
 
 
 def silu_gated(y: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from softsyn.emit.triton_weights import FP8_MAX, GROUPS, QuantLinear, dequantise, group_for, quantise, use_prompt_form
+from softsyn.emit.triton_weights import (FP8_MAX, GROUPS, QuantLinear, dequantise, group_for, misaligned, quantise,
+                                        use_prompt_form)
 from helpers import in_triton_interpreter
 
 
@@ -370,3 +372,16 @@ def test_every_tuned_config_names_each_constexpr_launch_leaves_to_it():
     for config in (*triton_weights.INT4_CONFIGS, *triton_weights.BYTE_CONFIGS, *triton_weights.CONFIGS):
         assert set(config.kwargs) == constexprs - {"GROUP", "BYTE_CODES", "GATED"}, config
     assert all(c.kwargs["ASM"] and c.kwargs["F16"] for c in triton_weights.INT4_CONFIGS)
+
+
+def test_an_activation_without_an_address_is_never_taken_for_misaligned():
+    """torch.compile runs a triton_op's body on fake tensors outside is_compiling (torch 2.11 on the H100, 2026-12-07:
+    every module chain of the measured attention choice failed with "Cannot access data pointer of Tensor" on an int4
+    projection): the alignment check must not ask a fake for its address."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns where it does not raise: "Accessing the data pointer of FakeTensor"
+        assert misaligned(torch.empty(4, 64, dtype=torch.float16)) is False
+    x = torch.zeros(65, dtype=torch.float16)
+    assert misaligned(x[1:]) and not misaligned(x[:64])
