@@ -11,7 +11,8 @@ fourth version's int4 and fp8 beat cuBLAS fp16 at every qwen3-1.7b decode GEMV o
 with it, and int4 with it or tinygemm, whichever the compile measures faster per shape).
 
 Formats (`PackedWeights`), per group of `group` inputs, the group's scale (and int4's low) in the activations' dtype:
-- int4: round to nearest between the group's min and max, w ~ q * scale + low, q in 0..15. `packed` is uint8
+- int4: w ~ q * scale + low, q in 0..15, the group's scale and low the least-squares fit of its weights to codes
+  over a few candidate grids, the min-to-max grid among them (`fit_int4`: llama.cpp's k-quant search). `packed` is uint8
   [N, K / 2], K contiguous (a Linear's own order), so a program reads whole weight rows in 16-byte loads: in group
   g, byte g * group / 2 + i of a row holds input g * group + i in its low nibble and input g * group + group / 2 + i
   in its high nibble, so a group's two halves are the two nibbles of one dense run of group / 2 bytes, each
@@ -100,13 +101,47 @@ def quantise(weight: torch.Tensor, group: int, dtype: torch.dtype, precision: st
         codes = (codes.round() if precision == "int8" else codes).to(code_dtype)
         return PackedWeights(codes.reshape(out, width).contiguous(), scale[..., 0].contiguous().to(dtype),
                              torch.empty(0, dtype=dtype, device=weight.device), group)
-    low = w.amin(-1, keepdim=True).to(dtype).float()
-    scale = ((w.amax(-1, keepdim=True) - low) / LEVELS).clamp(min=1e-8).to(dtype).float()
-    codes = ((w - low) / scale).round().clamp(0, LEVELS).to(torch.uint8)
+    scale, low = fit_int4(w)
+    low = low.to(dtype).float()
+    scale = scale.clamp(min=1e-8).to(dtype).float()
+    codes = ((w - low) / scale).round().clamp(0, LEVELS).to(torch.uint8)  # nearest to the stored scale and low
     half = group // 2
     packed = codes[..., :half] | (codes[..., half:] << 4)  # [N, K / group, group / 2]
     return PackedWeights(packed.reshape(out, width // 2).contiguous(), scale[..., 0].contiguous().to(dtype),
                          low[..., 0].contiguous().to(dtype), group)
+
+
+FIT_STEPS = torch.linspace(-1.0, 1.0, 21).tolist()  # candidate grids: LEVELS + step codes span the group's range
+FIT_ELEMENTS = 1 << 25  # weights fitted at once (rows of a layer at a time: an lm_head's fp32 temporaries stay ~128 MB)
+
+
+def fit_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (scale, low) [N, groups, 1] for w [N, groups, group] (fp32): for each candidate grid (the group's
+    range cut into LEVELS + step steps from its min, FIT_STEPS), codes rounded on it, then the least-squares scale and
+    low for those codes; the fit of least squared error, the plain min-to-max grid (the old rule) among the candidates,
+    so no group fits worse. Why: min-to-max spends levels on the group's extremes; on qwen3-1.7b's seeded weights that
+    grid's int4 logits missed the 90 % budget at one scenario (rel err 0.93 on the H100, 2026-12-07)."""
+    scales, lows = [], []
+    rows = max(1, FIT_ELEMENTS // max(1, w[0].numel()))
+    for part in w.split(rows):
+        lo, hi = part.amin(-1, keepdim=True), part.amax(-1, keepdim=True)
+        span = (hi - lo).clamp(min=1e-12)
+        best_s, best_l = span / LEVELS, lo
+        best_err = ((((part - lo) / best_s).round().clamp(0, LEVELS) * best_s + lo - part) ** 2).sum(-1, keepdim=True)
+        n = part.shape[-1]
+        for step in FIT_STEPS:
+            q = ((part - lo) * ((LEVELS + step) / span)).round().clamp(0, LEVELS)
+            sq, sw = q.sum(-1, keepdim=True), part.sum(-1, keepdim=True)
+            det = n * (q * q).sum(-1, keepdim=True) - sq * sq
+            s = (n * (q * part).sum(-1, keepdim=True) - sq * sw) / det.clamp(min=1e-12)
+            low = (sw - s * sq) / n
+            err = ((q * s + low - part) ** 2).sum(-1, keepdim=True)
+            better = (err < best_err) & (det > 0) & (s > 0)
+            best_s, best_l, best_err = (torch.where(better, s, best_s), torch.where(better, low, best_l),
+                                        torch.where(better, err, best_err))
+        scales.append(best_s)
+        lows.append(best_l)
+    return torch.cat(scales), torch.cat(lows)
 
 
 def dequantise(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
