@@ -31,7 +31,7 @@ from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_prologue import prologues_for
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
-from softsyn.emit.triton_weights import use_prompt_form
+from softsyn.emit.triton_weights import QuantLinear, dequantised_bytes, hold_dequantised, use_prompt_form
 from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -115,17 +115,47 @@ class Built:
     weights_config: dict = field(default_factory=dict)  # inductor_configs on where its weights go
     program: object = None  # the exported step, kept while the prefill package may need recompiling with weights
     said: list = field(default_factory=list)  # notes on its weights' form (a fallback, and why)
+    resident: bool = False  # a prefill package holding its int4/fp8 layers' weights dequantised (prefill_residency)
 
 
-def planned(target, attention: str) -> list[Built]:
+def planned(target, attention: str, resident: bool = False) -> list[Built]:
     """The packages `target` builds: model.pt2 in `attention` (target.attention, or the measured choice); with a
-    prefill form, model-prefill.pt2 too."""
+    prefill form, model-prefill.pt2 too, reading model.pt2's weights, or holding its own where `resident`."""
     out = [Built(DECODE, TORCH_PACKAGE, attention, 1, KERNELS_FILE)]
     if target.prefill_attention:
         out[0].weights_config = WEIGHTS_BESIDE
         out.append(Built(PREFILL, TORCH_PREFILL_PACKAGE, target.prefill_attention, 2, PREFILL_KERNELS_FILE,
-                         constants=SHARED, weights_config=WEIGHTLESS))
+                         constants=OWN if resident else SHARED, weights_config=WEIGHTS_BESIDE if resident
+                         else WEIGHTLESS, resident=resident))
     return out
+
+
+def one_row_layers(model: torch.nn.Module, keep: bool) -> tuple[torch.nn.Module, ...]:
+    """The layers a prompt gives one row a sequence: the lm_head, where the step returns the last position only."""
+    return (model.get_output_embeddings(),) if keep else ()
+
+
+def prefill_residency(target, model: torch.nn.Module, area, keep: bool) -> tuple[bool, str | None]:
+    """Whether the prefill package holds its int4/fp8 layers' weights dequantised (target.prefill_weights "resident"),
+    and the compile-log line saying what it costs: the bytes it holds (the dequantised layers, and the rest of the
+    model's weights, a copy of model.pt2's) on top of the design's area (`area`, the analysis' AreaResult), admitted
+    when they fit area_constraint. None where the question does not arise (no prefill package, no such layer)."""
+    one_row = one_row_layers(model, keep)
+    dense = dequantised_bytes(model, one_row)
+    if not target.prefill_attention or target.prefill_weights != "resident" or not dense:
+        return False, None
+    skipped = {id(m) for m in one_row}
+    packed = sum(t.nbytes for m in model.modules() if isinstance(m, QuantLinear) and id(m) not in skipped
+                 for t in (m.packed, m.scales, m.lows))
+    unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
+    held = sum(unique.values()) - packed + dense
+    what = (f"{TORCH_PREFILL_PACKAGE} {{}} its int4/fp8 layers' weights dequantised ({dense / 1e9:.2f} GB at fp16; "
+            f"{held / 1e9:.2f} GB with a copy of the other weights, on top of the design's {area.total / 1e9:.2f} GB")
+    if area.limit is not None and area.total + held > area.limit:
+        return False, (what.format("does not hold") + f": over area_constraint {area.limit / 1e9:.2f} GB); it "
+                       "dequantises them from model.pt2's at every prompt")
+    limit = "no area_constraint" if area.limit is None else f"within area_constraint {area.limit / 1e9:.2f} GB"
+    return True, (what.format("holds") + f", {limit}): a prompt runs cuBLAS on them, no dequantise kernel")
 
 
 def build_package(design, holder: list, built: Built, folder: Path, last: bool) -> None:
@@ -138,7 +168,9 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     model.set_attn_implementation(ATTENTIONS[built.attention][0])
     keep = last_logits(design)
     # softsyn's int4/fp8 layers: dequantise + cuBLAS for a prompt, but an lm_head of one row keeps its kernel
-    use_prompt_form(model, built.key == PREFILL, one_row=(model.get_output_embeddings(),) if keep else ())
+    use_prompt_form(model, built.key == PREFILL, one_row=one_row_layers(model, keep))
+    if built.resident:  # the last package: the model's packed weights are model.pt2's, compiled already
+        hold_dequantised(model, one_row=one_row_layers(model, keep))
     serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
     t0 = time.perf_counter()
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "
@@ -174,7 +206,8 @@ def compile_package(design, program, built: Built, folder: Path) -> None:
             if not built.weights_config:
                 raise
             built.said.append(f"{built.file}: this torch cannot compile its weights "
-                              f"{'beside its program' if built.key == DECODE else 'out of it'} ({brief(exc)}); "
+                              f"{'out of it' if built.weights_config is WEIGHTLESS else 'beside its program'} "
+                              f"({brief(exc)}); "
                               "compiled with them inside")
             built.weights_config, built.constants = {}, OWN
             torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
@@ -250,7 +283,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
         attention, prologue = chosen.form, chosen.prologue
         notes += [f"target {design.torch_target}: {line}" for line in lines]
     quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue))
-    packages, holder = planned(target, attention), [model]
+    resident, said = prefill_residency(target, model, analysis.area, last_logits(design))
+    packages, holder = planned(target, attention, resident), [model]
+    if said:
+        packages[-1].said.append(said)
     del model
     try:
         build_packages(design, packages, holder, folder)

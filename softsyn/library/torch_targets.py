@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 DTYPE_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # torch dtype name -> softsyn's
+PREFILL_WEIGHTS = ("shared", "resident")  # TorchTarget.prefill_weights
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class TorchTarget:
     # cache write as one kernel (softsyn.emit.torch_prologue), since a decode step is bound by its kernel count:
     # "off", "on", or "measured" (one more candidate of the measured attention choice, timed as the others are:
     # softsyn.emit.torch_attention_choice; with attention "measured" only)
+    prefill_weights: str = "shared"  # with a prefill package and softsyn's int4/fp8 layers: "shared" (it reads
+    # model.pt2's packed weights and dequantises them at every prompt) or "resident" (it holds them dequantised, its
+    # own fp16 copy, where the area budget admits the bytes: softsyn.emit.torch_lowering.prefill_residency)
 
     @property
     def float_precision(self) -> str:
@@ -60,11 +64,14 @@ TORCH_TARGETS = {
     # decode attention measured at compile time: neither form wins everywhere (H100, 2026-12-06, 28 layers' caches:
     # matmul / softsyn's split kernels 10.9 / 11.7 us a layer at 768 slots, 20.8 / 18.7 at 4160); the fused prologue
     # measured with them: it packaged and computed the cache exactly (H200, 2026-12-06) but was never timed in a step
+    # prefill weights resident: dequantising int4 weights at every prompt took 1.447 of qwen3-1.7b's 6.072 ms prefill
+    # 512 (H100, 2026-12-07, bench/results/torch-int4-qwen3-1.7b-h100-2026-12-07-signoff.rpt)
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "measured", ("int8", "int4", "fp8"),
-                              prefill_attention="sdpa", weight_kernel="measured", fused_prologue="measured"),
+                              prefill_attention="sdpa", weight_kernel="measured", fused_prologue="measured",
+                              prefill_weights="resident"),
 }
 
 

@@ -360,3 +360,43 @@ def test_int4_cells_go_to_tinygemm_at_their_block_with_bf16_weights(monkeypatch)
     assert by_block[("Int8WeightOnlyConfig", None)] == (["model.layers.1.self_attn.o_proj"], {torch.float32})
     assert all(c.int4_packing_format == "tile_packed_to_4d" for c, _, _ in calls if hasattr(c, "int4_packing_format"))
     assert any("1 Linear layer int4 weight-only at block 64 (torchao Int4WeightOnlyConfig)" in n for n in notes)
+
+
+def test_a_prefill_package_holds_dequantised_weights_only_where_the_area_budget_admits_them():
+    """h200-torch's prefill_weights "resident": model-prefill.pt2 holds its int4/fp8 layers dequantised (its own weights,
+    beside its program) when the design's area plus what it holds fits area_constraint, and says what that costs;
+    over the budget, or with nothing quantised, or on a target that shares, it reads model.pt2's as before."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from softsyn.emit.torch_lowering import WEIGHTLESS, WEIGHTS_BESIDE, planned, prefill_residency
+    from softsyn.emit.torch_step import WeightCell, quantise_modules
+    from softsyn.library.torch_targets import PREFILL_WEIGHTS, TORCH_TARGETS
+    from softsyn.runtime.torch_weights import OWN, SHARED
+
+    assert all(t.prefill_weights in PREFILL_WEIGHTS for t in TORCH_TARGETS.values())
+    target = TORCH_TARGETS["h200-torch"]
+    model, _ = packed_tiny()
+    area = SimpleNamespace(total=1e6, limit=None)
+    assert prefill_residency(target, model, area, keep=True) == (False, None)  # nothing quantised
+    quantise_modules(model, {"model.layers.0.self_attn.o_proj": WeightCell("int4", 64),
+                             "lm_head": WeightCell("int4", 64)}, "fp32", ("int4",), "softsyn")
+    o_proj = model.model.layers[0].self_attn.o_proj
+    dense = o_proj.out_features * o_proj.in_features * 4
+    floats = sum(t.nbytes for name, t in model.state_dict().items() if name.endswith(("weight", "bias")))
+    resident, said = prefill_residency(target, model, area, keep=True)  # the lm_head keeps its kernel and buffers
+    held = dense + floats + sum(t.nbytes for t in (model.lm_head.packed, model.lm_head.scales, model.lm_head.lows))
+    assert resident and said.startswith(f"model-prefill.pt2 holds its int4/fp8 layers' weights dequantised "
+                                        f"({dense / 1e9:.2f} GB at fp16; {held / 1e9:.2f} GB with a copy")
+    assert "no area_constraint" in said
+    assert prefill_residency(target, model, SimpleNamespace(total=1e6, limit=1e6 + held), keep=True)[0]
+    resident, said = prefill_residency(target, model, SimpleNamespace(total=1e6, limit=1e6 + held - 1), keep=True)
+    assert not resident and "does not hold" in said and said.endswith("it dequantises them from model.pt2's at every "
+                                                                      "prompt")
+    assert prefill_residency(replace(target, prefill_weights="shared"), model, area, keep=True) == (False, None)
+    decode, prefill = planned(target, "matmul", resident=True)
+    assert (prefill.constants, prefill.weights_config, prefill.resident) == (OWN, WEIGHTS_BESIDE, True)
+    assert decode.weights_config == WEIGHTS_BESIDE
+    prefill = planned(target, "matmul")[1]
+    assert (prefill.constants, prefill.weights_config, prefill.resident) == (SHARED, WEIGHTLESS, False)
+    assert o_proj.dense is None and o_proj.packed.numel() > 0  # deciding leaves the model as it was

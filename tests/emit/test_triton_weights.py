@@ -357,6 +357,38 @@ def test_a_gated_mlp_runs_its_activation_in_the_gate_up_kernel_where_it_computes
     torch.testing.assert_close(exported_step(model)[1], before, rtol=1e-4, atol=1e-4)
 
 
+def test_held_dequantised_weights_compute_the_prompt_form_and_export_without_dequantising():
+    """hold_dequantised: a prefill package's int4/fp8 layers hold their dequantised weights (the prompt form's function,
+    dequantised once); their packed buffers are dropped, a one-row lm_head keeps its kernel and its buffers, and the
+    exported prefill step runs no dequantise (no shift of codes) where the prompt form ran one a layer."""
+    from tests.emit.test_torch_lowering import exported_step, packed_tiny
+
+    from softsyn.emit.torch_step import WeightCell, fuse_gated_mlps, quantise_modules
+    from softsyn.emit.triton_weights import dequantised_bytes, hold_dequantised
+
+    model, _ = packed_tiny()
+    cells = {f"model.layers.{i}.{part}": WeightCell(precision, 64) for i in (0, 1) for part, precision in
+             (("mlp.gate_proj", "int4"), ("mlp.up_proj", "int4"), ("mlp.down_proj", "fp8"), ("self_attn.o_proj", "int4"))}
+    cells["lm_head"] = WeightCell("int4", 64)
+    quantise_modules(model, cells, "fp32", ("int8", "int4", "fp8"), "softsyn")
+    fuse_gated_mlps(model)
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    head = model.get_output_embeddings()
+    assert len(layers) == 7 and layers[-1] is head
+    use_prompt_form(model, True, one_row=(head,))
+    program, before = exported_step(model)
+    assert sum("rshift" in str(node.target) for node in program.graph.nodes) == 4  # gate/up's and o's high nibbles
+    size = dequantised_bytes(model, one_row=(head,))
+    assert size == sum(m.out_features * m.in_features * 4 for m in layers[:-1])
+    assert hold_dequantised(model, one_row=(head,)) == size and dequantised_bytes(model, one_row=(head,)) == 0
+    assert all(m.packed.numel() == 0 and m.dense is not None and m.prompt_form for m in layers[:-1])
+    assert head.dense is None and head.packed.numel() > 0
+    program, got = exported_step(model)
+    torch.testing.assert_close(got, before, rtol=1e-5, atol=1e-5)
+    assert not any("rshift" in str(node.target) for node in program.graph.nodes)
+    assert sum("weight_matmul" in str(node.target) for node in program.graph.nodes) == 1  # the one-row head's kernel
+
+
 def test_the_kernels_string_constants_are_one_line_so_inductor_can_embed_them():
     """Inductor writes a wrapped kernel's constexpr globals by repr into a triple-quoted string (AOTInductor's
     autotuning block), where a newline escape becomes a newline and breaks the literal: the 2026-12-06 H100 package
