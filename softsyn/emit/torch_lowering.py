@@ -46,7 +46,7 @@ from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE
 from softsyn.runtime.torch_macros import MACROS_FILE
 from softsyn.runtime.torch_profile import record_config, strip_stack_traces
 from softsyn.runtime.torch_weights import OWN, SHARED
-from softsyn.units import fmt_time
+from softsyn.units import fmt_bytes, fmt_time
 
 MEASURED_RUNS = 10  # steps timed per path group (after 2 untimed): the median is written
 MEASURED = "torch package, measured"  # the label every measured number carries
@@ -149,13 +149,13 @@ def prefill_residency(target, model: torch.nn.Module, area, keep: bool) -> tuple
                  for t in (m.packed, m.scales, m.lows))
     unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
     held = sum(unique.values()) - packed + dense
-    what = (f"{TORCH_PREFILL_PACKAGE} {{}} its int4/fp8 layers' weights dequantised ({dense / 1e9:.2f} GB at fp16; "
-            f"{held / 1e9:.2f} GB with a copy of the other weights, on top of the design's {area.total / 1e9:.2f} GB")
+    what = (f"{TORCH_PREFILL_PACKAGE} {{}} its int4/fp8 layers' weights dequantised ({fmt_bytes(dense)}; "
+            f"{fmt_bytes(held)} with a copy of the other weights, on top of the design's {fmt_bytes(area.total)}")
     if area.limit is not None and area.total + held > area.limit:
-        return False, (what.format("does not hold") + f": over area_constraint {area.limit / 1e9:.2f} GB); it "
+        return False, (what.format("does not hold") + f": over area_constraint {fmt_bytes(area.limit)}); it "
                        "dequantises them from model.pt2's at every prompt")
-    limit = "no area_constraint" if area.limit is None else f"within area_constraint {area.limit / 1e9:.2f} GB"
-    return True, (what.format("holds") + f", {limit}): a prompt runs cuBLAS on them, no dequantise kernel")
+    limit = "no area_constraint" if area.limit is None else f"within area_constraint {fmt_bytes(area.limit)}"
+    return True, (what.format("holds") + f", {limit}): a prompt's matmuls read them as held, no dequantise kernel")
 
 
 def build_package(design, holder: list, built: Built, folder: Path, last: bool) -> None:

@@ -373,6 +373,7 @@ def test_a_prefill_package_holds_dequantised_weights_only_where_the_area_budget_
     from softsyn.emit.torch_step import WeightCell, quantise_modules
     from softsyn.library.torch_targets import PREFILL_WEIGHTS, TORCH_TARGETS
     from softsyn.runtime.torch_weights import OWN, SHARED
+    from softsyn.units import fmt_bytes
 
     assert all(t.prefill_weights in PREFILL_WEIGHTS for t in TORCH_TARGETS.values())
     target = TORCH_TARGETS["h200-torch"]
@@ -387,7 +388,7 @@ def test_a_prefill_package_holds_dequantised_weights_only_where_the_area_budget_
     resident, said = prefill_residency(target, model, area, keep=True)  # the lm_head keeps its kernel and buffers
     held = dense + floats + sum(t.nbytes for t in (model.lm_head.packed, model.lm_head.scales, model.lm_head.lows))
     assert resident and said.startswith(f"model-prefill.pt2 holds its int4/fp8 layers' weights dequantised "
-                                        f"({dense / 1e9:.2f} GB at fp16; {held / 1e9:.2f} GB with a copy")
+                                        f"({fmt_bytes(dense)}; {fmt_bytes(held)} with a copy")
     assert "no area_constraint" in said
     assert prefill_residency(target, model, SimpleNamespace(total=1e6, limit=1e6 + held), keep=True)[0]
     resident, said = prefill_residency(target, model, SimpleNamespace(total=1e6, limit=1e6 + held - 1), keep=True)
