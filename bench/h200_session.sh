@@ -67,7 +67,8 @@
 #   torchwait [MODEL] [S]  wait up to S seconds (580) more for torchbg's compile (same MODEL and TAG); when it has
 #                        ended, the `torch` step's results (log tail, packages, reports, kernels.json)
 #   torchsignoff DIR     softsyn signoff DIR --provider cuda on a `torch` step's artifact: per group measured vs the
-#                        estimate, the largest kernels per step
+#                        estimate, the largest kernels per step; then softsyn verify DIR (the package against the fp32
+#                        reference on the CPU, ~190 s at 1.7B; VERIFY=0 skips it); runs after torchonly (TORCH_ONLY=1)
 #   peerst DIR [MODEL]   compare_peers (fp16) with variant torch = DIR (a `torch` step's artifact) beside the compiled
 #                        ORT artifact and the builder's fp16 model, eager and as CUDA graphs; the kernels side by side;
 #                        BUILDER=int4: the builder's int4 model instead, VARIANTS=...: another variant list,
@@ -211,7 +212,7 @@ shift
 # the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
 case $step in
 wheels|part|install|torchonly|torchwait) ;;
-torchkernels|torch|torchbg|warm) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
+torchkernels|torch|torchbg|warm|torchsignoff) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
        "onnxruntime-gpu is not installed on this machine: run wheels, part x6 and install first, or torchonly $step"
        exit 2; } ;;
 *) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
@@ -363,6 +364,10 @@ torchsignoff)
     softsyn_install
     set +e  # a violated group exits 1: the report still comes back
     softsyn signoff "$1" --provider cuda 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/torch-signoff.rpt" | tail -60
+    if [ "${VERIFY:-1}" != 0 ]; then
+        softsyn verify "$1" 2>&1 | grep -v "No registered plugin EP" > "$OUT/torch-verify.txt"
+        echo "softsyn verify $1: exit ${PIPESTATUS[0]}"; grep -E "logits|VIOLATED|^MET" "$OUT/torch-verify.txt"
+    fi
     set -e ;;
 peerst)
     softsyn_install
