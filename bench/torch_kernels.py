@@ -36,7 +36,11 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
   layerchain (CUDA) a step's GEMVs layer after layer, 28 layers, fp16 cuBLAS and softsyn's int4, without and with an
              RMSNorm kernel between them, and what a near-empty kernel costs in such a graph (bench/layer_chain.py);
   prologue   (CUDA) whether AOTInductor packages softsyn's attention prologue, writes the cache in place and launches
-             no kernel beside it (bench/prologue_check.py; also under `package`).
+             no kernel beside it (bench/prologue_check.py; also under `package`);
+  modulechain (CUDA) what the compile's measured attention choice times (softsyn.emit.torch_attention_choice): one
+             qwen3-1.7b-wide decoder layer's attention module, its q/k/v int4 on softsyn's kernel, in each candidate
+             (matmul, softsyn, softsyn + fused prologue) at past 767 and 4159, each line printed as it is timed: whether
+             torch.compile traces the module there (it did not on 2026-12-07, H100: a fake tensor's address).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -395,6 +399,38 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     return forms
 
 
+def module_chain_lines(device: str, dtype) -> list[str]:
+    """The measured attention choice's module chains, one layer of qwen3-1.7b's widths (random weights, q/k/v int4 g128
+    on softsyn's kernel), each candidate at each span: a line per time or failure, printed as it ends."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from softsyn.emit.torch_attention_choice import AttentionShape, attention_timing
+    from softsyn.emit.torch_step import pack_projections
+    from softsyn.emit.triton_weights import replace_linears
+
+    config = Qwen3Config(hidden_size=HIDDEN, intermediate_size=MLP, num_attention_heads=HEADS, head_dim=HEAD_DIM,
+                         num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1024)
+    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    pack_projections(model)
+    attention = model.model.layers[0].self_attn
+    replace_linears(model, [attention.packed_q_k_v.linear], 128)
+    timing = attention_timing(model, prologue=True)
+    lines = []
+    for candidate in timing.candidates:
+        for span in (768, 4160):
+            shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
+            try:
+                seconds = timing.timer(candidate, shape, dtype, device)
+                line = f"module chain {candidate.label} at span {span}: {seconds * 1e6:.1f} us a layer"
+            except Exception as exc:  # noqa: BLE001 - what the compile's choice would log
+                line = failure_line(f"module chain {candidate.label} at span {span}", exc)
+            finally:
+                torch._dynamo.reset()
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
 def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cases: list[tuple], want) -> str:
     """Whether AOTInductor packages `module` (exported at `example` with `dynamic_shapes` `dims`) and the package
     gives `want(*args)` for every args of `cases`: one line, the relative error per case or the failure."""
@@ -593,6 +629,7 @@ def main() -> int:
         if line:
             print(line, flush=True)
             packaged.append(line)
+    packaged += module_chain_lines(args.device, dtype) if cuda and "modulechain" in parts else []
     rows = attention_rows(args.device, dtype) if "attention" in parts else []
     rows += projection_rows(args.device, dtype) if "projections" in parts else []
     rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []
