@@ -223,7 +223,8 @@ def build_packages(design, packages: list[Built], holder: list, folder: Path, bu
     once exported."""
     measured = torch_target(design.torch_target).attention == MEASURED_FORM
     for i, built in enumerate(packages):
-        if built.key == PREFILL and packages[0].weights_config != WEIGHTS_BESIDE:  # no blob in model.pt2 to read
+        # no blob in model.pt2 to read (a resident prefill holds its own already, beside its program)
+        if built.key == PREFILL and not built.resident and packages[0].weights_config != WEIGHTS_BESIDE:
             built.constants, built.weights_config = OWN, {}
             built.said.append(f"{built.file} holds its own weights: {packages[0].file} has them inside its .so")
         try:

@@ -401,3 +401,26 @@ def test_a_prefill_package_holds_dequantised_weights_only_where_the_area_budget_
     prefill = planned(target, "matmul")[1]
     assert (prefill.constants, prefill.weights_config, prefill.resident) == (SHARED, WEIGHTLESS, False)
     assert o_proj.dense is None and o_proj.packed.numel() > 0  # deciding leaves the model as it was
+
+
+def test_a_resident_prefill_keeps_its_weights_beside_its_program_when_model_pt2_holds_them_inside():
+    """Where this torch made model.pt2 hold its weights inside its .so (no blob to share), a shared prefill package
+    takes its own inside too; a resident one already holds its own, beside its program (a multi-GB .so of weights is
+    what WEIGHTS_BESIDE avoids), and keeps them there."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from softsyn.emit.torch_lowering import WEIGHTS_BESIDE, build_packages, planned
+    from softsyn.library.torch_targets import TORCH_TARGETS
+    from softsyn.runtime.torch_weights import OWN
+
+    def build(design, holder, built, folder, last):
+        if built.key == "decode":
+            built.weights_config, built.constants = {}, OWN  # compile_package's fallback
+
+    design = SimpleNamespace(torch_target="h200-torch", progress=False)
+    for resident, config in ((True, WEIGHTS_BESIDE), (False, {})):
+        packages = planned(TORCH_TARGETS["h200-torch"], "matmul", resident=resident)
+        build_packages(design, packages, ["model"], Path("unused"), build)
+        assert (packages[1].constants, packages[1].weights_config) == (OWN, config)
+        assert bool(packages[1].said) is not resident  # the shared one says it now holds its own
