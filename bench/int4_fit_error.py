@@ -2,36 +2,72 @@
 the lm_head int4, quantised by the old min-to-max rule and by softsyn's least-squares fit (triton_weights.fit_int4),
 at the groups of the h200-torch int4 compile's map (q/k/v, o, down g32; gate/up, lm_head g128): rel err (max|x -
 ref| / max|ref|) and cosine of the last position's logits for three 513-token random prompts.
-Usage: python bench/int4_fit_error.py  (~16 min on 2 cores, ~14 GB of memory)."""
-import time, torch
-from softsyn.frontends import source_torch_model
-from softsyn.emit import triton_weights as tw
-torch.set_num_threads(2)
-t0 = time.time()
-model = source_torch_model("zoo:qwen3-1.7b").eval()
-model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
-model.to(torch.float16).to(torch.float32)  # the fp16 weights the target quantises, computed in fp32
-print("built", round(time.time() - t0), flush=True)
-linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-orig = {n: m.weight.detach().clone().half() for n, m in linears.items()}
-def group(n): return 128 if ("gate_proj" in n or "up_proj" in n or n == "lm_head") else 32
-def old(w, g):
-    x = w.float().reshape(w.shape[0], -1, g); lo = x.amin(-1, keepdim=True).half().float()
-    sc = ((x.amax(-1, keepdim=True) - lo) / 15).clamp(min=1e-8).half().float()
-    return (((x - lo) / sc).round().clamp(0, 15) * sc + lo).reshape(w.shape)
-def new(w, g):
-    q = tw.quantise(w.float(), g, torch.float16)
-    return tw.dequantise(q.packed, q.scales.float(), q.lows.float())
-gen = torch.Generator().manual_seed(0)
-prompts = [torch.randint(0, model.config.vocab_size, (1, 513), generator=gen) for _ in range(3)]
-def logits():
-    with torch.no_grad():
-        return [model(input_ids=p).logits[0, -1].float() for p in prompts]
-ref = logits(); print("ref", round(time.time() - t0), flush=True)
-for name, rule in (("min-max", old), ("fit", new)):
-    for n, m in linears.items():
-        m.weight.data.copy_(rule(orig[n], group(n)))
-    got = logits()
-    errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, ref)]
-    cos = [torch.nn.functional.cosine_similarity(a, b, dim=0).item() for a, b in zip(got, ref)]
-    print(name, "rel err", [round(e, 4) for e in errs], "cos", [round(c, 4) for c in cos], round(time.time() - t0), flush=True)
+
+    python bench/int4_fit_error.py     # ~16 min on 2 cores, ~14 GB of memory; one line per rule
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from softsyn.emit import triton_weights  # noqa: E402 - after the repository root is on the path
+from softsyn.frontends import source_torch_model  # noqa: E402
+
+PROMPTS, LENGTH = 3, 513
+
+
+def group(name: str) -> int:
+    """The group the compile's map gave the layer (its MatMulNBits cell's block, as the lowering takes it)."""
+    return 128 if ("gate_proj" in name or "up_proj" in name or name == "lm_head") else 32
+
+
+def min_to_max(w: torch.Tensor, g: int) -> torch.Tensor:
+    """The old rule: each group's min and max the grid's ends, scale and low stored in fp16."""
+    x = w.float().reshape(w.shape[0], -1, g)
+    low = x.amin(-1, keepdim=True).half().float()
+    scale = ((x.amax(-1, keepdim=True) - low) / 15).clamp(min=1e-8).half().float()
+    return (((x - low) / scale).round().clamp(0, 15) * scale + low).reshape(w.shape)
+
+
+def fitted(w: torch.Tensor, g: int) -> torch.Tensor:
+    q = triton_weights.quantise(w.float(), g, torch.float16)
+    return triton_weights.dequantise(q.packed, q.scales.float(), q.lows.float())
+
+
+def main() -> int:
+    torch.set_num_threads(2)
+    t0 = time.time()
+    model = source_torch_model("zoo:qwen3-1.7b").eval()
+    # the lm_head its own weight: quantising it must leave the embedding (dont_touch in the constraints) as it was
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
+    model.to(torch.float16).to(torch.float32)  # the fp16 weights the target quantises, computed in fp32
+    print("built", round(time.time() - t0), flush=True)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    original = {n: m.weight.detach().clone().half() for n, m in linears.items()}
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, model.config.vocab_size, (1, LENGTH), generator=generator) for _ in range(PROMPTS)]
+
+    def logits() -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [model(input_ids=p).logits[0, -1].float() for p in prompts]
+
+    reference = logits()
+    print("ref", round(time.time() - t0), flush=True)
+    for name, rule in (("min-max", min_to_max), ("fit", fitted)):
+        for n, m in linears.items():
+            m.weight.data.copy_(rule(original[n], group(n)))
+        got = logits()
+        errors = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, reference)]
+        cosines = [torch.nn.functional.cosine_similarity(a, b, dim=0).item() for a, b in zip(got, reference)]
+        print(name, "rel err", [round(e, 4) for e in errors], "cos", [round(c, 4) for c in cosines],
+              round(time.time() - t0), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
