@@ -31,7 +31,7 @@ from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_prologue import prologues_for
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
-from softsyn.emit.triton_weights import QuantLinear, dequantised_bytes, hold_dequantised, use_prompt_form
+from softsyn.emit.triton_weights import dequantised_bytes, hold_dequantised, packed_layers, use_prompt_form
 from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model
 from softsyn.frontends.export import kv_geometry, quiet, torch_num_threads
@@ -144,9 +144,7 @@ def prefill_residency(target, model: torch.nn.Module, area, keep: bool) -> tuple
     dense = dequantised_bytes(model, one_row)
     if not target.prefill_attention or target.prefill_weights != "resident" or not dense:
         return False, None
-    skipped = {id(m) for m in one_row}
-    packed = sum(t.nbytes for m in model.modules() if isinstance(m, QuantLinear) and id(m) not in skipped
-                 for t in (m.packed, m.scales, m.lows))
+    packed = sum(t.nbytes for m in packed_layers(model, one_row) for t in (m.packed, m.scales, m.lows))
     unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
     held = sum(unique.values()) - packed + dense
     what = (f"{TORCH_PREFILL_PACKAGE} {{}} its int4/fp8 layers' weights dequantised ({fmt_bytes(dense)}; "
@@ -168,9 +166,10 @@ def build_package(design, holder: list, built: Built, folder: Path, last: bool) 
     model.set_attn_implementation(ATTENTIONS[built.attention][0])
     keep = last_logits(design)
     # softsyn's int4/fp8 layers: dequantise + cuBLAS for a prompt, but an lm_head of one row keeps its kernel
-    use_prompt_form(model, built.key == PREFILL, one_row=one_row_layers(model, keep))
+    one_row = one_row_layers(model, keep)
+    use_prompt_form(model, built.key == PREFILL, one_row=one_row)
     if built.resident:  # the last package: the model's packed weights are model.pt2's, compiled already
-        hold_dequantised(model, one_row=one_row_layers(model, keep))
+        hold_dequantised(model, one_row=one_row)
     serves = "every step" if built.key == DECODE else f"steps of seq >= {built.min_seq}"
     t0 = time.perf_counter()
     with progress.step(f"emit: torch.export of {design.netlist.name}'s step for {built.file} ({built.attention} "

@@ -511,26 +511,27 @@ def hold_dequantised(model: torch.nn.Module, one_row: tuple[torch.nn.Module, ...
     held in memory, the same function as dequantising at every prompt, which took 1.447 of qwen3-1.7b's 6.072 ms int4
     prefill 512 (112 dequantise kernels, H100, 2026-12-07). For a prefill package that holds its own weights, built
     last (the decode package, already compiled, keeps the packed ones); the bytes of the weights now held."""
-    skipped = {id(m) for m in one_row}
     held = 0
-    for layer in model.modules():
-        if isinstance(layer, QuantLinear) and id(layer) not in skipped and layer.dense is None:
-            dense = dequantise(layer.packed, layer.scales, layer.lows)
-            empty = layer.packed.new_empty(0)
-            layer.register_buffer("dense", dense)
-            layer.register_buffer("packed", empty)
-            layer.register_buffer("scales", layer.scales.new_empty(0))
-            layer.register_buffer("lows", layer.lows.new_empty(0))
-            layer.prompt_form = True
-            held += dense.nbytes
+    for layer in packed_layers(model, one_row):
+        dense = dequantise(layer.packed, layer.scales, layer.lows)
+        layer.register_buffer("dense", dense)
+        layer.register_buffer("packed", layer.packed.new_empty(0))
+        layer.register_buffer("scales", layer.scales.new_empty(0))
+        layer.register_buffer("lows", layer.lows.new_empty(0))
+        layer.prompt_form = True
+        held += dense.nbytes
     return held
+
+
+def packed_layers(model: torch.nn.Module, one_row: tuple[torch.nn.Module, ...] = ()) -> list[QuantLinear]:
+    """`model`'s QuantLinears that hold_dequantised would change: still packed, not among `one_row`."""
+    skipped = {id(m) for m in one_row}
+    return [m for m in model.modules() if isinstance(m, QuantLinear) and id(m) not in skipped and m.dense is None]
 
 
 def dequantised_bytes(model: torch.nn.Module, one_row: tuple[torch.nn.Module, ...] = ()) -> int:
     """The bytes hold_dequantised would give `model`'s QuantLinears (those not in `one_row`), at their scales' dtype."""
-    skipped = {id(m) for m in one_row}
-    return sum(m.out_features * m.in_features * m.scales.element_size() for m in model.modules()
-               if isinstance(m, QuantLinear) and id(m) not in skipped and m.dense is None)
+    return sum(m.out_features * m.in_features * m.scales.element_size() for m in packed_layers(model, one_row))
 
 
 def replace_linears(model: torch.nn.Module, linears: list[torch.nn.Linear], group: int, precision: str = "int4",
