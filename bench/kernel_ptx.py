@@ -30,7 +30,7 @@ SM90 = GPUTarget("cuda", 90, 32)
 SM_REGISTERS, SM_THREADS, SM_PROGRAMS = 65536, 2048, 32  # a Hopper SM's register file, thread and block limits
 REGISTER_UNIT = 256  # a warp's registers are allocated in units of 256 (8 a thread)
 CODES = {"int4": "*u8", "fp8": "*fp8e4nv", "int8": "*i8"}
-ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym")  # as Inductor marks them
+ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "l_ptr", "y_ptr", "N", "K", "stride_xm", "stride_ym", "r_ptr")  # as Inductor marks them
 
 
 def compiled(fn, signature: dict, constexprs: dict, aligned: tuple = (), options: dict | None = None):
@@ -45,13 +45,14 @@ def compiled(fn, signature: dict, constexprs: dict, aligned: tuple = (), options
     return kernel
 
 
-def compile_config(codes: str, group: int, config, gated: bool = False):
-    """The weight kernel at `config` (a triton.Config of CONFIGS) with the argument types Inductor gives it."""
+def compile_config(codes: str, group: int, config, gated: bool = False, norm: bool = False, residual: bool = False):
+    """The weight kernel at `config` (a triton.Config of CONFIGS) with the argument types Inductor gives it (`eps`, a
+    Python float, as fp64); `norm`, `residual`: its NORM and RESIDUAL constexprs."""
     signature = {"x_ptr": "*fp16", "w_ptr": codes, "s_ptr": "*fp16", "l_ptr": "*fp16", "y_ptr": "*fp16",
-                 **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_ym"), "i32")}
+                 **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_ym"), "i32"), "r_ptr": "*fp16", "eps": "fp64"}
     # every constexpr named (ASTSource takes no defaults); TWIN (the interpreter's twin of ASM) never compiles
     constexprs = {"GROUP": group, "BYTE_CODES": codes != "*u8", "GATED": gated, "X_TILE": False, "F16": False,
-                  "ASM": False, **config.kwargs, "TWIN": False}
+                  "ASM": False, **config.kwargs, "TWIN": False, "NORM": norm, "RESIDUAL": residual}
     return compiled(triton_weights.weight_matmul_kernel, signature, constexprs, ALIGNED,
                     {"num_warps": config.num_warps, "num_stages": config.num_stages})
 

@@ -28,6 +28,7 @@ from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, attention
                                                  decode_shapes)
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
+from softsyn.emit.torch_norms import covered_cells, fold_norms, norms_for
 from softsyn.emit.torch_prologue import prologues_for
 from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
                                      quantise_modules, weight_map)
@@ -116,6 +117,7 @@ class Built:
     program: object = None  # the exported step, kept while the prefill package may need recompiling with weights
     said: list = field(default_factory=list)  # notes on its weights' form (a fallback, and why)
     resident: bool = False  # a prefill package holding its int4/fp8 layers' weights dequantised (prefill_residency)
+    covers: dict = field(default_factory=dict)  # kernel_calls' covers: the decode package's GEMVs' fused norms
 
 
 def planned(target, attention: str, resident: bool = False) -> list[Built]:
@@ -211,7 +213,7 @@ def compile_package(design, program, built: Built, folder: Path) -> None:
             built.weights_config, built.constants = {}, OWN
             torch._inductor.aoti_compile_and_package(program, package_path=str(folder / built.file),
                                                      inductor_configs=configs)
-    built.calls = kernel_calls(folder / built.file, program)
+    built.calls = kernel_calls(folder / built.file, program, built.covers)
 
 
 def build_packages(design, packages: list[Built], holder: list, folder: Path, build=build_package) -> None:
@@ -256,6 +258,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
                            "valid: full_attention and sliding_attention layers (qwen3, llama, gemma2/3)")
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
+    folded = fold_norms(model) if target.fused_norms == "on" else None  # before quantisation: W * g is what it fits
     cells = weight_map(design)
     timed = target.weight_kernel == "measured" and any(c.precision in CHOICE_PRECISIONS for c in cells.values())
     with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
@@ -283,8 +286,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
         attention, prologue = chosen.form, chosen.prologue
         notes += [f"target {design.torch_target}: {line}" for line in lines]
     quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue))
+    quantised.notes.extend(norms_for(target, model, folded))  # after the prologues: it needs FusedAttention
     resident, said = prefill_residency(target, model, analysis.area, last_logits(design))
     packages, holder = planned(target, attention, resident), [model]
+    packages[0].covers = covered_cells(model)  # a prefill package runs its layers' own forward: its norms' kernels
     if said:
         packages[-1].said.append(said)
     del model

@@ -46,23 +46,39 @@ class FusedAttention(torch.nn.Module):
         norm = getattr(self, name, None)
         return None if norm is None else norm.weight
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    def decode_layer(self, attention_mask, position_embeddings, kwargs: dict) -> BufferLayer | None:
+        """The layer's softsyn cache where the fused form applies (softsyn's decode attention form, its cache, a
+        mask and rotary), else None."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layers = getattr(cache, "layers", ())
         layer = layers[self.layer_idx] if len(layers) > self.layer_idx else None
         if (self.config._attn_implementation != FUSED_FORM or not isinstance(layer, BufferLayer)
                 or attention_mask is None or position_embeddings is None):
+            return None
+        return layer
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, input_norm_eps=None,
+                residual=None, **kwargs):
+        """`input_norm_eps`, `residual` (a fused decoder layer's, softsyn.emit.torch_norms): the layer's input RMS
+        norm (its weight folded into q/k/v) in the q/k/v GEMV, and the residual added in o_proj's; the fused form
+        only (the decoder layer asks decode_layer first)."""
+        layer = self.decode_layer(attention_mask, position_embeddings, kwargs)
+        if layer is None:
+            if input_norm_eps is not None or residual is not None:
+                raise ValueError("an input norm or residual for an attention outside its fused form")
             return super().forward(hidden_states, position_embeddings=position_embeddings,
                                    attention_mask=attention_mask, **kwargs)
         cos, sin = position_embeddings
-        qkv = self.packed_q_k_v.linear(hidden_states)
+        linear = self.packed_q_k_v.linear
+        qkv = linear(hidden_states) if input_norm_eps is None else linear(hidden_states, input_norm_eps)
         q = torch.ops.softsyn.attention_prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos,
                                                  sin, keys=layer.keys, values=layer.values, where=layer.where,
                                                  eps=self.prologue_eps)
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
         out = torch.ops.softsyn.decode_attention(q, layer.keys[:, :, :layer.span], layer.values[:, :, :layer.span],
                                                  attention_mask[:, 0], scale)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), None
+        out = out.reshape(*hidden_states.shape[:-1], -1)
+        return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
 
 FUSED_CLASSES: dict[type, type] = {}  # one FusedAttention subclass per attention class

@@ -239,17 +239,23 @@ class GatedMLP(torch.nn.Module):
         super().__init__()
         self.gate_up, self.down_proj = gate_up, down
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm_eps: float | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """`norm_eps`, `residual` (a fused decoder layer's, softsyn.emit.torch_norms): x RMS-normed without a weight
+        in the gate/up GEMV (the norm's weight folded into gate/up), the residual added in down's."""
         layer = self.gate_up
         if layer.prompt_form:  # the layer's own prompt form (dequantise + one matmul), then the activation
-            return self.down_proj(silu_gated(layer(x)))
-        return self.down_proj(gated_gemv(layer, x))
+            h = silu_gated(layer(x) if norm_eps is None else layer(x, norm_eps))
+        else:
+            h = gated_gemv(layer, x, norm_eps)
+        return self.down_proj(h) if residual is None else self.down_proj(h, residual=residual)
 
 
-def gated_gemv(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+def gated_gemv(layer: QuantLinear, x: torch.Tensor, norm_eps: float | None = None) -> torch.Tensor:
     """silu(gate) * up of a packed gate/up QuantLinear in one kernel (softsyn::gated_weight_matmul), at the layer's
-    pinned config (the measured choice times gate/up shapes in this form: GatedGemv) or autotuned."""
-    return torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows, layer.config)
+    pinned config (the measured choice times gate/up shapes in this form: GatedGemv) or autotuned; `norm_eps`: x
+    RMS-normed (no weight) in the kernel first."""
+    return torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows, layer.config, norm_eps)
 
 
 class GatedGemv(torch.nn.Module):

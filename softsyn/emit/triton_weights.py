@@ -240,11 +240,23 @@ if triton is not None:
         return dots
 
     @triton.jit
-    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
+    def rms_scale(x_row, K, eps, CHUNK: tl.constexpr = 512):
+        """1 / rms(x_row[:K]) as an RMS norm takes it, rsqrt(mean(x^2) + eps), the squares summed in fp32 CHUNK
+        inputs at a time: a pass over the row before the GEMV's loop, whichever form that loop loads x in."""
+        rk = tl.arange(0, CHUNK)
+        squares = tl.zeros((CHUNK,), dtype=tl.float32)
+        for k0 in range(0, K, CHUNK):
+            a = tl.load(x_row + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+            squares += a * a
+        # Inductor types a Python float fp64 in a package: the norm stays fp32
+        return tl.math.rsqrt(tl.sum(squares, 0) / K + tl.cast(eps, tl.float32))
+
+    @triton.jit
+    def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, r_ptr, eps,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
                              X_TILE: tl.constexpr = False, F16: tl.constexpr = False, ASM: tl.constexpr = False,
-                             TWIN: tl.constexpr = False):
+                             TWIN: tl.constexpr = False, NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -257,6 +269,10 @@ if triton is not None:
         loads its own copy of the activations in the codes' layout (group_dots); F16 with it: int4 dequantised and
         multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; int4's tuned configs,
         ASM_CONFIGS): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
+        NORM (one-row path): x's rows RMS-normed without a weight (a norm folded into W: torch_norms), each finished
+        output scaled by rms_scale(x_row, K, eps); RESIDUAL (one-row path): residual r_ptr [M, N] (y's strides) added
+        before the store: the norm before a projection and the residual add after one in the GEMV, not kernels of
+        their own (a decode step is bound by its kernel count).
         BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes
@@ -277,6 +293,9 @@ if triton is not None:
             up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
+                scale = 1.0
+                if NORM:
+                    scale = rms_scale(x_row, K, eps)
                 acc = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)  # reduced across groups once, after the loop
                 up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
                 for g0 in range(0, groups, GPC):
@@ -287,9 +306,11 @@ if triton is not None:
                         up += step_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
                                         TWIN=TWIN)
-                out = tl.sum(tl.sum(acc, 2), 1)
+                out = tl.sum(tl.sum(acc, 2), 1) * scale
                 if GATED:
-                    out = out / (1.0 + tl.exp(-out)) * tl.sum(tl.sum(up, 2), 1)
+                    out = out / (1.0 + tl.exp(-out)) * (tl.sum(tl.sum(up, 2), 1) * scale)
+                if RESIDUAL:
+                    out += tl.load(r_ptr + row * stride_ym + rn, mask=n_ok, other=0.0).to(tl.float32)
                 tl.store(y_ptr + row * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             rk = tl.arange(0, HALF)
@@ -344,8 +365,9 @@ if triton is not None:
     INT4_CONFIGS = ASM_CONFIGS  # with bf16 activations ASM's configs run the F16 form's fp32 path (WORDS = 1)
     BYTE_CONFIGS = [one_row(2, 1024, 4, False), one_row(16, 256, 4, False), F16_WIDE, F16_HALF]
     CONFIGS = [*BYTE_CONFIGS[:2], F16_WIDE, F16_NARROW, F16_HALF]
-    tuned_int4 = triton.autotune(configs=INT4_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
-    tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=["M", "N", "K", "GATED"])(weight_matmul_kernel)
+    TUNED_KEY = ["M", "N", "K", "GATED", "NORM", "RESIDUAL"]
+    tuned_int4 = triton.autotune(configs=INT4_CONFIGS, key=TUNED_KEY)(weight_matmul_kernel)
+    tuned_bytes = triton.autotune(configs=BYTE_CONFIGS, key=TUNED_KEY)(weight_matmul_kernel)
 
 DEFAULT_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64}  # where the kernel runs untuned (the interpreter)
 AUTOTUNED = -1  # a layer's `config` when Triton's autotuner picks among tuned_configs at the first call
@@ -377,16 +399,22 @@ def pinned(precision: str, index: int) -> dict | None:
 
 
 def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-           config: dict | None = None, gated: bool = False) -> torch.Tensor:
+           config: dict | None = None, gated: bool = False, norm_eps: float | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel on `flat` [M, K] (contiguous): autotuned on CUDA unless `config` ({"BLOCK_M", "BLOCK_N"[, "BLOCK_K"]})
     is given, at `config` or DEFAULT_CONFIG elsewhere (Triton's interpreter). `gated`: packed holds gate then up rows,
-    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles)."""
+    and the result is silu(gate) * up (in the kernel's epilogue on the one-row path, in torch after the tiles).
+    `norm_eps`: flat's rows RMS-normed (no weight) first; `residual` [M, N]: added to the result (both in the one-row
+    path, in torch around the tiles)."""
     rows, width = flat.shape
     group = width // scales.shape[1]
     one_code = byte_codes(packed)
     config = None if flat.device.type == "cuda" and config is None else config or DEFAULT_CONFIG
-    if gated and config is not None and config["BLOCK_M"] > 1:  # the tiles' path has no epilogue
-        return silu_gated(launch(flat, packed, scales, lows, config))
+    if config is not None and config["BLOCK_M"] > 1 and (gated or norm_eps is not None or residual is not None):
+        # the tiles' path has no prologue or epilogue
+        y = launch(flat if norm_eps is None else rms_normed(flat, norm_eps), packed, scales, lows, config)
+        y = silu_gated(y) if gated else y
+        return y if residual is None else added(y, residual)
     out = packed.shape[0] // 2 if gated else packed.shape[0]
     y = torch.empty((rows, out), device=flat.device, dtype=flat.dtype)  # every program stores finished sums
 
@@ -398,15 +426,30 @@ def launch(flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows:
     asm = config.get("ASM", False) if config is not None else not one_code  # int4's tuned configs are ASM's
     if asm and misaligned(flat):
         flat = flat.clone()  # ASM loads x 8 bytes at a time, and a view may start off 8 bytes
-    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out)
+    # without a residual the kernel is handed x in its place, never read (RESIDUAL off)
+    res = flat if residual is None else residual.reshape(rows, out).contiguous()
+    args = (flat, packed, scales, lows, y, rows, out, width, flat.stride(0), out, res,
+            0.0 if norm_eps is None else float(norm_eps))
+    flags = {"GROUP": group, "BYTE_CODES": one_code, "GATED": gated, "NORM": norm_eps is not None,
+             "RESIDUAL": residual is not None}
     if config is None:
         tuned = tuned_bytes if one_code else tuned_int4
-        torch.library.wrap_triton(tuned)[grid](*args, GROUP=group, BYTE_CODES=one_code, GATED=gated)
+        torch.library.wrap_triton(tuned)[grid](*args, **flags)
     else:
         twin = {"TWIN": interpreting()} if asm else {}  # the interpreter runs no inline PTX
-        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, GROUP=group, BYTE_CODES=one_code,
-                                                                       GATED=gated, **{**config, **twin})
+        torch.library.wrap_triton(weight_matmul_kernel)[grid(config)](*args, **flags, **{**config, **twin})
     return y
+
+
+def rms_normed(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x's rows times rsqrt(mean(x^2) + eps), in fp32, back in x's dtype: an RMS norm without its weight."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def added(y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """y + residual, added in fp32 as the kernel's epilogue adds it."""
+    return (y.float() + residual.reshape(y.shape).float()).to(y.dtype)
 
 
 def misaligned(flat: torch.Tensor) -> bool:
@@ -427,32 +470,43 @@ def interpreting() -> bool:
 
 
 def product(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-            gated: bool, config: int = AUTOTUNED) -> torch.Tensor:
+            gated: bool, config: int = AUTOTUNED, norm_eps: float | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
     """Both ops' body: the Triton kernel on CUDA (and in Triton's interpreter), at the tuned config of index `config`
     or autotuned, torch's matmul over the dequantised weight elsewhere; `gated`: silu_gated of the product, in the
-    kernel's epilogue where the kernel runs."""
+    kernel's epilogue where the kernel runs; `norm_eps`: x's rows RMS-normed without a weight first (the kernel scales
+    each finished sum by 1 / rms, as here); `residual` (the result's shape): added last, in fp32."""
     width, out = x.shape[-1], packed.shape[0] // (2 if gated else 1)
     flat = x.reshape(-1, width)
     if triton is None or (x.device.type != "cuda" and not interpreting()):
-        y = flat @ dequantise(packed, scales, lows).t()
+        if norm_eps is None:
+            y = flat @ dequantise(packed, scales, lows).t()
+        else:  # the kernel's order: the product of x as given, in fp32, scaled by 1 / rms after
+            y = flat.float() @ dequantise(packed, scales, lows).float().t()
+            y = (y * torch.rsqrt(flat.float().pow(2).mean(-1, keepdim=True) + norm_eps)).to(x.dtype)
         y = silu_gated(y) if gated else y
+        y = y if residual is None else added(y, residual)
     else:
-        y = launch(flat.contiguous(), packed, scales, lows, pinned(precision_of(packed), config), gated=gated)
+        y = launch(flat.contiguous(), packed, scales, lows, pinned(precision_of(packed), config), gated=gated,
+                   norm_eps=norm_eps, residual=residual)
     return y.reshape(*x.shape[:-1], out)
 
 
 @torch.library.triton_op("softsyn::weight_matmul", mutates_args=())
 def weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor,
-                  config: int = AUTOTUNED) -> torch.Tensor:
-    """x [..., K] @ W^T for W in the packed format; `config`: a tuned config's index (tuned_configs), or autotuned."""
-    return product(x, packed, scales, lows, gated=False, config=config)
+                  config: int = AUTOTUNED, norm_eps: float | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T for W in the packed format; `config`: a tuned config's index (tuned_configs), or autotuned;
+    `norm_eps`: x RMS-normed (no weight: one folded into W) first; `residual` [..., N]: added to the result."""
+    return product(x, packed, scales, lows, gated=False, config=config, norm_eps=norm_eps, residual=residual)
 
 
 @torch.library.triton_op("softsyn::gated_weight_matmul", mutates_args=())
 def gated_weight_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                        lows: torch.Tensor, config: int = AUTOTUNED) -> torch.Tensor:
-    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up)."""
-    return product(x, packed, scales, lows, gated=True, config=config)
+                        lows: torch.Tensor, config: int = AUTOTUNED, norm_eps: float | None = None) -> torch.Tensor:
+    """silu(x @ G^T) * (x @ U^T) for W = [G; U] in the packed format (a gated MLP's packed gate and up); `norm_eps`:
+    x RMS-normed (no weight) first."""
+    return product(x, packed, scales, lows, gated=True, config=config, norm_eps=norm_eps)
 
 
 class QuantLinear(torch.nn.Module):
@@ -479,12 +533,19 @@ class QuantLinear(torch.nn.Module):
         layer.config = config
         return layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm_eps: float | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W^T (+ bias); `norm_eps`: x RMS-normed without a weight first (the layer's norm folded into W);
+        `residual`: added to the result (in the kernel's prologue and epilogue, in torch in the prompt form)."""
         if self.prompt_form:
             weight = self.dense if self.dense is not None else dequantise(self.packed, self.scales, self.lows)
-            return torch.nn.functional.linear(x, weight, self.bias)
-        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.config)
-        return y if self.bias is None else y + self.bias
+            y = torch.nn.functional.linear(x if norm_eps is None else rms_normed(x, norm_eps), weight, self.bias)
+            return y if residual is None else y + residual
+        if self.bias is None:
+            return torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.config,
+                                                   norm_eps=norm_eps, residual=residual)
+        y = torch.ops.softsyn.weight_matmul(x, self.packed, self.scales, self.lows, self.config, norm_eps)
+        return y + self.bias if residual is None else y + self.bias + residual
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "

@@ -40,6 +40,9 @@ class TorchTarget:
     # cache write as one kernel (softsyn.emit.torch_prologue), since a decode step is bound by its kernel count:
     # "off", "on", or "measured" (one more candidate of the measured attention choice, timed as the others are:
     # softsyn.emit.torch_attention_choice; with attention "measured" only)
+    fused_norms: str = "off"  # "on": each decoder layer's RMS norm weights folded into the projections they feed
+    # before quantisation, and at decode the norms and residual adds in its GEMVs where the layer's GEMVs are
+    # softsyn's kernel and its attention the fused prologue's (softsyn.emit.torch_norms): two kernels a layer fewer
     prefill_weights: str = "shared"  # with a prefill package and softsyn's int4/fp8 layers: "shared" (it reads
     # model.pt2's packed weights and dequantises them at every prompt) or "resident" (it holds them dequantised, its
     # own fp16 copy, where the area budget admits the bytes: softsyn.emit.torch_lowering.prefill_residency)
@@ -66,12 +69,14 @@ TORCH_TARGETS = {
     # measured with them: it packaged and computed the cache exactly (H200, 2026-12-06) but was never timed in a step
     # prefill weights resident: dequantising int4 weights at every prompt took 1.447 of qwen3-1.7b's 6.072 ms prefill
     # 512 (H100, 2026-12-07, bench/results/torch-int4-qwen3-1.7b-h100-2026-12-07-signoff.rpt)
+    # fused norms: qwen3-1.7b's int4 decode step ran the two residual add + RMSNorm kernels a layer at ~2.7 and
+    # ~3.3 us, ~0.17 of its 1.513 ms (H100, 2026-12-07); docs/decisions/2026-12-06-triton-int4.md, session 21
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "measured", ("int8", "int4", "fp8"),
                               prefill_attention="sdpa", weight_kernel="measured", fused_prologue="measured",
-                              prefill_weights="resident"),
+                              prefill_weights="resident", fused_norms="on"),
 }
 
 

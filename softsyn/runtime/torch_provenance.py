@@ -80,11 +80,13 @@ def module_kind(path: str) -> str:
     return path.removeprefix("model.") or "(model)"
 
 
-def kernel_calls(package: Path, program) -> list[KernelCall]:
+def kernel_calls(package: Path, program, covers: dict[str, tuple[str, ...]] | None = None) -> list[KernelCall]:
     """The package's kernel calls in wrapper order ("name:N", N the call's index) with the modules of the exported
     `program`'s nodes each was generated from, a call Inductor did not generate with only its own op's nodes where it
     names any (own_op); [] when the package holds no provenance it can read (compiled without PROVENANCE_CONFIG, or by
-    a torch whose file differs): the map is a diagnostic, never a reason to fail a compile."""
+    a torch whose file differs): the map is a diagnostic, never a reason to fail a compile. `covers`: {module path:
+    the modules a call of it also computes, after its own} (a GEMV that runs its layer's norm or residual add in its
+    prologue or epilogue: softsyn.emit.torch_norms.covered_cells), one node each."""
     try:
         with zipfile.ZipFile(package) as archive:
             names = [n for n in archive.namelist() if n.endswith("kernel_information.json")]
@@ -108,6 +110,9 @@ def kernel_calls(package: Path, program) -> list[KernelCall]:
                 path = "" if path == STEP_ROOT else path.removeprefix(f"{STEP_ROOT}.")
                 if path:
                     modules[path] = modules.get(path, 0) + 1
+        for path in list(modules):
+            for extra in (covers or {}).get(path, ()):
+                modules.setdefault(extra, 1)
         calls.append(KernelCall(kernel, tuple(modules), tuple(modules.values())))
     return calls
 

@@ -16,7 +16,7 @@ from softsyn.emit import triton_attention, triton_prologue, triton_weights  # no
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 # bench/: kernels compiled for sm_90 with Inductor's argument types (asserting a cubin), the loop body of a PTX
-from kernel_ptx import compile_config, compiled, inner_loop, instructions, registers, sass_loop  # noqa: E402
+from kernel_ptx import compile_config, compiled, cuobjdump, inner_loop, instructions, registers, sass_loop  # noqa: E402
 
 I32 = "i32"
 
@@ -115,3 +115,22 @@ def test_the_inline_ptx_form_compiles_with_no_loop_barrier_and_far_fewer_instruc
     for group in (32, 64):
         for config in triton_weights.ASM_CONFIGS:
             assert "lop3.b32" in inner_loop(compile_config("*u8", group, config, gated).asm["ptx"]), (group, config)
+
+
+@pytest.mark.parametrize("codes", ["*u8", "*fp8e4nv"])  # int4's bytes (ASM's configs), fp8's (the byte configs)
+def test_the_weight_kernel_compiles_its_norm_and_residual_for_sm90_without_spills_or_fp64(codes):
+    """NORM with RESIDUAL (q/k/v, o and down's forms) and NORM gated (gate/up's) at every tuned config of the
+    precision, group 128 and 32: the codes still load 16 bytes a thread, the norm's rsqrt is there and stays fp32
+    (`eps` typed fp64 as Inductor types a Python float: one convert), and no register spills to local memory (the
+    pre-loop over x's row and the residual's load hold registers beside the loop's)."""
+    configs = triton_weights.INT4_CONFIGS if codes == "*u8" else triton_weights.BYTE_CONFIGS
+    for group in (128, 32):
+        for config in configs:
+            for gated, residual in ((False, True), (True, False)):
+                kernel = compile_config(codes, group, config, gated, norm=True, residual=residual)
+                ptx = kernel.asm["ptx"]
+                assert "ld.global.v4.b32" in ptx and "rsqrt" in ptx, (group, config, gated)
+                f64 = [line for line in ptx.splitlines() if "f64" in line and ".param" not in line]
+                assert all("cvt.rn.f32.f64" in line for line in f64) and len(f64) <= 1, f64
+                sass = cuobjdump(kernel.asm["cubin"], "-sass")
+                assert not re.search(r"\b(STL|LDL)\b", sass), (group, config, gated, "spills")

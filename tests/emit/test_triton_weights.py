@@ -145,6 +145,65 @@ def test_the_kernel_computes_the_dequantised_matmul_in_triton_s_interpreter():
         assert err < (2e-3 if "float16" in key else 1e-5), (key, err)
 
 
+NORM_CHECK = r"""
+import json, torch
+from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated, tuned_configs
+torch.manual_seed(0)
+out = {}
+for precision in ("int4", "fp8"):
+    for gated in (False, True):
+        w = torch.randn(80 if gated else 40, 256)
+        q = quantise(w, 64, torch.float16, precision)
+        x = (torch.randn(3, 256) * 7).half()  # un-normed rows: the kernel's norm must take their rms out
+        residual = None if gated else torch.randn(3, 40).half()
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        want = normed @ dequantise(q.packed, q.scales, q.lows).float().t()
+        want = silu_gated(want).float() if gated else want + residual.float()
+        for config in ({"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128},
+                       {"BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 256, "X_TILE": True, "F16": True},
+                       {"BLOCK_M": 16, "BLOCK_N": 32}):
+            got = launch(x, q.packed, q.scales, q.lows, config, gated=gated, norm_eps=1e-6, residual=residual)
+            out[f"{precision} gated {gated} {sorted(config.items())}"] = float((got.float() - want).abs().max()
+                                                                              / want.abs().max())
+        for index in range(len(tuned_configs(precision))):  # int4's: ASM's, its twin in the interpreter
+            if gated:
+                got = torch.ops.softsyn.gated_weight_matmul(x[None], q.packed, q.scales, q.lows, index, 1e-6)[0]
+            else:
+                got = torch.ops.softsyn.weight_matmul(x[None], q.packed, q.scales, q.lows, index, 1e-6, residual[None])[0]
+            out[f"{precision} gated {gated} op config {index}"] = float((got.float() - want).abs().max()
+                                                                       / want.abs().max())
+print(json.dumps(out))
+"""
+
+
+def test_the_kernel_norms_its_rows_and_adds_the_residual_in_triton_s_interpreter():
+    """NORM (x's rows RMS-normed without a weight: the finished sums scaled by 1 / rms) with RESIDUAL (added before
+    the store), and NORM gated (gate/up), at int4 and fp8, on the one-row path (fp32 and F16 forms, each tuned
+    config through the ops: int4's ASM), and the tiles' path (in torch around the tiles), against the normed input's
+    product with the dequantised weight."""
+    errors = in_triton_interpreter(NORM_CHECK)
+    assert len(errors) == 2 * (2 * 3 + 3 + 4)
+    for key, err in errors.items():
+        assert err < 2e-3, (key, err)
+
+
+@pytest.mark.parametrize("precision", ["int4", "fp8"])
+def test_the_torch_fallback_computes_the_norm_and_residual_and_the_prompt_form_with_it(precision):
+    """Without the kernel (CPU, no interpreter) the ops and QuantLinear's forms compute the same function: the norm in
+    fp32 before the product, the residual after."""
+    torch.manual_seed(0)
+    layer = QuantLinear.from_linear(torch.nn.Linear(128, 24), 64, precision)
+    x, residual = torch.randn(2, 3, 128) * 5, torch.randn(2, 3, 24)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    want = torch.nn.functional.linear(normed, dequantise(layer.packed, layer.scales, layer.lows), layer.bias) + residual
+    torch.testing.assert_close(layer(x, 1e-5, residual), want, rtol=1e-5, atol=1e-5)
+    use_prompt_form(layer, True)
+    torch.testing.assert_close(layer(x, 1e-5, residual), want, rtol=1e-5, atol=1e-5)
+    gated = torch.ops.softsyn.gated_weight_matmul(x, layer.packed, layer.scales, layer.lows, -1, 1e-5)
+    gate, up = (want - residual - layer.bias).chunk(2, dim=-1)
+    torch.testing.assert_close(gated, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
 FORM_CHECK = r"""
 import json, torch
 from softsyn.emit.triton_weights import dequantise, launch, quantise, silu_gated
@@ -404,14 +463,14 @@ def test_the_kernels_string_constants_are_one_line_so_inductor_can_embed_them():
 def test_every_tuned_config_names_each_constexpr_launch_leaves_to_it():
     """torch's mutation analysis of a wrapped kernel fails on a call that leaves a constexpr to its default, and then
     takes every tensor argument as written (H100, 2026-12-06: "Incorrect number of arguments passed to kernel");
-    launch passes GROUP, BYTE_CODES and GATED, the configs the rest, and int4's tuned configs are ASM's."""
+    launch passes GROUP, BYTE_CODES, GATED, NORM and RESIDUAL, the configs the rest, and int4's tuned configs are ASM's."""
     pytest.importorskip("triton")
     from softsyn.emit import triton_weights
 
     params = inspect.signature(triton_weights.weight_matmul_kernel.fn).parameters
     constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
     for config in (*triton_weights.INT4_CONFIGS, *triton_weights.BYTE_CONFIGS, *triton_weights.CONFIGS):
-        assert set(config.kwargs) == constexprs - {"GROUP", "BYTE_CODES", "GATED"}, config
+        assert set(config.kwargs) == constexprs - {"GROUP", "BYTE_CODES", "GATED", "NORM", "RESIDUAL"}, config
     assert all(c.kwargs["ASM"] and c.kwargs["F16"] for c in triton_weights.INT4_CONFIGS)
 
 

@@ -97,6 +97,41 @@ def test_a_user_kernel_call_is_its_op_s_module_not_its_inputs_producers(tmp_path
         "lm_head"]
 
 
+def test_a_gemv_that_runs_its_layer_s_norm_covers_the_norm_s_cells(tmp_path):
+    """fused norms (softsyn.emit.torch_norms): the q/k/v GEMV runs input_layernorm in its prologue and o_proj's adds
+    the residual, so the decode map names the norm and the layer after each GEMV's own module (covered_cells); the
+    call stays its op's macro cell, and the netlist's norm and residual-add cells go to it, none left uncovered."""
+    import torch
+
+    from softsyn.emit import triton_weights  # noqa: F401 - registers softsyn's ops
+    from softsyn.runtime.torch_macros import MacroCell, cover
+
+    graph = [("qkv", torch.ops.softsyn.weight_matmul.default, "model.layers.0.self_attn.packed_q_k_v.linear"),
+             ("o", torch.ops.softsyn.weight_matmul.default, "model.layers.0.self_attn.o_proj")]
+    program = SimpleNamespace(graph=SimpleNamespace(nodes=[_graph_node(*n) for n in graph]))
+    package = tmp_path / "model.pt2"
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.writestr("model/data/aotinductor/model/kernel_information.json", json.dumps(
+            {"weight_matmul_kernel_0:1": {"pre_grad_nodes": ["qkv"]}, "weight_matmul_kernel_1:2": {
+                "pre_grad_nodes": ["o"]}}))
+    covers = {"model.layers.0.self_attn.packed_q_k_v.linear": ("model.layers.0.input_layernorm",),
+              "model.layers.0.self_attn.o_proj": ("model.layers.0",)}
+    calls = kernel_calls(package, program, covers)
+    assert [(c.modules, c.nodes) for c in calls] == [
+        (("model.layers.0.self_attn.packed_q_k_v.linear", "model.layers.0.input_layernorm"), (1, 1)),
+        (("model.layers.0.self_attn.o_proj", "model.layers.0"), (1, 1))]
+    assert [c.kind for c in calls] == ["self_attn", "self_attn"]
+    instance, parts = call_instance(calls[0])
+    assert instance == "model.layers.0.self_attn" and "model.layers.0.input_layernorm" in parts
+    macro = MacroCell(instance, 1e-6, 1.0, ("weight_matmul_kernel",), parts + call_instance(calls[1])[1])
+    cells = [{"name": n, "hierarchy": h} for n, h in (("norm", "model.layers.0.input_layernorm/Mul_1"),
+                                                       ("add", "model.layers.0/Add"),
+                                                       ("qkv", "model.layers.0.self_attn.q_proj/MatMul"))]
+    macros, uncovered = cover((macro,), cells, "decode")
+    assert macros[0].cells == ("norm", "add", "qkv") and uncovered == ()
+    assert kernel_calls(package, program)[0].modules == ("model.layers.0.self_attn.packed_q_k_v.linear",)
+
+
 def test_profiled_kernels_go_to_the_calls_they_belong_to():
     """Generated kernels by name (the same name in two layers: each in turn), library kernels to the extern call
     in order (a split-K matmul's two kernels both to it), copies and unknown kernels unattributed; two steps in a
