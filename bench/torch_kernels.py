@@ -40,7 +40,10 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
   modulechain (CUDA) what the compile's measured attention choice times (softsyn.emit.torch_attention_choice): one
              qwen3-1.7b-wide decoder layer's attention module, its q/k/v int4 on softsyn's kernel, in each candidate
              (matmul, softsyn, softsyn + fused prologue) at past 767 and 4159, each line printed as it is timed: whether
-             torch.compile traces the module there (it did not on 2026-12-07, H100: a fake tensor's address).
+             torch.compile traces the module there (it did not on 2026-12-07, H100: a fake tensor's address);
+  normchain  (CUDA) one qwen3-1.7b-wide int4 decoder layer as h200-torch's decode step holds it (gated MLP, fused
+             prologue), a chain of 28 steps in one CUDA graph, its RMS norms as kernels and in its GEMVs
+             (softsyn.emit.torch_norms), at spans 768 and 4160.
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -431,6 +434,66 @@ def module_chain_lines(device: str, dtype) -> list[str]:
     return lines
 
 
+def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
+    """One qwen3-1.7b-wide decoder layer (random weights, every projection int4 g128 on softsyn's kernel, the MLP
+    gated, the prologue fused: h200-torch's decode layer) as `calls` one-position steps in one CUDA graph, compiled as
+    the package is (dynamic shapes), with its norms as kernels of their own and with them in its GEMVs
+    (softsyn.emit.torch_norms), at spans 768 and 4160: a line per time or failure. One layer module serves every
+    call, so its weights (21 MB) stay in the L2 cache: the two forms differ in the kernels between the GEMVs, which
+    is what the line compares, not a step's time."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.cache_utils import Cache
+
+    from softsyn.emit.torch_attention_choice import AttentionShape, cold_caches
+    from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
+    from softsyn.emit.torch_norms import fold_norms, fuse_norms
+    from softsyn.emit.torch_prologue import FUSED_FORM, fuse_prologues
+    from softsyn.emit.torch_step import (BufferLayer, attention_implementation, fuse_gated_mlps,
+                                         pack_projections)
+    from softsyn.emit.triton_weights import replace_linears
+
+    config = Qwen3Config(hidden_size=HIDDEN, intermediate_size=MLP, num_attention_heads=HEADS, head_dim=HEAD_DIM,
+                         num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1024)
+    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    pack_projections(model)
+    fold_norms(model)
+    layer = model.model.layers[0]
+    replace_linears(model, [layer.self_attn.packed_q_k_v.linear, layer.self_attn.o_proj,
+                            layer.mlp.packed_gate_up.linear, layer.mlp.down_proj], 128)
+    fuse_gated_mlps(model)
+    fuse_prologues(model)
+    unfused = model.model.layers[0]
+    fusion = fuse_norms(model)
+    forms = [("norm kernels", unfused)]
+    forms += [("norms in the GEMVs", model.model.layers[0])] if fusion.done else []
+    lines = [] if fusion.done else [f"norm chain: the layer did not fuse ({fusion.why})"]
+    rows = [torch.randn(1, 1, HIDDEN, device=device, dtype=dtype) for _ in range(calls)]
+    for span in (768, 4160):
+        shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
+        caches = cold_caches(shape, dtype, device, calls)
+        where = torch.tensor([span - 2], device=device)
+        mask = (torch.arange(span, device=device) <= where[0]).expand(1, 1, 1, span)
+        cos, sin = model.model.rotary_emb(rows[0], where.expand(1, 1))
+        for label, module in forms:
+            def one(x, keys, values, module=module):
+                cache = Cache(layers=[BufferLayer(keys, values, where, span)])
+                out = module(x, attention_mask=mask, position_embeddings=(cos, sin), position_ids=where.expand(1, 1),
+                             cache=cache, use_cache=True)
+                return out[0] if isinstance(out, tuple) else out
+            try:
+                step = torch.compile(one, dynamic=True)
+                with attention_implementation(module.self_attn, FUSED_FORM), torch.no_grad():
+                    graph = graph_of(lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)])
+                line = f"norm chain, {label}, span {span}: {replay_seconds(graph) / calls * 1e6:.1f} us a layer"
+            except Exception as exc:  # noqa: BLE001 - the answer is the failure
+                line = failure_line(f"norm chain, {label}, span {span}", exc)
+            finally:
+                torch._dynamo.reset()
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
 def package_check(label: str, module: torch.nn.Module, example: tuple, dims, cases: list[tuple], want) -> str:
     """Whether AOTInductor packages `module` (exported at `example` with `dynamic_shapes` `dims`) and the package
     gives `want(*args)` for every args of `cases`: one line, the relative error per case or the failure."""
@@ -630,6 +693,7 @@ def main() -> int:
             print(line, flush=True)
             packaged.append(line)
     packaged += module_chain_lines(args.device, dtype) if cuda and "modulechain" in parts else []
+    packaged += norm_chain_lines(args.device, dtype) if cuda and "normchain" in parts else []
     rows = attention_rows(args.device, dtype) if "attention" in parts else []
     rows += projection_rows(args.device, dtype) if "projections" in parts else []
     rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []
