@@ -422,16 +422,22 @@ def module_chain_lines(device: str, dtype) -> list[str]:
     for candidate in timing.candidates:
         for span in (768, 4160):
             shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
-            try:
-                seconds = timing.timer(candidate, shape, dtype, device)
-                line = f"module chain {candidate.label} at span {span}: {seconds * 1e6:.1f} us a layer"
-            except Exception as exc:  # noqa: BLE001 - what the compile's choice would log
-                line = failure_line(f"module chain {candidate.label} at span {span}", exc)
-            finally:
-                torch._dynamo.reset()
-            print(line, flush=True)
-            lines.append(line)
+            lines.append(chain_line(f"module chain {candidate.label} at span {span}",
+                                    lambda: timing.timer(candidate, shape, dtype, device)))
     return lines
+
+
+def chain_line(label: str, seconds) -> str:
+    """`label` and what `seconds()` times, in us a layer, or its failure (what the compile's choice would log); printed
+    as it ends, dynamo reset after (every chain compiles its own)."""
+    try:
+        line = f"{label}: {seconds() * 1e6:.1f} us a layer"
+    except Exception as exc:  # noqa: BLE001 - the answer is the failure
+        line = failure_line(label, exc)
+    finally:
+        torch._dynamo.reset()
+    print(line, flush=True)
+    return line
 
 
 def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
@@ -480,17 +486,13 @@ def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
                 out = module(x, attention_mask=mask, position_embeddings=(cos, sin), position_ids=where.expand(1, 1),
                              cache=cache, use_cache=True)
                 return out[0] if isinstance(out, tuple) else out
-            try:
+
+            def seconds(one=one, module=module):
                 step = torch.compile(one, dynamic=True)
                 with attention_implementation(module.self_attn, FUSED_FORM), torch.no_grad():
                     graph = graph_of(lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)])
-                line = f"norm chain, {label}, span {span}: {replay_seconds(graph) / calls * 1e6:.1f} us a layer"
-            except Exception as exc:  # noqa: BLE001 - the answer is the failure
-                line = failure_line(f"norm chain, {label}, span {span}", exc)
-            finally:
-                torch._dynamo.reset()
-            print(line, flush=True)
-            lines.append(line)
+                return replay_seconds(graph) / calls
+            lines.append(chain_line(f"norm chain, {label}, span {span}", seconds))
     return lines
 
 

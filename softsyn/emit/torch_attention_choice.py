@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache
 
 from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, graph_of, replay_seconds
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
-from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation
+from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, rotary_embedding
 from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
@@ -166,7 +166,7 @@ def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
     prologue a candidate where `prologue` asks and the kernels take that module, the attention function's chains
     where none of those runs; the function's chains alone where no such module is found."""
     module = next((m for m in model.modules() if packed_qkv(m) is not None), None)
-    rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+    rotary = rotary_embedding(model)
     if module is None or rotary is None:
         return Timing(core_seconds, PLAIN, "the attention function", None)
     offered = prologue and unfusable(module, packed_qkv(module)) is None

@@ -13,7 +13,6 @@ cache) the layer runs the original class's forward.
 """
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple
 
 import torch
@@ -21,7 +20,8 @@ from transformers.cache_utils import Cache
 
 from softsyn.emit.torch_prologue import (CHECK_FORM, CHECK_SEQ, CHECK_SLOTS, FUSED_FORM, CheckInput, FusedAttention,
                                          check_input, close, norm_eps)
-from softsyn.emit.torch_step import BufferLayer, GatedMLP, PackedLinear, attention_implementation
+from softsyn.emit.torch_step import (BufferLayer, GatedMLP, PackedLinear, attention_implementation, on_same_state,
+                                     rotary_embedding)
 from softsyn.emit.triton_weights import QuantLinear
 
 NORMS = (("input_layernorm", "packed_q_k_v"), ("post_attention_layernorm", "packed_gate_up"))  # norm -> what it feeds
@@ -41,10 +41,10 @@ def decoder_layer(module: torch.nn.Module) -> bool:
     return all(hasattr(module, n) for n in names) and hasattr(module.self_attn, "layer_idx")
 
 
-def check_case(model: torch.nn.Module, layer: torch.nn.Module) -> CheckInput | None:
+def check_case(model: torch.nn.Module, layer: torch.nn.Module,
+               rotary: torch.nn.Module | None) -> CheckInput | None:
     """fuse_prologues' random step (2 rows at positions 3-5 over a small cache of stale values) for `layer`'s
-    attention; None without a rotary embedding or a packed q/k/v to size it."""
-    rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+    attention; None without a rotary embedding (`rotary`, the model's) or a packed q/k/v to size it."""
     attn = layer.self_attn
     packed = getattr(attn, "packed_q_k_v", None)
     if rotary is None or not isinstance(packed, PackedLinear) or len(packed.sizes) != 3:
@@ -99,9 +99,9 @@ def fold_norms(model: torch.nn.Module) -> Fusion:
     """Fold each decoder layer's input and post-attention RMS norm weight into the packed q/k/v and gate/up Linear it
     feeds (W * g[None, :], g <- 1), before quantisation, where fold_one's check says that is the layer's function;
     the others kept, with why. Never the final norm into a (tied) lm_head."""
-    done, why = 0, {}
+    done, why, rotary = 0, {}, rotary_embedding(model)
     for layer in [m for m in model.modules() if decoder_layer(m)]:
-        case = check_case(model, layer)
+        case = check_case(model, layer, rotary)
         for norm_name, packed_name in NORMS:
             norm = getattr(layer, norm_name)
             owner = layer.self_attn if packed_name == "packed_q_k_v" else layer.mlp
@@ -141,16 +141,9 @@ class FusedNorms(torch.nn.Module):
         return mlp(h, norm_eps=self.post_eps, residual=h)
 
 
-FUSED_CLASSES: dict[type, type] = {}  # one FusedNorms subclass per decoder layer class
-
-
 def fused_form(original: torch.nn.Module) -> FusedNorms:
-    """A FusedNorms sharing `original`'s state (a shallow copy: the same children, parameters and attributes)."""
-    cls = type(original)
-    if cls not in FUSED_CLASSES:
-        FUSED_CLASSES[cls] = type(f"FusedNorms{cls.__name__}", (FusedNorms, cls), {"__module__": __name__})
-    out = copy.copy(original)
-    out.__class__ = FUSED_CLASSES[cls]
+    """A FusedNorms sharing `original`'s state (torch_step.on_same_state)."""
+    out = on_same_state(original, FusedNorms, "FusedNorms")
     out.input_eps, out.post_eps = norm_eps(original.input_layernorm), norm_eps(original.post_attention_layernorm)
     return out
 
@@ -180,13 +173,13 @@ def fuse_norms(model: torch.nn.Module) -> Fusion:
     """Put a FusedNorms where each decoder layer of `model` computes what the fused form does, checked on one random
     step over a small cache in softsyn's decode form (output and cache, within fp16 rounding); the others kept, with
     why."""
-    fused, why = 0, {}
+    fused, why, rotary = 0, {}, rotary_embedding(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not decoder_layer(child) or isinstance(child, FusedNorms):
                 continue
             reason = unfusable(child)
-            case = check_case(model, child) if reason is None else None
+            case = check_case(model, child, rotary) if reason is None else None
             if reason is None and case is None:
                 reason = "no rotary embedding found"
             if reason is None:

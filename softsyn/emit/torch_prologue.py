@@ -14,7 +14,6 @@ soft-capped scores, a head width that is not a power of two), saying why. Outsid
 """
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple
 
 import torch
@@ -22,7 +21,7 @@ from transformers.cache_utils import Cache
 
 import softsyn.emit.triton_prologue  # noqa: F401 - registers softsyn::attention_prologue
 from softsyn.emit.torch_step import (ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart,
-                                     attention_implementation)
+                                     attention_implementation, on_same_state, rotary_embedding)
 
 FUSED_FORM = ATTENTIONS["softsyn"][0]  # the attention implementation whose steps take the fused prologue
 CHECK_FORM = ATTENTIONS["matmul"][0]  # the original runs the check in the matmul form (a bool mask, plain torch)
@@ -81,16 +80,9 @@ class FusedAttention(torch.nn.Module):
         return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
 
-FUSED_CLASSES: dict[type, type] = {}  # one FusedAttention subclass per attention class
-
-
 def fused_form(original: torch.nn.Module) -> FusedAttention:
-    """A FusedAttention sharing `original`'s state (a shallow copy: the same children, parameters and attributes)."""
-    cls = type(original)
-    if cls not in FUSED_CLASSES:
-        FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (FusedAttention, cls), {"__module__": __name__})
-    out = copy.copy(original)
-    out.__class__ = FUSED_CLASSES[cls]
+    """A FusedAttention sharing `original`'s state (torch_step.on_same_state)."""
+    out = on_same_state(original, FusedAttention, "Fused")
     norms = [getattr(original, name, None) for name in ("q_norm", "k_norm")]
     out.prologue_eps = next((norm_eps(n) for n in norms if n is not None), FusedAttention.prologue_eps)
     return out
@@ -177,7 +169,7 @@ class Fusion(NamedTuple):
 def fuse_prologues(model: torch.nn.Module) -> Fusion:
     """Put a FusedAttention where each packed-QKV attention of `model` computes what the fused form does, checked on
     one random step over a small cache (output and cache both, within fp16 rounding); the others kept, with why."""
-    rotary = next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+    rotary = rotary_embedding(model)
     like = model.get_input_embeddings().weight
     fused, why = 0, {}
     for parent in list(model.modules()):

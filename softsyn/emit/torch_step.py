@@ -164,6 +164,26 @@ def attention_implementation(module: torch.nn.Module, name: str):
         module.config._attn_implementation = before
 
 
+def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
+    """`model`'s rotary embedding module (transformers names it rotary_emb), None without one."""
+    return next((m for n, m in model.named_modules() if n.endswith("rotary_emb")), None)
+
+
+SUBCLASSES: dict[tuple[type, type], type] = {}  # (form, original class) -> form's subclass of that class
+
+
+def on_same_state(original: torch.nn.Module, form: type, prefix: str) -> torch.nn.Module:
+    """`original` as an instance of `form`'s subclass of its class (named prefix + its class's name, made once): a
+    shallow copy with the same children, parameters and attributes, so module paths, weight names and kernel
+    provenance are unchanged (the fused prologue's and fused norms' forms)."""
+    key = (form, type(original))
+    if key not in SUBCLASSES:
+        SUBCLASSES[key] = type(f"{prefix}{key[1].__name__}", (form, key[1]), {"__module__": form.__module__})
+    out = copy.copy(original)
+    out.__class__ = SUBCLASSES[key]
+    return out
+
+
 class PackedLinear(torch.nn.Module):
     """Linear layers that read the same input as one matmul over their concatenated weights (a GEMV at decode:
     qwen3-1.7b's separate q/k/v GEMVs ran at 0.8 TB/s on the H200, 2026-12-03; one wide GEMV streams faster). The
