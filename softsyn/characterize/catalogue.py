@@ -24,6 +24,7 @@ Conventions that the size axes rely on (they are what cost.py computes for real 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -51,8 +52,15 @@ class CellKind:
     bytes_per_weight: float | None = None
     notes: str = ""
     discrete: tuple = ()  # axes with only legal values (no hold-out midpoints along them), e.g. block
+    align: dict | None = None  # axis -> the multiple the kernel needs there: hold-out midpoints are rounded to it
     attributes: dict | None = None  # provider -> node attributes the cell is built and emitted with (the library's
     # `attributes`: a node the compile writes carries them, so it runs the kernel the table timed)
+
+    def holdouts(self, grids: list[list[float]], limit: int) -> list[tuple]:
+        """The hold-out points of this kind's table over `grids` (holdout_points): none along its discrete axes,
+        its aligned axes' midpoints on the widths its kernel takes."""
+        from_axis = {self.axes.index(a): m for a, m in (self.align or {}).items()}
+        return holdout_points(grids, limit, tuple(self.axes.index(a) for a in self.discrete), from_axis)
 
     @property
     def key(self) -> str:
@@ -128,6 +136,10 @@ MOE = {  # tokens, experts, k, hidden, inter (summed expert width: 3 x moe_inter
     "cuda": [[1, 8, 64, 512, 2048], [128], [8], [2048, 4096], [2304, 4608]],
     "cuda-quick": [[1, 64, 512], [128], [8], [2048], [2304]],
 }
+# ORT's CUDA MoE GEMMs need aligned widths: an expert width of 1086 (the midpoint of 2304 and 4608, / 3) stopped the
+# H100 with "CUDA failure 716: misaligned address" (2026-12-07); QMoE's block-128 scales need K a multiple of 128.
+# So hold-outs lie on hidden widths of 128k and expert widths I = inter / 3 of 128k, as real models' do.
+MOE_ALIGN = {"hidden": 128, "inter": 3 * 128}
 ATT = {  # q_tokens, kv_len, heads
     "cpu": [[1, 16, 128, 512], [16, 128, 512, 2048], [4, 16]],
     "cpu-quick": [[1, 128], [128, 1024], [4, 16]],
@@ -191,12 +203,13 @@ def cell_kinds() -> list[CellKind]:
     # mixture of experts (the fuse pass's com.microsoft.MoE; QMoE for int4/int8 experts)
     moe_axes = ["tokens", "experts", "k", "hidden", "inter"]
     for p in ("fp32", "fp16", "bf16"):
-        ks.append(CellKind("MoE", p, moe_axes, MOE, moe(p), discrete=("experts", "k"),
+        ks.append(CellKind("MoE", p, moe_axes, MOE, moe(p), discrete=("experts", "k"), align=MOE_ALIGN,
                            providers=("cpu", "cuda") if p != "bf16" else ("cuda",),
                            bytes_per_weight={"fp32": 4}.get(p, 2),
                            notes="SwiGLU experts (swiglu_fusion=1), uniform random routing, normalised top-k"))
     for bits, p in ((4, "int4"), (8, "int8")):
-        ks.append(CellKind("QMoE", p, moe_axes, MOE, qmoe(bits), discrete=("experts", "k"), bytes_per_weight=bits / 8,
+        ks.append(CellKind("QMoE", p, moe_axes, MOE, qmoe(bits), discrete=("experts", "k"), align=MOE_ALIGN,
+                           bytes_per_weight=bits / 8,
                            notes=f"{bits}-bit block-128 experts, scales in the activation type, no zero points, "
                                  "raw layout (weights_prepacked=0)"))
     # normalisations and fused element-wise
@@ -255,3 +268,35 @@ def run_cell_grid(plan: str) -> list[list[int]]:
 
 def geometric_mid(a: float, b: float) -> int:
     return int(round(math.sqrt(a * b)))
+
+
+def holdout_points(grids: list[list[float]], limit: int, discrete: tuple = (),
+                   align: dict | None = None) -> list[tuple]:
+    """Geometric midpoints: along each axis (other axes on grid points) and cell centres, deduplicated.
+
+    `discrete`: indices of axes with only legal values (block size): no midpoints along them. `align`: axis index ->
+    the multiple a midpoint there is rounded to (the widths a kernel takes)."""
+    def mid(a: int, x: float, y: float) -> int:
+        m, step = geometric_mid(x, y), (align or {}).get(a)
+        return max(step, step * round(m / step)) if step else m
+
+    mids = [[] if a in discrete else [mid(a, x, y) for x, y in zip(g, g[1:])] for a, g in enumerate(grids)]
+    pts: list[tuple] = []
+    for a, m in enumerate(mids):
+        for v in m:
+            if v in grids[a]:
+                continue
+            others = [g for g in grids]
+            others[a] = [v]
+            pts.extend(itertools.product(*others))
+    if any(mids):
+        pts.extend(itertools.product(*[m if m else grids[a] for a, m in enumerate(mids)]))
+    seen, out = set(), []
+    for p in pts:
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    if len(out) > limit:  # spread the kept ones over the list (deterministic)
+        step = len(out) / limit
+        out = [out[int(i * step)] for i in range(limit)]
+    return out

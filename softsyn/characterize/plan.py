@@ -44,6 +44,7 @@ import functools
 import itertools
 import math
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -56,14 +57,14 @@ import onnxruntime as ort
 import yaml
 from onnx import helper
 
-from softsyn.characterize.catalogue import CellKind, cell_kinds, geometric_mid, plan_name, run_cell_grid
+from softsyn.characterize.catalogue import CellKind, cell_kinds, plan_name, run_cell_grid
 from softsyn.characterize.cellgraph import FLOAT, Ctx, Graph, make_model
 from softsyn.characterize.ceilings import measure_ceilings, time_interleaved
 from softsyn.characterize.probe import speed_probe, summarise
 from softsyn.characterize.runner import (
     OUTLIER, SETTINGS, Runner, Sample, best_delay, cell_session, measure_point, remeasure_outliers)
 from softsyn.characterize.writer import write_library
-from softsyn.errors import SoftsynError
+from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.library import Cell
 from softsyn.library.model import GRAPH_MAX_ROWS, GRAPH_SUFFIX
 from softsyn.progress import log
@@ -77,32 +78,6 @@ PASS_GATE = 1.15  # a pass whose machine-speed probe read slower than this x the
 
 def _grid_points(grids: list[list[float]]) -> list[tuple]:
     return list(itertools.product(*grids))
-
-
-def holdout_points(grids: list[list[float]], limit: int, discrete: tuple = ()) -> list[tuple]:
-    """Geometric midpoints: along each axis (other axes on grid points) and cell centres, deduplicated.
-
-    `discrete`: indices of axes with only legal values (block size): no midpoints along them."""
-    mids = [[] if a in discrete else [geometric_mid(x, y) for x, y in zip(g, g[1:])] for a, g in enumerate(grids)]
-    pts: list[tuple] = []
-    for a, m in enumerate(mids):
-        for v in m:
-            if v in grids[a]:
-                continue
-            others = [g for g in grids]
-            others[a] = [v]
-            pts.extend(itertools.product(*others))
-    if any(mids):
-        pts.extend(itertools.product(*[m if m else grids[a] for a, m in enumerate(mids)]))
-    seen, out = set(), []
-    for p in pts:
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
-    if len(out) > limit:  # spread the kept ones over the list (deterministic)
-        step = len(out) / limit
-        out = [out[int(i * step)] for i in range(limit)]
-    return out
 
 
 def _in_computes(kind: CellKind, ctx: Ctx) -> str | None:
@@ -322,6 +297,19 @@ def plan_cells(provider: str, lib: dict, *, cells: str | None, quick: bool, cuda
 
 # ------------------------------------------------------------------------------------------ measure and write
 
+# an error ORT's CUDA provider reports ("CUDA failure 716: misaligned address"): most leave the process's CUDA context
+# unusable (every later call fails), as a misaligned MoE hold-out did on an H100 (2026-12-07)
+CUDA_FAILURE = re.compile(r"\b(?:CUDA|CUDNN|CUBLAS) failure \d+: [^;\n]*")
+
+
+def failure_text(error: BaseException) -> str:
+    """Why a point failed, in one line: the CUDA failure the error names where it names one (ORT's message ends in
+    a source path and a C++ signature), else the error's last line."""
+    text = str(error)
+    cuda = CUDA_FAILURE.search(text)
+    return cuda.group(0).strip() if cuda else (text.strip().splitlines() or ["?"])[-1][:200]
+
+
 class _Measurement:
     """Measures a plan's cells into `lib`, writing the file after each. A cell whose every pass started in a slow
     phase of the machine (probe > PASS_GATE x the run's fastest, known at the end of the plan) is measured once more
@@ -387,7 +375,7 @@ class _Measurement:
             return None
         grids = graph_grids(kind, kind.grids[plan.name]) if plan.cuda_graph else kind.grids[plan.name]
         pts = _grid_points(grids)
-        hold = holdout_points(grids, plan.holdout_limit, tuple(kind.axes.index(a) for a in kind.discrete))
+        hold = kind.holdouts(grids, plan.holdout_limit)
         allpts = [(p, False) for p in pts] + [(p, True) for p in hold]
         taken, pass_probes, failed = self._passes(idx, kind, key, allpts, t_cell)
         # passes that started in a slow phase of the machine are dropped (PASS_GATE), the rest combined
@@ -400,11 +388,16 @@ class _Measurement:
                 redone = remeasure_outliers(kind, allpts, values, hvalues, self.ctx, self.run_overhead,
                                             quick=plan.quick)
             except Exception as e:  # noqa: BLE001
-                failed = "failed re-measuring an outlier: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
+                failed = f"failed re-measuring an outlier: {failure_text(e)}"
             if not failed and redone:
                 self.say(f"{idx:>3}/{len(plan.kinds)} {key}: re-measured {redone} outlier point(s)")
         if failed:
             self._not_characterised(idx, key, failed, 120)
+            if CUDA_FAILURE.search(failed):
+                raise LibraryFailure(
+                    f"characterize: {key} {failed}; a CUDA failure leaves the process's device context unusable, so "
+                    f"the run stops here with {len(self.lib['cells'])} cells in {self.path}: run the same command "
+                    "again to go on from the next cell")
             return None
         impl = plan.cell(kind)[2]
         entry = _table_entry(kind, impl, grids, values)
@@ -441,7 +434,7 @@ class _Measurement:
                     n = taken[j][0].copies if taken[j] and not taken[j][0].direct else None
                     taken[j].append(measure_point(kind, sizes, self.ctx, self.run_overhead, b, plan.quick, copies=n))
                 except Exception as e:  # noqa: BLE001 - one bad point must not lose the run: record why
-                    return taken, pass_probes, f"failed at {sizes}: " + (str(e).strip().splitlines() or ["?"])[-1][:200]
+                    return taken, pass_probes, f"failed at {sizes}: {failure_text(e)}"
                 self.say(f"{idx:>3}/{len(plan.kinds)} {key}: pass {pas + 1}/{passes} point "
                          f"{j + 1}/{len(allpts)} {time.perf_counter() - self.started:6.0f} s", end="")
         return taken, pass_probes, None
@@ -541,5 +534,5 @@ def list_cells(provider: str, quick: bool, cells: str | None = None,
         g = graph_grids(k, k.grids[plan]) if cuda_graph else k.grids[plan]
         suffix = GRAPH_SUFFIX if cuda_graph else ""
         out.append((f"{k.op}.{k.precision}.{k.implementation(provider)}{suffix}", len(_grid_points(g)),
-                    len(holdout_points(g, 6 if quick else 24, tuple(k.axes.index(a) for a in k.discrete)))))
+                    len(k.holdouts(g, 6 if quick else 24))))
     return out

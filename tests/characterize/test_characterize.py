@@ -444,3 +444,57 @@ def test_moe_bf16_cell_builds_its_bf16_experts():
     make_model(graph, external)
     elem, array = external["fc1_0"]
     assert elem == BF16 and array.dtype == np.uint16 and array.nbytes == blob.nbytes
+
+
+def test_moe_hold_outs_lie_on_the_widths_its_cuda_kernels_take():
+    """The full CUDA grid's hold-outs sit between grid widths on hidden widths of 128k and expert widths (inter / 3)
+    of 128k: the geometric midpoint of 2304 and 4608 (an expert width of 1086) stopped an H100 with a misaligned
+    address (2026-12-07). The CPU grid's hold-outs are the midpoints they were."""
+    from softsyn.characterize.catalogue import cell_kinds
+
+    kinds = [k for k in cell_kinds() if k.op in ("MoE", "QMoE")]
+    assert {k.key for k in kinds} == {"MoE.fp32", "MoE.fp16", "MoE.bf16", "QMoE.int4", "QMoE.int8"}
+    for kind in kinds:
+        axes = kind.axes
+        points = kind.holdouts(kind.grids["cuda"], 24)
+        hidden = {p[axes.index("hidden")] for p in points}
+        widths = {p[axes.index("inter")] // 3 for p in points}
+        assert all(h % 128 == 0 for h in hidden) and all(w % 128 == 0 for w in widths), (kind.key, hidden, widths)
+        assert {2944} <= hidden and {1024} <= widths  # between the grid's 2048/4096 and 768/1536
+        cpu = kind.holdouts(kind.grids["cpu"], 24)
+        assert {(p[axes.index("hidden")], p[axes.index("inter")]) for p in cpu} >= {(256, 384)}
+
+
+def test_a_cuda_failure_records_the_cell_and_stops_the_run_with_what_it_measured(quick_lib, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A CUDA failure at a point (ORT's "CUDA failure 716: misaligned address") leaves the process's device context
+    unusable, so the next cell's first call would fail (an H100 run then ended in an internal error, 2026-12-07):
+    the cell is recorded as not characterised with the failure named, the run stops with exit 2 and a line saying to
+    run it again, and the cells after it are left for that run."""
+    import shutil
+
+    from softsyn.characterize import plan
+    from softsyn.cli import run
+
+    path = tmp_path / "lib.yaml"
+    shutil.copy(quick_lib, path)
+    real = plan.measure_point
+
+    def failing(kind, *args, **kwargs):
+        if kind.op == "Neg":
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MoE node."
+                               " Status Message: /onnxruntime_src/core/providers/cuda/cuda_call.cc:154 CUDA failure "
+                               "716: misaligned address ; GPU=0 ; hostname=vm ; file=moe_gemm_profiler.cc ; line=82\n"
+                               "std::conditional_t<THRW, void, onnxruntime::common::Status>")
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(plan, "measure_point", failing)
+    with pytest.raises(SystemExit) as stopped:
+        run(["characterize", "--provider", "cpu", "--quick", "--cells", "Neg,Abs", "-o", str(path), "-q"])
+    line = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and "\n" not in line, line
+    assert "Neg.fp32.ort-cpu failed at {'elements'" in line and "CUDA failure 716: misaligned address;" in line
+    assert line.endswith("run the same command again to go on from the next cell (rerun with --debug for the trace)")
+    data = yaml.safe_load(path.read_text())
+    assert data["not_characterised"]["Neg.fp32.ort-cpu"].endswith(": CUDA failure 716: misaligned address")
+    assert not any(c["op"] in ("Neg", "Abs") for c in data["cells"])
