@@ -41,6 +41,9 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              qwen3-1.7b-wide decoder layer's attention module, its q/k/v int4 on softsyn's kernel, in each candidate
              (matmul, softsyn, softsyn + fused prologue) at past 767 and 4159, each line printed as it is timed: whether
              torch.compile traces the module there (it did not on 2026-12-07, H100: a fake tensor's address);
+  modulecompile (CUDA) modulechain's chains at span 768, each compiled by torch.compile (dynamic, then static
+             shapes) and by torch.export + AOTInductor: which way times softsyn's attention ops (torch.compile failed
+             on them on 2026-12-07, H100), each failure's traceback in the log;
   normchain  (CUDA) one qwen3-1.7b-wide int4 decoder layer as h200-torch's decode step holds it (gated MLP, fused
              prologue), a chain of 28 steps in one CUDA graph, its RMS norms as kernels and in its GEMVs
              (softsyn.emit.torch_norms), at spans 768 and 4160.
@@ -427,6 +430,70 @@ def module_chain_lines(device: str, dtype) -> list[str]:
     return lines
 
 
+def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
+    """The module chains of module_chain_lines at one span, each candidate compiled three ways: torch.compile with
+    dynamic shapes (as the compile's choice does), torch.compile with static shapes, and torch.export +
+    AOTInductor (as the package is built: its runner called per step in the CUDA graph), so a lease tells which way
+    times softsyn's attention ops when the first fails (torch 2.11's Inductor did, 2026-12-07: `KeyError: 'op14'`
+    and an AssertionError in decompose_triton_kernel_wrapper_functional). A failure's whole traceback goes to
+    stderr (the session's torch-kernels.log)."""
+    import tempfile
+    import traceback
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from softsyn.emit.torch_attention_choice import AttentionShape, attention_timing, cold_caches, module_step
+    from softsyn.emit.torch_kernel_choice import CALLS, graph_of, replay_seconds
+    from softsyn.emit.torch_step import ATTENTIONS, attention_implementation, pack_projections
+    from softsyn.emit.triton_weights import replace_linears
+
+    config = Qwen3Config(hidden_size=HIDDEN, intermediate_size=MLP, num_attention_heads=HEADS, head_dim=HEAD_DIM,
+                         num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1024)
+    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    pack_projections(model)
+    attention = model.model.layers[0].self_attn
+    replace_linears(model, [attention.packed_q_k_v.linear], 128)
+    timing = attention_timing(model, prologue=True)
+    shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
+
+    class Step(torch.nn.Module):  # export wants a module: the attention module's state, the step as its forward
+        def __init__(self, one):
+            super().__init__()
+            self.attention, self.one = attention, one
+
+        def forward(self, x, keys, values):
+            return self.one(x, keys, values)
+
+    def compiled(one, how: str, folder: str):
+        if how != "AOTInductor":
+            return torch.compile(one, dynamic=how == "dynamic")
+        program = torch.export.export(Step(one), (torch.randn(1, 1, HIDDEN, device=device, dtype=dtype),
+                                                  *cold_caches(shape, dtype, device, 1)[0]), strict=False)
+        return torch._inductor.aoti_load_package(
+            torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/chain.pt2"))
+
+    lines = []
+    for candidate in timing.candidates:
+        for how in ("dynamic", "static", "AOTInductor"):
+            label = f"module chain {candidate.label} at span {span}, {how}"
+            try:
+                with (attention_implementation(attention, ATTENTIONS[candidate.form][0]), torch.no_grad(),
+                      tempfile.TemporaryDirectory() as folder):
+                    one, calls = module_step(attention, model.model.rotary_emb, candidate, shape,
+                                             cold_caches(shape, dtype, device, CALLS))
+                    step = compiled(one, how, folder)
+                    seconds = replay_seconds(graph_of(lambda: [step(*a) for a in calls])) / CALLS
+                    line = f"{label}: {seconds * 1e6:.1f} us a layer"
+            except Exception as exc:  # noqa: BLE001 - the answer is the failure, its trace in the log
+                traceback.print_exc()
+                line = failure_line(label, exc)
+            finally:
+                torch._dynamo.reset()
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
 def chain_line(label: str, seconds) -> str:
     """`label` and what `seconds()` times, in us a layer, or its failure (what the compile's choice would log); printed
     as it ends, dynamo reset after (every chain compiles its own)."""
@@ -696,6 +763,7 @@ def main() -> int:
             packaged.append(line)
     packaged += module_chain_lines(args.device, dtype) if cuda and "modulechain" in parts else []
     packaged += norm_chain_lines(args.device, dtype) if cuda and "normchain" in parts else []
+    packaged += module_compile_lines(args.device, dtype) if cuda and "modulecompile" in parts else []
     rows = attention_rows(args.device, dtype) if "attention" in parts else []
     rows += projection_rows(args.device, dtype) if "projections" in parts else []
     rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []

@@ -120,11 +120,20 @@ def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: i
 def module_chain(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
                  caches: list[torch.Tensor], calls: int = CALLS, compiled: bool = True) -> Callable[[], list]:
     """A chain of `calls` one-position steps of the attention `module` (the prologue fused where `candidate` says)
-    as the package runs them: call i writes its key and value into caches[i % len(caches)] (whole [2, B, Hkv,
-    length, D] caches) at slot span - 2 and attends over their first `span` slots; compiled with dynamic shapes
-    unless not `compiled`. The caller sets the attention implementation to `candidate.form`'s while it runs. Every
-    call runs the one module, so its projections read their weights from the L2 cache where they fit: the same for
-    every candidate, which differ in what runs between the projections."""
+    as the package runs them (module_step), compiled with dynamic shapes unless not `compiled`. The caller sets the
+    attention implementation to `candidate.form`'s while it runs."""
+    one, calls_args = module_step(module, rotary, candidate, shape, caches, calls)
+    step = torch.compile(one, dynamic=True) if compiled else one
+    return lambda: [step(*args) for args in calls_args]
+
+
+def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
+                caches: list[torch.Tensor], calls: int = CALLS) -> tuple[Callable, list[tuple]]:
+    """One decode step of the attention `module` (the prologue fused where `candidate` says), a function of (x, keys,
+    values), and the arguments of each of `calls` calls: call i writes its key and value into caches[i % len(caches)]
+    (whole [2, B, Hkv, length, D] caches) at slot span - 2 and attends over their first `span` slots. Every call runs
+    the one module, so its projections read their weights from the L2 cache where they fit: the same for every
+    candidate, which differ in what runs between the projections."""
     chosen = fused_form(module) if candidate.prologue else module
     like = caches[0]
     where = torch.tensor([shape.span - 2], device=like.device)
@@ -139,8 +148,7 @@ def module_chain(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Ca
                       position_ids=where.expand(shape.batch, 1), cache=Cache(layers=[layer] * (module.layer_idx + 1)),
                       use_cache=True)[0]
 
-    step = torch.compile(one, dynamic=True) if compiled else one
-    return lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)]
+    return one, [(x, *caches[i % len(caches)]) for i, x in enumerate(rows)]
 
 
 def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
