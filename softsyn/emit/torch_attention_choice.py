@@ -19,7 +19,10 @@ form) is one more candidate, timed against the others the same way, where the ta
 """
 from __future__ import annotations
 
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
@@ -161,12 +164,47 @@ def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
     return seconds
 
 
+def packaged_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
+    """A Timer of `module`'s chains whose step is built as the package is, by torch.export and AOTInductor
+    (packaged_step), each call the loaded package's, the chain captured as one CUDA graph: for a candidate
+    torch.compile fails on. torch 2.11's Inductor failed every chain holding softsyn's Triton ops under
+    torch.compile (`KeyError: 'op14'`; an AssertionError in decompose_triton_kernel_wrapper_functional, a check
+    torch 2.13 dropped) while AOTInductor packaged the same ops (H100, 2026-12-07)."""
+    def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
+        caches = cold_caches(shape, dtype, device, CALLS)
+        with (attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad(),
+              tempfile.TemporaryDirectory() as folder):
+            one, calls = module_step(module, rotary, candidate, shape, caches)
+            step = packaged_step(module, one, calls[0], Path(folder) / "chain.pt2")
+            return replay_seconds(graph_of(lambda: [step(*args) for args in calls])) / CALLS
+    return seconds
+
+
+class _Step(torch.nn.Module):
+    """A module_step as a module (torch.export takes modules): the attention module's state, the step its forward."""
+
+    def __init__(self, module: torch.nn.Module, one: Callable):
+        super().__init__()
+        self.module, self.one = module, one
+
+    def forward(self, x, keys, values):
+        return self.one(x, keys, values)
+
+
+def packaged_step(module: torch.nn.Module, one: Callable, example: tuple, path: Path) -> Callable:
+    """`one` (a module_step of `module`) exported at `example` with static shapes, compiled by AOTInductor into
+    `path` and loaded: called as `one` is, it writes the cache it is given in place as `one` does."""
+    program = torch.export.export(_Step(module, one), example, strict=False)
+    return torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program, package_path=str(path)))
+
+
 class Timing(NamedTuple):
     """How a model's decode attention choice is timed (attention_timing)."""
     timer: Timer
     candidates: tuple[Candidate, ...]
     what: str  # what a chain call runs, for the log
     fallback: Timer | None  # times PLAIN's forms where no candidate ran (None: nothing else to try)
+    packaged: Timer | None = None  # times a candidate `timer` fails on as an AOTInductor package (None: it loses)
 
 
 def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
@@ -179,21 +217,21 @@ def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
         return Timing(core_seconds, PLAIN, "the attention function", None)
     offered = prologue and unfusable(module, packed_qkv(module)) is None
     return Timing(module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module",
-                  core_seconds)
+                  core_seconds, packaged_timer(module, rotary))
 
 
 def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: str, timer: Timer = core_seconds,
-                     candidates: tuple[Candidate, ...] = PLAIN,
-                     fallback: Timer | None = None) -> tuple[Candidate, list[str]]:
+                     candidates: tuple[Candidate, ...] = PLAIN, fallback: Timer | None = None,
+                     packaged: Timer | None = None) -> tuple[Candidate, list[str]]:
     """The candidate whose decode chains sum least over `shapes` on `device`, and the compile-log lines with every
-    time. A candidate that fails to compile or run here is a line and loses; where none runs, the forms of PLAIN
-    timed by `fallback` (if given); off CUDA, or with no decode group, or where still none runs, the first, saying
-    why."""
+    time. A candidate `timer` fails on is timed by `packaged` (if given); one that fails there too is a line and
+    loses; where none runs, the forms of PLAIN timed by `fallback` (if given); off CUDA, or with no decode group, or
+    where still none runs, the first, saying why."""
     first = candidates[0]
     if device != "cuda" or not shapes:
         why = "no CUDA device" if device != "cuda" else "no decode path group"
         return first, [f"decode attention not measured ({why}): {first.label}"]
-    totals, lines = timed_chains(shapes, dtype, device, timer, candidates)
+    totals, lines = timed_chains(shapes, dtype, device, timer, candidates, packaged)
     if not totals and fallback is not None:
         candidates = PLAIN
         totals, more = timed_chains(shapes, dtype, device, fallback, candidates)
@@ -203,20 +241,44 @@ def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: s
     return chosen, [f"decode attention: {chosen.label} ({fastest})", *lines]
 
 
-def timed_chains(shapes, dtype, device, timer: Timer, candidates) -> tuple[dict[Candidate, float], list[str]]:
-    """({candidate: its chains' seconds summed over `shapes`} for those that ran, a log line for each)."""
+def timed_chains(shapes, dtype, device, timer: Timer, candidates,
+                 packaged: Timer | None = None) -> tuple[dict[Candidate, float], list[str]]:
+    """({candidate: its chains' seconds summed over `shapes`} for those that ran, a log line for each): each
+    candidate's chains by `timer`, or where that fails by `packaged`, saying why and how long its packages took."""
     totals, lines = {}, []
     for candidate in candidates:
+        how = ""
         try:
-            times = [timer(candidate, shape, dtype, device) for shape in shapes]
+            times = chain_times(timer, candidate, shapes, dtype, device)
         except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
-            reason = (str(exc).splitlines() or [""])[0][:120]
-            lines.append(f"decode attention {candidate.label}: did not run ({type(exc).__name__}: {reason})")
-            continue
-        finally:
-            torch._dynamo.reset()  # each candidate's compiled chains go before the next one's
+            if packaged is None:
+                lines.append(f"decode attention {candidate.label}: did not run ({failure(exc)})")
+                continue
+            started = time.perf_counter()
+            try:
+                times = chain_times(packaged, candidate, shapes, dtype, device)
+            except Exception as again:  # noqa: BLE001 - as above
+                lines.append(f"decode attention {candidate.label}: did not run ({failure(exc)}; as AOTInductor "
+                             f"packages: {failure(again)})")
+                continue
+            how = (f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s: torch.compile "
+                   f"failed ({failure(exc)})")
         totals[candidate] = sum(times)
         lines.append(f"decode attention {candidate.label}: " + ", ".join(
             f"{fmt_time(t, 'us', 1)} a layer at {shape.label()}" for t, shape in zip(times, shapes))
-            + f" ({CALLS} calls a CUDA graph, measured)")
+            + f" ({CALLS} calls a CUDA graph, measured{how})")
     return totals, lines
+
+
+def chain_times(timer: Timer, candidate: Candidate, shapes, dtype, device) -> list[float]:
+    """`timer`'s seconds for `candidate` at each of `shapes`, dynamo's compiled chains dropped after (each candidate's
+    go before the next one's)."""
+    try:
+        return [timer(candidate, shape, dtype, device) for shape in shapes]
+    finally:
+        torch._dynamo.reset()
+
+
+def failure(exc: BaseException) -> str:
+    """An exception in a log line's parentheses: its type and its first line, cut at 120 characters."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"

@@ -3,6 +3,8 @@ chains sum least over the decode groups' spans, a form that fails loses and is n
 without a decode group; the shapes come from the decode groups, spans rounded as the runner rounds them."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -108,6 +110,65 @@ def _packed_tiny():
     cast_parameters(model, torch.float32)
     pack_projections(model)
     return model
+
+
+def test_a_candidate_torch_compile_fails_on_is_timed_as_aotinductor_packages_and_can_win():
+    """torch 2.11's Inductor failed every module chain holding softsyn's Triton ops while AOTInductor packaged them
+    (H100, 2026-12-07), so the matmul form won by default: a candidate the chains' timer fails on is timed by the
+    packaged timer, its line saying so and why, and wins where it is fastest; one that fails both ways loses with
+    both reasons."""
+    shape = AttentionShape(1, 16, 8, 128, 768)
+    candidates = PLAIN + (PROLOGUE,)
+    times = {Candidate("matmul"): 30e-6, Candidate("softsyn"): 28e-6, PROLOGUE: 24e-6}
+    packaged_asked = []
+
+    def compiled(candidate, *args):
+        if candidate.form == "softsyn":
+            raise KeyError("op14")
+        return times[candidate]
+
+    def packaged(candidate, *args):
+        packaged_asked.append(candidate)
+        if candidate == Candidate("softsyn"):
+            raise RuntimeError("export failed\nsecond line")
+        return times[candidate]
+
+    chosen, lines = choose_attention([shape], torch.float16, "cuda", compiled, candidates, packaged=packaged)
+    assert chosen == PROLOGUE and packaged_asked == [Candidate("softsyn"), PROLOGUE]
+    assert lines[1].startswith("decode attention matmul: 30.0 us a layer") and lines[1].endswith("measured)")
+    assert lines[2] == ("decode attention softsyn: did not run (KeyError: 'op14'; as AOTInductor packages: "
+                        "RuntimeError: export failed)")
+    assert lines[3].startswith("decode attention softsyn + fused prologue: 24.0 us a layer at batch 1")
+    assert lines[3].endswith(" calls a CUDA graph, measured; as AOTInductor packages, built in 0 s: torch.compile "
+                             "failed (KeyError: 'op14'))")
+    assert lines[0] == "decode attention: softsyn + fused prologue (the fastest of matmul, softsyn + fused prologue)"
+
+
+def test_a_packaged_module_step_computes_the_eager_step_and_writes_its_cache():
+    """What the packaged timer calls: a layer's attention module step (the matmul form, on the CPU here) exported
+    and compiled by AOTInductor gives the eager step's output and writes the same key and value slot of the cache
+    it is given."""
+    from softsyn.emit.torch_attention_choice import module_step, packaged_step
+
+    model = _packed_tiny()
+    module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb
+    kv, dim = model.config.num_key_value_heads, model.config.head_dim
+    shape = AttentionShape(1, model.config.num_attention_heads, kv, dim, span=12, length=16)
+    torch.manual_seed(0)
+    caches = [torch.randn(2, 1, kv, 16, dim) for _ in range(2)]
+    copies, start = [c.clone() for c in caches], torch.stack(caches).clone()
+    with attention_implementation(module, ATTENTIONS["matmul"][0]), torch.no_grad(), \
+            tempfile.TemporaryDirectory() as folder:
+        one, calls = module_step(module, rotary, Candidate("matmul"), shape, caches, calls=2)
+        step = packaged_step(module, one, calls[0], Path(folder) / "chain.pt2")
+        got = [step(*args) for args in calls]
+        want = [one(args[0], *copies[i % len(copies)]) for i, args in enumerate(calls)]  # the same rows, eager
+    got = [g[0] if isinstance(g, (list, tuple)) else g for g in got]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(caches), torch.stack(copies), rtol=1e-5, atol=1e-5)
+    written = torch.stack(caches) != start  # slot span - 2 of each copy, nothing else
+    assert written[..., 10, :].any(dim=-1).all() and not written[..., :10, :].any() and not written[..., 11:, :].any()
 
 
 def test_each_candidate_s_module_chain_computes_the_same_steps():
