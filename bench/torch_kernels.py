@@ -46,7 +46,8 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              on them on 2026-12-07, H100), each failure's traceback in the log;
   normchain  (CUDA) one qwen3-1.7b-wide int4 decoder layer as h200-torch's decode step holds it (gated MLP, fused
              prologue), a chain of 28 steps in one CUDA graph, its RMS norms as kernels and in its GEMVs
-             (softsyn.emit.torch_norms), at spans 768 and 4160.
+             (softsyn.emit.torch_norms), at spans 768 and 4160 (compiled by torch.compile, or where that fails as
+             an AOTInductor package).
 Each: median over 200 replays (after 20) of the graph, CUDA events; per call, and the bytes it must read (weights or
 K/V) over that time as effective bandwidth. Writes a markdown table to -o (default stdout).
 """
@@ -517,7 +518,9 @@ def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.cache_utils import Cache
 
-    from softsyn.emit.torch_attention_choice import AttentionShape, cold_caches
+    import tempfile
+
+    from softsyn.emit.torch_attention_choice import AttentionShape, cold_caches, packaged_step
     from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
     from softsyn.emit.torch_norms import fold_norms, fuse_norms
     from softsyn.emit.torch_prologue import FUSED_FORM, fuse_prologues
@@ -554,12 +557,18 @@ def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
                              cache=cache, use_cache=True)
                 return out[0] if isinstance(out, tuple) else out
 
-            def seconds(one=one, module=module):
-                step = torch.compile(one, dynamic=True)
-                with attention_implementation(module.self_attn, FUSED_FORM), torch.no_grad():
+            def seconds(one=one, module=module, packaged=False):
+                with (attention_implementation(module.self_attn, FUSED_FORM), torch.no_grad(),
+                      tempfile.TemporaryDirectory() as folder):
+                    step = (packaged_step(module, one, (rows[0], *caches[0]), Path(folder) / "layer.pt2") if packaged
+                            else torch.compile(one, dynamic=True))
                     graph = graph_of(lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)])
-                return replay_seconds(graph) / calls
-            lines.append(chain_line(f"norm chain, {label}, span {span}", seconds))
+                    return replay_seconds(graph) / calls
+            line = chain_line(f"norm chain, {label}, span {span}", seconds)
+            if "failed (" in line:  # torch 2.11's Inductor fails on softsyn's ops in torch.compile: as the package is
+                line = chain_line(f"norm chain, {label}, span {span}, as an AOTInductor package",
+                                  lambda seconds=seconds: seconds(packaged=True))
+            lines.append(line)
     return lines
 
 
