@@ -443,7 +443,8 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
 
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from softsyn.emit.torch_attention_choice import AttentionShape, attention_timing, cold_caches, module_step
+    from softsyn.emit.torch_attention_choice import (AttentionShape, attention_timing, cold_caches, module_step,
+                                                     packaged_step)
     from softsyn.emit.torch_kernel_choice import CALLS, graph_of, replay_seconds
     from softsyn.emit.torch_step import ATTENTIONS, attention_implementation, pack_projections
     from softsyn.emit.triton_weights import replace_linears
@@ -457,21 +458,10 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
     timing = attention_timing(model, prologue=True)
     shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
 
-    class Step(torch.nn.Module):  # export wants a module: the attention module's state, the step as its forward
-        def __init__(self, one):
-            super().__init__()
-            self.attention, self.one = attention, one
-
-        def forward(self, x, keys, values):
-            return self.one(x, keys, values)
-
-    def compiled(one, how: str, folder: str):
+    def compiled(one, calls, how: str, folder: str):
         if how != "AOTInductor":
             return torch.compile(one, dynamic=how == "dynamic")
-        program = torch.export.export(Step(one), (torch.randn(1, 1, HIDDEN, device=device, dtype=dtype),
-                                                  *cold_caches(shape, dtype, device, 1)[0]), strict=False)
-        return torch._inductor.aoti_load_package(
-            torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/chain.pt2"))
+        return packaged_step(attention, one, calls[0], Path(folder) / "chain.pt2")
 
     lines = []
     for candidate in timing.candidates:
@@ -482,7 +472,7 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
                       tempfile.TemporaryDirectory() as folder):
                     one, calls = module_step(attention, model.model.rotary_emb, candidate, shape,
                                              cold_caches(shape, dtype, device, CALLS))
-                    step = compiled(one, how, folder)
+                    step = compiled(one, calls, how, folder)
                     seconds = replay_seconds(graph_of(lambda: [step(*a) for a in calls])) / CALLS
                     line = f"{label}: {seconds * 1e6:.1f} us a layer"
             except Exception as exc:  # noqa: BLE001 - the answer is the failure, its trace in the log
