@@ -282,7 +282,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
                            enabled=design.progress, done="emit: decode attention chosen"):
             chosen, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
                                              getattr(torch, target.dtype), target.device, timing.timer,
-                                             timing.candidates, timing.fallback, timing.packaged)
+                                             timing.candidates, fallback=timing.fallback,
+                                             packaged=timing.packaged)
         attention, prologue = chosen.form, chosen.prologue
         notes += [f"target {design.torch_target}: {line}" for line in lines]
     quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue))
