@@ -30,6 +30,8 @@ write the cell's delay table with its index axes. Method per point:
   and a cell whose every pass started slow against the run's fastest probe is measured again at the end of
   the plan. On every provider a point measured more than OUTLIER x slower than a point at least as large on
   every axis is re-measured.
+- A CUDA failure at a cell (ORT's "CUDA failure 716: misaligned address") leaves the process's device context
+  unusable: the cell is recorded as not characterised with it and the run stops (exit 2), to go on when run again.
 - Resumable: cells already in the output file (and cells recorded as not characterised) are skipped;
   the file is rewritten atomically (validated by softsyn.library.model.parse_library first) after each cell.
 - The `Run` cell: the fixed cost of one run call vs the number of graph inputs + outputs (`ios`),
@@ -98,7 +100,7 @@ def _in_computes(kind: CellKind, ctx: Ctx) -> str | None:
     except SoftsynError:
         raise
     except Exception as e:  # noqa: BLE001 - NOT_IMPLEMENTED, fallback refused, ...
-        return "does not run: " + (str(e).strip().splitlines() or ["?"])[0][:200]
+        return "does not run: " + failure_text(e, line=0)
     return None
 
 
@@ -302,12 +304,12 @@ def plan_cells(provider: str, lib: dict, *, cells: str | None, quick: bool, cuda
 CUDA_FAILURE = re.compile(r"\b(?:CUDA|CUDNN|CUBLAS) failure \d+: [^;\n]*")
 
 
-def failure_text(error: BaseException) -> str:
-    """Why a point failed, in one line: the CUDA failure the error names where it names one (ORT's message ends in
-    a source path and a C++ signature), else the error's last line."""
+def failure_text(error: BaseException, line: int = -1) -> str:
+    """Why a cell or point failed, in one line: the CUDA failure the error names where it names one (ORT's message
+    ends in a source path and a C++ signature), else the error's `line` (the last by default), cut at 200."""
     text = str(error)
     cuda = CUDA_FAILURE.search(text)
-    return cuda.group(0).strip() if cuda else (text.strip().splitlines() or ["?"])[-1][:200]
+    return cuda.group(0).strip() if cuda else (text.strip().splitlines() or ["?"])[line][:200]
 
 
 class _Measurement:
@@ -364,6 +366,15 @@ class _Measurement:
         self.say(f"{idx:>3}/{len(self.plan.kinds)} {key}: not characterised: {why[:shown]}")
         write_library(self.lib, self.path)
 
+    def _stop_after_cuda_failure(self, key: str, why: str) -> None:
+        """Stop the run where `key` failed with a CUDA failure (recorded already): every later call in this process
+        would fail too (a speed probe's then ended a run with an internal error, H100, 2026-12-07)."""
+        if CUDA_FAILURE.search(why):
+            raise LibraryFailure(
+                f"characterize: {key} {why}; a CUDA failure leaves the process's device context unusable, so the run "
+                f"stops here with {len(self.lib['cells'])} cells in {self.path}: run the same command again to go on "
+                "from the next cell")
+
     def _table(self, idx: int, kind: CellKind, key: str, t_cell: float) -> dict | None:
         """The cell's entry: its delay table over the grid, hold-out error, how it was measured; None (recorded as
         not characterised) when the provider does not compute in it or a point fails."""
@@ -372,6 +383,7 @@ class _Measurement:
         why = _in_computes(kind, self.ctx)
         if why:
             self._not_characterised(idx, key, why, 100)
+            self._stop_after_cuda_failure(key, why)
             return None
         grids = graph_grids(kind, kind.grids[plan.name]) if plan.cuda_graph else kind.grids[plan.name]
         pts = _grid_points(grids)
@@ -393,11 +405,7 @@ class _Measurement:
                 self.say(f"{idx:>3}/{len(plan.kinds)} {key}: re-measured {redone} outlier point(s)")
         if failed:
             self._not_characterised(idx, key, failed, 120)
-            if CUDA_FAILURE.search(failed):
-                raise LibraryFailure(
-                    f"characterize: {key} {failed}; a CUDA failure leaves the process's device context unusable, so "
-                    f"the run stops here with {len(self.lib['cells'])} cells in {self.path}: run the same command "
-                    "again to go on from the next cell")
+            self._stop_after_cuda_failure(key, failed)
             return None
         impl = plan.cell(kind)[2]
         entry = _table_entry(kind, impl, grids, values)

@@ -465,12 +465,14 @@ def test_moe_hold_outs_lie_on_the_widths_its_cuda_kernels_take():
         assert {(p[axes.index("hidden")], p[axes.index("inter")]) for p in cpu} >= {(256, 384)}
 
 
+@pytest.mark.parametrize("where", ["point", "first run"])
 def test_a_cuda_failure_records_the_cell_and_stops_the_run_with_what_it_measured(quick_lib, tmp_path, monkeypatch,
-                                                                                capsys):
+                                                                                capsys, where):
     """A CUDA failure at a point (ORT's "CUDA failure 716: misaligned address") leaves the process's device context
     unusable, so the next cell's first call would fail (an H100 run then ended in an internal error, 2026-12-07):
     the cell is recorded as not characterised with the failure named, the run stops with exit 2 and a line saying to
-    run it again, and the cells after it are left for that run."""
+    run it again, and the cells after it are left for that run. The same where the cell's first run (whether the
+    provider computes in it) fails so."""
     import shutil
 
     from softsyn.characterize import plan
@@ -478,22 +480,35 @@ def test_a_cuda_failure_records_the_cell_and_stops_the_run_with_what_it_measured
 
     path = tmp_path / "lib.yaml"
     shutil.copy(quick_lib, path)
-    real = plan.measure_point
+    error = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MoE node. "
+                         "Status Message: /onnxruntime_src/core/providers/cuda/cuda_call.cc:154 CUDA failure 716: "
+                         "misaligned address ; GPU=0 ; hostname=vm ; file=moe_gemm_profiler.cc ; line=82\n"
+                         "std::conditional_t<THRW, void, onnxruntime::common::Status>")
+    if where == "point":
+        real = plan.measure_point
 
-    def failing(kind, *args, **kwargs):
-        if kind.op == "Neg":
-            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MoE node."
-                               " Status Message: /onnxruntime_src/core/providers/cuda/cuda_call.cc:154 CUDA failure "
-                               "716: misaligned address ; GPU=0 ; hostname=vm ; file=moe_gemm_profiler.cc ; line=82\n"
-                               "std::conditional_t<THRW, void, onnxruntime::common::Status>")
-        return real(kind, *args, **kwargs)
+        def failing(kind, *args, **kwargs):
+            if kind.op == "Neg":
+                raise error
+            return real(kind, *args, **kwargs)
 
-    monkeypatch.setattr(plan, "measure_point", failing)
+        monkeypatch.setattr(plan, "measure_point", failing)
+    else:
+        real_runner = plan.Runner
+
+        class FailingRunner(real_runner):
+            def __call__(self, *args, **kwargs):
+                if any(node.op_type == "Neg" for node in self.model.graph.node):
+                    raise error
+                return super().__call__(*args, **kwargs)
+
+        monkeypatch.setattr(plan, "Runner", FailingRunner)
     with pytest.raises(SystemExit) as stopped:
         run(["characterize", "--provider", "cpu", "--quick", "--cells", "Neg,Abs", "-o", str(path), "-q"])
     line = capsys.readouterr().err.strip()
     assert stopped.value.code == 2 and "\n" not in line, line
-    assert "Neg.fp32.ort-cpu failed at {'elements'" in line and "CUDA failure 716: misaligned address;" in line
+    said = "failed at {'elements'" if where == "point" else "does not run: CUDA failure"
+    assert f"Neg.fp32.ort-cpu {said}" in line and "CUDA failure 716: misaligned address;" in line
     assert line.endswith("run the same command again to go on from the next cell (rerun with --debug for the trace)")
     data = yaml.safe_load(path.read_text())
     assert data["not_characterised"]["Neg.fp32.ort-cpu"].endswith(": CUDA failure 716: misaligned address")
