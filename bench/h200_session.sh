@@ -43,7 +43,7 @@
 #                        vs separate projections, each decode GEMV under Inductor's settings (default, coordinate
 #                        descent, max-autotune) and as mul + sum, and fp16 vs int4 (tinygemm, g32/g128) GEMVs at
 #                        qwen3-1.7b's shapes, compiled by Inductor, as CUDA graph replays (~80 s)
-#   torchonly STEP ARGS  carry [".whl"]: STEP (torchkernels or torch) on a fresh machine in one call, without
+#   torchonly STEP ARGS  carry [".whl"]: STEP (torchkernels, torch or torchbg) on a fresh machine in one call, without
 #                        onnxruntime-gpu (the torch targets need none): the wheels and softsyn, then the step, e.g.
 #                        `torchonly torchkernels --parts package,chain` (the package checks print first, so a call cut
 #                        short still says whether they built; `torchonly torch ...` compiles against the image's
