@@ -424,12 +424,12 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
     return forms
 
 
-def module_chain_lines(device: str, dtype) -> list[str]:
-    """The measured attention choice's module chains, one layer of qwen3-1.7b's widths (random weights, q/k/v int4 g128
-    on softsyn's kernel), each candidate at each span: a line per time or failure, printed as it ends."""
+def attention_layer_model(device: str, dtype):
+    """(model, its attention module, the attention choice's Timing with the prologue offered): one decoder layer of
+    qwen3-1.7b's widths, random weights, projections packed, q/k/v int4 g128 on softsyn's kernel."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from softsyn.emit.torch_attention_choice import AttentionShape, attention_timing
+    from softsyn.emit.torch_attention_choice import attention_timing
     from softsyn.emit.torch_step import pack_projections
     from softsyn.emit.triton_weights import replace_linears
 
@@ -439,7 +439,15 @@ def module_chain_lines(device: str, dtype) -> list[str]:
     pack_projections(model)
     attention = model.model.layers[0].self_attn
     replace_linears(model, [attention.packed_q_k_v.linear], 128)
-    timing = attention_timing(model, prologue=True)
+    return model, attention, attention_timing(model, prologue=True)
+
+
+def module_chain_lines(device: str, dtype) -> list[str]:
+    """The measured attention choice's module chains, one layer of qwen3-1.7b's widths (random weights, q/k/v int4 g128
+    on softsyn's kernel), each candidate at each span: a line per time or failure, printed as it ends."""
+    from softsyn.emit.torch_attention_choice import AttentionShape
+
+    timing = attention_layer_model(device, dtype)[2]
     lines = []
     for candidate in timing.candidates:
         for span in (768, 4160):
@@ -459,21 +467,11 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
     import tempfile
     import traceback
 
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from softsyn.emit.torch_attention_choice import (AttentionShape, attention_timing, cold_caches, module_step,
-                                                     packaged_step)
+    from softsyn.emit.torch_attention_choice import AttentionShape, cold_caches, module_step, packaged_step
     from softsyn.emit.torch_kernel_choice import CALLS, graph_of, replay_seconds
-    from softsyn.emit.torch_step import ATTENTIONS, attention_implementation, pack_projections
-    from softsyn.emit.triton_weights import replace_linears
+    from softsyn.emit.torch_step import ATTENTIONS, attention_implementation
 
-    config = Qwen3Config(hidden_size=HIDDEN, intermediate_size=MLP, num_attention_heads=HEADS, head_dim=HEAD_DIM,
-                         num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1024)
-    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
-    pack_projections(model)
-    attention = model.model.layers[0].self_attn
-    replace_linears(model, [attention.packed_q_k_v.linear], 128)
-    timing = attention_timing(model, prologue=True)
+    model, attention, timing = attention_layer_model(device, dtype)
     shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
 
     def compiled(one, calls, how: str, folder: str):

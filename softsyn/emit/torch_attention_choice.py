@@ -29,7 +29,7 @@ import torch
 
 from transformers.cache_utils import Cache
 
-from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, graph_of, replay_seconds
+from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, failure, graph_of, replay_seconds
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
 from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, rotary_embedding
 from softsyn.frontends.export import kv_geometry
@@ -120,16 +120,6 @@ def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: i
                         device=device, dtype=dtype) for _ in range(copies)]
 
 
-def module_chain(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
-                 caches: list[torch.Tensor], calls: int = CALLS, compiled: bool = True) -> Callable[[], list]:
-    """A chain of `calls` one-position steps of the attention `module` (the prologue fused where `candidate` says)
-    as the package runs them (module_step), compiled with dynamic shapes unless not `compiled`. The caller sets the
-    attention implementation to `candidate.form`'s while it runs."""
-    one, calls_args = module_step(module, rotary, candidate, shape, caches, calls)
-    step = torch.compile(one, dynamic=True) if compiled else one
-    return lambda: [step(*args) for args in calls_args]
-
-
 def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
                 caches: list[torch.Tensor], calls: int = CALLS) -> tuple[Callable, list[tuple]]:
     """One decode step of the attention `module` (the prologue fused where `candidate` says), a function of (x, keys,
@@ -154,28 +144,20 @@ def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Can
     return one, [(x, *caches[i % len(caches)]) for i, x in enumerate(rows)]
 
 
-def module_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
-    """A Timer of `module`'s chains (module_chain) in each candidate, captured as one CUDA graph."""
-    def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
-        caches = cold_caches(shape, dtype, device, CALLS)
-        with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
-            graph = graph_of(module_chain(module, rotary, candidate, shape, caches))
-        return replay_seconds(graph) / CALLS
-    return seconds
-
-
-def packaged_timer(module: torch.nn.Module, rotary: torch.nn.Module) -> Timer:
-    """A Timer of `module`'s chains whose step is built as the package is, by torch.export and AOTInductor
-    (packaged_step), each call the loaded package's, the chain captured as one CUDA graph: for a candidate
-    torch.compile fails on. torch 2.11's Inductor failed every chain holding softsyn's Triton ops under
-    torch.compile (`KeyError: 'op14'`; an AssertionError in decompose_triton_kernel_wrapper_functional, a check
-    torch 2.13 dropped) while AOTInductor packaged the same ops (H100, 2026-12-07)."""
+def module_timer(module: torch.nn.Module, rotary: torch.nn.Module, packaged: bool = False) -> Timer:
+    """A Timer of `module`'s chains (module_step's calls) in each candidate, captured as one CUDA graph: the step
+    compiled by torch.compile with dynamic shapes, or where `packaged` built as the package is, by torch.export and
+    AOTInductor (packaged_step), each call the loaded package's. The packaged form is for a candidate torch.compile
+    fails on: torch 2.11's Inductor failed every chain holding softsyn's Triton ops (`KeyError: 'op14'`; an
+    AssertionError in decompose_triton_kernel_wrapper_functional, a check torch 2.13 dropped) while AOTInductor
+    packaged the same ops (H100, 2026-12-07)."""
     def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
         caches = cold_caches(shape, dtype, device, CALLS)
         with (attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad(),
               tempfile.TemporaryDirectory() as folder):
             one, calls = module_step(module, rotary, candidate, shape, caches)
-            step = packaged_step(module, one, calls[0], Path(folder) / "chain.pt2")
+            step = (packaged_step(module, one, calls[0], Path(folder) / "chain.pt2") if packaged
+                    else torch.compile(one, dynamic=True))
             return replay_seconds(graph_of(lambda: [step(*args) for args in calls])) / CALLS
     return seconds
 
@@ -217,7 +199,7 @@ def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
         return Timing(core_seconds, PLAIN, "the attention function", None)
     offered = prologue and unfusable(module, packed_qkv(module)) is None
     return Timing(module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module",
-                  core_seconds, packaged_timer(module, rotary))
+                  core_seconds, module_timer(module, rotary, packaged=True))
 
 
 def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: str, timer: Timer = core_seconds,
@@ -277,8 +259,3 @@ def chain_times(timer: Timer, candidate: Candidate, shapes, dtype, device) -> li
         return [timer(candidate, shape, dtype, device) for shape in shapes]
     finally:
         torch._dynamo.reset()
-
-
-def failure(exc: BaseException) -> str:
-    """An exception in a log line's parentheses: its type and its first line, cut at 120 characters."""
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"

@@ -117,6 +117,11 @@ Build = Callable[[Pick, torch.nn.Linear, "WeightShape"], torch.nn.Module]  # (fo
 Timer = Callable[[list[torch.nn.Module], int, torch.dtype, str], float]
 
 
+def failure(exc: BaseException) -> str:
+    """An exception in a log line's parentheses: its type and its first line, cut at 120 characters."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+
+
 def options(shape: WeightShape) -> list[Pick]:
     """The forms a shape is timed in: softsyn's kernel at each tuned config of its precision (autotuned where Triton
     lists none), then torchao's layer for the precisions both build."""
@@ -154,8 +159,7 @@ def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Bui
             try:
                 times[pick] = timer([build(pick, linear, shape) for _ in range(copies)], shape.width, dtype, "cuda")
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
-                first = (str(exc).splitlines() or [""])[0][:120]
-                failed[pick.kernel] = f"{pick.label(shape.precision)} did not run ({type(exc).__name__}: {first})"
+                failed[pick.kernel] = f"{pick.label(shape.precision)} did not run ({failure(exc)})"
         chosen[shape] = min(times, key=lambda p: (times[p], order.index(p))) if times else fallback(order)
         said = [f"{p.label(shape.precision)} {fmt_time(t, 'us', 1)}" for p, t in times.items()] + list(failed.values())
         notes.append(f"kernel for {shape.label()}: {chosen[shape].label(shape.precision)} ({', '.join(said)} a "

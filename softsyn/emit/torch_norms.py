@@ -21,7 +21,7 @@ from transformers.cache_utils import Cache
 from softsyn.emit.torch_prologue import (CHECK_FORM, CHECK_SEQ, CHECK_SLOTS, FUSED_FORM, CheckInput, FusedAttention,
                                          check_input, close, norm_eps)
 from softsyn.emit.torch_step import (BufferLayer, GatedMLP, PackedLinear, attention_implementation, on_same_state,
-                                     rotary_embedding)
+                                     rotary_embedding, substitute_checked)
 from softsyn.emit.triton_weights import QuantLinear
 
 NORMS = (("input_layernorm", "packed_q_k_v"), ("post_attention_layernorm", "packed_gate_up"))  # norm -> what it feeds
@@ -173,24 +173,24 @@ def fuse_norms(model: torch.nn.Module) -> Fusion:
     """Put a FusedNorms where each decoder layer of `model` computes what the fused form does, checked on one random
     step over a small cache in softsyn's decode form (output and cache, within fp16 rounding); the others kept, with
     why."""
-    fused, why, rotary = 0, {}, rotary_embedding(model)
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if not decoder_layer(child) or isinstance(child, FusedNorms):
-                continue
-            reason = unfusable(child)
-            case = check_case(model, child, rotary) if reason is None else None
-            if reason is None and case is None:
-                reason = "no rotary embedding found"
-            if reason is None:
-                candidate = fused_form(child)
-                want, got = run_layer(child, FUSED_FORM, case), run_layer(candidate, FUSED_FORM, case)
-                if agree(got, want, case):
-                    setattr(parent, name, candidate)
-                    fused += 1
-                    continue
-                reason = "it computes something else"
-            why[reason] = why.get(reason, 0) + 1
+    rotary = rotary_embedding(model)
+
+    def attempt(child: torch.nn.Module) -> torch.nn.Module | str | None:
+        if not decoder_layer(child) or isinstance(child, FusedNorms):
+            return None
+        reason = unfusable(child)
+        if reason is not None:
+            return reason
+        case = check_case(model, child, rotary)
+        if case is None:
+            return "no rotary embedding found"
+        candidate = fused_form(child)
+        want = run_layer(child, FUSED_FORM, case)
+        if agree(run_layer(candidate, FUSED_FORM, case), want, case):
+            return candidate
+        return "it computes something else"
+
+    fused, why = substitute_checked(model, attempt)
     return Fusion(fused, sum(why.values()), why)
 
 

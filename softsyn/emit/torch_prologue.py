@@ -21,7 +21,8 @@ from transformers.cache_utils import Cache
 
 import softsyn.emit.triton_prologue  # noqa: F401 - registers softsyn::attention_prologue
 from softsyn.emit.torch_step import (ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart,
-                                     attention_implementation, on_same_state, rotary_embedding)
+                                     attention_implementation, on_same_state, rotary_embedding,
+                                     substitute_checked)
 
 FUSED_FORM = ATTENTIONS["softsyn"][0]  # the attention implementation whose steps take the fused prologue
 CHECK_FORM = ATTENTIONS["matmul"][0]  # the original runs the check in the matmul form (a bool mask, plain torch)
@@ -171,28 +172,26 @@ def fuse_prologues(model: torch.nn.Module) -> Fusion:
     one random step over a small cache (output and cache both, within fp16 rounding); the others kept, with why."""
     rotary = rotary_embedding(model)
     like = model.get_input_embeddings().weight
-    fused, why = 0, {}
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            packed = packed_qkv(child)
-            if packed is None:
-                continue
-            dim = int(child.head_dim)
-            reason = unfusable(child, packed) or (None if rotary is not None else "no rotary embedding found")
-            if reason is None:
-                case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
-                if case.cos.shape[-1] != dim:
-                    reason = f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
-            if reason is None:
-                candidate = fused_form(child)
-                want, want_cache = run_once(child, CHECK_FORM, case)
-                got, got_cache = run_once(candidate, FUSED_FORM, case)
-                if close(got, want) and close(got_cache, want_cache):
-                    setattr(parent, name, candidate)
-                    fused += 1
-                    continue
-                reason = "it computes something else (another rotary or norm)"
-            why[reason] = why.get(reason, 0) + 1
+
+    def attempt(child: torch.nn.Module) -> torch.nn.Module | str | None:
+        packed = packed_qkv(child)
+        if packed is None:
+            return None
+        dim = int(child.head_dim)
+        reason = unfusable(child, packed) or (None if rotary is not None else "no rotary embedding found")
+        if reason is not None:
+            return reason
+        case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
+        if case.cos.shape[-1] != dim:
+            return f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
+        candidate = fused_form(child)
+        want, want_cache = run_once(child, CHECK_FORM, case)
+        got, got_cache = run_once(candidate, FUSED_FORM, case)
+        if close(got, want) and close(got_cache, want_cache):
+            return candidate
+        return "it computes something else (another rotary or norm)"
+
+    fused, why = substitute_checked(model, attempt)
     return Fusion(fused, sum(why.values()), why)
 
 

@@ -15,7 +15,7 @@ import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
@@ -182,6 +182,22 @@ def on_same_state(original: torch.nn.Module, form: type, prefix: str) -> torch.n
     out = copy.copy(original)
     out.__class__ = SUBCLASSES[key]
     return out
+
+
+def substitute_checked(model: torch.nn.Module, attempt: Callable) -> tuple[int, dict[str, int]]:
+    """Put a checked substitute in place of each child of `model` that `attempt` takes: attempt(child) answers None
+    (not its kind), a module (the substitute, checked to compute what the child does) or a str (why the child is
+    kept). (How many were substituted, {reason: children kept for it}): the fused prologue's and fused norms' walk."""
+    done, why = 0, {}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            answer = attempt(child)
+            if isinstance(answer, torch.nn.Module):
+                setattr(parent, name, answer)
+                done += 1
+            elif answer is not None:
+                why[answer] = why.get(answer, 0) + 1
+    return done, why
 
 
 class PackedLinear(torch.nn.Module):

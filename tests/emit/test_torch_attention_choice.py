@@ -12,7 +12,7 @@ import torch
 
 from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PROLOGUE, AttentionShape, Candidate,
                                                   attention_timing, choose_attention, core_seconds, decode_shapes,
-                                                  module_chain)
+                                                  module_step)
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_prologue import PROLOGUE_SETTINGS
 from softsyn.emit.torch_step import ATTENTIONS, attention_implementation
@@ -148,7 +148,7 @@ def test_a_packaged_module_step_computes_the_eager_step_and_writes_its_cache():
     """What the packaged timer calls: a layer's attention module step (the matmul form, on the CPU here) exported
     and compiled by AOTInductor gives the eager step's output and writes the same key and value slot of the cache
     it is given."""
-    from softsyn.emit.torch_attention_choice import module_step, packaged_step
+    from softsyn.emit.torch_attention_choice import packaged_step
 
     model = _packed_tiny()
     module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb
@@ -190,7 +190,8 @@ def test_each_candidate_s_module_chain_computes_the_same_steps():
         caches = [torch.randn(2, 2, kv, 16, dim) for _ in range(3)]
         start = torch.stack(caches).clone()
         with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
-            outs = module_chain(module, rotary, candidate, shape, caches, calls=4, compiled=False)()
+            one, calls = module_step(module, rotary, candidate, shape, caches, calls=4)
+            outs = [one(*args) for args in calls]
         results.append((torch.stack(outs), torch.stack(caches)))
     for outs, caches in results[1:]:
         torch.testing.assert_close(outs, results[0][0], rtol=1e-4, atol=1e-4)
