@@ -175,9 +175,13 @@ class _Step(torch.nn.Module):
 
 def packaged_step(module: torch.nn.Module, one: Callable, example: tuple, path: Path) -> Callable:
     """`one` (a module_step of `module`) exported at `example` with static shapes, compiled by AOTInductor into
-    `path` and loaded: called as `one` is, it writes the cache it is given in place as `one` does."""
+    `path` and loaded: called as `one` is, it writes the cache it is given in place as `one` does. Loaded
+    single-threaded, as the runtime's CUDA-graph runner loads model.pt2: a multi-threaded package queries an event of
+    its previous run before each call, which a stream capture of several calls forbids ("operation not permitted when
+    stream is capturing", H100, 2026-12-07)."""
     program = torch.export.export(_Step(module, one), example, strict=False)
-    return torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program, package_path=str(path)))
+    return torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program, package_path=str(path)),
+                                             run_single_threaded=True)
 
 
 class Timing(NamedTuple):
@@ -186,7 +190,7 @@ class Timing(NamedTuple):
     candidates: tuple[Candidate, ...]
     what: str  # what a chain call runs, for the log
     fallback: Timer | None  # times PLAIN's forms where no candidate ran (None: nothing else to try)
-    packaged: Timer | None = None  # times a candidate `timer` fails on as an AOTInductor package (None: it loses)
+    packaged: Timer | None = None  # times every candidate as AOTInductor packages where `timer` fails on one
 
 
 def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
@@ -206,8 +210,8 @@ def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: s
                      candidates: tuple[Candidate, ...] = PLAIN, fallback: Timer | None = None,
                      packaged: Timer | None = None) -> tuple[Candidate, list[str]]:
     """The candidate whose decode chains sum least over `shapes` on `device`, and the compile-log lines with every
-    time. A candidate `timer` fails on is timed by `packaged` (if given); one that fails there too is a line and
-    loses; where none runs, the forms of PLAIN timed by `fallback` (if given); off CUDA, or with no decode group, or
+    time. Where `timer` fails on a candidate, every candidate is timed by `packaged` (if given; timed_chains); one
+    that fails is a line and loses; where none runs, the forms of PLAIN timed by `fallback` (if given); off CUDA, or with no decode group, or
     where still none runs, the first, saying why."""
     first = candidates[0]
     if device != "cuda" or not shapes:
@@ -226,30 +230,43 @@ def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: s
 def timed_chains(shapes, dtype, device, timer: Timer, candidates,
                  packaged: Timer | None = None) -> tuple[dict[Candidate, float], list[str]]:
     """({candidate: its chains' seconds summed over `shapes`} for those that ran, a log line for each): each
-    candidate's chains by `timer`, or where that fails by `packaged`, saying why and how long its packages took."""
-    totals, lines = {}, []
+    candidate's chains by `timer`; where that fails on any and `packaged` is given, every candidate's by `packaged`
+    instead, like for like: a package is compiled whole with static shapes, torch.compile's chain with dynamic ones,
+    and the first H100 run that mixed the two chose a form 1.4 % slower over the decode groups (2026-12-07)."""
+    totals, lines, failed = {}, [], {}
     for candidate in candidates:
-        how = ""
         try:
             times = chain_times(timer, candidate, shapes, dtype, device)
         except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
+            failed[candidate] = exc
             if packaged is None:
                 lines.append(f"decode attention {candidate.label}: did not run ({failure(exc)})")
-                continue
-            started = time.perf_counter()
-            try:
-                times = chain_times(packaged, candidate, shapes, dtype, device)
-            except Exception as again:  # noqa: BLE001 - as above
-                lines.append(f"decode attention {candidate.label}: did not run ({failure(exc)}; as AOTInductor "
-                             f"packages: {failure(again)})")
-                continue
-            how = (f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s: torch.compile "
-                   f"failed ({failure(exc)})")
+            continue
         totals[candidate] = sum(times)
-        lines.append(f"decode attention {candidate.label}: " + ", ".join(
-            f"{fmt_time(t, 'us', 1)} a layer at {shape.label()}" for t, shape in zip(times, shapes))
-            + f" ({CALLS} calls a CUDA graph, measured{how})")
+        lines.append(chain_line(candidate, times, shapes, ""))
+    if not failed or packaged is None:
+        return totals, lines
+    labels = ", ".join(f"{c.label} ({failure(exc)})" for c, exc in failed.items())
+    lines.append(f"decode attention: torch.compile failed on {labels}: every candidate timed as AOTInductor packages")
+    totals = {}
+    for candidate in candidates:
+        started = time.perf_counter()
+        try:
+            times = chain_times(packaged, candidate, shapes, dtype, device)
+        except Exception as again:  # noqa: BLE001 - as above
+            lines.append(f"decode attention {candidate.label}, as AOTInductor packages: did not run ({failure(again)})")
+            continue
+        totals[candidate] = sum(times)
+        lines.append(chain_line(candidate, times, shapes,
+                                f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s"))
     return totals, lines
+
+
+def chain_line(candidate: Candidate, times: list[float], shapes, how: str) -> str:
+    """The compile-log line of `candidate`'s chain times at `shapes`, `how` they were built appended."""
+    return (f"decode attention {candidate.label}: "
+            + ", ".join(f"{fmt_time(t, 'us', 1)} a layer at {shape.label()}" for t, shape in zip(times, shapes))
+            + f" ({CALLS} calls a CUDA graph, measured{how})")
 
 
 def chain_times(timer: Timer, candidate: Candidate, shapes, dtype, device) -> list[float]:

@@ -85,9 +85,24 @@ def graph_of(fn: Callable[[], object], warm: int = 3) -> torch.cuda.CUDAGraph:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:
+        unmark_capture(torch.cuda.current_device())
+        raise
     return graph
+
+
+def unmark_capture(device: int) -> None:
+    """Gives `device`'s default CUDA generator a fresh state of the same seed. A capture that fails ends before torch
+    tells the generator it is over, and every later random draw on the device then fails ("Offset increment outside
+    graph capture encountered unexpectedly"; Inductor's autotuning draws some): a failed candidate's capture ended the
+    whole compile that way on the H100 (2026-12-07)."""
+    generator = torch.cuda.default_generators[device]
+    fresh = torch.Generator(device=f"cuda:{device}")
+    fresh.manual_seed(generator.initial_seed())
+    generator.graphsafe_set_state(fresh.graphsafe_get_state())
 
 
 def replay_seconds(graph: torch.cuda.CUDAGraph, runs: int = RUNS, warmup: int = WARMUP) -> float:
