@@ -117,7 +117,8 @@
 #                        235B-A22B widths), resumed cell by cell from the tree's library, so calls in later sessions
 #                        go on where one stopped (commit the brought-back h200-ort-cuda.yaml between them); a CUDA
 #                        failure records its cell as not characterised and stops the run (exit 2): the next call
-#                        goes on from the next cell
+#                        goes on from the next cell; on an H200 only (characterize refuses the H200 library on another
+#                        device, exit 2)
 #   qmoe [S]             bench/moe_cuda.py --only 30b --layers 2 --forms fp16,qmoe within S seconds (560; 4 layers ran
 #                        past 420 s on 2026-12-03): the 2-layer Qwen3-30B-A3B compiled with
 #                        QMoE int4 experts (--effort medium, a budget that admits them), verified, and signed off

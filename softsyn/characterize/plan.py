@@ -71,7 +71,7 @@ from softsyn.library import Cell
 from softsyn.library.model import GRAPH_MAX_ROWS, GRAPH_SUFFIX
 from softsyn.progress import log
 from softsyn.runtime.binding import BoundRunner
-from softsyn.runtime.session import PROVIDERS
+from softsyn.runtime.session import PROVIDERS, describe_device
 
 PASS_GATE = 1.15  # a pass whose machine-speed probe read slower than this x the cell's fastest pass is dropped
 
@@ -188,6 +188,12 @@ def characterize(provider: str, output: str | os.PathLike, *, cells: str | None 
 
 # ------------------------------------------------------------------------------------------ the header
 
+def device_model(described: str) -> str:
+    """The device's model in describe_device's line (its first field: the GPU's or CPU's name, without memory,
+    driver or cores)."""
+    return described.split(",")[0].strip()
+
+
 def _open_library(provider: str, path: Path, *, quick: bool, progress: bool, command: str | None, say) -> dict:
     """The library at `path` to resume (it must be one, for `provider`), or a new one from measured ceilings."""
     if path.exists():
@@ -196,6 +202,10 @@ def _open_library(provider: str, path: Path, *, quick: bool, progress: bool, com
             raise SoftsynError(f"{path}: exists and is not a library; choose another -o FILE")
         if str(lib.get("provider")) != PROVIDERS[provider]:
             raise SoftsynError(f"{path}: is a library for {lib.get('provider')}, not --provider {provider}")
+        here, there = device_model(describe_device(provider)), device_model(str(lib.get("device", "")))
+        if here != there:  # one library, one device: its header names the device every cell was measured on
+            raise SoftsynError(f"{path}: was measured on {there or 'an unnamed device'}, this machine is {here}: "
+                               "a library's cells come from one device; characterize into a new -o FILE")
         lib.setdefault("notes", {})
         lib["cells"] = lib.get("cells") or []
         say(f"resuming {path}: {len(lib['cells'])} cells already measured")

@@ -114,6 +114,24 @@ def test_a_resumed_run_keeps_the_library_s_command(quick_lib, tmp_path):
     assert after["characterization"]["resumed_with"] == ["softsyn characterize --cells Neg"]
 
 
+def test_a_library_measured_on_another_device_is_not_resumed(quick_lib, tmp_path, capsys):
+    """A library's header names the one device its cells were measured on: resuming it on another machine (an H200
+    library on an H100, a Xeon's on an EPYC) is refused with exit 2 and the file is left as it was."""
+    from softsyn.cli import run
+
+    path = tmp_path / "lib.yaml"
+    data = yaml.safe_load(quick_lib.read_text())
+    data["device"] = "Some Other CPU @ 1.00GHz, 64 cores (avx2)"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    before = path.read_text()
+    with pytest.raises(SystemExit) as refused:
+        run(["characterize", "--provider", "cpu", "--quick", "--cells", "Neg", "-o", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and "\n" not in err
+    assert f"{path}: was measured on Some Other CPU @ 1.00GHz, this machine is " in err
+    assert err.endswith("characterize into a new -o FILE") and path.read_text() == before
+
+
 def test_design_timing_uses_table_delays(quick_lib):
     """A netlist's MatMul and Add get (table) delays from the characterised library."""
     from softsyn.timing import cell_timings
