@@ -211,8 +211,8 @@ def choose_attention(shapes: list[AttentionShape], dtype: torch.dtype, device: s
                      packaged: Timer | None = None) -> tuple[Candidate, list[str]]:
     """The candidate whose decode chains sum least over `shapes` on `device`, and the compile-log lines with every
     time. Where `timer` fails on a candidate, every candidate is timed by `packaged` (if given; timed_chains); one
-    that fails is a line and loses; where none runs, the forms of PLAIN timed by `fallback` (if given); off CUDA, or with no decode group, or
-    where still none runs, the first, saying why."""
+    that fails is a line and loses; where none runs, the forms of PLAIN timed by `fallback` (if given); off CUDA,
+    or with no decode group, or where still none runs, the first, saying why."""
     first = candidates[0]
     if device != "cuda" or not shapes:
         why = "no CUDA device" if device != "cuda" else "no decode path group"
