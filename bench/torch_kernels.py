@@ -144,8 +144,6 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
     not the L2 cache), per layer; then the kernels of one replay (CUPTI, summed by name, per layer) so a form's time
     splits into its kernels. softsyn's kernels at each of ATTENTION_SPLITS (the shipped SPLITS first). Single-layer
     replays (attention_rows) read a launch floor a step does not pay."""
-    from torch.profiler import ProfilerActivity, profile
-
     from softsyn.emit import triton_attention
     from softsyn.emit.torch_attention_choice import AttentionShape, chain_graph
     from softsyn.emit.torch_kernel_choice import replay_seconds
@@ -163,20 +161,12 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
             try:
                 graph = chain_graph(form, shape, dtype, device, calls=LAYERS)
                 seconds = replay_seconds(graph) / LAYERS
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    graph.replay()
-                    torch.cuda.synchronize()
+                split = replay_kernels(graph, LAYERS)
             except Exception as exc:  # noqa: BLE001 - a form that fails here is a line, not a crash
                 print(f"attention chain {label} past {past}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 continue
             finally:
                 torch._dynamo.reset()
-            kernels: dict[str, list[float]] = {}
-            for event in prof.events():
-                if event.device_type == torch.autograd.DeviceType.CUDA:
-                    kernels.setdefault(event.name[:48], []).append(event.device_time * 1e-6)
-            split = "; ".join(f"{name} {len(t) / LAYERS:g}x {sum(t) / LAYERS * 1e6:.1f}"
-                              for name, t in sorted(kernels.items(), key=lambda kv: -sum(kv[1])))
             rows.append((f"attention decode chain (past {past}, span {shape.span}, {LAYERS} calls over cold cache "
                          f"copies, dynamic shapes; kernels a layer: {split})", label, seconds,
                          shape.kv_bytes(2) / seconds))
@@ -185,6 +175,21 @@ def attention_chain_rows(device: str, dtype, forms=("matmul", "softsyn")) -> lis
             torch.cuda.empty_cache()
     triton_attention.SPLITS = shipped
     return rows
+
+
+def replay_kernels(graph, calls: int) -> str:
+    """The kernels of one replay of `graph` (CUPTI), summed by name, per call: "name Nx us; ...", largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name[:48], []).append(event.device_time * 1e-6)
+    return "; ".join(f"{name} {len(t) / calls:g}x {sum(t) / calls * 1e6:.1f}"
+                     for name, t in sorted(kernels.items(), key=lambda kv: -sum(kv[1])))
 
 
 GEMV_OPTIONS = {  # Inductor settings a package could be compiled with (aoti_compile_and_package's inductor_configs)
@@ -462,8 +467,8 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
     dynamic shapes (as the compile's choice does), torch.compile with static shapes, and torch.export +
     AOTInductor (as the package is built: its runner called per step in the CUDA graph), so a lease tells which way
     times softsyn's attention ops when the first fails (torch 2.11's Inductor did, 2026-12-07: `KeyError: 'op14'`
-    and an AssertionError in decompose_triton_kernel_wrapper_functional). A failure's whole traceback goes to
-    stderr (the session's torch-kernels.log)."""
+    and an AssertionError in decompose_triton_kernel_wrapper_functional), each with its kernels a layer. A
+    failure's whole traceback goes to stderr (the session's torch-kernels.log)."""
     import tempfile
     import traceback
 
@@ -489,8 +494,11 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
                     one, calls = module_step(attention, model.model.rotary_emb, candidate, shape,
                                              cold_caches(shape, dtype, device, CALLS))
                     step = compiled(one, calls, how, folder)
-                    seconds = replay_seconds(graph_of(lambda: [step(*a) for a in calls])) / CALLS
-                    line = f"{label}: {seconds * 1e6:.1f} us a layer"
+                    graph = graph_of(lambda: [step(*a) for a in calls])
+                    seconds = replay_seconds(graph) / CALLS
+                    # the kernels tell a copy the compiler added (a cloned cache: the packaged prologue's chain ran
+                    # ~18 us a layer above softsyn's at both spans on the H100, 2026-12-07) from the ops' own
+                    line = f"{label}: {seconds * 1e6:.1f} us a layer (kernels a layer: {replay_kernels(graph, CALLS)})"
             except Exception as exc:  # noqa: BLE001 - the answer is the failure, its trace in the log
                 traceback.print_exc()
                 line = failure_line(label, exc)
