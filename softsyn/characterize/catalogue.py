@@ -286,16 +286,12 @@ def holdout_points(grids: list[list[float]], limit: int, discrete: tuple = (),
         for v in m:
             if v in grids[a]:
                 continue
-            others = [g for g in grids]
+            others = list(grids)
             others[a] = [v]
             pts.extend(itertools.product(*others))
     if any(mids):
         pts.extend(itertools.product(*[m if m else grids[a] for a, m in enumerate(mids)]))
-    seen, out = set(), []
-    for p in pts:
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
+    out = list(dict.fromkeys(pts))  # deduplicated, first occurrence order
     if len(out) > limit:  # spread the kept ones over the list (deterministic)
         step = len(out) / limit
         out = [out[int(i * step)] for i in range(limit)]

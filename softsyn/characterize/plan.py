@@ -372,13 +372,12 @@ class _Measurement:
             self._write(idx, kind, entry, t_cell)
 
     def _not_characterised(self, idx: int, key: str, why: str, shown: int) -> None:
+        """Record `key` as not characterised, `why`, in the file; where `why` is a CUDA failure, stop the run there:
+        every later call in this process would fail too (a speed probe's then ended a run with an internal error,
+        H100, 2026-12-07)."""
         self.lib["not_characterised"][key] = why
         self.say(f"{idx:>3}/{len(self.plan.kinds)} {key}: not characterised: {why[:shown]}")
         write_library(self.lib, self.path)
-
-    def _stop_after_cuda_failure(self, key: str, why: str) -> None:
-        """Stop the run where `key` failed with a CUDA failure (recorded already): every later call in this process
-        would fail too (a speed probe's then ended a run with an internal error, H100, 2026-12-07)."""
         if CUDA_FAILURE.search(why):
             raise LibraryFailure(
                 f"characterize: {key} {why}; a CUDA failure leaves the process's device context unusable, so the run "
@@ -393,7 +392,6 @@ class _Measurement:
         why = _in_computes(kind, self.ctx)
         if why:
             self._not_characterised(idx, key, why, 100)
-            self._stop_after_cuda_failure(key, why)
             return None
         grids = graph_grids(kind, kind.grids[plan.name]) if plan.cuda_graph else kind.grids[plan.name]
         pts = _grid_points(grids)
@@ -415,7 +413,6 @@ class _Measurement:
                 self.say(f"{idx:>3}/{len(plan.kinds)} {key}: re-measured {redone} outlier point(s)")
         if failed:
             self._not_characterised(idx, key, failed, 120)
-            self._stop_after_cuda_failure(key, failed)
             return None
         impl = plan.cell(kind)[2]
         entry = _table_entry(kind, impl, grids, values)

@@ -233,33 +233,35 @@ def timed_chains(shapes, dtype, device, timer: Timer, candidates,
     candidate's chains by `timer`; where that fails on any and `packaged` is given, every candidate's by `packaged`
     instead, like for like: a package is compiled whole with static shapes, torch.compile's chain with dynamic ones,
     and the first H100 run that mixed the two chose a form 1.4 % slower over the decode groups (2026-12-07)."""
-    totals, lines, failed = {}, [], {}
-    for candidate in candidates:
-        try:
-            times = chain_times(timer, candidate, shapes, dtype, device)
-        except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
-            failed[candidate] = exc
-            if packaged is None:
-                lines.append(f"decode attention {candidate.label}: did not run ({failure(exc)})")
-            continue
-        totals[candidate] = sum(times)
-        lines.append(chain_line(candidate, times, shapes, ""))
+    totals, lines, failed = time_each(timer, candidates, shapes, dtype, device, say_failures=packaged is None)
     if not failed or packaged is None:
         return totals, lines
     labels = ", ".join(f"{c.label} ({failure(exc)})" for c, exc in failed.items())
     lines.append(f"decode attention: torch.compile failed on {labels}: every candidate timed as AOTInductor packages")
-    totals = {}
+    totals, more, _ = time_each(packaged, candidates, shapes, dtype, device, as_packages=True)
+    return totals, lines + more
+
+
+def time_each(timer: Timer, candidates, shapes, dtype, device, say_failures: bool = True,
+              as_packages: bool = False) -> tuple[dict[Candidate, float], list[str], dict[Candidate, Exception]]:
+    """timed_chains' one pass: ({candidate: seconds summed over `shapes`} for those that ran, their log lines (and
+    the failures' where `say_failures`), {candidate: why it failed}); `as_packages`: the lines say so, and how long
+    each candidate's packages took to build and time."""
+    totals, lines, failed = {}, [], {}
     for candidate in candidates:
         started = time.perf_counter()
         try:
-            times = chain_times(packaged, candidate, shapes, dtype, device)
-        except Exception as again:  # noqa: BLE001 - as above
-            lines.append(f"decode attention {candidate.label}, as AOTInductor packages: did not run ({failure(again)})")
+            times = chain_times(timer, candidate, shapes, dtype, device)
+        except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
+            failed[candidate] = exc
+            if say_failures:
+                how = ", as AOTInductor packages" if as_packages else ""
+                lines.append(f"decode attention {candidate.label}{how}: did not run ({failure(exc)})")
             continue
         totals[candidate] = sum(times)
-        lines.append(chain_line(candidate, times, shapes,
-                                f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s"))
-    return totals, lines
+        how = f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s" if as_packages else ""
+        lines.append(chain_line(candidate, times, shapes, how))
+    return totals, lines, failed
 
 
 def chain_line(candidate: Candidate, times: list[float], shapes, how: str) -> str:
