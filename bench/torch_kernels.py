@@ -41,6 +41,9 @@ At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a s
              qwen3-1.7b-wide decoder layer's attention module, its q/k/v int4 on softsyn's kernel, in each candidate
              (matmul, softsyn, softsyn + fused prologue) at past 767 and 4159, each line printed as it is timed: whether
              torch.compile traces the module there (it did not on 2026-12-07, H100: a fake tensor's address);
+  prompt     (CUDA) the prompt attention form (flash's causal over a span ending at the last position) and the sdpa
+             form, each an AOTInductor package with batch, positions and span dynamic: the same function at a first
+             prompt and a continuation, and one layer's time at prefill 512 (bench/prompt_check.py);
   modulecompile (CUDA) modulechain's chains at span 768, each compiled by torch.compile (dynamic, then static
              shapes) and by torch.export + AOTInductor: which way times softsyn's attention ops (torch.compile failed
              on them on 2026-12-07, H100), each failure's traceback in the log;
@@ -114,7 +117,8 @@ def attention_rows(device: str, dtype) -> list[tuple]:
         k, v = cache_k[:, :, :span], cache_v[:, :, :span]
         positions = torch.arange(past, past + seq, device=device)[None]
         mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
-        forms = {form: function for form, (_, function) in ATTENTIONS.items()}
+        # the prompt form attends over a span ending at the last position (prompt_check times it so)
+        forms = {form: function for form, (_, function) in ATTENTIONS.items() if form != "prompt"}
         if past == 0 and seq > 1:
             forms["causal (past 0)"] = causal_attention
             want = forms["sdpa"](None, q, k, v, mask, HEAD_DIM ** -0.5)[0].float()
@@ -787,6 +791,10 @@ def main() -> int:
     packaged += module_chain_lines(args.device, dtype) if cuda and "modulechain" in parts else []
     packaged += norm_chain_lines(args.device, dtype) if cuda and "normchain" in parts else []
     packaged += module_compile_lines(args.device, dtype) if cuda and "modulecompile" in parts else []
+    if cuda and "prompt" in parts:
+        import prompt_check  # bench/: the prompt attention form packaged
+
+        packaged += prompt_check.prompt_lines(args.device, dtype, timed)
     rows = attention_rows(args.device, dtype) if "attention" in parts else []
     rows += projection_rows(args.device, dtype) if "projections" in parts else []
     rows += int4_rows(args.device, dtype) if cuda and "int4" in parts else []

@@ -30,8 +30,8 @@ from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_norms import covered_cells, fold_norms, norms_for
 from softsyn.emit.torch_prologue import prologues_for
-from softsyn.emit.torch_step import (ATTENTIONS, StaticStep, cast_parameters, fuse_gated_mlps, pack_projections,
-                                     quantise_modules, weight_map)
+from softsyn.emit.torch_step import (ATTENTIONS, END_SPAN_FORMS, StaticStep, cast_parameters, fuse_gated_mlps,
+                                     pack_projections, quantise_modules, weight_map)
 from softsyn.emit.triton_weights import dequantised_bytes, hold_dequantised, packed_layers, use_prompt_form
 from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model
@@ -41,7 +41,7 @@ from softsyn.library.torch_targets import torch_target
 from softsyn.results.files import write_atomic
 from softsyn.runtime.decoder import NotDecoder, decoder_io
 from softsyn.runtime.artifact import TORCH_FILE, TORCH_PACKAGE, TORCH_PREFILL_PACKAGE
-from softsyn.runtime.torch_package import DECODE, FORMAT, PREFILL, SPAN_STEP, TorchStep
+from softsyn.runtime.torch_package import DECODE, END, FORMAT, PREFILL, ROUNDED, SPAN_STEP, TorchStep
 from softsyn.runtime.torch_provenance import (KERNELS_FILE, PREFILL_KERNELS_FILE, PROVENANCE_CONFIG, calls_data,
                                               kernel_calls)
 from softsyn.runtime.torch_macros import MACROS_FILE
@@ -216,28 +216,43 @@ def compile_package(design, program, built: Built, folder: Path) -> None:
     built.calls = kernel_calls(folder / built.file, program, built.covers)
 
 
+PREFILL_FALLBACK = "sdpa"  # the prefill form a package is built in again where AOTInductor fails on its own
+
+
+def fallback_form(target, built: Built) -> str | None:
+    """The attention form `built` is built in again where AOTInductor fails on its own form: a measured decode choice
+    falls back to FORMS[0] (the matmul form), a prefill package to PREFILL_FALLBACK (torch's fused kernels with the
+    step's mask); None where it is already that form, or its form was given (the failure stands)."""
+    if built.key == PREFILL:
+        return PREFILL_FALLBACK if built.attention != PREFILL_FALLBACK else None
+    return FORMS[0] if target.attention == MEASURED_FORM and built.attention != FORMS[0] else None
+
+
 def build_packages(design, packages: list[Built], holder: list, folder: Path, build=build_package) -> None:
-    """Build every package `planned` gave, in order (`build`: build_package). A decode attention form the compile
-    measured fastest that AOTInductor then cannot package is built again in FORMS[0] (the matmul form), said in the
-    package's notes and logged at once: the rebuild takes as long again, and a run cut short would keep no reason
-    (qwen3-1.7b's int4 package, H100, 2026-12-06). Only while the model is still held: the last package drops it
-    once exported."""
-    measured = torch_target(design.torch_target).attention == MEASURED_FORM
+    """Build every package `planned` gave, in order (`build`: build_package). A package whose form AOTInductor cannot
+    compile is built again in its fallback_form, said in the package's notes and logged at once: the rebuild takes as
+    long again, and a run cut short would keep no reason (qwen3-1.7b's int4 package, H100, 2026-12-06). The model is
+    dropped once the last package is exported (the program holds the weights), unless that package has a fallback,
+    which needs the model to export it again."""
+    target = torch_target(design.torch_target)
     for i, built in enumerate(packages):
         # no blob in model.pt2 to read (a resident prefill holds its own already, beside its program)
         if built.key == PREFILL and not built.resident and packages[0].weights_config != WEIGHTS_BESIDE:
             built.constants, built.weights_config = OWN, {}
             built.said.append(f"{built.file} holds its own weights: {packages[0].file} has them inside its .so")
+        fallback = fallback_form(target, built)
+        last = i == len(packages) - 1
         try:
-            build(design, holder, built, folder, last=i == len(packages) - 1)
+            build(design, holder, built, folder, last=last and fallback is None)
         except Exception as exc:  # noqa: BLE001 - Inductor and Triton fail with many types; re-raised unless a fallback
-            if not measured or built.attention == FORMS[0] or not holder:
+            if fallback is None or not holder:
                 raise
-            built.said.append(f"{built.file}: AOTInductor failed on the measured {built.attention} attention "
-                              f"({brief(exc)}); built in {FORMS[0]} attention instead")
+            built.said.append(f"{built.file}: AOTInductor failed on the {built.attention} attention "
+                              f"({brief(exc)}); built in {fallback} attention instead")
             progress.log(f"emit: {built.said[-1]}", enabled=design.progress)
-            built.attention = FORMS[0]
-            build(design, holder, built, folder, last=i == len(packages) - 1)
+            built.attention = fallback
+            build(design, holder, built, folder, last=last)
+    holder.clear()
 
 
 def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells: list[dict] = ()) -> list[str]:
@@ -334,7 +349,8 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
                   "max_length); `package` runs every step, `packages` says which one softsyn runs at which seq "
                   "(the one of the largest min_seq <= seq)",
         "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels,
-                             "constants": b.constants} for b in packages},
+                             "constants": b.constants, "span": END if b.attention in END_SPAN_FORMS else ROUNDED}
+                     for b in packages},
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
                    "slots": ["span", "int64"]},
         "outputs": {"logits": ["batch", 1 if last_logits(design) else "seq", "vocab_size", target.dtype]},

@@ -71,11 +71,14 @@ TORCH_TARGETS = {
     # 512 (H100, 2026-12-07, bench/results/torch-int4-qwen3-1.7b-h100-2026-12-07-signoff.rpt)
     # fused norms: qwen3-1.7b's int4 decode step ran the two residual add + RMSNorm kernels a layer at ~2.7 and
     # ~3.3 us, ~0.17 of its 1.513 ms (H100, 2026-12-07); docs/decisions/2026-12-06-triton-int4.md, session 21
+    # prefill "prompt" (flash's causal over a span ending at the last position, no mask built, query heads grouped
+    # in the kernel): the sdpa form's mask and stacked-query kernel took 0.39 and cuDNN's masked attention 0.49 of
+    # qwen3-1.7b's 4.23 ms int4 prefill 512 (H100, 2026-12-07); built in sdpa where AOTInductor refuses it
     # fp8: softsyn's kernel beat cuBLAS fp16 at every decode GEMV, weights read from device memory (qwen3-1.7b
     # layer 33.6 vs 48.0 us, lm_head 101.8 vs 205.9; H100, 2026-12-06,
     # bench/results/torch-kernels-chain-h100-2026-12-06-cold.md)
     "h200-torch": TorchTarget("h200-torch", "cuda", "h200-ort-cuda", "float16", "measured", ("int8", "int4", "fp8"),
-                              prefill_attention="sdpa", weight_kernel="measured", fused_prologue="measured",
+                              prefill_attention="prompt", weight_kernel="measured", fused_prologue="measured",
                               prefill_weights="resident", fused_norms="on"),
 }
 

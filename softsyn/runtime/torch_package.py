@@ -5,7 +5,8 @@ The package is one step of the decoder over a static KV cache the caller owns: (
 [B, seq, vocab]; the step writes its keys and values into the cache tensors in place, at its positions (every row of
 a batch at the same positions), and attends over the first S slots, those at or before each query's position. The
 runner gives S as the filled prefix rounded up to SPAN_STEP (at most max_length): a decode at 512 reads 768 slots,
-not the whole cache, and a long generation crosses a few spans. DIR/model.pt2 serves prefill (seq = the prompt) and
+not the whole cache, and a long generation crosses a few spans; a package whose entry says `span` "end" (a prompt
+form that takes its causal mask from the shapes: the last position is S - 1) gets exactly the filled prefix. DIR/model.pt2 serves prefill (seq = the prompt) and
 decode (seq 1); a target with a prefill attention form adds DIR/model-prefill.pt2, the same step in that form, which
 serves the steps of seq >= its `min_seq` (2): torch.json's `packages` names each package, its kernel map, the
 query lengths it serves and where its weights are (`constants`: "own", or "decode": model-prefill.pt2 holds none and
@@ -37,6 +38,8 @@ from softsyn.runtime.generate import Generation
 
 FORMAT = "softsyn.torch/3"  # /3: the slots input (attention over a span); /2: the cache written in place
 SPAN_STEP = 256  # the attended span rounds up to a multiple of this: fewer captured graphs, at most 255 idle slots
+ROUNDED, END = "rounded", "end"  # torch.json's packages.<name>.span: S rounded up to SPAN_STEP, or exactly the last
+SPANS = (ROUNDED, END)  # position + 1 (a package whose attention applies its causal mask from the shapes alone)
 CACHE_KEYS = ("layers", "kv_heads", "head_dim", "max_length")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -113,6 +116,9 @@ def check_packages(directory: str | Path, settings: dict, path: Path) -> None:
         if not (type(entry.get("min_seq")) is int and low <= entry["min_seq"] <= high):
             raise SoftsynError(f"{path}: {key}.min_seq: {json.dumps(entry.get('min_seq'))} is not valid; valid: "
                                f"{'1' if name == DECODE else f'an integer 2..{MAX_INT}'}; re-run softsyn compile")
+        if entry.get("span", ROUNDED) not in SPANS:
+            raise SoftsynError(f"{path}: {key}.span: {json.dumps(entry.get('span'))} is not valid; valid: "
+                               f"{' or '.join(json.dumps(v) for v in SPANS)}; re-run softsyn compile")
         valid = (OWN,) if name == DECODE else (OWN, SHARED)  # only model.pt2 can hold the weights another reads
         if entry.get("constants", OWN) not in valid:
             raise SoftsynError(f"{path}: {key}.constants: {json.dumps(entry.get('constants'))} is not valid; valid: "
@@ -282,8 +288,10 @@ class TorchStep:
             self._owned[batch] = self.empty_cache(batch)
         return self._owned[batch]
 
-    def span(self, end: int) -> int:
-        return attended_span(end, self.max_length)
+    def span(self, end: int, package: str = DECODE) -> int:
+        """The slots a step of `package` ending at position end - 1 attends over: rounded up (attended_span), or
+        exactly `end` for a package whose torch.json entry says span "end"."""
+        return end if self.packages[package].get("span", ROUNDED) == END else attended_span(end, self.max_length)
 
     def __call__(self, ids: np.ndarray, start: int, cache: list[torch.Tensor]) -> torch.Tensor:
         """The logits [B, seq, vocab] (on the package's device) of `ids` [B, seq] at positions start..start+seq-1;
@@ -292,11 +300,11 @@ class TorchStep:
         if start + seq > self.max_length:
             raise SoftsynError(f"positions up to {start + seq} do not fit the package's KV cache of {self.max_length}")
         ids = np.asarray(ids, dtype=np.int64)
-        span = self.span(start + seq)
+        package = self.package_for(seq)
+        span = self.span(start + seq, package)
         if span not in self._slots:
             self._slots[span] = torch.arange(span, dtype=torch.int64, device=self.device)
         slots = self._slots[span]
-        package = self.package_for(seq)
         if not self.graphs:
             flat = torch.from_numpy(step_inputs(ids, start)).to(self.device)
             with torch.no_grad():

@@ -246,9 +246,9 @@ def test_a_measured_form_aotinductor_cannot_package_is_built_again_in_the_matmul
     packages = planned(TORCH_TARGETS["h200-torch"], "softsyn")
     build_packages(design, packages, ["model"], Path("unused"), build)
     assert calls == [("model.pt2", "softsyn", False), ("model.pt2", "matmul", False),
-                     ("model-prefill.pt2", "sdpa", True)]
+                     ("model-prefill.pt2", "prompt", False)]  # the model kept: the prompt form has a fallback
     assert packages[0].attention == "matmul"
-    said = "model.pt2: AOTInductor failed on the measured softsyn attention (RuntimeError: Failed to run autotuning"
+    said = "model.pt2: AOTInductor failed on the softsyn attention (RuntimeError: Failed to run autotuning"
     assert packages[0].said[-1].startswith(said) and packages[0].said[-1].endswith("built in matmul attention instead")
     assert said in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="attend_kernel"):  # cpu-torch names its form: no measured choice to undo
@@ -256,3 +256,34 @@ def test_a_measured_form_aotinductor_cannot_package_is_built_again_in_the_matmul
                        planned(TORCH_TARGETS["cpu-torch"], "softsyn"), ["model"], Path("unused"), build)
     with pytest.raises(RuntimeError, match="attend_kernel"):  # the model already dropped
         build_packages(design, planned(TORCH_TARGETS["h200-torch"], "softsyn"), [], Path("unused"), build)
+
+
+def test_a_prompt_form_aotinductor_cannot_package_is_built_again_in_sdpa(capsys):
+    """The prefill package's prompt form (flash's causal from the shapes) where AOTInductor fails on it: built again
+    in the sdpa form, the model held until then (the last package keeps it while a fallback remains), dropped after,
+    the reason said; the sdpa form failing in its turn stands."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from softsyn.emit.torch_lowering import build_packages, planned
+    from softsyn.library.torch_targets import TORCH_TARGETS
+
+    calls, holder = [], ["model"]
+
+    def build(design, held, built, folder, last):
+        calls.append((built.file, built.attention, last))
+        if built.attention in failing:
+            raise RuntimeError(f"no kernel for {built.attention}")
+
+    failing = {"prompt"}
+    packages = planned(TORCH_TARGETS["h200-torch"], "matmul")
+    build_packages(SimpleNamespace(torch_target="h200-torch", progress=True), packages, holder, Path("unused"), build)
+    assert calls == [("model.pt2", "matmul", False), ("model-prefill.pt2", "prompt", False),
+                     ("model-prefill.pt2", "sdpa", True)]
+    assert packages[1].attention == "sdpa" and holder == []
+    said = "model-prefill.pt2: AOTInductor failed on the prompt attention (RuntimeError: no kernel for prompt); built "
+    assert packages[1].said[-1] == said + "in sdpa attention instead" and said in capsys.readouterr().err
+    failing = {"prompt", "sdpa"}
+    with pytest.raises(RuntimeError, match="no kernel for sdpa"):
+        build_packages(SimpleNamespace(torch_target="h200-torch", progress=False),
+                       planned(TORCH_TARGETS["h200-torch"], "matmul"), ["model"], Path("unused"), build)

@@ -1,4 +1,4 @@
-"""A torch target with a prefill attention form (h200-torch's matmul + sdpa, here on the CPU as a test target): two
+"""A torch target with a prefill attention form (h200-torch's matmul + prompt, here on the CPU as a test target): two
 AOTInductor packages, model.pt2 for decode and model-prefill.pt2 for seq > 1, both named in runtime/torch.json with
 their kernel maps, the runner picking by the step's seq; one set of weights (in model.pt2, read by both programs),
 with the fallbacks where torch refuses said; an escaping package path refused."""
@@ -21,10 +21,10 @@ TARGET = "cpu-torch-prefill"  # a test instance of cpu-torch, registered for thi
 @pytest.fixture(scope="module")
 def two_package_artifact(cache_dir, tmp_path_factory):
     """`softsyn compile zoo:qwen3-tiny -c constraints/cpu-torch-tiny.yaml --target cpu-torch-prefill -o DIR`, the
-    target cpu-torch with attention "matmul" and prefill_attention "sdpa": DIR, compiled once."""
+    target cpu-torch with attention "matmul" and prefill_attention "prompt" (h200-torch's): DIR, compiled once."""
     from softsyn.library.torch_targets import TORCH_TARGETS
 
-    two = dataclasses.replace(TORCH_TARGETS["cpu-torch"], name=TARGET, attention="matmul", prefill_attention="sdpa")
+    two = dataclasses.replace(TORCH_TARGETS["cpu-torch"], name=TARGET, attention="matmul", prefill_attention="prompt")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(TORCH_TARGETS, TARGET, two)
         return built_once(tmp_path_factory, "tiny-torch-prefill", lambda out: compile_in_process(
@@ -41,9 +41,9 @@ def test_both_packages_written_and_named(two_package_artifact):
     assert settings["package"] == "model.pt2"
     assert settings["packages"] == {
         "decode": {"file": "model.pt2", "attention": "matmul", "min_seq": 1, "kernels": "runtime/torch_kernels.json",
-                   "constants": "own"},
-        "prefill": {"file": "model-prefill.pt2", "attention": "sdpa", "min_seq": 2,
-                    "kernels": "runtime/torch_kernels-prefill.json", "constants": "decode"}}
+                   "constants": "own", "span": "rounded"},
+        "prefill": {"file": "model-prefill.pt2", "attention": "prompt", "min_seq": 2,
+                    "kernels": "runtime/torch_kernels-prefill.json", "constants": "decode", "span": "end"}}
     assert (out / "model.pt2").stat().st_size > 0 and (out / "model-prefill.pt2").stat().st_size > 0
     decode, prefill = read_calls(out), read_calls(out, "runtime/torch_kernels-prefill.json")
     assert decode and prefill and decode != prefill  # each package's own kernels
@@ -69,16 +69,20 @@ class Counted:
     """A package runner that counts its calls."""
 
     def __init__(self, runner):
-        self.runner, self.calls = runner, 0
+        self.runner, self.calls, self.spans = runner, 0, []
 
     def __call__(self, *args):
         self.calls += 1
+        self.spans.append(args[2].shape[0])  # slots
         return self.runner(*args)
 
 
 def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, tiny_torch_artifact):
-    """generate: the prompt's step on model-prefill.pt2, each decode step on model.pt2, the greedy tokens those of
-    the single-package (sdpa) artifact; each package's logits within fp32 rounding of the eager step's in its form."""
+    """generate: the prompt's step on model-prefill.pt2 over exactly its positions (span "end": the prompt form's
+    causal mask comes from the shapes), each decode step on model.pt2 over the span rounded up, the greedy tokens
+    those of the single-package (sdpa) artifact; each package's logits, a continued prompt's too (past > 0, where
+    the mask is the bottom-right causal one), within fp32 rounding of the eager sdpa or matmul step's over the
+    rounded span."""
     import torch
 
     from softsyn.emit.torch_step import ATTENTIONS, StaticStep, pack_projections
@@ -90,21 +94,24 @@ def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, t
     prompt = np.arange(1, 20)
     tokens = step.generate(prompt, 6).tokens
     assert (step.runners["prefill"].calls, step.runners["decode"].calls) == (1, 5)
+    assert step.runners["prefill"].spans == [19] and set(step.runners["decode"].spans) == {256}
     single = TorchStep(tiny_torch_artifact, read_torch_settings(tiny_torch_artifact))
     assert tokens == single.generate(prompt, 6).tokens
 
     model = source_torch_model("zoo:qwen3-tiny").eval()
     pack_projections(model)
     cache, eager_cache = step.empty_cache(), step.empty_cache()
-    got = [step(prompt[None], 0, cache), step(np.array([[tokens[0]]]), len(prompt), cache)]
+    more = np.array([tokens[:5]])  # a second chunk of prompt after the first: the prefill package at past 19
+    got = [step(prompt[None], 0, cache), step(more, len(prompt), cache), step(np.array([[tokens[5]]]), 24, cache)]
     with torch.no_grad():
         want = []
-        for form, ids, start in (("sdpa", prompt[None], 0), ("matmul", np.array([[tokens[0]]]), len(prompt))):
+        for form, ids, start in (("sdpa", prompt[None], 0), ("sdpa", more, len(prompt)),
+                                 ("matmul", np.array([[tokens[5]]]), 24)):
             model.set_attn_implementation(ATTENTIONS[form][0])
             positions = torch.arange(start, start + ids.shape[1])[None]
             want.append(StaticStep(model, step.max_length, last_logits=True)(torch.from_numpy(ids), positions,
                                                                              torch.arange(256), *eager_cache))
-    assert [g.shape[1] for g in got] == [1, 1]  # the netlist's last-position logits, at the prompt too
+    assert [g.shape[1] for g in got] == [1, 1, 1]  # the netlist's last-position logits, at the prompt too
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
@@ -194,6 +201,7 @@ def test_verify_checks_both_packages(two_package_artifact, cache_dir):
     ("kernels", "/etc/passwd", 'packages.prefill.kernels: "/etc/passwd" leads out of'),
     ("min_seq", 1, "packages.prefill.min_seq: 1 is not valid; valid: an integer 2.."),
     ("constants", "../model.pt2", 'packages.prefill.constants: "../model.pt2" is not valid; valid: "own" or "decode"'),
+    ("span", "all", 'packages.prefill.span: "all" is not valid; valid: "rounded" or "end"'),
     ("decode.constants", "decode", 'packages.decode.constants: "decode" is not valid; valid: "own";'),
 ])
 def test_a_bad_prefill_package_entry_is_refused(two_package_artifact, tmp_path, capsys, key, value, said):
