@@ -1,7 +1,7 @@
-"""Whether AOTInductor packages softsyn's attention prologue (softsyn::attention_prologue: q/k RMS norm, rotary, the
-cache write and q's layout in one Triton kernel, softsyn.emit.triton_prologue) with batch and positions dynamic, writes
-the caller's cache in place, and launches no kernel beside it (a functionalised mutation Inductor did not write in
-place would copy the cache: a kernel of the cache's size each layer). Part `package` of bench/torch_kernels.py; one
+"""Whether AOTInductor packages softsyn's attention prologue (softsyn::attention_prologue: q/k RMS norm, rotary and
+q's layout in one Triton kernel, softsyn.emit.triton_prologue) followed by the fused attention's cache write (two
+index_copy_) with batch and positions dynamic, writes the caller's cache in place, and launches no copy of the cache
+(a functionalised mutation Inductor did not write in place would copy it: a kernel of the cache's size each layer). Part `package` of bench/torch_kernels.py; one
 line, printed first so a call cut short still says. Unmeasured on a GPU until that line comes back (2026-12-06)."""
 from __future__ import annotations
 
@@ -22,8 +22,12 @@ class Prologue(torch.nn.Module):
         self.k_weight = torch.nn.Parameter(torch.rand(HEAD_DIM, device=device, dtype=dtype) + 0.5)
 
     def forward(self, qkv, cos, sin, keys, values, where):
-        return torch.ops.softsyn.attention_prologue(qkv, self.q_weight, self.k_weight, cos, sin, keys, values, where,
-                                                    EPS)
+        from softsyn.emit.torch_step import BufferLayer
+
+        q, k_rows, v_rows = torch.ops.softsyn.attention_prologue(qkv, self.q_weight, self.k_weight, cos, sin,
+                                                                 KV_HEADS, EPS)
+        BufferLayer(keys, values, where, keys.shape[2]).update(k_rows, v_rows)  # the fused attention's cache write
+        return q
 
 
 def inputs(device: str, dtype, batch: int, seq: int, past: int) -> tuple:
@@ -64,7 +68,10 @@ def prologue_packaged(device: str, dtype) -> str:
             for batch, seq, past in ((1, 1, 512), (1, 1, 4095), (2, 5, 300)):
                 args = inputs(device, dtype, batch, seq, past)
                 mine = [a.clone() for a in args]
-                want = triton_prologue.reference(args[0], module.q_weight, module.k_weight, *args[1:], eps=EPS)
+                want, k_rows, v_rows = triton_prologue.reference(args[0], module.q_weight, module.k_weight,
+                                                                 *args[1:3], KV_HEADS, eps=EPS)
+                args[3].index_copy_(2, args[5], k_rows)
+                args[4].index_copy_(2, args[5], v_rows)
                 got = runner(*mine)
                 got = got[0] if isinstance(got, (list, tuple)) else got
                 errs = [float((a.float() - b.float()).abs().max() / b.float().abs().max())

@@ -1,6 +1,7 @@
 """A decoder layer's attention with its prologue in one kernel (softsyn::attention_prologue,
 softsyn.emit.triton_prologue) for the torch targets' decode step: the packed QKV projection once, then the q/k norms,
-rotary, the cache write and q's stacked layout in one kernel, softsyn::decode_attention over the cache's filled prefix
+rotary and q's stacked layout in one kernel, the cache write an `index_copy_` (the op returns the step's rows:
+softsyn.emit.triton_prologue says why), softsyn::decode_attention over the cache's filled prefix
 (as softsyn.emit.torch_step.softsyn_attention calls it) and the output projection. Where Inductor ran the prologue as
 four kernels a layer (q norm + rotary, k norm + rotary, two cache writes), and a decode step is bound by its number
 of kernels (docs/decisions/2026-12-06-triton-int4.md).
@@ -71,12 +72,12 @@ class FusedAttention(torch.nn.Module):
         cos, sin = position_embeddings
         linear = self.packed_q_k_v.linear
         qkv = linear(hidden_states) if input_norm_eps is None else linear(hidden_states, input_norm_eps)
-        q = torch.ops.softsyn.attention_prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos,
-                                                 sin, keys=layer.keys, values=layer.values, where=layer.where,
-                                                 eps=self.prologue_eps)
+        q, k_rows, v_rows = torch.ops.softsyn.attention_prologue(
+            qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos, sin, kv_heads=layer.keys.shape[1],
+            eps=self.prologue_eps)
+        keys, values = layer.update(k_rows, v_rows)  # index_copy_ into the cache, which Inductor writes in place
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
-        out = torch.ops.softsyn.decode_attention(q, layer.keys[:, :, :layer.span], layer.values[:, :, :layer.span],
-                                                 attention_mask[:, 0], scale)
+        out = torch.ops.softsyn.decode_attention(q, keys, values, attention_mask[:, 0], scale)
         out = out.reshape(*hidden_states.shape[:-1], -1)
         return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
@@ -199,7 +200,7 @@ def fusion_notes(fusion: Fusion, measured: bool = False) -> list[str]:
     """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster)."""
     lines = []
     if fusion.fused:
-        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary, cache write and "
+        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary and "
                      "q's layout in one kernel before softsyn's decode attention (softsyn::attention_prologue; "
                      f"fused_prologue, {'measured faster' if measured else 'unmeasured'})")
     if fusion.kept:

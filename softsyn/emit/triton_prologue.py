@@ -1,15 +1,23 @@
 """softsyn's attention prologue for the CUDA torch target: one Triton kernel from the packed QKV GEMV's output to the
 decode attention's input, compiled into the package as a `torch.library.triton_op` (like
 softsyn.emit.triton_attention): the q and k RMS norms (optional, Qwen3's per-head form), rotary (transformers'
-rotate_half convention), the step's keys and values written into the cache at its slots, and q in the layout
+rotate_half convention), the step's keys and values as rows for the cache, and q in the layout
 softsyn::decode_attention reads.
 
 Why: a decode step is bound by its number of kernels, not its bytes (~2 us a kernel inside a CUDA graph,
 bench/layer_chain.py), and Inductor ran this prologue as four a layer (q norm + rotary, k norm + rotary, two
-`index_copy_` cache writes) between the QKV GEMV and the attention. It moves a few KB a layer; one kernel does.
+`index_copy_` cache writes) between the QKV GEMV and the attention. It moves a few KB a layer; one kernel (and the
+cache write, an `index_copy_` the caller makes) does.
+
+Why the op returns the rows and does not write the cache: its first form wrote the cache itself (`mutates_args`),
+and in a whole attention module's package the fused chain ran ~18 us a layer above the unfused one at both spans,
+about what copying the layer's 4160-slot K and V caches in and out costs (H100, 2026-12-07), which is what Inductor
+does to a mutated input it does not re-inplace (the likely cause; the copy itself not yet seen in a kernel list). An
+op that mutates nothing leaves the cache to `index_copy_`, which Inductor writes in place (as every unfused step's
+cache write is), whatever the cause was.
 
 The kernel (prologue_kernel): program p < H takes query head p, program H + j takes KV head j's key (norm, rotary,
-into `keys`) and value (as is, into `values`). Each walks the step's rows (batch row x position, ROWS at a time) in
+into `k_rows`) and value (as is, into `v_rows`). Each walks the step's rows (batch row x position, ROWS at a time) in
 fp32, each row's D values as two halves (rotate_half pairs element i with i + D / 2), and rounds once to the output's
 dtype. The grid is static, (H + Hkv,): batch and positions are loop bounds, never grid dims, since torch 2.11's
 AOTInductor failed to autotune a kernel whose grid named a dynamic size (softsyn.emit.triton_attention says where).
@@ -42,14 +50,13 @@ if triton is not None:
         return lo * inv[:, None] * w_lo[None, :], hi * inv[:, None] * w_hi[None, :]
 
     @triton.jit
-    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, where_ptr, q_ptr, batch, seq,
-                        heads, kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, stride_kb, stride_kh, stride_ks,
-                        stride_vb, stride_vh, stride_vs, eps, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                        HALF: tl.constexpr, ROWS: tl.constexpr):
+    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, q_ptr, batch, seq, heads,
+                        kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, eps, Q_NORM: tl.constexpr,
+                        K_NORM: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr):
         """Program p: query head p (p < heads) or KV head p - heads, over every row t = b * seq + s of the step:
         qkv[b, s] holds the heads' D = 2 * HALF values, queries then keys then values; q written to
         q[b, p, s] ([B, H, S, D] contiguous: [B, Hkv, rep * S, D] with row r * S + s), the key and value to
-        keys/values[b, j, where[s]]."""
+        k_rows/v_rows[b, j, s] ([B, Hkv, S, D] contiguous)."""
         p = tl.program_id(0)
         eps = tl.cast(eps, tl.float32)  # Inductor types a Python float fp64 in a package: the norm stays fp32
         rh = tl.arange(0, HALF)
@@ -84,12 +91,12 @@ if triton is not None:
                 tl.store(q_at, out_lo.to(q_ptr.dtype.element_ty), mask=live[:, None])
                 tl.store(q_at + HALF, out_hi.to(q_ptr.dtype.element_ty), mask=live[:, None])
             else:
-                slot = tl.load(where_ptr + s, mask=live, other=0)
-                k_at = k_ptr + (b * stride_kb + kv * stride_kh + slot * stride_ks)[:, None] + rh[None, :]
+                row = ((b * kv_heads + kv) * seq + s)[:, None] * 2 * HALF + rh[None, :]
+                k_at = k_ptr + row
                 tl.store(k_at, out_lo.to(k_ptr.dtype.element_ty), mask=live[:, None])
                 tl.store(k_at + HALF, out_hi.to(k_ptr.dtype.element_ty), mask=live[:, None])
                 v_in = at + kv_heads * 2 * HALF  # the value head sits kv_heads heads after its key head
-                v_at = v_ptr + (b * stride_vb + kv * stride_vh + slot * stride_vs)[:, None] + rh[None, :]
+                v_at = v_ptr + row
                 v_lo = tl.load(v_in, mask=live[:, None], other=0.0).to(tl.float32)
                 v_hi = tl.load(v_in + HALF, mask=live[:, None], other=0.0).to(tl.float32)
                 tl.store(v_at, v_lo.to(v_ptr.dtype.element_ty), mask=live[:, None])
@@ -111,45 +118,43 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def reference(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor,
-              sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor,
-              eps: float) -> torch.Tensor:
-    """The function in torch, in fp32 and rounded once: the cache written, q returned (the op's contract)."""
+              sin: torch.Tensor, kv_heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The function in torch, in fp32 and rounded once to qkv's dtype (the op's contract)."""
     batch, seq, width = qkv.shape
-    kv_heads, dim = keys.shape[1], keys.shape[3]
+    dim = cos.shape[-1]
     heads = width // dim - 2 * kv_heads
     x = qkv.float().reshape(batch, seq, heads + 2 * kv_heads, dim)
     q, k, v = x.split([heads, kv_heads, kv_heads], dim=2)
     q = rotary(rms_norm(q, q_weight, eps), cos, sin)
     k = rotary(rms_norm(k, k_weight, eps), cos, sin)
-    keys.index_copy_(2, where, k.transpose(1, 2).to(keys.dtype))
-    values.index_copy_(2, where, v.transpose(1, 2).to(values.dtype))
-    return q.transpose(1, 2).to(keys.dtype).reshape(batch, kv_heads, heads // kv_heads * seq, dim)
+    q = q.transpose(1, 2).to(qkv.dtype).reshape(batch, kv_heads, heads // kv_heads * seq, dim)
+    return q, k.transpose(1, 2).to(qkv.dtype).contiguous(), v.transpose(1, 2).to(qkv.dtype).contiguous()
 
 
-@torch.library.triton_op("softsyn::attention_prologue", mutates_args=("keys", "values"))
+@torch.library.triton_op("softsyn::attention_prologue", mutates_args=())
 def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                       cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       where: torch.Tensor, eps: float) -> torch.Tensor:
-    """From the packed QKV projection's output qkv [B, S, (H + 2 Hkv) * D] (contiguous): q and k RMS-normed over
-    each head where their weight [D] is given (eps), both rotated by cos/sin [B, S, D]; the keys and values written
-    into keys/values [B, Hkv, L, D] at slots where [S] (each slot's D values contiguous); q returned as
-    [B, Hkv, rep * S, D] (row r * S + s: query head j * rep + r at position s), softsyn::decode_attention's query,
-    in the cache's dtype. fp32 inside, rounded once. The Triton kernel on CUDA (and in Triton's interpreter), torch
-    elsewhere; D a power of two."""
+                       cos: torch.Tensor, sin: torch.Tensor, kv_heads: int,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the packed QKV projection's output qkv [B, S, (H + 2 Hkv) * D] (contiguous, Hkv = kv_heads): q and k
+    RMS-normed over each head where their weight [D] is given (eps), both rotated by cos/sin [B, S, D]; returned, in
+    qkv's dtype, as (q [B, Hkv, rep * S, D] (row r * S + s: query head j * rep + r at position s),
+    softsyn::decode_attention's query; the step's keys and values [B, Hkv, S, D], the rows the caller writes into
+    its cache). fp32 inside, rounded once. The Triton kernel on CUDA (and in Triton's interpreter), torch elsewhere;
+    D a power of two."""
     if triton is None or (qkv.device.type != "cuda" and not interpreting()):
-        return reference(qkv, q_weight, k_weight, cos, sin, keys=keys, values=values, where=where, eps=eps)
+        return reference(qkv, q_weight, k_weight, cos, sin, kv_heads=kv_heads, eps=eps)
     batch, seq, width = qkv.shape
-    kv_heads, dim = keys.shape[1], keys.shape[3]
+    dim = cos.shape[-1]
     heads = width // dim - 2 * kv_heads
     x = qkv.contiguous()
     # each row's values contiguous (no copy where they are), one batch row's angles read by every row (stride 0)
     cos, sin = (t.contiguous().expand(batch, seq, dim) for t in (cos, sin))
-    q = torch.empty((batch, kv_heads, heads // kv_heads * seq, dim), device=x.device, dtype=keys.dtype)
+    q = torch.empty((batch, kv_heads, heads // kv_heads * seq, dim), device=x.device, dtype=x.dtype)
+    k_rows, v_rows = (torch.empty((batch, kv_heads, seq, dim), device=x.device, dtype=x.dtype) for _ in range(2))
     torch.library.wrap_triton(prologue_kernel)[(heads + kv_heads,)](
         qkv_ptr=x, qw_ptr=q_weight if q_weight is not None else cos, kw_ptr=k_weight if k_weight is not None else cos,
-        cos_ptr=cos, sin_ptr=sin, k_ptr=keys, v_ptr=values, where_ptr=where, q_ptr=q, batch=batch, seq=seq,
-        heads=heads, kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1), stride_sb=sin.stride(0),
-        stride_ss=sin.stride(1), stride_kb=keys.stride(0), stride_kh=keys.stride(1), stride_ks=keys.stride(2),
-        stride_vb=values.stride(0), stride_vh=values.stride(1), stride_vs=values.stride(2), eps=eps,
-        Q_NORM=q_weight is not None, K_NORM=k_weight is not None, HALF=dim // 2, ROWS=ROWS)
-    return q
+        cos_ptr=cos, sin_ptr=sin, k_ptr=k_rows, v_ptr=v_rows, q_ptr=q, batch=batch, seq=seq, heads=heads,
+        kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1), stride_sb=sin.stride(0),
+        stride_ss=sin.stride(1), eps=eps, Q_NORM=q_weight is not None, K_NORM=k_weight is not None, HALF=dim // 2,
+        ROWS=ROWS)
+    return q, k_rows, v_rows

@@ -42,10 +42,10 @@ def test_the_decode_attention_kernels_compile_for_sm90():
 def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(norm):
     """With and without the q/k norms (Qwen3, Llama), q typed fp32 beside an fp16 cache (as AOTInductor typed the
     attention kernel's q) and `eps` fp64: no fp64 arithmetic past the one convert of eps (the norm stays fp32)."""
-    ints = dict.fromkeys(("batch", "seq", "heads", "kv_heads", "stride_cb", "stride_cs", "stride_sb", "stride_ss",
-                          "stride_kb", "stride_kh", "stride_ks", "stride_vb", "stride_vh", "stride_vs"), I32)
+    ints = dict.fromkeys(("batch", "seq", "heads", "kv_heads", "stride_cb", "stride_cs", "stride_sb", "stride_ss"),
+                         I32)
     signature = {"qkv_ptr": "*fp16", "qw_ptr": "*fp16", "kw_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
-                 "k_ptr": "*fp16", "v_ptr": "*fp16", "where_ptr": "*i64", "q_ptr": "*fp32", **ints, "eps": "fp64"}
+                 "k_ptr": "*fp16", "v_ptr": "*fp16", "q_ptr": "*fp32", **ints, "eps": "fp64"}
     for half in (32, 64):  # head dims 64 and 128
         kernel = compiled(triton_prologue.prologue_kernel, signature,
                           {"Q_NORM": norm, "K_NORM": norm, "HALF": half, "ROWS": triton_prologue.ROWS})
