@@ -129,18 +129,22 @@ def by_seq_attention(module, query, key, value, attention_mask, scaling=None, dr
     return torch.cond(query.shape[2] == 1, decode, prefill, (query, key, value, attention_mask)), None
 
 
+FLASH_DTYPES, FLASH_MAX_HEAD_DIM = (torch.float16, torch.bfloat16), 256  # what torch's flash attention kernel takes
+
+
 def prompt_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """A prompt's attention where the step's span ends at its last position (a package in this form is run so:
     torch.json's `span` "end", END_SPAN_FORMS): query i (position past + i) sees slots 0..past + i, a causal mask
     aligned to the bottom right, which flash attention applies itself (its causal form, as torch's CausalBias
     lower_right calls it), the query heads grouped in the kernel: no mask built and no query copied into stacked rows,
-    the sdpa form's preparing kernel (0.39 of qwen3-1.7b's 4.23 ms int4 prefill 512, H100, 2026-12-07). Off CUDA the
-    same function through SDPA and a mask built from the shapes; sliding-window layers and soft-capped scores take
+    the sdpa form's preparing kernel (0.39 of qwen3-1.7b's 4.23 ms int4 prefill 512, H100, 2026-12-07). Off CUDA (or
+    where flash takes neither the dtype nor the head width) the same function through SDPA and a mask built from the
+    shapes; sliding-window layers and soft-capped scores take
     grouped_attention with the step's mask (the same function, as the span ends at the last position)."""
     if kwargs.get("softcap") or getattr(module, "sliding_window", None):
         return grouped_attention(module, query, key, value, attention_mask, scaling, softcap=kwargs.get("softcap"))
     seq, span = query.shape[2], key.shape[2]
-    if query.device.type == "cuda":
+    if query.device.type == "cuda" and query.dtype in FLASH_DTYPES and query.shape[-1] <= FLASH_MAX_HEAD_DIM:
         out = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal=True,
                                                                  scale=scaling)[0]
     else:

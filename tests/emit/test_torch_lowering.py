@@ -106,6 +106,34 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 3])
+def test_the_prompt_form_equals_transformers_sdpa_over_a_span_ending_at_the_last_position(window):
+    """The prompt form takes its causal mask from the shapes (bottom-right aligned): over a span that ends at the
+    step's last position it is transformers' masked SDPA, at a first prompt and after a past, GQA 2:1; a
+    sliding-window layer takes the step's mask (here one of a window of 3)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from softsyn.emit.torch_step import ATTENTIONS
+
+    prompt_attention = ATTENTIONS["prompt"][1]
+    g = torch.Generator().manual_seed(1)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = 2, True, False
+    module.sliding_window = window or None
+    for past, seq in ((0, 5), (7, 5), (7, 1)):
+        span = past + seq
+        q = torch.randn(2, 4, seq, 16, generator=g)
+        k, v = torch.randn(2, 2, span, 16, generator=g), torch.randn(2, 2, span, 16, generator=g)
+        positions = torch.arange(past, span)[None, :, None]
+        mask = (torch.arange(span)[None, None, :] <= positions)[:, None].expand(2, 1, seq, span)
+        if window:
+            mask = mask & (torch.arange(span)[None, None, None, :] > positions[:, None] - window)
+        got, _ = prompt_attention(module, q, k, v, mask, scaling=0.25)
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("form", ["sdpa", "matmul", "split", "by_seq", "softsyn"])
 def test_static_step_writes_the_cache_in_place_and_generates_what_transformers_does(form):
     """The step module torch.export lowers, run eagerly: a prefill then decode steps over one static cache (written in
