@@ -402,8 +402,8 @@ def package_notes(design, packages: list[Built], packed: int, folder: Path, step
     for b in packages:
         serves = ("every step" if not two else "decode (seq 1)") if b.key == DECODE else f"steps of seq >= {b.min_seq}"
         lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves}: {b.seconds:.1f} "
-                  f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix in "
-                  f"spans of {SPAN_STEP}; {packed} projection groups packed: QKV, gate/up; {target.dtype} "
+                  f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix "
+                  f"{'exactly' if b.attention in END_SPAN_FORMS else f'in spans of {SPAN_STEP}'}; {packed} projection groups packed: QKV, gate/up; {target.dtype} "
                   "activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
