@@ -172,8 +172,11 @@ def test_predicted_met_measured_violated_exits_1(signed):
     text = result.output
     assert "VIOLATED (predicted MET)" in text
     assert "Cells responsible" in text
-    block = text.split("Cells responsible", 1)[1].splitlines()[1:4]
-    assert all("/" in line or "session.run" in line for line in block)  # instances by name
+    # its rows up to the blank line (one to five: the cells measured above their prediction, which on a busy
+    # machine's scaled profile may be fewer than three)
+    lines = text.split("Cells responsible", 1)[1].splitlines()[1:]
+    block = lines[:lines.index("")] if "" in lines else lines
+    assert 1 <= len(block) <= 5 and all("/" in line or "session.run" in line for line in block), block  # by name
     assert "signoff: VIOLATED (prefill)" in text
 
 
