@@ -156,7 +156,7 @@ def unfusable(layer: torch.nn.Module) -> str | None:
     """Why fuse_norms cannot take decoder layer `layer`, None when it can (what it computes is checked after)."""
     attn, mlp = layer.self_attn, layer.mlp
     if not isinstance(attn, FusedAttention):
-        return "its attention is not the fused prologue's (FusedAttention)"
+        return "its attention is not in the fused form (FusedAttention)"
     if not isinstance(mlp, GatedMLP):
         return "its MLP is not a gated MLP on softsyn's kernel"
     if not all(kernel_path(m) for m in (attn.packed_q_k_v.linear, attn.o_proj, mlp.gate_up, mlp.down_proj)):

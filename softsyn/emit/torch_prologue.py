@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from transformers.cache_utils import Cache
 
-import softsyn.emit.triton_prologue  # noqa: F401 - registers softsyn::attention_prologue
+from softsyn.emit.triton_prologue import reference as prologue_in_torch  # the import registers the op
 from softsyn.emit.torch_step import (ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart,
                                      attention_implementation, on_same_state, rotary_embedding,
                                      substitute_checked)
@@ -42,6 +42,8 @@ class FusedAttention(torch.nn.Module):
     unchanged) whose forward is the original's wherever the fused form does not apply."""
 
     prologue_eps: float = 1e-6  # the q/k norms' epsilon (fused_form() sets it from them)
+    kernel_prologue: bool = True  # the prologue as softsyn's kernel; False: its torch form, which Inductor compiles
+    # into kernels of its own (as the original's), so the layer can still take fused_norms where the kernel lost
 
     def norm_weight(self, name: str) -> torch.Tensor | None:
         norm = getattr(self, name, None)
@@ -72,9 +74,9 @@ class FusedAttention(torch.nn.Module):
         cos, sin = position_embeddings
         linear = self.packed_q_k_v.linear
         qkv = linear(hidden_states) if input_norm_eps is None else linear(hidden_states, input_norm_eps)
-        q, k_rows, v_rows = torch.ops.softsyn.attention_prologue(
-            qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos, sin, kv_heads=layer.keys.shape[1],
-            eps=self.prologue_eps)
+        prologue = torch.ops.softsyn.attention_prologue if self.kernel_prologue else prologue_in_torch
+        q, k_rows, v_rows = prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos, sin,
+                                     kv_heads=layer.keys.shape[1], eps=self.prologue_eps)
         keys, values = layer.update(k_rows, v_rows)  # index_copy_ into the cache, which Inductor writes in place
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
         out = torch.ops.softsyn.decode_attention(q, keys, values, attention_mask[:, 0], scale)
@@ -82,11 +84,13 @@ class FusedAttention(torch.nn.Module):
         return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
 
-def fused_form(original: torch.nn.Module) -> FusedAttention:
-    """A FusedAttention sharing `original`'s state (torch_step.on_same_state)."""
+def fused_form(original: torch.nn.Module, kernel: bool = True) -> FusedAttention:
+    """A FusedAttention sharing `original`'s state (torch_step.on_same_state), its prologue the kernel or (`kernel`
+    False) its torch form."""
     out = on_same_state(original, FusedAttention, "Fused")
     norms = [getattr(original, name, None) for name in ("q_norm", "k_norm")]
     out.prologue_eps = next((norm_eps(n) for n in norms if n is not None), FusedAttention.prologue_eps)
+    out.kernel_prologue = kernel
     return out
 
 
@@ -168,9 +172,10 @@ class Fusion(NamedTuple):
     why: dict[str, int]  # {reason: attentions kept for it}
 
 
-def fuse_prologues(model: torch.nn.Module) -> Fusion:
-    """Put a FusedAttention where each packed-QKV attention of `model` computes what the fused form does, checked on
-    one random step over a small cache (output and cache both, within fp16 rounding); the others kept, with why."""
+def fuse_prologues(model: torch.nn.Module, kernel: bool = True) -> Fusion:
+    """Put a FusedAttention (its prologue the kernel, or where not `kernel` its torch form) where each packed-QKV
+    attention of `model` computes what the fused form does, checked on one random step over a small cache (output
+    and cache both, within fp16 rounding); the others kept, with why."""
     rotary = rotary_embedding(model)
     like = model.get_input_embeddings().weight
 
@@ -185,7 +190,7 @@ def fuse_prologues(model: torch.nn.Module) -> Fusion:
         case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
         if case.cos.shape[-1] != dim:
             return f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
-        candidate = fused_form(child)
+        candidate = fused_form(child, kernel)
         want, want_cache = run_once(child, CHECK_FORM, case)
         got, got_cache = run_once(candidate, FUSED_FORM, case)
         if close(got, want) and close(got_cache, want_cache):
@@ -196,13 +201,18 @@ def fuse_prologues(model: torch.nn.Module) -> Fusion:
     return Fusion(fused, sum(why.values()), why)
 
 
-def fusion_notes(fusion: Fusion, measured: bool = False) -> list[str]:
-    """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster)."""
+def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True) -> list[str]:
+    """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster;
+    `kernel`: the prologue as the kernel, else its torch form)."""
     lines = []
-    if fusion.fused:
+    if fusion.fused and kernel:
         lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary and "
                      "q's layout in one kernel before softsyn's decode attention (softsyn::attention_prologue; "
                      f"fused_prologue, {'measured faster' if measured else 'unmeasured'})")
+    elif fusion.fused:
+        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''} in the fused form with the "
+                     "prologue's torch form (Inductor's kernels, as their own prologue; the kernel measured no "
+                     "faster), so that fused_norms can take their layers")
     if fusion.kept:
         why = "; ".join(f"{n}: {reason}" for reason, n in fusion.why.items())
         lines.append(f"{fusion.kept} attention{'s' if fusion.kept != 1 else ''} kept their own prologue ({why})")
@@ -215,12 +225,16 @@ PROLOGUE_SETTINGS = ("off", "on", "measured")  # TorchTarget.fused_prologue
 def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool = False) -> list[str]:
     """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue "on", or "measured" and
     the measured choice `chosen` it) and its decode attention form `attention` is softsyn's (the kernel writes q in
-    that form's layout); the compile log's lines."""
+    that form's layout); where "measured" did not choose it but the target fuses norms (fused_norms "on", which
+    needs the fused attention form), the fused form with the prologue's torch form. The compile log's lines."""
     setting = target.fused_prologue
     if setting == "off":
         return []
     if attention != "softsyn":
         return [f"fused_prologue unused: the decode attention is {attention}, not softsyn's"]
     if setting == "measured" and not chosen:
-        return ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
+        if target.fused_norms != "on":
+            return ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
+        return ["fused_prologue measured: not faster than each attention's own prologue",
+                *fusion_notes(fuse_prologues(model, kernel=False), kernel=False)]
     return fusion_notes(fuse_prologues(model), measured=setting == "measured")

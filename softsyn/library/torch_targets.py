@@ -42,7 +42,8 @@ class TorchTarget:
     # softsyn.emit.torch_attention_choice; with attention "measured" only)
     fused_norms: str = "off"  # "on": each decoder layer's RMS norm weights folded into the projections they feed
     # before quantisation, and at decode the norms and residual adds in its GEMVs where the layer's GEMVs are
-    # softsyn's kernel and its attention the fused prologue's (softsyn.emit.torch_norms): two kernels a layer fewer
+    # softsyn's kernel and its attention in the fused form, with the prologue kernel or its torch form
+    # (softsyn.emit.torch_norms, softsyn.emit.torch_prologue.prologues_for): two kernels a layer fewer
     prefill_weights: str = "shared"  # with a prefill package and softsyn's int4/fp8 layers: "shared" (it reads
     # model.pt2's packed weights and dequantises them at every prompt) or "resident" (it holds them dequantised, its
     # own fp16 copy, where the area budget admits the bytes: softsyn.emit.torch_lowering.prefill_residency)

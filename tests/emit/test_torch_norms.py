@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from softsyn.emit.torch_norms import Fusion, FusedNorms, fold_norms, fuse_norms, norms_for
@@ -31,14 +32,15 @@ class OnePlusNorm(torch.nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight.float())).to(x.dtype)
 
 
-def quantised(model):
+def quantised(model, kernel: bool = True):
     """`model`'s q/k/v, o, gate/up and down on softsyn's kernel (int4, group 32), the MLPs gated, the prologues
-    fused: what h200-torch's decode step holds before fuse_norms."""
+    fused (`kernel`: as the kernel, else in the fused form's torch prologue): what h200-torch's decode step holds
+    before fuse_norms."""
     linears = [m for layer in model.model.layers for m in (layer.self_attn.packed_q_k_v.linear, layer.self_attn.o_proj,
                                                            layer.mlp.packed_gate_up.linear, layer.mlp.down_proj)]
     replace_linears(model, linears, 32, "int4")
     assert fuse_gated_mlps(model) == (2, 0)
-    assert fuse_prologues(model).fused == 2
+    assert fuse_prologues(model, kernel=kernel).fused == 2
     return model
 
 
@@ -57,13 +59,15 @@ def test_folding_the_norms_into_the_projections_steps_to_the_same_logits_and_cac
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of_their_own():
-    """Every qwen3-tiny layer fused (same parameter names); in softsyn's decode form and in SDPA's (the prefill
+@pytest.mark.parametrize("kernel", [True, False])
+def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of_their_own(kernel):
+    """Every qwen3-tiny layer fused (same parameter names), its attention's prologue the kernel or (where the
+    attention choice did not take the kernel) its torch form; in softsyn's decode form and in SDPA's (the prefill
     package's, where the original forward runs) the logits and cache are the unfused model's; the exported decode
-    step's GEMVs take the norms and residuals: 2 of each a layer, and no rsqrt left but the q/k norms' and the final."""
+    step's GEMVs take the norms and residuals: 2 of each a layer, and the prologue op only with the kernel."""
     model = packed_model()
     fold_norms(model)
-    quantised(model)
+    quantised(model, kernel)
     names = [name for name, _ in model.named_parameters()]
     want, want_sdpa = steps(model, "softsyn"), steps(model, "sdpa")
     assert fuse_norms(model) == Fusion(2, 0, {})
@@ -82,6 +86,7 @@ def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of
     normed = [n for n in gemvs if isinstance(n.kwargs.get("norm_eps", n.args[5] if len(n.args) > 5 else None), float)]
     added = [n for n in gemvs if n.kwargs.get("residual", n.args[6] if len(n.args) > 6 else None) is not None]
     assert len(normed) == len(added) == 4, [n.args for n in gemvs]
+    assert sum("attention_prologue" in str(n.target) for n in program.graph.nodes) == (2 if kernel else 0)
 
 
 def test_a_norm_that_is_not_an_x_times_g_rms_norm_is_neither_folded_nor_fused_with_why():
@@ -99,7 +104,7 @@ def test_a_norm_that_is_not_an_x_times_g_rms_norm_is_neither_folded_nor_fused_wi
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_a_layer_without_the_fused_prologue_is_kept_and_the_setting_is_on_for_h200_torch_only():
+def test_a_layer_without_the_fused_attention_is_kept_and_the_setting_is_on_for_h200_torch_only():
     """fuse_norms needs FusedAttention (the o_proj residual rides its forward): without fuse_prologues every layer
     is kept, saying so; h200-torch fuses ("on"), cpu-torch does not; off writes no line."""
     target = TORCH_TARGETS["h200-torch"]
@@ -112,6 +117,6 @@ def test_a_layer_without_the_fused_prologue_is_kept_and_the_setting_is_on_for_h2
     assert norms_for(dataclasses.replace(target, fused_norms="off"), model, folded) == []
     lines = norms_for(target, model, folded)
     assert lines == ["4 RMS norm weights folded into the q/k/v and gate/up projections they feed before quantisation "
-                     "(fused_norms)", "2 decoder layers kept their norm kernels (2: its attention is not the fused "
-                     "prologue's (FusedAttention))"]
+                     "(fused_norms)", "2 decoder layers kept their norm kernels (2: its attention is not in the fused "
+                     "form (FusedAttention))"]
     assert not any(isinstance(layer, FusedNorms) for layer in model.model.layers)

@@ -92,16 +92,24 @@ def test_a_layer_the_kernels_cannot_take_is_kept_with_why():
 
 @pytest.mark.parametrize("form", ["softsyn", "matmul"])
 def test_the_setting_fuses_only_with_softsyn_s_decode_attention_and_measured_only_when_chosen(form):
-    """off: nothing; measured: fused only where the attention choice chose the prologue; on: fused; any of them
-    only with softsyn's decode attention (the kernel writes q in its layout)."""
+    """off: nothing; measured: the kernel only where the attention choice chose the prologue, else (where the target
+    fuses norms, which need the fused form) the fused form with the prologue's torch form; on: the kernel; any of
+    them only with softsyn's decode attention (the kernel writes q in its layout)."""
     target = TORCH_TARGETS["h200-torch"]
     assert target.fused_prologue == "measured" and TORCH_TARGETS["cpu-torch"].fused_prologue == "off"
+    assert target.fused_norms == "on"
     model = packed_model()
     assert prologues_for(dataclasses.replace(target, fused_prologue="off"), form, model) == []
-    kept = prologues_for(target, form, model, chosen=False)
+    kept = prologues_for(dataclasses.replace(target, fused_norms="off"), form, model, chosen=False)
     assert not any(isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers)
     if form == "softsyn":
         assert kept == ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
+        torch_form = prologues_for(target, form, model, chosen=False)
+        assert torch_form[0] == "fused_prologue measured: not faster than each attention's own prologue"
+        assert torch_form[1].startswith("2 attentions in the fused form with the prologue's torch form")
+        attentions = [layer.self_attn for layer in model.model.layers]
+        assert all(isinstance(a, FusedAttention) and not a.kernel_prologue for a in attentions)
+        model = packed_model()
         chosen = prologues_for(target, form, packed_model(), chosen=True)
         assert len(chosen) == 1 and chosen[0].endswith("(softsyn::attention_prologue; fused_prologue, measured faster)")
     notes = prologues_for(dataclasses.replace(target, fused_prologue="on"), form, model)
