@@ -43,8 +43,8 @@ def packaged(form: str, device: str, dtype, folder: str):
     dims = ({0: auto, 1: auto}, {0: auto}, {0: auto}, {0: auto, 1: auto}, {0: auto})
     program = torch.export.export(Attend(form), inputs(device, dtype, 2, 5, 100), dynamic_shapes=dims, strict=False)
     # single-threaded: the timing captures the package in a CUDA graph, which a multi-threaded one's events forbid
-    return torch._inductor.aoti_load_package(
-        torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/{form}.pt2"), run_single_threaded=True)
+    path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/{form}.pt2")
+    return torch._inductor.aoti_load_package(path, run_single_threaded=True)
 
 
 def prompt_lines(device: str, dtype, timed) -> list[str]:

@@ -347,7 +347,8 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
                   "outputs.logits, the last position's only where its seq is 1); kv "
                   "written in place; slots = arange(S), the cache slots attention reads (last position < S <= "
                   "max_length); `package` runs every step, `packages` says which one softsyn runs at which seq "
-                  "(the one of the largest min_seq <= seq)",
+                  "(the one of the largest min_seq <= seq) and over which S (span \"end\": S = last position + 1 "
+                  "exactly; \"rounded\": any such S)",
         "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels,
                              "constants": b.constants, "span": END if b.attention in END_SPAN_FORMS else ROUNDED}
                      for b in packages},
@@ -403,8 +404,8 @@ def package_notes(design, packages: list[Built], packed: int, folder: Path, step
         serves = ("every step" if not two else "decode (seq 1)") if b.key == DECODE else f"steps of seq >= {b.min_seq}"
         lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves}: {b.seconds:.1f} "
                   f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix "
-                  f"{'exactly' if b.attention in END_SPAN_FORMS else f'in spans of {SPAN_STEP}'}; {packed} projection groups packed: QKV, gate/up; {target.dtype} "
-                  "activations and cache",
+                  f"{'exactly' if b.attention in END_SPAN_FORMS else f'in spans of {SPAN_STEP}'}; {packed} "
+                  f"projection groups packed: QKV, gate/up; {target.dtype} activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
     lines += [f"{name}: {said}" for b in packages for said in b.said]

@@ -6,13 +6,14 @@ The package is one step of the decoder over a static KV cache the caller owns: (
 a batch at the same positions), and attends over the first S slots, those at or before each query's position. The
 runner gives S as the filled prefix rounded up to SPAN_STEP (at most max_length): a decode at 512 reads 768 slots,
 not the whole cache, and a long generation crosses a few spans; a package whose entry says `span` "end" (a prompt
-form that takes its causal mask from the shapes: the last position is S - 1) gets exactly the filled prefix. DIR/model.pt2 serves prefill (seq = the prompt) and
-decode (seq 1); a target with a prefill attention form adds DIR/model-prefill.pt2, the same step in that form, which
-serves the steps of seq >= its `min_seq` (2): torch.json's `packages` names each package, its kernel map, the
-query lengths it serves and where its weights are (`constants`: "own", or "decode": model-prefill.pt2 holds none and
-runs on model.pt2's, one copy in memory: softsyn.runtime.torch_weights; where this torch refuses, model-prefill.pt2
-gets a copy of its own, or model.pt2 serves every step, and `TorchStep.weights` says which). On CUDA (`cuda_graphs`) each step shape (package, batch, seq, span) is captured once as a
-CUDA graph over fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
+form that takes its causal mask from the shapes: the last position is S - 1) gets exactly the filled prefix.
+DIR/model.pt2 serves prefill (seq = the prompt) and decode (seq 1); a target with a prefill attention form adds
+DIR/model-prefill.pt2, the same step in that form, which serves the steps of seq >= its `min_seq` (2): torch.json's
+`packages` names each package, its kernel map, the query lengths it serves, its span and where its weights are
+(`constants`: "own", or "decode": model-prefill.pt2 holds none and runs on model.pt2's, one copy in memory:
+softsyn.runtime.torch_weights; where this torch refuses, model-prefill.pt2 gets a copy of its own, or model.pt2
+serves every step, and `TorchStep.weights` says which). On CUDA (`cuda_graphs`) each step shape (package, batch,
+seq, span) is captured once as a CUDA graph over fixed buffers (the cache keeps its addresses: TorchStep owns one per batch size) and replayed.
 
 runtime/torch.json is untrusted input: its fields are checked (types, bounds) and every path it names kept inside
 DIR (softsyn.frontends.onnx_file.inside) before a package is opened.
