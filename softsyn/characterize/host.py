@@ -186,6 +186,16 @@ def measure_host(provider: str = "cpu", repeats: int = 200) -> dict:
             "command": f"softsyn.characterize.host.measure_host({provider!r}, repeats={repeats}): medians"}
 
 
+def yaml_number(v) -> str:
+    """3 significant digits, always with a dot and a signed exponent (PyYAML reads "1e10" and "6e-05" as strings)."""
+    if v is None:
+        return "null"
+    mant, exp = f"{v:.2e}".split("e")
+    mant = mant.rstrip("0")
+    mant = mant + "0" if mant.endswith(".") else mant
+    return f"{mant}e{int(exp):+03d}"
+
+
 def host_yaml(figures: dict) -> str:
     """The `serving_host:` block as a library file holds it, each figure with its unit."""
     units = {"iteration": "s", "input_bandwidth": "B/s", "sample_bandwidth": "B/s", "readback_bandwidth": "B/s",
@@ -195,7 +205,7 @@ def host_yaml(figures: dict) -> str:
     lines = ["serving_host:   # host work of a batching iteration (softsyn.characterize.host; docs/serving.md)"]
     for key, unit in units.items():
         if key in figures:  # a block probed before first_shape_* existed has none: "not measured"
-            lines.append(f"  {key}: {figures[key]:.3g}   # {unit}")
+            lines.append(f"  {key}: {yaml_number(figures[key])}   # {unit}")  # "6e-05" would read as a string
     for key in ("device", "date", "command"):
         if key in figures:
             lines.append(f"  {key}: '{str(figures[key]).replace(chr(39), chr(39) * 2)}'")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from softsyn.characterize.host import host_yaml
+from softsyn.characterize.host import host_yaml, yaml_number
 from softsyn.library import parse_library
 
 HEADER_KEYS = ("library", "format", "runtime", "provider", "device", "date", "command", "environment",
@@ -20,16 +20,6 @@ SECTIONS = ("characterization", "probe", "interpolation_error", "not_characteris
 HOLDOUT_KEYS = ("median_pct", "max_pct", "points", "measured", "interpolated")
 CELL_KEYS = ("precision", "implementation", "axes", "points", "delays", "bytes_per_weight", "error", "scale",
              "attributes", "notes")
-
-
-def _num(v) -> str:
-    """3 significant digits, always with a dot and a signed exponent (PyYAML reads "1e10" as a string)."""
-    if v is None:
-        return "null"
-    mant, exp = f"{v:.2e}".split("e")
-    mant = mant.rstrip("0")
-    mant = mant + "0" if mant.endswith(".") else mant
-    return f"{mant}e{int(exp):+03d}"
 
 
 def _scalar(v) -> str:
@@ -41,7 +31,7 @@ def _flow(v) -> str:
         # a string item is dumped as a flow sequence's item (quoted where a comma or bracket would split it)
         return "[" + ", ".join(_scalar([x])[1:-1] if isinstance(x, str) else _flow(x) for x in v) + "]"
     if isinstance(v, float):
-        return _num(v) if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6)) else repr(v)
+        return yaml_number(v) if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6)) else repr(v)
     return _scalar(v)
 
 
@@ -57,12 +47,12 @@ def render_library_yaml(lib: dict) -> str:
     out = [title, "# SI units: B/s, FLOP/s, s. null: not measured / the provider does not compute in it (see notes)."]
     out += [f"{k}: {_scalar(lib[k])}" for k in HEADER_KEYS if k in lib]
     out.append("ceilings:")
-    out.append(f"  memory_bandwidth: {_num(c['memory_bandwidth'])}   # B/s: {notes.get('memory_bandwidth', '')}")
+    out.append(f"  memory_bandwidth: {yaml_number(c['memory_bandwidth'])}   # B/s: {notes.get('memory_bandwidth', '')}")
     out.append("  peak_flops:   # FLOP/s")
     for p, v in c["peak_flops"].items():
-        out.append(f"    {p}: {_num(v)}   # {notes.get(f'peak_flops.{p}', '')}")
+        out.append(f"    {p}: {yaml_number(v)}   # {notes.get(f'peak_flops.{p}', '')}")
     for k in ("launch_overhead", "launch_overhead_graph", "run_overhead"):
-        out.append(f"  {k}: {_num(c[k])}   # s: {notes.get(k, '')}")
+        out.append(f"  {k}: {yaml_number(c[k])}   # s: {notes.get(k, '')}")
     out.append("notes:")
     out += [f"  {k}: {_scalar(v)}" for k, v in notes.items()]
     if not characterised:

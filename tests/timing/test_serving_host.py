@@ -29,6 +29,18 @@ def test_probe_figures_round_trip_through_a_library_block(tmp_path):
     assert host.device == figures["device"] and host.date == figures["date"]
 
 
+@pytest.mark.parametrize("value", [6e-05, 2e10, 1.0, 5.26e-06])
+def test_a_figure_with_no_dot_in_its_short_form_still_reads_as_a_number(tmp_path, value):
+    """PyYAML reads "6e-05" as a string: a probe whose figure rounded to that (a clean-clone CI run, 2026-12-07)
+    wrote a library softsyn then refused. Every figure is written with a dot and a signed exponent."""
+    from softsyn.characterize.host import host_yaml, with_host_block
+
+    figures = {k: value for k in HOST_FIGURES + HOST_OPTIONAL} | {"device": "cpu", "date": "2026-12-07",
+                                                                  "command": "softsyn characterize"}
+    host = parse_library(with_host_block(LIBRARY.read_text(), host_yaml(figures)), tmp_path / "lib.yaml").serving_host
+    assert all(getattr(host, k) == pytest.approx(value, rel=5e-3) for k in HOST_FIGURES + HOST_OPTIONAL)
+
+
 def test_a_bad_host_figure_is_one_line_naming_its_key(tmp_path):
     text = LIBRARY.read_text().replace("\n  bind: ", "\n  bind: -", 1)
     with pytest.raises(SoftsynError) as err:
