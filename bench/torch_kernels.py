@@ -90,13 +90,14 @@ def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
 
 
 def causal_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """A first prompt's attention (past 0, batch 1) with no mask: SDPA causal over the prompt's own slots, the query
-    heads grouped by enable_gqa (flash's form), neither q stacked per KV head nor a mask built (the sdpa form's
-    preparing kernel, q's layout and the mask, took 0.39 ms of qwen3-1.7b's 4.23 ms prefill 512, H100, 2026-12-07)."""
+    """A first prompt's attention (past 0) in h200-torch's prefill form (softsyn.emit.torch_step.prompt_attention:
+    flash's causal over a span ending at the last position), over the prompt's own slots: the step's span rounded up
+    ends past them, which that form must not read."""
+    from softsyn.emit.torch_step import ATTENTIONS
+
     seq = query.shape[2]
-    out = torch.nn.functional.scaled_dot_product_attention(query, key[:, :, :seq], value[:, :, :seq], is_causal=True,
-                                                           scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
+    return ATTENTIONS["prompt"][1](module, query, key[:, :, :seq], value[:, :, :seq], attention_mask[..., :seq],
+                                   scaling)
 
 
 def attention_rows(device: str, dtype) -> list[tuple]:
@@ -117,7 +118,7 @@ def attention_rows(device: str, dtype) -> list[tuple]:
         k, v = cache_k[:, :, :span], cache_v[:, :, :span]
         positions = torch.arange(past, past + seq, device=device)[None]
         mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
-        # the prompt form attends over a span ending at the last position (prompt_check times it so)
+        # the prompt form must attend over a span ending at the last position: causal_attention gives it that
         forms = {form: function for form, (_, function) in ATTENTIONS.items() if form != "prompt"}
         if past == 0 and seq > 1:
             forms["causal (past 0)"] = causal_attention

@@ -119,6 +119,12 @@ class Built:
     resident: bool = False  # a prefill package holding its int4/fp8 layers' weights dequantised (prefill_residency)
     covers: dict = field(default_factory=dict)  # kernel_calls' covers: the decode package's GEMVs' fused norms
 
+    @property
+    def span(self) -> str:
+        """torch.json's span for the package: END where its attention form needs the span to end at the last
+        position, else ROUNDED."""
+        return END if self.attention in END_SPAN_FORMS else ROUNDED
+
 
 def planned(target, attention: str, resident: bool = False) -> list[Built]:
     """The packages `target` builds: model.pt2 in `attention` (target.attention, or the measured choice); with a
@@ -350,7 +356,7 @@ def torch_settings(design, reference: dict, geometry: tuple, vocab: int, package
                   "(the one of the largest min_seq <= seq) and over which S (span \"end\": S = last position + 1 "
                   "exactly; \"rounded\": any such S)",
         "packages": {b.key: {"file": b.file, "attention": b.attention, "min_seq": b.min_seq, "kernels": b.kernels,
-                             "constants": b.constants, "span": END if b.attention in END_SPAN_FORMS else ROUNDED}
+                             "constants": b.constants, "span": b.span}
                      for b in packages},
         "inputs": {"input_ids": ["batch", "seq", "int64"], "position_ids": ["batch", "seq", "int64"],
                    "slots": ["span", "int64"]},
@@ -404,7 +410,7 @@ def package_notes(design, packages: list[Built], packed: int, folder: Path, step
         serves = ("every step" if not two else "decode (seq 1)") if b.key == DECODE else f"steps of seq >= {b.min_seq}"
         lines += [f"{name}: {b.file} is the step lowered by torch.export + AOTInductor for {serves}: {b.seconds:.1f} "
                   f"s; static KV cache of {cfg_max} positions, {b.attention} attention over its filled prefix "
-                  f"{'exactly' if b.attention in END_SPAN_FORMS else f'in spans of {SPAN_STEP}'}; {packed} "
+                  f"{'exactly' if b.span == END else f'in spans of {SPAN_STEP}'}; {packed} "
                   f"projection groups packed: QKV, gate/up; {target.dtype} activations and cache",
                   f"{name}: {b.kernels}: {len(b.calls)} kernel calls of {b.file}, "
                   f"{sum(1 for c in b.calls if c.modules)} mapped to source modules (Inductor's provenance)"]
