@@ -567,21 +567,22 @@ def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
         shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
         caches = cold_caches(shape, dtype, device, calls)
         where = torch.tensor([span - 2], device=device)
-        mask = (torch.arange(span, device=device) <= where[0]).expand(1, 1, 1, span)
+        mask = (torch.arange(span, device=device) <= where[0]).expand(1, 1, 1, span).contiguous()
         cos, sin = model.model.rotary_emb(rows[0], where.expand(1, 1))
         for label, module in forms:
-            def one(x, keys, values, module=module):
-                cache = Cache(layers=[BufferLayer(keys, values, where, span)])
+            def one(x, keys, values, where, mask, cos, sin, module=module):  # packaged_step's convention
+                cache = Cache(layers=[BufferLayer(keys, values, where, mask.shape[-1])])
                 out = module(x, attention_mask=mask, position_embeddings=(cos, sin), position_ids=where.expand(1, 1),
                              cache=cache, use_cache=True)
                 return out[0] if isinstance(out, tuple) else out
 
             def seconds(one=one, module=module, packaged=False):
+                args = [(x, *caches[i % len(caches)], where, mask, cos, sin) for i, x in enumerate(rows)]
                 with (attention_implementation(module.self_attn, FUSED_FORM), torch.no_grad(),
                       tempfile.TemporaryDirectory() as folder):
-                    step = (packaged_step(module, one, (rows[0], *caches[0]), Path(folder) / "layer.pt2") if packaged
+                    step = (packaged_step(module, one, args[0], Path(folder) / "layer.pt2") if packaged
                             else torch.compile(one, dynamic=True))
-                    graph = graph_of(lambda: [step(x, *caches[i % len(caches)]) for i, x in enumerate(rows)])
+                    graph = graph_of(lambda: [step(*a) for a in args])
                     return replay_seconds(graph) / calls
             line = chain_line(f"norm chain, {label}, span {span}", seconds)
             if "failed (" in line:  # torch 2.11's Inductor fails on softsyn's ops in torch.compile: as the package is

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache
 
 from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, failure, graph_of, replay_seconds
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
-from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, rotary_embedding
+from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, example_span, rotary_embedding
 from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time
@@ -123,41 +123,55 @@ def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: i
 def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
                 caches: list[torch.Tensor], calls: int = CALLS) -> tuple[Callable, list[tuple]]:
     """One decode step of the attention `module` (the prologue fused where `candidate` says), a function of (x, keys,
-    values), and the arguments of each of `calls` calls: call i writes its key and value into caches[i % len(caches)]
-    (whole [2, B, Hkv, length, D] caches) at slot span - 2 and attends over their first `span` slots. Every call runs
-    the one module, so its projections read their weights from the L2 cache where they fit: the same for every
-    candidate, which differ in what runs between the projections."""
+    values, where, mask, cos, sin), and the arguments of each of `calls` calls: call i writes its key and value into
+    caches[i % len(caches)] (whole [2, B, Hkv, length, D] caches) at slot `where` (span - 2) and attends over their
+    first `span` slots, the mask's last dim, so one package serves every span (packaged_step). Every call runs the one
+    module, so its projections read their weights from the L2 cache where they fit: the same for every candidate,
+    which differ in what runs between the projections."""
     chosen = fused_form(module) if candidate.prologue else module
     like = caches[0]
     where = torch.tensor([shape.span - 2], device=like.device)
-    mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span)
+    mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span).contiguous()
     rows = [torch.randn(shape.batch, 1, module.config.hidden_size, device=like.device, dtype=like.dtype)
             for _ in range(calls)]
     cos, sin = rotary(rows[0], where.expand(shape.batch, 1))
 
-    def one(x, keys, values):
-        layer = BufferLayer(keys, values, where, shape.span)
+    def one(x, keys, values, where, mask, cos, sin):
+        layer = BufferLayer(keys, values, where, mask.shape[-1])
         return chosen(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask,
-                      position_ids=where.expand(shape.batch, 1), cache=Cache(layers=[layer] * (module.layer_idx + 1)),
+                      position_ids=where.expand(x.shape[0], 1), cache=Cache(layers=[layer] * (module.layer_idx + 1)),
                       use_cache=True)[0]
 
-    return one, [(x, *caches[i % len(caches)]) for i, x in enumerate(rows)]
+    return one, [(x, *caches[i % len(caches)], where, mask, cos, sin) for i, x in enumerate(rows)]
 
 
 def module_timer(module: torch.nn.Module, rotary: torch.nn.Module, packaged: bool = False) -> Timer:
     """A Timer of `module`'s chains (module_step's calls) in each candidate, captured as one CUDA graph: the step
     compiled by torch.compile with dynamic shapes, or where `packaged` built as the package is, by torch.export and
-    AOTInductor (packaged_step), each call the loaded package's. The packaged form is for a candidate torch.compile
-    fails on: torch 2.11's Inductor failed every chain holding softsyn's Triton ops (`KeyError: 'op14'`; an
-    AssertionError in decompose_triton_kernel_wrapper_functional, a check torch 2.13 dropped) while AOTInductor
-    packaged the same ops (H100, 2026-12-07)."""
+    AOTInductor (packaged_step), each call the loaded package's: one package a candidate, its span dynamic and traced
+    at the package's example span, so it serves every decode group and its kernels are tuned as model.pt2's are (one
+    static package per candidate and span took 78 s of a compile for two spans, H100, 2026-12-07). The packaged form
+    is for a candidate torch.compile fails on: torch 2.11's Inductor failed every chain holding softsyn's Triton ops
+    (`KeyError: 'op14'`; an AssertionError in decompose_triton_kernel_wrapper_functional, a check torch 2.13 dropped)
+    while AOTInductor packaged the same ops (H100, 2026-12-07)."""
+    packages: dict[tuple, Callable] = {}  # (candidate, batch, length): its loaded package
+    folder = tempfile.TemporaryDirectory()  # the packages' files, kept while the timer lives
+
+    def step_of(candidate: Candidate, shape: AttentionShape, one: Callable, caches: list[torch.Tensor]) -> Callable:
+        if not packaged:
+            return torch.compile(one, dynamic=True)
+        key = (candidate, shape.batch, shape.length)
+        if key not in packages:
+            traced = replace(shape, span=example_span(max(shape.length, shape.span)))
+            example = module_step(module, rotary, candidate, traced, caches, calls=1)[1][0]
+            packages[key] = packaged_step(module, one, example, Path(folder.name) / f"chain-{len(packages)}.pt2")
+        return packages[key]
+
     def seconds(candidate: Candidate, shape: AttentionShape, dtype: torch.dtype, device: str) -> float:
         caches = cold_caches(shape, dtype, device, CALLS)
-        with (attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad(),
-              tempfile.TemporaryDirectory() as folder):
+        with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
             one, calls = module_step(module, rotary, candidate, shape, caches)
-            step = (packaged_step(module, one, calls[0], Path(folder) / "chain.pt2") if packaged
-                    else torch.compile(one, dynamic=True))
+            step = step_of(candidate, shape, one, caches)
             return replay_seconds(graph_of(lambda: [step(*args) for args in calls])) / CALLS
     return seconds
 
@@ -169,17 +183,19 @@ class _Step(torch.nn.Module):
         super().__init__()
         self.module, self.one = module, one
 
-    def forward(self, x, keys, values):
-        return self.one(x, keys, values)
+    def forward(self, x, keys, values, where, mask, cos, sin):
+        return self.one(x, keys, values, where, mask, cos, sin)
 
 
 def packaged_step(module: torch.nn.Module, one: Callable, example: tuple, path: Path) -> Callable:
-    """`one` (a module_step of `module`) exported at `example` with static shapes, compiled by AOTInductor into
-    `path` and loaded: called as `one` is, it writes the cache it is given in place as `one` does. Loaded
-    single-threaded, as the runtime's CUDA-graph runner loads model.pt2: a multi-threaded package queries an event of
-    its previous run before each call, which a stream capture of several calls forbids ("operation not permitted when
-    stream is capturing", H100, 2026-12-07)."""
-    program = torch.export.export(_Step(module, one), example, strict=False)
+    """`one` (a module_step of `module`) exported at `example`, the span (the mask's last dim) dynamic and every other
+    size static, compiled by AOTInductor into `path` and loaded: called as `one` is, at any span up to the cache's
+    length, it writes the cache it is given in place as `one` does. Loaded single-threaded, as the runtime's
+    CUDA-graph runner loads model.pt2: a multi-threaded package queries an event of its previous run before each
+    call, which a stream capture of several calls forbids ("operation not permitted when stream is capturing", H100,
+    2026-12-07)."""
+    span = (None, None, None, None, {3: torch.export.Dim.AUTO}, None, None)
+    program = torch.export.export(_Step(module, one), example, dynamic_shapes=span, strict=False)
     return torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(program, package_path=str(path)),
                                              run_single_threaded=True)
 

@@ -30,8 +30,8 @@ from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_norms import covered_cells, fold_norms, norms_for
 from softsyn.emit.torch_prologue import prologues_for
-from softsyn.emit.torch_step import (ATTENTIONS, END_SPAN_FORMS, StaticStep, cast_parameters, fuse_gated_mlps,
-                                     pack_projections, quantise_modules, weight_map)
+from softsyn.emit.torch_step import (ATTENTIONS, END_SPAN_FORMS, StaticStep, cast_parameters, example_span,
+                                     fuse_gated_mlps, pack_projections, quantise_modules, weight_map)
 from softsyn.emit.triton_weights import dequantised_bytes, hold_dequantised, packed_layers, use_prompt_form
 from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model
@@ -54,8 +54,6 @@ MEASURED = "torch package, measured"  # the label every measured number carries
 ESTIMATED = "est"  # and every number the ORT library predicts
 
 
-SPAN_HINT = 1024  # the example span torch.export traces: AOTInductor tunes each kernel over a dynamic dim for its
-# example size, so a softmax traced over 7 slots looped 8 at a time: 136 us a layer at 4096 on the H200 (2026-12-03)
 PREFILL_SEQ_HINT = 512  # the example query length of a prefill package: its kernels are tuned for prompts, not 3 rows
 # Where a package's weights go (aoti_compile_and_package's inductor_configs), when a target builds two packages:
 # model.pt2's beside its .so in the archive (aoti_load_package still loads it alone), model-prefill.pt2 without any
@@ -66,12 +64,12 @@ WEIGHTLESS = {"aot_inductor.package_constants_in_so": False}
 
 
 def export_step(step: StaticStep, cfg, max_length: int, device: str, dtype: torch.dtype, prefill: bool = False):
-    """torch.export of the step at batch 2 over SPAN_HINT slots (below max_length), seq 3, or for a `prefill` package
+    """torch.export of the step at batch 2 over example_span(max_length) slots, seq 3, or for a `prefill` package
     up to PREFILL_SEQ_HINT (half the span); sizes > 1 and distinct so none is specialised, the three dims dynamic. The
     example sizes are the hints Inductor tunes its kernels for."""
     layers, kv, head_dim = kv_geometry(cfg)
     g = torch.Generator().manual_seed(0)
-    span = max(4, min(SPAN_HINT, max_length - 1))
+    span = example_span(max_length)
     seq = max(3, min(PREFILL_SEQ_HINT, span // 2)) if prefill else 3
     ids = torch.randint(0, cfg.vocab_size, (2, seq), generator=g).to(device)
     positions = torch.arange(span - seq, span).expand(2, seq).contiguous().to(device)

@@ -4,6 +4,7 @@ without a decode group; the shapes come from the decode groups, spans rounded as
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -158,31 +159,35 @@ def test_where_torch_compile_runs_every_candidate_no_package_is_built():
     assert chosen == Candidate("matmul") and not any("packages" in line for line in lines)
 
 
-def test_a_packaged_module_step_computes_the_eager_step_and_writes_its_cache():
-    """What the packaged timer calls: a layer's attention module step (the matmul form, on the CPU here) exported
-    and compiled by AOTInductor gives the eager step's output and writes the same key and value slot of the cache
-    it is given."""
+def test_a_packaged_module_step_computes_the_eager_step_at_every_span_and_writes_its_cache():
+    """What the packaged timer calls: a layer's attention module step (the matmul form, on the CPU here) exported once
+    and compiled by AOTInductor gives the eager step's output at two spans (the span is the package's dynamic dim, so
+    one package times every decode group) and writes the same key and value slot of the cache it is given."""
     from softsyn.emit.torch_attention_choice import packaged_step
 
     model = _packed_tiny()
     module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb
     kv, dim = model.config.num_key_value_heads, model.config.head_dim
-    shape = AttentionShape(1, model.config.num_attention_heads, kv, dim, span=12, length=16)
+    shapes = [AttentionShape(1, model.config.num_attention_heads, kv, dim, span=s, length=16) for s in (12, 7)]
     torch.manual_seed(0)
     caches = [torch.randn(2, 1, kv, 16, dim) for _ in range(2)]
     copies, start = [c.clone() for c in caches], torch.stack(caches).clone()
+    got, want = [], []
     with attention_implementation(module, ATTENTIONS["matmul"][0]), torch.no_grad(), \
             tempfile.TemporaryDirectory() as folder:
-        one, calls = module_step(module, rotary, Candidate("matmul"), shape, caches, calls=2)
-        step = packaged_step(module, one, calls[0], Path(folder) / "chain.pt2")
-        got = [step(*args) for args in calls]
-        want = [one(args[0], *copies[i % len(copies)]) for i, args in enumerate(calls)]  # the same rows, eager
+        example = module_step(module, rotary, Candidate("matmul"), replace(shapes[0], span=10), caches, calls=1)
+        step = packaged_step(module, example[0], example[1][0], Path(folder) / "chain.pt2")
+        for shape in shapes:
+            one, calls = module_step(module, rotary, Candidate("matmul"), shape, caches, calls=2)
+            got += [step(*args) for args in calls]
+            want += [one(args[0], *copies[i % len(copies)], *args[3:]) for i, args in enumerate(calls)]  # eager
     got = [g[0] if isinstance(g, (list, tuple)) else g for g in got]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.stack(caches), torch.stack(copies), rtol=1e-5, atol=1e-5)
-    written = torch.stack(caches) != start  # slot span - 2 of each copy, nothing else
-    assert written[..., 10, :].any(dim=-1).all() and not written[..., :10, :].any() and not written[..., 11:, :].any()
+    written = torch.stack(caches) != start  # slot span - 2 of each copy at each span (10 and 5), nothing else
+    slots = written.any(dim=-1).flatten(0, -2).any(dim=0)
+    assert slots.nonzero().flatten().tolist() == [5, 10]
 
 
 def test_each_candidate_s_module_chain_computes_the_same_steps():
