@@ -184,7 +184,7 @@ class _Step(torch.nn.Module):
         self.module, self.one = module, one
 
     def forward(self, x, keys, values, where, mask, cos, sin):
-        return self.one(x, keys, values, where, mask, cos, sin)
+        return self.one(x=x, keys=keys, values=values, where=where, mask=mask, cos=cos, sin=sin)
 
 
 def packaged_step(module: torch.nn.Module, one: Callable, example: tuple, path: Path) -> Callable:

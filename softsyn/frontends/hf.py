@@ -6,10 +6,12 @@ import copy
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from softsyn.errors import SoftsynError
 from softsyn.frontends import cache as _cache
@@ -123,7 +125,8 @@ class _Export:
     decoder: bool
     moe: bool
     exporter: str  # the exporter, as provenance and the cache key name it
-    replicate: bool  # a weightless MoE decoder of identical layers: trace two, copy the second (frontends.replicate)
+    replicate: bool  # a weightless decoder whose config names one kind of layer: trace two, copy the second where
+    # the built layers are one module too (frontends.replicate)
 
     @property
     def layers(self):
@@ -152,10 +155,10 @@ def _plan_export(cfg, name: str, source: str, *, folder: Path | None, weights: s
     if decoder and is_hybrid(cfg):
         exporter += f", {HYBRID_EXPORT}"
     layers = getattr(cfg, "num_hidden_layers", None)
-    replicate = (weights == "meta" and moe and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
+    # not in the exporter's name (the cache key): whether the layers are copied is settled at export, where the
+    # built layers say whether they are one module (hf_torch.layer_difference), and either way the netlist is the same
+    replicate = (weights == "meta" and decoder and isinstance(layers, int) and layers > _replicate.EXPORTED
                  and _replicate.homogeneous(cfg))
-    if replicate:
-        exporter += f", layers {_replicate.EXPORTED} exported then replicated to {layers}"
     return _Export(cfg=cfg, name=name, source=source, folder=folder, weights=weights, dtype=dtype,
                    weight_file=weight_file, decoder=decoder, moe=moe, exporter=exporter, replicate=replicate)
 
@@ -216,13 +219,13 @@ def _read_or_export(ex: _Export, cache_dir: Path, progress: bool, entry: Path, k
     t0 = time.perf_counter()
     with step(f"exporting {name} with {ex.exporter} ({WEIGHTS_DESC[ex.weights]}, {ex.dtype})", enabled=progress,
               done=f"exported {name}"):
-        ir_model, parameters, copies = _export_model(ex)
+        ir_model, parameters, layers = _export_model(ex)
     elapsed = time.perf_counter() - t0
     nl = Netlist(
         ir_model,
         name=name,
         kind="decoder" if ex.decoder else "encoder",
-        provenance=_provenance(ex, elapsed, copies),
+        provenance=_provenance(ex, elapsed, layers),
         config=config_summary(ex.cfg, parameters),
         derived_dims={"total": "past + seq"} if ex.decoder else {},
     )
@@ -254,8 +257,31 @@ def source_model(cfg, name: str, source: str, *, folder: Path | None = None, wei
 
 
 def _export_model(ex: _Export) -> tuple:
-    """(the exported onnx-ir model, its parameter count, how many times a layer was copied or None)."""
+    """(the exported onnx-ir model, its parameter count, how its layers were had: a Layers). A decoder planned for
+    replication traces EXPORTED layers and copies the last where its built layers are one module; else, or where
+    the traced graph cannot be copied, every layer is traced, and the Layers says why."""
     _export.torch_num_threads()
+    why = _torch_side().layer_difference(ex) if ex.replicate else None
+    if not ex.replicate or why:
+        return (*_traced(replace(ex, replicate=False)), Layers(None, why))
+    ir_model, _ = _traced(ex)
+    try:
+        copies = _replicate.replicate_layers(ir_model, ex.layers)
+    except _replicate.NotReplicable as e:
+        return (*_traced(replace(ex, replicate=False)), Layers(None, f"the traced layers could not be copied: {e}"))
+    return ir_model, count_meta_params(ex.cfg, ex.decoder, ex.source), Layers(copies, None)
+
+
+class Layers(NamedTuple):
+    """How an export had its decoder layers: `copies` of the template made (None: every layer traced), `why` not
+    (None where no copy was planned or the copies were made)."""
+    copies: int | None
+    why: str | None
+
+
+def _traced(ex: _Export) -> tuple[ir.Model, int]:
+    """torch.export + the ONNX exporter on `ex`'s torch model (its traced layers only where it replicates), and the
+    parameters of the model traced."""
     model = _torch_side().torch_model(ex)
     model.eval()
     if ex.moe and hasattr(model, "set_experts_implementation"):
@@ -264,24 +290,15 @@ def _export_model(ex: _Export) -> tuple:
     try:
         with _quiet_torch_export():
             if ex.decoder and is_hybrid(ex.cfg):
-                ir_model = _torch_side().export_hybrid(model, ex.name)
-            else:
-                ir_model = (_export.export_decoder if ex.decoder else _export.export_encoder)(model, ex.name)
+                return _torch_side().export_hybrid(model, ex.name), parameters
+            return (_export.export_decoder if ex.decoder else _export.export_encoder)(model, ex.name), parameters
     except SoftsynError:
         raise
     except Exception as e:  # the exporter's failures are long and wrapped: the innermost cause says what
         raise SoftsynError(f"{ex.source}: exporting {ex.name} with {ex.exporter} failed: {brief(e)}") from e
-    copies = None
-    if ex.replicate:
-        try:
-            copies = _replicate.replicate_layers(ir_model, ex.layers)
-        except _replicate.NotReplicable as e:
-            raise SoftsynError(f"{ex.source}: cannot replicate the layers of {ex.name}: {e}") from None
-        parameters = count_meta_params(ex.cfg, ex.decoder, ex.source)
-    return ir_model, parameters, copies
 
 
-def _provenance(ex: _Export, elapsed: float, copies) -> dict:
+def _provenance(ex: _Export, elapsed: float, layers: Layers) -> dict:
     provenance = {
         "source": ex.source,
         "exporter": ex.exporter,
@@ -291,9 +308,11 @@ def _provenance(ex: _Export, elapsed: float, copies) -> dict:
         "export_seconds": round(elapsed, 2),
         "scope_prefix": _export.SCOPE_PREFIX,
     }
-    if ex.replicate:
+    if layers.copies is not None:
         provenance["layers"] = (f"{_replicate.EXPORTED} traced by torch.export, model.layers.{_replicate.EXPORTED - 1} "
-                                f"copied {copies} times to {ex.layers} (softsyn.frontends.replicate)")
+                                f"copied {layers.copies} times to {ex.layers} (softsyn.frontends.replicate)")
+    elif layers.why:
+        provenance["layers"] = f"all {ex.layers} traced by torch.export, none copied: {layers.why}"
     if ex.weights == "meta":
         provenance["weights_location"] = _export.META_WEIGHTS + " (never written: shapes and dtypes only)"
     if ex.weights == "pretrained":

@@ -44,6 +44,65 @@ def count_meta_params(cfg, decoder: bool, source: str = "the config") -> int:
     return int(n)
 
 
+PLAIN = (bool, int, float, str, type(None))
+PER_INDEX = ("layer_idx", "layer_id", "idx")  # attributes that name the layer's place, not what it computes
+
+
+def layer_signature(layer: torch.nn.Module) -> dict[str, tuple]:
+    """What a decoder layer computes, as far as its modules tell: per submodule, its class, its plain attributes (a
+    sliding window, a RoPE switch, an attention type; not its index) and its own parameters' and buffers' shapes and
+    dtypes."""
+    def plain(value) -> bool:
+        return isinstance(value, PLAIN) or (isinstance(value, (tuple, list))
+                                            and all(isinstance(v, PLAIN) for v in value))
+
+    signature = {}
+    for name, module in layer.named_modules():
+        attributes = tuple(sorted((k, repr(v)) for k, v in vars(module).items()
+                                  if not k.startswith("_") and k not in PER_INDEX and k != "training" and plain(v)))
+        tensors = tuple((n, tuple(t.shape), str(t.dtype)) for n, t in
+                        [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)])
+        signature[name] = (type(module).__name__, attributes, tensors)
+    return signature
+
+
+def layer_difference(ex) -> str | None:
+    """Why the decoder layers of `ex`'s weightless model may not be copied from its template layer
+    (model.layers.{EXPORTED - 1}, softsyn.frontends.replicate): the first later layer whose modules, plain attributes
+    or tensor shapes are not the template's, named with what differs; None where every later layer is the template's
+    module (so a copy of it computes what tracing it would). Built on the meta device: no weights allocated."""
+    kwargs = {"experts_implementation": EXPERTS_IMPL} if ex.moe else {}
+    with building(ex.source), torch.device("meta"):
+        model = auto_class(ex.decoder).from_config(copy.deepcopy(ex.cfg), **kwargs)
+    layers = next((m for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList)
+                   and len(m) == ex.layers), None)
+    if layers is None:
+        return f"no module list of its {ex.layers} decoder layers"
+    first = _replicate.EXPORTED - 1
+    template = layer_signature(layers[first])
+    for i in range(_replicate.EXPORTED, len(layers)):
+        signature = layer_signature(layers[i])
+        if signature != template:
+            where = next(k for k in {**template, **signature} if template.get(k) != signature.get(k))
+            part = f".{where}" if where else ""
+            what = _difference(signature.get(where), template.get(where))
+            return f"model.layers.{i}{part} differs from model.layers.{first}{part} ({what})"
+    return None
+
+
+def _difference(got: tuple | None, want: tuple | None) -> str:
+    """What differs between two layer_signature entries, briefly: the module missing, its class, the attributes
+    (`use_rope` 0, not 1) or the tensors."""
+    if got is None or want is None:
+        return "no such module" if got is None else "a module the template lacks"
+    if got[0] != want[0]:
+        return f"{got[0]}, not {want[0]}"
+    if got[1] != want[1]:
+        theirs = dict(want[1])
+        return ", ".join(f"{k} {v}, not {theirs.get(k, 'unset')}" for k, v in got[1] if theirs.get(k) != v)
+    return f"tensors {got[2]}, not {want[2]}"
+
+
 def torch_model(ex):
     """The torch model to export: on the meta device (weightless; the traced layers only when replicating),
     seeded random, or from the folder's pretrained weights. `ex`: softsyn.frontends.hf's export plan (its cfg,

@@ -80,7 +80,7 @@ def seeded_weights(model: ir.Model, cfg, seed: int = 0) -> dict[str, np.ndarray]
         if isinstance(t, ir.ExternalTensor) and t.location == META_WEIGHTS:
             dtype = np.dtype(v.dtype.numpy())
             cast = typed.setdefault(dtype, pool.astype(dtype)) if np.issubdtype(dtype, np.floating) else None
-            out[v.name] = seeded_value(v.name, tuple(int(d) for d in v.shape), dtype, cfg, pool, seed, cast)
+            out[v.name] = seeded_value(v.name, tuple(int(d) for d in v.shape), dtype, cfg, pool, seed, typed=cast)
     return out
 
 
