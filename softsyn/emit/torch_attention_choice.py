@@ -248,8 +248,14 @@ def timed_chains(shapes, dtype, device, timer: Timer, candidates,
     """({candidate: its chains' seconds summed over `shapes`} for those that ran, a log line for each): each
     candidate's chains by `timer`; where that fails on any and `packaged` is given, every candidate's by `packaged`
     instead, like for like: a package is compiled whole with static shapes, torch.compile's chain with dynamic ones,
-    and the first H100 run that mixed the two chose a form 1.4 % slower over the decode groups (2026-12-07)."""
-    totals, lines, failed = time_each(timer, candidates, shapes, dtype, device, say_failures=packaged is None)
+    and the first H100 run that mixed the two chose a form 1.4 % slower over the decode groups (2026-12-07). So with
+    `packaged`, the candidates holding softsyn's Triton ops are timed first and the pass stops at the first failure:
+    the chains timed before it would be timed again as packages (torch 2.11's pass, matmul's chains compiled first,
+    took ~100 s of a 220 s choice, H100 2026-12-07)."""
+    # one failure packages them all: the candidates torch.compile may fail on go first
+    first = sorted(candidates, key=lambda c: not holds_triton_ops(c)) if packaged is not None else candidates
+    totals, lines, failed = time_each(timer, first, shapes, dtype, device, say_failures=packaged is None,
+                                      stop_on_failure=packaged is not None)
     if not failed or packaged is None:
         return totals, lines
     labels = ", ".join(f"{c.label} ({failure(exc)})" for c, exc in failed.items())
@@ -258,11 +264,18 @@ def timed_chains(shapes, dtype, device, timer: Timer, candidates,
     return totals, lines + more
 
 
+def holds_triton_ops(candidate: Candidate) -> bool:
+    """Whether `candidate`'s chain holds softsyn's Triton ops (its split kernels or the fused prologue), which torch
+    2.11's torch.compile failed on (module_timer)."""
+    return candidate.form == "softsyn" or candidate.prologue
+
+
 def time_each(timer: Timer, candidates, shapes, dtype, device, say_failures: bool = True,
-              as_packages: bool = False) -> tuple[dict[Candidate, float], list[str], dict[Candidate, Exception]]:
+              as_packages: bool = False,
+              stop_on_failure: bool = False) -> tuple[dict[Candidate, float], list[str], dict[Candidate, Exception]]:
     """timed_chains' one pass: ({candidate: seconds summed over `shapes`} for those that ran, their log lines (and
     the failures' where `say_failures`), {candidate: why it failed}); `as_packages`: the lines say so, and how long
-    each candidate's packages took to build and time."""
+    each candidate's packages took to build and time; `stop_on_failure`: none timed after the first that fails."""
     totals, lines, failed = {}, [], {}
     for candidate in candidates:
         started = time.perf_counter()
@@ -273,6 +286,8 @@ def time_each(timer: Timer, candidates, shapes, dtype, device, say_failures: boo
             if say_failures:
                 how = ", as AOTInductor packages" if as_packages else ""
                 lines.append(f"decode attention {candidate.label}{how}: did not run ({failure(exc)})")
+            if stop_on_failure:
+                break
             continue
         totals[candidate] = sum(times)
         how = f"; as AOTInductor packages, built in {time.perf_counter() - started:.0f} s" if as_packages else ""
