@@ -240,16 +240,17 @@ if triton is not None:
         return dots
 
     @triton.jit
-    def rms_scale(x_row, K, eps, CHUNK: tl.constexpr = 512):
-        """1 / rms(x_row[:K]) as an RMS norm takes it, rsqrt(mean(x^2) + eps), the squares summed in fp32 CHUNK
-        inputs at a time: a pass over the row before the GEMV's loop, whichever form that loop loads x in."""
-        rk = tl.arange(0, CHUNK)
-        squares = tl.zeros((CHUNK,), dtype=tl.float32)
-        for k0 in range(0, K, CHUNK):
-            a = tl.load(x_row + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
-            squares += a * a
-        # Inductor types a Python float fp64 in a package: the norm stays fp32
-        return tl.math.rsqrt(tl.sum(squares, 0) / K + tl.cast(eps, tl.float32))
+    def chunk_squares(x_row, k0, K, WIDTH: tl.constexpr):
+        """x_row[k0:k0 + WIDTH]'s squares in fp32 (past K: 0), the inputs a loop step's dots read, for the loop to add
+        up lane by lane and sum once after it (a sum each step put a cross-warp reduction in the loop, and spilled
+        at fp8 group 32 with 4 warps): a NORM kernel gathers its row's mean square with no pass over the row before
+        the loop. That pass (four
+        dependent loads of 512 inputs, one round trip each) is the suspect in a step whose 113 GEMVs took 0.864 ms
+        with 56 normed and 56 adding a residual, 0.729 without either (H100, 2026-12-07 14:43 vs 10:36): ~2.4 us a
+        normed GEMV if the residual costs nothing, more than the norm kernel it replaced (~2.0 us)."""
+        rk = k0 + tl.arange(0, WIDTH)
+        a = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
+        return a * a
 
     @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, r_ptr, eps,
@@ -270,7 +271,7 @@ if triton is not None:
         multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; int4's tuned configs,
         ASM_CONFIGS): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
         NORM (one-row path): x's rows RMS-normed without a weight (a norm folded into W: torch_norms), each finished
-        output scaled by rms_scale(x_row, K, eps); RESIDUAL (one-row path): residual r_ptr [M, N] (y's strides) added
+        output scaled by 1 / rms(x_row) (the squares gathered by the loop: chunk_squares); RESIDUAL (one-row path): residual r_ptr [M, N] (y's strides) added
         before the store: the norm before a projection and the residual add after one in the GEMV, not kernels of
         their own (a decode step is bound by its kernel count).
         BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
@@ -293,11 +294,9 @@ if triton is not None:
             up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
-                scale = 1.0
-                if NORM:
-                    scale = rms_scale(x_row, K, eps)
                 acc = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)  # reduced across groups once, after the loop
                 up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
+                squares = tl.zeros((GPC * GROUP,), dtype=tl.float32)  # NORM: the row's squares, step by step
                 for g0 in range(0, groups, GPC):
                     acc += step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
@@ -306,6 +305,11 @@ if triton is not None:
                         up += step_dots(x_row, up_rows, up_s, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
                                         TWIN=TWIN)
+                    if NORM:
+                        squares += chunk_squares(x_row, g0 * GROUP, K, WIDTH=GPC * GROUP)
+                scale = 1.0
+                if NORM:  # rsqrt(mean(x^2) + eps), as an RMS norm takes it; Inductor types a Python float fp64
+                    scale = tl.math.rsqrt(tl.sum(squares, 0) / K + tl.cast(eps, tl.float32))
                 out = tl.sum(tl.sum(acc, 2), 1) * scale
                 if GATED:
                     out = out / (1.0 + tl.exp(-out)) * (tl.sum(tl.sum(up, 2), 1) * scale)

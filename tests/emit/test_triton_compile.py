@@ -122,7 +122,7 @@ def test_the_weight_kernel_compiles_its_norm_and_residual_for_sm90_without_spill
     """NORM with RESIDUAL (q/k/v, o and down's forms) and NORM gated (gate/up's) at every tuned config of the
     precision, group 128 and 32: the codes still load 16 bytes a thread, the norm's rsqrt is there and stays fp32
     (`eps` typed fp64 as Inductor types a Python float: one convert), and no register spills to local memory (the
-    pre-loop over x's row and the residual's load hold registers beside the loop's)."""
+    squares of x the loop keeps lane by lane and the residual's load hold registers beside the dots)."""
     configs = triton_weights.INT4_CONFIGS if codes == "*u8" else triton_weights.BYTE_CONFIGS
     for group in (128, 32):
         for config in configs:
