@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -49,6 +50,16 @@ def _offset(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") % POOL
 
 
+def floating(dtype) -> bool:
+    """Whether `dtype` is a float: numpy's and ml_dtypes' (bfloat16, the float8s), which numpy's issubdtype does not
+    count as floating (a bf16 export's seeded weights were all zeros until 2026-12-07)."""
+    try:
+        ml_dtypes.finfo(dtype)
+    except ValueError:
+        return False
+    return True
+
+
 def seeded_value(name: str, shape: tuple[int, ...], dtype, cfg, pool: np.ndarray, seed: int = 0,
                  typed: np.ndarray | None = None) -> np.ndarray:
     """The seeded random value of one weight, by its name (a torch parameter's fully qualified name). `typed`: the
@@ -60,7 +71,7 @@ def seeded_value(name: str, shape: tuple[int, ...], dtype, cfg, pool: np.ndarray
         data = _inv_freq(cfg, n)
     elif "norm" in name and len(shape) == 1:  # 1 + noise: all-ones norms would be deduplicated and
         data = 1.0 + np.resize(pool[_offset(seed, name):], n)  # their Mul dropped by the optimizer, unlike a trained model's
-    elif np.issubdtype(np.dtype(dtype), np.floating):
+    elif floating(dtype):
         source = typed if typed is not None and typed.dtype == np.dtype(dtype) else pool
         data = np.resize(source[_offset(seed, name):], n)  # cyclic past the pool's end
     else:
@@ -79,8 +90,10 @@ def seeded_weights(model: ir.Model, cfg, seed: int = 0) -> dict[str, np.ndarray]
         t = v.const_value
         if isinstance(t, ir.ExternalTensor) and t.location == META_WEIGHTS:
             dtype = np.dtype(v.dtype.numpy())
-            cast = typed.setdefault(dtype, pool.astype(dtype)) if np.issubdtype(dtype, np.floating) else None
-            out[v.name] = seeded_value(v.name, tuple(int(d) for d in v.shape), dtype, cfg, pool, seed, typed=cast)
+            if floating(dtype) and dtype not in typed:
+                typed[dtype] = pool.astype(dtype)
+            out[v.name] = seeded_value(v.name, tuple(int(d) for d in v.shape), dtype, cfg, pool, seed,
+                                       typed=typed.get(dtype))
     return out
 
 

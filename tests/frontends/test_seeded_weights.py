@@ -49,3 +49,21 @@ def test_a_weight_s_value_depends_on_its_name_alone(tied_tiny):
     b = seeded_value("model.layers.0.mlp.up_proj.weight", (4, 3), np.float32, None, pool)
     c = seeded_value("model.layers.1.mlp.up_proj.weight", (4, 3), np.float32, None, pool)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, "bfloat16"])
+def test_a_weight_s_seeded_value_is_the_fp32_value_in_its_dtype_from_a_cast_pool_too(dtype):
+    """Every float dtype gets the fp32 value rounded to it (bf16 too, which numpy does not call floating: its
+    weights were zeros); tiling the pool cast once (what seeded_weights does) gives the same bytes."""
+    import ml_dtypes
+
+    from softsyn.frontends.materialize import seed_pool, seeded_value
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    pool = seed_pool(0, 0.02)
+    name, shape = "model.layers.0.mlp.up_proj.weight", (64, 48)
+    want = seeded_value(name, shape, np.float32, None, pool).astype(dtype)
+    got = seeded_value(name, shape, dtype, None, pool)
+    cast = seeded_value(name, shape, dtype, None, pool, typed=pool.astype(dtype))
+    assert got.dtype == dtype and np.count_nonzero(got.astype(np.float32)) > 0.99 * got.size
+    assert got.tobytes() == want.tobytes() == cast.tobytes()
