@@ -244,10 +244,10 @@ if triton is not None:
         """x_row[k0:k0 + WIDTH]'s squares in fp32 (past K: 0), the inputs a loop step's dots read, for the loop to add
         up lane by lane and sum once after it (a sum each step put a cross-warp reduction in the loop, and spilled
         at fp8 group 32 with 4 warps): a NORM kernel gathers its row's mean square with no pass over the row before
-        the loop. That pass (four
-        dependent loads of 512 inputs, one round trip each) is the suspect in a step whose 113 GEMVs took 0.864 ms
-        with 56 normed and 56 adding a residual, 0.729 without either (H100, 2026-12-07 14:43 vs 10:36): ~2.4 us a
-        normed GEMV if the residual costs nothing, more than the norm kernel it replaced (~2.0 us)."""
+        the loop. That pass (four dependent loads of 512 inputs, one round trip each) is the suspect in a step whose
+        113 GEMVs took 0.864 ms with 56 normed and 56 adding a residual, 0.729 without either (H100, 2026-12-07
+        14:43 vs 10:36): ~2.4 us a normed GEMV if the residual costs nothing, more than the norm kernel it replaced
+        (~2.0 us)."""
         rk = k0 + tl.arange(0, WIDTH)
         a = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
         return a * a
@@ -271,9 +271,9 @@ if triton is not None:
         multiplied in fp16, summed in fp32 (group_dots); ASM with F16 (int4, fp16 activations; int4's tuned configs,
         ASM_CONFIGS): word_dots' inline PTX, TWIN its tl-op twin where Triton's interpreter runs it (`launch` sets it).
         NORM (one-row path): x's rows RMS-normed without a weight (a norm folded into W: torch_norms), each finished
-        output scaled by 1 / rms(x_row) (the squares gathered by the loop: chunk_squares); RESIDUAL (one-row path): residual r_ptr [M, N] (y's strides) added
-        before the store: the norm before a projection and the residual add after one in the GEMV, not kernels of
-        their own (a decode step is bound by its kernel count).
+        output scaled by 1 / rms(x_row) (its squares gathered by the loop: chunk_squares); RESIDUAL (one-row path):
+        residual r_ptr [M, N] (y's strides) added before the store: the norm before a projection and the residual
+        add after one in the GEMV, not kernels of their own (a decode step is bound by its kernel count).
         BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes

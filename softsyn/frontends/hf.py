@@ -7,8 +7,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
