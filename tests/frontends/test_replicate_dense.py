@@ -73,3 +73,18 @@ def test_a_decoder_whose_built_layers_differ_is_traced_whole_and_says_why(tmp_pa
                                        "differs from model.layers.1.self_attn (use_rope 0, not 1)")
     layers = collections.Counter(replicate.layer_of(n) for n in nl.nodes())
     assert all(layers[i] > 0 for i in range(LAYERS)) and layers[3] < layers[2]  # layer 3 traced: no rotary in it
+
+
+def test_an_moe_decoder_whose_first_layers_are_dense_is_not_copied_from_a_dense_layer():
+    """DeepSeek-V3 keeps dense MLPs in its first `first_k_dense_replace` layers and experts after: its config names
+    one layer type, so only the built layers tell that copying layer 1 (dense) would give layer 3 the wrong MLP."""
+    pytest.importorskip("transformers.models.deepseek_v3")
+    from softsyn.frontends.hf_torch import layer_difference
+
+    cfg = _config("deepseek_v3", first_k_dense_replace=3, n_routed_experts=4, num_experts_per_tok=2)
+    plan = hf._plan_export(cfg, "ds", "test", folder=None, weights="meta", dtype=None, materialize=False)
+    assert replicate.homogeneous(cfg) and plan.replicate
+    assert layer_difference(plan) == ("model.layers.3.mlp differs from model.layers.1.mlp "
+                                      "(DeepseekV3MoE, not DeepseekV3MLP)")
+    plan = hf._plan_export(_config("qwen3"), "q", "test", folder=None, weights="meta", dtype=None, materialize=False)
+    assert layer_difference(plan) is None
