@@ -155,7 +155,7 @@ def module_timer(module: torch.nn.Module, rotary: torch.nn.Module, packaged: boo
     (`KeyError: 'op14'`; an AssertionError in decompose_triton_kernel_wrapper_functional, a check torch 2.13 dropped)
     while AOTInductor packaged the same ops (H100, 2026-12-07)."""
     packages: dict[tuple, Callable] = {}  # (candidate, batch, length): its loaded package
-    folder = tempfile.TemporaryDirectory()  # the packages' files, kept while the timer lives
+    folder = tempfile.TemporaryDirectory() if packaged else None  # the packages' files, kept while the timer lives
 
     def step_of(candidate: Candidate, shape: AttentionShape, one: Callable, caches: list[torch.Tensor]) -> Callable:
         if not packaged:

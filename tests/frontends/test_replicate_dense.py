@@ -4,17 +4,17 @@ built layers differ (one without RoPE) is traced whole, and its provenance says 
 from __future__ import annotations
 
 import collections
+import sys
+from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
 import pytest
 
 from softsyn.frontends import hf, replicate
-from softsyn.frontends.materialize import materialize
 
-LAYERS = 4
-SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             num_hidden_layers=LAYERS, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# bench/replicate_families: the widths, and ORT's outputs with the seeded weights filled in (the same for every type)
+from replicate_families import LAYERS, SMALL, outputs as _outputs  # noqa: E402
 
 
 def _config(model_type: str, **extra):
@@ -26,21 +26,6 @@ def _config(model_type: str, **extra):
 def _weightless(cfg, folder):
     return hf.load_transformers_design(cfg, f"{cfg.model_type}-{LAYERS}", "test", folder, progress=False,
                                        weights="meta", dtype="float32")
-
-
-def _outputs(nl, cfg, path) -> dict[str, np.ndarray]:
-    """ORT's outputs of `nl` with the seeded weights filled in (the same values by name in any export of `cfg`)."""
-    import onnxruntime as ort
-
-    model = materialize(nl.model, cfg)
-    ir.save(model, str(path), external_data=path.name + ".data")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 5))
-    feeds = {"input_ids": ids, "attention_mask": np.ones((2, 8), np.int64),
-             "position_ids": np.tile(np.arange(3, 8), (2, 1))}
-    past = np.random.default_rng(1).standard_normal((2, cfg.num_key_value_heads, 3, cfg.head_dim)).astype(np.float32)
-    feeds |= {f"past_key_values.{i}.{kv}": past for i in range(LAYERS) for kv in ("key", "value")}
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
 def test_a_dense_decoder_copied_from_two_traced_layers_computes_what_tracing_every_layer_does(tmp_path, monkeypatch):
