@@ -75,17 +75,23 @@ def decode_shapes(groups, config, max_length: int) -> list[AttentionShape]:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A decode attention the choice times: a form of ATTENTIONS, with the fused prologue (softsyn's form only)."""
+    """A decode attention the choice times: a form of ATTENTIONS, with the fused prologue (softsyn's form only),
+    which returns the step's rows for index_copy_ or (`writes_cache`) writes the cache and attends in one op."""
     form: str
     prologue: bool = False
+    writes_cache: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.form} + fused prologue" if self.prologue else self.form
+        if not self.prologue:
+            return self.form
+        return f"{self.form} + fused prologue{' writing the cache' if self.writes_cache else ''}"
 
 
 PLAIN = tuple(Candidate(form) for form in FORMS)  # the candidates without the prologue, FORMS' order
 PROLOGUE = Candidate("softsyn", prologue=True)
+PROLOGUE_WRITING = Candidate("softsyn", prologue=True, writes_cache=True)  # softsyn::attention_step
+PROLOGUES = (PROLOGUE, PROLOGUE_WRITING)
 Timer = Callable[[Candidate, AttentionShape, torch.dtype, str], float]
 
 
@@ -128,7 +134,7 @@ def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Can
     first `span` slots, the mask's last dim, so one package serves every span (packaged_step). Every call runs the one
     module, so its projections read their weights from the L2 cache where they fit: the same for every candidate,
     which differ in what runs between the projections."""
-    chosen = fused_form(module) if candidate.prologue else module
+    chosen = fused_form(module, writes_cache=candidate.writes_cache) if candidate.prologue else module
     like = caches[0]
     where = torch.tensor([shape.span - 2], device=like.device)
     mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span).contiguous()
@@ -218,7 +224,7 @@ def attention_timing(model: torch.nn.Module, prologue: bool) -> Timing:
     if module is None or rotary is None:
         return Timing(core_seconds, PLAIN, "the attention function", None)
     offered = prologue and unfusable(module, packed_qkv(module)) is None
-    return Timing(module_timer(module, rotary), PLAIN + ((PROLOGUE,) if offered else ()), "a layer's attention module",
+    return Timing(module_timer(module, rotary), PLAIN + (PROLOGUES if offered else ()), "a layer's attention module",
                   core_seconds, module_timer(module, rotary, packaged=True))
 
 

@@ -44,6 +44,8 @@ class FusedAttention(torch.nn.Module):
     prologue_eps: float = 1e-6  # the q/k norms' epsilon (fused_form() sets it from them)
     kernel_prologue: bool = True  # the prologue as softsyn's kernel; False: its torch form, which Inductor compiles
     # into kernels of its own (as the original's), so the layer can still take fused_norms where the kernel lost
+    writes_cache: bool = False  # with the kernel: the prologue writes the cache and attends in one op
+    # (softsyn::attention_step), no index_copy_ after it
 
     def norm_weight(self, name: str) -> torch.Tensor | None:
         norm = getattr(self, name, None)
@@ -74,23 +76,28 @@ class FusedAttention(torch.nn.Module):
         cos, sin = position_embeddings
         linear = self.packed_q_k_v.linear
         qkv = linear(hidden_states) if input_norm_eps is None else linear(hidden_states, input_norm_eps)
-        prologue = torch.ops.softsyn.attention_prologue if self.kernel_prologue else prologue_in_torch
-        q, k_rows, v_rows = prologue(qkv, self.norm_weight("q_norm"), self.norm_weight("k_norm"), cos, sin,
-                                     kv_heads=layer.keys.shape[1], eps=self.prologue_eps)
-        keys, values = layer.update(k_rows, v_rows)  # index_copy_ into the cache, which Inductor writes in place
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
-        out = torch.ops.softsyn.decode_attention(q, keys, values, attention_mask[:, 0], scale)
+        weights = self.norm_weight("q_norm"), self.norm_weight("k_norm")
+        if self.kernel_prologue and self.writes_cache:
+            out = torch.ops.softsyn.attention_step(qkv, *weights, cos, sin, layer.keys, layer.values, layer.where,
+                                                   attention_mask[:, 0], eps=self.prologue_eps, scale=scale)
+        else:
+            prologue = torch.ops.softsyn.attention_prologue if self.kernel_prologue else prologue_in_torch
+            q, k_rows, v_rows = prologue(qkv, *weights, cos, sin, kv_heads=layer.keys.shape[1], eps=self.prologue_eps)
+            keys, values = layer.update(k_rows, v_rows)  # index_copy_ into the cache, which Inductor writes in place
+            out = torch.ops.softsyn.decode_attention(q, keys, values, attention_mask[:, 0], scale)
         out = out.reshape(*hidden_states.shape[:-1], -1)
         return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
 
-def fused_form(original: torch.nn.Module, kernel: bool = True) -> FusedAttention:
+def fused_form(original: torch.nn.Module, kernel: bool = True, writes_cache: bool = False) -> FusedAttention:
     """A FusedAttention sharing `original`'s state (torch_step.on_same_state), its prologue the kernel or (`kernel`
-    False) its torch form."""
+    False) its torch form; with the kernel, `writes_cache`: the prologue writes the cache and attends in one op."""
     out = on_same_state(original, FusedAttention, "Fused")
     norms = [getattr(original, name, None) for name in ("q_norm", "k_norm")]
     out.prologue_eps = next((norm_eps(n) for n in norms if n is not None), FusedAttention.prologue_eps)
     out.kernel_prologue = kernel
+    out.writes_cache = kernel and writes_cache
     return out
 
 
@@ -172,10 +179,11 @@ class Fusion(NamedTuple):
     why: dict[str, int]  # {reason: attentions kept for it}
 
 
-def fuse_prologues(model: torch.nn.Module, kernel: bool = True) -> Fusion:
-    """Put a FusedAttention (its prologue the kernel, or where not `kernel` its torch form) where each packed-QKV
-    attention of `model` computes what the fused form does, checked on one random step over a small cache (output
-    and cache both, within fp16 rounding); the others kept, with why."""
+def fuse_prologues(model: torch.nn.Module, kernel: bool = True, writes_cache: bool = False) -> Fusion:
+    """Put a FusedAttention (its prologue the kernel, or where not `kernel` its torch form; `writes_cache`: the kernel
+    writes the cache and attends in one op) where each packed-QKV attention of `model` computes what the fused form
+    does, checked on one random step over a small cache (output and cache both, within fp16 rounding); the others
+    kept, with why."""
     rotary = rotary_embedding(model)
     like = model.get_input_embeddings().weight
 
@@ -190,7 +198,7 @@ def fuse_prologues(model: torch.nn.Module, kernel: bool = True) -> Fusion:
         case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
         if case.cos.shape[-1] != dim:
             return f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
-        candidate = fused_form(child, kernel)
+        candidate = fused_form(child, kernel, writes_cache)
         want, want_cache = run_once(child, CHECK_FORM, case)
         got, got_cache = run_once(candidate, FUSED_FORM, case)
         if close(got, want) and close(got_cache, want_cache):
@@ -201,13 +209,16 @@ def fuse_prologues(model: torch.nn.Module, kernel: bool = True) -> Fusion:
     return Fusion(fused, sum(why.values()), why)
 
 
-def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True) -> list[str]:
+def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True, writes_cache: bool = False) -> list[str]:
     """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster;
-    `kernel`: the prologue as the kernel, else its torch form)."""
+    `kernel`: the prologue as the kernel, else its torch form; `writes_cache`: the kernel writes the cache)."""
     lines = []
     if fusion.fused and kernel:
-        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: q/k norm, rotary and "
-                     "q's layout in one kernel before softsyn's decode attention (softsyn::attention_prologue; "
+        what = ("q/k norm, rotary and the cache write in one kernel, softsyn's decode attention in the same op "
+                "(softsyn::attention_step" if writes_cache else
+                "q/k norm, rotary and q's layout in one kernel before softsyn's decode attention "
+                "(softsyn::attention_prologue")
+        lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: {what}; "
                      f"fused_prologue, {'measured faster' if measured else 'unmeasured'})")
     elif fusion.fused:
         lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''} in the fused form with the "
@@ -222,11 +233,13 @@ def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True) ->
 PROLOGUE_SETTINGS = ("off", "on", "measured")  # TorchTarget.fused_prologue
 
 
-def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool = False) -> list[str]:
+def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool = False,
+                  writes_cache: bool = False) -> list[str]:
     """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue "on", or "measured" and
     the measured choice `chosen` it) and its decode attention form `attention` is softsyn's (the kernel writes q in
     that form's layout); where "measured" did not choose it but the target fuses norms (fused_norms "on", which
-    needs the fused attention form), the fused form with the prologue's torch form. The compile log's lines."""
+    needs the fused attention form), the fused form with the prologue's torch form. `writes_cache`: the chosen
+    prologue writes the cache itself (softsyn::attention_step). The compile log's lines."""
     setting = target.fused_prologue
     if setting == "off":
         return []
@@ -237,4 +250,5 @@ def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool =
             return ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
         return ["fused_prologue measured: not faster than each attention's own prologue",
                 *fusion_notes(fuse_prologues(model, kernel=False), kernel=False)]
-    return fusion_notes(fuse_prologues(model), measured=setting == "measured")
+    return fusion_notes(fuse_prologues(model, writes_cache=writes_cache), measured=setting == "measured",
+                        writes_cache=writes_cache)

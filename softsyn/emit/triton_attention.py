@@ -149,6 +149,13 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     The Triton kernels on CUDA (and in Triton's interpreter), torch elsewhere."""
     if triton is None or (query.device.type != "cuda" and not interpreting()):
         return reference(query, key, value, mask, scale)
+    return launch(query, key, value, mask, scale)
+
+
+def launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """decode_attention's kernels launched (on CUDA or in Triton's interpreter), for a triton_op's body: the op's
+    and softsyn::attention_step's (softsyn.emit.triton_prologue), which writes the cache and attends in one op."""
     batch, kv_heads, rows, dim = query.shape
     seq, tiles = mask.shape[1], -(-rows // ROWS)
     q = query.contiguous()

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from softsyn.emit.triton_attention import launch as attend
+from softsyn.emit.triton_attention import reference as attention_reference
 from softsyn.emit.triton_weights import interpreting
 
 ROWS = 16  # step rows (batch row x position) a program handles at once: decode's 1-8 in one pass, masked; untuned
@@ -50,13 +52,15 @@ if triton is not None:
         return lo * inv[:, None] * w_lo[None, :], hi * inv[:, None] * w_hi[None, :]
 
     @triton.jit
-    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, q_ptr, batch, seq, heads,
-                        kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, eps, Q_NORM: tl.constexpr,
-                        K_NORM: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr):
+    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, where_ptr, q_ptr, batch, seq,
+                        heads, kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, stride_kb, stride_kh, stride_ks,
+                        stride_vb, stride_vh, stride_vs, eps, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+                        HALF: tl.constexpr, ROWS: tl.constexpr, AT_SLOTS: tl.constexpr):
         """Program p: query head p (p < heads) or KV head p - heads, over every row t = b * seq + s of the step:
         qkv[b, s] holds the heads' D = 2 * HALF values, queries then keys then values; q written to
         q[b, p, s] ([B, H, S, D] contiguous: [B, Hkv, rep * S, D] with row r * S + s), the key and value to
-        k_rows/v_rows[b, j, s] ([B, Hkv, S, D] contiguous)."""
+        k/v[b, j, slot] by their strides (each slot's D values contiguous): slot s (rows of the step), or where AT_SLOTS
+        where[s] (the cache's slots)."""
         p = tl.program_id(0)
         eps = tl.cast(eps, tl.float32)  # Inductor types a Python float fp64 in a package: the norm stays fp32
         rh = tl.arange(0, HALF)
@@ -91,12 +95,14 @@ if triton is not None:
                 tl.store(q_at, out_lo.to(q_ptr.dtype.element_ty), mask=live[:, None])
                 tl.store(q_at + HALF, out_hi.to(q_ptr.dtype.element_ty), mask=live[:, None])
             else:
-                row = ((b * kv_heads + kv) * seq + s)[:, None] * 2 * HALF + rh[None, :]
-                k_at = k_ptr + row
+                slot = s
+                if AT_SLOTS:
+                    slot = tl.load(where_ptr + s, mask=live, other=0)
+                k_at = k_ptr + (b * stride_kb + kv * stride_kh + slot * stride_ks)[:, None] + rh[None, :]
                 tl.store(k_at, out_lo.to(k_ptr.dtype.element_ty), mask=live[:, None])
                 tl.store(k_at + HALF, out_hi.to(k_ptr.dtype.element_ty), mask=live[:, None])
                 v_in = at + kv_heads * 2 * HALF  # the value head sits kv_heads heads after its key head
-                v_at = v_ptr + row
+                v_at = v_ptr + (b * stride_vb + kv * stride_vh + slot * stride_vs)[:, None] + rh[None, :]
                 v_lo = tl.load(v_in, mask=live[:, None], other=0.0).to(tl.float32)
                 v_hi = tl.load(v_in + HALF, mask=live[:, None], other=0.0).to(tl.float32)
                 tl.store(v_at, v_lo.to(v_ptr.dtype.element_ty), mask=live[:, None])
@@ -143,18 +149,55 @@ def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weigh
     D a power of two."""
     if triton is None or (qkv.device.type != "cuda" and not interpreting()):
         return reference(qkv, q_weight, k_weight, cos, sin, kv_heads=kv_heads, eps=eps)
+    batch, seq, _ = qkv.shape
+    x, dim = qkv.contiguous(), cos.shape[-1]
+    k_rows, v_rows = (torch.empty((batch, kv_heads, seq, dim), device=x.device, dtype=x.dtype) for _ in range(2))
+    q = launch(x, (q_weight, k_weight), (cos, sin), (k_rows, v_rows, None), eps)
+    return q, k_rows, v_rows
+
+
+def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: float) -> torch.Tensor:
+    """prologue_kernel launched on qkv [B, S, (H + 2 Hkv) D] with the q/k norm `weights` (each None: no norm) and
+    rotary `angles` (cos, sin [B, S, D]): the keys and values written into `to` = (keys, values, where), [B, Hkv, L, D]
+    each at slots where [S] (None: slot s of [B, Hkv, S, D] rows); q returned as decode_attention's query."""
     batch, seq, width = qkv.shape
-    dim = cos.shape[-1]
+    (q_weight, k_weight), (cos, sin), (keys, values, where) = weights, angles, to
+    dim, kv_heads = cos.shape[-1], keys.shape[1]
     heads = width // dim - 2 * kv_heads
     x = qkv.contiguous()
     # each row's values contiguous (no copy where they are), one batch row's angles read by every row (stride 0)
     cos, sin = (t.contiguous().expand(batch, seq, dim) for t in (cos, sin))
-    q = torch.empty((batch, kv_heads, heads // kv_heads * seq, dim), device=x.device, dtype=x.dtype)
-    k_rows, v_rows = (torch.empty((batch, kv_heads, seq, dim), device=x.device, dtype=x.dtype) for _ in range(2))
+    q = torch.empty((batch, kv_heads, heads // kv_heads * seq, dim), device=x.device, dtype=keys.dtype)
     torch.library.wrap_triton(prologue_kernel)[(heads + kv_heads,)](
         qkv_ptr=x, qw_ptr=q_weight if q_weight is not None else cos, kw_ptr=k_weight if k_weight is not None else cos,
-        cos_ptr=cos, sin_ptr=sin, k_ptr=k_rows, v_ptr=v_rows, q_ptr=q, batch=batch, seq=seq, heads=heads,
-        kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1), stride_sb=sin.stride(0),
-        stride_ss=sin.stride(1), eps=eps, Q_NORM=q_weight is not None, K_NORM=k_weight is not None, HALF=dim // 2,
-        ROWS=ROWS)
-    return q, k_rows, v_rows
+        cos_ptr=cos, sin_ptr=sin, k_ptr=keys, v_ptr=values, where_ptr=where if where is not None else cos, q_ptr=q,
+        batch=batch, seq=seq, heads=heads, kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1),
+        stride_sb=sin.stride(0), stride_ss=sin.stride(1), stride_kb=keys.stride(0), stride_kh=keys.stride(1),
+        stride_ks=keys.stride(2), stride_vb=values.stride(0), stride_vh=values.stride(1),
+        stride_vs=values.stride(2), eps=eps, Q_NORM=q_weight is not None, K_NORM=k_weight is not None,
+        HALF=dim // 2, ROWS=ROWS, AT_SLOTS=where is not None)
+    return q
+
+
+@torch.library.triton_op("softsyn::attention_step", mutates_args=("keys", "values"))
+def attention_step(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                   cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor,
+                   mask: torch.Tensor, eps: float, scale: float) -> torch.Tensor:
+    """A decode step's attention after its QKV projection in one op: attention_prologue's q/k norms and rotary, the
+    step's keys and values written into the cache keys/values [B, Hkv, L, D] at slots where [S] (each slot's D values
+    contiguous) by the prologue kernel itself, then softsyn::decode_attention's kernels over the cache's first
+    mask.shape[-1] slots (mask [B, S, span] bool, True: visible); [B, S, H, D] in the cache's dtype.
+
+    Why one op: the prologue that wrote the cache, followed by decode_attention reading it, ran ~18 us a layer slow
+    in a package (a copy of the cache, H100 2026-12-07), while the same op alone wrote the cache in place with one
+    launch (bench/prologue_check.py, H100 2026-12-07 04:24): nothing after this op reads the cache it mutates, as
+    there. The rows form (attention_prologue + index_copy_ + decode_attention) launches two cache writes a layer
+    more; the measured attention choice (softsyn.emit.torch_attention_choice) times the two."""
+    span = mask.shape[-1]
+    if triton is None or (qkv.device.type != "cuda" and not interpreting()):
+        q, k_rows, v_rows = reference(qkv, q_weight, k_weight, cos, sin, kv_heads=keys.shape[1], eps=eps)
+        keys.index_copy_(2, where, k_rows)
+        values.index_copy_(2, where, v_rows)
+        return attention_reference(q, keys[:, :, :span], values[:, :, :span], mask, scale)
+    q = launch(qkv, (q_weight, k_weight), (cos, sin), (keys, values, where), eps)
+    return attend(q, keys[:, :, :span], values[:, :, :span], mask, scale)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PROLOGUE, AttentionShape, Candidate,
-                                                  attention_timing, choose_attention, core_seconds, decode_shapes,
+from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PROLOGUE, PROLOGUES, AttentionShape,
+                                                  Candidate, attention_timing, choose_attention, core_seconds, decode_shapes,
                                                   module_step)
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_prologue import PROLOGUE_SETTINGS
@@ -201,7 +201,7 @@ def test_each_candidate_s_module_chain_computes_the_same_steps():
     model = _packed_tiny()
     timing = attention_timing(model, prologue=True)
     candidates = timing.candidates
-    assert candidates == PLAIN + (PROLOGUE,) and timing.what == "a layer's attention module"
+    assert candidates == PLAIN + PROLOGUES and timing.what == "a layer's attention module"
     assert timing.timer is not core_seconds and timing.fallback is core_seconds
     assert attention_timing(model, prologue=False).candidates == PLAIN
     module, rotary = model.model.layers[1].self_attn, model.model.rotary_emb

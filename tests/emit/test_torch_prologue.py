@@ -40,16 +40,18 @@ def steps(model, form: str):
     return torch.cat([prefill, decode], 1), torch.stack(cache)
 
 
-def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the_op_per_layer():
+@pytest.mark.parametrize("writes_cache", [False, True])
+def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the_op_per_layer(writes_cache):
     """Every qwen3-tiny attention is fused (same module paths and parameters); the step's logits and the cache it
     writes are the original's in softsyn's decode form, and in another form (the prefill package's SDPA) the fused
     module runs the original's forward; the exported step holds one prologue op a layer and its cache writes as
-    index_copy_ (the op mutates nothing)."""
+    index_copy_ (the op mutates nothing), or where the prologue writes the cache, one attention_step a layer that
+    mutates the layer's keys and values and no index_copy_."""
     model = packed_model()
     names = [name for name, _ in model.named_parameters()]
     want = steps(model, "softsyn")
     want_sdpa = steps(model, "sdpa")
-    assert fuse_prologues(model) == Fusion(2, 0, {})
+    assert fuse_prologues(model, writes_cache=writes_cache) == Fusion(2, 0, {})
     assert all(isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers)
     assert [name for name, _ in model.named_parameters()] == names
     got, got_sdpa = steps(model, "softsyn"), steps(model, "sdpa")
@@ -62,6 +64,12 @@ def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the
     model.set_attn_implementation(ATTENTIONS["softsyn"][0])
     program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)
     targets = [str(node.target) for node in program.graph.nodes]
+    mutated = program.run_decompositions().graph_signature.user_inputs_to_mutate.values()
+    assert len(mutated) == 4  # each layer's keys and values, written in place
+    if writes_cache:
+        assert sum("attention_step" in t for t in targets) == 2 and not any("index_copy" in t for t in targets)
+        assert not any("attention_prologue" in t or "decode_attention" in t for t in targets)
+        return
     assert sum("attention_prologue" in t for t in targets) == sum("decode_attention" in t for t in targets) == 2
     # the cache written by two index_copy_ a layer (which Inductor writes in place), none inside the op
     assert sum("index_copy" in t for t in targets) == 4
@@ -112,6 +120,9 @@ def test_the_setting_fuses_only_with_softsyn_s_decode_attention_and_measured_onl
         model = packed_model()
         chosen = prologues_for(target, form, packed_model(), chosen=True)
         assert len(chosen) == 1 and chosen[0].endswith("(softsyn::attention_prologue; fused_prologue, measured faster)")
+        writing = prologues_for(target, form, packed_model(), chosen=True, writes_cache=True)
+        assert len(writing) == 1 and writing[0].startswith("2 attentions: q/k norm, rotary and the cache write")
+        assert writing[0].endswith("(softsyn::attention_step; fused_prologue, measured faster)")
     notes = prologues_for(dataclasses.replace(target, fused_prologue="on"), form, model)
     fused = [isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers]
     if form == "softsyn":

@@ -39,16 +39,19 @@ def test_the_decode_attention_kernels_compile_for_sm90():
 
 
 @pytest.mark.parametrize("norm", [True, False])
-def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(norm):
+@pytest.mark.parametrize("at_slots", [False, True])  # the step's rows (attention_prologue), the cache (attention_step)
+def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(norm, at_slots):
     """With and without the q/k norms (Qwen3, Llama), q typed fp32 beside an fp16 cache (as AOTInductor typed the
     attention kernel's q) and `eps` fp64: no fp64 arithmetic past the one convert of eps (the norm stays fp32)."""
-    ints = dict.fromkeys(("batch", "seq", "heads", "kv_heads", "stride_cb", "stride_cs", "stride_sb", "stride_ss"),
-                         I32)
+    ints = dict.fromkeys(("batch", "seq", "heads", "kv_heads", "stride_cb", "stride_cs", "stride_sb", "stride_ss",
+                          "stride_kb", "stride_kh", "stride_ks", "stride_vb", "stride_vh", "stride_vs"), I32)
     signature = {"qkv_ptr": "*fp16", "qw_ptr": "*fp16", "kw_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
-                 "k_ptr": "*fp16", "v_ptr": "*fp16", "q_ptr": "*fp32", **ints, "eps": "fp64"}
+                 "k_ptr": "*fp16", "v_ptr": "*fp16", "where_ptr": "*i64" if at_slots else "*fp16", "q_ptr": "*fp32",
+                 **ints, "eps": "fp64"}
     for half in (32, 64):  # head dims 64 and 128
         kernel = compiled(triton_prologue.prologue_kernel, signature,
-                          {"Q_NORM": norm, "K_NORM": norm, "HALF": half, "ROWS": triton_prologue.ROWS})
+                          {"Q_NORM": norm, "K_NORM": norm, "HALF": half, "ROWS": triton_prologue.ROWS,
+                           "AT_SLOTS": at_slots})
         f64 = [line for line in kernel.asm["ptx"].splitlines() if "f64" in line and ".param" not in line]
         assert ["cvt.rn.f32.f64" in line for line in f64] == ([True] if norm else []), f64  # eps to fp32, once
         assert ("rsqrt" in kernel.asm["ptx"]) == norm

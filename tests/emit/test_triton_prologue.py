@@ -76,6 +76,87 @@ def test_the_op_s_torch_form_computes_the_same_function(monkeypatch):
     check_errors(all_errors())
 
 
+def step_errors() -> dict:
+    """softsyn::attention_step (the prologue kernel writing the cache, decode_attention's kernels after it) against
+    its parts' torch forms (each checked against transformers' above, or in test_triton_attention): the output, and
+    the whole cache after the step (the step's slots written, every stale slot as it was), relative to the largest
+    value; fp32 and fp16, one position and three, with and without the q/k norms, 2 batch rows over 16 slots, the
+    span rounded past the step (its last slots masked)."""
+    from softsyn.emit.triton_attention import reference as attention_reference
+    from softsyn.emit.triton_prologue import attention_step, reference
+
+    heads, kv_heads, dim, batch, slots = 6, 2, 64, 2, 16
+    out = {}
+    for dtype in (torch.float32, torch.float16):
+        for seq in (1, 3):
+            for norm in (True, False):
+                g = torch.Generator().manual_seed(seq + 10 * norm)
+                qkv = torch.randn(batch, seq, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+                weights = [(1 + 0.3 * torch.randn(dim, generator=g)).to(dtype) if norm else None for _ in range(2)]
+                angle = torch.randn(1, seq, dim // 2, generator=g).repeat(1, 1, 2) * 3
+                cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+                keys, values = (torch.randn(batch, kv_heads, slots, dim, generator=g).to(dtype) for _ in range(2))
+                where = torch.arange(5, 5 + seq)
+                span = 5 + seq + 3
+                mask = (torch.arange(span)[None, None, :] <= where[None, :, None]).expand(batch, seq, span).contiguous()
+                q, k_rows, v_rows = reference(qkv, *weights, cos, sin, kv_heads=kv_heads, eps=1e-6)
+                k_want, v_want = keys.clone().index_copy_(2, where, k_rows), values.clone().index_copy_(2, where, v_rows)
+                want = attention_reference(q, k_want[:, :, :span], v_want[:, :, :span], mask, dim ** -0.5)
+                got = attention_step(qkv, *weights, cos, sin, keys, values, where, mask, 1e-6, dim ** -0.5)
+
+                def rel(a, b):
+                    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                out[f"{dtype} seq{seq} norm{norm}"] = {"out": rel(got, want), "keys": rel(keys, k_want),
+                                                       "values": rel(values, v_want), "shape": list(got.shape)}
+    return out
+
+
+def check_step_errors(errors: dict) -> None:
+    assert len(errors) == 8
+    for key, err in errors.items():
+        seq = 3 if "seq3" in key else 1
+        assert err.pop("shape") == [2, seq, 6, 64], key  # [B, S, H, D]: where o_proj reads it
+        for name, value in err.items():
+            assert value < (3e-3 if "float16" in key else 1e-5), (key, name, value)
+
+
+def test_the_attention_step_writes_the_cache_and_attends_in_triton_s_interpreter():
+    from helpers import in_triton_interpreter
+
+    check_step_errors(in_triton_interpreter("import json\nfrom tests.emit.test_triton_prologue import step_errors\n"
+                                            "print(json.dumps(step_errors()))"))
+
+
+def test_the_attention_step_s_torch_form_writes_the_same_cache(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    check_step_errors(step_errors())
+
+
+def test_the_attention_step_is_exported_as_one_call_mutating_the_cache():
+    """torch.export keeps softsyn::attention_step whole, taking the caller's keys and values (the op's declared
+    mutation: nothing after it reads them, so Inductor can write them in place), and the exported step writes them
+    at the step's slots only."""
+    from softsyn.emit.triton_prologue import attention_step
+
+    class Step(torch.nn.Module):
+        def forward(self, qkv, w, cos, sin, keys, values, where, mask):
+            return attention_step(qkv, w, w, cos, sin, keys, values, where, mask, 1e-6, 0.125)
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[[True, True, False, False, False, False], [True, True, True, True, True, False]]])
+    args = (torch.randn(1, 2, 4 * 32, generator=g), torch.ones(32), torch.ones(1, 2, 32), torch.zeros(1, 2, 32),
+            torch.zeros(1, 1, 6, 32), torch.zeros(1, 1, 6, 32), torch.tensor([1, 4]), mask)
+    program = torch.export.export(Step(), args, strict=False)
+    calls = [n for n in program.graph.nodes if "attention_step" in str(n.target)]
+    assert len(calls) == 1 and not any("index_copy" in str(n.target) for n in program.graph.nodes)
+    mutated = program.run_decompositions().graph_signature.user_inputs_to_mutate.values()
+    assert sorted(mutated) == ["keys", "values"]
+    keys, values = torch.zeros(1, 1, 6, 32), torch.zeros(1, 1, 6, 32)
+    program.module()(*args[:4], keys, values, *args[6:])
+    assert torch.equal(values[0, 0, [1, 4]], args[0][0, :, 3 * 32:])  # cos 1, sin 0: the values as they came
+    assert float(values[0, 0, [0, 2, 3, 5]].abs().max()) == 0 and float(keys[0, 0, [0, 2, 3, 5]].abs().max()) == 0
+
+
 def test_the_op_is_exported_as_one_call_that_mutates_nothing_and_the_step_writes_the_cache_in_place():
     """torch.export keeps the op whole (what AOTInductor compiles into the package), functional (no input it
     mutates: a mutated cache Inductor does not re-inplace is cloned, ~18 us a layer on the H100), and a step that
