@@ -107,7 +107,7 @@ def chain_graph(form: str, shape: AttentionShape, dtype: torch.dtype, device: st
     (cold_caches), compiled with dynamic shapes; bench/torch_kernels.py's attnchain times the same graph."""
     function = ATTENTIONS[form][1]
     step = torch.compile(lambda q, k, v, m: function(None, q, k, v, m, shape.head_dim ** -0.5)[0], dynamic=True)
-    caches = [c[:, :, :, :shape.span] for c in cold_caches(shape, dtype, device, calls)]  # the span's view
+    caches = [tuple(t[:, :, :shape.span] for t in c) for c in cold_caches(shape, dtype, device, calls)]  # the span
     queries = [torch.randn(shape.batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
                for _ in range(calls)]
     # [B, 1, 1, S] as the step builds it (the last slot unfilled, as in a span rounded up)
@@ -116,26 +116,31 @@ def chain_graph(form: str, shape: AttentionShape, dtype: torch.dtype, device: st
         return graph_of(lambda: [step(q, *caches[i % len(caches)], mask) for i, q in enumerate(queries)])
 
 
-def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: int) -> list[torch.Tensor]:
-    """Cold copies (each layer's K and V read from device memory) of a whole [2, B, Hkv, length, D] cache. A chain
-    reads a view of each one's first `span` slots, as the step reads its span: the matmul form's cuBLAS kernels then
-    run strided batches (contiguous caches of the span alone timed that form at 13.1 us a layer at 768 slots, where
-    the bench's chains over views took 10.9, and the compile chose the other form; H100, 2026-12-06)."""
+def cold_caches(shape: AttentionShape, dtype: torch.dtype, device: str, calls: int) -> list[tuple[torch.Tensor, ...]]:
+    """Cold copies (each layer's K and V read from device memory) of a whole cache: (keys, values), each
+    [B, Hkv, length, D] and its own allocation, as the runtime gives a package each layer's two (runtime.torch_package:
+    empty_cache). A chain reads a view of each one's first `span` slots, as the step reads its span: the matmul form's
+    cuBLAS kernels then run strided batches (contiguous caches of the span alone timed that form at 13.1 us a layer
+    at 768 slots, where the bench's chains over views took 10.9, and the compile chose the other form; H100,
+    2026-12-06). Why not one [2, ...] tensor: keys and values that are views of one storage are aliased inputs, and a
+    step that mutates both made Inductor copy the whole base (8.5 M values at qwen3-1.7b's 4160 slots) before the op
+    that wrote them, and the chains of softsyn::attention_step fail with an illegal address there (H100,
+    2026-12-07 16:40): the chains of 2026-12-07 10:22 timed the cache-writing prologue ~18 us a layer slow for it."""
     copies = cold_copies(shape.kv_bytes(torch.finfo(dtype).bits // 8), cache_bytes(device), calls)
-    return [torch.randn(2, shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
-                        device=device, dtype=dtype) for _ in range(copies)]
+    return [tuple(torch.randn(shape.batch, shape.kv_heads, max(shape.length, shape.span), shape.head_dim,
+                              device=device, dtype=dtype) for _ in range(2)) for _ in range(copies)]
 
 
 def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Candidate, shape: AttentionShape,
-                caches: list[torch.Tensor], calls: int = CALLS) -> tuple[Callable, list[tuple]]:
+                caches: list[tuple[torch.Tensor, ...]], calls: int = CALLS) -> tuple[Callable, list[tuple]]:
     """One decode step of the attention `module` (the prologue fused where `candidate` says), a function of (x, keys,
     values, where, mask, cos, sin), and the arguments of each of `calls` calls: call i writes its key and value into
-    caches[i % len(caches)] (whole [2, B, Hkv, length, D] caches) at slot `where` (span - 2) and attends over their
-    first `span` slots, the mask's last dim, so one package serves every span (packaged_step). Every call runs the one
-    module, so its projections read their weights from the L2 cache where they fit: the same for every candidate,
-    which differ in what runs between the projections."""
+    caches[i % len(caches)] (whole caches: (keys, values), each [B, Hkv, length, D]) at slot `where` (span - 2) and
+    attends over their first `span` slots, the mask's last dim, so one package serves every span (packaged_step).
+    Every call runs the one module, so its projections read their weights from the L2 cache where they fit: the same
+    for every candidate, which differ in what runs between the projections."""
     chosen = fused_form(module, writes_cache=candidate.writes_cache) if candidate.prologue else module
-    like = caches[0]
+    like = caches[0][0]
     where = torch.tensor([shape.span - 2], device=like.device)
     mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span).contiguous()
     rows = [torch.randn(shape.batch, 1, module.config.hidden_size, device=like.device, dtype=like.dtype)

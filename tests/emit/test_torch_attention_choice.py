@@ -210,12 +210,12 @@ def test_each_candidate_s_module_chain_computes_the_same_steps():
     results = []
     for candidate in candidates:
         torch.manual_seed(0)
-        caches = [torch.randn(2, 2, kv, 16, dim) for _ in range(3)]
-        start = torch.stack(caches).clone()
+        caches = [tuple(torch.randn(2, kv, 16, dim) for _ in range(2)) for _ in range(3)]  # cold_caches' form
+        start = torch.stack([torch.stack(c) for c in caches])
         with attention_implementation(module, ATTENTIONS[candidate.form][0]), torch.no_grad():
             one, calls = module_step(module, rotary, candidate, shape, caches, calls=4)
             outs = [one(*args) for args in calls]
-        results.append((torch.stack(outs), torch.stack(caches)))
+        results.append((torch.stack(outs), torch.stack([torch.stack(c) for c in caches])))
     for outs, caches in results[1:]:
         torch.testing.assert_close(outs, results[0][0], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(caches, results[0][1], rtol=1e-5, atol=1e-5)
