@@ -501,8 +501,8 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
                     step = compiled(one, calls, how, folder)
                     graph = graph_of(lambda: [step(*a) for a in calls])
                     seconds = replay_seconds(graph) / CALLS
-                    # the kernels tell a copy the compiler added (a cloned cache: the packaged prologue's chain ran
-                    # ~18 us a layer above softsyn's at both spans on the H100, 2026-12-07) from the ops' own
+                    # the kernels tell a copy the compiler added (a copied cache: aliased keys and values made the
+                    # cache-writing prologue's chain ~18 us a layer slow on the H100, 2026-12-07) from the ops' own
                     line = f"{label}: {seconds * 1e6:.1f} us a layer (kernels a layer: {replay_kernels(graph, CALLS)})"
             except Exception as exc:  # noqa: BLE001 - the answer is the failure, its trace in the log
                 traceback.print_exc()

@@ -79,8 +79,9 @@ class FusedAttention(torch.nn.Module):
         scale = self.scaling if self.scaling is not None else self.head_dim ** -0.5
         weights = self.norm_weight("q_norm"), self.norm_weight("k_norm")
         if self.kernel_prologue and self.writes_cache:
-            out = torch.ops.softsyn.attention_step(qkv, *weights, cos, sin, layer.keys, layer.values, layer.where,
-                                                   attention_mask[:, 0], eps=self.prologue_eps, scale=scale)
+            out = torch.ops.softsyn.attention_step(qkv, *weights, cos, sin, keys=layer.keys, values=layer.values,
+                                                   where=layer.where, mask=attention_mask[:, 0], eps=self.prologue_eps,
+                                                   scale=scale)
         else:
             prologue = torch.ops.softsyn.attention_prologue if self.kernel_prologue else prologue_in_torch
             q, k_rows, v_rows = prologue(qkv, *weights, cos, sin, kv_heads=layer.keys.shape[1], eps=self.prologue_eps)

@@ -9,12 +9,13 @@ bench/layer_chain.py), and Inductor ran this prologue as four a layer (q norm + 
 `index_copy_` cache writes) between the QKV GEMV and the attention. It moves a few KB a layer; one kernel (and the
 cache write, an `index_copy_` the caller makes) does.
 
-Why the op returns the rows and does not write the cache: its first form wrote the cache itself (`mutates_args`),
-and in a whole attention module's package the fused chain ran ~18 us a layer above the unfused one at both spans,
-about what copying the layer's 4160-slot K and V caches in and out costs (H100, 2026-12-07), which is what Inductor
-does to a mutated input it does not re-inplace (the likely cause; the copy itself not yet seen in a kernel list). An
-op that mutates nothing leaves the cache to `index_copy_`, which Inductor writes in place (as every unfused step's
-cache write is), whatever the cause was.
+Two forms of it: `attention_prologue` returns the step's key and value rows, which the caller writes into its cache
+by `index_copy_` (two small kernels a layer more); `attention_step` has the kernel write the cache at the step's slots
+and runs softsyn::decode_attention's kernels in the same op (three kernels a layer in all, the cache written in place
+in a package: bench/attention_step_check.py, H100 2026-12-07 16:40). The first cache-writing form measured ~18 us a
+layer slow in the attention choice's chains (10:22); that was the chains' doing, not the op's: their keys and values
+were views of one tensor, so Inductor copied the whole base before the op that mutated both (16:40). The measured
+attention choice (softsyn.emit.torch_attention_choice) times both forms.
 
 The kernel (prologue_kernel): program p < H takes query head p, program H + j takes KV head j's key (norm, rotary,
 into `k_rows`) and value (as is, into `v_rows`). Each walks the step's rows (batch row x position, ROWS at a time) in
@@ -188,11 +189,11 @@ def attention_step(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: t
     contiguous) by the prologue kernel itself, then softsyn::decode_attention's kernels over the cache's first
     mask.shape[-1] slots (mask [B, S, span] bool, True: visible); [B, S, H, D] in the cache's dtype.
 
-    Why one op: the prologue that wrote the cache, followed by decode_attention reading it, ran ~18 us a layer slow
-    in a package (a copy of the cache, H100 2026-12-07), while the same op alone wrote the cache in place with one
-    launch (bench/prologue_check.py, H100 2026-12-07 04:24): nothing after this op reads the cache it mutates, as
-    there. The rows form (attention_prologue + index_copy_ + decode_attention) launches two cache writes a layer
-    more; the measured attention choice (softsyn.emit.torch_attention_choice) times the two."""
+    Why one op: nothing after it reads the cache it mutates, as with attention_prologue's first form alone, which
+    AOTInductor wrote in place with one launch (bench/prologue_check.py, H100 2026-12-07 04:24). The rows form
+    (attention_prologue + index_copy_ + decode_attention) launches two cache writes a layer more; in the module
+    chains of the attention choice this op ran 25.8 us a layer at span 768 against the rows form's 29.0 (H100,
+    2026-12-07 16:49, one run), and the choice times the two on the compile's own card."""
     span = mask.shape[-1]
     if triton is None or (qkv.device.type != "cuda" and not interpreting()):
         q, k_rows, v_rows = reference(qkv, q_weight, k_weight, cos, sin, kv_heads=keys.shape[1], eps=eps)

@@ -159,7 +159,7 @@ def test_the_attention_step_is_exported_as_one_call_mutating_the_cache():
 
 def test_the_op_is_exported_as_one_call_that_mutates_nothing_and_the_step_writes_the_cache_in_place():
     """torch.export keeps the op whole (what AOTInductor compiles into the package), functional (no input it
-    mutates: a mutated cache Inductor does not re-inplace is cloned, ~18 us a layer on the H100), and a step that
+    mutates: the rows form; softsyn::attention_step is the cache-writing one), and a step that
     writes its rows as the fused attention does (BufferLayer.update's index_copy_) writes the caller's cache in place
     at the step's slots only."""
     from softsyn.emit.torch_step import BufferLayer
