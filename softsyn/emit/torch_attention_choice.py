@@ -29,7 +29,8 @@ import torch
 
 from transformers.cache_utils import Cache
 
-from softsyn.emit.torch_kernel_choice import CALLS, cache_bytes, cold_copies, failure, graph_of, replay_seconds
+from softsyn.emit.torch_kernel_choice import (CALLS, cache_bytes, cold_copies, failure, graph_of, replay_seconds,
+                                              stop_if_faulted)
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
 from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, example_span, rotary_embedding
 from softsyn.frontends.export import kv_geometry
@@ -293,6 +294,7 @@ def time_each(timer: Timer, candidates, shapes, dtype, device, say_failures: boo
         try:
             times = chain_times(timer, candidate, shapes, dtype, device)
         except Exception as exc:  # noqa: BLE001 - Triton, Inductor and CUDA fail with many types; the form loses
+            stop_if_faulted(f"decode attention candidate {candidate.label}", exc)
             failed[candidate] = exc
             if say_failures:
                 how = ", as AOTInductor packages" if as_packages else ""

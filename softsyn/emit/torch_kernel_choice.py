@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from softsyn.emit.triton_weights import AUTOTUNED, config_name, tuned_configs
+from softsyn.errors import SoftsynDefect
 from softsyn.units import fmt_time
 
 CHOICE_PRECISIONS = ("int4", "int8")  # the precisions both kernels build (fp8: softsyn's only)
@@ -137,6 +138,22 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
 
 
+def stop_if_faulted(what: str, exc: BaseException) -> None:
+    """After `what` (a candidate being timed) failed with `exc`: where the device faulted (an illegal address and
+    other sticky errors leave the process's CUDA context unusable, so every later CUDA call fails), stop the compile
+    with a defect naming the candidate; else return, and the candidate loses as any failure does. Without it the
+    fault surfaced at the next CUDA call elsewhere, naming that (H100, 2026-12-07: the attention choice's
+    chain of an aliased cache, reported from the prologue check after the choice)."""
+    if not torch.cuda.is_available():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as fault:  # noqa: BLE001 - torch reports a lost context as several types
+        raise SoftsynDefect(f"{what}: the device faulted while it ran ({failure(exc)}); a CUDA context does not "
+                            "recover from that, so the compile stops here (a defect in softsyn's kernels or in the "
+                            "code the compiler made for them; --debug prints the trace)") from fault
+
+
 def options(shape: WeightShape) -> list[Pick]:
     """The forms a shape is timed in: softsyn's kernel at each tuned config of its precision (autotuned where Triton
     lists none), then torchao's layer for the precisions both build."""
@@ -174,6 +191,7 @@ def choose_weight_kernels(layers: dict[WeightShape, torch.nn.Linear], build: Bui
             try:
                 times[pick] = timer([build(pick, linear, shape) for _ in range(copies)], shape.width, dtype, "cuda")
             except Exception as exc:  # noqa: BLE001 - Triton, torchao and CUDA fail with many types; the form loses
+                stop_if_faulted(f"weight kernel {pick.label(shape.precision)} for {shape.label()}", exc)
                 failed[pick.kernel] = f"{pick.label(shape.precision)} did not run ({failure(exc)})"
         chosen[shape] = min(times, key=lambda p: (times[p], order.index(p))) if times else fallback(order)
         said = [f"{p.label(shape.precision)} {fmt_time(t, 'us', 1)}" for p, t in times.items()] + list(failed.values())

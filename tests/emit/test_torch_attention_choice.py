@@ -79,6 +79,41 @@ def test_a_form_that_fails_loses_a_tie_goes_to_the_first_and_nothing_is_timed_of
         Candidate("matmul"), ["decode attention not measured (no decode path group): matmul"])
 
 
+def test_a_candidate_that_faults_the_device_stops_the_choice_naming_it(monkeypatch):
+    """A candidate whose chain leaves the CUDA context unusable (an illegal address: every later CUDA call fails) is
+    not a loser like any other: the choice stops with a defect (exit 3) that names it, not at the next CUDA call
+    elsewhere; a failure that leaves the device usable still just loses."""
+    from softsyn.errors import SoftsynDefect
+
+    shape = AttentionShape(1, 2, 1, 64, 256)
+    faulted = {"now": False}
+
+    def synchronize():
+        if faulted["now"]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+
+    def faulting(candidate, shape, dtype, device):
+        if candidate.form == "softsyn":
+            faulted["now"] = True
+            raise RuntimeError("CUDA driver error: an illegal memory access was encountered")
+        return 5e-6
+
+    with pytest.raises(SoftsynDefect, match=r"^decode attention candidate softsyn: the device faulted while it ran "
+                                            r"\(RuntimeError: CUDA driver error: an illegal memory access"):
+        choose_attention([shape], torch.float16, "cuda", faulting)
+    faulted["now"] = False
+
+    def losing(candidate, shape, dtype, device):
+        if candidate.form == "softsyn":
+            raise RuntimeError("out of resources")
+        return 5e-6
+
+    assert choose_attention([shape], torch.float16, "cuda", losing)[0] == Candidate("matmul")
+
+
 def test_the_fused_prologue_is_a_candidate_that_wins_only_when_faster():
     """With the prologue a candidate, it is chosen where its chains sum least and named in the log; a tie goes to the
     earlier candidate (softsyn's form without it)."""

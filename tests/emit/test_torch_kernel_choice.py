@@ -50,6 +50,28 @@ def test_each_shape_gets_the_faster_kernel_and_the_log_gives_both_times():
                                "(RuntimeError: PTX too new)")
 
 
+def test_a_form_that_faults_the_device_stops_the_choice_naming_it(monkeypatch):
+    """A form whose call leaves the CUDA context unusable stops the choice with a defect naming the form and shape,
+    as the attention choice does (softsyn.emit.torch_kernel_choice.stop_if_faulted)."""
+    import pytest
+
+    from softsyn.errors import SoftsynDefect
+
+    shape = WeightShape("int4", 64, 64, 64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def synchronize():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+
+    def fails(pick, linear, block):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(SoftsynDefect, match=r"^weight kernel softsyn.* for int4 64->64 block 64: the device faulted"):
+        choose_weight_kernels(_layers(shape), fails, torch.float16, "cuda", lambda *a: 1.0, cache=0, forms=PLAIN)
+
+
 def test_cold_copies_keep_every_call_out_of_the_cache():
     assert cold_copies(16 * 1024, 64 * 1024) == 9  # 8 others of 16 KiB between two calls: twice the cache
     assert cold_copies(155_582_464, 50 * 2**20) == 2  # an lm_head larger than the cache: one other suffices
