@@ -32,15 +32,15 @@ class OnePlusNorm(torch.nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight.float())).to(x.dtype)
 
 
-def quantised(model, kernel: bool = True):
+def quantised(model, kernel: bool = True, writes_cache: bool = False):
     """`model`'s q/k/v, o, gate/up and down on softsyn's kernel (int4, group 32), the MLPs gated, the prologues
-    fused (`kernel`: as the kernel, else in the fused form's torch prologue): what h200-torch's decode step holds
-    before fuse_norms."""
+    fused (`kernel`: as the kernel, else in the fused form's torch prologue; `writes_cache`: the kernel writing the
+    cache, softsyn::attention_step): what h200-torch's decode step holds before fuse_norms."""
     linears = [m for layer in model.model.layers for m in (layer.self_attn.packed_q_k_v.linear, layer.self_attn.o_proj,
                                                            layer.mlp.packed_gate_up.linear, layer.mlp.down_proj)]
     replace_linears(model, linears, 32, "int4")
     assert fuse_gated_mlps(model) == (2, 0)
-    assert fuse_prologues(model, kernel=kernel).fused == 2
+    assert fuse_prologues(model, kernel=kernel, writes_cache=writes_cache).fused == 2
     return model
 
 
@@ -59,15 +59,16 @@ def test_folding_the_norms_into_the_projections_steps_to_the_same_logits_and_cac
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of_their_own(kernel):
+@pytest.mark.parametrize("kernel,writes_cache", [(True, False), (False, False), (True, True)])
+def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of_their_own(kernel, writes_cache):
     """Every qwen3-tiny layer fused (same parameter names), its attention's prologue the kernel or (where the
     attention choice did not take the kernel) its torch form; in softsyn's decode form and in SDPA's (the prefill
     package's, where the original forward runs) the logits and cache are the unfused model's; the exported decode
-    step's GEMVs take the norms and residuals: 2 of each a layer, and the prologue op only with the kernel."""
+    step's GEMVs take the norms and residuals: 2 of each a layer, and the prologue op only with the kernel (the
+    attention_step op where the kernel writes the cache)."""
     model = packed_model()
     fold_norms(model)
-    quantised(model, kernel)
+    quantised(model, kernel, writes_cache)
     names = [name for name, _ in model.named_parameters()]
     want, want_sdpa = steps(model, "softsyn"), steps(model, "sdpa")
     assert fuse_norms(model) == Fusion(2, 0, {})
@@ -86,7 +87,8 @@ def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of
     normed = [n for n in gemvs if isinstance(n.kwargs.get("norm_eps", n.args[5] if len(n.args) > 5 else None), float)]
     added = [n for n in gemvs if n.kwargs.get("residual", n.args[6] if len(n.args) > 6 else None) is not None]
     assert len(normed) == len(added) == 4, [n.args for n in gemvs]
-    assert sum("attention_prologue" in str(n.target) for n in program.graph.nodes) == (2 if kernel else 0)
+    op = "attention_step" if writes_cache else "attention_prologue"
+    assert sum(op in str(n.target) for n in program.graph.nodes) == (2 if kernel else 0)
 
 
 def test_a_norm_that_is_not_an_x_times_g_rms_norm_is_neither_folded_nor_fused_with_why():
