@@ -67,3 +67,14 @@ def test_a_weight_s_seeded_value_is_the_fp32_value_in_its_dtype_from_a_cast_pool
     cast = seeded_value(name, shape, dtype, None, pool, typed=pool.astype(dtype))
     assert got.dtype == dtype and np.count_nonzero(got.astype(np.float32)) > 0.99 * got.size
     assert got.tobytes() == want.tobytes() == cast.tobytes()
+
+
+@pytest.mark.parametrize("length,n", [(1, 10), (5, 3), (7, 7), (3, 1000), (1000, 1), (16, 0), (13, 12345)])
+def test_cyclic_is_numpy_s_resize(length, n):
+    """The seeded weights' tiling (softsyn.frontends.materialize.cyclic) gives np.resize's values, so weights seeded
+    before and after it are the same bytes (the HF folders peers build from included)."""
+    from softsyn.frontends.materialize import cyclic
+
+    values = np.random.default_rng(length).standard_normal(length).astype(np.float16)
+    got = cyclic(values, n)
+    assert got.dtype == values.dtype and np.array_equal(got, np.resize(values, n))
