@@ -467,8 +467,10 @@ def module_chain_lines(device: str, dtype) -> list[str]:
     return lines
 
 
-def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
-    """The module chains of module_chain_lines at one span, each candidate compiled three ways: torch.compile with
+def module_compile_lines(device: str, dtype, span: int = 768,
+                         ways: tuple[str, ...] = ("dynamic", "static", "AOTInductor")) -> list[str]:
+    """The module chains of module_chain_lines at one span, each candidate compiled each of `ways` (all three by
+    default, --ways on the command line): torch.compile with
     dynamic shapes (as the compile's choice does), torch.compile with static shapes, and torch.export +
     AOTInductor (as the package is built: its runner called per step in the CUDA graph), so a lease tells which way
     times softsyn's attention ops when the first fails (torch 2.11's Inductor did, 2026-12-07: `KeyError: 'op14'`
@@ -491,7 +493,7 @@ def module_compile_lines(device: str, dtype, span: int = 768) -> list[str]:
 
     lines = []
     for candidate in timing.candidates:
-        for how in ("dynamic", "static", "AOTInductor"):
+        for how in ways:
             label = f"module chain {candidate.label} at span {span}, {how}"
             try:
                 with (attention_implementation(attention, ATTENTIONS[candidate.form][0]), torch.no_grad(),
@@ -774,6 +776,9 @@ def main() -> int:
     parser.add_argument("--parts", default="attention,projections,int4,softsyn,gemlite,chain",
                         help="which tables (comma-separated; default all; package: only whether softsyn's layers, "
                              "attention and attention prologue package under AOTInductor)")
+    parser.add_argument("--span", type=int, default=768, help="the cache slots modulecompile's chains attend over")
+    parser.add_argument("--ways", default="dynamic,static,AOTInductor",
+                        help="how modulecompile compiles each chain (comma-separated subset)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     dtype = torch.float16 if args.device == "cuda" else torch.float32
@@ -792,7 +797,8 @@ def main() -> int:
             packaged.append(line)
     packaged += module_chain_lines(args.device, dtype) if cuda and "modulechain" in parts else []
     packaged += norm_chain_lines(args.device, dtype) if cuda and "normchain" in parts else []
-    packaged += module_compile_lines(args.device, dtype) if cuda and "modulecompile" in parts else []
+    packaged += (module_compile_lines(args.device, dtype, args.span, tuple(args.ways.split(",")))
+                 if cuda and "modulecompile" in parts else [])
     if cuda and "prompt" in parts:
         import prompt_check  # bench/: the prompt attention form packaged
 
