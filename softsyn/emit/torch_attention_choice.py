@@ -108,7 +108,7 @@ def chain_graph(form: str, shape: AttentionShape, dtype: torch.dtype, device: st
     (cold_caches), compiled with dynamic shapes; bench/torch_kernels.py's attnchain times the same graph."""
     function = ATTENTIONS[form][1]
     step = torch.compile(lambda q, k, v, m: function(None, q, k, v, m, shape.head_dim ** -0.5)[0], dynamic=True)
-    caches = [tuple(t[:, :, :shape.span] for t in c) for c in cold_caches(shape, dtype, device, calls)]  # the span
+    caches = [tuple(t[:, :, :shape.span] for t in c) for c in cold_caches(shape, dtype, device, calls)]  # span views
     queries = [torch.randn(shape.batch, shape.heads, 1, shape.head_dim, device=device, dtype=dtype)
                for _ in range(calls)]
     # [B, 1, 1, S] as the step builds it (the last slot unfilled, as in a span rounded up)
