@@ -1,9 +1,10 @@
 """Whether AOTInductor packages softsyn's prompt attention form (softsyn.emit.torch_step.prompt_attention: flash
 attention's causal form over a span that ends at the step's last position, no mask, query heads grouped in the kernel)
 with batch, positions and span dynamic, and whether it computes the sdpa form's function at a first prompt and at a
-continuation (past > 0), then times both forms packaged at prefill 512. Part `prompt` of bench/torch_kernels.py; its
-lines printed as they come, so a call cut short still says. Unmeasured on a GPU until those lines come back
-(2026-12-07)."""
+continuation (past > 0), then times both forms packaged at prefill 512, with the kernels each launches. Beside them
+a probe (session 26): the prompt form through flash attention's variable-length entry point (Varlen, batch 1),
+compared and timed the same way. Part `prompt` of bench/torch_kernels.py; its lines printed as they come, so a call
+cut short still says. The varlen probe unmeasured on a GPU until those lines come back (2026-12-07)."""
 from __future__ import annotations
 
 import tempfile
@@ -30,6 +31,27 @@ class Attend(torch.nn.Module):
                              HEAD_DIM ** -0.5)[0]
 
 
+class Varlen(torch.nn.Module):
+    """The prompt form through flash attention's variable-length entry point (`aten._flash_attention_forward` with
+    cumulative lengths), batch 1: one sequence of `seq` queries against the span's keys, causal aligned to the bottom
+    right as the batched entry point aligns it. Why try it: upstream FlashAttention-2's varlen path splits the keys
+    only for a decode step's swapped query groups, where its batched path split a 512-row prompt's (16 heads x 4 row
+    blocks leave the H100's 132 SMs idle): qwen3-1.7b's prefill 512 ran FA2's split-KV kernel and its combine, 0.318
+    + 0.239 ms of 3.939 (H100, 2026-12-07 14:43). Whether torch's vendored copy does the same is what the timing and
+    the kernel names say."""
+
+    def forward(self, q, keys, values, positions, slots):
+        span, seq = slots.shape[0], q.shape[1]
+        # [span, Hkv, D] views of the cache: the kernel takes any row and head stride (each row's D values contiguous)
+        k, v = (t[0, :, :span].transpose(0, 1) for t in (keys, values))
+        zero = torch.zeros(1, dtype=torch.int32, device=q.device)
+        cum_q = torch.cat([zero, torch.full((1,), seq, dtype=torch.int32, device=q.device)])
+        cum_k = torch.cat([zero, torch.full((1,), span, dtype=torch.int32, device=q.device)])
+        out = torch.ops.aten._flash_attention_forward(q[0], k, v, cum_q, cum_k, seq, span, 0.0, True, False,
+                                                      scale=HEAD_DIM ** -0.5)[0]
+        return out[None]
+
+
 def inputs(device: str, dtype, batch: int, seq: int, past: int) -> tuple:
     g = torch.Generator(device=device).manual_seed(seq + past)
     cache = [torch.randn(batch, KV_HEADS, CACHE, HEAD_DIM, generator=g, device=device, dtype=dtype) for _ in range(2)]
@@ -39,9 +61,13 @@ def inputs(device: str, dtype, batch: int, seq: int, past: int) -> tuple:
 
 
 def packaged(form: str, device: str, dtype, folder: str):
+    """`form`'s package (batch, positions and span dynamic; "varlen": batch 1, Varlen)."""
     auto = torch.export.Dim.AUTO
     dims = ({0: auto, 1: auto}, {0: auto}, {0: auto}, {0: auto, 1: auto}, {0: auto})
-    program = torch.export.export(Attend(form), inputs(device, dtype, 2, 5, 100), dynamic_shapes=dims, strict=False)
+    if form == "varlen":
+        dims = ({1: auto}, None, None, {1: auto}, {0: auto})
+    module, batch = (Varlen(), 1) if form == "varlen" else (Attend(form), 2)
+    program = torch.export.export(module, inputs(device, dtype, batch, 5, 100), dynamic_shapes=dims, strict=False)
     # single-threaded: the timing captures the package in a CUDA graph, which a multi-threaded one's events forbid
     path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/{form}.pt2")
     return torch._inductor.aoti_load_package(path, run_single_threaded=True)
@@ -55,19 +81,28 @@ def prompt_lines(device: str, dtype, timed) -> list[str]:
     try:
         with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
             runners = {form: packaged(form, device, dtype, folder) for form in ("sdpa", "prompt")}
+            try:
+                runners["varlen"] = packaged("varlen", device, dtype, folder)
+            except Exception as exc:  # noqa: BLE001 - a probe: the other forms are still compared and timed
+                from torch_kernels import failure_line  # bench/: the package checks' one-line failure
+
+                lines.append(failure_line("prompt attention through flash's varlen entry point", exc))
+                print(lines[-1], flush=True)
             said = []
             for batch, seq, past in ((1, 512, 0), (1, 500, 0), (2, 64, 300), (1, 2, 4000)):
                 args = inputs(device, dtype, batch, seq, past)
-                want, got = (runners[form](*args) for form in ("sdpa", "prompt"))
-                want, got = (x[0] if isinstance(x, (list, tuple)) else x for x in (want, got))
-                said.append(f"b{batch} seq {seq} past {past}: rel err "
-                            f"{float((got.float() - want.float()).abs().max() / want.float().abs().max()):.1e}")
+                want = first(runners["sdpa"](*args))
+                for form in [f for f in runners if f != "sdpa" and (f != "varlen" or batch == 1)]:
+                    got = first(runners[form](*args))
+                    said.append(f"{form} b{batch} seq {seq} past {past}: rel err "
+                                f"{float((got.float() - want.float()).abs().max() / want.float().abs().max()):.1e}")
             lines.append(f"{label}: compiled and ran against the sdpa form's package ({'; '.join(said)})")
             print(lines[-1], flush=True)
             args = inputs(device, dtype, 1, 512, 0)
             for form, runner in runners.items():
                 seconds = timed(lambda r=runner: r(*args), device)
-                lines.append(f"{form} form packaged, prefill 512 (past 0, span 512), one layer: {seconds * 1e6:.1f} us")
+                lines.append(f"{form} form packaged, prefill 512 (past 0, span 512), one layer: {seconds * 1e6:.1f} us "
+                             f"(kernels: {', '.join(kernel_names(runner, args))})")
                 print(lines[-1], flush=True)
     except Exception as exc:  # noqa: BLE001 - the answer is the failure
         from torch_kernels import failure_line  # bench/: the package checks' one-line failure
@@ -75,3 +110,17 @@ def prompt_lines(device: str, dtype, timed) -> list[str]:
         lines.append(failure_line(label, exc))
         print(lines[-1], flush=True)
     return lines
+
+
+def first(out):
+    """A package's result: its only output."""
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def kernel_names(runner, args) -> list[str]:
+    """The CUDA kernels one call of `runner` launches, by name (cut at 40 characters), in order."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        runner(*args)
+        torch.cuda.synchronize()
+    return [e.name[:40] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
