@@ -1,4 +1,4 @@
-"""Whether AOTInductor packages softsyn's prompt attention form (softsyn.emit.torch_step.prompt_attention: flash
+"""Whether AOTInductor packages softsyn's prompt attention form (torch_attention_forms.prompt_attention: flash
 attention's causal form over a span that ends at the step's last position, no mask, query heads grouped in the kernel)
 with batch, positions and span dynamic, and whether it computes the sdpa form's function at a first prompt and at a
 continuation (past > 0), then times both forms packaged at prefill 512, with the kernels each launches. Beside them
@@ -20,7 +20,7 @@ class Attend(torch.nn.Module):
 
     def __init__(self, form: str):
         super().__init__()
-        from softsyn.emit.torch_step import ATTENTIONS
+        from softsyn.emit.torch_attention_forms import ATTENTIONS
 
         self.function = ATTENTIONS[form][1]
 

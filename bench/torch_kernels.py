@@ -4,7 +4,7 @@
     python bench/torch_kernels.py --device cpu    # a smoke run of the same code on the CPU (numbers mean little)
 
 At qwen3-1.7b's shapes (16 query / 8 KV heads of 128, hidden 2048, MLP 6144; a static cache of 4160 positions), fp16:
-  attention  softsyn.emit.torch_step.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
+  attention  torch_attention_forms.ATTENTIONS (sdpa: torch's fused kernels, cuDNN's on the H200 with a mask;
              matmul: two matmuls and an fp32 softmax; split: the same with the softmax in chunks of slots; softsyn:
              softsyn.emit.triton_attention's split kernel, then whether AOTInductor packages it), decode
              (seq 1) over past 512 and 4096 and prefill (seq 512), over the span the package reads, each compiled by
@@ -90,10 +90,10 @@ def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
 
 
 def causal_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """A first prompt's attention (past 0) in h200-torch's prefill form (softsyn.emit.torch_step.prompt_attention:
+    """A first prompt's attention (past 0) in h200-torch's prefill form (torch_attention_forms.prompt_attention:
     flash's causal over a span ending at the last position), over the prompt's own slots: the step's span rounded up
     ends past them, which that form must not read."""
-    from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
 
     seq = query.shape[2]
     return ATTENTIONS["prompt"][1](module, query, key[:, :, :seq], value[:, :, :seq], attention_mask[..., :seq],
@@ -106,7 +106,7 @@ def attention_rows(device: str, dtype) -> list[tuple]:
     with the span dynamic: Inductor's kernels differ, 2026-12-03: the whole softmax at 4096 took 136 us a layer in
     the package where the static bench took 21); the query in the layout the step gives it ([B, S, H, D] transposed);
     at prefill also causal_attention, a candidate for a first prompt."""
-    from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
     from softsyn.runtime.torch_package import SPAN_STEP
 
     rows = []
@@ -481,7 +481,7 @@ def module_compile_lines(device: str, dtype, span: int = 768,
 
     from softsyn.emit.torch_attention_choice import AttentionShape, cold_caches, module_step, packaged_step
     from softsyn.emit.torch_kernel_choice import CALLS, graph_of, replay_seconds
-    from softsyn.emit.torch_step import ATTENTIONS, attention_implementation
+    from softsyn.emit.torch_attention_forms import ATTENTIONS, attention_implementation
 
     model, attention, timing = attention_layer_model(device, dtype)
     shape = AttentionShape(1, HEADS, KV_HEADS, HEAD_DIM, span, CACHE)
@@ -545,8 +545,8 @@ def norm_chain_lines(device: str, dtype, calls: int = 28) -> list[str]:
     from softsyn.emit.torch_kernel_choice import graph_of, replay_seconds
     from softsyn.emit.torch_norms import fold_norms, fuse_norms
     from softsyn.emit.torch_prologue import FUSED_FORM, fuse_prologues
-    from softsyn.emit.torch_step import (BufferLayer, attention_implementation, fuse_gated_mlps,
-                                         pack_projections)
+    from softsyn.emit.torch_attention_forms import attention_implementation
+    from softsyn.emit.torch_step import BufferLayer, fuse_gated_mlps, pack_projections
     from softsyn.emit.triton_weights import replace_linears
 
     config = Qwen3Config(hidden_size=HIDDEN, intermediate_size=MLP, num_attention_heads=HEADS, head_dim=HEAD_DIM,
@@ -657,7 +657,7 @@ def softsyn_int4_packaged(device: str, dtype) -> str:
 def softsyn_attention_packaged(device: str, dtype) -> str:
     """Whether AOTInductor packages softsyn's split attention (the attention form "softsyn") with batch, positions
     and span dynamic, as a decode package holds it, and the package gives the matmul form's result."""
-    from softsyn.emit.torch_step import matmul_attention, softsyn_attention
+    from softsyn.emit.torch_attention_forms import matmul_attention, softsyn_attention
 
     class Attend(torch.nn.Module):
         def forward(self, q, k, v, m):

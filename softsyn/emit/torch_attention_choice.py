@@ -1,5 +1,5 @@
 """Which attention form a CUDA torch package's decode step runs, measured on the device while the compile lowers the
-design (TorchTarget.attention "measured"): the matmul form (softsyn.emit.torch_step.matmul_attention: q k^T, an fp32
+design (TorchTarget.attention "measured"): the matmul form (torch_attention_forms.matmul_attention: q k^T, an fp32
 softmax, p v, each an Inductor or cuBLAS kernel) or softsyn's split kernels (softsyn.emit.triton_attention).
 
 Why measured: the first split kernel lost to the matmul form at every decode shape (H100, 2026-12-06), the matmul
@@ -32,7 +32,8 @@ from transformers.cache_utils import Cache
 from softsyn.emit.torch_kernel_choice import (CALLS, cache_bytes, cold_copies, failure, graph_of, replay_seconds,
                                               stop_if_faulted)
 from softsyn.emit.torch_prologue import fused_form, packed_qkv, unfusable
-from softsyn.emit.torch_step import ATTENTIONS, BufferLayer, attention_implementation, example_span, rotary_embedding
+from softsyn.emit.torch_attention_forms import ATTENTIONS, attention_implementation
+from softsyn.emit.torch_step import BufferLayer, example_span, rotary_embedding
 from softsyn.frontends.export import kv_geometry
 from softsyn.runtime.torch_package import attended_span
 from softsyn.units import fmt_time

@@ -30,8 +30,9 @@ from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_norms import covered_cells, fold_norms, norms_for
 from softsyn.emit.torch_prologue import prologues_for
-from softsyn.emit.torch_step import (ATTENTIONS, END_SPAN_FORMS, StaticStep, cast_parameters, example_span,
-                                     fuse_gated_mlps, pack_projections, quantise_modules, weight_map)
+from softsyn.emit.torch_attention_forms import ATTENTIONS, END_SPAN_FORMS
+from softsyn.emit.torch_step import (StaticStep, cast_parameters, example_span, fuse_gated_mlps, pack_projections,
+                                     quantise_modules, weight_map)
 from softsyn.emit.triton_weights import dequantised_bytes, hold_dequantised, packed_layers, use_prompt_form
 from softsyn.errors import LibraryFailure, SoftsynError
 from softsyn.frontends import source_torch_model

@@ -20,8 +20,9 @@ from transformers.cache_utils import Cache
 
 from softsyn.emit.torch_prologue import (CHECK_FORM, CHECK_SEQ, CHECK_SLOTS, FUSED_FORM, CheckInput, FusedAttention,
                                          check_input, close, norm_eps)
-from softsyn.emit.torch_step import (BufferLayer, GatedMLP, PackedLinear, attention_implementation, on_same_state,
-                                     rotary_embedding, substitute_checked)
+from softsyn.emit.torch_attention_forms import attention_implementation
+from softsyn.emit.torch_step import (BufferLayer, GatedMLP, PackedLinear, on_same_state, rotary_embedding,
+                                     substitute_checked)
 from softsyn.emit.triton_weights import QuantLinear
 
 NORMS = (("input_layernorm", "packed_q_k_v"), ("post_attention_layernorm", "packed_gate_up"))  # norm -> what it feeds

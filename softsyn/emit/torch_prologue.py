@@ -2,7 +2,7 @@
 softsyn.emit.triton_prologue) for the torch targets' decode step: the packed QKV projection once, then the q/k norms,
 rotary and q's stacked layout in one kernel, the cache write an `index_copy_` (the op returns the step's rows:
 softsyn.emit.triton_prologue says why), softsyn::decode_attention over the cache's filled prefix
-(as softsyn.emit.torch_step.softsyn_attention calls it) and the output projection. Where Inductor ran the prologue as
+(as torch_attention_forms.softsyn_attention calls it) and the output projection. Where Inductor ran the prologue as
 four kernels a layer (q norm + rotary, k norm + rotary, two cache writes), and a decode step is bound by its number
 of kernels (docs/decisions/2026-12-06-triton-int4.md).
 
@@ -21,8 +21,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from softsyn.emit.triton_prologue import reference as prologue_in_torch  # the import registers the op
-from softsyn.emit.torch_step import (ATTENTIONS, PACKED, BufferLayer, PackedLinear, PackedPart,
-                                     attention_implementation, on_same_state, rotary_embedding,
+from softsyn.emit.torch_attention_forms import ATTENTIONS, attention_implementation
+from softsyn.emit.torch_step import (PACKED, BufferLayer, PackedLinear, PackedPart, on_same_state, rotary_embedding,
                                      substitute_checked)
 
 FUSED_FORM = ATTENTIONS["softsyn"][0]  # the attention implementation whose steps take the fused prologue

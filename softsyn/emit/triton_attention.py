@@ -2,7 +2,7 @@
 filled prefix, as two Triton kernels that AOTInductor compiles into the package (a `torch.library.triton_op`, like
 softsyn.emit.triton_weights), split over the cache's slots as FlashDecoding does.
 
-Why: at decode the matmul form (softsyn.emit.torch_step.matmul_attention) runs q k^T, a masked softmax and p v as
+Why: at decode the matmul form (torch_attention_forms.matmul_attention) runs q k^T, a masked softmax and p v as
 three kernels a layer, each reading its operand whole; in qwen3-1.7b's int4 step at past 4096 they took 522 us of
 1.886 ms of kernels (H100, 2026-12-06, bench/results/compare-peers-cuda-h100-2026-12-06-torch-int4-1.7b.md), where
 K and V read once at the card's bandwidth take ~0.15 ms for 28 layers.

@@ -25,7 +25,7 @@ class TorchTarget:
     device: str  # torch's device name the package is compiled for
     library: str  # the ORT library the design's STA uses (an estimate: the package is measured)
     dtype: str  # torch's dtype name of the weights, activations and KV cache
-    attention: str  # softsyn.emit.torch_step.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split",
+    attention: str  # torch_attention_forms.ATTENTIONS: "sdpa" (torch's fused kernels), "matmul", "split",
     # "by_seq", "softsyn" (softsyn's split decode kernels), or "measured" (the faster decode form of
     # softsyn.emit.torch_attention_choice.FORMS, timed on the device at the decode groups' spans)
     weights: tuple[str, ...] = ("int8",)  # quantised weight precisions the package builds (torchao weight-only;

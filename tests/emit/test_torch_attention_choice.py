@@ -16,7 +16,7 @@ from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, PLAIN, PR
                                                   module_step)
 from softsyn.emit.torch_kernel_choice import CALLS
 from softsyn.emit.torch_prologue import PROLOGUE_SETTINGS
-from softsyn.emit.torch_step import ATTENTIONS, attention_implementation
+from softsyn.emit.torch_attention_forms import ATTENTIONS, attention_implementation
 from softsyn.library.torch_targets import TORCH_TARGETS
 
 

@@ -41,7 +41,7 @@ def test_a_weightless_plan_is_refused(cache_dir, tmp_path, capsys):
 
 
 def _tiny_model():
-    from softsyn.emit.torch_step import ATTENTIONS  # registers softsyn's attentions with transformers
+    from softsyn.emit.torch_attention_forms import ATTENTIONS  # registers softsyn's attentions with transformers
     from softsyn.frontends import source_torch_model
 
     model = source_torch_model("zoo:qwen3-tiny")
@@ -88,7 +88,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_repeated_kv(form):
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
 
     grouped_attention = ATTENTIONS[form][1]
 
@@ -114,7 +114,7 @@ def test_the_prompt_form_equals_transformers_sdpa_over_a_span_ending_at_the_last
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from softsyn.emit.torch_step import ATTENTIONS
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
 
     prompt_attention = ATTENTIONS["prompt"][1]
     g = torch.Generator().manual_seed(1)
@@ -197,7 +197,7 @@ def test_split_softmax_is_softmax_over_any_span():
     of it) and with masked (-inf) slots, whole masked chunks included."""
     import torch
 
-    from softsyn.emit.torch_step import SPLIT_CHUNK, split_softmax
+    from softsyn.emit.torch_attention_forms import SPLIT_CHUNK, split_softmax
 
     g = torch.Generator().manual_seed(0)
     for span in (1, SPLIT_CHUNK - 1, SPLIT_CHUNK, SPLIT_CHUNK + 1, 5 * SPLIT_CHUNK + 3):
@@ -240,7 +240,8 @@ def test_the_exported_split_step_serves_spans_below_and_above_a_chunk():
     import torch
 
     from softsyn.emit.torch_lowering import export_step
-    from softsyn.emit.torch_step import SPLIT_CHUNK, StaticStep
+    from softsyn.emit.torch_attention_forms import SPLIT_CHUNK
+    from softsyn.emit.torch_step import StaticStep
     from softsyn.frontends.export import kv_geometry
 
     model, attentions = _tiny_model()

@@ -79,7 +79,8 @@ def test_fused_layers_step_to_the_unfused_logits_and_cache_and_export_no_norm_of
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
     from softsyn.emit.torch_lowering import export_step
-    from softsyn.emit.torch_step import ATTENTIONS, StaticStep
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
+    from softsyn.emit.torch_step import StaticStep
 
     model.set_attn_implementation(ATTENTIONS["softsyn"][0])
     program = export_step(StaticStep(model, 16).eval(), model.config, 16, "cpu", torch.float32)

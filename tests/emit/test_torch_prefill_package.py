@@ -85,7 +85,8 @@ def test_prefill_runs_on_its_package_decode_on_the_other(two_package_artifact, t
     rounded span."""
     import torch
 
-    from softsyn.emit.torch_step import ATTENTIONS, StaticStep, pack_projections
+    from softsyn.emit.torch_attention_forms import ATTENTIONS
+    from softsyn.emit.torch_step import StaticStep, pack_projections
     from softsyn.frontends import source_torch_model
     from softsyn.runtime.torch_package import TorchStep, read_torch_settings
 

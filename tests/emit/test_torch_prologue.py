@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from softsyn.emit.torch_prologue import Fusion, FusedAttention, fuse_prologues, prologues_for
-from softsyn.emit.torch_step import ATTENTIONS, StaticStep, cast_parameters, pack_projections
+from softsyn.emit.torch_attention_forms import ATTENTIONS
+from softsyn.emit.torch_step import StaticStep, cast_parameters, pack_projections
 from softsyn.frontends.export import kv_geometry
 from softsyn.library.torch_targets import TORCH_TARGETS
 from softsyn.frontends import source_torch_model

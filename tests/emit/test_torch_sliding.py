@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from softsyn.emit.torch_step import ATTENTIONS, StaticStep
+from softsyn.emit.torch_attention_forms import ATTENTIONS
+from softsyn.emit.torch_step import StaticStep
 from softsyn.frontends import source_torch_model
 
 SPAN = 128  # slots the step reads: past the tiny zoo entries' 64-token window

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from softsyn.emit.torch_step import ATTENTIONS, matmul_attention, softsyn_attention
+from softsyn.emit.torch_attention_forms import ATTENTIONS, matmul_attention, softsyn_attention
 from helpers import in_triton_interpreter
 
 ATTENTION_CHECK = r"""
