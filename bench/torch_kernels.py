@@ -470,9 +470,9 @@ def module_chain_lines(device: str, dtype) -> list[str]:
 def module_compile_lines(device: str, dtype, span: int = 768,
                          ways: tuple[str, ...] = ("dynamic", "static", "AOTInductor")) -> list[str]:
     """The module chains of module_chain_lines at one span, each candidate compiled each of `ways` (all three by
-    default, --ways on the command line): torch.compile with
-    dynamic shapes (as the compile's choice does), torch.compile with static shapes, and torch.export +
-    AOTInductor (as the package is built: its runner called per step in the CUDA graph), so a lease tells which way
+    default, --ways on the command line): torch.compile with dynamic shapes (as the compile's choice does),
+    torch.compile with static shapes, and torch.export + AOTInductor (as the package is built: its runner called per
+    step in the CUDA graph), so a lease tells which way
     times softsyn's attention ops when the first fails (torch 2.11's Inductor did, 2026-12-07: `KeyError: 'op14'`
     and an AssertionError in decompose_triton_kernel_wrapper_functional), each with its kernels a layer. A
     failure's whole traceback goes to stderr (the session's torch-kernels.log)."""

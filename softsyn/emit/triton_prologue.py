@@ -151,10 +151,9 @@ def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weigh
     if triton is None or (qkv.device.type != "cuda" and not interpreting()):
         return reference(qkv, q_weight, k_weight, cos, sin, kv_heads=kv_heads, eps=eps)
     batch, seq, _ = qkv.shape
-    x, dim = qkv.contiguous(), cos.shape[-1]
-    k_rows, v_rows = (torch.empty((batch, kv_heads, seq, dim), device=x.device, dtype=x.dtype) for _ in range(2))
-    q = launch(x, (q_weight, k_weight), (cos, sin), (k_rows, v_rows, None), eps)
-    return q, k_rows, v_rows
+    k_rows, v_rows = (torch.empty((batch, kv_heads, seq, cos.shape[-1]), device=qkv.device, dtype=qkv.dtype)
+                      for _ in range(2))
+    return launch(qkv, (q_weight, k_weight), (cos, sin), (k_rows, v_rows, None), eps), k_rows, v_rows
 
 
 def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: float) -> torch.Tensor:
