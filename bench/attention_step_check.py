@@ -12,6 +12,7 @@ from softsyn.emit.triton_prologue import attention_step, reference
 
 PAST, SPAN = 510, 768  # a decode step at position 510 over a span rounded up past it
 SCALE = HEAD_DIM ** -0.5
+REPEATS = 500
 
 
 class Step(torch.nn.Module):
@@ -23,6 +24,11 @@ class Step(torch.nn.Module):
 
     def forward(self, qkv, cos, sin, keys, values, where, mask):
         return attention_step(qkv, self.w, self.w, cos, sin, keys, values, where, mask, EPS, SCALE)
+
+
+def only(got) -> torch.Tensor:
+    """A package's one output (a loaded package returns a list)."""
+    return got[0] if isinstance(got, (list, tuple)) else got
 
 
 def error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -55,8 +61,12 @@ def main() -> int:
             torch._inductor.aoti_compile_and_package(program, package_path="/tmp/attention-step.pt2"))
         got = package(*args)
         torch.cuda.synchronize()
-        print("aoti ok", error(got[0] if isinstance(got, (list, tuple)) else got, want))
+        print("aoti ok", error(only(got), want))
         print("kernels:", kernels_of(lambda: package(*args)))
+        # the folded combine (the last split program to count merges) is a cross-SM handoff: a race shows as a
+        # wrong or stale row in some run, so the worst of many runs, each the same step (the cache write idempotent)
+        worst = max(error(only(package(*args)), want) for _ in range(REPEATS))
+        print(f"aoti worst of {REPEATS} runs", worst)
     except Exception as e:  # noqa: BLE001 - the answer is the failure
         print("aoti FAIL", type(e).__name__, str(e)[:600])
     return 0

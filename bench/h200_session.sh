@@ -36,6 +36,8 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
+#   script NAME [ARGS]   bench/NAME (a CUDA check: attention_step_check.py, prologue_check.py, prompt_check.py) run
+#                        with softsyn installed, its output in $OUT/NAME.log
 #   torchkernels [ARGS]  bench/torch_kernels.py ARGS (SWEEP=0: the chain without its config sweep; --parts softsyn,gemlite: those tables only; attnchain,package: each decode
 #                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages;
 #                        layerchain: a step's GEMVs layer after layer, 28 layers, fp16 and int4, and what a near-empty
@@ -321,6 +323,10 @@ torchkernels)
     softsyn_install
     python3 -u bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | tee "$OUT/torch-kernels.log" \
         | grep -v "No registered plugin EP" | tail -20 ;;
+script)
+    # one of bench/'s CUDA checks by name (attention_step_check.py, prologue_check.py, ...) with softsyn installed
+    softsyn_install
+    (cd bench && python3 -u "$@") 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/$1.log" | tail -30 ;;
 torchonly)
     # one call on a fresh machine: the torch targets need no onnxruntime-gpu (the image's CPU build imports), so the
     # 255 MB wheel's seven calls are skipped; the wheels' packages and softsyn, then STEP as usual

@@ -18,6 +18,10 @@ The kernels:
   goes, [B, seq, heads, D]: no transpose after. It took 3.0-3.7 us a layer (H100, 2026-12-06) in the form whose
   parts' load waited on the weights (an empty part's output was not written, so not read); the loads now go
   together, not yet measured.
+- folded (attend_kernel's FOLD, softsyn::attention_step's form): the split kernel's last program of each KV head
+  to finish (an acquire-release count a head, which the prologue kernel zeroes) merges the head's rows itself, reading
+  only the splits inside the span: one launch a layer where two ran, the combine's ~3.5 us and a launch gap saved
+  if the merge in one program costs less (not yet measured).
 Both grids are static (KV heads x a constant): batch, positions and span are loop bounds, never grid dims, since
 torch 2.11's AOTInductor failed to autotune a kernel whose grid named a dynamic size (the weight kernel's "launcher()
 missing 1 required positional argument", H100 2026-12-06; this kernel's first form, gridded over batch x KV heads and
@@ -44,12 +48,15 @@ except ImportError:  # the CPU-only install: the op computes the same function i
 
 if triton is not None:
     @triton.jit
-    def attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, batch, rows, seq, slots,
+    def attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ml_ptr, out_ptr, count_ptr, batch, rows, seq, slots,
                       stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_mb, stride_mq, scale,
-                      SPLITS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
+                      SPLITS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                      FOLD: tl.constexpr):
         """Program (h, split): for every batch row b and row tile, rows of q[b, h] (row i: query position i % seq)
         against the split's slots of k/v[b, h], visible where mask[b, i % seq, slot]; writes o[b, h, tile, split]
-        (unnormalised, fp32, [RP, D]) and ml[b, h, tile, split] = (running max, running sum) per row."""
+        (unnormalised, fp32, [RP, D]) and ml[b, h, tile, split] = (running max, running sum) per row. FOLD: the
+        combine too, by the last of KV head h's programs to finish (count[h], zero before the launch, counts them
+        and is left zero again), so a layer's attention is one launch where it was two."""
         h, split = tl.program_id(0), tl.program_id(1)
         kv_heads = tl.num_programs(0)
         part = tl.cdiv(tl.cdiv(slots, SPLITS), BLOCK_S) * BLOCK_S
@@ -94,30 +101,52 @@ if triton is not None:
                 tl.store(o_ptr + (at * RP + rr % RP)[:, None] * D + rd[None, :], acc, mask=live[:, None])
                 tl.store(ml_ptr + (at * RP + rr % RP) * 2, m_i, mask=live)
                 tl.store(ml_ptr + (at * RP + rr % RP) * 2 + 1, l_i, mask=live)
+        if FOLD:
+            # every thread's stores before the count (the barrier), the count acquire-release at GPU scope, so the
+            # program that counts last sees every split's parts; no program waits on another (no spin: a count
+            # left wrong by a stray launch loses a combine, never hangs the step)
+            tl.debug_barrier()
+            if tl.atomic_add(count_ptr + h, 1, sem="acq_rel") == SPLITS - 1:
+                splits = tl.cdiv(slots, part)  # those past the span hold nothing: not read
+                for b in range(batch):
+                    for t in range(tiles):
+                        for r in range(tl.minimum(RP, rows - t * RP)):
+                            merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, splits, SPLITS=SPLITS,
+                                      RP=RP, D=D)
+                tl.atomic_xchg(count_ptr + h, 0)
+
+    @triton.jit
+    def merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, splits, SPLITS: tl.constexpr,
+                  RP: tl.constexpr, D: tl.constexpr):
+        """Row r of row tile t of KV head h, batch row b: its first `splits` parts merged into one softmax, written to
+        out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq). The parts are read
+        past the L1 cache (.cg): a folded combine reads what other SMs wrote in the same launch."""
+        tiles, rep = tl.cdiv(rows, RP), rows // seq
+        rs, rd = tl.arange(0, SPLITS), tl.arange(0, D)
+        used = rs < splits
+        row = t * RP + r
+        at = ((b * kv_heads + h) * tiles + t) * SPLITS + rs  # [SPLITS] parts of this row's tile
+        m = tl.load(ml_ptr + (at * RP + r) * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
+        top = tl.max(m, 0)
+        weight = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # an empty part weighs 0
+        total = tl.sum(tl.load(ml_ptr + (at * RP + r) * 2 + 1, mask=used, other=0.0, cache_modifier=".cg") * weight, 0)
+        parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=used[:, None], other=0.0,
+                        cache_modifier=".cg")
+        row_out = tl.sum(parts * weight[:, None], 0) / total
+        head, position = h * rep + row // seq, row % seq
+        tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd, row_out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def combine_kernel(o_ptr, ml_ptr, out_ptr, batch, rows, seq, SPLITS: tl.constexpr, RP: tl.constexpr,
                        D: tl.constexpr):
-        """Program (h, r): row r of every row tile of KV head h, each batch row: its SPLITS parts merged into one
-        softmax, written to out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq)."""
+        """Program (h, r): row r of every row tile of KV head h, each batch row: its SPLITS parts merged (merge_row)."""
         h, r = tl.program_id(0), tl.program_id(1)
         kv_heads = tl.num_programs(0)
-        tiles, rep = tl.cdiv(rows, RP), rows // seq
-        rs, rd = tl.arange(0, SPLITS), tl.arange(0, D)
         for b in range(batch):
-            for t in range(tiles):
-                row = t * RP + r
-                if row < rows:
-                    at = ((b * kv_heads + h) * tiles + t) * SPLITS + rs  # [SPLITS] parts of this row's tile
-                    m = tl.load(ml_ptr + (at * RP + r) * 2)
-                    top = tl.max(m, 0)
-                    weight = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # an empty part weighs 0
-                    total = tl.sum(tl.load(ml_ptr + (at * RP + r) * 2 + 1) * weight, 0)
-                    parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :])
-                    row_out = tl.sum(parts * weight[:, None], 0) / total
-                    head, position = h * rep + row // seq, row % seq
-                    tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd,
-                             row_out.to(out_ptr.dtype.element_ty))
+            for t in range(tl.cdiv(rows, RP)):
+                if t * RP + r < rows:
+                    merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, SPLITS, SPLITS=SPLITS, RP=RP,
+                              D=D)
 
     # few configs: AOTInductor compiles each (once a package: every layer has the same shapes); num_stages 2 lets a
     # split's next block load while this one computes
@@ -153,24 +182,28 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 def launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-           scale: float) -> torch.Tensor:
+           scale: float, counts: torch.Tensor | None = None) -> torch.Tensor:
     """decode_attention's kernels launched (on CUDA or in Triton's interpreter), for a triton_op's body: the op's
-    and softsyn::attention_step's (softsyn.emit.triton_prologue), which writes the cache and attends in one op."""
+    and softsyn::attention_step's (softsyn.emit.triton_prologue), which writes the cache and attends in one op.
+    `counts` [Hkv] int32, zero (attention_step's prologue kernel zeroes them): the combine folded into the split
+    kernel (attend_kernel's FOLD), one launch, not two."""
     batch, kv_heads, rows, dim = query.shape
     seq, tiles = mask.shape[1], -(-rows // ROWS)
     q = query.contiguous()
     parts = torch.empty((batch * kv_heads * tiles * SPLITS * ROWS, dim), device=q.device, dtype=torch.float32)
     ml = torch.empty((batch * kv_heads * tiles * SPLITS * ROWS, 2), device=q.device, dtype=torch.float32)
     out = torch.empty((batch, seq, kv_heads * (rows // seq), dim), device=q.device, dtype=query.dtype)
-    args = dict(q_ptr=q, k_ptr=key, v_ptr=value, mask_ptr=mask, o_ptr=parts, ml_ptr=ml, batch=batch, rows=rows,
+    args = dict(q_ptr=q, k_ptr=key, v_ptr=value, mask_ptr=mask, o_ptr=parts, ml_ptr=ml, out_ptr=out,
+                count_ptr=counts if counts is not None else ml, batch=batch, rows=rows,
                 seq=seq, slots=key.shape[2], stride_kb=key.stride(0), stride_kh=key.stride(1),
                 stride_ks=key.stride(2), stride_vb=value.stride(0), stride_vh=value.stride(1),
                 stride_vs=value.stride(2), stride_mb=mask.stride(0), stride_mq=mask.stride(1), scale=scale,
-                SPLITS=SPLITS, RP=ROWS, D=dim)
+                SPLITS=SPLITS, RP=ROWS, D=dim, FOLD=counts is not None)
     if q.device.type == "cuda":
         torch.library.wrap_triton(tuned_attend)[(kv_heads, SPLITS)](**args)
     else:
         torch.library.wrap_triton(attend_kernel)[(kv_heads, SPLITS)](**args, **DEFAULT_CONFIG)
-    torch.library.wrap_triton(combine_kernel)[(kv_heads, ROWS)](
-        o_ptr=parts, ml_ptr=ml, out_ptr=out, batch=batch, rows=rows, seq=seq, SPLITS=SPLITS, RP=ROWS, D=dim)
+    if counts is None:
+        torch.library.wrap_triton(combine_kernel)[(kv_heads, ROWS)](
+            o_ptr=parts, ml_ptr=ml, out_ptr=out, batch=batch, rows=rows, seq=seq, SPLITS=SPLITS, RP=ROWS, D=dim)
     return out

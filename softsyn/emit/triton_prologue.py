@@ -11,8 +11,9 @@ cache write, an `index_copy_` the caller makes) does.
 
 Two forms of it: `attention_prologue` returns the step's key and value rows, which the caller writes into its cache
 by `index_copy_` (two small kernels a layer more); `attention_step` has the kernel write the cache at the step's slots
-and runs softsyn::decode_attention's kernels in the same op (three kernels a layer in all, the cache written in place
-in a package: bench/attention_step_check.py, H100 2026-12-07 16:40). The first cache-writing form measured ~18 us a
+and runs softsyn::decode_attention's kernels in the same op (the cache written in place in a package:
+bench/attention_step_check.py, H100 2026-12-07 16:40), the combine folded into the split kernel (its counters zeroed
+by the prologue kernel): two kernels a layer where the rows form launches five. The first cache-writing form measured ~18 us a
 layer slow in the attention choice's chains (10:22); that was the chains' doing, not the op's: their keys and values
 were views of one tensor, so Inductor copied the whole base before the op that mutated both (16:40). The measured
 attention choice (softsyn.emit.torch_attention_choice) times both forms.
@@ -53,16 +54,21 @@ if triton is not None:
         return lo * inv[:, None] * w_lo[None, :], hi * inv[:, None] * w_hi[None, :]
 
     @triton.jit
-    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, where_ptr, q_ptr, batch, seq,
-                        heads, kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, stride_kb, stride_kh, stride_ks,
-                        stride_vb, stride_vh, stride_vs, eps, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                        HALF: tl.constexpr, ROWS: tl.constexpr, AT_SLOTS: tl.constexpr):
+    def prologue_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, where_ptr, q_ptr, count_ptr, batch,
+                        seq, heads, kv_heads, stride_cb, stride_cs, stride_sb, stride_ss, stride_kb, stride_kh,
+                        stride_ks, stride_vb, stride_vh, stride_vs, eps, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+                        HALF: tl.constexpr, ROWS: tl.constexpr, AT_SLOTS: tl.constexpr, COUNTS: tl.constexpr):
         """Program p: query head p (p < heads) or KV head p - heads, over every row t = b * seq + s of the step:
         qkv[b, s] holds the heads' D = 2 * HALF values, queries then keys then values; q written to
         q[b, p, s] ([B, H, S, D] contiguous: [B, Hkv, rep * S, D] with row r * S + s), the key and value to
         k/v[b, j, slot] by their strides (each slot's D values contiguous): slot s (rows of the step), or where AT_SLOTS
-        where[s] (the cache's slots)."""
+        where[s] (the cache's slots). COUNTS: program 0 zeroes count[Hkv], the folded attention's counters
+        (softsyn.emit.triton_attention's FOLD), which the next launch reads: a step that zeroes them needs no fill
+        kernel of its own."""
         p = tl.program_id(0)
+        if COUNTS and p == 0:
+            for j in range(kv_heads):
+                tl.store(count_ptr + j, 0)
         eps = tl.cast(eps, tl.float32)  # Inductor types a Python float fp64 in a package: the norm stays fp32
         rh = tl.arange(0, HALF)
         width = (heads + 2 * kv_heads) * 2 * HALF
@@ -156,10 +162,12 @@ def attention_prologue(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weigh
     return launch(qkv, (q_weight, k_weight), (cos, sin), (k_rows, v_rows, None), eps), k_rows, v_rows
 
 
-def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: float) -> torch.Tensor:
+def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: float,
+           counts: torch.Tensor | None = None) -> torch.Tensor:
     """prologue_kernel launched on qkv [B, S, (H + 2 Hkv) D] with the q/k norm `weights` (each None: no norm) and
     rotary `angles` (cos, sin [B, S, D]): the keys and values written into `to` = (keys, values, where), [B, Hkv, L, D]
-    each at slots where [S] (None: slot s of [B, Hkv, S, D] rows); q returned as decode_attention's query."""
+    each at slots where [S] (None: slot s of [B, Hkv, S, D] rows); q returned as decode_attention's query. `counts`
+    [Hkv] int32: zeroed (prologue_kernel's COUNTS)."""
     batch, seq, width = qkv.shape
     (q_weight, k_weight), (cos, sin), (keys, values, where) = weights, angles, to
     dim, kv_heads = cos.shape[-1], keys.shape[1]
@@ -171,11 +179,11 @@ def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: flo
     torch.library.wrap_triton(prologue_kernel)[(heads + kv_heads,)](
         qkv_ptr=x, qw_ptr=q_weight if q_weight is not None else cos, kw_ptr=k_weight if k_weight is not None else cos,
         cos_ptr=cos, sin_ptr=sin, k_ptr=keys, v_ptr=values, where_ptr=where if where is not None else cos, q_ptr=q,
-        batch=batch, seq=seq, heads=heads, kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1),
+        count_ptr=counts if counts is not None else q, batch=batch, seq=seq, heads=heads, kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1),
         stride_sb=sin.stride(0), stride_ss=sin.stride(1), stride_kb=keys.stride(0), stride_kh=keys.stride(1),
         stride_ks=keys.stride(2), stride_vb=values.stride(0), stride_vh=values.stride(1),
         stride_vs=values.stride(2), eps=eps, Q_NORM=q_weight is not None, K_NORM=k_weight is not None,
-        HALF=dim // 2, ROWS=ROWS, AT_SLOTS=where is not None)
+        HALF=dim // 2, ROWS=ROWS, AT_SLOTS=where is not None, COUNTS=counts is not None)
     return q
 
 
@@ -199,5 +207,8 @@ def attention_step(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: t
         keys.index_copy_(2, where, k_rows)
         values.index_copy_(2, where, v_rows)
         return attention_reference(q, keys[:, :, :span], values[:, :, :span], mask, scale)
-    q = launch(qkv, (q_weight, k_weight), (cos, sin), (keys, values, where), eps)
-    return attend(q, keys[:, :, :span], values[:, :, :span], mask, scale)
+    # the combine folded into the split kernel (two launches after the prologue became one), its counters zeroed by
+    # the prologue
+    counts = torch.empty((keys.shape[1],), device=qkv.device, dtype=torch.int32)
+    q = launch(qkv, (q_weight, k_weight), (cos, sin), (keys, values, where), eps, counts)
+    return attend(q, keys[:, :, :span], values[:, :, :span], mask, scale, counts)

@@ -30,6 +30,12 @@ for dtype in (torch.float32, torch.float16):
         want = reference(q.float(), k.float(), v.float(), mask, dim ** -0.5)
         key = f"{dtype} b{batch} h{kv_heads}x{heads} seq{seq} d{dim} s{slots}"
         out[key] = float((got - want).abs().max() / want.abs().max())
+        # the combine folded into the split kernel: twice on the same counters, which each launch leaves zero
+        counts = torch.zeros(kv_heads, dtype=torch.int32)
+        for run in range(2):
+            folded = kernels.launch(q, k, v, mask, dim ** -0.5, counts).float()
+            out[f"{key} folded {run}"] = float((folded - want).abs().max() / want.abs().max())
+        out[f"{key} counts left"] = int(counts.abs().sum())
 print(json.dumps(out))
 """
 
@@ -38,9 +44,12 @@ def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
     """Every case against the torch function: short caches (most of the splits empty), spans that end inside a
     block and a split, query heads a KV head that are not a power of two (3: rows padded to the 16-row tile), two
     batch rows with different masks (a prefix and a sliding window), several positions a step (7 x 3 heads: 21 rows,
-    two row tiles, each row its own causal mask), the cache read as a view of a longer buffer; fp32 and fp16."""
+    two row tiles, each row its own causal mask), the cache read as a view of a longer buffer; fp32 and fp16. The
+    folded form (the combine in the split kernel's last program) the same, its counters left zero for the next
+    launch."""
     errors = in_triton_interpreter(ATTENTION_CHECK)
-    assert len(errors) == 8
+    assert len(errors) == 8 * 4
+    assert all(errors.pop(key) == 0 for key in list(errors) if key.endswith("counts left"))
     for key, err in errors.items():
         assert err < (5e-3 if "float16" in key else 1e-5), (key, err)
 

@@ -22,16 +22,22 @@ I32 = "i32"
 
 
 def test_the_decode_attention_kernels_compile_for_sm90():
+    """Every config, with the combine folded in and without; the folded form counts with an acquire-release atomic at
+    GPU scope, after a barrier, and reads the parts past L1 (other SMs wrote them in the same launch)."""
     ints = dict.fromkeys(("batch", "rows", "seq", "slots", "stride_kb", "stride_kh", "stride_ks", "stride_vb",
                           "stride_vh", "stride_vs", "stride_mb", "stride_mq"), I32)
     attend = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "mask_ptr": "*i1", "o_ptr": "*fp32",
-              "ml_ptr": "*fp32", **ints, "scale": "fp64"}
+              "ml_ptr": "*fp32", "out_ptr": "*fp16", "count_ptr": "*i32", **ints, "scale": "fp64"}
     for config in triton_attention.CONFIGS:
-        assert compiled(triton_attention.attend_kernel, attend,
-                        {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128, **config.kwargs})
+        for fold in (False, True):
+            kernel = compiled(triton_attention.attend_kernel, attend,
+                              {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128,
+                               "FOLD": fold, **config.kwargs})
+            ptx = kernel.asm["ptx"]
+            assert ("atom.global.gpu.acq_rel.add" in ptx) == fold and ("ld.global.cg" in ptx) == fold
     # q typed fp32 beside an fp16 cache, as AOTInductor typed it in qwen3-1.7b's package (H100, 2026-12-06)
     assert compiled(triton_attention.attend_kernel, {**attend, "q_ptr": "*fp32"},
-                    {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128,
+                    {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128, "FOLD": True,
                      **triton_attention.CONFIGS[0].kwargs})
     combine = {"o_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": "*fp16", "batch": I32, "rows": I32, "seq": I32}
     assert compiled(triton_attention.combine_kernel, combine,
@@ -47,11 +53,11 @@ def test_the_attention_prologue_kernel_compiles_for_sm90_with_its_norm_in_fp32(n
                           "stride_kb", "stride_kh", "stride_ks", "stride_vb", "stride_vh", "stride_vs"), I32)
     signature = {"qkv_ptr": "*fp16", "qw_ptr": "*fp16", "kw_ptr": "*fp16", "cos_ptr": "*fp16", "sin_ptr": "*fp16",
                  "k_ptr": "*fp16", "v_ptr": "*fp16", "where_ptr": "*i64" if at_slots else "*fp16", "q_ptr": "*fp32",
-                 **ints, "eps": "fp64"}
+                 "count_ptr": "*i32" if at_slots else "*fp32", **ints, "eps": "fp64"}
     for half in (32, 64):  # head dims 64 and 128
         kernel = compiled(triton_prologue.prologue_kernel, signature,
                           {"Q_NORM": norm, "K_NORM": norm, "HALF": half, "ROWS": triton_prologue.ROWS,
-                           "AT_SLOTS": at_slots})
+                           "AT_SLOTS": at_slots, "COUNTS": at_slots})
         f64 = [line for line in kernel.asm["ptx"].splitlines() if "f64" in line and ".param" not in line]
         assert ["cvt.rn.f32.f64" in line for line in f64] == ([True] if norm else []), f64  # eps to fp32, once
         assert ("rsqrt" in kernel.asm["ptx"]) == norm
