@@ -78,22 +78,26 @@ def decode_shapes(groups, config, max_length: int) -> list[AttentionShape]:
 @dataclass(frozen=True)
 class Candidate:
     """A decode attention the choice times: a form of ATTENTIONS, with the fused prologue (softsyn's form only),
-    which returns the step's rows for index_copy_ or (`writes_cache`) writes the cache and attends in one op."""
+    which returns the step's rows for index_copy_ or (`writes_cache`) writes the cache and attends in one op, that
+    op's combine (`folded`) in its split kernel."""
     form: str
     prologue: bool = False
     writes_cache: bool = False
+    folded: bool = False
 
     @property
     def label(self) -> str:
         if not self.prologue:
             return self.form
-        return f"{self.form} + fused prologue{' writing the cache' if self.writes_cache else ''}"
+        return (f"{self.form} + fused prologue{' writing the cache' if self.writes_cache else ''}"
+                f"{', combine folded' if self.folded else ''}")
 
 
 PLAIN = tuple(Candidate(form) for form in FORMS)  # the candidates without the prologue, FORMS' order
 PROLOGUE = Candidate("softsyn", prologue=True)
 PROLOGUE_WRITING = Candidate("softsyn", prologue=True, writes_cache=True)  # softsyn::attention_step
-PROLOGUES = (PROLOGUE, PROLOGUE_WRITING)
+PROLOGUE_FOLDED = Candidate("softsyn", prologue=True, writes_cache=True, folded=True)  # its combine in attend
+PROLOGUES = (PROLOGUE, PROLOGUE_WRITING, PROLOGUE_FOLDED)
 Timer = Callable[[Candidate, AttentionShape, torch.dtype, str], float]
 
 
@@ -141,7 +145,8 @@ def module_step(module: torch.nn.Module, rotary: torch.nn.Module, candidate: Can
     attends over their first `span` slots, the mask's last dim, so one package serves every span (packaged_step).
     Every call runs the one module, so its projections read their weights from the L2 cache where they fit: the same
     for every candidate, which differ in what runs between the projections."""
-    chosen = fused_form(module, writes_cache=candidate.writes_cache) if candidate.prologue else module
+    chosen = (fused_form(module, writes_cache=candidate.writes_cache, folded=candidate.folded) if candidate.prologue
+              else module)
     like = caches[0][0]
     where = torch.tensor([shape.span - 2], device=like.device)
     mask = (torch.arange(shape.span, device=like.device) <= where[0]).expand(shape.batch, 1, 1, shape.span).contiguous()

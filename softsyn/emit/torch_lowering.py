@@ -294,7 +294,7 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()
-    attention, prologue, writes_cache = target.attention, False, False
+    attention, prologue, writes_cache, folded = target.attention, False, False, False
     if attention == MEASURED_FORM:
         timing = attention_timing(model, target.fused_prologue == "measured")
         with progress.step(f"emit: decode attention timed on the device ({timing.what}: "
@@ -304,9 +304,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
                                              getattr(torch, target.dtype), target.device, timing.timer,
                                              timing.candidates, fallback=timing.fallback,
                                              packaged=timing.packaged)
-        attention, prologue, writes_cache = chosen.form, chosen.prologue, chosen.writes_cache
+        attention, prologue, writes_cache, folded = chosen.form, chosen.prologue, chosen.writes_cache, chosen.folded
         notes += [f"target {design.torch_target}: {line}" for line in lines]
-    quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue, writes_cache=writes_cache))
+    quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue, writes_cache=writes_cache,
+                                         folded=folded))
     quantised.notes.extend(norms_for(target, model, folded))  # after the prologues: it needs FusedAttention
     resident, said = prefill_residency(target, model, analysis.area, last_logits(design))
     packages, holder = planned(target, attention, resident), [model]

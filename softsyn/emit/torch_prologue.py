@@ -46,6 +46,7 @@ class FusedAttention(torch.nn.Module):
     # into kernels of its own (as the original's), so the layer can still take fused_norms where the kernel lost
     writes_cache: bool = False  # with the kernel: the prologue writes the cache and attends in one op
     # (softsyn::attention_step), no index_copy_ after it
+    folds_combine: bool = False  # with writes_cache: the attention's combine folded into its split kernel
 
     def norm_weight(self, name: str) -> torch.Tensor | None:
         norm = getattr(self, name, None)
@@ -81,7 +82,7 @@ class FusedAttention(torch.nn.Module):
         if self.kernel_prologue and self.writes_cache:
             out = torch.ops.softsyn.attention_step(qkv, *weights, cos, sin, keys=layer.keys, values=layer.values,
                                                    where=layer.where, mask=attention_mask[:, 0], eps=self.prologue_eps,
-                                                   scale=scale)
+                                                   scale=scale, fold=self.folds_combine)
         else:
             prologue = torch.ops.softsyn.attention_prologue if self.kernel_prologue else prologue_in_torch
             q, k_rows, v_rows = prologue(qkv, *weights, cos, sin, kv_heads=layer.keys.shape[1], eps=self.prologue_eps)
@@ -91,14 +92,17 @@ class FusedAttention(torch.nn.Module):
         return (self.o_proj(out) if residual is None else self.o_proj(out, residual=residual)), None
 
 
-def fused_form(original: torch.nn.Module, kernel: bool = True, writes_cache: bool = False) -> FusedAttention:
+def fused_form(original: torch.nn.Module, kernel: bool = True, writes_cache: bool = False,
+               folded: bool = False) -> FusedAttention:
     """A FusedAttention sharing `original`'s state (torch_step.on_same_state), its prologue the kernel or (`kernel`
-    False) its torch form; with the kernel, `writes_cache`: the prologue writes the cache and attends in one op."""
+    False) its torch form; with the kernel, `writes_cache`: the prologue writes the cache and attends in one op, and
+    with it `folded`: that op's combine folded into its split kernel."""
     out = on_same_state(original, FusedAttention, "Fused")
     norms = [getattr(original, name, None) for name in ("q_norm", "k_norm")]
     out.prologue_eps = next((norm_eps(n) for n in norms if n is not None), FusedAttention.prologue_eps)
     out.kernel_prologue = kernel
     out.writes_cache = kernel and writes_cache
+    out.folds_combine = out.writes_cache and folded
     return out
 
 
@@ -180,11 +184,12 @@ class Fusion(NamedTuple):
     why: dict[str, int]  # {reason: attentions kept for it}
 
 
-def fuse_prologues(model: torch.nn.Module, kernel: bool = True, writes_cache: bool = False) -> Fusion:
+def fuse_prologues(model: torch.nn.Module, kernel: bool = True, writes_cache: bool = False,
+                   folded: bool = False) -> Fusion:
     """Put a FusedAttention (its prologue the kernel, or where not `kernel` its torch form; `writes_cache`: the kernel
-    writes the cache and attends in one op) where each packed-QKV attention of `model` computes what the fused form
-    does, checked on one random step over a small cache (output and cache both, within fp16 rounding); the others
-    kept, with why."""
+    writes the cache and attends in one op, `folded` its combine in the split kernel) where each packed-QKV attention
+    of `model` computes what the fused form does, checked on one random step over a small cache (output and cache
+    both, within fp16 rounding); the others kept, with why."""
     rotary = rotary_embedding(model)
     like = model.get_input_embeddings().weight
 
@@ -199,7 +204,7 @@ def fuse_prologues(model: torch.nn.Module, kernel: bool = True, writes_cache: bo
         case = check_input(packed.linear.in_features, packed.sizes[1] // dim, dim, rotary, like)
         if case.cos.shape[-1] != dim:
             return f"partial rotary ({case.cos.shape[-1]} of {dim} dims)"
-        candidate = fused_form(child, kernel, writes_cache)
+        candidate = fused_form(child, kernel, writes_cache, folded)
         want, want_cache = run_once(child, CHECK_FORM, case)
         got, got_cache = run_once(candidate, FUSED_FORM, case)
         if close(got, want) and close(got_cache, want_cache):
@@ -210,13 +215,16 @@ def fuse_prologues(model: torch.nn.Module, kernel: bool = True, writes_cache: bo
     return Fusion(fused, sum(why.values()), why)
 
 
-def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True, writes_cache: bool = False) -> list[str]:
+def fusion_notes(fusion: Fusion, measured: bool = False, kernel: bool = True, writes_cache: bool = False,
+                 folded: bool = False) -> list[str]:
     """The compile log's lines on what fuse_prologues did (`measured`: the attention choice timed it faster;
-    `kernel`: the prologue as the kernel, else its torch form; `writes_cache`: the kernel writes the cache)."""
+    `kernel`: the prologue as the kernel, else its torch form; `writes_cache`: the kernel writes the cache, `folded`:
+    the attention's combine in its split kernel)."""
     lines = []
     if fusion.fused and kernel:
-        what = ("q/k norm, rotary and the cache write in one kernel, softsyn's decode attention in the same op "
-                "(softsyn::attention_step" if writes_cache else
+        what = ("q/k norm, rotary and the cache write in one kernel, softsyn's decode attention in the same op"
+                f"{', its combine folded into the split kernel' if folded else ''} (softsyn::attention_step"
+                if writes_cache else
                 "q/k norm, rotary and q's layout in one kernel before softsyn's decode attention "
                 "(softsyn::attention_prologue")
         lines.append(f"{fusion.fused} attention{'s' if fusion.fused != 1 else ''}: {what}; "
@@ -235,12 +243,13 @@ PROLOGUE_SETTINGS = ("off", "on", "measured")  # TorchTarget.fused_prologue
 
 
 def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool = False,
-                  writes_cache: bool = False) -> list[str]:
+                  writes_cache: bool = False, folded: bool = False) -> list[str]:
     """Fuse `model`'s attention prologues where torch target `target` asks (fused_prologue "on", or "measured" and
     the measured choice `chosen` it) and its decode attention form `attention` is softsyn's (the kernel writes q in
     that form's layout); where "measured" did not choose it but the target fuses norms (fused_norms "on", which
     needs the fused attention form), the fused form with the prologue's torch form. `writes_cache`: the chosen
-    prologue writes the cache itself (softsyn::attention_step). The compile log's lines."""
+    prologue writes the cache itself (softsyn::attention_step), `folded` with the combine in its split kernel. The
+    compile log's lines."""
     setting = target.fused_prologue
     if setting == "off":
         return []
@@ -251,5 +260,5 @@ def prologues_for(target, attention: str, model: torch.nn.Module, chosen: bool =
             return ["fused_prologue measured: not faster than each attention's own prologue, so not fused"]
         return ["fused_prologue measured: not faster than each attention's own prologue",
                 *fusion_notes(fuse_prologues(model, kernel=False), kernel=False)]
-    return fusion_notes(fuse_prologues(model, writes_cache=writes_cache), measured=setting == "measured",
-                        writes_cache=writes_cache)
+    return fusion_notes(fuse_prologues(model, writes_cache=writes_cache, folded=folded),
+                        measured=setting == "measured", writes_cache=writes_cache, folded=folded)

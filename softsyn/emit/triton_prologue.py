@@ -190,11 +190,13 @@ def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: flo
 @torch.library.triton_op("softsyn::attention_step", mutates_args=("keys", "values"))
 def attention_step(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                    cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, where: torch.Tensor,
-                   mask: torch.Tensor, eps: float, scale: float) -> torch.Tensor:
+                   mask: torch.Tensor, eps: float, scale: float, fold: bool = False) -> torch.Tensor:
     """A decode step's attention after its QKV projection in one op: attention_prologue's q/k norms and rotary, the
     step's keys and values written into the cache keys/values [B, Hkv, L, D] at slots where [S] (each slot's D values
     contiguous) by the prologue kernel itself, then softsyn::decode_attention's kernels over the cache's first
-    mask.shape[-1] slots (mask [B, S, span] bool, True: visible); [B, S, H, D] in the cache's dtype.
+    mask.shape[-1] slots (mask [B, S, span] bool, True: visible); [B, S, H, D] in the cache's dtype. `fold`: the
+    combine folded into the split kernel (softsyn.emit.triton_attention's FOLD, its counters zeroed by the prologue
+    kernel): two kernels where three run.
 
     Why one op: nothing after it reads the cache it mutates, as with attention_prologue's first form alone, which
     AOTInductor wrote in place with one launch (bench/prologue_check.py, H100 2026-12-07 04:24). The rows form
@@ -207,8 +209,6 @@ def attention_step(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: t
         keys.index_copy_(2, where, k_rows)
         values.index_copy_(2, where, v_rows)
         return attention_reference(q, keys[:, :, :span], values[:, :, :span], mask, scale)
-    # the combine folded into the split kernel (two launches after the prologue became one), its counters zeroed by
-    # the prologue
-    counts = torch.empty((keys.shape[1],), device=qkv.device, dtype=torch.int32)
+    counts = torch.empty((keys.shape[1],), device=qkv.device, dtype=torch.int32) if fold else None
     q = launch(qkv, (q_weight, k_weight), (cos, sin), (keys, values, where), eps, counts)
     return attend(q, keys[:, :, :span], values[:, :, :span], mask, scale, counts)

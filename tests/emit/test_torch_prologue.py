@@ -41,18 +41,18 @@ def steps(model, form: str):
     return torch.cat([prefill, decode], 1), torch.stack(cache)
 
 
-@pytest.mark.parametrize("writes_cache", [False, True])
-def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the_op_per_layer(writes_cache):
+@pytest.mark.parametrize("writes_cache,folded", [(False, False), (True, False), (True, True)])
+def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the_op_per_layer(writes_cache, folded):
     """Every qwen3-tiny attention is fused (same module paths and parameters); the step's logits and the cache it
     writes are the original's in softsyn's decode form, and in another form (the prefill package's SDPA) the fused
     module runs the original's forward; the exported step holds one prologue op a layer and its cache writes as
     index_copy_ (the op mutates nothing), or where the prologue writes the cache, one attention_step a layer that
-    mutates the layer's keys and values and no index_copy_."""
+    mutates the layer's keys and values and no index_copy_ (`folded`: the op asked to fold its combine)."""
     model = packed_model()
     names = [name for name, _ in model.named_parameters()]
     want = steps(model, "softsyn")
     want_sdpa = steps(model, "sdpa")
-    assert fuse_prologues(model, writes_cache=writes_cache) == Fusion(2, 0, {})
+    assert fuse_prologues(model, writes_cache=writes_cache, folded=folded) == Fusion(2, 0, {})
     assert all(isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers)
     assert [name for name, _ in model.named_parameters()] == names
     got, got_sdpa = steps(model, "softsyn"), steps(model, "sdpa")
@@ -70,6 +70,10 @@ def test_fused_attentions_step_to_the_original_s_logits_and_cache_and_export_the
     if writes_cache:
         assert sum("attention_step" in t for t in targets) == 2 and not any("index_copy" in t for t in targets)
         assert not any("attention_prologue" in t or "decode_attention" in t for t in targets)
+        steps_called = [node for node in program.graph.nodes if "attention_step" in str(node.target)]
+        named = [node.normalized_arguments(program.graph_module, normalize_to_only_use_kwargs=True).kwargs
+                 for node in steps_called]
+        assert [arguments["fold"] for arguments in named] == [folded] * 2
         return
     assert sum("attention_prologue" in t for t in targets) == sum("decode_attention" in t for t in targets) == 2
     # the cache written by two index_copy_ a layer (which Inductor writes in place), none inside the op
@@ -124,6 +128,9 @@ def test_the_setting_fuses_only_with_softsyn_s_decode_attention_and_measured_onl
         writing = prologues_for(target, form, packed_model(), chosen=True, writes_cache=True)
         assert len(writing) == 1 and writing[0].startswith("2 attentions: q/k norm, rotary and the cache write")
         assert writing[0].endswith("(softsyn::attention_step; fused_prologue, measured faster)")
+        folded = prologues_for(target, form, packed_model(), chosen=True, writes_cache=True, folded=True)
+        assert folded[0].endswith("in the same op, its combine folded into the split kernel (softsyn::attention_step; "
+                                  "fused_prologue, measured faster)")
     notes = prologues_for(dataclasses.replace(target, fused_prologue="on"), form, model)
     fused = [isinstance(layer.self_attn, FusedAttention) for layer in model.model.layers]
     if form == "softsyn":

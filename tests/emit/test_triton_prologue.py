@@ -80,8 +80,9 @@ def step_errors() -> dict:
     """softsyn::attention_step (the prologue kernel writing the cache, decode_attention's kernels after it) against
     its parts' torch forms (each checked against transformers' above, or in test_triton_attention): the output, and
     the whole cache after the step (the step's slots written, every stale slot as it was), relative to the largest
-    value; fp32 and fp16, one position and three, with and without the q/k norms, 2 batch rows over 16 slots, the
-    span rounded past the step (its last slots masked)."""
+    value; fp32 and fp16, one position and three, with and without the q/k norms (with them the combine folded into
+    the split kernel, without it its own kernel), 2 batch rows over 16 slots, the span rounded past the step (its
+    last slots masked)."""
     from softsyn.emit.triton_attention import reference as attention_reference
     from softsyn.emit.triton_prologue import attention_step, reference
 
@@ -102,7 +103,7 @@ def step_errors() -> dict:
                 q, k_rows, v_rows = reference(qkv, *weights, cos, sin, kv_heads=kv_heads, eps=1e-6)
                 k_want, v_want = keys.clone().index_copy_(2, where, k_rows), values.clone().index_copy_(2, where, v_rows)
                 want = attention_reference(q, k_want[:, :, :span], v_want[:, :, :span], mask, dim ** -0.5)
-                got = attention_step(qkv, *weights, cos, sin, keys, values, where, mask, 1e-6, dim ** -0.5)
+                got = attention_step(qkv, *weights, cos, sin, keys, values, where, mask, 1e-6, dim ** -0.5, fold=norm)
 
                 def rel(a, b):
                     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
