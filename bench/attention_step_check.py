@@ -16,14 +16,14 @@ REPEATS = 500
 
 
 class Step(torch.nn.Module):
-    """The op as a decode step calls it, its norm weights fixed."""
+    """The op as a decode step calls it, its norm weights fixed, its combine folded into the split kernel or not."""
 
-    def __init__(self, w):
+    def __init__(self, w, fold: bool):
         super().__init__()
-        self.w = w
+        self.w, self.fold = w, fold
 
     def forward(self, qkv, cos, sin, keys, values, where, mask):
-        return attention_step(qkv, self.w, self.w, cos, sin, keys, values, where, mask, EPS, SCALE)
+        return attention_step(qkv, self.w, self.w, cos, sin, keys, values, where, mask, EPS, SCALE, fold=self.fold)
 
 
 def only(got) -> torch.Tensor:
@@ -47,29 +47,35 @@ def main() -> int:
     k0.index_copy_(2, where, k_rows)
     v0.index_copy_(2, where, v_rows)
     want = attention_reference(q, k0[:, :, :SPAN], v0[:, :, :SPAN], mask, SCALE)
+    for fold in (False, True):
+        check(fold, (qkv, cos, sin, keys, values, where, mask), w, want, k0)
+    return 0
+
+
+def check(fold: bool, args: tuple, w: torch.Tensor, want: torch.Tensor, k0: torch.Tensor) -> None:
+    """The op eagerly and packaged, `fold` or not: its errors, its kernels, the worst of REPEATS packaged runs."""
+    form = "folded" if fold else "unfolded"
     try:
-        out = attention_step(qkv, w, w, cos, sin, keys, values, where, mask, EPS, SCALE)
+        out = Step(w, fold)(*args)
         torch.cuda.synchronize()
-        print("eager ok", error(out, want), error(keys, k0))
+        print(f"{form} eager ok", error(out, want), error(args[3], k0))
     except Exception as e:  # noqa: BLE001 - the answer is the failure
-        print("eager FAIL", type(e).__name__, str(e)[:300])
+        print(f"{form} eager FAIL", type(e).__name__, str(e)[:300])
     try:
-        args = (qkv, cos, sin, keys, values, where, mask)
-        program = torch.export.export(Step(w), args, dynamic_shapes=(None,) * 6 + ({2: torch.export.Dim.AUTO},),
-                                      strict=False)
+        program = torch.export.export(Step(w, fold), args,
+                                      dynamic_shapes=(None,) * 6 + ({2: torch.export.Dim.AUTO},), strict=False)
         package = torch._inductor.aoti_load_package(
-            torch._inductor.aoti_compile_and_package(program, package_path="/tmp/attention-step.pt2"))
+            torch._inductor.aoti_compile_and_package(program, package_path=f"/tmp/attention-step-{form}.pt2"))
         got = package(*args)
         torch.cuda.synchronize()
-        print("aoti ok", error(only(got), want))
-        print("kernels:", kernels_of(lambda: package(*args)))
+        print(f"{form} aoti ok", error(only(got), want))
+        print(f"{form} kernels:", kernels_of(lambda: package(*args)))
         # the folded combine (the last split program to count merges) is a cross-SM handoff: a race shows as a
         # wrong or stale row in some run, so the worst of many runs, each the same step (the cache write idempotent)
         worst = max(error(only(package(*args)), want) for _ in range(REPEATS))
-        print(f"aoti worst of {REPEATS} runs", worst)
+        print(f"{form} aoti worst of {REPEATS} runs", worst)
     except Exception as e:  # noqa: BLE001 - the answer is the failure
-        print("aoti FAIL", type(e).__name__, str(e)[:600])
-    return 0
+        print(f"{form} aoti FAIL", type(e).__name__, str(e)[:600])
 
 
 if __name__ == "__main__":
