@@ -240,24 +240,28 @@ if triton is not None:
         return dots
 
     @triton.jit
-    def chunk_squares(x_row, k0, K, WIDTH: tl.constexpr):
-        """x_row[k0:k0 + WIDTH]'s squares in fp32 (past K: 0), the inputs a loop step's dots read, for the loop to add
-        up lane by lane and sum once after it (a sum each step put a cross-warp reduction in the loop, and spilled
-        at fp8 group 32 with 4 warps): a NORM kernel gathers its row's mean square with no pass over the row before
-        the loop. That pass (four dependent loads of 512 inputs, one round trip each) is the suspect in a step whose
-        113 GEMVs took 0.864 ms with 56 normed and 56 adding a residual, 0.729 without either (H100, 2026-12-07
-        14:43 vs 10:36): ~2.4 us a normed GEMV if the residual costs nothing, more than the norm kernel it replaced
-        (~2.0 us)."""
+    def chunk_squares(x_row, k0, K, WIDTH: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr):
+        """The squares of x_row[k0:k0 + WIDTH] in fp32 (past K: 0), the inputs a loop step's dots read, summed into
+        LANES partial sums (LANES x VEC dividing WIDTH), for the loop to add up and sum once after it (a sum each step
+        put a cross-warp reduction in the loop, and spilled at fp8 group 32 with 4 warps): a NORM kernel gathers its
+        row's mean square with no pass over the row before the loop. Why LANES sums, one a thread where LANES is the
+        program's thread count: the loaded chunk lies VEC inputs a thread (8: 16-byte loads), thread after thread, so
+        [rounds, LANES, VEC] sums within each thread, and the loop carries one register a thread where a [WIDTH] tile
+        of squares took WIDTH / threads (64 at 1024 bytes of int4 a step and one warp: 126 registers a thread
+        normed and 167 normed and gated against 64 plain, Triton 3.8 for sm_90, 2026-12-07, which caps the programs
+        an SM holds, so the bytes in flight; the normed GEMVs took 0.864 ms where the plain ones took 0.729, H100,
+        2026-12-07 14:43 vs 10:36). The order of the sums is the compiler's; their total is the row's."""
         rk = k0 + tl.arange(0, WIDTH)
         a = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
-        return a * a
+        return tl.sum(tl.sum(tl.reshape(a * a, (WIDTH // (LANES * VEC), LANES, VEC)), 2), 0)
 
     @triton.jit
     def weight_matmul_kernel(x_ptr, w_ptr, s_ptr, l_ptr, y_ptr, M, N, K, stride_xm, stride_ym, r_ptr, eps,
                              GROUP: tl.constexpr, BYTE_CODES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
                              X_TILE: tl.constexpr = False, F16: tl.constexpr = False, ASM: tl.constexpr = False,
-                             TWIN: tl.constexpr = False, NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False):
+                             TWIN: tl.constexpr = False, NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+                             LANES: tl.constexpr = 32):
         """y[M, N] = x[M, K] @ W^T, W dequantised from the packed format (module docstring; BYTE_CODES: fp8 or int8,
         else int4). A program owns BLOCK_N outputs (decode: tile j is program j on the launch's x axis; tiles: program
         (i, j), rows i, outputs j) and reads their weight rows whole, K contiguous, so it stores finished sums: no
@@ -290,13 +294,17 @@ if triton is not None:
         s_rows = rn * groups
         if BLOCK_M == 1:
             GPC: tl.constexpr = BLOCK_K // GB  # groups a loop step
+            # NORM's partial sums of squares: one a thread (LANES, the config's threads) over 8 of its inputs a round,
+            # fewer inputs a thread where a step has fewer than 8 a thread, fewer sums where it has fewer than one
+            SQUARES: tl.constexpr = LANES if LANES <= GPC * GROUP else GPC * GROUP
+            SQ_VEC: tl.constexpr = 8 if SQUARES * 8 <= GPC * GROUP else GPC * GROUP // SQUARES
             rg = tl.arange(0, GPC)
             up_rows, up_s = w_rows + N * (groups * GB), s_rows + N * groups  # GATED: the up rows
             for row in range(0, M):
                 x_row = x_ptr + row * stride_xm
                 acc = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)  # reduced across groups once, after the loop
                 up = tl.zeros((BLOCK_N, GPC, WORDS), dtype=tl.float32)
-                squares = tl.zeros((GPC * GROUP,), dtype=tl.float32)  # NORM: the row's squares, step by step
+                squares = tl.zeros((SQUARES,), dtype=tl.float32)  # NORM: the row's squares, step by step
                 for g0 in range(0, groups, GPC):
                     acc += step_dots(x_row, w_rows, s_rows, s_ptr, l_ptr, g0 + rg, n_ok=n_ok, GROUP=GROUP, GB=GB,
                                      BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
@@ -306,7 +314,7 @@ if triton is not None:
                                         BYTE_CODES=BYTE_CODES, groups=groups, X_TILE=X_TILE, F16=F16, WORDS=WORDS,
                                         TWIN=TWIN)
                     if NORM:
-                        squares += chunk_squares(x_row, g0 * GROUP, K, WIDTH=GPC * GROUP)
+                        squares += chunk_squares(x_row, g0 * GROUP, K, WIDTH=GPC * GROUP, LANES=SQUARES, VEC=SQ_VEC)
                 scale = 1.0
                 if NORM:  # rsqrt(mean(x^2) + eps), as an RMS norm takes it; Inductor types a Python float fp64
                     scale = tl.math.rsqrt(tl.sum(squares, 0) / K + tl.cast(eps, tl.float32))
@@ -354,7 +362,7 @@ if triton is not None:
         # fails on a call that leaves one to its default ("Incorrect number of arguments passed to kernel", H100,
         # 2026-12-06) and then takes every tensor argument as written, weights included
         return triton.Config({"BLOCK_M": 1, "BLOCK_N": n, "BLOCK_K": k, "X_TILE": f16, "F16": f16, "ASM": asm,
-                              "TWIN": False}, num_warps=warps, num_stages=1)
+                              "TWIN": False, "LANES": 32 * warps}, num_warps=warps, num_stages=1)
 
     # Per precision, few configs that are near the best at every qwen3-1.7b shape (cold chains, 2026-12-06). int4:
     # ASM's form at the three F16 configs. On the H200 F16 (1, 1024, 1) and (2, 1024, 2) were the best at every
