@@ -69,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP, CACHE = 16, 8, 128, 2048, 6144, 4160
+NORM_EPS = 1e-6  # the normed GEMV rows' (Qwen3's RMS norm epsilon)
 
 
 def timed(fn, device: str, runs: int = 200, warmup: int = 20) -> float:
@@ -307,19 +308,23 @@ class Configured:
     against the product of the dequantised weight in fp32 (a form that computes wrongly shows as an error beside its
     time, not only as a speed: F16's and ASM's fp16 arithmetic, ASM's inline PTX)."""
 
-    def __init__(self, layer, meta: dict, warps: int, gated: bool = False, checked: bool = False):
+    def __init__(self, layer, meta: dict, warps: int, gated: bool = False, checked: bool = False,
+                 normed: bool = False):
         self.layer, self.config, self.gated, self.checked = layer, {**meta, "num_warps": warps}, gated, checked
+        self.eps = NORM_EPS if normed else None  # NORM: x's rows RMS-normed in the kernel (a folded input norm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from softsyn.emit.triton_weights import launch
 
-        return launch(x, self.layer.packed, self.layer.scales, self.layer.lows, self.config, gated=self.gated)
+        return launch(x, self.layer.packed, self.layer.scales, self.layer.lows, self.config, gated=self.gated,
+                      norm_eps=self.eps)
 
     def error(self, x: torch.Tensor) -> float:
         """max |got - want| / max |want| on the row x."""
         from softsyn.emit.triton_weights import dequantise, silu_gated
 
-        want = x.float() @ dequantise(self.layer.packed, self.layer.scales, self.layer.lows).float().t()
+        rows = x.float() if self.eps is None else x.float() * torch.rsqrt(x.float().pow(2).mean(-1, True) + self.eps)
+        want = rows @ dequantise(self.layer.packed, self.layer.scales, self.layer.lows).float().t()
         want = silu_gated(want).float() if self.gated else want
         return float((self(x).float() - want).abs().max() / want.abs().max())
 
@@ -431,6 +436,13 @@ def softsyn_chain_forms(linear: torch.nn.Linear) -> list[tuple[str, object]]:
                        f"{c.num_warps} {'ASM (shipped)' if asm else 'F16'}{' gated' if gate else ''}",
                        Configured(layer, {**c.kwargs, "ASM": asm}, c.num_warps, gated=gate, checked=True))
                       for c in ASM_CONFIGS for gate in gated for asm in (True, False) if asm or gate]
+            # NORM (the input norm folded into q/k/v's and gate/up's GEMVs, softsyn.emit.torch_norms) at each ASM
+            # config: its cost is the normed row's time over the plain one's
+            forms += [(f"softsyn int4 g128 BLOCK_N {c.kwargs['BLOCK_N']} BLOCK_K {c.kwargs['BLOCK_K']} warps "
+                       f"{c.num_warps} ASM normed{' gated' if gate else ''}",
+                       Configured(layer, {**c.kwargs, "ASM": True}, c.num_warps, gated=gate, checked=True,
+                                  normed=True))
+                      for c in ASM_CONFIGS for gate in gated]
     return forms
 
 
