@@ -111,8 +111,8 @@ if triton is not None:
                 for b in range(batch):
                     for t in range(tiles):
                         for r in range(tl.minimum(RP, rows - t * RP)):
-                            merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, splits, SPLITS=SPLITS,
-                                      RP=RP, D=D)
+                            merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
+                                      splits=splits, SPLITS=SPLITS, RP=RP, D=D)
                 tl.atomic_xchg(count_ptr + h, 0)
 
     @triton.jit
@@ -145,8 +145,8 @@ if triton is not None:
         for b in range(batch):
             for t in range(tl.cdiv(rows, RP)):
                 if t * RP + r < rows:
-                    merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, SPLITS, SPLITS=SPLITS, RP=RP,
-                              D=D)
+                    merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
+                              splits=SPLITS, SPLITS=SPLITS, RP=RP, D=D)
 
     # few configs: AOTInductor compiles each (once a package: every layer has the same shapes); num_stages 2 lets a
     # split's next block load while this one computes
