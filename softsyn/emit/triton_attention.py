@@ -134,7 +134,8 @@ if triton is not None:
                         cache_modifier=".cg")
         row_out = tl.sum(parts * weight[:, None], 0) / total
         head, position = h * rep + row // seq, row % seq
-        tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd, row_out.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd,
+                 row_out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def combine_kernel(o_ptr, ml_ptr, out_ptr, batch, rows, seq, SPLITS: tl.constexpr, RP: tl.constexpr,

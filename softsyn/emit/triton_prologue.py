@@ -10,13 +10,13 @@ bench/layer_chain.py), and Inductor ran this prologue as four a layer (q norm + 
 cache write, an `index_copy_` the caller makes) does.
 
 Two forms of it: `attention_prologue` returns the step's key and value rows, which the caller writes into its cache
-by `index_copy_` (two small kernels a layer more); `attention_step` has the kernel write the cache at the step's slots
-and runs softsyn::decode_attention's kernels in the same op (the cache written in place in a package:
-bench/attention_step_check.py, H100 2026-12-07 16:40), the combine folded into the split kernel (its counters zeroed
-by the prologue kernel): two kernels a layer where the rows form launches five. The first cache-writing form measured ~18 us a
-layer slow in the attention choice's chains (10:22); that was the chains' doing, not the op's: their keys and values
-were views of one tensor, so Inductor copied the whole base before the op that mutated both (16:40). The measured
-attention choice (softsyn.emit.torch_attention_choice) times both forms.
+by `index_copy_` (two small kernels a layer more); `attention_step` has the kernel write the cache at the step's
+slots and runs softsyn::decode_attention's kernels in the same op (the cache written in place in a package:
+bench/attention_step_check.py, H100 2026-12-07 16:40), and with `fold` the combine folded into the split kernel (its
+counters zeroed by the prologue kernel): two kernels a layer where the rows form launches five. The first
+cache-writing form measured ~18 us a layer slow in the attention choice's chains (10:22); that was the chains' doing,
+not the op's: their keys and values were views of one tensor, so Inductor copied the whole base before the op that
+mutated both (16:40). The measured attention choice (softsyn.emit.torch_attention_choice) times each form.
 
 The kernel (prologue_kernel): program p < H takes query head p, program H + j takes KV head j's key (norm, rotary,
 into `k_rows`) and value (as is, into `v_rows`). Each walks the step's rows (batch row x position, ROWS at a time) in
@@ -179,7 +179,8 @@ def launch(qkv: torch.Tensor, weights: tuple, angles: tuple, to: tuple, eps: flo
     torch.library.wrap_triton(prologue_kernel)[(heads + kv_heads,)](
         qkv_ptr=x, qw_ptr=q_weight if q_weight is not None else cos, kw_ptr=k_weight if k_weight is not None else cos,
         cos_ptr=cos, sin_ptr=sin, k_ptr=keys, v_ptr=values, where_ptr=where if where is not None else cos, q_ptr=q,
-        count_ptr=counts if counts is not None else q, batch=batch, seq=seq, heads=heads, kv_heads=kv_heads, stride_cb=cos.stride(0), stride_cs=cos.stride(1),
+        count_ptr=counts if counts is not None else q, batch=batch, seq=seq, heads=heads, kv_heads=kv_heads,
+        stride_cb=cos.stride(0), stride_cs=cos.stride(1),
         stride_sb=sin.stride(0), stride_ss=sin.stride(1), stride_kb=keys.stride(0), stride_kh=keys.stride(1),
         stride_ks=keys.stride(2), stride_vb=values.stride(0), stride_vh=values.stride(1),
         stride_vs=values.stride(2), eps=eps, Q_NORM=q_weight is not None, K_NORM=k_weight is not None,

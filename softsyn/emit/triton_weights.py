@@ -277,7 +277,8 @@ if triton is not None:
         NORM (one-row path): x's rows RMS-normed without a weight (a norm folded into W: torch_norms), each finished
         output scaled by 1 / rms(x_row) (its squares gathered by the loop: chunk_squares); RESIDUAL (one-row path):
         residual r_ptr [M, N] (y's strides) added before the store: the norm before a projection and the residual
-        add after one in the GEMV, not kernels of their own (a decode step is bound by its kernel count).
+        add after one in the GEMV, not kernels of their own (a decode step is bound by its kernel count). LANES (one-row
+        path): the program's threads (32 x warps), over which NORM's loop keeps the squares of x (chunk_squares).
         BLOCK_M > 1 (`launch` with a config; not autotuned): tensor-core tiles, one group a step."""
         HALF: tl.constexpr = GROUP // 2
         GB: tl.constexpr = GROUP if BYTE_CODES else HALF  # bytes of one weight row a group takes

@@ -103,7 +103,8 @@ def step_errors() -> dict:
                 q, k_rows, v_rows = reference(qkv, *weights, cos, sin, kv_heads=kv_heads, eps=1e-6)
                 k_want, v_want = keys.clone().index_copy_(2, where, k_rows), values.clone().index_copy_(2, where, v_rows)
                 want = attention_reference(q, k_want[:, :, :span], v_want[:, :, :span], mask, dim ** -0.5)
-                got = attention_step(qkv, *weights, cos, sin, keys, values, where, mask, 1e-6, dim ** -0.5, fold=norm)
+                got = attention_step(qkv, *weights, cos, sin, keys, values, where, mask, 1e-6, dim ** -0.5,
+                                     fold=norm)
 
                 def rel(a, b):
                     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
