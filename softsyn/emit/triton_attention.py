@@ -112,30 +112,39 @@ if triton is not None:
                     for t in range(tiles):
                         for r in range(tl.minimum(RP, rows - t * RP)):
                             merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
-                                      splits=splits, SPLITS=SPLITS, RP=RP, D=D)
+                                      splits=splits, SPLITS=SPLITS, RP=RP, D=D, CHUNK=16)  # merge_row says why 16
                 tl.atomic_xchg(count_ptr + h, 0)
 
     @triton.jit
     def merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, splits, SPLITS: tl.constexpr,
-                  RP: tl.constexpr, D: tl.constexpr):
+                  RP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
         """Row r of row tile t of KV head h, batch row b: its first `splits` parts merged into one softmax, written to
-        out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq). The parts are read
-        past the L1 cache (.cg): a folded combine reads what other SMs wrote in the same launch."""
+        out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq), the parts read
+        CHUNK at a time (the folded combine's 16: a [SPLITS, D] fp32 tile took 64 registers a thread at 4 warps and
+        raised the whole split kernel's count from 168 to 190, sm_90, 2026-12-07; the combine kernel's SPLITS: one
+        load round). The parts are read past the L1 cache (.cg): a folded combine reads what other SMs wrote in the
+        same launch."""
         tiles, rep = tl.cdiv(rows, RP), rows // seq
-        rs, rd = tl.arange(0, SPLITS), tl.arange(0, D)
-        used = rs < splits
+        rs, rc, rd = tl.arange(0, SPLITS), tl.arange(0, CHUNK), tl.arange(0, D)
         row = t * RP + r
-        at = ((b * kv_heads + h) * tiles + t) * SPLITS + rs  # [SPLITS] parts of this row's tile
-        m = tl.load(ml_ptr + (at * RP + r) * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
+        first = ((b * kv_heads + h) * tiles + t) * SPLITS  # this row's tile's first part
+        m = tl.load(ml_ptr + ((first + rs) * RP + r) * 2, mask=rs < splits, other=float("-inf"), cache_modifier=".cg")
         top = tl.max(m, 0)
-        weight = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # an empty part weighs 0
-        total = tl.sum(tl.load(ml_ptr + (at * RP + r) * 2 + 1, mask=used, other=0.0, cache_modifier=".cg") * weight, 0)
-        parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=used[:, None], other=0.0,
-                        cache_modifier=".cg")
-        row_out = tl.sum(parts * weight[:, None], 0) / total
+        top = tl.where(top == float("-inf"), 0.0, top)  # an empty part weighs 0
+        total = tl.sum(tl.load(ml_ptr + ((first + rs) * RP + r) * 2 + 1, mask=rs < splits, other=0.0,
+                               cache_modifier=".cg") * tl.exp(m - top), 0)
+        row_out = tl.zeros((D,), dtype=tl.float32)
+        for c0 in range(0, splits, CHUNK):
+            at = first + c0 + rc  # [CHUNK] parts
+            used = c0 + rc < splits
+            weight = tl.exp(tl.load(ml_ptr + (at * RP + r) * 2, mask=used, other=float("-inf"),
+                                    cache_modifier=".cg") - top)
+            parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=used[:, None], other=0.0,
+                            cache_modifier=".cg")
+            row_out += tl.sum(parts * weight[:, None], 0)
         head, position = h * rep + row // seq, row % seq
         tl.store(out_ptr + ((b * seq + position) * kv_heads * rep + head) * D + rd,
-                 row_out.to(out_ptr.dtype.element_ty))
+                 (row_out / total).to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def combine_kernel(o_ptr, ml_ptr, out_ptr, batch, rows, seq, SPLITS: tl.constexpr, RP: tl.constexpr,
@@ -147,7 +156,7 @@ if triton is not None:
             for t in range(tl.cdiv(rows, RP)):
                 if t * RP + r < rows:
                     merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
-                              splits=SPLITS, SPLITS=SPLITS, RP=RP, D=D)
+                              splits=SPLITS, SPLITS=SPLITS, RP=RP, D=D, CHUNK=SPLITS)
 
     # few configs: AOTInductor compiles each (once a package: every layer has the same shapes); num_stages 2 lets a
     # split's next block load while this one computes

@@ -23,18 +23,23 @@ I32 = "i32"
 
 def test_the_decode_attention_kernels_compile_for_sm90():
     """Every config, with the combine folded in and without; the folded form counts with an acquire-release atomic at
-    GPU scope, after a barrier, and reads the parts past L1 (other SMs wrote them in the same launch)."""
+    GPU scope, after a barrier, reads the parts past L1 (other SMs wrote them in the same launch), and holds no more
+    registers a thread than the unfolded kernel (its merge reads the parts 16 at a time: a whole [64, 128] fp32 tile
+    raised the kernel from 168 to 190 registers, so from three programs an SM to two)."""
     ints = dict.fromkeys(("batch", "rows", "seq", "slots", "stride_kb", "stride_kh", "stride_ks", "stride_vb",
                           "stride_vh", "stride_vs", "stride_mb", "stride_mq"), I32)
     attend = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "mask_ptr": "*i1", "o_ptr": "*fp32",
               "ml_ptr": "*fp32", "out_ptr": "*fp16", "count_ptr": "*i32", **ints, "scale": "fp64"}
     for config in triton_attention.CONFIGS:
+        counts = []
         for fold in (False, True):
             kernel = compiled(triton_attention.attend_kernel, attend,
                               {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128,
                                "FOLD": fold, **config.kwargs})
             ptx = kernel.asm["ptx"]
             assert ("atom.global.gpu.acq_rel.add" in ptx) == fold and ("ld.global.cg" in ptx) == fold
+            counts.append(registers(kernel.asm["cubin"]))
+        assert counts[1] <= counts[0], (config, counts)
     # q typed fp32 beside an fp16 cache, as AOTInductor typed it in qwen3-1.7b's package (H100, 2026-12-06)
     assert compiled(triton_attention.attend_kernel, {**attend, "q_ptr": "*fp32"},
                     {"SPLITS": triton_attention.SPLITS, "RP": triton_attention.ROWS, "D": 128, "FOLD": True,
