@@ -24,8 +24,8 @@ import torch
 from softsyn import progress
 from softsyn.constraints.model import shared_buffer_length
 from softsyn.emit.session import write_json
-from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, attention_timing, choose_attention,
-                                                 decode_shapes)
+from softsyn.emit.torch_attention_choice import (FORMS, MEASURED_FORM, Candidate, attention_timing,
+                                                 choose_attention, decode_shapes)
 from softsyn.emit.torch_characterise import characterise
 from softsyn.emit.torch_kernel_choice import CHOICE_PRECISIONS
 from softsyn.emit.torch_norms import covered_cells, fold_norms, norms_for
@@ -294,8 +294,8 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()
-    attention, prologue, writes_cache, folded = target.attention, False, False, False
-    if attention == MEASURED_FORM:
+    chosen = Candidate(target.attention)  # the target's named form, or the measured choice's candidate below
+    if chosen.form == MEASURED_FORM:
         timing = attention_timing(model, target.fused_prologue == "measured")
         with progress.step(f"emit: decode attention timed on the device ({timing.what}: "
                            f"{', '.join(c.label for c in timing.candidates)})",
@@ -304,10 +304,10 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
                                              getattr(torch, target.dtype), target.device, timing.timer,
                                              timing.candidates, fallback=timing.fallback,
                                              packaged=timing.packaged)
-        attention, prologue, writes_cache, folded = chosen.form, chosen.prologue, chosen.writes_cache, chosen.folded
         notes += [f"target {design.torch_target}: {line}" for line in lines]
-    quantised.notes.extend(prologues_for(target, attention, model, chosen=prologue, writes_cache=writes_cache,
-                                         folded=folded))
+    attention = chosen.form
+    quantised.notes.extend(prologues_for(target, attention, model, chosen=chosen.prologue,
+                                         writes_cache=chosen.writes_cache, folded=chosen.folded))
     quantised.notes.extend(norms_for(target, model, folded))  # after the prologues: it needs FusedAttention
     resident, said = prefill_residency(target, model, analysis.area, last_logits(design))
     packages, holder = planned(target, attention, resident), [model]
