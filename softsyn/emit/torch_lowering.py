@@ -278,37 +278,13 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
                            "valid: full_attention and sliding_attention layers (qwen3, llama, gemma2/3)")
     cast_parameters(model.to(device=target.device).eval(), getattr(torch, target.dtype))
     packed = pack_projections(model)
-    folded = fold_norms(model) if target.fused_norms == "on" else None  # before quantisation: W * g is what it fits
-    cells = weight_map(design)
-    timed = target.weight_kernel == "measured" and any(c.precision in CHOICE_PRECISIONS for c in cells.values())
-    with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
-                       enabled=design.progress and timed, done="emit: weight kernels chosen"):
-        quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
-    gated, kept = fuse_gated_mlps(model)
-    if gated:
-        quantised.notes.append(f"{gated} gated MLP{'s' if gated != 1 else ''}: silu(gate) * up in the packed gate/up "
-                               "GEMV's epilogue (softsyn's kernel, one kernel where two ran)")
-    if kept:
-        quantised.notes.append(f"{kept} MLP{'s' if kept != 1 else ''} with a packed gate/up on softsyn's kernel kept "
-                               "their own forward: they do not compute silu(gate) * up")
     geometry = kv_geometry(model.config)
     vocab = int(model.config.vocab_size)
     analysis = design.analyze()
-    chosen = Candidate(target.attention)  # the target's named form, or the measured choice's candidate below
-    if chosen.form == MEASURED_FORM:
-        timing = attention_timing(model, target.fused_prologue == "measured")
-        with progress.step(f"emit: decode attention timed on the device ({timing.what}: "
-                           f"{', '.join(c.label for c in timing.candidates)})",
-                           enabled=design.progress, done="emit: decode attention chosen"):
-            chosen, lines = choose_attention(decode_shapes(analysis.groups, model.config, cfg_max),
-                                             getattr(torch, target.dtype), target.device, timing.timer,
-                                             timing.candidates, fallback=timing.fallback,
-                                             packaged=timing.packaged)
-        notes += [f"target {design.torch_target}: {line}" for line in lines]
+    cells, shapes = weight_map(design), decode_shapes(analysis.groups, model.config, cfg_max)
+    chosen, quantised, lines = decode_modules(target, model, cells, shapes, design.progress)
     attention = chosen.form
-    quantised.notes.extend(prologues_for(target, attention, model, chosen=chosen.prologue,
-                                         writes_cache=chosen.writes_cache, folded=chosen.folded))
-    quantised.notes.extend(norms_for(target, model, folded))  # after the prologues: it needs FusedAttention
+    notes += [f"target {design.torch_target}: {line}" for line in lines]
     resident, said = prefill_residency(target, model, analysis.area, last_logits(design))
     packages, holder = planned(target, attention, resident), [model]
     packages[0].covers = covered_cells(model)  # a prefill package runs its layers' own forward: its norms' kernels
@@ -340,6 +316,39 @@ def lower(design, reference: dict, folder: Path, notes: list[str], netlist_cells
     notes += characterise(design, analysis, folder, step, calls={b.key: b.calls for b in packages},
                           cells=list(netlist_cells), measured=measured)
     return [*(b.file for b in packages), TORCH_FILE, *(b.kernels for b in packages), MACROS_FILE]
+
+
+def decode_modules(target, model: torch.nn.Module, cells: dict, shapes: list, shown: bool = False) -> tuple:
+    """`model`'s modules (projections packed) as torch target `target` builds them, in this order: the norm weights
+    folded into the projections they feed (fused_norms on; before quantisation, since W * g is what it fits), the map's
+    `cells` quantised, the gated MLPs fused, the decode attention chosen (the target's form, or where it is
+    "measured" the fastest candidate at the decode `shapes`), its prologues fused, then the norms taken into the GEMVs
+    (after the prologues: they need FusedAttention). The chosen Candidate, the quantisation (its notes: the compile
+    log's lines on the modules) and the attention choice's lines; `shown`: progress shown."""
+    folded = fold_norms(model) if target.fused_norms == "on" else None
+    timed = target.weight_kernel == "measured" and any(c.precision in CHOICE_PRECISIONS for c in cells.values())
+    with progress.step("emit: int4/int8 kernels timed per layer shape on the device (softsyn's and torchao's)",
+                       enabled=shown and timed, done="emit: weight kernels chosen"):
+        quantised = quantise_modules(model, cells, target.float_precision, target.weights, target.weight_kernel)
+    gated, kept = fuse_gated_mlps(model)
+    if gated:
+        quantised.notes.append(f"{gated} gated MLP{'s' if gated != 1 else ''}: silu(gate) * up in the packed gate/up "
+                               "GEMV's epilogue (softsyn's kernel, one kernel where two ran)")
+    if kept:
+        quantised.notes.append(f"{kept} MLP{'s' if kept != 1 else ''} with a packed gate/up on softsyn's kernel kept "
+                               "their own forward: they do not compute silu(gate) * up")
+    chosen, lines = Candidate(target.attention), []  # the target's named form, or the measured choice's candidate
+    if chosen.form == MEASURED_FORM:
+        timing = attention_timing(model, target.fused_prologue == "measured")
+        with progress.step(f"emit: decode attention timed on the device ({timing.what}: "
+                           f"{', '.join(c.label for c in timing.candidates)})",
+                           enabled=shown, done="emit: decode attention chosen"):
+            chosen, lines = choose_attention(shapes, getattr(torch, target.dtype), target.device, timing.timer,
+                                             timing.candidates, fallback=timing.fallback, packaged=timing.packaged)
+    quantised.notes.extend(prologues_for(target, chosen.form, model, chosen=chosen.prologue,
+                                         writes_cache=chosen.writes_cache, folded=chosen.folded))
+    quantised.notes.extend(norms_for(target, model, folded))
+    return chosen, quantised, lines
 
 
 def torch_settings(design, reference: dict, geometry: tuple, vocab: int, packages: list[Built]) -> dict:

@@ -9,9 +9,11 @@ import dataclasses
 import pytest
 import torch
 
+from softsyn.emit.torch_attention_choice import Candidate
+from softsyn.emit.torch_lowering import decode_modules
 from softsyn.emit.torch_norms import Fusion, FusedNorms, fold_norms, fuse_norms, norms_for
 from softsyn.emit.torch_prologue import fuse_prologues
-from softsyn.emit.torch_step import fuse_gated_mlps
+from softsyn.emit.torch_step import WeightCell, fuse_gated_mlps
 from softsyn.emit.triton_weights import replace_linears
 from softsyn.library.torch_targets import TORCH_TARGETS
 from test_torch_prologue import packed_model, steps
@@ -123,3 +125,26 @@ def test_a_layer_without_the_fused_attention_is_kept_and_the_setting_is_on_for_h
                      "(fused_norms)", "2 decoder layers kept their norm kernels (2: its attention is not in the fused "
                      "form (FusedAttention))"]
     assert not any(isinstance(layer, FusedNorms) for layer in model.model.layers)
+
+
+def test_the_lowering_folds_quantises_and_fuses_prologues_then_norms_and_steps_as_without_the_norm_fusion():
+    """decode_modules, the lowering's module order, with h200-torch's settings on the CPU (softsyn's attention and
+    int4 kernel named, not measured): every layer's norms are folded, then fused into its GEMVs after the prologues,
+    with the compile log's lines; the step equals the same folded and quantised model without the norm fusion."""
+    target = dataclasses.replace(TORCH_TARGETS["h200-torch"], device="cpu", dtype="float32", attention="softsyn",
+                                 fused_prologue="on", weight_kernel="softsyn")
+    parts = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")
+    cells = {f"model.layers.{i}.{part}": WeightCell("int4", 32) for i in range(2) for part in parts}
+    model, reference = packed_model(), packed_model()
+    assert fold_norms(reference) == Fusion(4, 0, {})
+    decode_modules(dataclasses.replace(target, fused_norms="off"), reference, cells, [])
+    chosen, quantised, lines = decode_modules(target, model, cells, [])
+    assert chosen == Candidate("softsyn") and lines == []
+    assert all(isinstance(layer, FusedNorms) for layer in model.model.layers)
+    assert not any(isinstance(layer, FusedNorms) for layer in reference.model.layers)
+    assert "4 RMS norm weights folded into the q/k/v and gate/up projections they feed before quantisation " \
+           "(fused_norms)" in quantised.notes
+    assert any(line.startswith("2 decoder layers: input and post-attention RMS norms") for line in quantised.notes)
+    for a, b in zip(steps(model, "softsyn"), steps(reference, "softsyn")):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
