@@ -142,6 +142,20 @@ def one_row_layers(model: torch.nn.Module, keep: bool) -> tuple[torch.nn.Module,
     return (model.get_output_embeddings(),) if keep else ()
 
 
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages under `tensors` (a tied weight once); a tensor subclass, such as torchao's
+    quantised weights, has no storage of its own to ask, so it counts by the tensors it holds (__tensor_flatten__)."""
+    seen, stack = {}, list(tensors)
+    while stack:
+        t = stack.pop()
+        if hasattr(t, "__tensor_flatten__"):
+            names, _ = t.__tensor_flatten__()
+            stack += [getattr(t, name) for name in names]
+        else:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
 def prefill_residency(target, model: torch.nn.Module, area, keep: bool) -> tuple[bool, str | None]:
     """Whether the prefill package holds its int4/fp8 layers' weights dequantised (target.prefill_weights "resident"),
     and the compile-log line saying what it costs: the bytes it holds (the dequantised layers, and the rest of the
@@ -152,8 +166,7 @@ def prefill_residency(target, model: torch.nn.Module, area, keep: bool) -> tuple
     if not target.prefill_attention or target.prefill_weights != "resident" or not dense:
         return False, None
     packed = sum(t.nbytes for m in packed_layers(model, one_row) for t in (m.packed, m.scales, m.lows))
-    unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-    held = sum(unique.values()) - packed + dense
+    held = storage_bytes(model.state_dict().values()) - packed + dense
     what = (f"{TORCH_PREFILL_PACKAGE} {{}} its int4/fp8 layers' weights dequantised ({fmt_bytes(dense)}; "
             f"{fmt_bytes(held)} with a copy of the other weights, on top of the design's {fmt_bytes(area.total)}")
     if area.limit is not None and area.total + held > area.limit:

@@ -432,6 +432,32 @@ def test_a_prefill_package_holds_dequantised_weights_only_where_the_area_budget_
     assert o_proj.dense is None and o_proj.packed.numel() > 0  # deciding leaves the model as it was
 
 
+def test_the_prefill_s_bytes_count_a_torchao_layer_by_the_tensors_it_holds():
+    """h200-torch's measured kernel choice may put a torchao int8 layer beside softsyn's int4 ones: its weight, a
+    tensor subclass with no storage of its own, counts by its int8 data and scales (asking its storage raised, so the
+    compile failed), and the prefill's residency is still decided."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from softsyn.emit.torch_lowering import prefill_residency, storage_bytes
+    from softsyn.emit.torch_step import WeightCell, quantise_modules
+    from softsyn.library.torch_targets import TORCH_TARGETS
+
+    model, _ = packed_tiny()
+    quantise_modules(model, {"model.layers.0.self_attn.o_proj": WeightCell("int4", 64)}, "fp32", ("int4",), "softsyn")
+    before, dense = storage_bytes(model.state_dict().values()), model.model.layers[1].self_attn.o_proj.weight.nbytes
+    quantise_modules(model, {"model.layers.1.self_attn.o_proj": WeightCell("int8", 0)}, "fp32", ("int8",), "torchao")
+    weight = model.model.layers[1].self_attn.o_proj.weight
+    names, _ = weight.__tensor_flatten__()
+    inner = sum(getattr(weight, name).untyped_storage().nbytes() for name in names)
+    assert type(weight) is not torch.Tensor and 0 < inner < dense
+    assert storage_bytes(model.state_dict().values()) == before - dense + inner
+    resident, said = prefill_residency(TORCH_TARGETS["h200-torch"], model, SimpleNamespace(total=1e6, limit=None),
+                                       keep=True)
+    assert resident and said.startswith("model-prefill.pt2 holds its int4/fp8 layers' weights dequantised")
+
+
 def test_a_resident_prefill_keeps_its_weights_beside_its_program_when_model_pt2_holds_them_inside():
     """Where this torch made model.pt2 hold its weights inside its .so (no blob to share), a shared prefill package
     takes its own inside too; a resident one already holds its own, beside its program (a multi-GB .so of weights is
