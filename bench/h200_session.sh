@@ -36,8 +36,9 @@
 #   torchtiny            zoo:qwen3-tiny compiled for h200-torch (fp16 AOTInductor package, CUDA graphs), verified, run;
 #                        INT4=1: under an int4 map instead (precision default int4, budget 90 %: torchao's tinygemm
 #                        int4 layers in the package)
-#   script NAME [ARGS]   bench/NAME (a CUDA check: attention_step_check.py, prologue_check.py, prompt_check.py) run
-#                        with softsyn installed, its output in $OUT/NAME.log
+#   script NAME [ARGS]   bench/NAME (a CUDA check with a main: attention_step_check.py; prologue_check.py and
+#                        prompt_check.py are parts of torch_kernels.py: torchkernels --parts prologue / prompt) run
+#                        with softsyn installed, its output in $OUT/NAME.log; after torchonly too
 #   torchkernels [ARGS]  bench/torch_kernels.py ARGS (SWEEP=0: the chain without its config sweep; --parts softsyn,gemlite: those tables only; attnchain,package: each decode
 #                        attention form over 28 layers' caches with its kernels, and whether softsyn's packages;
 #                        layerchain: a step's GEMVs layer after layer, 28 layers, fp16 and int4, and what a near-empty
@@ -197,10 +198,14 @@ torch_wait() {  # NAME S: wait up to S seconds for torchbg's detached compile; i
     local name=$1 waited=0
     [ -f /tmp/$name.log ] || { echo "h200_session torchwait: no compile of $name on this machine (torchbg starts one;" \
         "a released machine keeps nothing)"; exit 2; }
-    while [ ! -f /tmp/$name.code ] && [ $waited -lt "$2" ]; do sleep 5; waited=$((waited + 5)); done
+    # -s: the exit code written (the file exists, empty, for a moment before); the log copied after that check, so an
+    # ended compile's log is whole
+    while [ ! -s /tmp/$name.code ] && [ $waited -lt "$2" ]; do sleep 5; waited=$((waited + 5)); done
+    local ended=0
+    [ -s /tmp/$name.code ] && ended=1
     cp /tmp/$name.log "$OUT/$name-compile.txt"
-    if [ ! -f /tmp/$name.code ]; then
-        grep "^\[softsyn\]" /tmp/$name.log | tail -5
+    if [ $ended = 0 ]; then
+        grep "^\[softsyn\]" /tmp/$name.log | tail -5 || true
         echo "still compiling after ${waited} s: call \`torchwait\` again within 30 s (the machine stays warm)"
         return 0
     fi
@@ -217,7 +222,7 @@ shift
 # the machine keeps /tmp only while warm: a step on a fresh one would fall back to ORT's CPU build and waste the call
 case $step in
 wheels|part|install|torchonly|torchwait) ;;
-torchkernels|torch|torchbg|warm|torchsignoff) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
+torchkernels|torch|torchbg|warm|torchsignoff|script) [ -d /tmp/site/onnxruntime ] || [ -n "${TORCH_ONLY:-}" ] || { echo "h200_session $step:" \
        "onnxruntime-gpu is not installed on this machine: run wheels, part x6 and install first, or torchonly $step"
        exit 2; } ;;
 *) [ -d /tmp/site/onnxruntime ] || { echo "h200_session $step: onnxruntime-gpu is not installed on this machine" \
@@ -324,7 +329,7 @@ torchkernels)
     python3 -u bench/torch_kernels.py "$@" -o "$OUT/torch-kernels.md" 2>&1 | tee "$OUT/torch-kernels.log" \
         | grep -v "No registered plugin EP" | tail -20 ;;
 script)
-    # one of bench/'s CUDA checks by name (attention_step_check.py, prologue_check.py, ...) with softsyn installed
+    # one of bench/'s CUDA checks with a main by name (attention_step_check.py) with softsyn installed
     softsyn_install
     (cd bench && python3 -u "$@") 2>&1 | grep -v "No registered plugin EP" | tee "$OUT/$1.log" | tail -30 ;;
 torchonly)
