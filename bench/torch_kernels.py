@@ -310,7 +310,10 @@ class Configured:
 
     def __init__(self, layer, meta: dict, warps: int, gated: bool = False, checked: bool = False,
                  normed: bool = False):
-        self.layer, self.config, self.gated, self.checked = layer, {**meta, "num_warps": warps}, gated, checked
+        # one stage, as every tuned one-row config ships (triton_weights.one_row), unless `meta` says otherwise: at
+        # Triton's default (3) a row marked shipped would not time what ships
+        self.config = {"num_stages": 1, **meta, "num_warps": warps}
+        self.layer, self.gated, self.checked = layer, gated, checked
         self.eps = NORM_EPS if normed else None  # NORM: x's rows RMS-normed in the kernel (a folded input norm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
