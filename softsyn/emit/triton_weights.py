@@ -366,18 +366,17 @@ if triton is not None:
                               "TWIN": False, "LANES": 32 * warps}, num_warps=warps, num_stages=1)
 
     # Per precision, few configs that are near the best at every qwen3-1.7b shape (cold chains, 2026-12-06). int4:
-    # ASM's form at the three F16 configs and one wide tile (below). On the H200 F16 (1, 1024, 1) and (2, 1024, 2)
-    # were the best at every shape but the lm_head, where (2, 512, 1) led by 4 %; on the H100 ASM matched F16's error
-    # and beat it at every shape (us, best ASM vs best F16: q/k/v 4.9 vs 5.9, o 4.1 vs 4.6, gate/up 9.2 vs 12.2, down
-    # 6.6 vs 8.4, lm_head 66.3 vs 109.2 at (2, 512, 1); torch-kernels-chain-h100-2026-12-06-asm.md), each of the three
-    # the best at some shape. Byte codes: the four fastest at some fp8 shape (H200). CONFIGS, the union of the fp32
-    # and F16 forms, is what the compile tests and benches walk; ASM_CONFIGS are ASM's twins of the F16 ones.
+    # ASM's form at the three F16 configs. On the H200 F16 (1, 1024, 1) and (2, 1024, 2) were the best at every
+    # shape but the lm_head, where (2, 512, 1) led by 4 %; on the H100 ASM matched F16's error and beat it at every
+    # shape (us, best ASM vs best F16: q/k/v 4.9 vs 5.9, o 4.1 vs 4.6, gate/up 9.2 vs 12.2, down 6.6 vs 8.4,
+    # lm_head 66.3 vs 109.2 at (2, 512, 1); torch-kernels-chain-h100-2026-12-06-asm.md), each of the three the best
+    # at some shape. Byte codes: the four fastest at some fp8 shape (H200). CONFIGS, the union of the fp32 and F16
+    # forms, is what the compile tests and benches walk; ASM_CONFIGS are ASM's twins of the F16 ones. A fourth, one
+    # 4096-byte step of 4 warps (down's 3 KB rows in one load round), lost at every shape (down 6.5 vs 6.1 us, H100,
+    # 2026-12-07, bench/results/torch-kernels-chain-h100-2026-12-07-b.md): not kept.
     F16_TILES = ((1, 1024, 1), (2, 1024, 2), (2, 512, 1))  # (BLOCK_N, BLOCK_K, warps) of the F16 and ASM configs
     F16_WIDE, F16_NARROW, F16_HALF = (one_row(*tile, True) for tile in F16_TILES)
-    # + one tile a sweep never held (its BLOCK_K stopped at 1024): down's rows (3 KB at qwen3-1.7b) in one loop step of
-    # 4 warps, where 1024-byte tiles take three dependent load rounds (down ran 0.97 TB/s where gate/up ran 1.26,
-    # H100 2026-12-06); the measured weight choice keeps it only at a shape it wins (appended: pinned indices hold)
-    ASM_CONFIGS = [one_row(*tile, True, asm=True) for tile in (*F16_TILES, (1, 4096, 4))]
+    ASM_CONFIGS = [one_row(*tile, True, asm=True) for tile in F16_TILES]
     INT4_CONFIGS = ASM_CONFIGS  # with bf16 activations ASM's configs run the F16 form's fp32 path (WORDS = 1)
     BYTE_CONFIGS = [one_row(2, 1024, 4, False), one_row(16, 256, 4, False), F16_WIDE, F16_HALF]
     CONFIGS = [*BYTE_CONFIGS[:2], F16_WIDE, F16_NARROW, F16_HALF]
