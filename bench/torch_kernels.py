@@ -324,9 +324,9 @@ class Configured:
 
     def error(self, x: torch.Tensor) -> float:
         """max |got - want| / max |want| on the row x."""
-        from softsyn.emit.triton_weights import dequantise, silu_gated
+        from softsyn.emit.triton_weights import dequantise, rms_normed, silu_gated
 
-        rows = x.float() if self.eps is None else x.float() * torch.rsqrt(x.float().pow(2).mean(-1, True) + self.eps)
+        rows = x.float() if self.eps is None else rms_normed(x.float(), self.eps)
         want = rows @ dequantise(self.layer.packed, self.layer.scales, self.layer.lows).float().t()
         want = silu_gated(want).float() if self.gated else want
         return float((self(x).float() - want).abs().max() / want.abs().max())
