@@ -62,8 +62,9 @@
 #                        took 161 s of a ~240 s compile on 2026-12-03 17:12: with two, estimate ~400 s; pass S >= 560),
 #                        measured per path group (reports/torch.rpt) and its macro cells characterised (copied:
 #                        torch-MODEL-macros.rpt/.json); the log's "packages built" line times each one;
-#                        then "shared weights: yes|NO ..." (bench/torch_shared_weights.py): device memory taken by
-#                        loading both packages in softsyn's runner vs model.pt2's weight blob (one copy expected)
+#                        then "shared weights: yes|NO|no, by design ..." (bench/torch_shared_weights.py): device memory
+#                        taken by loading both packages in softsyn's runner vs model.pt2's weight blob (one copy
+#                        expected, two where the prefill package holds its own: prefill_weights resident)
 #   torchbg [MODEL] [S]  the `torch` step's compile detached from the call (setsid), waiting up to S seconds (560) for
 #                        it: qwen3-1.7b's int4 compile outlasted a 585 s call on the H200 (2026-12-06 20:27, still in
 #                        AOTInductor); the compile goes on while the machine stays warm (a call within 30 s)
