@@ -30,11 +30,11 @@ for dtype in (torch.float32, torch.float16):
         want = reference(q.float(), k.float(), v.float(), mask, dim ** -0.5)
         key = f"{dtype} b{batch} h{kv_heads}x{heads} seq{seq} d{dim} s{slots}"
         out[key] = float((got - want).abs().max() / want.abs().max())
-        # the combine folded into the split kernel: twice on the same counters, which each launch leaves zero
+        # the combine folded into the split kernel; it must leave its counters zero, the state the next launch
+        # starts from (so a second launch would repeat this one: not run, the interpreter's time is the suite's)
         counts = torch.zeros(kv_heads, dtype=torch.int32)
-        for run in range(2):
-            folded = kernels.launch(q, k, v, mask, dim ** -0.5, counts).float()
-            out[f"{key} folded {run}"] = float((folded - want).abs().max() / want.abs().max())
+        folded = kernels.launch(q, k, v, mask, dim ** -0.5, counts).float()
+        out[f"{key} folded"] = float((folded - want).abs().max() / want.abs().max())
         out[f"{key} counts left"] = int(counts.abs().sum())
 print(json.dumps(out))
 """
@@ -48,7 +48,7 @@ def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
     folded form (the combine in the split kernel's last program) the same, its counters left zero for the next
     launch."""
     errors = in_triton_interpreter(ATTENTION_CHECK)
-    assert len(errors) == 8 * 4
+    assert len(errors) == 8 * 3
     assert all(errors.pop(key) == 0 for key in list(errors) if key.endswith("counts left"))
     for key, err in errors.items():
         assert err < (5e-3 if "float16" in key else 1e-5), (key, err)

@@ -125,7 +125,10 @@ def check_step_errors(errors: dict) -> None:
 def test_the_attention_step_writes_the_cache_and_attends_in_triton_s_interpreter():
     from helpers import in_triton_interpreter
 
-    check_step_errors(in_triton_interpreter("import json\nfrom tests.emit.test_triton_prologue import step_errors\n"
+    # 16 splits a KV head, not 64: the interpreter runs every program in turn, and at 16 slots most are empty
+    check_step_errors(in_triton_interpreter("import json\nimport softsyn.emit.triton_attention as kernels\n"
+                                            "kernels.SPLITS = 16\n"
+                                            "from tests.emit.test_triton_prologue import step_errors\n"
                                             "print(json.dumps(step_errors()))"))
 
 
