@@ -96,9 +96,11 @@ if triton is not None:
                     l_i = l_i * alpha + tl.sum(p, 1)
                     m_i = m_new
                 at = ((b * kv_heads + h) * tiles + t) * SPLITS + split  # this tile's part of this split
-                # live rows only (a split past the span writes zeros and (max -inf, sum 0)), so the merge loads its
-                # parts and their (max, sum) at once, neither waiting on the other
-                tl.store(o_ptr + (at * RP + rr % RP)[:, None] * D + rd[None, :], acc, mask=live[:, None])
+                # live rows only; a split past the span writes its (max -inf, sum 0) alone: the merge reads no part
+                # whose max is -inf (it weighs 0), and at a short span most splits are past it (512 slots in parts
+                # of 64: 8 of 64)
+                tl.store(o_ptr + (at * RP + rr % RP)[:, None] * D + rd[None, :], acc,
+                         mask=live[:, None] & (start < end))
                 tl.store(ml_ptr + (at * RP + rr % RP) * 2, m_i, mask=live)
                 tl.store(ml_ptr + (at * RP + rr % RP) * 2 + 1, l_i, mask=live)
         if FOLD:
@@ -112,18 +114,21 @@ if triton is not None:
                     for t in range(tiles):
                         for r in range(tl.minimum(RP, rows - t * RP)):
                             merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
-                                      splits=splits, SPLITS=SPLITS, RP=RP, D=D, CHUNK=16)  # merge_row says why 16
+                                      splits=splits, SPLITS=SPLITS, RP=RP, D=D, CHUNK=16,  # merge_row says why 16
+                                      SKIP=False)
                 tl.atomic_xchg(count_ptr + h, 0)
 
     @triton.jit
     def merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r, kv_heads, rows, seq, splits, SPLITS: tl.constexpr,
-                  RP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+                  RP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, SKIP: tl.constexpr):
         """Row r of row tile t of KV head h, batch row b: its first `splits` parts merged into one softmax, written to
         out[b, position, head, :] (row i: query head h * rows / seq + i // seq, position i % seq), the parts read
         CHUNK at a time (the folded combine's 16: a [SPLITS, D] fp32 tile took 64 registers a thread at 4 warps and
         raised the whole split kernel's count from 168 to 190, sm_90, 2026-12-07; the combine kernel's SPLITS: one
         load round). The parts are read past the L1 cache (.cg): a folded combine reads what other SMs wrote in the
-        same launch."""
+        same launch. SKIP: no part whose max is -inf is read (the combine kernel's, which merges every split, most
+        of them past a short span; the folded combine reads the first `splits` alone, and the predicate cost its
+        kernel 12 registers a thread, 168 -> 180, sm_90)."""
         tiles, rep = tl.cdiv(rows, RP), rows // seq
         rs, rc, rd = tl.arange(0, SPLITS), tl.arange(0, CHUNK), tl.arange(0, D)
         row = t * RP + r
@@ -137,9 +142,12 @@ if triton is not None:
         for c0 in range(0, splits, CHUNK):
             at = first + c0 + rc  # [CHUNK] parts
             used = c0 + rc < splits
-            weight = tl.exp(tl.load(ml_ptr + (at * RP + r) * 2, mask=used, other=float("-inf"),
-                                    cache_modifier=".cg") - top)
-            parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=used[:, None], other=0.0,
+            maxes = tl.load(ml_ptr + (at * RP + r) * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
+            weight = tl.exp(maxes - top)
+            # a part whose max is -inf (a split past the span, or every slot of it hidden) weighs 0: not read (the
+            # split kernel writes none past the span), so the combine reads the parts a short span fills, not SPLITS
+            read = used & (maxes > float("-inf")) if SKIP else used
+            parts = tl.load(o_ptr + (at * RP + r)[:, None] * D + rd[None, :], mask=read[:, None], other=0.0,
                             cache_modifier=".cg")
             row_out += tl.sum(parts * weight[:, None], 0)
         head, position = h * rep + row // seq, row % seq
@@ -156,7 +164,7 @@ if triton is not None:
             for t in range(tl.cdiv(rows, RP)):
                 if t * RP + r < rows:
                     merge_row(o_ptr, ml_ptr, out_ptr, b, h, t, r=r, kv_heads=kv_heads, rows=rows, seq=seq,
-                              splits=SPLITS, SPLITS=SPLITS, RP=RP, D=D, CHUNK=SPLITS)
+                              splits=SPLITS, SPLITS=SPLITS, RP=RP, D=D, CHUNK=SPLITS, SKIP=True)
 
     # few configs: AOTInductor compiles each (once a package: every layer has the same shapes); num_stages 2 lets a
     # split's next block load while this one computes

@@ -13,6 +13,11 @@ import json, torch
 import softsyn.emit.triton_attention as kernels
 from softsyn.emit.triton_attention import decode_attention, reference
 kernels.SPLITS = 16  # the interpreter runs every program in turn: fewer, and still most of them empty at 5 slots
+empty = torch.empty
+def poisoned(*args, **kwargs):  # the kernels' buffers start as NaN: a part merged that no program wrote shows
+    made = empty(*args, **kwargs)
+    return made.fill_(float("nan")) if made.is_floating_point() else made
+torch.empty = poisoned
 torch.manual_seed(0)
 out = {}
 for dtype in (torch.float32, torch.float16):
@@ -44,7 +49,8 @@ def test_the_split_kernel_computes_masked_attention_in_triton_s_interpreter():
     """Every case against the torch function: short caches (most of the splits empty), spans that end inside a
     block and a split, query heads a KV head that are not a power of two (3: rows padded to the 16-row tile), two
     batch rows with different masks (a prefix and a sliding window), several positions a step (7 x 3 heads: 21 rows,
-    two row tiles, each row its own causal mask), the cache read as a view of a longer buffer; fp32 and fp16. The
+    two row tiles, each row its own causal mask), the cache read as a view of a longer buffer; fp32 and fp16; the
+    kernels' buffers start as NaN, so a merge that reads a part no split wrote (past the span: not stored) fails. The
     folded form (the combine in the split kernel's last program) the same, its counters left zero for the next
     launch."""
     errors = in_triton_interpreter(ATTENTION_CHECK)
