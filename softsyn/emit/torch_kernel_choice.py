@@ -13,10 +13,11 @@ device memory, while a chain of one layer's calls reads its weights from the L2 
 qwen3-1.7b layer but the lm_head on an H100's 50 MB), which flatters the kernel that hides latency worst.
 softsyn's kernel is timed at each of its tuned configs (softsyn.emit.triton_weights.tuned_configs) and the fastest
 is pinned in the layer (a packed gate/up timed in its gated form, activation in the epilogue, as the lowering runs
-it): Triton's autotuner times single launches, whose pick was 10-14 % behind the best config at
-four of five qwen3-1.7b shapes in a chain (H200, 2026-12-06), and a pinned config is one AOTInductor compile a shape
-where an autotuned one is one per config. fp8 (softsyn's kernel alone) has its config measured the same way.
-The times are compile-log lines; runtime/torch.json names each layer's kernel.
+it; torchao's form of it with the activation's kernel after it, as its package would run it): Triton's autotuner
+times single launches, whose pick was 10-14 % behind the best config at four of five qwen3-1.7b shapes in a chain
+(H200, 2026-12-06), and a pinned config is one AOTInductor compile a shape where an autotuned one is one per config.
+fp8 (softsyn's kernel alone) has its config measured the same way. The times are compile-log lines;
+runtime/torch.json names each layer's kernel.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ Sliding-window layers (Gemma-2/3) get their own mask (StaticStep)."""
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -179,6 +180,27 @@ class GatedGemv(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gated_gemv(self.layer, x)
+
+
+class ActivatedLayer(torch.nn.Module):
+    """torchao's layer of a packed gate/up with silu(gate) * up after it, as a package runs it (the GEMV, then one
+    kernel Inductor fuses for the activation; compiled here on CUDA, so the choice times that kernel and not eager's
+    casts, silu and product): what the measured choice times for torchao's form of a gated shape, like for like with
+    GatedGemv, whose epilogue computes the activation."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layer(x)
+        return compiled_activation()(y) if y.is_cuda else silu_gated(y)
+
+
+@functools.cache
+def compiled_activation() -> Callable[[torch.Tensor], torch.Tensor]:
+    """silu_gated compiled by Inductor, once a process (the first call on a shape compiles it)."""
+    return torch.compile(silu_gated, dynamic=False)
 
 
 def gated_candidate(module: torch.nn.Module) -> QuantLinear | None:
@@ -395,7 +417,8 @@ def measured_kernels(wanted: list[Wanted], notes: list[str]) -> list[Wanted]:
 
 
 def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torch.nn.Module:
-    """A copy of `linear` as `pick`'s layer at `shape`'s precision and block (what build_layers makes of it)."""
+    """A copy of `linear` as `pick`'s layer at `shape`'s precision and block (what build_layers makes of it), a
+    gated shape's with its activation (GatedGemv, ActivatedLayer)."""
     if pick.kernel == "softsyn":
         group = group_for(shape.block, linear.in_features)
         if group is None:
@@ -404,7 +427,9 @@ def quant_layer(pick: Pick, linear: torch.nn.Linear, shape: WeightShape) -> torc
         return GatedGemv(layer) if shape.gated else layer
     layer = copy.deepcopy(linear).to(WEIGHT_DTYPE.get(shape.precision, linear.weight.dtype))
     quantize_(layer, TORCHAO[shape.precision](torchao_block(shape.precision, shape.block)))
-    return layer
+    # a gated shape's torchao form needs the activation kernel after it, which softsyn's computes in its epilogue:
+    # timed without it, the choice leaned toward torchao by that kernel
+    return ActivatedLayer(layer) if shape.gated else layer
 
 
 def torchao_block(precision: str, block: int) -> int:

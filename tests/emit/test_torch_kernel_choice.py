@@ -191,6 +191,19 @@ def test_a_packed_gate_up_is_timed_in_its_gated_form_at_its_config():
     assert gated.label() == "int4 64->96 block 32 gated"
 
 
+def test_torchao_s_form_of_a_gated_shape_is_timed_with_its_activation():
+    """torchao's layer of a packed gate/up is timed with silu(gate) * up after it (the kernel a package runs after
+    it, which softsyn's gated GEMV computes in its epilogue); a plain shape's is the layer alone."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=False)
+    gated = torch_step.quant_layer(Pick("torchao"), linear, WeightShape("int8", 64, 96, 0, gated=True))
+    plain = torch_step.quant_layer(Pick("torchao"), linear, WeightShape("int8", 64, 96, 0))
+    assert isinstance(gated, torch_step.ActivatedLayer) and not isinstance(plain, torch_step.ActivatedLayer)
+    x = torch.randn(3, 64)
+    gate, up = plain(x).chunk(2, dim=-1)
+    torch.testing.assert_close(gated(x), torch.nn.functional.silu(gate) * up)
+
+
 def test_only_a_packed_gate_and_up_are_timed_gated():
     """A Linear realising both a gate_proj and an up_proj cell (packed) is a gated shape; an unpacked gate_proj, or a
     packed QKV, is not."""
