@@ -62,6 +62,9 @@ class VarlenGiven(torch.nn.Module):
         return varlen(q, k, v, cum_q, cum_k)
 
 
+PROBES = {"varlen": Varlen, "varlen_given": VarlenGiven}  # the varlen forms, batch 1: probes beside the two forms
+
+
 def varlen(q, k, v, cum_q, cum_k):
     """Flash's variable-length forward of one sequence (batch 1): q [1, seq, H, D], k and v [span, Hkv, D]."""
     out = torch.ops.aten._flash_attention_forward(q[0], k, v, cum_q, cum_k, q.shape[1], k.shape[0], 0.0, True, False,
@@ -86,10 +89,9 @@ def packaged(form: str, device: str, dtype, folder: str):
     VarlenGiven)."""
     auto = torch.export.Dim.AUTO
     dims = ({0: auto, 1: auto}, {0: auto}, {0: auto}, {0: auto, 1: auto}, {0: auto})
-    if form.startswith("varlen"):
+    if form in PROBES:
         dims = ({1: auto}, None, None, {1: auto}, {0: auto}) + ((None, None) if form == "varlen_given" else ())
-    probes = {"varlen": Varlen, "varlen_given": VarlenGiven}
-    module, batch = (probes[form](), 1) if form in probes else (Attend(form), 2)
+    module, batch = (PROBES[form](), 1) if form in PROBES else (Attend(form), 2)
     program = torch.export.export(module, inputs(device, dtype, batch, 5, 100, form), dynamic_shapes=dims,
                                   strict=False)
     # single-threaded: the timing captures the package in a CUDA graph, which a multi-threaded one's events forbid
@@ -105,7 +107,7 @@ def prompt_lines(device: str, dtype, timed) -> list[str]:
     try:
         with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
             runners = {form: packaged(form, device, dtype, folder) for form in ("sdpa", "prompt")}
-            for probe in ("varlen", "varlen_given"):
+            for probe in PROBES:
                 try:
                     runners[probe] = packaged(probe, device, dtype, folder)
                 except Exception as exc:  # noqa: BLE001 - a probe: the other forms are still compared and timed
@@ -116,7 +118,7 @@ def prompt_lines(device: str, dtype, timed) -> list[str]:
             said = []
             for batch, seq, past in ((1, 512, 0), (1, 500, 0), (2, 64, 300), (1, 2, 4000)):
                 want = first(runners["sdpa"](*inputs(device, dtype, batch, seq, past)))
-                for form in [f for f in runners if f != "sdpa" and (not f.startswith("varlen") or batch == 1)]:
+                for form in [f for f in runners if f != "sdpa" and (f not in PROBES or batch == 1)]:
                     got = first(runners[form](*inputs(device, dtype, batch, seq, past, form)))
                     said.append(f"{form} b{batch} seq {seq} past {past}: rel err "
                                 f"{float((got.float() - want.float()).abs().max() / want.float().abs().max()):.1e}")
